@@ -1,0 +1,59 @@
+"""The interface every attention backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from brisklm.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    """Writes a layer's new keys/values into its cache and attends over the cached keys.
+
+    Shapes: q (B, T, H, D); k, v (B, T, Hkv, D); caches (slots, Hkv, S_max + 1, D).
+    Returns (B, T, H * D).
+    """
+
+    name: str = "abstract"
+
+    def write_cache(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> None:
+        if meta.batch_size == 1:
+            # One row: a slice assignment, cheaper than an indexed scatter.
+            slot, start, length = meta.slot_list[0], meta.start_positions[0], meta.query_lens[0]
+            k_cache[slot, :, start : start + length] = k[0, :length].transpose(0, 1)
+            v_cache[slot, :, start : start + length] = v[0, :length].transpose(0, 1)
+            return
+        rows = meta.slots[:, None]
+        k_cache[rows, :, meta.write_positions] = k
+        v_cache[rows, :, meta.write_positions] = v
+
+    @staticmethod
+    def cached_rows(
+        cache: torch.Tensor, meta: AttentionMetadata, first_key: int, num_keys: int
+    ) -> torch.Tensor:
+        """(B, Hkv, num_keys, D) keys of the batch's slots: a view when slots are consecutive."""
+        span = meta.slot_range
+        if span is not None:
+            return cache[span[0] : span[1], :, first_key : first_key + num_keys]
+        return cache[meta.slots, :, first_key : first_key + num_keys]
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        sliding_window: int | None,
+    ) -> torch.Tensor: ...

@@ -1,0 +1,52 @@
+"""A preallocated contiguous KV cache: per layer, (slots, kv_heads, max_seq_len + 1, head_dim)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Keys and values of every layer for ``num_slots`` sequences of up to ``max_seq_len`` tokens.
+
+    The layout is heads-before-positions so attention reads a slot's keys as a strided view with
+    no copy. One extra position per slot is a scratch column: padding tokens of a ragged batch
+    write there, where no query ever looks.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_seq_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        shape = (num_layers, num_slots, num_kv_heads, max_seq_len + 1, head_dim)
+        # Zeros, not empty: a reference attention multiplies masked-out values by zero weights, and
+        # uninitialised memory can hold NaN.
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def scratch_position(self) -> int:
+        return self.max_seq_len
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[index], self.values[index]
+
+    def copy_slot(self, source: int, destination: int, length: int) -> None:
+        """Copy the first ``length`` positions of a slot to another (all layers)."""
+        self.keys[:, destination, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, destination, :, :length] = self.values[:, source, :, :length]
+
+    @staticmethod
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * element

@@ -1,0 +1,286 @@
+"""Model configuration: a Hugging Face config.json read into a frozen, validated dataclass."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Architecture name in config.json -> our model family. All three share one network definition.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("silu",)
+
+_DEFAULT_ROPE_THETA = 10000.0
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding parameters, normalised from either transformers 4 or 5 keys."""
+
+    rope_type: str = "default"
+    theta: float = _DEFAULT_ROPE_THETA
+    factor: float = 1.0
+    # Pretraining context length for llama3 / yarn (transformers defaults it to max_position_embeddings).
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: None = derived from factor / mscale
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"unsupported rope type {self.rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        _require(
+            math.isfinite(self.theta) and self.theta > 0,
+            f"rope theta must be a positive number, got {self.theta}",
+        )
+        _require(
+            math.isfinite(self.factor) and self.factor > 0,
+            f"rope factor must be a positive number, got {self.factor}",
+        )
+        if self.rope_type == "llama3":
+            _require(
+                self.high_freq_factor > self.low_freq_factor > 0,
+                "llama3 rope needs high_freq_factor > low_freq_factor > 0, got "
+                f"{self.high_freq_factor} and {self.low_freq_factor}",
+            )
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
+        """Read rope settings from a config.json dict (``rope_theta``/``rope_scaling`` or ``rope_parameters``)."""
+        params: dict[str, Any] = {}
+        scaling = raw.get("rope_scaling")
+        if isinstance(scaling, dict):
+            params.update(scaling)
+        rope_parameters = raw.get("rope_parameters")
+        if isinstance(rope_parameters, dict):
+            params.update(rope_parameters)
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        # transformers 4 wrote dynamic NTK as "dynamic"; some configs carry "ntk" aliases we do not guess at.
+        theta = params.get("rope_theta", raw.get("rope_theta", _DEFAULT_ROPE_THETA))
+        original = params.get(
+            "original_max_position_embeddings", raw.get("original_max_position_embeddings")
+        )
+        if rope_type in ("llama3", "yarn") and original is None:
+            original = max_position_embeddings
+        factor = params.get("factor")
+        if factor is None and rope_type == "yarn" and original:
+            factor = max_position_embeddings / original
+        return cls(
+            rope_type=rope_type,
+            theta=float(theta if theta is not None else _DEFAULT_ROPE_THETA),
+            factor=float(factor) if factor is not None else 1.0,
+            original_max_position_embeddings=int(original) if original is not None else None,
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            attention_factor=params.get("attention_factor"),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+            truncate=bool(params.get("truncate", True)),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network shape and options of a Llama-family checkpoint."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    # Window of keys each query sees (including itself), per layer; None = full causal attention.
+    sliding_windows: tuple[int | None, ...] = ()
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    torch_dtype: str | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    quantization: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and value >= 1,
+                f"config field {name} must be a positive integer, got {value!r}",
+            )
+        _require(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+            f"num_key_value_heads ({self.num_key_value_heads})",
+        )
+        _require(
+            self.head_dim % 2 == 0,
+            f"head_dim must be even for rotary embeddings, got {self.head_dim}",
+        )
+        _require(
+            self.rms_norm_eps > 0,
+            f"config field rms_norm_eps must be positive, got {self.rms_norm_eps}",
+        )
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(
+                f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(SUPPORTED_ACTIVATIONS)}"
+            )
+        if not self.sliding_windows:
+            object.__setattr__(self, "sliding_windows", (None,) * self.num_hidden_layers)
+        _require(
+            len(self.sliding_windows) == self.num_hidden_layers,
+            f"sliding_windows has {len(self.sliding_windows)} entries for "
+            f"{self.num_hidden_layers} layers",
+        )
+        for window in self.sliding_windows:
+            _require(
+                window is None or window >= 1, f"sliding_window must be >= 1 or null, got {window}"
+            )
+
+    @property
+    def model_type(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    @property
+    def num_query_groups(self) -> int:
+        """Query heads per key/value head (1 = plain multi-head attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """Build from the parsed contents of a Hugging Face ``config.json``."""
+        architectures = raw.get("architectures") or []
+        if not architectures:
+            by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+            model_type = raw.get("model_type")
+            if model_type not in by_type:
+                raise ValueError(
+                    f"config.json names no architecture and model_type {model_type!r} is not one of "
+                    f"{', '.join(by_type)}; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                )
+            architectures = [by_type[model_type]]
+        architecture = architectures[0]
+        if architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {architecture!r}; supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[architecture]
+        try:
+            hidden_size = int(raw["hidden_size"])
+            num_heads = int(raw["num_attention_heads"])
+            num_layers = int(raw["num_hidden_layers"])
+            intermediate_size = int(raw["intermediate_size"])
+            vocab_size = int(raw["vocab_size"])
+        except KeyError as exc:
+            raise ValueError(f"config.json is missing required field {exc.args[0]!r}") from None
+        num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+        head_dim = raw.get("head_dim") or hidden_size // num_heads
+        max_positions = int(raw.get("max_position_embeddings", 2048))
+        windows = _sliding_windows(raw, family, num_layers)
+        if family == "qwen2":
+            qkv_bias, o_bias, mlp_bias = True, False, False
+        else:
+            qkv_bias = o_bias = bool(raw.get("attention_bias", False))
+            mlp_bias = bool(raw.get("mlp_bias", False))
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        quant = raw.get("quantization_config")
+        return cls(
+            architecture=architecture,
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=int(head_dim),
+            max_position_embeddings=max_positions,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            hidden_act=raw.get("hidden_act", "silu"),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            o_proj_bias=o_bias,
+            mlp_bias=mlp_bias,
+            sliding_windows=windows,
+            rope=RopeConfig.from_hf(raw, max_positions),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            quantization=dict(quant) if isinstance(quant, dict) else None,
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Read ``config.json`` from a checkpoint directory."""
+        directory = Path(path)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"model directory {str(directory)!r} does not exist")
+        config_file = directory / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {str(directory)!r}")
+        try:
+            raw = json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{config_file} is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{config_file} must hold a JSON object")
+        return cls.from_dict(raw)
+
+
+def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
+    """Per-layer sliding window, following transformers' rules for each family."""
+    window = raw.get("sliding_window")
+    if family == "llama" or window is None:
+        return (None,) * num_layers
+    layer_types = raw.get("layer_types")
+    if family == "mistral" and not layer_types:
+        return (int(window),) * num_layers
+    if family == "qwen2" and not layer_types:
+        if not raw.get("use_sliding_window", False):
+            return (None,) * num_layers
+        first_sliding = int(raw.get("max_window_layers", 28))
+        return tuple(int(window) if i >= first_sliding else None for i in range(num_layers))
+    if len(layer_types) != num_layers:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+    return tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)

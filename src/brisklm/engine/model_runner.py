@@ -1,0 +1,98 @@
+"""Turns a scheduled batch into tensors, runs the model over the KV cache, returns logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from brisklm.attention import AttentionBackend, AttentionMetadata, select_backend
+from brisklm.cache.contiguous import KVCache
+from brisklm.models.llama import LlamaForCausalLM
+
+
+@dataclass
+class ForwardBatch:
+    """Rows to run: row b appends ``token_ids[b]`` to cache slot ``slots[b]`` at ``start_positions[b]``.
+
+    ``num_logits[b]`` is how many of the row's trailing positions need logits: 1 to sample the next
+    token, more when verifying speculative proposals, 0 for a row that only fills the cache.
+    """
+
+    slots: list[int]
+    start_positions: list[int]
+    token_ids: list[list[int]]
+    num_logits: list[int]
+
+    def __post_init__(self) -> None:
+        if not self.slots:
+            raise ValueError("a forward batch needs at least one row")
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and attention backend; runs one forward pass per call."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_slots: int,
+        max_seq_len: int,
+        attention_backend: str = "auto",
+    ) -> None:
+        self.model = model
+        config = model.config
+        first_param = next(model.parameters())
+        self.device = first_param.device
+        self.dtype = model.model.embed_tokens.weight.dtype
+        self.max_seq_len = max_seq_len
+        self.kv_cache = KVCache(
+            num_layers=config.num_hidden_layers,
+            num_slots=num_slots,
+            max_seq_len=max_seq_len,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.backend: AttentionBackend = select_backend(attention_backend, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row."""
+        query_lens = [len(t) for t in batch.token_ids]
+        for start, length in zip(batch.start_positions, query_lens):
+            if length < 1 or start + length > self.max_seq_len:
+                raise ValueError(
+                    f"row of {length} tokens at position {start} does not fit the cache of "
+                    f"{self.max_seq_len} positions"
+                )
+        meta = AttentionMetadata.build(
+            batch.slots,
+            batch.start_positions,
+            query_lens,
+            self.kv_cache.scratch_position,
+            self.device,
+        )
+        max_len = max(query_lens)
+        if all(n == max_len for n in query_lens):
+            ids = torch.tensor(batch.token_ids, dtype=torch.int64)
+        else:
+            ids = torch.zeros(len(query_lens), max_len, dtype=torch.int64)
+            for row, tokens in enumerate(batch.token_ids):
+                ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+        hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (B, T, E)
+        return self.model.compute_logits(self._select(hidden, query_lens, batch.num_logits))
+
+    @staticmethod
+    def _select(hidden: torch.Tensor, query_lens: list[int], num_logits: list[int]) -> torch.Tensor:
+        """The hidden states whose logits are wanted, as (N, E): the LM head only runs on those."""
+        batch, max_len, width = hidden.shape
+        if all(n == 1 for n in num_logits) and all(q == max_len for q in query_lens):
+            return hidden[:, -1]
+        flat_index = [
+            row * max_len + position
+            for row, (length, count) in enumerate(zip(query_lens, num_logits))
+            for position in range(length - count, length)
+        ]
+        index = torch.tensor(flat_index, dtype=torch.int64, device=hidden.device)
+        return hidden.reshape(batch * max_len, width).index_select(0, index)

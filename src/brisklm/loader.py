@@ -1,0 +1,226 @@
+"""Load safetensors checkpoints (single file or sharded) into a model built on the meta device.
+
+Parameters are materialised once on the target device and each checkpoint tensor is copied into
+place as it is read, so the weights never exist twice in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm.auto import tqdm
+
+from brisklm.config import ModelConfig
+from brisklm.models.layers import LinearFactory, dense_linear
+from brisklm.models.llama import PACKED_MODULES, LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+# Non-persistent buffers some exporters wrote into checkpoints; they carry nothing we need.
+_IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)masked_bias$|(^|\.)attn\.bias$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: names the file and tensor at fault."""
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """float32 on CPU and bfloat16 on CUDA unless asked otherwise."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype not in SUPPORTED_DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; supported: {', '.join(SUPPORTED_DTYPES)}")
+        return dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    return SUPPORTED_DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {str(device)!r}; supported: cpu, cuda")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available")
+    return resolved
+
+
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: from the shard index if there is one."""
+    index_file = directory / "model.safetensors.index.json"
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index_file}: not a valid shard index ({exc})") from None
+        names = sorted(set(weight_map.values()))
+        files = [directory / name for name in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{index_file} lists shards that do not exist: {', '.join(missing)}"
+            )
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    others = sorted(directory.glob("*.safetensors"))
+    if others:
+        return others
+    raise FileNotFoundError(
+        f"no safetensors weights in {str(directory)!r} (expected model.safetensors or "
+        "model.safetensors.index.json with its shards)"
+    )
+
+
+def _iter_tensors(
+    files: list[Path], show_progress: bool
+) -> Iterator[tuple[Path, str, torch.Tensor]]:
+    bar = tqdm(
+        files, desc="Loading shards", unit="shard", disable=not show_progress or len(files) < 2
+    )
+    for path in bar:
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except (
+            Exception
+        ) as exc:  # safetensors raises its own error types for truncated/corrupt files
+            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+        with handle:
+            for name in handle.keys():
+                try:
+                    tensor = handle.get_tensor(name)
+                except Exception as exc:
+                    raise CheckpointError(f"{path}: cannot read tensor {name!r} ({exc})") from None
+                yield path, name, tensor
+
+
+def _expected_entries(model: nn.Module) -> set[tuple[str, str, int | None]]:
+    """Every (module, tensor, shard) the checkpoint must provide."""
+    expected: set[tuple[str, str, int | None]] = set()
+    for module_name, module in model.named_modules():
+        expected_tensors = getattr(module, "expected_tensors", None)
+        if callable(expected_tensors):
+            shards = getattr(module, "shard_sizes", (0,))
+            shard_ids: list[int | None] = [None] if len(shards) == 1 else list(range(len(shards)))
+            for tensor_name in expected_tensors():
+                for shard in shard_ids:
+                    expected.add((module_name, tensor_name, shard))
+            continue
+        if list(module.children()):
+            continue
+        for tensor_name, _ in module.named_parameters(recurse=False):
+            expected.add((module_name, tensor_name, None))
+    return expected
+
+
+def _checkpoint_name_to_entry(name: str) -> tuple[str, str, int | None]:
+    module_name, _, tensor_name = name.rpartition(".")
+    parent, _, leaf = module_name.rpartition(".")
+    if leaf in PACKED_MODULES:
+        merged, shard = PACKED_MODULES[leaf]
+        return f"{parent}.{merged}", tensor_name, shard
+    return module_name, tensor_name, None
+
+
+def load_model(
+    path: str | Path,
+    config: ModelConfig | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    make_linear: LinearFactory = dense_linear,
+    show_progress: bool = True,
+) -> LlamaForCausalLM:
+    """Build the model for ``path`` and load its weights; errors name the file and tensor at fault."""
+    directory = Path(path)
+    config = config or ModelConfig.from_pretrained(directory)
+    device_ = resolve_device(device)
+    dtype_ = resolve_dtype(dtype, device_)
+    files = checkpoint_files(directory)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, make_linear)
+    model.to(dtype_)
+    model.to_empty(device=device_)
+    model.tie_weights()
+    expected = _expected_entries(model)
+    if config.tie_word_embeddings:
+        expected.discard(("lm_head", "weight", None))
+    loaded: set[tuple[str, str, int | None]] = set()
+    for file, name, tensor in _iter_tensors(files, show_progress):
+        if _IGNORED_TENSORS.search(name):
+            continue
+        entry = _checkpoint_name_to_entry(name)
+        if config.tie_word_embeddings and entry == ("lm_head", "weight", None):
+            continue  # tied: the embedding matrix is the head
+        if entry not in expected:
+            raise CheckpointError(
+                f"{file}: unexpected tensor {name!r} (not part of a {config.architecture})"
+            )
+        if entry in loaded:
+            raise CheckpointError(
+                f"{file}: tensor {name!r} appears more than once in the checkpoint"
+            )
+        _copy_into(model, entry, tensor, f"{file}: tensor {name!r}")
+        loaded.add(entry)
+    missing = expected - loaded
+    if missing:
+        names = sorted(_describe(entry) for entry in missing)
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}")
+    for module in model.modules():
+        finalize = getattr(module, "finalize", None)
+        if callable(finalize) and module is not model:
+            finalize()
+    model.eval()
+    return model
+
+
+def _describe(entry: tuple[str, str, int | None]) -> str:
+    module_name, tensor_name, shard = entry
+    if shard is None:
+        return f"{module_name}.{tensor_name}"
+    merged = module_name.rpartition(".")[2]
+    originals = [
+        leaf
+        for leaf, (target, index) in PACKED_MODULES.items()
+        if target == merged and index == shard
+    ]
+    parent = module_name.rpartition(".")[0]
+    return (
+        f"{parent}.{originals[0]}.{tensor_name}"
+        if originals
+        else f"{module_name}[{shard}].{tensor_name}"
+    )
+
+
+def _copy_into(
+    model: nn.Module, entry: tuple[str, str, int | None], tensor: torch.Tensor, source: str
+) -> None:
+    module_name, tensor_name, shard = entry
+    module = model.get_submodule(module_name)
+    load_tensor = getattr(module, "load_tensor", None)
+    if callable(load_tensor):
+        load_tensor(tensor_name, tensor, shard, source)
+        return
+    param = getattr(module, tensor_name)
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise CheckpointError(
+            f"{source}: shape {tuple(tensor.shape)} does not match the model's {tuple(param.shape)}"
+        )
+    with torch.no_grad():
+        param.copy_(tensor)

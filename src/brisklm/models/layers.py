@@ -1,0 +1,117 @@
+"""Building blocks of Llama-family networks: RMSNorm, (merged) linear layers and the gated MLP."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as transformers' LlamaRMSNorm does."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+        self._shape = (hidden_size,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self._shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self._shape, None, self.eps).to(x.dtype)
+
+
+class WeightLoadable(Protocol):
+    """What the loader needs of a layer whose checkpoint tensors may arrive in several shards."""
+
+    def load_tensor(
+        self, name: str, tensor: torch.Tensor, shard: int | None, source: str
+    ) -> None: ...
+
+
+class Linear(nn.Module):
+    """A dense linear layer whose output may be the concatenation of several checkpoint layers.
+
+    ``out_features`` lists the output sizes of the shards (e.g. q, k, v). Merging them turns three
+    small matmuls into one, which matters at batch 1 where every kernel launch and Python op counts.
+    """
+
+    def __init__(self, in_features: int, out_features: Sequence[int], bias: bool) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.shard_sizes = tuple(out_features)
+        self.out_features = sum(self.shard_sizes)
+        self.weight = nn.Parameter(torch.empty(self.out_features, in_features), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        )
+        offsets = [0]
+        for size in self.shard_sizes:
+            offsets.append(offsets[-1] + size)
+        self._offsets = tuple(offsets)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def shard_rows(self, shard: int | None) -> slice:
+        if shard is None:
+            return slice(0, self.out_features)
+        return slice(self._offsets[shard], self._offsets[shard + 1])
+
+    def load_tensor(self, name: str, tensor: torch.Tensor, shard: int | None, source: str) -> None:
+        """Copy a checkpoint tensor (``weight`` or ``bias``) into its rows of the merged parameter."""
+        param = getattr(self, name, None)
+        if not isinstance(param, torch.Tensor):
+            raise ValueError(f"{source}: unexpected tensor {name!r} for a linear layer")
+        target = param.data[self.shard_rows(shard)]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"{source}: shape {tuple(tensor.shape)} does not match the model's {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+
+    def expected_tensors(self) -> list[str]:
+        return ["weight"] + (["bias"] if self.bias is not None else [])
+
+
+class LinearFactory(Protocol):
+    """Makes the linear layers of a model; quantized checkpoints supply a factory of int4 layers."""
+
+    def __call__(
+        self, in_features: int, out_features: Sequence[int], bias: bool, prefix: str
+    ) -> nn.Module: ...
+
+
+def dense_linear(
+    in_features: int, out_features: Sequence[int], bias: bool, prefix: str
+) -> nn.Module:
+    """The default factory: plain dense weights."""
+    del prefix
+    return Linear(in_features, out_features, bias)
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate and up merged into one matmul."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        make_linear: LinearFactory,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = make_linear(
+            hidden_size, [intermediate_size, intermediate_size], bias, f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = make_linear(intermediate_size, [hidden_size], bias, f"{prefix}.down_proj")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
