@@ -1,0 +1,248 @@
+"""SamplingParams: the per-request decoding settings, validated and normalised at construction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+MAX_LOGPROBS = 20
+MAX_ABS_LOGIT_BIAS = 100.0
+MAX_ABS_OPENAI_PENALTY = 2.0
+# torch.Generator.manual_seed accepts exactly this range.
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+
+
+def _fail(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"SamplingParams.{name}={value!r} is invalid: must be {allowed}")
+
+
+def _as_int(name: str, value: Any, allowed: str) -> int:
+    # bool is an Integral too, but True as a token count is always a caller bug.
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise _fail(name, value, allowed)
+    return int(value)
+
+
+def _as_float(name: str, value: Any, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise _fail(name, value, allowed)
+    value = float(value)
+    if not math.isfinite(value):
+        raise _fail(name, value, allowed)
+    return value
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(name, value, "a bool")
+    return value
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn one request's logits into tokens, and when to stop.
+
+    Construction validates every field and raises ``ValueError`` naming the field, the value and the
+    allowed range. Inputs are normalised so the instance is immutable and hashable: ``stop`` becomes a
+    tuple of str, ``stop_token_ids`` a tuple of int, and ``logit_bias`` a tuple of ``(token_id, bias)``
+    pairs sorted by id (empty when there is none); :meth:`logit_bias_dict` gives it back as a dict.
+
+    Semantics:
+    - ``temperature`` 0 is greedy (argmax, no randomness); otherwise logits are divided by it.
+    - ``top_k`` 0 and ``top_p`` 1 and ``min_p`` 0 disable those filters.
+    - ``repetition_penalty`` follows transformers: over prompt and output tokens, positive logits are
+      divided by it and negative ones multiplied. ``presence_penalty`` / ``frequency_penalty`` follow
+      OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``.
+    - ``min_tokens``: eos and ``stop_token_ids`` cannot be sampled before that many output tokens.
+    - ``logprobs`` None returns no logprobs; N >= 0 returns the chosen token's plus the top N.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Normalised in __post_init__ to tuple[tuple[int, float], ...] sorted by token id.
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None = None
+    seed: int | None = None
+    stop: str | Sequence[str] | None = ()  # normalised to tuple[str, ...]
+    stop_token_ids: int | Sequence[int] | None = ()  # normalised to tuple[int, ...]
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        max_tokens = _as_int("max_tokens", self.max_tokens, "an int >= 1")
+        if max_tokens < 1:
+            raise _fail("max_tokens", max_tokens, "an int >= 1")
+        put("max_tokens", max_tokens)
+
+        min_tokens = _as_int(
+            "min_tokens", self.min_tokens, f"an int in [0, max_tokens={max_tokens}]"
+        )
+        if not 0 <= min_tokens <= max_tokens:
+            raise _fail("min_tokens", min_tokens, f"an int in [0, max_tokens={max_tokens}]")
+        put("min_tokens", min_tokens)
+
+        temperature = _as_float("temperature", self.temperature, "a finite float >= 0 (0 = greedy)")
+        if temperature < 0:
+            raise _fail("temperature", temperature, "a finite float >= 0 (0 = greedy)")
+        put("temperature", temperature)
+
+        top_k = _as_int("top_k", self.top_k, "an int >= 0 (0 = disabled)")
+        if top_k < 0:
+            raise _fail("top_k", top_k, "an int >= 0 (0 = disabled)")
+        put("top_k", top_k)
+
+        top_p = _as_float("top_p", self.top_p, "a float in (0, 1] (1 = disabled)")
+        if not 0.0 < top_p <= 1.0:
+            raise _fail("top_p", top_p, "a float in (0, 1] (1 = disabled)")
+        put("top_p", top_p)
+
+        min_p = _as_float("min_p", self.min_p, "a float in [0, 1] (0 = disabled)")
+        if not 0.0 <= min_p <= 1.0:
+            raise _fail("min_p", min_p, "a float in [0, 1] (0 = disabled)")
+        put("min_p", min_p)
+
+        rep = _as_float(
+            "repetition_penalty", self.repetition_penalty, "a finite float > 0 (1 = off)"
+        )
+        if rep <= 0:
+            raise _fail("repetition_penalty", rep, "a finite float > 0 (1 = off)")
+        put("repetition_penalty", rep)
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            allowed = f"a float in [-{MAX_ABS_OPENAI_PENALTY}, {MAX_ABS_OPENAI_PENALTY}]"
+            value = _as_float(name, getattr(self, name), allowed)
+            if abs(value) > MAX_ABS_OPENAI_PENALTY:
+                raise _fail(name, value, allowed)
+            put(name, value)
+
+        put("logit_bias", _normalise_logit_bias(self.logit_bias))
+
+        if self.seed is not None:
+            seed = _as_int("seed", self.seed, f"None or an int in [{MIN_SEED}, {MAX_SEED}]")
+            if not MIN_SEED <= seed <= MAX_SEED:
+                raise _fail("seed", seed, f"None or an int in [{MIN_SEED}, {MAX_SEED}]")
+            put("seed", seed)
+
+        put("stop", _normalise_stop(self.stop))
+        put("stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+
+        if self.logprobs is not None:
+            allowed = f"None or an int in [0, {MAX_LOGPROBS}]"
+            logprobs = _as_int("logprobs", self.logprobs, allowed)
+            if not 0 <= logprobs <= MAX_LOGPROBS:
+                raise _fail("logprobs", logprobs, allowed)
+            put("logprobs", logprobs)
+
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            _as_bool(name, getattr(self, name))
+
+    @classmethod
+    def greedy(cls, **kwargs: Any) -> SamplingParams:
+        """Greedy decoding (temperature 0) with any other fields given as keywords."""
+        return cls(temperature=0.0, **kwargs)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when decoding takes the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        """True when any of repetition / presence / frequency penalty is active."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    def logit_bias_dict(self) -> dict[int, float]:
+        """The logit bias as a fresh ``{token_id: bias}`` dict (empty when there is none)."""
+        return dict(self.logit_bias)
+
+    def validate_for_vocab(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` when a token id in ``logit_bias`` or ``stop_token_ids`` is outside
+        ``[0, vocab_size)``. Call when a request is admitted: the model's vocab is not known here."""
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size={vocab_size} is invalid: must be an int >= 1")
+        for token_id, _ in self.logit_bias:
+            if token_id >= vocab_size:
+                raise _fail("logit_bias", token_id, f"token ids in [0, vocab_size={vocab_size})")
+        for token_id in self.stop_token_ids:
+            if token_id >= vocab_size:
+                raise _fail(
+                    "stop_token_ids", token_id, f"token ids in [0, vocab_size={vocab_size})"
+                )
+
+
+def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    allowed = (
+        f"None or a mapping of token ids >= 0 to finite floats in "
+        f"[-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}]"
+    )
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        items: Iterable[Any] = value.items()
+    elif isinstance(value, (tuple, list)):
+        items = value  # already pairs, e.g. a previously normalised value
+    else:
+        raise _fail("logit_bias", value, allowed)
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise _fail("logit_bias", value, allowed)
+        raw_id, raw_bias = item
+        # JSON object keys arrive as strings ("50256": -100), so accept decimal digit strings.
+        if isinstance(raw_id, str) and raw_id.strip().isdigit():
+            raw_id = int(raw_id)
+        token_id = _as_int("logit_bias", raw_id, allowed)
+        bias = _as_float("logit_bias", raw_bias, allowed)
+        if token_id < 0 or abs(bias) > MAX_ABS_LOGIT_BIAS:
+            raise _fail("logit_bias", {raw_id: raw_bias}, allowed)
+        if token_id in pairs:
+            raise _fail("logit_bias", value, allowed + " with each token id once")
+        pairs[token_id] = bias
+    return tuple(sorted(pairs.items()))
+
+
+def _normalise_stop(value: Any) -> tuple[str, ...]:
+    allowed = "None, a non-empty str or a sequence of non-empty str"
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (tuple, list)):
+        raise _fail("stop", value, allowed)
+    for s in value:
+        if not isinstance(s, str) or not s:
+            raise _fail("stop", value, allowed)
+    return tuple(dict.fromkeys(value))  # drop duplicates, keep order
+
+
+def _normalise_stop_token_ids(value: Any) -> tuple[int, ...]:
+    allowed = "None, an int >= 0 or a sequence of ints >= 0"
+    if value is None:
+        return ()
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)):
+        raise _fail("stop_token_ids", value, allowed)
+    ids = tuple(_as_int("stop_token_ids", v, allowed) for v in value)
+    if any(i < 0 for i in ids):
+        raise _fail("stop_token_ids", value, allowed)
+    return tuple(dict.fromkeys(ids))

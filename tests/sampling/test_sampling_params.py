@@ -1,0 +1,139 @@
+"""SamplingParams validation and normalisation."""
+
+import dataclasses
+
+import pytest
+
+from brisklm.sampling import MAX_LOGPROBS, SamplingParams
+
+BAD_VALUES = [
+    ("max_tokens", 0),
+    ("max_tokens", -5),
+    ("max_tokens", 2.5),
+    ("max_tokens", True),
+    ("max_tokens", "10"),
+    ("temperature", -0.1),
+    ("temperature", "hot"),
+    ("top_k", -1),
+    ("top_k", 1.5),
+    ("top_p", 0.0),
+    ("top_p", 1.01),
+    ("top_p", -0.5),
+    ("min_p", -0.01),
+    ("min_p", 1.5),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("presence_penalty", 2.01),
+    ("presence_penalty", -3.0),
+    ("frequency_penalty", 2.5),
+    ("frequency_penalty", -2.01),
+    ("logit_bias", {5: 100.5}),
+    ("logit_bias", {5: -101.0}),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {"x": 1.0}),
+    ("logit_bias", {1.5: 1.0}),
+    ("logit_bias", {3: "big"}),
+    ("logit_bias", [(1, 1.0), (1, 2.0)]),
+    ("logit_bias", 7),
+    ("seed", 1.5),
+    ("seed", 2**64),
+    ("seed", -(2**63) - 1),
+    ("stop", ""),
+    ("stop", ["ok", ""]),
+    ("stop", ["ok", 3]),
+    ("stop", 42),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", [1, 2.0]),
+    ("stop_token_ids", "2"),
+    ("min_tokens", -1),
+    ("min_tokens", 300),  # > max_tokens=256
+    ("logprobs", -1),
+    ("logprobs", MAX_LOGPROBS + 1),
+    ("logprobs", 2.0),
+    ("ignore_eos", 1),
+    ("skip_special_tokens", "yes"),
+    ("include_stop_str_in_output", None),
+]
+FLOAT_FIELDS = [
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_VALUES)
+def test_bad_value_raises_naming_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field) as info:
+        SamplingParams(**{field: value})
+    assert "must be" in str(info.value)  # states the allowed range
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_floats_rejected(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_non_finite_logit_bias_rejected() -> None:
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={3: float("nan")})
+
+
+def test_defaults_and_normalisation() -> None:
+    p = SamplingParams()
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p) == (256, 1.0, 0, 1.0, 0.0)
+    assert p.stop == () and p.stop_token_ids == () and p.logit_bias == ()
+    assert p.logprobs is None and p.seed is None and not p.is_greedy and not p.uses_penalties
+
+    p = SamplingParams(
+        stop="###",
+        stop_token_ids=7,
+        logit_bias={"12": -100, 3: 1},
+        temperature=1,
+        max_tokens=5,
+        min_tokens=5,
+    )
+    assert p.stop == ("###",)
+    assert p.stop_token_ids == (7,)
+    assert p.logit_bias == ((3, 1.0), (12, -100.0))  # sorted, JSON string keys accepted
+    assert p.logit_bias_dict() == {3: 1.0, 12: -100.0}
+    assert isinstance(p.temperature, float)
+
+    p = SamplingParams(stop=["a", "b", "a"], stop_token_ids=[2, 1, 2], logit_bias=None)
+    assert p.stop == ("a", "b") and p.stop_token_ids == (2, 1) and p.logit_bias == ()
+    assert SamplingParams(stop=None, stop_token_ids=None).stop == ()
+
+
+def test_frozen_hashable_and_replace_revalidates() -> None:
+    p = SamplingParams(stop=["x"], logit_bias={1: 2.0})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.temperature = 0.5  # type: ignore[misc]
+    assert hash(p) == hash(SamplingParams(stop="x", logit_bias={1: 2.0}))
+    q = dataclasses.replace(p, temperature=0.0)
+    assert q.is_greedy and q.logit_bias == p.logit_bias  # normalised value round-trips
+    with pytest.raises(ValueError, match="top_p"):
+        dataclasses.replace(p, top_p=2.0)
+
+
+def test_greedy_convenience_and_boundaries() -> None:
+    g = SamplingParams.greedy(max_tokens=3, logprobs=MAX_LOGPROBS)
+    assert g.is_greedy and g.max_tokens == 3 and g.logprobs == MAX_LOGPROBS
+    # Range ends that are allowed.
+    SamplingParams(top_p=1.0, min_p=1.0, presence_penalty=-2, frequency_penalty=2, logprobs=0)
+    SamplingParams(logit_bias={0: 100, 1: -100}, seed=0, top_k=0, min_tokens=0)
+    assert SamplingParams(repetition_penalty=1.2).uses_penalties
+
+
+def test_validate_for_vocab() -> None:
+    p = SamplingParams(logit_bias={9: 1.0}, stop_token_ids=[3])
+    p.validate_for_vocab(10)
+    with pytest.raises(ValueError, match="logit_bias"):
+        p.validate_for_vocab(9)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=[3]).validate_for_vocab(3)
+    with pytest.raises(ValueError, match="vocab_size"):
+        SamplingParams().validate_for_vocab(0)

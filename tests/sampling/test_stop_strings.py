@@ -1,0 +1,127 @@
+"""Stop strings: matching across chunks, earliest match, hold-back, and a random-chunking property."""
+
+import random
+
+import pytest
+
+from brisklm.sampling import StopStringMatcher, find_stop_string, hold_back_length
+
+
+def reference_final_text(text: str, stop: list[str], include: bool) -> tuple[str, str | None]:
+    """Brute force: grow the text one character at a time and stop at the first completed match
+    (the longest one when several complete on the same character)."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stop if text[:end].endswith(s)]
+        if done:
+            s = max(done, key=len)
+            return (text[:end] if include else text[: end - len(s)]), s
+    return text, None
+
+
+def stream(
+    chunks: list[str], stop: list[str], include: bool = False
+) -> tuple[list[str], StopStringMatcher]:
+    matcher = StopStringMatcher(stop, include_stop_str_in_output=include)
+    emitted = []
+    for chunk in chunks:
+        emitted.append(matcher.append(chunk))
+        if matcher.stopped:
+            break
+    if not matcher.stopped:
+        emitted.append(matcher.flush())
+    return emitted, matcher
+
+
+def test_stop_string_spanning_chunks() -> None:
+    emitted, matcher = stream(["Hello wor", "ld#", "## and more"], ["###"])
+    assert emitted == ["Hello wor", "ld", ""]  # "#" withheld until it turned out to be the stop
+    assert matcher.stopped and matcher.stop_str == "###" and matcher.text == "Hello world"
+
+
+def test_several_stop_strings_earliest_wins() -> None:
+    assert find_stop_string("foo END bar STOP", ["STOP", "END"]).stop_str == "END"
+    # "yz" completes before "xyz12" does, so it wins even though "xyz12" starts first.
+    match = find_stop_string("axyz12", ["xyz12", "yz"])
+    assert (match.start, match.end, match.stop_str) == (2, 4, "yz")
+    # Same end: the longer (earlier starting) one.
+    assert find_stop_string("abc", ["bc", "abc"]).stop_str == "abc"
+    assert find_stop_string("nothing here", ["STOP"]) is None
+
+
+def test_search_only_covers_the_tail_that_can_hold_a_new_match() -> None:
+    # A match entirely inside the already-checked text is not searched for again ...
+    assert find_stop_string("STOP then more", ["STOP"], num_new_chars=5) is None
+    # ... but one straddling the old/new boundary is found.
+    match = find_stop_string("xx ST" + "OP yy", ["STOP"], num_new_chars=5)
+    assert (match.start, match.end) == (3, 7)
+
+
+def test_overlapping_prefixes() -> None:
+    emitted, matcher = stream(["a", "a", "a", "b", "c"], ["aab"])
+    assert "".join(emitted) == "a" == matcher.text
+    assert emitted[:3] == ["", "", "a"]  # "aa" could start "aab"; the third "a" frees the first
+    emitted, matcher = stream(["<", "<|", "end|>"], ["<|end|>"])
+    assert "".join(emitted) == "<" and matcher.stop_str == "<|end|>"
+
+
+def test_hold_back_length() -> None:
+    assert hold_back_length("hello <", ["<|end|>"]) == 1
+    assert hold_back_length("hello <|en", ["<|end|>"]) == 4
+    assert hold_back_length("abc", ["abcd", "bcx"]) == 3
+    assert hold_back_length("abc", ["bcx", "cz"]) == 2
+    assert hold_back_length("abc", ["xyz"]) == 0
+    assert hold_back_length("ab", ["ab"]) == 0  # a whole stop string is a match, not a prefix
+    assert hold_back_length("", ["ab"]) == 0
+    assert hold_back_length("anything", []) == 0
+
+
+def test_include_stop_str_and_flush() -> None:
+    emitted, matcher = stream(["say ", "EN", "D now"], ["END"], include=True)
+    assert emitted == ["say ", "EN", "D"]  # nothing withheld: the stop string is output anyway
+    assert matcher.text == "say END"
+    emitted, matcher = stream(["no stop <", "|e"], ["<|end|>"])
+    assert emitted == ["no stop ", "", "<|e"]  # flush releases the withheld tail
+    assert not matcher.stopped and matcher.stop_str is None
+    with pytest.raises(RuntimeError):
+        stream(["x STOP"], ["STOP"])[1].append("more")
+    with pytest.raises(ValueError):
+        StopStringMatcher(["ok", ""])
+
+
+def test_no_stop_strings_streams_everything() -> None:
+    emitted, matcher = stream(["a", "bc", ""], [])
+    assert emitted == ["a", "bc", "", ""] and matcher.text == "abc"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_random_chunkings_property(include: bool) -> None:
+    rng = random.Random(2024)
+    alphabet = "ab<|>"
+    for _ in range(400):
+        stop = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(1, 3))
+        ]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        cuts = sorted(
+            rng.sample(range(1, len(text)), min(rng.randint(0, 8), max(len(text) - 1, 0)))
+        )
+        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        final, stop_str = reference_final_text(text, stop, include)
+
+        matcher = StopStringMatcher(stop, include_stop_str_in_output=include)
+        emitted = ""
+        for chunk in chunks:
+            emitted += matcher.append(chunk)
+            assert final.startswith(emitted), (text, stop, chunks)
+            if not include:
+                assert not any(s in emitted for s in stop)
+            if matcher.stopped:
+                break
+            # Withheld text is only ever a possible start of a stop string.
+            held = matcher.text[len(emitted) :]
+            assert not held or any(s.startswith(held) and s != held for s in stop)
+        if not matcher.stopped:
+            emitted += matcher.flush()
+        assert emitted == final == matcher.text, (text, stop, chunks)
+        assert matcher.stop_str == stop_str
