@@ -1,0 +1,173 @@
+"""brisklm vs transformers' generate on the same random Llama-shaped model, in one run.
+
+Prints prefill tokens/s, decode tokens/s at batch 1 and 8, their ratios, and the memory roofline
+(weight bytes read per decode step over the gemv bandwidth measured in this same run).
+
+    python bench/engine_vs_transformers.py                       # ~125M params, float32, CPU
+    python bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --preset llama3-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PRESETS = {
+    # ~125M parameters: 12 layers of 768 wide, GQA 12/4, 32k vocabulary, untied head.
+    "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=4, vocab_size=32000),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256),
+}
+
+
+def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+
+    config = transformers.LlamaConfig(**PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False,
+                                      bos_token_id=1, eos_token_id=2)
+    with torch.device("cpu"):
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(directory, safe_serialization=True)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+
+
+def gemv_bandwidth(device: torch.device, dtype: torch.dtype) -> float:
+    """Bytes/s that F.linear streams when a (1, 4096) row meets a weight too large for the caches."""
+    weight = torch.randn(16384, 4096, device=device, dtype=dtype)
+    x = torch.randn(1, 4096, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(15):
+        start = _now(device)
+        for _ in range(5):
+            torch.nn.functional.linear(x, weight)
+        best = min(best, (_now(device) - start) / 5)
+    return weight.numel() * weight.element_size() / best
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def decode_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every weight a decode step reads: all but the embedding table (one row of it is read)."""
+    total = 0
+    for name, param in model.named_parameters():
+        if "embed_tokens" in name:
+            continue
+        total += param.numel() * param.element_size()
+    return total
+
+
+def time_brisk(llm, prompts: list[list[int]], num_new: int) -> float:
+    from brisklm import SamplingParams
+
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
+    start = _now(llm.engine.device)
+    outputs = llm.generate(prompts, params)
+    elapsed = _now(llm.engine.device) - start
+    assert all(len(o.token_ids) == num_new for o in outputs)
+    return elapsed
+
+
+def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device) -> float:
+    ids = torch.tensor(prompts, device=device)
+    start = _now(device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new, min_new_tokens=num_new,
+                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    elapsed = _now(device) - start
+    assert out.shape[1] == ids.shape[1] + num_new
+    return elapsed
+
+
+def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds per step): best-of-``repeats`` of 1-token and full runs."""
+    first = min(run(prompts, 1) for _ in range(repeats))
+    full = min(run(prompts, num_new) for _ in range(repeats))
+    return first, max(full - first, 1e-9) / (num_new - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="125m", choices=sorted(PRESETS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    import transformers
+
+    from brisklm import LLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    generator = torch.Generator().manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        write_checkpoint(directory, args.preset, dtype)
+        llm = LLM.from_pretrained(directory, device=args.device, dtype=args.dtype, max_batch_size=8,
+                                  max_seq_len=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8,
+                                  show_progress=False)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
+
+        def prompts(batch: int, length: int) -> list[list[int]]:
+            return torch.randint(3, 500, (batch, length), generator=generator).tolist()
+
+        bandwidth = gemv_bandwidth(device, dtype)
+        step_bytes = decode_weight_bytes(llm.engine.model)
+        roofline = bandwidth / step_bytes
+        results: dict[str, dict[str, float]] = {}
+        with torch.inference_mode():
+            for name, run in (
+                ("brisklm", lambda p, n: time_brisk(llm, p, n)),
+                ("transformers", lambda p, n: time_hf(hf, p, n, device)),
+            ):
+                run(prompts(1, 16), 4)  # warm-up
+                prefill_s, _ = measure(run, prompts(1, args.prefill_len), 2, args.repeats)
+                _, step1 = measure(run, prompts(1, args.prompt_len), args.new_tokens, args.repeats)
+                _, step8 = measure(run, prompts(8, args.prompt_len), args.new_tokens, args.repeats)
+                results[name] = {
+                    "prefill_tok_s": args.prefill_len / prefill_s,
+                    "decode_b1_tok_s": 1 / step1,
+                    "decode_b8_tok_s": 8 / step8,
+                }
+        llm.close()
+
+    params = sum(p.numel() for p in hf.parameters())
+    print(f"machine: {platform.machine()} {platform.processor() or ''} torch {torch.__version__} "
+          f"threads {torch.get_num_threads()} device {args.device} dtype {args.dtype}")
+    print(f"model: {args.preset} preset, {params / 1e6:.1f}M parameters, {step_bytes / 1e6:.0f} MB read per decode step")
+    print(f"gemv bandwidth {bandwidth / 1e9:.1f} GB/s -> roofline {roofline:.1f} decode tokens/s at batch 1")
+    print(f"{'metric':<18}{'brisklm':>12}{'transformers':>14}{'ratio':>8}")
+    for metric in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s"):
+        ours, theirs = results["brisklm"][metric], results["transformers"][metric]
+        print(f"{metric:<18}{ours:>12.1f}{theirs:>14.1f}{ours / theirs:>7.2f}x")
+    b1 = results["brisklm"]["decode_b1_tok_s"]
+    print(f"brisklm batch-1 decode = {100 * b1 / roofline:.0f}% of roofline; "
+          f"transformers = {100 * results['transformers']['decode_b1_tok_s'] / roofline:.0f}%")
+
+
+if __name__ == "__main__":
+    main()

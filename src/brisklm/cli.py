@@ -1,0 +1,160 @@
+"""The ``brisklm`` command: generate and chat from the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, no traceback."""
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", help="model directory (default: the bundled brisk-chat model)")
+    group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    group.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weights dtype"
+    )
+    group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser, default_temperature: float) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=256)
+    group.add_argument("--temperature", type=float, default=default_temperature, help="0 = greedy")
+    group.add_argument("--top-k", type=int, default=0, help="0 = disabled")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    group.add_argument("--presence-penalty", type=float, default=0.0)
+    group.add_argument("--frequency-penalty", type=float, default=0.0)
+    group.add_argument("--seed", type=int, default=None)
+    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    group.add_argument("--ignore-eos", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="brisklm", description="Fast local LLM inference.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="complete a prompt, streaming to stdout")
+    generate.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
+    _add_model_args(generate)
+    _add_sampling_args(generate, default_temperature=0.7)
+    generate.add_argument("--usage", action="store_true", help="print token usage to stderr at the end")
+
+    chat = commands.add_parser("chat", help="interactive chat using the model's chat template")
+    _add_model_args(chat)
+    _add_sampling_args(chat, default_temperature=0.7)
+    chat.add_argument("--system", default=None, help="system message")
+    return parser
+
+
+def _sampling_params(args: argparse.Namespace) -> Any:
+    from brisklm.sampling import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+    )
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from brisklm.llm import LLM
+
+    return LLM.from_pretrained(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=1,
+        max_seq_len=args.max_seq_len,
+    )
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = _sampling_params(args)
+    llm = _load(args)
+    usage = None
+    for chunk in llm.stream_chunks(prompt, params):
+        if chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        if chunk.finished:
+            usage = chunk.usage
+    sys.stdout.write("\n")
+    if args.usage and usage is not None:
+        print(json.dumps({"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}),
+              file=sys.stderr)
+    return 0
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    llm = _load(args)
+    interactive = sys.stdin.isatty()
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    if interactive:
+        print("Chatting with", llm.model_path.name, "- /reset clears the history, /exit or Ctrl-D quits.")
+    while True:
+        if interactive:
+            sys.stdout.write("> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line:
+            break
+        user = line.rstrip("\n")
+        if not user.strip():
+            continue
+        if user.strip() == "/exit":
+            break
+        if user.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": user})
+        reply = []
+        for text in llm.stream_chat(messages, params):
+            reply.append(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"generate": _run_generate, "chat": _run_chat}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (CliError, ValueError, TypeError, FileNotFoundError, OSError, RuntimeError) as exc:
+        message = str(exc) or type(exc).__name__
+        print(f"brisklm: error: {message.splitlines()[0] if message else message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""A background thread that drives the engine and hands each request's chunks to its consumer.
+
+Every API (sync, async, streaming, many callers at once) submits requests here, so requests from
+different callers share forward passes: that is what batches concurrent LangChain calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from brisklm.engine.llm_engine import LLMEngine
+from brisklm.engine.request import Request
+from brisklm.outputs import StreamChunk
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[Request, "StreamChunk | BaseException"], None]
+
+
+class EngineLoop:
+    """Owns the engine thread. ``submit`` and ``abort`` may be called from any thread."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue[tuple[str, object, Sink | None]] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._sinks: dict[str, Sink] = {}
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, requests: list[Request], sink: Sink) -> None:
+        """Queue requests (admitted together, so they can share a prefill); ``sink`` gets their chunks."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        self._inbox.put(("add", requests, sink))
+        self._ensure_thread()
+        self._wakeup.set()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id, None))
+        self._wakeup.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="brisklm-engine", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._drain_inbox()
+            if not self.engine.has_unfinished:
+                self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            try:
+                results = self.engine.step()
+            except Exception as exc:  # engine.step handles model errors; this is a bug guard
+                logger.exception("engine loop step raised")
+                results = self._fail_everything(exc)
+            for request, result in results:
+                self._deliver(request, result)
+        self._fail_everything(RuntimeError("the engine was closed"))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload, sink = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                assert sink is not None
+                for request in payload:  # type: ignore[attr-defined]
+                    self._sinks[request.request_id] = sink
+                    self.engine.add_request(request)
+            elif kind == "abort":
+                result = self.engine.abort_request(payload)  # type: ignore[arg-type]
+                if result is not None:
+                    self._deliver(*result)
+
+    def _fail_everything(self, exc: BaseException) -> list[tuple[Request, StreamChunk | BaseException]]:
+        scheduler = self.engine.scheduler
+        failed: list[tuple[Request, StreamChunk | BaseException]] = []
+        for request in [*scheduler.running, *scheduler.waiting]:
+            request.abort("error")
+            scheduler.finish(request)
+            failed.append((request, exc))
+        return failed
+
+    def _deliver(self, request: Request, result: StreamChunk | BaseException) -> None:
+        finished = isinstance(result, BaseException) or result.finished
+        sink = self._sinks.pop(request.request_id, None) if finished else self._sinks.get(request.request_id)
+        if sink is None:
+            return
+        try:
+            sink(request, result)
+        except Exception:  # a consumer's failure (e.g. a closed event loop) is not the engine's
+            logger.exception("delivering output of request %s failed", request.request_id)
+
+
+class SyncCollector:
+    """A sink for blocking consumers: chunks go into a thread-safe queue."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[tuple[Request, StreamChunk | BaseException]] = queue.SimpleQueue()
+
+    def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
+        self.queue.put((request, result))
+
+
+class AsyncCollector:
+    """A sink for asyncio consumers: chunks are handed to the event loop that made the collector."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[Request, StreamChunk | BaseException]] = asyncio.Queue()
+
+    def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, result))

@@ -1,0 +1,150 @@
+"""One generation request's state: tokens so far, streaming text, stop rules, finish reason."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from brisklm.outputs import (
+    FinishReason,
+    GenerationOutput,
+    SpeculativeStats,
+    StreamChunk,
+    TokenLogprob,
+    Usage,
+)
+from brisklm.sampling import SamplingParams, StopStringMatcher
+
+if TYPE_CHECKING:
+    from brisklm.tokenizer import IncrementalDetokenizer
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt being completed. The engine thread alone mutates it once it is submitted."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    max_seq_len: int
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    # Per-request grammar matcher (brisklm.constrained.GrammarMatcher) when the output is constrained.
+    matcher: Any = None
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    speculative: SpeculativeStats | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    stop_matcher: StopStringMatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stop_matcher = StopStringMatcher(self.params.stop, self.params.include_stop_str_in_output)
+        if self.params.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Tokens this request may still generate: max_tokens, capped by the context window."""
+        by_params = self.params.max_tokens - len(self.output_token_ids)
+        by_context = self.max_seq_len - self.num_tokens
+        return max(0, min(by_params, by_context))
+
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> StreamChunk:
+        """Record one generated token, apply the stop rules, return what a stream should emit."""
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        self.output_token_ids.append(token_id)
+        if logprob is not None and self.logprobs is not None:
+            self.logprobs.append(logprob)
+        text = ""
+        enough = len(self.output_token_ids) >= self.params.min_tokens
+        if token_id in self.params.stop_token_ids and enough:
+            self._finish("stop", token_id)
+        elif token_id in self.eos_token_ids and enough:
+            self._finish("stop", None)
+        else:
+            text = self.stop_matcher.append(self.detokenizer.add(token_id))
+            if self.stop_matcher.stopped:
+                self._finish("stop", self.stop_matcher.stop_str)
+            elif self.max_new_tokens == 0:
+                self._finish("length", None)
+        if self.is_finished and not self.stop_matcher.stopped:
+            text += self.stop_matcher.flush()
+        return StreamChunk(
+            request_id=self.request_id,
+            text=text,
+            token_ids=[token_id],
+            logprobs=[logprob] if logprob is not None else None,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            usage=self.usage if self.is_finished else None,
+        )
+
+    def abort(self, reason: FinishReason = "abort") -> StreamChunk:
+        self._finish(reason, None)
+        return StreamChunk(self.request_id, "", [], finish_reason=reason, usage=self.usage)
+
+    def _finish(self, reason: FinishReason, stop_reason: str | int | None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.output_token_ids))
+
+    @property
+    def text(self) -> str:
+        return self.stop_matcher.text
+
+    def to_output(self) -> GenerationOutput:
+        assert self.finish_reason is not None, "request is not finished"
+        metrics: dict[str, float] = {}
+        if self.first_token_time is not None:
+            metrics["time_to_first_token_s"] = self.first_token_time - self.arrival_time
+        return GenerationOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_token_ids),
+            text=self.text,
+            token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason,
+            usage=self.usage,
+            stop_reason=self.stop_reason,
+            logprobs=self.logprobs,
+            speculative=self.speculative,
+            metrics=metrics,
+        )

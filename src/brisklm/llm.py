@@ -1,0 +1,305 @@
+"""The public entry point: ``LLM.from_pretrained(dir)`` then generate / stream / chat, sync or async."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union, overload
+
+import torch
+
+from brisklm.engine.llm_engine import EngineConfig, LLMEngine
+from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
+from brisklm.engine.request import Request
+from brisklm.loader import load_model, resolve_device, resolve_dtype
+from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
+from brisklm.sampling import SamplingParams, make_generator
+from brisklm.tokenizer import Tokenizer
+from brisklm.tool_calls import parse_tool_calls
+
+Prompt = Union[str, Sequence[int]]
+ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]
+Message = Mapping[str, Any]
+
+
+def default_model_path() -> Path:
+    """The bundled default chat model shipped inside the package."""
+    path = Path(__file__).parent / "assets" / "brisk-chat"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the bundled default model is missing from {path}; pass a model directory explicitly"
+        )
+    return path
+
+
+class LLM:
+    """A loaded model and tokenizer with an engine thread that batches every caller's requests."""
+
+    def __init__(self, engine: LLMEngine, model_path: Path) -> None:
+        self.engine = engine
+        self.tokenizer: Tokenizer = engine.tokenizer
+        self.model_path = model_path
+        self._loop = EngineLoop(engine)
+        self._request_counter = itertools.count()
+        self._id_prefix = uuid.uuid4().hex[:8]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        max_batch_size: int = 8,
+        max_seq_len: int | None = None,
+        attention_backend: str = "auto",
+        show_progress: bool = True,
+    ) -> LLM:
+        """Load a Hugging Face checkpoint directory (default: the bundled model).
+
+        ``device``: "cpu" or "cuda" (default: cuda when available); ``dtype``: "float32",
+        "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA).
+        """
+        directory = Path(path) if path is not None else default_model_path()
+        config = EngineConfig(
+            max_batch_size=max_batch_size, max_seq_len=max_seq_len, attention_backend=attention_backend
+        )
+        device_ = resolve_device(device)
+        dtype_ = resolve_dtype(dtype, device_)
+        tokenizer = Tokenizer.from_pretrained(directory)
+        model = load_model(directory, device=device_, dtype=dtype_, show_progress=show_progress)
+        return cls(LLMEngine(model, tokenizer, config), directory)
+
+    # ----------------------------------------------------------------- requests
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.max_seq_len
+
+    def _next_id(self) -> str:
+        return f"req-{self._id_prefix}-{next(self._request_counter)}"
+
+    def make_request(self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True) -> Request:
+        """Validate and tokenize one prompt. Raises ValueError/TypeError before anything is queued."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text: str | None = prompt
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+            text = None
+            ids = list(prompt)
+            vocab = self.engine.num_real_tokens
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        else:
+            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty: it encodes to no tokens")
+        if len(ids) >= self.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.max_seq_len} "
+                "(prompt plus at least one generated token); shorten it or raise max_seq_len"
+            )
+        params.validate_for_vocab(self.engine.num_real_tokens)
+        return Request(
+            request_id=self._next_id(),
+            prompt=text,
+            prompt_token_ids=ids,
+            params=params,
+            eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.tokenizer.eos_token_ids),
+            max_seq_len=self.max_seq_len,
+            detokenizer=self.tokenizer.detokenizer(ids, skip_special_tokens=params.skip_special_tokens),
+            generator=make_generator(params, self.engine.device),
+        )
+
+    def _make_requests(self, prompts: Sequence[Prompt], params: ParamsArg) -> list[Request]:
+        if not prompts:
+            raise ValueError("no prompts given: pass a prompt or a non-empty list of prompts")
+        if params is None or isinstance(params, SamplingParams):
+            params_list = [params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        return [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
+
+    @staticmethod
+    def _is_single(prompts: Prompt | Sequence[Prompt]) -> bool:
+        return isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int)
+        )
+
+    # ----------------------------------------------------------------- sync API
+    @overload
+    def generate(self, prompts: str, params: ParamsArg = None) -> GenerationOutput: ...
+    @overload
+    def generate(self, prompts: Sequence[Prompt], params: ParamsArg = None) -> list[GenerationOutput]: ...
+
+    def generate(self, prompts: Any, params: ParamsArg = None) -> Any:
+        """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch)."""
+        single = self._is_single(prompts)
+        requests = self._make_requests([prompts] if single else list(prompts), params)
+        outputs = self.run_requests(requests)
+        return outputs[0] if single else outputs
+
+    def run_requests(self, requests: list[Request]) -> list[GenerationOutput]:
+        """Submit prepared requests together and block until all finish."""
+        collector = SyncCollector()
+        self._loop.submit(requests, collector)
+        pending = {r.request_id for r in requests}
+        try:
+            while pending:
+                request, result = collector.queue.get()
+                if isinstance(result, BaseException):
+                    raise result
+                if result.finished:
+                    pending.discard(request.request_id)
+        finally:
+            for request_id in pending:
+                self._loop.abort(request_id)
+        return [r.to_output() for r in requests]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the completion's text as it is generated (never text that a stop string later claims)."""
+        for chunk in self.stream_chunks(prompt, params):
+            if chunk.text:
+                yield chunk.text
+
+    def stream_chunks(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
+        """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
+        request = self.make_request(prompt, params or SamplingParams())
+        yield from self.stream_request(request)
+
+    def stream_request(self, request: Request) -> Iterator[StreamChunk]:
+        collector = SyncCollector()
+        self._loop.submit([request], collector)
+        finished = False
+        try:
+            while not finished:
+                _, result = collector.queue.get()
+                if isinstance(result, BaseException):
+                    finished = True
+                    raise result
+                finished = result.finished
+                yield result
+        finally:
+            if not finished:
+                self._loop.abort(request.request_id)
+
+    # ---------------------------------------------------------------- async API
+    async def agenerate(self, prompts: Any, params: ParamsArg = None) -> Any:
+        """Async ``generate``: awaits without blocking the event loop."""
+        single = self._is_single(prompts)
+        requests = self._make_requests([prompts] if single else list(prompts), params)
+        outputs = await self.arun_requests(requests)
+        return outputs[0] if single else outputs
+
+    async def arun_requests(self, requests: list[Request]) -> list[GenerationOutput]:
+        collector = AsyncCollector()
+        self._loop.submit(requests, collector)
+        pending = {r.request_id for r in requests}
+        try:
+            while pending:
+                request, result = await collector.queue.get()
+                if isinstance(result, BaseException):
+                    raise result
+                if result.finished:
+                    pending.discard(request.request_id)
+        finally:
+            for request_id in pending:
+                self._loop.abort(request_id)
+        return [r.to_output() for r in requests]
+
+    async def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:
+        async for chunk in self.astream_chunks(prompt, params):
+            if chunk.text:
+                yield chunk.text
+
+    async def astream_chunks(
+        self, prompt: Prompt, params: SamplingParams | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        request = self.make_request(prompt, params or SamplingParams())
+        async for chunk in self.astream_request(request):
+            yield chunk
+
+    async def astream_request(self, request: Request) -> AsyncIterator[StreamChunk]:
+        collector = AsyncCollector()
+        self._loop.submit([request], collector)
+        finished = False
+        try:
+            while not finished:
+                _, result = await collector.queue.get()
+                if isinstance(result, BaseException):
+                    finished = True
+                    raise result
+                finished = result.finished
+                yield result
+        finally:
+            if not finished:
+                self._loop.abort(request.request_id)
+
+    # --------------------------------------------------------------------- chat
+    def chat_prompt_ids(
+        self, messages: Sequence[Message], tools: Sequence[Any] | None = None, **template_kwargs: Any
+    ) -> list[int]:
+        """Render messages (and tools) with the model's chat template and tokenize the result."""
+        if not messages:
+            raise ValueError("messages is empty: a chat needs at least one message")
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, add_generation_prompt=True, **template_kwargs
+        )
+        # The template writes special tokens (bos, role markers) itself.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams | None = None,
+        tools: Sequence[Any] | None = None,
+        **template_kwargs: Any,
+    ) -> ChatOutput:
+        """One assistant turn for ``messages``; with ``tools``, tool calls are parsed out of the reply."""
+        ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
+        output = self.generate(ids, params)
+        return self._chat_output(output, tools)
+
+    async def achat(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams | None = None,
+        tools: Sequence[Any] | None = None,
+        **template_kwargs: Any,
+    ) -> ChatOutput:
+        ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
+        output = await self.agenerate(ids, params)
+        return self._chat_output(output, tools)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams | None = None,
+        tools: Sequence[Any] | None = None,
+        **template_kwargs: Any,
+    ) -> Iterator[str]:
+        """Stream the assistant's reply text."""
+        return self.stream(self.chat_prompt_ids(messages, tools, **template_kwargs), params)
+
+    @staticmethod
+    def _chat_output(output: GenerationOutput, tools: Sequence[Any] | None) -> ChatOutput:
+        content, calls = parse_tool_calls(output.text) if tools else (output.text, [])
+        finish = "tool_calls" if calls and output.finish_reason == "stop" else output.finish_reason
+        return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Stop the engine thread; requests still running fail with an error."""
+        self._loop.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,104 @@
+"""What generation returns: whole outputs, stream chunks, logprobs and token usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's logprob under the model, its rank, and the most likely alternatives."""
+
+    token_id: int
+    token: str
+    logprob: float
+    rank: int
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class SpeculativeStats:
+    """How speculation went for one request: proposals made and accepted, target steps taken."""
+
+    num_proposed: int = 0
+    num_accepted: int = 0
+    num_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        return self.num_accepted / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass
+class StreamChunk:
+    """One increment of a streamed request. The last chunk has ``finish_reason`` and ``usage`` set."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    usage: Usage | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class GenerationOutput:
+    """The complete result of one prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    usage: Usage
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    speculative: SpeculativeStats | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ChatOutput:
+    """An assistant turn: its text, any tool calls parsed from it, and the underlying output.
+
+    ``finish_reason`` is ``tool_calls`` when the turn ended after calling tools.
+    """
+
+    content: str
+    tool_calls: list[Any]
+    finish_reason: str
+    output: GenerationOutput
+
+    @property
+    def usage(self) -> Usage:
+        return self.output.usage

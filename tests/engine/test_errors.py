@@ -1,0 +1,143 @@
+"""Bad input: a clear error naming what was wrong, and the engine keeps generating afterwards."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from brisklm import LLM, SamplingParams
+from brisklm.loader import CheckpointError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+def assert_still_works(llm):
+    out = llm.generate("Hello", GREEDY)
+    assert len(out.token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
+def test_bad_sampling_params(llm, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+    assert_still_works(llm)
+
+
+def test_bad_prompts(llm):
+    with pytest.raises(ValueError, match="no prompts"):
+        llm.generate([], GREEDY)
+    with pytest.raises(ValueError, match="context"):
+        llm.generate(list(range(5, 5 + 200)), GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate([[10, 10**6]], GREEDY)
+    with pytest.raises(TypeError, match="prompt"):
+        llm.generate([3.5], GREEDY)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="SamplingParams for"):
+        llm.generate(["a", "b"], [GREEDY])
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.generate("Hello", SamplingParams(logit_bias={10**6: 1.0}))
+    # Validation happens before anything is queued: a batch with one bad prompt runs nothing.
+    with pytest.raises(ValueError):
+        llm.generate(["Hello", list(range(5, 300))], GREEDY)
+    assert not llm.engine.has_unfinished
+    assert_still_works(llm)
+
+
+def test_model_error_fails_only_that_step(llm, monkeypatch):
+    runner = llm.engine.runner
+    original = runner.forward
+
+    def broken(batch):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(runner, "forward", broken)
+    with pytest.raises(RuntimeError, match="simulated kernel failure"):
+        llm.generate("Hello", GREEDY)
+    monkeypatch.setattr(runner, "forward", original)
+    assert runner.forward is original
+    assert_still_works(llm)
+    assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
+
+
+def test_nonexistent_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist|no config.json|tokenizer"):
+        LLM.from_pretrained(tmp_path / "nope", show_progress=False)
+
+
+def test_missing_config(tiny_dir, tmp_path):
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    (broken / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_unsupported_architecture(tiny_dir, tmp_path):
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    config = json.loads((broken / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_unknown_rope_type(tiny_dir, tmp_path):
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    config = json.loads((broken / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "mystery", "rope_theta": 10000.0}
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="mystery.*default, linear, dynamic, llama3, yarn"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_mismatched_tensor_shape(tiny_dir, tmp_path):
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model\.safetensors.*mlp\.(gate|up|down)_proj.*shape"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_truncated_safetensors(tiny_dir, tmp_path):
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_missing_and_unexpected_tensors(tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    tensors = load_file(broken / "model.safetensors")
+    tensors.pop("model.layers.1.self_attn.k_proj.weight")
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"missing tensors: model\.layers\.1\.self_attn\.k_proj\.weight"):
+        LLM.from_pretrained(broken, show_progress=False)
+    tensors["model.layers.1.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.k_proj.weight"]
+    tensors["model.extra.weight"] = tensors["model.norm.weight"].clone()
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: unexpected tensor 'model\.extra\.weight'"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_bad_device_and_dtype(tiny_dir):
+    with pytest.raises(ValueError, match="dtype"):
+        LLM.from_pretrained(tiny_dir, dtype="int8", show_progress=False)
+    with pytest.raises(ValueError, match="device"):
+        LLM.from_pretrained(tiny_dir, device="tpu", show_progress=False)

@@ -1,0 +1,189 @@
+"""generate / stream / chat through the engine on a tiny model: outputs, stopping, batching, seeds."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from brisklm import SamplingParams
+from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = ["The quick brown fox", "Hello", "Zürich and 東京 are cities; emoji 🙂", "def add(a, b):"]
+
+
+def reference_greedy(llm, prompt_ids: list[int], steps: int) -> list[int]:
+    """Greedy tokens straight from a fresh model runner, bypassing scheduler and sampler."""
+    runner = ModelRunner(llm.engine.model, num_slots=1, max_seq_len=128, attention_backend="reference")
+    vocab = llm.engine.num_real_tokens
+    tokens: list[int] = []
+    logits = runner.forward(ForwardBatch([0], [0], [prompt_ids], [1]))
+    for _ in range(steps):
+        tokens.append(int(logits[0, :vocab].argmax()))
+        start = len(prompt_ids) + len(tokens) - 1
+        logits = runner.forward(ForwardBatch([0], [start], [[tokens[-1]]], [1]))
+    return tokens
+
+
+def test_single_prompt_output_fields(llm):
+    out = llm.generate("The quick brown fox", GREEDY)
+    assert out.prompt == "The quick brown fox"
+    assert out.prompt_token_ids == llm.tokenizer.encode("The quick brown fox")
+    assert len(out.token_ids) == 24
+    assert out.finish_reason == "length"
+    assert out.usage.prompt_tokens == len(out.prompt_token_ids)
+    assert out.usage.completion_tokens == 24
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 24
+    assert out.text == llm.tokenizer.decode(out.token_ids)
+
+
+def test_greedy_matches_reference_and_batch_matches_alone(llm):
+    alone = [llm.generate(p, GREEDY) for p in PROMPTS]
+    batch = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in batch] == [o.token_ids for o in alone]
+    for out in alone:
+        assert out.token_ids == reference_greedy(llm, out.prompt_token_ids, 24)
+
+
+def test_rows_finish_on_their_own(llm):
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 17, 1, 9)]
+    outs = llm.generate(PROMPTS, params)
+    assert [len(o.token_ids) for o in outs] == [3, 17, 1, 9]
+    full = llm.generate(PROMPTS, GREEDY)
+    for short, long in zip(outs, full):
+        assert long.token_ids[: len(short.token_ids)] == short.token_ids
+
+
+def test_more_prompts_than_slots_are_queued(llm):
+    prompts = PROMPTS * 3  # 12 requests, 4 slots
+    outs = llm.generate(prompts, GREEDY)
+    alone = {p: llm.generate(p, GREEDY).token_ids for p in PROMPTS}
+    assert [o.token_ids for o in outs] == [alone[p] for p in prompts]
+
+
+def test_stream_concatenates_to_generate_text(llm):
+    for prompt in PROMPTS:
+        pieces = list(llm.stream(prompt, GREEDY))
+        assert "".join(pieces) == llm.generate(prompt, GREEDY).text
+        assert all(pieces)
+
+
+def test_stream_chunks_end_with_finish_and_usage(llm):
+    chunks = list(llm.stream_chunks("Hello", GREEDY))
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert sum(len(c.token_ids) for c in chunks) == 24
+
+
+def test_stop_token_ids_and_eos(llm):
+    reference = llm.generate("Hello", GREEDY)
+    target = reference.token_ids[5]
+    first = reference.token_ids.index(target)
+    out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[target]))
+    assert out.finish_reason == "stop"
+    assert out.stop_reason == target
+    assert out.token_ids == reference.token_ids[: first + 1]
+    # The stop token itself is not part of the text.
+    assert out.text == llm.tokenizer.decode(reference.token_ids[:first])
+
+
+def test_eos_from_tokenizer_stops_generation(llm):
+    eos = llm.tokenizer.eos_token_ids[0]
+    # Bias eos up so the model emits it at once; min_tokens then delays it.
+    out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}))
+    assert out.finish_reason == "stop" and out.token_ids == [eos] and out.text == ""
+    out = llm.generate(
+        "Hello", SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}, min_tokens=3)
+    )
+    assert len(out.token_ids) == 4 and out.token_ids[-1] == eos
+    out = llm.generate(
+        "Hello", SamplingParams(temperature=0.0, max_tokens=5, logit_bias={eos: 100.0}, ignore_eos=True)
+    )
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
+
+
+def test_stop_strings_span_tokens_and_never_stream(llm):
+    reference = llm.generate("The quick brown fox", GREEDY).text
+    assert len(reference) > 12
+    stop = reference[6:11]  # a stop string cutting across token boundaries
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
+    out = llm.generate("The quick brown fox", params)
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == reference[: reference.index(stop)]
+    streamed = "".join(llm.stream("The quick brown fox", params))
+    assert streamed == out.text
+    included = SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True
+    )
+    assert llm.generate("The quick brown fox", included).text == reference[: reference.index(stop) + len(stop)]
+
+
+def test_context_limit_ends_with_length(llm):
+    prompt = list(range(5, 5 + 120))
+    out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    assert out.finish_reason == "length"
+    assert len(prompt) + len(out.token_ids) == llm.max_seq_len
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(llm):
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=1234, ignore_eos=True)
+    alone = llm.generate("Hello", seeded).token_ids
+    assert llm.generate("Hello", seeded).token_ids == alone
+    other = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=20, ignore_eos=True)
+    mixed = llm.generate(["The quick", "Hello", "def"], [other, seeded, other])
+    assert mixed[1].token_ids == alone
+    different = llm.generate("Hello", SamplingParams(temperature=1.0, max_tokens=16, seed=99, ignore_eos=True))
+    assert different.token_ids != alone
+
+
+def test_logprobs_match_model_distribution(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=3, ignore_eos=True)
+    out = llm.generate("Hello", params)
+    assert out.logprobs is not None and len(out.logprobs) == 6
+    runner = ModelRunner(llm.engine.model, num_slots=1, max_seq_len=128, attention_backend="sdpa")
+    ids = out.prompt_token_ids + out.token_ids
+    logits = runner.forward(ForwardBatch([0], [0], [ids], [len(out.token_ids) + 1]))
+    logits[:, llm.engine.num_real_tokens :] = float("-inf")
+    expected = torch.log_softmax(logits, dim=-1)
+    for step, entry in enumerate(out.logprobs):
+        assert entry.token_id == out.token_ids[step]
+        assert entry.logprob == pytest.approx(expected[step, entry.token_id].item(), abs=1e-4)
+        assert entry.rank == 1  # greedy picks the most likely token
+        assert [t.token_id for t in entry.top] == expected[step].topk(3).indices.tolist()
+        assert entry.token == llm.tokenizer.id_to_token(entry.token_id)
+
+
+def test_concurrent_callers_share_the_engine(llm):
+    expected = {p: llm.generate(p, GREEDY).token_ids for p in PROMPTS}
+    results: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def worker(prompt: str) -> None:
+        try:
+            results[prompt] = llm.generate(prompt, GREEDY).token_ids
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert results == expected
+
+
+def test_chat_uses_template(llm):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    ids = llm.chat_prompt_ids(messages)
+    rendered = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert rendered.endswith("<|im_start|>assistant\n")
+    assert ids == llm.tokenizer.encode(rendered, add_special_tokens=False)
+    reply = llm.chat(messages, GREEDY)
+    assert reply.output.prompt_token_ids == ids
+    assert reply.content == reply.output.text
+    assert reply.tool_calls == []
+    assert "".join(llm.stream_chat(messages, GREEDY)) == reply.content

@@ -1,0 +1,79 @@
+"""config.json parsing: families, GQA, head_dim, biases, sliding windows, rope keys of both eras."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from brisklm.config import ModelConfig
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "vocab_size": 100,
+}
+
+
+def make(**overrides):
+    return ModelConfig.from_dict({**BASE, **overrides})
+
+
+def test_defaults_and_gqa():
+    config = make(num_key_value_heads=2)
+    assert config.head_dim == 8 and config.num_query_groups == 4
+    assert config.rope.rope_type == "default" and config.rope.theta == 10000.0
+    assert config.sliding_windows == (None,) * 4
+    assert make().num_key_value_heads == 8
+    assert make(head_dim=32).head_dim == 32
+
+
+def test_rope_keys_v4_and_v5_agree():
+    v4 = make(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    v5 = make(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    assert v4.rope == v5.rope
+    assert v4.rope.theta == 500000.0 and v4.rope.factor == 8.0
+    legacy_type = make(rope_scaling={"type": "linear", "factor": 2.0})
+    assert legacy_type.rope.rope_type == "linear"
+
+
+def test_qwen2_bias_and_sliding_layers():
+    qwen = make(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=16, max_window_layers=2)
+    assert qwen.qkv_bias and not qwen.o_proj_bias
+    assert qwen.sliding_windows == (None, None, 16, 16)
+    assert make(architectures=["Qwen2ForCausalLM"], sliding_window=16).sliding_windows == (None,) * 4
+
+
+def test_mistral_sliding_window_all_layers():
+    assert make(architectures=["MistralForCausalLM"], sliding_window=32).sliding_windows == (32,) * 4
+    assert make(architectures=["MistralForCausalLM"], sliding_window=None).sliding_windows == (None,) * 4
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel.*supported: LlamaForCausalLM"),
+        ({"rope_parameters": {"rope_type": "longrope"}}, "longrope.*supported: default"),
+        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"vocab_size": 0}, "vocab_size"),
+    ],
+)
+def test_errors_name_the_problem(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make(**overrides)
+
+
+def test_missing_field_and_bad_json(tmp_path):
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "hidden_size"})
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ModelConfig.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(BASE))
+    assert ModelConfig.from_pretrained(tmp_path).architecture == "LlamaForCausalLM"

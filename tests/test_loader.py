@@ -1,0 +1,68 @@
+"""Checkpoint loading: sharded files, dtypes, tied heads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.loader import checkpoint_files, load_model
+from tests.hf_models import build_hf_model, save_hf_model
+
+PROMPT = [1, 5, 9, 33, 70, 2, 140]
+
+
+def logits_of(model) -> torch.Tensor:
+    runner = ModelRunner(model, num_slots=1, max_seq_len=32, attention_backend="sdpa")
+    return runner.forward(ForwardBatch([0], [0], [PROMPT], [len(PROMPT)]))
+
+
+def test_sharded_checkpoint_equals_single_file(tmp_path):
+    hf = build_hf_model("llama")
+    single = save_hf_model(hf, tmp_path / "single")
+    sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")
+    files = checkpoint_files(sharded)
+    assert len(files) > 2
+    assert (sharded / "model.safetensors.index.json").is_file()
+    a = logits_of(load_model(single, device="cpu", show_progress=False))
+    b = logits_of(load_model(sharded, device="cpu", show_progress=False))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_close_to_transformers(tmp_path, dtype):
+    hf = build_hf_model("llama", initializer_range=0.05)
+    directory = save_hf_model(hf, tmp_path / "m")
+    model = load_model(directory, device="cpu", dtype=dtype, show_progress=False)
+    assert model.model.embed_tokens.weight.dtype == dtype
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == dtype
+    ours = logits_of(model)
+    with torch.no_grad():
+        theirs = hf.to(dtype)(torch.tensor([PROMPT])).logits[0].float()
+    scale = theirs.abs().max().item()
+    assert (ours - theirs).abs().max().item() <= 0.05 * max(scale, 1.0)
+
+
+def test_default_dtype_is_float32_on_cpu(tmp_path):
+    directory = save_hf_model(build_hf_model("llama"), tmp_path / "m")
+    model = load_model(directory, device="cpu", show_progress=False)
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_tied_head_shares_storage_and_ignores_saved_head(tmp_path):
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    directory = save_hf_model(hf, tmp_path / "m")
+    model = load_model(directory, device="cpu", show_progress=False)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_broken_shard_index_names_file(tmp_path):
+    hf = build_hf_model("llama")
+    sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    (sharded / first).unlink()
+    with pytest.raises(ValueError, match=first):
+        load_model(sharded, device="cpu", show_progress=False)
