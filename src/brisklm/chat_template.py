@@ -1,0 +1,263 @@
+"""Renders Hugging Face jinja2 chat templates exactly as transformers' apply_chat_template(tokenize=False)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from brisklm.tool_schema import tool_json_schema
+
+# Names a message's reasoning may come under; templates read the first (transformers aliases them all)
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class ChatTemplateError(ValueError):
+    """A chat template failed to compile or raised while rendering (e.g. through raise_exception)."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; rendering keeps the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(
+            lineno
+        )
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+class _TemplateDict:
+    """`dict` inside templates, limited so attribute access cannot reach Python internals."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """jinja's namespace() refusing underscore-prefixed attributes, as transformers' sandbox does."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - jinja's signature trick for namespace(self=...)
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates cannot store underscore-prefixed attributes on a namespace: {name!r}"
+            )
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Unlike jinja's own tojson this does not HTML-escape, and it exposes json.dumps' options
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@lru_cache(maxsize=64)
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template once per source text, in transformers' sandboxed environment."""
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    environment.globals["dict"] = _TemplateDict()
+    environment.globals["namespace"] = _TemplateNamespace
+    try:
+        return environment.from_string(source)
+    except jinja2.TemplateSyntaxError as error:
+        raise ChatTemplateError(
+            f"the chat template does not compile: {error} (line {error.lineno})"
+        ) from error
+
+
+def _to_dicts(value: Any) -> Any:
+    """Message objects (dataclasses, pydantic models) and anything nested in them, as dicts."""
+    if isinstance(value, Mapping):
+        return {key: _to_dicts(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_to_dicts(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_to_dicts(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_dicts(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return _to_dicts(value.model_dump())
+    return value
+
+
+def _plain_data(value: Any) -> Any:
+    """Rebuild what the template sees from plain JSON types; other objects become inert "<TypeName>" strings."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain_data(key): _plain_data(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain_data(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_plain_data(item) for item in value)
+    numpy = sys.modules.get(
+        "numpy"
+    )  # a numpy scalar implies numpy is imported; never import it here
+    if numpy is not None and isinstance(value, numpy.generic):
+        return _plain_data(value.item())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return _plain_data(value.model_dump())
+    return f"<{type(value).__name__}>"
+
+
+def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    normalized = []
+    for message in _to_dicts(getattr(messages, "messages", messages)):
+        if not isinstance(message, dict):
+            raise TypeError(
+                f"chat messages must be dicts, dataclasses or pydantic models, got {message!r}"
+            )
+        # APIs send content=None / tool_calls=None; templates handle a missing key but would print "None"
+        message = {key: value for key, value in message.items() if value is not None}
+        reasoning = next(
+            (message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None
+        )
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        normalized.append(message)
+    return normalized
+
+
+def render_chat_template(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = True,
+    special_tokens: Mapping[str, str] | None = None,
+    *,
+    documents: Sequence[Mapping[str, Any]] | None = None,
+    continue_final_message: bool = False,
+    **extra: Any,
+) -> str:
+    """Render `messages` (and `tools`) with a chat template.
+
+    The template sees `messages`, `tools` (JSON schema dicts; functions and pydantic models are converted
+    by `tool_schema.tool_json_schema`), `documents`, `add_generation_prompt`, the special tokens
+    (`bos_token`, `eos_token`, ...) and any extra keyword arguments, which override special tokens of the
+    same name. `continue_final_message` renders the last message open-ended, so generation continues
+    its content (a prefill); it implies add_generation_prompt=False. Raises ChatTemplateError (a
+    ValueError) for a template that fails, including its own raise_exception calls, and ValueError for
+    an empty conversation.
+    """
+    messages = _normalize_messages(messages)
+    if not messages:
+        raise ValueError(
+            "cannot apply a chat template to an empty conversation; give at least one message"
+        )
+    compiled = compile_chat_template(template)
+    tool_schemas = None if tools is None else [tool_json_schema(tool) for tool in tools]
+    variables = _plain_data({**(special_tokens or {}), **extra})
+    final_content = None
+    if continue_final_message:
+        add_generation_prompt = False
+        final_content = _tag_final_message(messages, template)
+    try:
+        rendered = compiled.render(
+            messages=_plain_data(messages),
+            tools=_plain_data(tool_schemas),
+            documents=_plain_data(documents),
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
+    except jinja2.TemplateError as error:
+        raise ChatTemplateError(f"the chat template raised an error: {error}") from error
+    if final_content is not None:
+        rendered = _cut_at_final_message(rendered, final_content)
+    return rendered
+
+
+# A marker appended to the final message so its end can be found (and cut) in the rendered chat
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(messages: list[dict[str, Any]], template: str) -> str:
+    """Append the marker to the last message's (last text block's) content; return that content."""
+    final = messages[-1].get("content")
+    if final is None:
+        raise ValueError(
+            "continue_final_message is set but the final message has no content to continue"
+        )
+    if "content" not in template:
+        raise ValueError(
+            "continue_final_message is set but the chat template never reads 'content'"
+        )
+    if isinstance(final, list | tuple):
+        for block in reversed(final):
+            if isinstance(block, dict) and "text" in block:
+                text = block["text"]
+                block["text"] = text + _CONTINUE_TAG
+                return text
+        raise ValueError("continue_final_message is set but the final message has no text block")
+    messages[-1]["content"] = final + _CONTINUE_TAG
+    return final
+
+
+def _cut_at_final_message(rendered: str, final_content: str) -> str:
+    tag = _CONTINUE_TAG.strip()
+    if final_content.strip() not in rendered or tag not in rendered:
+        raise ValueError(
+            "continue_final_message is set but the chat template dropped part of the final message, "
+            "so the chat cannot be continued from it"
+        )
+    tag_position = rendered.rindex(tag)
+    if rendered[tag_position : tag_position + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:tag_position]
+    # The template trimmed the message's trailing space, and with it part of the marker
+    return rendered[:tag_position].rstrip()

@@ -1,0 +1,106 @@
+"""Incremental detokenizer: turns generated token ids into text deltas that never split a character."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brisklm.tokenizer import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Streams the text of generated tokens with the prefix/read offset technique.
+
+    Each step decodes two short windows that start at `prefix_offset`: the tokens already emitted in the
+    previous step (`prefix_offset:read_offset`) and the same plus everything since; the delta is the
+    difference. Starting the window one step back gives every token its leading space in context
+    (sentencepiece decoding strips the '▁' of the first token it sees), and the first window starts with
+    the last few prompt tokens for the same reason. Text is held back while it ends in U+FFFD (an
+    incomplete UTF-8 sequence) and, for byte-fallback tokenizers, while the last token is a `<0xNN>` piece:
+    the decoder replaces a whole run of byte pieces with U+FFFDs if any byte in it is invalid, so a run is
+    only final once a non-byte token ends it.
+
+    Invariant: the concatenation of all deltas plus `flush()` equals
+    `decode(prompt_ids + ids)[len(decode(prompt_ids)):]` for prompts that end on a complete character;
+    with an empty prompt that is exactly `decode(ids)`. With `skip_special_tokens` special tokens add no
+    text and do not break byte runs, as in `decode`.
+    """
+
+    PROMPT_CONTEXT_TOKENS = 6
+    # Dropping already-emitted ids keeps the id list (and the slicing) small on long generations
+    MAX_STALE_IDS = 256
+
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._skipped_ids = tokenizer.special_token_ids if skip_special_tokens else frozenset()
+        self._byte_ids = tokenizer.byte_fallback_ids
+        context = [i for i in prompt_ids if i not in self._skipped_ids][
+            -self.PROMPT_CONTEXT_TOKENS :
+        ]
+        # A context that starts inside a byte run would decode to U+FFFD; start after that run instead
+        while context and context[0] in self._byte_ids:
+            context.pop(0)
+        self._ids: list[int] = context
+        self.prefix_offset = 0
+        self.read_offset = len(context)
+        self._prefix_text: str | None = None
+        self._text = ""
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far (the concatenation of the deltas)."""
+        return self._text
+
+    def add(self, token_id: int) -> str:
+        """Take one generated token and return the text it completes ("" while text is held back)."""
+        if token_id in self._skipped_ids:
+            return ""
+        self._ids.append(token_id)
+        if token_id in self._byte_ids:
+            return ""
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        """Emit whatever is held back (call once generation ends); may contain U+FFFD for invalid bytes."""
+        return self._emit(final=True)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
+
+    def _emit(self, final: bool) -> str:
+        if self._prefix_text is None:
+            self._prefix_text = self._decode(self._ids[self.prefix_offset : self.read_offset])
+        prefix_text = self._prefix_text
+        if self.read_offset == len(self._ids):
+            return ""
+        new_text = self._decode(self._ids[self.prefix_offset :])
+        if not final and (len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR)):
+            return ""
+        # The window's old text is a prefix of its new text except after a prompt that ends inside a
+        # character; then emit from where the two part, which resynchronises on the next step
+        delta = new_text[_common_prefix_length(prefix_text, new_text) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self._ids)
+        self._prefix_text = None
+        if self.prefix_offset > self.MAX_STALE_IDS:
+            del self._ids[: self.prefix_offset]
+            self.read_offset -= self.prefix_offset
+            self.prefix_offset = 0
+        self._text += delta
+        return delta
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    if b.startswith(a):
+        return len(a)
+    length = 0
+    for char_a, char_b in zip(a, b, strict=False):
+        if char_a != char_b:
+            break
+        length += 1
+    return length

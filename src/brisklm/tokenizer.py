@@ -1,0 +1,266 @@
+"""Tokenizer for local Hugging Face checkpoints: tokenizer.json or tokenizer.model, matching transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from brisklm.chat_template import render_chat_template
+from brisklm.detokenizer import IncrementalDetokenizer
+from brisklm.tokenizer_backend import MODEL_CONFIG, load_backend, read_json
+
+GENERATION_CONFIG = "generation_config.json"
+_BYTE_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def gpt2_unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table, which byte-level BPE vocabularies are written in."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    byte_values = list(printable)
+    code_points = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            byte_values.append(byte)
+            code_points.append(256 + extra)
+            extra += 1
+    return {
+        chr(code_point): byte for code_point, byte in zip(code_points, byte_values, strict=True)
+    }
+
+
+def _ids_from_config(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+class Tokenizer:
+    """Encodes and decodes text exactly like transformers' AutoTokenizer for the same directory.
+
+    Everything runs on a `tokenizers` backend, built as transformers 5 builds it (tokenizer_backend.py).
+    A tokenizer.json is used as is, unless transformers would load it as a LlamaTokenizer; a
+    tokenizer.model (sentencepiece BPE: Llama 2, Mistral) is read with sentencepiece. Both of those become
+    the byte-fallback BPE of transformers 5's LlamaTokenizer, whose `legacy` defaults to False: '▁' is
+    prepended only at the very start of the text (not after special tokens), a leading space of the text
+    merges into that '▁', and decoding strips one leading space. `legacy: true` in tokenizer_config.json
+    prepends '▁' after every special token too; `add_prefix_space: false` never prepends nor strips.
+    Note this differs from sentencepiece itself for text that starts with a space.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        named_special_tokens: Mapping[str, str],
+        chat_templates: Mapping[str, str],
+        generation_config: Mapping[str, Any],
+        name_or_path: str = "",
+    ) -> None:
+        self._backend = backend
+        self.name_or_path = name_or_path
+        self.named_special_tokens = dict(named_special_tokens)
+        self.chat_templates = dict(chat_templates)
+        self.chat_template: str | None = self.chat_templates.get("default")
+        self.bos_token: str | None = self.named_special_tokens.get("bos_token")
+        self.eos_token: str | None = self.named_special_tokens.get("eos_token")
+        self.pad_token: str | None = self.named_special_tokens.get("pad_token")
+        self.unk_token: str | None = self.named_special_tokens.get("unk_token")
+
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self.vocab_size: int = max(vocab.values()) + 1 if vocab else 0
+        added = backend.get_added_tokens_decoder()
+        self.special_token_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
+        self._added_token_ids = frozenset(added)
+
+        self.bos_token_id: int | None = self._named_id(self.bos_token)
+        if self.bos_token_id is None:
+            self.bos_token_id = next(
+                iter(_ids_from_config(generation_config.get("bos_token_id"))), None
+            )
+        self.pad_token_id: int | None = self._named_id(self.pad_token)
+        if self.pad_token_id is None:
+            self.pad_token_id = next(
+                iter(_ids_from_config(generation_config.get("pad_token_id"))), None
+            )
+        eos_ids = _ids_from_config(generation_config.get("eos_token_id"))
+        tokenizer_eos = self._named_id(self.eos_token)
+        if tokenizer_eos is not None and tokenizer_eos not in eos_ids:
+            eos_ids.append(tokenizer_eos)
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_ids))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Load the tokenizer of a checkpoint directory.
+
+        Reads tokenizer.json or tokenizer.model, tokenizer_config.json (special and added tokens, chat
+        template), chat_template.jinja if present, and generation_config.json (or config.json) for the
+        end-of-sequence ids. Raises FileNotFoundError for a directory without a tokenizer.
+        """
+        directory = Path(path)
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                f"tokenizer directory {directory} does not exist or is not a directory"
+            )
+        spec = load_backend(directory)
+        generation_config = read_json(directory / GENERATION_CONFIG)
+        if generation_config is None:
+            generation_config = read_json(directory / MODEL_CONFIG) or {}
+        return cls(
+            spec.backend,
+            named_special_tokens=spec.named_special_tokens,
+            chat_templates=spec.chat_templates,
+            generation_config=generation_config,
+            name_or_path=str(directory),
+        )
+
+    def _named_id(self, token: str | None) -> int | None:
+        return None if token is None else self._backend.token_to_id(token)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.name_or_path!r}, vocab_size={self.vocab_size})"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; special tokens written in the text are recognised as such."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; unlike transformers, special tokens are skipped by default.
+
+        Ids without a token are ignored, as the backend does.
+        """
+        # tolist() accepts tensors and arrays as well as lists
+        token_ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary string of an id (byte-level or '▁' form, not decoded text)."""
+        token = self._backend.id_to_token(int(token_id))
+        if token is None:
+            raise IndexError(
+                f"token id {token_id} is not in the vocabulary (size {self.vocab_size})"
+            )
+        return token
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary string, or None if it is not one."""
+        return self._backend.token_to_id(token)
+
+    @cached_property
+    def _decoder_types(self) -> frozenset[str]:
+        decoder = self._backend.decoder
+        if decoder is None:
+            return frozenset()
+        state = json.loads(decoder.__getstate__())
+        nested = state.get("decoders", [state])
+        return frozenset(part.get("type", "") for part in nested)
+
+    @cached_property
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """Ids of `<0xNN>` pieces that the decoder turns into raw bytes (empty without ByteFallback)."""
+        if "ByteFallback" not in self._decoder_types:
+            return frozenset()
+        return frozenset(
+            token_id
+            for token_id in range(self.vocab_size)
+            if token_id not in self._added_token_ids
+            and _BYTE_FALLBACK_PIECE.fullmatch(self._backend.id_to_token(token_id) or "")
+        )
+
+    def token_bytes(self) -> list[bytes]:
+        """The raw bytes each id stands for, indexed by id (b"" for ids without a token).
+
+        Byte-level BPE tokens map back through the GPT-2 byte table; sentencepiece pieces turn '▁' into a
+        space and `<0xNN>` into that byte; added and special tokens are their text in UTF-8.
+        """
+        return self._token_bytes
+
+    @cached_property
+    def _token_bytes(self) -> list[bytes]:
+        byte_level = "ByteLevel" in self._decoder_types
+        byte_fallback = "ByteFallback" in self._decoder_types
+        metaspace = "Replace" in self._decoder_types or "Metaspace" in self._decoder_types
+        unicode_to_byte = gpt2_unicode_to_byte() if byte_level else {}
+        table: list[bytes] = []
+        for token_id in range(self.vocab_size):
+            token = self._backend.id_to_token(token_id)
+            if token is None:
+                table.append(b"")
+            elif token_id in self._added_token_ids:
+                table.append(token.encode("utf-8"))
+            elif byte_level:
+                table.append(b"".join(_byte_level_char(c, unicode_to_byte) for c in token))
+            elif byte_fallback and (match := _BYTE_FALLBACK_PIECE.fullmatch(token)):
+                table.append(bytes([int(match.group(1), 16)]))
+            else:
+                table.append((token.replace("▁", " ") if metaspace else token).encode("utf-8"))
+        return table
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any] | Callable[..., Any] | type] | None = None,
+        add_generation_prompt: bool = True,
+        *,
+        chat_template: str | None = None,
+        continue_final_message: bool = False,
+        **extra: Any,
+    ) -> str:
+        """Render a conversation with the checkpoint's chat template, as transformers' tokenize=False does.
+
+        `chat_template` may name one of the checkpoint's templates or be a template itself; by default the
+        "tool_use" template is used when tools are given and the checkpoint has one, else "default".
+        `continue_final_message` leaves the last message open for the model to continue (a prefill) and
+        then no generation prompt is added. Extra keyword arguments become template variables
+        (`documents` included). Raises ValueError without a chat template.
+        """
+        template = self._select_template(chat_template, has_tools=tools is not None)
+        return render_chat_template(
+            template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.named_special_tokens,
+            continue_final_message=continue_final_message,
+            **extra,
+        )
+
+    def _select_template(self, requested: str | None, has_tools: bool) -> str:
+        if requested is not None:
+            return self.chat_templates.get(requested, requested)
+        if not self.chat_templates:
+            raise ValueError(
+                f"the tokenizer in {self.name_or_path or 'this directory'} has no chat template "
+                "(tokenizer_config.json has no chat_template and there is no chat_template.jinja); "
+                "pass chat_template=... or use plain text prompts"
+            )
+        if has_tools and "tool_use" in self.chat_templates:
+            return self.chat_templates["tool_use"]
+        if "default" in self.chat_templates:
+            return self.chat_templates["default"]
+        raise ValueError(
+            f"the tokenizer has several chat templates and none named 'default': "
+            f"{sorted(self.chat_templates)}; pass chat_template=<name>"
+        )
+
+    def detokenizer(
+        self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ) -> IncrementalDetokenizer:
+        """A streaming decoder for the tokens generated after `prompt_ids`."""
+        return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens=skip_special_tokens)
+
+
+def _byte_level_char(char: str, unicode_to_byte: Mapping[str, int]) -> bytes:
+    byte = unicode_to_byte.get(char)
+    return bytes([byte]) if byte is not None else char.encode("utf-8")

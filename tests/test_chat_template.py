@@ -1,0 +1,461 @@
+"""Chat template rendering: parity with transformers' apply_chat_template(tokenize=False), tools and errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from tokenizer_fixtures import build_byte_level_bpe, build_sentencepiece
+
+from brisklm.chat_template import ChatTemplateError, compile_chat_template, render_chat_template
+from brisklm.tokenizer import Tokenizer
+from brisklm.tool_schema import ToolSchemaError, function_json_schema, pydantic_json_schema
+
+transformers = pytest.importorskip("transformers")
+
+QWEN25_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+LLAMA3_TEMPLATE = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%Y") %}
+{%- endif %}
+{%- set ns = namespace(system="", count=0) %}
+{%- for message in messages %}
+    {%- if message.role == "system" %}{% set ns.system = message.content | trim %}{% continue %}{% endif %}
+    {%- set ns.count = ns.count + 1 %}
+{%- endfor %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Cutting Knowledge Date: December 2023\\nToday Date: " + date_string + "\\n\\n" }}
+{%- if tools is not none %}
+    {{- "Tools:\\n" }}
+    {%- for t in tools %}{{ t | tojson(indent=4) }}{{ "\\n\\n" }}{%- endfor %}
+{%- endif %}
+{{- ns.system + "<|eot_id|>" }}
+{%- for message in messages if message.role != "system" %}
+    {%- if loop.index > 50 %}{% break %}{% endif %}
+    {% generation %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+ALTERNATING_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
+TOJSON_TEMPLATE = """{%- if tools %}<tools>
+{{ tools | tojson(indent=2) }}
+</tools>
+{% endif %}
+{%- for m in messages %}[{{ m.role }}] {{ m | tojson(indent=4, sort_keys=true) }}
+{% endfor %}
+{%- if add_generation_prompt %}[assistant] {% endif %}{{ dict(a=1, b=[2]) | tojson }}{{ extra_flag }}"""
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Météo actuelle d'une ville — température en °C",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "Nom de la ville, p. ex. Zürich"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    },
+}
+
+SYSTEM_USER = [
+    {"role": "system", "content": "You are a helpful assistant. Réponds en français."},
+    {"role": "user", "content": "Ça va? 日本語で答えて 😀 <not a tag>"},
+]
+TOOL_ROUND_TRIP = [
+    {"role": "system", "content": "Use tools when useful."},
+    {"role": "user", "content": "What's the weather in Zürich?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "arguments": {"city": "Zürich", "unit": "celsius"},
+                },
+            },
+            {
+                "type": "function",
+                "function": {"name": "search", "arguments": {"q": "Zürich météo"}},
+            },
+        ],
+    },
+    {"role": "tool", "content": '{"temperature": 21, "sky": "☀"}'},
+    {"role": "tool", "content": "no results"},
+    {"role": "assistant", "content": "It is 21 °C and sunny ☀."},
+    {"role": "user", "content": "Thanks!"},
+]
+USER_ONLY = [{"role": "user", "content": "  hello  "}]
+CONVERSATIONS = [SYSTEM_USER, TOOL_ROUND_TRIP, USER_ONLY]
+
+
+@pytest.fixture(scope="module")
+def chatml_pair(tmp_path_factory: pytest.TempPathFactory):
+    directory = build_byte_level_bpe(
+        tmp_path_factory.mktemp("chatml") / "tok",
+        config_overrides={
+            "chat_template": [
+                {"name": "default", "template": QWEN25_TEMPLATE},
+                {"name": "tool_use", "template": TOJSON_TEMPLATE},
+            ]
+        },
+    )
+    return Tokenizer.from_pretrained(directory), transformers.AutoTokenizer.from_pretrained(
+        directory
+    )
+
+
+@pytest.fixture(scope="module")
+def llama2_pair(tmp_path_factory: pytest.TempPathFactory):
+    directory = build_sentencepiece(
+        tmp_path_factory.mktemp("llama2") / "tok",
+        config_overrides={"chat_template": ALTERNATING_TEMPLATE},
+    )
+    return Tokenizer.from_pretrained(directory), transformers.AutoTokenizer.from_pretrained(
+        directory
+    )
+
+
+@pytest.mark.parametrize(
+    "template",
+    [QWEN25_TEMPLATE, LLAMA3_TEMPLATE, TOJSON_TEMPLATE],
+    ids=["qwen25", "llama3", "tojson"],
+)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("tools", [None, [WEATHER_TOOL, SEARCH_TOOL]], ids=["no_tools", "tools"])
+def test_rendering_matches_transformers(
+    chatml_pair, template, add_generation_prompt, tools
+) -> None:
+    ours, reference = chatml_pair
+    for messages in CONVERSATIONS:
+        expected = reference.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            chat_template=template,
+        )
+        rendered = ours.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=template,
+        )
+        assert rendered == expected
+
+
+def test_checkpoint_templates_and_tool_use_selection(chatml_pair) -> None:
+    ours, reference = chatml_pair
+    assert ours.chat_template == QWEN25_TEMPLATE
+    assert set(ours.chat_templates) == {"default", "tool_use"}
+    for tools in (None, [WEATHER_TOOL]):
+        for messages in CONVERSATIONS:
+            expected = reference.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+            assert ours.apply_chat_template(messages, tools=tools) == expected
+    assert ours.apply_chat_template(USER_ONLY, tools=[WEATHER_TOOL]).startswith("<tools>\n[\n  {")
+    assert ours.apply_chat_template(USER_ONLY).endswith("<|im_start|>assistant\n")
+    assert not ours.apply_chat_template(USER_ONLY, add_generation_prompt=False).endswith(
+        "assistant\n"
+    )
+
+
+def test_extra_kwargs_reach_the_template(chatml_pair) -> None:
+    ours, reference = chatml_pair
+    kwargs = {"date_string": "26 Jul 2024", "extra_flag": "<on>"}
+    for template in (LLAMA3_TEMPLATE, TOJSON_TEMPLATE):
+        expected = reference.apply_chat_template(
+            SYSTEM_USER, tokenize=False, chat_template=template, **kwargs
+        )
+        rendered = ours.apply_chat_template(
+            SYSTEM_USER, add_generation_prompt=False, chat_template=template, **kwargs
+        )
+        assert rendered == expected
+        assert ("26 Jul 2024" in rendered) or ("<on>" in rendered)
+
+
+def test_sentencepiece_template_with_bos_eos_and_raise_exception(llama2_pair) -> None:
+    ours, reference = llama2_pair
+    good = [
+        {"role": "user", "content": "Bonjour 😀"},
+        {"role": "assistant", "content": "Salut !"},
+        {"role": "user", "content": "日本語?"},
+    ]
+    expected = reference.apply_chat_template(good, tokenize=False)
+    assert (
+        ours.apply_chat_template(good)
+        == expected
+        == "<s>[INST] Bonjour 😀 [/INST]Salut !</s>[INST] 日本語? [/INST]"
+    )
+    with pytest.raises(ValueError, match="Only user and assistant roles are supported"):
+        ours.apply_chat_template([*good, {"role": "tool", "content": "c"}])
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        ours.apply_chat_template([{"role": "assistant", "content": "first"}])
+
+
+def test_message_objects_and_none_fields_render_like_transformers(chatml_pair) -> None:
+    ours, reference = chatml_pair
+
+    @dataclass
+    class Message:
+        role: str
+        content: str | None
+        tool_calls: list | None = None
+
+    messages = [
+        Message("user", "hi"),
+        Message("assistant", "hello", None),
+        Message("user", "again"),
+    ]
+    expected = reference.apply_chat_template(
+        messages, tokenize=False, chat_template=QWEN25_TEMPLATE
+    )
+    assert (
+        ours.apply_chat_template(
+            messages, add_generation_prompt=False, chat_template=QWEN25_TEMPLATE
+        )
+        == expected
+    )
+
+
+def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
+    ours, _ = chatml_pair
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ours.apply_chat_template(USER_ONLY, chat_template="{% for m in messages %}{{ m.content }")
+    with pytest.raises(ChatTemplateError, match="underscore"):
+        ours.apply_chat_template(
+            USER_ONLY, chat_template="{% set ns = namespace(_x=1) %}{{ ns._x }}"
+        )
+    with pytest.raises(ChatTemplateError):
+        ours.apply_chat_template(USER_ONLY, chat_template="{{ messages.__class__.__mro__ }}")
+    with pytest.raises(ValueError, match="empty conversation"):
+        ours.apply_chat_template([])
+    plain = Tokenizer.from_pretrained(build_byte_level_bpe(tmp_path / "plain"))
+    assert plain.chat_template is None
+    with pytest.raises(ValueError, match="no chat template"):
+        plain.apply_chat_template(USER_ONLY)
+
+
+def test_chat_template_jinja_file_takes_priority(tmp_path: Path) -> None:
+    directory = build_byte_level_bpe(
+        tmp_path / "tok", config_overrides={"chat_template": "from config"}
+    )
+    (directory / "chat_template.jinja").write_text("{{ messages[0].content }} from file")
+    ours = Tokenizer.from_pretrained(directory)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    assert (
+        ours.apply_chat_template(USER_ONLY)
+        == reference.apply_chat_template(USER_ONLY, tokenize=False)
+        == "  hello   from file"
+    )
+
+
+def test_templates_compile_once() -> None:
+    assert compile_chat_template(QWEN25_TEMPLATE) is compile_chat_template(QWEN25_TEMPLATE)
+    rendered = render_chat_template(
+        "{{ bos_token }}{{ messages[0].content }}", USER_ONLY, special_tokens={"bos_token": "<s>"}
+    )
+    assert rendered == "<s>  hello  "
+
+
+class Unit(Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+def get_current_temperature(
+    location: str, unit: Unit = Unit.CELSIUS, days: int | None = None
+) -> float:
+    """
+    Get the current temperature at a location.
+
+    Args:
+        location: The location, in the format "City, Country"
+        unit: The unit to return the temperature in.
+        days: How many days to average over,
+            counting today.
+
+    Returns:
+        The temperature as a float.
+    """
+    return 21.0
+
+
+def pick(
+    choice: str,
+    weights: dict[str, float],
+    tags: list[str],
+    pair: tuple[int, str],
+    mode: Literal["a", "b"] = "a",
+):
+    """Pick something.
+
+    Args:
+        choice: What to pick (choices: ["tea", "coffee"])
+        weights: Weight per item
+        tags: Tags to attach
+        pair: A pair
+        mode: The mode
+    """
+
+
+def undocumented(x: int):
+    """No args block."""
+
+
+@pytest.mark.parametrize("function", [get_current_temperature, pick])
+def test_function_schemas_match_transformers(function) -> None:
+    from transformers.utils import get_json_schema
+
+    assert function_json_schema(function) == get_json_schema(function)
+
+
+def test_function_and_pydantic_tools(chatml_pair) -> None:
+    import pydantic
+
+    ours, reference = chatml_pair
+    expected = reference.apply_chat_template(
+        USER_ONLY, tools=[get_current_temperature], tokenize=False, chat_template=QWEN25_TEMPLATE
+    )
+    assert (
+        ours.apply_chat_template(
+            USER_ONLY,
+            tools=[get_current_temperature],
+            add_generation_prompt=False,
+            chat_template=QWEN25_TEMPLATE,
+        )
+        == expected
+    )
+    with pytest.raises(ToolSchemaError, match="no docstring description for 'x'"):
+        function_json_schema(undocumented)
+
+    class Multiply(pydantic.BaseModel):
+        """Multiply two integers."""
+
+        a: int = pydantic.Field(description="first factor")
+        b: int
+
+    schema = pydantic_json_schema(Multiply)
+    assert schema["function"]["name"] == "Multiply"
+    assert schema["function"]["description"] == "Multiply two integers."
+    assert schema["function"]["parameters"]["required"] == ["a", "b"]
+    rendered = ours.apply_chat_template(USER_ONLY, tools=[Multiply], chat_template=QWEN25_TEMPLATE)
+    assert json.dumps(schema, ensure_ascii=False) in rendered
+    with pytest.raises(ValueError, match="tools must be"):
+        ours.apply_chat_template(USER_ONLY, tools=[42], chat_template=QWEN25_TEMPLATE)
+
+
+def test_continue_final_message_matches_transformers(chatml_pair) -> None:
+    ours, reference = chatml_pair
+    prefill = [*USER_ONLY, {"role": "assistant", "content": '{"answer": "Zürich'}]
+    for template in (QWEN25_TEMPLATE, LLAMA3_TEMPLATE):
+        expected = reference.apply_chat_template(
+            prefill,
+            tokenize=False,
+            continue_final_message=True,
+            chat_template=template,
+            date_string="x",
+        )
+        rendered = ours.apply_chat_template(
+            prefill, continue_final_message=True, chat_template=template, date_string="x"
+        )
+        assert rendered == expected
+        assert rendered.endswith('{"answer": "Zürich')
+    with pytest.raises(ValueError, match="no content"):
+        ours.apply_chat_template([{"role": "assistant"}], continue_final_message=True)
+
+
+def test_documents_reach_the_template(chatml_pair) -> None:
+    ours, reference = chatml_pair
+    template = "{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}{{ messages[0].content }}"
+    documents = [{"title": "Ville", "text": "Zürich ☀"}]
+    expected = reference.apply_chat_template(
+        USER_ONLY, documents=documents, tokenize=False, chat_template=template
+    )
+    assert (
+        ours.apply_chat_template(USER_ONLY, documents=documents, chat_template=template) == expected
+    )

@@ -1,0 +1,417 @@
+"""Tokenizer parity with transformers' AutoTokenizer, token bytes, eos ids, errors and the incremental detokenizer."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from tokenizer_fixtures import (
+    TRICKY_STRINGS,
+    build_byte_level_bpe,
+    build_llama_hub_json,
+    build_sentencepiece,
+)
+
+from brisklm.tokenizer import Tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+# Kinds whose decoder strips the one leading space that encoding prepends (sentencepiece, add_prefix_space)
+STRIPS_LEADING_SPACE = {"spm", "spm_legacy", "spm_eos", "llama_hub_json", "mistral_hub_json"}
+KINDS = [
+    "bytelevel",
+    "qwen2",
+    "spm",
+    "spm_legacy",
+    "spm_no_prefix",
+    "spm_eos",
+    "llama_hub_json",
+    # transformers picks the tokenizer class from more than tokenizer_class: these check we follow it
+    "bytelevel_named_llama",  # LlamaTokenizer named, byte-level tokenizer.json: loaded as is
+    "mistral_hub_json",  # model_type mistral: tokenizer.json as is, even though LlamaTokenizer is named
+    "qwen2_model_type",  # model_type qwen2 makes it a Qwen2Tokenizer whatever the name
+    "legacy_layout",  # no added_tokens_decoder: special_tokens_map.json and tokenizer.json's added tokens
+]
+
+
+def _legacy_layout(directory: Path) -> Path:
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    del config["added_tokens_decoder"]
+    config["eos_token"] = "</s>"
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    special_tokens_map = {
+        "eos_token": {
+            "content": "<|im_end|>",
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+        },
+        "pad_token": "<|pad|>",
+        "additional_special_tokens": ["<|im_start|>", "<|extra|>"],
+    }
+    (directory / "special_tokens_map.json").write_text(json.dumps(special_tokens_map))
+    return directory
+
+
+def _with_model_config(directory: Path, model_type: str) -> Path:
+    (directory / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tokenizers")
+    spm = build_sentencepiece(root / "spm")
+    return {
+        "bytelevel": build_byte_level_bpe(
+            root / "bytelevel", generation_config={"bos_token_id": 0, "eos_token_id": [3, 1]}
+        ),
+        "qwen2": build_byte_level_bpe(
+            root / "qwen2",
+            qwen_style=True,
+            generation_config={"eos_token_id": [2, 0], "pad_token_id": 0},
+        ),
+        "spm": spm,
+        "spm_legacy": build_sentencepiece(root / "spm_legacy", config_overrides={"legacy": True}),
+        "spm_no_prefix": build_sentencepiece(
+            root / "spm_no_prefix", config_overrides={"add_prefix_space": False}
+        ),
+        "spm_eos": build_sentencepiece(
+            root / "spm_eos",
+            config_overrides={"add_eos_token": True},
+            generation_config={"bos_token_id": 1, "eos_token_id": 2},
+        ),
+        "llama_hub_json": build_llama_hub_json(root / "llama_hub_json", spm),
+        "bytelevel_named_llama": build_byte_level_bpe(
+            root / "bytelevel_named_llama", config_overrides={"tokenizer_class": "LlamaTokenizer"}
+        ),
+        "mistral_hub_json": _with_model_config(
+            build_llama_hub_json(root / "mistral_hub_json", spm), "mistral"
+        ),
+        "legacy_layout": _legacy_layout(build_byte_level_bpe(root / "legacy_layout")),
+        "qwen2_model_type": _with_model_config(
+            build_byte_level_bpe(
+                root / "qwen2_model_type",
+                qwen_style=True,
+                config_overrides={"tokenizer_class": "PreTrainedTokenizerFast"},
+            ),
+            "qwen2",
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def loaded(tokenizer_dirs: dict[str, Path]) -> dict[str, tuple[Tokenizer, object]]:
+    return {
+        kind: (Tokenizer.from_pretrained(path), transformers.AutoTokenizer.from_pretrained(path))
+        for kind, path in tokenizer_dirs.items()
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_encode_matches_transformers(loaded, kind: str) -> None:
+    ours, reference = loaded[kind]
+    for text in TRICKY_STRINGS:
+        for add_special_tokens in (True, False):
+            expected = reference.encode(text, add_special_tokens=add_special_tokens)
+            assert ours.encode(text, add_special_tokens=add_special_tokens) == expected, (
+                text,
+                add_special_tokens,
+            )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_matches_transformers(loaded, kind: str) -> None:
+    ours, reference = loaded[kind]
+    rng = random.Random(kind)
+    sequences = [reference.encode(text) for text in TRICKY_STRINGS]
+    sequences += [
+        [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 12))] for _ in range(200)
+    ]
+    for ids in sequences:
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(
+                ids, skip_special_tokens=skip
+            ), ids
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vocabulary_and_special_tokens_match_transformers(loaded, kind: str) -> None:
+    ours, reference = loaded[kind]
+    vocab = reference.get_vocab()
+    assert ours.vocab_size == max(vocab.values()) + 1
+    assert ours.special_token_ids == {
+        i for i, t in reference.added_tokens_decoder.items() if t.special
+    }
+    assert ours.bos_token == reference.bos_token
+    assert ours.eos_token == reference.eos_token
+    for token, token_id in list(vocab.items())[:: max(1, len(vocab) // 97)]:
+        assert ours.token_to_id(token) == token_id
+        assert ours.id_to_token(token_id) == token
+    assert ours.token_to_id("definitely not a token ∅") is None
+    with pytest.raises(IndexError):
+        ours.id_to_token(ours.vocab_size + 5)
+
+
+def test_named_tokens_and_eos_ids(loaded) -> None:
+    bytelevel = loaded["bytelevel"][0]
+    # generation_config's eos list comes first; the tokenizer's eos "</s>" (id 1) is already in it
+    assert bytelevel.eos_token_ids == (3, 1)
+    assert bytelevel.bos_token_id == bytelevel.token_to_id("<s>") == 0
+    # "<pad>" is only named in tokenizer_config.json, so it was appended after the added tokens
+    assert bytelevel.pad_token_id == bytelevel.vocab_size - 1
+    qwen2 = loaded["qwen2"][0]
+    assert qwen2.bos_token is None and qwen2.bos_token_id is None
+    assert qwen2.eos_token_ids == (2, 0)
+    assert qwen2.pad_token_id == qwen2.token_to_id("<|endoftext|>")
+    spm = loaded["spm"][0]
+    assert (spm.bos_token, spm.eos_token, spm.bos_token_id, spm.eos_token_ids) == (
+        "<s>",
+        "</s>",
+        1,
+        (2,),
+    )
+    assert spm.encode("hi")[0] == 1 and spm.encode("hi")[-1] != 2
+    assert loaded["spm_eos"][0].encode("hi")[-1] == 2
+
+
+def test_legacy_layout_reads_special_tokens_map(loaded) -> None:
+    ours, _ = loaded["legacy_layout"]
+    assert ours.eos_token == "<|im_end|>"
+    assert ours.eos_token_ids == (ours.token_to_id("<|im_end|>"),)
+    # "<|pad|>" and "<|extra|>" are not in tokenizer.json, so they are appended as special tokens
+    assert {ours.pad_token_id, ours.token_to_id("<|extra|>")} == {
+        ours.vocab_size - 2,
+        ours.vocab_size - 1,
+    }
+    assert ours.encode("a<|extra|>b", add_special_tokens=False)[1] == ours.token_to_id("<|extra|>")
+    assert ours.decode(ours.encode("a<|extra|>b")) == "ab"
+
+
+def test_eos_from_config_json_without_generation_config(tmp_path: Path) -> None:
+    directory = build_byte_level_bpe(tmp_path / "tok")
+    (directory / "config.json").write_text(json.dumps({"eos_token_id": 2, "bos_token_id": 0}))
+    tokenizer = Tokenizer.from_pretrained(directory)
+    assert tokenizer.eos_token_ids == (2, 1)
+
+
+def test_non_special_added_tokens_survive_skip_special_tokens(loaded) -> None:
+    ours, _ = loaded["qwen2"]
+    text = '<|im_start|>assistant\n<tool_call>\n{"name": "f"}\n</tool_call><|im_end|>'
+    ids = ours.encode(text)
+    assert ours.token_to_id("<tool_call>") in ids
+    assert ours.decode(ids) == 'assistant\n<tool_call>\n{"name": "f"}\n</tool_call>'
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_bytes_spell_out_the_decoded_text(loaded, kind: str) -> None:
+    ours, reference = loaded[kind]
+    table = ours.token_bytes()
+    assert len(table) == ours.vocab_size
+    assert ours.token_bytes() is table  # cached
+    for text in TRICKY_STRINGS:
+        ids = reference.encode(text, add_special_tokens=False)
+        decoded = reference.decode(ids, skip_special_tokens=False)
+        if kind in STRIPS_LEADING_SPACE and ids and table[ids[0]].startswith(b" "):
+            decoded = " " + decoded
+        assert b"".join(table[i] for i in ids) == decoded.encode("utf-8"), text
+    for special in ours.special_token_ids:
+        assert table[special] == ours.id_to_token(special).encode("utf-8")
+
+
+def test_token_bytes_of_byte_pieces_and_spaces(loaded) -> None:
+    spm, _ = loaded["spm"]
+    table = spm.token_bytes()
+    assert table[spm.token_to_id("<0xE2>")] == b"\xe2"
+    assert table[spm.token_to_id("<0x41>")] == b"A"
+    assert len(spm.byte_fallback_ids) == 256
+    metaspace_piece = next(
+        t for t in map(spm.id_to_token, range(spm.vocab_size)) if t.startswith("▁") and len(t) > 1
+    )
+    assert table[spm.token_to_id(metaspace_piece)] == metaspace_piece.replace("▁", " ").encode()
+    bytelevel, _ = loaded["bytelevel"]
+    assert bytelevel.token_bytes()[bytelevel.token_to_id("Ġ")] == b" "
+    assert bytelevel.token_bytes()[bytelevel.token_to_id("Ċ")] == b"\n"
+    assert bytelevel.byte_fallback_ids == frozenset()
+
+
+def test_missing_tokenizer_errors_name_directory_and_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty_checkpoint"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="empty_checkpoint") as error:
+        Tokenizer.from_pretrained(empty)
+    assert "tokenizer.json" in str(error.value) and "tokenizer.model" in str(error.value)
+    with pytest.raises(FileNotFoundError, match="no_such_dir"):
+        Tokenizer.from_pretrained(tmp_path / "no_such_dir")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        Tokenizer.from_pretrained(broken)
+    not_spm = tmp_path / "not_spm"
+    not_spm.mkdir()
+    (not_spm / "tokenizer.model").write_bytes(b"\x00garbage\xff" * 10)
+    with pytest.raises(ValueError, match="sentencepiece"):
+        Tokenizer.from_pretrained(not_spm)
+
+
+# ---- incremental detokenizer ------------------------------------------------------------------------
+
+
+def _stream(
+    tokenizer: Tokenizer, ids: list[int], prompt: list[int] = (), skip: bool = True
+) -> list[str]:
+    detokenizer = tokenizer.detokenizer(prompt, skip_special_tokens=skip)
+    deltas = [detokenizer.add(token_id) for token_id in ids]
+    deltas.append(detokenizer.flush())
+    assert detokenizer.text == "".join(deltas)
+    return deltas
+
+
+def _byte_piece_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    return [tokenizer.token_to_id(f"<0x{byte:02X}>") for byte in text.encode("utf-8")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stream_of_random_ids_concatenates_to_decode(loaded, kind: str) -> None:
+    ours, _ = loaded[kind]
+    rng = random.Random(f"stream-{kind}")
+    special = sorted(ours.special_token_ids)
+    byte_ids = sorted(ours.byte_fallback_ids)
+    for _ in range(150):
+        ids = []
+        for _ in range(rng.randrange(1, 25)):
+            roll = rng.random()
+            if roll < 0.1:
+                ids.append(rng.choice(special))
+            elif roll < 0.45 and byte_ids:
+                ids.append(rng.choice(byte_ids))
+            else:
+                ids.append(rng.randrange(ours.vocab_size))
+        for skip in (True, False):
+            assert "".join(_stream(ours, ids, skip=skip)) == ours.decode(
+                ids, skip_special_tokens=skip
+            ), ids
+            # After a prompt (ending on a complete character) the stream is the prompt's continuation
+            prompt = ours.encode(rng.choice(TRICKY_STRINGS) + " ok")
+            continuation = ours.decode(prompt + ids, skip)[len(ours.decode(prompt, skip)) :]
+            assert "".join(_stream(ours, ids, prompt=prompt, skip=skip)) == continuation, (
+                prompt,
+                ids,
+            )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stream_of_real_text_never_emits_broken_characters(loaded, kind: str) -> None:
+    ours, _ = loaded[kind]
+    for text in TRICKY_STRINGS:
+        ids = ours.encode(text, add_special_tokens=False)
+        deltas = _stream(ours, ids)
+        assert all("\ufffd" not in delta for delta in deltas), (text, deltas)
+        assert "".join(deltas) == ours.decode(ids)
+
+
+def test_adversarial_byte_runs_in_sentencepiece_streams(loaded) -> None:
+    ours, _ = loaded["spm"]
+    word = ours.encode("hello", add_special_tokens=False)
+    eos, bos = 2, 1
+    valid = _byte_piece_ids(ours, "é€😀")
+    lone_continuation = _byte_piece_ids(ours, "é")[1:]
+    truncated = _byte_piece_ids(ours, "😀")[:2]
+    cases = [
+        valid,
+        word + valid + word,
+        valid[:3] + [eos] + valid[3:] + word,  # a skipped special token does not end a byte run
+        _byte_piece_ids(ours, "é")
+        + lone_continuation
+        + word,  # "é" then an invalid byte: the whole run is U+FFFD
+        word + truncated + word + truncated,
+        truncated,
+        [bos] + valid + [bos] + lone_continuation,
+    ]
+    for ids in cases:
+        for skip in (True, False):
+            deltas = _stream(ours, ids, skip=skip)
+            assert "".join(deltas) == ours.decode(ids, skip_special_tokens=skip), ids
+    deltas = _stream(ours, word + valid + word)
+    assert "".join(deltas) == "helloé€😀 hello"
+    assert all("\ufffd" not in d for d in deltas) and any("é€😀" in d for d in deltas)
+
+
+def test_adversarial_split_characters_in_byte_level_streams(loaded) -> None:
+    ours, _ = loaded["bytelevel"]
+    table = ours.token_bytes()
+    single_byte_ids = {
+        raw[0]: i
+        for i, raw in enumerate(table)
+        if len(raw) == 1 and i not in ours.special_token_ids
+    }
+    emoji_bytes = [single_byte_ids[b] for b in "😀".encode()]
+    word = ours.encode("hi", add_special_tokens=False)
+    cases = [
+        emoji_bytes,
+        word + emoji_bytes[:2] + word,  # truncated character followed by text
+        emoji_bytes[:3] + [3] + emoji_bytes[3:],  # special token inside a character
+        [single_byte_ids[0x80]] + word,
+    ]
+    for ids in cases:
+        for skip in (True, False):
+            assert "".join(_stream(ours, ids, skip=skip)) == ours.decode(
+                ids, skip_special_tokens=skip
+            ), ids
+    deltas = _stream(ours, word + emoji_bytes + word)
+    assert "".join(deltas) == "hi😀hi"
+    assert all("\ufffd" not in d for d in deltas) and "😀" in deltas
+
+
+@pytest.mark.parametrize("kind", ["spm", "spm_legacy", "bytelevel", "llama_hub_json"])
+def test_first_delta_keeps_its_leading_space_after_a_prompt(loaded, kind: str) -> None:
+    ours, _ = loaded[kind]
+    prompt = ours.encode("User: say hello\nAssistant:")
+    output = ours.encode("Assistant: Hello world 😀 done", add_special_tokens=False)[
+        len(ours.encode("Assistant:", add_special_tokens=False)) :
+    ]
+    deltas = _stream(ours, output, prompt=prompt)
+    continuation = ours.decode(prompt + output)[len(ours.decode(prompt)) :]
+    assert "".join(deltas) == continuation
+    assert continuation.startswith(" Hello")
+    if kind in STRIPS_LEADING_SPACE:
+        assert ours.decode(output) == continuation[1:]  # decoding alone loses the space
+
+
+def test_detokenizer_decodes_a_bounded_window(loaded) -> None:
+    ours, _ = loaded["spm"]
+    ids = ours.encode(
+        " ".join(["The quick brown fox jumps over the lazy dog 😀 日本語"] * 40),
+        add_special_tokens=False,
+    )
+    window_sizes: list[int] = []
+    original_decode = ours.decode
+
+    def recording_decode(token_ids, skip_special_tokens=True):
+        window_sizes.append(len(token_ids))
+        return original_decode(token_ids, skip_special_tokens)
+
+    ours.decode = recording_decode
+    try:
+        deltas = _stream(ours, ids)
+    finally:
+        del ours.decode
+    assert len(ids) > 400
+    assert max(window_sizes) <= 16
+    assert "".join(deltas) == ours.decode(ids)
+
+
+def test_model_type_decides_how_a_llama_tokenizer_json_is_read(loaded) -> None:
+    rebuilt, _ = loaded["llama_hub_json"]
+    as_is, reference = loaded["mistral_hub_json"]
+    assert type(reference).__name__ == "TokenizersBackend"
+    assert type(loaded["llama_hub_json"][1]).__name__ == "LlamaTokenizer"
+    # The hub file's legacy normalizer puts '▁' after special tokens; transformers 5's rebuild does not
+    text = "<s>hello"
+    assert as_is.encode(text, add_special_tokens=False) != rebuilt.encode(
+        text, add_special_tokens=False
+    )
+    assert as_is.id_to_token(as_is.encode(text, add_special_tokens=False)[1]).startswith("▁")
