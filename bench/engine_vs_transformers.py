@@ -20,10 +20,22 @@ import torch
 
 PRESETS = {
     # ~125M parameters: 12 layers of 768 wide, GQA 12/4, 32k vocabulary, untied head.
-    "125m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=4, vocab_size=32000),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256),
+    "125m": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
 }
 
 
@@ -31,19 +43,29 @@ def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
 
-    config = transformers.LlamaConfig(**PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False,
-                                      bos_token_id=1, eos_token_id=2)
+    config = transformers.LlamaConfig(
+        **PRESETS[preset],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     with torch.device("cpu"):
         model = transformers.LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(directory, safe_serialization=True)
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
+    )
 
 
 def gemv_bandwidth(device: torch.device, dtype: torch.dtype) -> float:
@@ -89,8 +111,15 @@ def time_brisk(llm, prompts: list[list[int]], num_new: int) -> float:
 def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device) -> float:
     ids = torch.tensor(prompts, device=device)
     start = _now(device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new, min_new_tokens=num_new,
-                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=num_new,
+        min_new_tokens=num_new,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     elapsed = _now(device) - start
     assert out.shape[1] == ids.shape[1] + num_new
     return elapsed
@@ -104,7 +133,9 @@ def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="125m", choices=sorted(PRESETS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -127,10 +158,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         write_checkpoint(directory, args.preset, dtype)
-        llm = LLM.from_pretrained(directory, device=args.device, dtype=args.dtype, max_batch_size=8,
-                                  max_seq_len=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8,
-                                  show_progress=False)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
+        llm = LLM.from_pretrained(
+            directory,
+            device=args.device,
+            dtype=args.dtype,
+            max_batch_size=8,
+            max_seq_len=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8,
+            show_progress=False,
+        )
+        hf = (
+            transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+            .to(device)
+            .eval()
+        )
 
         def prompts(batch: int, length: int) -> list[list[int]]:
             return torch.randint(3, 500, (batch, length), generator=generator).tolist()
@@ -156,17 +196,25 @@ def main() -> None:
         llm.close()
 
     params = sum(p.numel() for p in hf.parameters())
-    print(f"machine: {platform.machine()} {platform.processor() or ''} torch {torch.__version__} "
-          f"threads {torch.get_num_threads()} device {args.device} dtype {args.dtype}")
-    print(f"model: {args.preset} preset, {params / 1e6:.1f}M parameters, {step_bytes / 1e6:.0f} MB read per decode step")
-    print(f"gemv bandwidth {bandwidth / 1e9:.1f} GB/s -> roofline {roofline:.1f} decode tokens/s at batch 1")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} torch {torch.__version__} "
+        f"threads {torch.get_num_threads()} device {args.device} dtype {args.dtype}"
+    )
+    print(
+        f"model: {args.preset} preset, {params / 1e6:.1f}M parameters, {step_bytes / 1e6:.0f} MB read per decode step"
+    )
+    print(
+        f"gemv bandwidth {bandwidth / 1e9:.1f} GB/s -> roofline {roofline:.1f} decode tokens/s at batch 1"
+    )
     print(f"{'metric':<18}{'brisklm':>12}{'transformers':>14}{'ratio':>8}")
     for metric in ("prefill_tok_s", "decode_b1_tok_s", "decode_b8_tok_s"):
         ours, theirs = results["brisklm"][metric], results["transformers"][metric]
         print(f"{metric:<18}{ours:>12.1f}{theirs:>14.1f}{ours / theirs:>7.2f}x")
     b1 = results["brisklm"]["decode_b1_tok_s"]
-    print(f"brisklm batch-1 decode = {100 * b1 / roofline:.0f}% of roofline; "
-          f"transformers = {100 * results['transformers']['decode_b1_tok_s'] / roofline:.0f}%")
+    print(
+        f"brisklm batch-1 decode = {100 * b1 / roofline:.0f}% of roofline; "
+        f"transformers = {100 * results['transformers']['decode_b1_tok_s'] / roofline:.0f}%"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from tokenizer_fixtures import build_byte_level_bpe, build_sentencepiece
+from tests.tokenizer_fixtures import build_byte_level_bpe, build_sentencepiece
 
 from brisklm.chat_template import ChatTemplateError, compile_chat_template, render_chat_template
 from brisklm.tokenizer import Tokenizer

@@ -32,10 +32,26 @@ def test_defaults_and_gqa():
 
 
 def test_rope_keys_v4_and_v5_agree():
-    v4 = make(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-    v5 = make(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    v4 = make(
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
+    v5 = make(
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+    )
     assert v4.rope == v5.rope
     assert v4.rope.theta == 500000.0 and v4.rope.factor == 8.0
     legacy_type = make(rope_scaling={"type": "linear", "factor": 2.0})
@@ -43,15 +59,27 @@ def test_rope_keys_v4_and_v5_agree():
 
 
 def test_qwen2_bias_and_sliding_layers():
-    qwen = make(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=16, max_window_layers=2)
+    qwen = make(
+        architectures=["Qwen2ForCausalLM"],
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=2,
+    )
     assert qwen.qkv_bias and not qwen.o_proj_bias
     assert qwen.sliding_windows == (None, None, 16, 16)
-    assert make(architectures=["Qwen2ForCausalLM"], sliding_window=16).sliding_windows == (None,) * 4
+    assert (
+        make(architectures=["Qwen2ForCausalLM"], sliding_window=16).sliding_windows == (None,) * 4
+    )
 
 
 def test_mistral_sliding_window_all_layers():
-    assert make(architectures=["MistralForCausalLM"], sliding_window=32).sliding_windows == (32,) * 4
-    assert make(architectures=["MistralForCausalLM"], sliding_window=None).sliding_windows == (None,) * 4
+    assert (
+        make(architectures=["MistralForCausalLM"], sliding_window=32).sliding_windows == (32,) * 4
+    )
+    assert (
+        make(architectures=["MistralForCausalLM"], sliding_window=None).sliding_windows
+        == (None,) * 4
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from tokenizer_fixtures import (
+from tests.tokenizer_fixtures import (
     TRICKY_STRINGS,
     build_byte_level_bpe,
     build_llama_hub_json,

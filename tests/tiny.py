@@ -46,7 +46,9 @@ def train_tokenizer(vocab_size: int = 400) -> Any:
     return tokenizer
 
 
-def make_tiny_checkpoint(directory: Path, family: str = "llama", seed: int = 0, **overrides: Any) -> Path:
+def make_tiny_checkpoint(
+    directory: Path, family: str = "llama", seed: int = 0, **overrides: Any
+) -> Path:
     """Write model + tokenizer files; the model's vocabulary is padded past the tokenizer's."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()

@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     _add_model_args(generate)
     _add_sampling_args(generate, default_temperature=0.7)
-    generate.add_argument("--usage", action="store_true", help="print token usage to stderr at the end")
+    generate.add_argument(
+        "--usage", action="store_true", help="print token usage to stderr at the end"
+    )
 
     chat = commands.add_parser("chat", help="interactive chat using the model's chat template")
     _add_model_args(chat)
@@ -101,8 +103,12 @@ def _run_generate(args: argparse.Namespace) -> int:
             usage = chunk.usage
     sys.stdout.write("\n")
     if args.usage and usage is not None:
-        print(json.dumps({"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}),
-              file=sys.stderr)
+        print(
+            json.dumps(
+                {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+            ),
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -114,7 +120,11 @@ def _run_chat(args: argparse.Namespace) -> int:
     if args.system:
         messages.append({"role": "system", "content": args.system})
     if interactive:
-        print("Chatting with", llm.model_path.name, "- /reset clears the history, /exit or Ctrl-D quits.")
+        print(
+            "Chatting with",
+            llm.model_path.name,
+            "- /reset clears the history, /exit or Ctrl-D quits.",
+        )
     while True:
         if interactive:
             sys.stdout.write("> ")

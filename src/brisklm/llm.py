@@ -64,7 +64,9 @@ class LLM:
         """
         directory = Path(path) if path is not None else default_model_path()
         config = EngineConfig(
-            max_batch_size=max_batch_size, max_seq_len=max_seq_len, attention_backend=attention_backend
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            attention_backend=attention_backend,
         )
         device_ = resolve_device(device)
         dtype_ = resolve_dtype(dtype, device_)
@@ -80,7 +82,9 @@ class LLM:
     def _next_id(self) -> str:
         return f"req-{self._id_prefix}-{next(self._request_counter)}"
 
-    def make_request(self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True) -> Request:
+    def make_request(
+        self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True
+    ) -> Request:
         """Validate and tokenize one prompt. Raises ValueError/TypeError before anything is queued."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -95,7 +99,9 @@ class LLM:
             if bad:
                 raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
         else:
-            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+            raise TypeError(
+                f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}"
+            )
         if not ids:
             raise ValueError("the prompt is empty: it encodes to no tokens")
         if len(ids) >= self.max_seq_len:
@@ -109,9 +115,13 @@ class LLM:
             prompt=text,
             prompt_token_ids=ids,
             params=params,
-            eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.tokenizer.eos_token_ids),
+            eos_token_ids=frozenset()
+            if params.ignore_eos
+            else frozenset(self.tokenizer.eos_token_ids),
             max_seq_len=self.max_seq_len,
-            detokenizer=self.tokenizer.detokenizer(ids, skip_special_tokens=params.skip_special_tokens),
+            detokenizer=self.tokenizer.detokenizer(
+                ids, skip_special_tokens=params.skip_special_tokens
+            ),
             generator=make_generator(params, self.engine.device),
         )
 
@@ -123,7 +133,9 @@ class LLM:
         else:
             params_list = list(params)
             if len(params_list) != len(prompts):
-                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+                raise ValueError(
+                    f"got {len(params_list)} SamplingParams for {len(prompts)} prompts"
+                )
         return [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
 
     @staticmethod
@@ -136,7 +148,9 @@ class LLM:
     @overload
     def generate(self, prompts: str, params: ParamsArg = None) -> GenerationOutput: ...
     @overload
-    def generate(self, prompts: Sequence[Prompt], params: ParamsArg = None) -> list[GenerationOutput]: ...
+    def generate(
+        self, prompts: Sequence[Prompt], params: ParamsArg = None
+    ) -> list[GenerationOutput]: ...
 
     def generate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch)."""
@@ -168,7 +182,9 @@ class LLM:
             if chunk.text:
                 yield chunk.text
 
-    def stream_chunks(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
+    def stream_chunks(
+        self, prompt: Prompt, params: SamplingParams | None = None
+    ) -> Iterator[StreamChunk]:
         """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
         request = self.make_request(prompt, params or SamplingParams())
         yield from self.stream_request(request)
@@ -213,7 +229,9 @@ class LLM:
                 self._loop.abort(request_id)
         return [r.to_output() for r in requests]
 
-    async def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:
+    async def astream(
+        self, prompt: Prompt, params: SamplingParams | None = None
+    ) -> AsyncIterator[str]:
         async for chunk in self.astream_chunks(prompt, params):
             if chunk.text:
                 yield chunk.text
@@ -243,13 +261,19 @@ class LLM:
 
     # --------------------------------------------------------------------- chat
     def chat_prompt_ids(
-        self, messages: Sequence[Message], tools: Sequence[Any] | None = None, **template_kwargs: Any
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Any] | None = None,
+        **template_kwargs: Any,
     ) -> list[int]:
         """Render messages (and tools) with the model's chat template and tokenize the result."""
         if not messages:
             raise ValueError("messages is empty: a chat needs at least one message")
         text = self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, add_generation_prompt=True, **template_kwargs
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            **template_kwargs,
         )
         # The template writes special tokens (bos, role markers) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)

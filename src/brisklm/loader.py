@@ -52,7 +52,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unsupported device {str(device)!r}; supported: cpu, cuda") from None
     if resolved.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {str(device)!r}; supported: cpu, cuda")
     if resolved.type == "cuda" and not torch.cuda.is_available():

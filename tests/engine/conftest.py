@@ -15,6 +15,8 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llm(tiny_dir):
-    model = LLM.from_pretrained(tiny_dir, device="cpu", max_batch_size=4, max_seq_len=128, show_progress=False)
+    model = LLM.from_pretrained(
+        tiny_dir, device="cpu", max_batch_size=4, max_seq_len=128, show_progress=False
+    )
     yield model
     model.close()

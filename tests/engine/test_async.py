@@ -43,7 +43,9 @@ async def test_concurrent_agenerate_calls(llm):
 
 
 async def test_cancelled_stream_frees_its_slot(llm):
-    agen = llm.astream_chunks("Hello", SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
+    agen = llm.astream_chunks(
+        "Hello", SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    )
     await agen.__anext__()
     await agen.aclose()
     # Every slot is usable again: a full batch still runs.

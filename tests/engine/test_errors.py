@@ -127,12 +127,18 @@ def test_missing_and_unexpected_tensors(tiny_dir, tmp_path):
     tensors = load_file(broken / "model.safetensors")
     tensors.pop("model.layers.1.self_attn.k_proj.weight")
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"missing tensors: model\.layers\.1\.self_attn\.k_proj\.weight"):
+    with pytest.raises(
+        CheckpointError, match=r"missing tensors: model\.layers\.1\.self_attn\.k_proj\.weight"
+    ):
         LLM.from_pretrained(broken, show_progress=False)
-    tensors["model.layers.1.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.k_proj.weight"]
+    tensors["model.layers.1.self_attn.k_proj.weight"] = tensors[
+        "model.layers.0.self_attn.k_proj.weight"
+    ].clone()
     tensors["model.extra.weight"] = tensors["model.norm.weight"].clone()
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: unexpected tensor 'model\.extra\.weight'"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: unexpected tensor 'model\.extra\.weight'"
+    ):
         LLM.from_pretrained(broken, show_progress=False)
 
 

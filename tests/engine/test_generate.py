@@ -16,7 +16,9 @@ PROMPTS = ["The quick brown fox", "Hello", "Zürich and 東京 are cities; emoji
 
 def reference_greedy(llm, prompt_ids: list[int], steps: int) -> list[int]:
     """Greedy tokens straight from a fresh model runner, bypassing scheduler and sampler."""
-    runner = ModelRunner(llm.engine.model, num_slots=1, max_seq_len=128, attention_backend="reference")
+    runner = ModelRunner(
+        llm.engine.model, num_slots=1, max_seq_len=128, attention_backend="reference"
+    )
     vocab = llm.engine.num_real_tokens
     tokens: list[int] = []
     logits = runner.forward(ForwardBatch([0], [0], [prompt_ids], [1]))
@@ -82,7 +84,9 @@ def test_stop_token_ids_and_eos(llm):
     reference = llm.generate("Hello", GREEDY)
     target = reference.token_ids[5]
     first = reference.token_ids.index(target)
-    out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[target]))
+    out = llm.generate(
+        "Hello", SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[target])
+    )
     assert out.finish_reason == "stop"
     assert out.stop_reason == target
     assert out.token_ids == reference.token_ids[: first + 1]
@@ -93,14 +97,18 @@ def test_stop_token_ids_and_eos(llm):
 def test_eos_from_tokenizer_stops_generation(llm):
     eos = llm.tokenizer.eos_token_ids[0]
     # Bias eos up so the model emits it at once; min_tokens then delays it.
-    out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}))
+    out = llm.generate(
+        "Hello", SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0})
+    )
     assert out.finish_reason == "stop" and out.token_ids == [eos] and out.text == ""
     out = llm.generate(
-        "Hello", SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}, min_tokens=3)
+        "Hello",
+        SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}, min_tokens=3),
     )
     assert len(out.token_ids) == 4 and out.token_ids[-1] == eos
     out = llm.generate(
-        "Hello", SamplingParams(temperature=0.0, max_tokens=5, logit_bias={eos: 100.0}, ignore_eos=True)
+        "Hello",
+        SamplingParams(temperature=0.0, max_tokens=5, logit_bias={eos: 100.0}, ignore_eos=True),
     )
     assert out.finish_reason == "length" and len(out.token_ids) == 5
 
@@ -116,9 +124,16 @@ def test_stop_strings_span_tokens_and_never_stream(llm):
     streamed = "".join(llm.stream("The quick brown fox", params))
     assert streamed == out.text
     included = SamplingParams(
-        temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True
+        temperature=0.0,
+        max_tokens=24,
+        ignore_eos=True,
+        stop=[stop],
+        include_stop_str_in_output=True,
     )
-    assert llm.generate("The quick brown fox", included).text == reference[: reference.index(stop) + len(stop)]
+    assert (
+        llm.generate("The quick brown fox", included).text
+        == reference[: reference.index(stop) + len(stop)]
+    )
 
 
 def test_context_limit_ends_with_length(llm):
@@ -135,7 +150,9 @@ def test_seeded_sampling_is_reproducible_in_any_batch(llm):
     other = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=20, ignore_eos=True)
     mixed = llm.generate(["The quick", "Hello", "def"], [other, seeded, other])
     assert mixed[1].token_ids == alone
-    different = llm.generate("Hello", SamplingParams(temperature=1.0, max_tokens=16, seed=99, ignore_eos=True))
+    different = llm.generate(
+        "Hello", SamplingParams(temperature=1.0, max_tokens=16, seed=99, ignore_eos=True)
+    )
     assert different.token_ids != alone
 
 
@@ -145,7 +162,7 @@ def test_logprobs_match_model_distribution(llm):
     assert out.logprobs is not None and len(out.logprobs) == 6
     runner = ModelRunner(llm.engine.model, num_slots=1, max_seq_len=128, attention_backend="sdpa")
     ids = out.prompt_token_ids + out.token_ids
-    logits = runner.forward(ForwardBatch([0], [0], [ids], [len(out.token_ids) + 1]))
+    logits = runner.forward(ForwardBatch([0], [0], [ids], [len(out.token_ids) + 1])).clone()
     logits[:, llm.engine.num_real_tokens :] = float("-inf")
     expected = torch.log_softmax(logits, dim=-1)
     for step, entry in enumerate(out.logprobs):

@@ -49,7 +49,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
-        self.runner = ModelRunner(model, config.max_batch_size, self.max_seq_len, config.attention_backend)
+        self.runner = ModelRunner(
+            model, config.max_batch_size, self.max_seq_len, config.attention_backend
+        )
         self.scheduler = Scheduler(config.max_batch_size, config.max_prefill_tokens)
         self.device = self.runner.device
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
@@ -71,6 +73,7 @@ class LLMEngine:
         self.scheduler.finish(request)
         return request, chunk
 
+    @torch.inference_mode()
     def step(self) -> list[StepResult]:
         """Run one forward pass and sample one token for each scheduled request."""
         batch = self.scheduler.schedule()
@@ -152,6 +155,8 @@ class LLMEngine:
                 for tid, lp in zip(top_ids[row][:wanted], top_logprobs[row][:wanted])
             )
             out.append(
-                TokenLogprob(token_id, self.tokenizer.id_to_token(token_id), chosen[row], ranks[row], top)
+                TokenLogprob(
+                    token_id, self.tokenizer.id_to_token(token_id), chosen[row], ranks[row], top
+                )
             )
         return out

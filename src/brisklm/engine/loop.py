@@ -55,7 +55,9 @@ class EngineLoop:
     def _ensure_thread(self) -> None:
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="brisklm-engine", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="brisklm-engine", daemon=True
+                )
                 self._thread.start()
 
     def _run(self) -> None:
@@ -90,7 +92,9 @@ class EngineLoop:
                 if result is not None:
                     self._deliver(*result)
 
-    def _fail_everything(self, exc: BaseException) -> list[tuple[Request, StreamChunk | BaseException]]:
+    def _fail_everything(
+        self, exc: BaseException
+    ) -> list[tuple[Request, StreamChunk | BaseException]]:
         scheduler = self.engine.scheduler
         failed: list[tuple[Request, StreamChunk | BaseException]] = []
         for request in [*scheduler.running, *scheduler.waiting]:
@@ -101,7 +105,11 @@ class EngineLoop:
 
     def _deliver(self, request: Request, result: StreamChunk | BaseException) -> None:
         finished = isinstance(result, BaseException) or result.finished
-        sink = self._sinks.pop(request.request_id, None) if finished else self._sinks.get(request.request_id)
+        sink = (
+            self._sinks.pop(request.request_id, None)
+            if finished
+            else self._sinks.get(request.request_id)
+        )
         if sink is None:
             return
         try:
@@ -114,7 +122,9 @@ class SyncCollector:
     """A sink for blocking consumers: chunks go into a thread-safe queue."""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[tuple[Request, StreamChunk | BaseException]] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[Request, StreamChunk | BaseException]] = (
+            queue.SimpleQueue()
+        )
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
         self.queue.put((request, result))

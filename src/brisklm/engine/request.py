@@ -55,7 +55,9 @@ class Request:
     stop_matcher: StopStringMatcher = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stop_matcher = StopStringMatcher(self.params.stop, self.params.include_stop_str_in_output)
+        self.stop_matcher = StopStringMatcher(
+            self.params.stop, self.params.include_stop_str_in_output
+        )
         if self.params.logprobs is not None:
             self.logprobs = []
 
@@ -102,7 +104,12 @@ class Request:
             elif self.max_new_tokens == 0:
                 self._finish("length", None)
         if self.is_finished and not self.stop_matcher.stopped:
-            text += self.stop_matcher.flush()
+            # Release text the detokenizer held back (incomplete bytes) and the stop matcher withheld.
+            text += self.stop_matcher.append(self.detokenizer.flush())
+            if self.stop_matcher.stopped:
+                self._finish("stop", self.stop_matcher.stop_str)
+            else:
+                text += self.stop_matcher.flush()
         return StreamChunk(
             request_id=self.request_id,
             text=text,
@@ -124,7 +131,9 @@ class Request:
 
     @property
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.output_token_ids))
+        return Usage(
+            prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.output_token_ids)
+        )
 
     @property
     def text(self) -> str:

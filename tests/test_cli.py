@@ -1,0 +1,106 @@
+"""The brisklm command: streaming generate, chat over stdin, one-line errors."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from brisklm import LLM, SamplingParams
+from brisklm.cli import main
+from tests.tiny import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("cli-model"))
+
+
+def test_generate_streams_the_completion(model_dir, capsys):
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--usage",
+            "The quick brown fox",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    with LLM.from_pretrained(model_dir, show_progress=False) as llm:
+        expected = llm.generate(
+            "The quick brown fox", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        )
+    assert captured.out == expected.text + "\n"
+    assert '"completion_tokens": 12' in captured.err
+
+
+def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n/reset\nHi there\n"))
+    code = main(
+        [
+            "chat",
+            "--model",
+            str(model_dir),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "5",
+            "--system",
+            "Be brief.",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    with LLM.from_pretrained(model_dir, show_progress=False) as llm:
+        params = SamplingParams(temperature=0, max_tokens=5)
+        first = llm.chat(
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+            params,
+        )
+        second = llm.chat(
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+            params,
+        )
+    assert captured.out == first.content + "\n" + second.content + "\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--model", "/nonexistent/model", "hi"], "does not exist"),
+        (["generate", "--temperature", "-1", "--model", "/nonexistent", "hi"], "temperature"),
+        (["generate", "--top-p", "0", "hi"], "top_p"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(argv, message):
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run(
+        [sys.executable, "-m", "brisklm.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("brisklm: error:") and message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_prompt_too_long_is_an_error(model_dir, capsys):
+    code = main(["generate", "--model", str(model_dir), "--max-seq-len", "8", "word " * 50])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "context holds 8" in err and err.count("\n") == 1
