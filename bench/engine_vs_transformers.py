@@ -41,7 +41,7 @@ PRESETS = {
 
 def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     config = transformers.LlamaConfig(
         **PRESETS[preset],

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from tests.tokenizer_fixtures import build_byte_level_bpe, build_sentencepiece
 
 from brisklm.chat_template import ChatTemplateError, compile_chat_template, render_chat_template
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_schema import ToolSchemaError, function_json_schema, pydantic_json_schema
+from tests.tokenizer_fixtures import build_byte_level_bpe, build_sentencepiece
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,14 +7,14 @@ import random
 from pathlib import Path
 
 import pytest
+
+from brisklm.tokenizer import Tokenizer
 from tests.tokenizer_fixtures import (
     TRICKY_STRINGS,
     build_byte_level_bpe,
     build_llama_hub_json,
     build_sentencepiece,
 )
-
-from brisklm.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

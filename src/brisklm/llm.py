@@ -6,7 +6,7 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union, overload
+from typing import Any, overload
 
 import torch
 
@@ -19,8 +19,8 @@ from brisklm.sampling import SamplingParams, make_generator
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import parse_tool_calls
 
-Prompt = Union[str, Sequence[int]]
-ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]
+Prompt = str | Sequence[int]
+ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
 
