@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -24,6 +25,15 @@ def test_second_compile_returns_the_cached_object(bpe_compiler: GrammarCompiler)
     assert second is first
     assert bpe_compiler.compile(Regex("cache[0-9]")) is bpe_compiler.compile(Regex("cache[0-9]"))
     assert bpe_compiler.compile(Regex("cache[0-9]")) is not bpe_compiler.compile(Regex("cache[0-8]"))
+
+
+def test_concurrent_compiles_share_one_object(bpe_tokenizer: Any) -> None:
+    compiler = GrammarCompiler(bpe_tokenizer)
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}, "maxItems": 3}
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: compiler.compile(JsonSchema(schema)), range(8)))
+    assert all(r is results[0] for r in results)
+    assert compiler.num_cached == 1
 
 
 def test_cache_is_lru_and_bounded(bpe_tokenizer: Any) -> None:

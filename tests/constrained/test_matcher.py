@@ -79,6 +79,14 @@ def test_validate_tokens_does_not_commit(bpe_compiler: GrammarCompiler) -> None:
     assert n < len(broken)
     assert matcher.accept_tokens(broken) == n  # validate agrees with accept
     assert matcher.validate_tokens([bpe_compiler.vocab_size + 1]) == 0
+    # EOS where the output is incomplete is not valid; nothing after an EOS is.
+    eos = bpe_compiler.eos_token_ids[1]
+    fresh = compiled.matcher()
+    assert fresh.validate_tokens(broken[:3] + [eos]) == 3
+    assert fresh.validate_tokens([*draft, eos]) == len(draft)
+    regex = bpe_compiler.compile(Regex("abc")).matcher()
+    assert regex.validate_tokens([*ids(bpe_compiler, "abc"), eos, eos]) == len(ids(bpe_compiler, "abc")) + 1
+    assert regex.num_tokens == 0
 
 
 def test_rollback_restores_state(bpe_compiler: GrammarCompiler) -> None:
@@ -102,17 +110,20 @@ def test_rollback_restores_state(bpe_compiler: GrammarCompiler) -> None:
         matcher.rollback(1)
 
 
-def test_rollback_of_eos_after_exhausted_grammar(bpe_compiler: GrammarCompiler) -> None:
+@pytest.mark.parametrize("eos_index", [0, 1])
+def test_rollback_of_eos_after_exhausted_grammar(bpe_compiler: GrammarCompiler, eos_index: int) -> None:
     # The grammar cannot continue after "abc": llguidance does not record the EOS then.
+    eos = bpe_compiler.eos_token_ids[eos_index]
     matcher = bpe_compiler.compile(Regex("abc")).matcher()
     text = ids(bpe_compiler, "abc")
     assert matcher.accept_tokens(text) == len(text)
     assert matcher.is_stopped() and matcher.is_accepting()
-    assert matcher.accept_token(bpe_compiler.eos_token_ids[0])
+    assert matcher.validate_tokens([eos]) == 1
+    assert matcher.accept_token(eos)
     matcher.rollback(1)
     assert matcher.is_accepting() and not matcher.is_terminated()
     assert matcher.num_tokens == len(text)
-    assert matcher.accept_token(bpe_compiler.eos_token_ids[0])
+    assert matcher.accept_token(eos)
     matcher.rollback(2)  # EOS and the last text token
     assert not matcher.is_accepting()
     assert matcher.accept_tokens(text[-1:]) == 1 and matcher.is_accepting()
@@ -137,6 +148,14 @@ def test_bitmask_agrees_with_validate_for_every_token(bpe_compiler: GrammarCompi
     for token in range(bpe_compiler.vocab_size):
         assert (token in allowed) == (matcher.validate_tokens([token]) == 1), token
     assert len(allowed) > 10
+
+
+def test_allocate_token_bitmask() -> None:
+    bitmask = allocate_token_bitmask(3, 65)
+    assert bitmask.shape == (3, 3) and bitmask.dtype == torch.int32 and bitmask.device.type == "cpu"
+    assert torch.all(bitmask == -1)  # every token allowed until filled
+    with pytest.raises(ValueError, match="vocab_size"):
+        allocate_token_bitmask(1, 0)
 
 
 def test_fill_bitmask_checks_shape(bpe_compiler: GrammarCompiler) -> None:

@@ -1,27 +1,4 @@
-"""JSON Schema to llguidance grammar: sound rewrites, unenforceable-keyword checks, compact JSON.
-
-Whitespace policy: compact JSON, `{"a":1,"b":[1,2]}` (no whitespace anywhere, separators `,` and
-`:`). Small models follow compact JSON best and it is the fewest tokens. A schema may override this
-with llguidance's top-level `"x-guidance"` options (e.g. `{"whitespace_flexible": true}`); the
-options that would over-approximate the schema (`lenient`, `coerce_one_of`) are always forced off.
-
-llguidance either enforces a keyword exactly or rejects it, with these exceptions, which are
-handled here so that a compiled schema never accepts an invalid instance:
-- `pattern` / `patternProperties` are ECMA-262 regexes but llguidance reads Rust regexes: `.`,
-  `\\s`, `\\S`, `\\d`, `\\w` (and negations) are rewritten to their ECMA meaning, and escapes whose
-  meaning differs (`\\A`, `\\z`, ...) are rejected.
-- `format` `date`, `time`, `date-time` and `hostname` are over-approximated by llguidance (Feb 29 of
-  any year, leap seconds at any minute, punycode, total length); they are replaced by exact or
-  stricter patterns (leap seconds only at 23:59:60 UTC; hostname labels with `--` at positions 3-4,
-  i.e. IDN A-labels, are refused).
-- keys matched by `additionalProperties` / `patternProperties` may repeat in the output, which
-  defeats `minProperties` above max(1, number of required keys): rejected.
-- draft-07 / 2019-09 keywords that 2020-12 dropped (`items` as an array, `additionalItems`,
-  `dependencies`, `$recursiveRef`) would be ignored silently: rejected.
-Known departures that are not over-approximations: property order follows `properties`, numbers
-are decimal text (`1.0` is not an integer, `1e2` is refused where bounds apply), strings use raw
-UTF-8 rather than `\\uXXXX` escapes for printable characters, and `format` is an assertion.
-"""
+"""JSON Schema to llguidance grammar: compact JSON, sound rewrites, unenforceable keywords refused."""
 
 from __future__ import annotations
 
@@ -228,7 +205,32 @@ def prepare_json_schema(schema: dict[str, Any] | bool) -> dict[str, Any]:
 
 
 def json_schema_to_llguidance(schema: dict[str, Any] | bool) -> str:
-    """llguidance grammar text for a JSON Schema, compact JSON unless the schema's x-guidance says otherwise."""
+    """llguidance grammar text for a JSON Schema (draft 2020-12); ConstraintError if not enforceable.
+
+    Whitespace policy: compact JSON, `{"a":1,"b":[1,2]}` (no whitespace anywhere, separators `,` and
+    `:`). Small models follow compact JSON best and it is the fewest tokens. A schema may override this
+    with llguidance's top-level `"x-guidance"` options (e.g. `{"whitespace_flexible": true}`); the
+    options that would over-approximate the schema (`lenient`, `coerce_one_of`) are always forced off.
+
+    llguidance either enforces a keyword exactly or rejects it, with these exceptions, which are
+    handled here so that a compiled schema never accepts an invalid instance:
+    - `pattern` / `patternProperties` are ECMA-262 regexes but llguidance reads Rust regexes: `.`,
+      `\\s`, `\\S`, `\\d`, `\\w` (and negations) are rewritten to their ECMA meaning, and escapes whose
+      meaning differs (`\\A`, `\\z`, ...) are rejected.
+    - `format` `date`, `time`, `date-time` and `hostname` are over-approximated by llguidance (Feb 29 of
+      any year, leap seconds at any minute, punycode, total length); they are replaced by exact or
+      stricter patterns (leap seconds only at 23:59:60 UTC; hostname labels with `--` at positions 3-4,
+      i.e. IDN A-labels, are refused).
+    - keys matched by `additionalProperties` / `patternProperties` may repeat in the output, which
+      defeats `minProperties` above max(1, number of required keys): rejected.
+    - draft-07 / 2019-09 keywords that 2020-12 dropped (`items` as an array, `additionalItems`,
+      `dependencies`, `$recursiveRef`) would be ignored silently: rejected.
+    Known departures that are not over-approximations: property order follows `properties`, numbers
+    are decimal text (`1.0` is not an integer, `1e2` is refused where bounds apply), strings use raw
+    UTF-8 rather than `\\uXXXX` escapes for printable characters, and `format` is an assertion.
+    One caveat: bounds are exact on the decimal text, so a number written with more than ~17
+    significant digits can round, as a float, onto an exclusive bound (`1.99999999999999999` < 2).
+    """
     prepared = prepare_json_schema(schema)
     try:
         return LLMatcher.grammar_from_json_schema(

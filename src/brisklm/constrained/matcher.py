@@ -122,10 +122,18 @@ class GrammarMatcher:
             if not 0 <= token_id < self._vocab_size:
                 ids = ids[:n]
                 break
-        if not ids:
-            return 0
-        # llguidance counts an EOS where the output is complete and stops after it.
-        return self._llm.validate_tokens(ids)
+        eos_at = next((k for k, t in enumerate(ids) if t in self._eos_token_ids), None)
+        if eos_at is None:
+            return self._llm.validate_tokens(ids) if ids else 0
+        # Decide the EOS ourselves: llguidance refuses it where the grammar is already exhausted.
+        num_valid = self._llm.validate_tokens(ids[:eos_at]) if eos_at else 0
+        if num_valid < eos_at:
+            return num_valid
+        probe = self._llm
+        if eos_at:
+            probe = self._llm.deep_copy()
+            probe.consume_tokens(ids[:eos_at])
+        return eos_at + 1 if probe.is_accepting() else eos_at
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens (EOS included)."""
