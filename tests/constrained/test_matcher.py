@@ -54,7 +54,7 @@ def test_eos_only_when_complete_and_terminates(bpe_compiler: GrammarCompiler) ->
     assert matcher.accept_tokens(ids(bpe_compiler, "ab")) == len(ids(bpe_compiler, "ab"))
     assert matcher.is_accepting() and not matcher.is_stopped()
     assert {eos, other_eos} <= allowed_ids(matcher)  # every EOS id may end the output
-    assert matcher.accept_token(other_eos)
+    assert matcher.accept_token(torch.tensor(other_eos))  # tensor scalars work like ints
     assert matcher.is_terminated() and matcher.is_stopped()
     assert not matcher.accept_token(eos)  # nothing after EOS
     assert matcher.validate_tokens([eos]) == 0

@@ -246,7 +246,7 @@ def test_regex(pattern: str, which: str, request: pytest.FixtureRequest, generat
 
 
 def test_choice(bpe_compiler: GrammarCompiler, bpe_tokenizer: Any, generate: Callable[..., Any]) -> None:
-    options = ("positive", "negative", "neutral", "très bien", "", "pos")
+    options = ("positive", "negative", "neutral", "très bien", "", "pos", "😀 ok")
 
     def validate(text: str) -> None:
         assert text in options

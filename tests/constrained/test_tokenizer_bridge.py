@@ -99,6 +99,17 @@ def test_mismatched_tokenizer_json_falls_back(
     assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0])
 
 
+def test_special_tokens_must_agree(bpe_tokenizer: Any, bpe_json_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A token the tokenizer calls special but tokenizer.json does not: use token_bytes() instead.
+    plain_id = bpe_tokenizer.encode("name")[0]
+    odd = CountingEncode(bpe_tokenizer, tokenizer_json=str(bpe_json_path))
+    odd.special_token_ids = bpe_tokenizer.special_token_ids | {plain_id}
+    with caplog.at_level(logging.WARNING, logger="brisklm.constrained.tokenizer_bridge"):
+        llg = llg_tokenizer_for(odd)
+    assert "differently" in caplog.text
+    assert llg.is_special_token(plain_id)
+
+
 def test_dummy_prefix_is_not_injected(sp_tokenizer: Any) -> None:
     # sentencepiece adds a leading space in encode(); mid-sequence text must not get one.
     assert _bytes(sp_tokenizer, sp_tokenizer.encode("abc")) == b" abc"

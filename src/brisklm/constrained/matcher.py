@@ -88,6 +88,7 @@ class GrammarMatcher:
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token if the grammar allows it; False (state unchanged) otherwise."""
+        token_id = int(token_id)  # numpy / torch scalars would miss the EOS set lookup
         if self._terminated or self._llm.is_error() or not 0 <= token_id < self._vocab_size:
             return False
         if token_id in self._eos_token_ids:
@@ -117,7 +118,7 @@ class GrammarMatcher:
         """How many leading tokens of `token_ids` would be accepted, without changing the state."""
         if self._terminated or self._llm.is_error():
             return 0
-        ids = list(token_ids)
+        ids = [int(t) for t in token_ids]
         for n, token_id in enumerate(ids):
             if not 0 <= token_id < self._vocab_size:
                 ids = ids[:n]

@@ -101,10 +101,13 @@ def _tokenizer_json_text(tokenizer: Any, tokenizer_json: str | os.PathLike[str] 
 
 
 def _agrees(llg: LLTokenizer, tokenizer: TokenizerLike, token_bytes: Sequence[bytes]) -> bool:
-    """Does llguidance's reading of tokenizer.json give the same bytes as `token_bytes()`?"""
+    """Does llguidance read tokenizer.json as `token_bytes()` / `special_token_ids` describe it?"""
     if llg.vocab_size != tokenizer.vocab_size:
         return False
     special = tokenizer.special_token_ids
+    # A special token read as plain text could be sampled wherever its text is allowed.
+    if not all(llg.is_special_token(i) for i in special if 0 <= i < tokenizer.vocab_size):
+        return False
     # A token starting with byte 0xFF (never in UTF-8) collides with llguidance's special marker
     # and reads as empty there: harmless, as no text can contain it.
     return all(
