@@ -1,0 +1,155 @@
+"""GrammarCompiler: constraint -> validated CompiledGrammar for one tokenizer, LRU-cached."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from llguidance import LLExecutor, LLMatcher
+
+from brisklm.constrained.errors import ConstraintError, first_paragraph, lark_error
+from brisklm.constrained.spec import Choice, Constraint, Grammar, JsonObject, JsonSchema, Regex
+from brisklm.constrained.tokenizer_bridge import TokenizerLike, llg_tokenizer_for
+
+if TYPE_CHECKING:
+    from brisklm.constrained.matcher import GrammarMatcher
+
+_CONSTRAINT_TYPES = (JsonSchema, JsonObject, Regex, Choice, Grammar)
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
+# The regex-syntax caret line under the pattern ("    a(" / "     ^") gives the column.
+_REGEX_CARET = re.compile(r"regex parse error:\n {4}(?P<pattern>.*)\n {4}(?P<caret> *)\^")
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledGrammar:
+    """A validated grammar bound to one tokenizer; `matcher()` makes per-request state cheaply."""
+
+    constraint: Constraint
+    grammar: str  # llguidance grammar text
+    vocab_size: int  # tokenizer vocabulary; bitmasks have ceil(vocab_size / 32) int32 words
+    eos_token_ids: tuple[int, ...]
+    warnings: tuple[str, ...]
+    _prototype: LLMatcher = field(repr=False)
+    _executor: LLExecutor = field(repr=False)
+
+    @property
+    def bitmask_width(self) -> int:
+        """int32 words per bitmask row."""
+        return (self.vocab_size + 31) // 32
+
+    def matcher(self) -> GrammarMatcher:
+        """A fresh per-request matcher at the start of the grammar."""
+        from brisklm.constrained.matcher import GrammarMatcher
+
+        return GrammarMatcher(self)
+
+
+def _json_schema_error(message: str) -> ConstraintError:
+    unimplemented = _UNIMPLEMENTED.search(message)
+    if unimplemented:
+        keywords = unimplemented.group(1).replace('"', "")
+        return ConstraintError(f"JSON schema keyword(s) cannot be enforced: {keywords}")
+    if message.startswith("oneOf constraints are not supported"):
+        return ConstraintError(
+            "JSON schema keyword oneOf cannot be enforced: its branches are not provably disjoint"
+        )
+    if message.startswith("Unknown format"):
+        fmt = message.removeprefix("Unknown format:").strip()
+        return ConstraintError(f"JSON schema format {fmt!r} cannot be enforced")
+    # No line/column for bad patterns: they would point into the rewritten (Rust) pattern.
+    return ConstraintError(f"invalid or unsupported JSON schema: {message}")
+
+
+def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
+    message = first_paragraph(message)
+    if isinstance(constraint, (JsonSchema, JsonObject)):
+        return _json_schema_error(message)
+    if isinstance(constraint, Regex):
+        caret = _REGEX_CARET.search(message)
+        if caret:
+            column = len(caret.group("caret")) + 1
+            error_lines = [ln for ln in message[caret.end():].splitlines() if ln.startswith("error:")]
+            error = error_lines[0].removeprefix("error:").strip() if error_lines else message
+            return ConstraintError(
+                f"invalid regex at line 1, column {column}: {error}", line=1, column=column
+            )
+        return ConstraintError(f"invalid regex: {message}")
+    if isinstance(constraint, Grammar):
+        what = "invalid Lark grammar" if constraint.syntax == "lark" else (
+            "invalid grammar (in the Lark translation of the GBNF grammar)"
+        )
+        return lark_error(message, what)
+    return ConstraintError(f"invalid choice: {message}")
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer; one compiler per tokenizer, shared by all requests.
+
+    `compile` is thread-safe. Compiled grammars are kept in an LRU cache of `max_cache_size`
+    entries keyed by the constraint's key, so the same schema compiles once.
+    """
+
+    def __init__(
+        self,
+        tokenizer: TokenizerLike,
+        *,
+        max_cache_size: int = 256,
+        tokenizer_json: str | os.PathLike[str] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        if max_cache_size < 1:
+            raise ValueError(f"max_cache_size must be >= 1, got {max_cache_size}")
+        self.tokenizer = tokenizer
+        self.llg_tokenizer = llg_tokenizer_for(tokenizer, tokenizer_json=tokenizer_json)
+        self.vocab_size: int = self.llg_tokenizer.vocab_size
+        self.eos_token_ids: tuple[int, ...] = tuple(tokenizer.eos_token_ids)
+        self.max_cache_size = max_cache_size
+        # Thread pool for fill_bitmasks; None = llguidance's default (80% of CPUs, at most 32).
+        self._executor = LLExecutor(num_threads)
+        self._cache: OrderedDict[tuple[str, ...], CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def num_cached(self) -> int:
+        """Number of compiled grammars in the cache."""
+        return len(self._cache)
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """The compiled grammar for `constraint`; raises ConstraintError if it cannot be enforced."""
+        if not isinstance(constraint, _CONSTRAINT_TYPES):
+            raise TypeError(f"not a constraint: {type(constraint).__name__}")
+        key = constraint.key
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
+        compiled = self._compile(constraint)  # outside the lock: can take 100s of ms, drops the GIL
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:  # another thread won the race; keep one object per key
+                return cached
+            self._cache[key] = compiled
+            while len(self._cache) > self.max_cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        grammar = constraint.to_llguidance()
+        # Building the matcher validates the grammar against this tokenizer; it never raises.
+        prototype = LLMatcher(self.llg_tokenizer, grammar, log_level=0)
+        if prototype.is_error():
+            raise _compile_error(constraint, prototype.get_error())
+        return CompiledGrammar(
+            constraint=constraint,
+            grammar=grammar,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            warnings=tuple(prototype.get_grammar_warnings()),
+            _prototype=prototype,
+            _executor=self._executor,
+        )

@@ -1,0 +1,240 @@
+"""JSON Schema to llguidance grammar: compact JSON, sound rewrites, unenforceable keywords refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llguidance import LLMatcher
+
+from brisklm.constrained.errors import ConstraintError
+
+COMPACT_JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ",",
+    "key_separator": ":",
+}
+SOUND_JSON_OPTIONS: dict[str, Any] = {"lenient": False, "coerce_one_of": False}
+
+_SCHEMA_MAPS = frozenset({"$defs", "definitions", "properties", "patternProperties", "dependentSchemas"})
+_SCHEMA_VALUES = frozenset({
+    "additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames",
+    "unevaluatedItems", "unevaluatedProperties", "contentSchema",
+})
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+# Values of these are JSON instances or options, never schemas: copy them untouched.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "x-guidance"})
+_COUNT_KEYWORDS = frozenset({
+    "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
+    "minContains", "maxContains",
+})
+_LEGACY_KEYWORDS = {
+    "additionalItems": "draft-07 `additionalItems` (2020-12 uses `items` after `prefixItems`)",
+    "dependencies": "draft-07 `dependencies` (2020-12: `dependentRequired`/`dependentSchemas`)",
+    "$recursiveRef": "2019-09 `$recursiveRef`",
+}
+
+# ECMA-262 character classes, in Rust regex syntax: (outside a class, inside a class).
+_ECMA_SPACE = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_ECMA_CLASS_ESCAPES = {
+    "d": ("[0-9]", "0-9"),
+    "D": ("[^0-9]", "[^0-9]"),
+    "w": ("[0-9A-Za-z_]", "0-9A-Za-z_"),
+    "W": ("[^0-9A-Za-z_]", "[^0-9A-Za-z_]"),
+    "s": (f"[{_ECMA_SPACE}]", _ECMA_SPACE),
+    "S": (f"[^{_ECMA_SPACE}]", f"[^{_ECMA_SPACE}]"),
+}
+# Letter escapes that mean the same in ECMA-262 and Rust, or that Rust rejects (b, B, c, k: error).
+_SAME_LETTER_ESCAPES = frozenset("bBnrtfvxupPck")
+_ECMA_DOT = r"[^\n\r\u2028\u2029]"
+
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999, as Python's date
+_MONTH_DAY = (
+    r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+    r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+)
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = rf"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+_TIME = (
+    r"(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
+    r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+    r"|23:59:60(?:\.[0-9]+)?(?:[Zz]|[+-]00:00))"
+)
+_LABEL = (
+    r"(?:[A-Za-z0-9]|[A-Za-z0-9]{2}|[A-Za-z0-9][A-Za-z0-9-][A-Za-z0-9]"
+    r"|[A-Za-z0-9][A-Za-z0-9-]{2}[A-Za-z0-9]"
+    r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]{0,58}[A-Za-z0-9])"
+)
+# format -> string constraints that replace it (patterns are Rust syntax, already anchored).
+_FORMAT_REWRITES: dict[str, dict[str, Any]] = {
+    "date": {"pattern": f"^{_DATE}$"},
+    "time": {"pattern": f"^{_TIME}$"},
+    "date-time": {"pattern": f"^{_DATE}[Tt]{_TIME}$"},
+    "hostname": {"pattern": rf"^{_LABEL}(?:\.{_LABEL})*$", "maxLength": 253},
+}
+
+
+def ecma_regex_to_rust(pattern: str) -> str:
+    """Rewrite an ECMA-262 regex (JSON Schema `pattern`) into the Rust syntax llguidance reads."""
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 == n:
+                raise ConstraintError(f"pattern {pattern!r} ends with a lone backslash")
+            e = pattern[i + 1]
+            i += 2
+            if e in _ECMA_CLASS_ESCAPES:
+                out.append(_ECMA_CLASS_ESCAPES[e][in_class])
+            elif e.isascii() and e.isalpha() and e not in _SAME_LETTER_ESCAPES:
+                raise ConstraintError(f"pattern {pattern!r}: escape \\{e} cannot be enforced")
+            else:
+                out.append("\\" + e)
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+            elif c in "[&~":  # literal in ECMA classes; nesting / set operators in Rust
+                c = "\\" + c
+            out.append(c)
+            i += 1
+            continue
+        if c == "[":
+            negated = pattern.startswith("[^", i)
+            j = i + (2 if negated else 1)
+            if j < n and pattern[j] == "]":  # ECMA: [] matches nothing, [^] matches anything
+                out.append(r"[\x00-\x{10FFFF}]" if negated else r"[^\x00-\x{10FFFF}]")
+                i = j + 1
+                continue
+            out.append("[^" if negated else "[")
+            in_class, i = True, j
+            continue
+        out.append(_ECMA_DOT if c == "." else c)
+        i += 1
+    return "".join(out)
+
+
+class _SchemaRewriter:
+    """Walks a schema document (not following $ref) and rewrites every place a schema can be."""
+
+    def schema(self, node: Any, path: str) -> Any:
+        if not isinstance(node, dict):
+            return node  # booleans; malformed subschemas are llguidance's to report
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            where = f"{path}/{key}"
+            if key in _LEGACY_KEYWORDS:
+                raise ConstraintError(f"{_LEGACY_KEYWORDS[key]} at {where} cannot be enforced")
+            if key == "items" and isinstance(value, list):
+                raise ConstraintError(
+                    f"draft-07 array-form `items` at {where} cannot be enforced (use `prefixItems`)"
+                )
+            if key in _DATA_KEYWORDS:
+                out[key] = value
+            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {
+                    (self.pattern(name, where) if key == "patternProperties" else name):
+                        self.schema(sub, f"{where}/{name}")
+                    for name, sub in value.items()
+                }
+            elif key in _SCHEMA_VALUES:
+                out[key] = self.schema(value, where)
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                out[key] = [self.schema(sub, f"{where}/{k}") for k, sub in enumerate(value)]
+            elif key == "pattern" and isinstance(value, str):
+                out[key] = self.pattern(value, where)
+            elif key in _COUNT_KEYWORDS and isinstance(value, float) and value.is_integer():
+                out[key] = int(value)  # 2020-12 allows 2.0 for a count; llguidance wants an int
+            else:
+                # Unknown keywords can still be $ref targets, so their objects are walked too.
+                out[key] = self.unknown(value, where)
+        self.rewrite_format(out)
+        self.check_min_properties(out, path)
+        return out
+
+    def unknown(self, value: Any, path: str) -> Any:
+        if isinstance(value, dict):
+            return self.schema(value, path)
+        if isinstance(value, list):
+            return [self.unknown(v, f"{path}/{k}") for k, v in enumerate(value)]
+        return value
+
+    @staticmethod
+    def pattern(pattern: str, path: str) -> str:
+        try:
+            return ecma_regex_to_rust(pattern)
+        except ConstraintError as e:
+            raise ConstraintError(f"{e} (at {path})") from e
+
+    @staticmethod
+    def rewrite_format(out: dict[str, Any]) -> None:
+        rewrite = _FORMAT_REWRITES.get(out.get("format"))  # type: ignore[arg-type]
+        if rewrite is None:
+            return
+        del out["format"]
+        # pattern/maxLength, like format, only constrain strings, so `allOf` keeps other types free.
+        all_of = out.get("allOf")
+        out["allOf"] = [*all_of, dict(rewrite)] if isinstance(all_of, list) else [dict(rewrite)]
+
+    @staticmethod
+    def check_min_properties(out: dict[str, Any], path: str) -> None:
+        min_properties = out.get("minProperties")
+        if not isinstance(min_properties, int) or isinstance(min_properties, bool):
+            return
+        required = out.get("required")
+        num_required = len(set(required)) if isinstance(required, list) else 0
+        open_keys = out.get("additionalProperties", True) is not False or bool(out.get("patternProperties"))
+        if open_keys and min_properties > max(1, num_required):
+            raise ConstraintError(
+                f"minProperties ({min_properties}) at {path or '#'} cannot be enforced: keys allowed "
+                "by additionalProperties/patternProperties may repeat, so the parsed object can "
+                "have fewer properties"
+            )
+
+
+def prepare_json_schema(schema: dict[str, Any] | bool) -> dict[str, Any]:
+    """The schema rewritten so that llguidance enforces it exactly, or ConstraintError naming why not."""
+    if schema is True:
+        return {}
+    if schema is False:
+        raise ConstraintError("the JSON schema `false` accepts no instance")
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
+    return _SchemaRewriter().schema(schema, "#")
+
+
+def json_schema_to_llguidance(schema: dict[str, Any] | bool) -> str:
+    """llguidance grammar text for a JSON Schema (draft 2020-12); ConstraintError if not enforceable.
+
+    Whitespace policy: compact JSON, `{"a":1,"b":[1,2]}` (no whitespace anywhere, separators `,` and
+    `:`). Small models follow compact JSON best and it is the fewest tokens. A schema may override this
+    with llguidance's top-level `"x-guidance"` options (e.g. `{"whitespace_flexible": true}`); the
+    options that would over-approximate the schema (`lenient`, `coerce_one_of`) are always forced off.
+
+    llguidance either enforces a keyword exactly or rejects it, with these exceptions, which are
+    handled here so that a compiled schema never accepts an invalid instance:
+    - `pattern` / `patternProperties` are ECMA-262 regexes but llguidance reads Rust regexes: `.`,
+      `\\s`, `\\S`, `\\d`, `\\w` (and negations) are rewritten to their ECMA meaning, and escapes whose
+      meaning differs (`\\A`, `\\z`, ...) are rejected.
+    - `format` `date`, `time`, `date-time` and `hostname` are over-approximated by llguidance (Feb 29 of
+      any year, leap seconds at any minute, punycode, total length); they are replaced by exact or
+      stricter patterns (leap seconds only at 23:59:60 UTC; hostname labels with `--` at positions 3-4,
+      i.e. IDN A-labels, are refused).
+    - keys matched by `additionalProperties` / `patternProperties` may repeat in the output, which
+      defeats `minProperties` above max(1, number of required keys): rejected.
+    - draft-07 / 2019-09 keywords that 2020-12 dropped (`items` as an array, `additionalItems`,
+      `dependencies`, `$recursiveRef`) would be ignored silently: rejected.
+    Known departures that are not over-approximations: property order follows `properties`, numbers
+    are decimal text (`1.0` is not an integer, `1e2` is refused where bounds apply), strings use raw
+    UTF-8 rather than `\\uXXXX` escapes for printable characters, and `format` is an assertion.
+    One caveat: bounds are exact on the decimal text, so a number written with more than ~17
+    significant digits can round, as a float, onto an exclusive bound (`1.99999999999999999` < 2).
+    """
+    prepared = prepare_json_schema(schema)
+    try:
+        return LLMatcher.grammar_from_json_schema(
+            prepared, defaults=COMPACT_JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS
+        )
+    except ValueError as e:
+        raise ConstraintError(f"invalid JSON schema: {e}") from e

@@ -1,0 +1,204 @@
+"""Constraint kinds (JSON Schema, JSON mode, regex, choice, grammar) and their llguidance grammar text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llguidance import LLMatcher
+
+from brisklm.constrained.errors import ConstraintError
+from brisklm.constrained.gbnf import gbnf_to_lark
+from brisklm.constrained.json_schema import json_schema_to_llguidance
+
+GrammarSyntax = Literal["lark", "gbnf"]
+GRAMMAR_SYNTAXES: tuple[str, ...] = ("lark", "gbnf")
+
+
+def _schema_dict(schema: Any) -> dict[str, Any] | bool:
+    """A JSON Schema given as a dict, a boolean schema, or a pydantic model class."""
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    if not isinstance(schema, (dict, bool)):
+        raise ConstraintError(
+            f"json_schema must be a dict, a boolean or a pydantic model class, got {type(schema).__name__}"
+        )
+    return schema
+
+
+@dataclass(frozen=True, eq=False)
+class JsonSchema:
+    """Output must be a JSON instance valid under `schema` (draft 2020-12).
+
+    `schema` may also be a pydantic model class; its `model_json_schema()` is used. The schema is
+    copied, so later edits of the caller's dict do not change this constraint.
+    """
+
+    schema: dict[str, Any] | bool
+    _text: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        schema = _schema_dict(self.schema)
+        try:
+            # Not sort_keys: llguidance emits properties in schema order and resolves applicators
+            # left to right, so key order changes the grammar and must be part of the cache key.
+            text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ConstraintError(f"json_schema is not JSON-serialisable: {e}") from e
+        object.__setattr__(self, "schema", json.loads(text))
+        object.__setattr__(self, "_text", text)
+
+    @classmethod
+    def from_pydantic(cls, model: type) -> JsonSchema:
+        """The schema of a pydantic model class (`model.model_json_schema()`)."""
+        return cls(model.model_json_schema())
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Stable hashable cache key."""
+        return ("json_schema", self._text)
+
+    def to_llguidance(self) -> str:
+        """llguidance grammar text (compact JSON; see `json_schema.py` for the policy)."""
+        return json_schema_to_llguidance(self.schema)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JsonSchema) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    """JSON mode: output must be a JSON object (any keys, any values)."""
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Stable hashable cache key."""
+        return ("json_object",)
+
+    def to_llguidance(self) -> str:
+        """llguidance grammar text."""
+        return json_schema_to_llguidance({"type": "object"})
+
+
+@dataclass(frozen=True)
+class Regex:
+    """Output must fully match `pattern` (Rust `regex` syntax, implicitly anchored at both ends)."""
+
+    pattern: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str):
+            raise ConstraintError(f"regex must be a str, got {type(self.pattern).__name__}")
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Stable hashable cache key."""
+        return ("regex", self.pattern)
+
+    def to_llguidance(self) -> str:
+        """llguidance grammar text."""
+        return LLMatcher.grammar_from_regex(self.pattern)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Output must be exactly one of `options`."""
+
+    options: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        options = self.options
+        if isinstance(options, str) or not isinstance(options, Sequence):
+            raise ConstraintError("choice must be a sequence of strings")
+        options = tuple(options)
+        if not options:
+            raise ConstraintError("choice needs at least one option")
+        bad = [o for o in options if not isinstance(o, str)]
+        if bad:
+            raise ConstraintError(f"choice options must be strings, got {bad[0]!r}")
+        object.__setattr__(self, "options", options)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Stable hashable cache key."""
+        return ("choice", *self.options)
+
+    def to_llguidance(self) -> str:
+        """llguidance grammar text."""
+        # JSON string syntax is valid Lark string-literal syntax, escapes included.
+        lark = "start: " + " | ".join(json.dumps(o) for o in self.options)
+        return LLMatcher.grammar_from_lark(lark)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Output must match a context-free grammar written in Lark (llguidance dialect) or GBNF.
+
+    GBNF (llama.cpp) grammars keep llama.cpp's character-level semantics: every rule becomes a
+    Lark rule, so no rule turns into a greedy lexeme that could swallow text a later rule needs.
+    """
+
+    text: str
+    syntax: GrammarSyntax = "lark"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise ConstraintError(f"grammar must be a str, got {type(self.text).__name__}")
+        if self.syntax not in GRAMMAR_SYNTAXES:
+            raise ConstraintError(
+                f"grammar_syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {self.syntax!r}"
+            )
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Stable hashable cache key."""
+        return ("grammar", self.syntax, self.text)
+
+    def to_llguidance(self) -> str:
+        """llguidance grammar text; a GBNF syntax error raises ConstraintError with line and column."""
+        lark = gbnf_to_lark(self.text) if self.syntax == "gbnf" else self.text
+        return LLMatcher.grammar_from_lark(lark)
+
+
+Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar
+
+
+def constraint_from_options(
+    json_schema: dict[str, Any] | bool | type | None = None,
+    json_object: bool = False,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
+    grammar: str | None = None,
+    grammar_syntax: str = "lark",
+) -> Constraint | None:
+    """The single constraint the options ask for, or None; raises ValueError if more than one is set."""
+    if grammar_syntax not in GRAMMAR_SYNTAXES:
+        raise ValueError(
+            f"grammar_syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {grammar_syntax!r}"
+        )
+    chosen = {
+        "json_schema": json_schema is not None,
+        "json_object": bool(json_object),
+        "regex": regex is not None,
+        "choice": choice is not None,
+        "grammar": grammar is not None,
+    }
+    names = [name for name, is_set in chosen.items() if is_set]
+    if len(names) > 1:
+        raise ValueError(f"at most one constraint may be set, got {', '.join(names)}")
+    if json_schema is not None:
+        return JsonSchema(json_schema)
+    if json_object:
+        return JsonObject()
+    if regex is not None:
+        return Regex(regex)
+    if choice is not None:
+        return Choice(tuple(choice))
+    if grammar is not None:
+        return Grammar(grammar, grammar_syntax)  # type: ignore[arg-type]
+    return None

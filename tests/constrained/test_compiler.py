@@ -1,0 +1,157 @@
+"""GrammarCompiler: the cache, and errors raised before generation."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from brisklm.constrained import (
+    Choice,
+    ConstraintError,
+    Grammar,
+    GrammarCompiler,
+    JsonObject,
+    JsonSchema,
+    Regex,
+)
+
+
+def test_second_compile_returns_the_cached_object(bpe_compiler: GrammarCompiler) -> None:
+    schema = {"type": "object", "properties": {"cache_me": {"type": "integer"}}}
+    first = bpe_compiler.compile(JsonSchema(schema))
+    second = bpe_compiler.compile(JsonSchema(dict(schema)))  # equal schema, different dict
+    assert second is first
+    assert bpe_compiler.compile(Regex("cache[0-9]")) is bpe_compiler.compile(Regex("cache[0-9]"))
+    assert bpe_compiler.compile(Regex("cache[0-9]")) is not bpe_compiler.compile(Regex("cache[0-8]"))
+
+
+def test_concurrent_compiles_share_one_object(bpe_tokenizer: Any) -> None:
+    compiler = GrammarCompiler(bpe_tokenizer)
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}, "maxItems": 3}
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: compiler.compile(JsonSchema(schema)), range(8)))
+    assert all(r is results[0] for r in results)
+    assert compiler.num_cached == 1
+
+
+def test_cache_is_lru_and_bounded(bpe_tokenizer: Any) -> None:
+    compiler = GrammarCompiler(bpe_tokenizer, max_cache_size=2)
+    a = compiler.compile(Regex("a"))
+    b = compiler.compile(Regex("b"))
+    assert compiler.compile(Regex("a")) is a  # a is now most recent
+    compiler.compile(Regex("c"))  # evicts b
+    assert compiler.num_cached == 2
+    assert compiler.compile(Regex("a")) is a
+    assert compiler.compile(Regex("b")) is not b
+    with pytest.raises(ValueError, match="max_cache_size"):
+        GrammarCompiler(bpe_tokenizer, max_cache_size=0)
+
+
+def test_compiled_grammar_facts(bpe_compiler: GrammarCompiler, bpe_tokenizer: Any) -> None:
+    compiled = bpe_compiler.compile(JsonObject())
+    assert compiled.vocab_size == bpe_tokenizer.vocab_size
+    assert compiled.bitmask_width == (bpe_tokenizer.vocab_size + 31) // 32
+    assert compiled.eos_token_ids == bpe_tokenizer.eos_token_ids
+    assert compiled.constraint == JsonObject()
+    with pytest.raises(TypeError, match="not a constraint"):
+        bpe_compiler.compile({"type": "object"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "integr"}, "Invalid type: integr"),
+        ({"minLength": -1}, "minLength"),
+        ({"properties": 3}, "properties must be an object"),
+        ({"$ref": "#/$defs/missing"}, "does not exist"),
+        (False, "accepts no instance"),
+        ({"type": "string", "pattern": "a("}, "unclosed group"),
+    ],
+)
+def test_invalid_json_schema(bpe_compiler: GrammarCompiler, schema: Any, message: str) -> None:
+    with pytest.raises(ConstraintError, match=message):
+        bpe_compiler.compile(JsonSchema(schema))
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"if": {"minimum": 3}, "then": {"maximum": 5}}, "if, then"),
+        ({"type": "array", "contains": {"const": 1}}, "contains"),
+        ({"propertyNames": {"maxLength": 3}}, "propertyNames"),
+        ({"unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"oneOf": [{"minimum": 1}, {"maximum": 3}]}, "oneOf"),
+        ({"type": "string", "format": "iri"}, "format 'iri'"),
+        ({"type": "object", "minProperties": 2}, "minProperties"),
+        ({"items": [{"type": "integer"}]}, "array-form `items`"),
+        ({"additionalItems": False}, "additionalItems"),
+        ({"dependencies": {"a": ["b"]}}, "dependencies"),
+        ({"type": "string", "pattern": "\\Aabc"}, "escape \\A"),
+        ({"$defs": {"x": {"uniqueItems": True}}, "$ref": "#/$defs/x"}, "uniqueItems"),
+    ],
+)
+def test_unenforceable_keywords_are_named(
+    bpe_compiler: GrammarCompiler, schema: dict[str, Any], keyword: str
+) -> None:
+    with pytest.raises(ConstraintError, match="cannot be enforced") as info:
+        bpe_compiler.compile(JsonSchema(schema))
+    assert keyword in str(info.value)
+
+
+def test_min_properties_allowed_when_sound(bpe_compiler: GrammarCompiler) -> None:
+    # At least one key, or no more than the required (distinct, enforced) keys: duplicates cannot hurt.
+    bpe_compiler.compile(JsonSchema({"type": "object", "minProperties": 1}))
+    bpe_compiler.compile(JsonSchema({"type": "object", "required": ["a", "b"], "minProperties": 2}))
+
+
+def test_bad_regex_has_column(bpe_compiler: GrammarCompiler) -> None:
+    with pytest.raises(ConstraintError, match="unclosed group") as info:
+        bpe_compiler.compile(Regex("ab(c"))
+    assert (info.value.line, info.value.column) == (1, 3)
+    with pytest.raises(ConstraintError, match="column 1: look-around"):
+        bpe_compiler.compile(Regex("(?=a)b"))
+
+
+def test_bad_lark_has_line_and_column(bpe_compiler: GrammarCompiler) -> None:
+    with pytest.raises(ConstraintError, match="invalid Lark grammar at line 2, column") as info:
+        bpe_compiler.compile(Grammar('start: item\nitem: "a" | missing\n'))
+    assert 'unknown name: "missing"' in str(info.value)
+    assert info.value.line == 2 and info.value.column is not None
+    with pytest.raises(ConstraintError, match="line 1") as info:
+        bpe_compiler.compile(Grammar('start: "a" ('))
+    assert info.value.column is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "message"),
+    [
+        ('root ::= "a" item\nitem ::= ("b"', 2, 14, "Expected ')'"),
+        ('root ::= "a"\nitem := "b"', 2, 6, "Expected ::="),
+        ('root ::= "a" [b-', 1, 17, "Unexpected end of input"),
+        ('root ::= "a" item\nitem ::= other', 2, 10, "undefined rule 'other'"),
+    ],
+)
+def test_bad_gbnf_has_line_and_column(
+    bpe_compiler: GrammarCompiler, text: str, line: int, column: int, message: str
+) -> None:
+    with pytest.raises(ConstraintError, match="invalid GBNF grammar") as info:
+        bpe_compiler.compile(Grammar(text, "gbnf"))
+    assert message in str(info.value)
+    assert (info.value.line, info.value.column) == (line, column)
+
+
+def test_gbnf_without_root(bpe_compiler: GrammarCompiler) -> None:
+    with pytest.raises(ConstraintError, match="no 'root' rule"):
+        bpe_compiler.compile(Grammar('start ::= "a"', "gbnf"))
+
+
+def test_errors_are_value_errors_and_compiler_stays_usable(bpe_compiler: GrammarCompiler) -> None:
+    with pytest.raises(ValueError):
+        bpe_compiler.compile(Regex("["))
+    assert bpe_compiler.compile(Choice(("ok",))).matcher().accept_tokens(
+        bpe_compiler.llg_tokenizer.tokenize_str("ok")
+    ) > 0

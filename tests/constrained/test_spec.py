@@ -1,0 +1,122 @@
+"""Constraint kinds: construction, cache keys, option parsing."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import pytest
+from llguidance import LLMatcher
+from pydantic import BaseModel
+
+from brisklm.constrained import (
+    Choice,
+    ConstraintError,
+    Grammar,
+    JsonObject,
+    JsonSchema,
+    Regex,
+    constraint_from_options,
+)
+
+
+class Pet(BaseModel):
+    name: str
+    kind: Literal["cat", "dog"]
+
+
+def test_json_schema_key_is_stable_and_hashable() -> None:
+    a = JsonSchema({"type": "object", "properties": {"x": {"type": "integer"}}})
+    b = JsonSchema({"type": "object", "properties": {"x": {"type": "integer"}}})
+    assert a == b and hash(a) == hash(b) and a.key == b.key
+    assert len({a, b}) == 1
+    # Property order changes the grammar (llguidance emits properties in order), so it is in the key.
+    c = JsonSchema({"properties": {"x": {}, "y": {}}})
+    d = JsonSchema({"properties": {"y": {}, "x": {}}})
+    assert c.key != d.key
+
+
+def test_json_schema_copies_the_schema() -> None:
+    schema = {"type": "string"}
+    constraint = JsonSchema(schema)
+    schema["type"] = "integer"
+    assert constraint.schema == {"type": "string"}
+    assert json.loads(constraint.key[1]) == {"type": "string"}
+
+
+def test_json_schema_from_pydantic() -> None:
+    assert JsonSchema(Pet) == JsonSchema.from_pydantic(Pet) == JsonSchema(Pet.model_json_schema())
+    assert constraint_from_options(json_schema=Pet) == JsonSchema(Pet.model_json_schema())
+
+
+def test_json_schema_rejects_non_schemas() -> None:
+    with pytest.raises(ConstraintError, match="json_schema must be"):
+        JsonSchema("not a schema")  # type: ignore[arg-type]
+    with pytest.raises(ConstraintError, match="not JSON-serialisable"):
+        JsonSchema({"const": {1, 2}})
+
+
+def test_keys_differ_across_kinds() -> None:
+    constraints = [
+        JsonSchema({"type": "object"}),
+        JsonObject(),
+        Regex("a+"),
+        Choice(("a", "b")),
+        Grammar('start: "a"'),
+        Grammar('root ::= "a"', "gbnf"),
+    ]
+    assert len({c.key for c in constraints}) == len(constraints)
+    for c in constraints:
+        hash(c)  # every kind is usable as a dict key
+        assert isinstance(c.to_llguidance(), str)
+
+
+def test_choice_normalises_and_validates() -> None:
+    assert Choice(["a", "b"]).options == ("a", "b")  # type: ignore[arg-type]
+    assert Choice(["a", "b"]) == Choice(("a", "b"))  # type: ignore[arg-type]
+    with pytest.raises(ConstraintError, match="at least one"):
+        Choice(())
+    with pytest.raises(ConstraintError, match="strings"):
+        Choice(("a", 1))  # type: ignore[arg-type]
+    with pytest.raises(ConstraintError, match="sequence"):
+        Choice("ab")  # type: ignore[arg-type]
+
+
+def test_grammar_syntax_is_validated() -> None:
+    with pytest.raises(ConstraintError, match="grammar_syntax must be one of lark, gbnf"):
+        Grammar("start: x", "ebnf")  # type: ignore[arg-type]
+
+
+def test_constraint_from_options_single() -> None:
+    assert constraint_from_options() is None
+    assert constraint_from_options(json_schema={"type": "integer"}) == JsonSchema({"type": "integer"})
+    assert constraint_from_options(json_object=True) == JsonObject()
+    assert constraint_from_options(regex="[0-9]+") == Regex("[0-9]+")
+    assert constraint_from_options(choice=["x", "y"]) == Choice(("x", "y"))
+    assert constraint_from_options(grammar='root ::= "a"', grammar_syntax="gbnf") == Grammar(
+        'root ::= "a"', "gbnf"
+    )
+
+
+def test_constraint_from_options_rejects_several() -> None:
+    with pytest.raises(ValueError, match="json_schema, regex"):
+        constraint_from_options(json_schema={}, regex="a")
+    with pytest.raises(ValueError, match="json_object, choice, grammar"):
+        constraint_from_options(json_object=True, choice=["a"], grammar="start: a")
+    with pytest.raises(ValueError, match="grammar_syntax"):
+        constraint_from_options(grammar="x", grammar_syntax="yacc")
+
+
+def test_json_grammar_is_compact_and_sound() -> None:
+    grammar = json.loads(JsonSchema({"type": "array"}).to_llguidance())
+    options = grammar["grammars"][0]["json_schema"]["x-guidance"]
+    assert options["whitespace_flexible"] is False
+    assert options["item_separator"] == "," and options["key_separator"] == ":"
+    assert options["lenient"] is False and options["coerce_one_of"] is False
+    # A schema's own x-guidance may change whitespace but never switch on over-approximation.
+    grammar = json.loads(
+        JsonSchema({"x-guidance": {"whitespace_flexible": True, "lenient": True}}).to_llguidance()
+    )
+    options = grammar["grammars"][0]["json_schema"]["x-guidance"]
+    assert options["whitespace_flexible"] is True and options["lenient"] is False
+    assert LLMatcher.validate_grammar(JsonObject().to_llguidance()) == ""
