@@ -173,7 +173,7 @@ def main() -> None:
         )
 
         def prompts(batch: int, length: int) -> list[list[int]]:
-            return torch.randint(3, 500, (batch, length), generator=generator).tolist()
+            return torch.randint(3, 250, (batch, length), generator=generator).tolist()
 
         bandwidth = gemv_bandwidth(device, dtype)
         step_bytes = decode_weight_bytes(llm.engine.model)
