@@ -110,6 +110,7 @@ class LLM:
                 "(prompt plus at least one generated token); shorten it or raise max_seq_len"
             )
         params.validate_for_vocab(self.engine.num_real_tokens)
+        matcher = self.engine.structured.matcher_for(params)
         return Request(
             request_id=self._next_id(),
             prompt=text,
@@ -123,6 +124,7 @@ class LLM:
                 ids, skip_special_tokens=params.skip_special_tokens
             ),
             generator=make_generator(params, self.engine.device),
+            matcher=matcher,
         )
 
     def _make_requests(self, prompts: Sequence[Prompt], params: ParamsArg) -> list[Request]:

@@ -69,6 +69,16 @@ class StreamChunk:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def extend(self, later: StreamChunk) -> None:
+        """Fold a later chunk of the same request into this one (several tokens in one step)."""
+        self.text += later.text
+        self.token_ids.extend(later.token_ids)
+        if later.logprobs:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        self.finish_reason = later.finish_reason
+        self.stop_reason = later.stop_reason
+        self.usage = later.usage
+
 
 @dataclass
 class GenerationOutput:

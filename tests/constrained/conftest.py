@@ -36,7 +36,9 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_end|>", "<|pad|>"]
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2 byte-level alphabet: printable stand-in character -> byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    )
     chars = list(printable)
     n = 0
     for b in range(256):
@@ -53,7 +55,10 @@ class BpeTokenizer:
     def __init__(self, path: Path, *, expose_tokenizer_json: bool = True) -> None:
         self._tok = Tokenizer.from_file(str(path))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eos_token_ids = (self._tok.token_to_id("<|endoftext|>"), self._tok.token_to_id("<|im_end|>"))
+        self.eos_token_ids = (
+            self._tok.token_to_id("<|endoftext|>"),
+            self._tok.token_to_id("<|im_end|>"),
+        )
         self.special_token_ids = frozenset(self._tok.token_to_id(t) for t in SPECIAL_TOKENS)
         self.tokenizer_json = str(path) if expose_tokenizer_json else None
 
@@ -62,7 +67,9 @@ class BpeTokenizer:
         out = []
         for i in range(self.vocab_size):
             piece = self._tok.id_to_token(i)
-            out.append(piece.encode() if i in self.special_token_ids else bytes(decoder[c] for c in piece))
+            out.append(
+                piece.encode() if i in self.special_token_ids else bytes(decoder[c] for c in piece)
+            )
         return out
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -82,7 +89,9 @@ class SentencePieceTokenizer:
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self.vocab_size = self._sp.vocab_size()
         self.eos_token_ids = (self._sp.eos_id(),)
-        self.special_token_ids = frozenset({self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id()})
+        self.special_token_ids = frozenset(
+            {self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id()}
+        )
 
     def token_bytes(self) -> list[bytes]:
         out = []

@@ -25,7 +25,7 @@ def test_fast_matches_reference(vocab: int, padding: int, dtype: torch.dtype) ->
     apply_token_bitmask_reference(expected, bitmask)
     apply_token_bitmask_(actual, bitmask)
     assert torch.equal(actual, expected)
-    assert torch.all(actual[:, 32 * bitmask.shape[1]:] == float("-inf"))
+    assert torch.all(actual[:, 32 * bitmask.shape[1] :] == float("-inf"))
 
 
 @pytest.mark.parametrize("rows", [[2], [0, 3], [3, 1, 2], []])

@@ -24,7 +24,9 @@ def test_second_compile_returns_the_cached_object(bpe_compiler: GrammarCompiler)
     second = bpe_compiler.compile(JsonSchema(dict(schema)))  # equal schema, different dict
     assert second is first
     assert bpe_compiler.compile(Regex("cache[0-9]")) is bpe_compiler.compile(Regex("cache[0-9]"))
-    assert bpe_compiler.compile(Regex("cache[0-9]")) is not bpe_compiler.compile(Regex("cache[0-8]"))
+    assert bpe_compiler.compile(Regex("cache[0-9]")) is not bpe_compiler.compile(
+        Regex("cache[0-8]")
+    )
 
 
 def test_concurrent_compiles_share_one_object(bpe_tokenizer: Any) -> None:
@@ -152,6 +154,9 @@ def test_gbnf_without_root(bpe_compiler: GrammarCompiler) -> None:
 def test_errors_are_value_errors_and_compiler_stays_usable(bpe_compiler: GrammarCompiler) -> None:
     with pytest.raises(ValueError):
         bpe_compiler.compile(Regex("["))
-    assert bpe_compiler.compile(Choice(("ok",))).matcher().accept_tokens(
-        bpe_compiler.llg_tokenizer.tokenize_str("ok")
-    ) > 0
+    assert (
+        bpe_compiler.compile(Choice(("ok",)))
+        .matcher()
+        .accept_tokens(bpe_compiler.llg_tokenizer.tokenize_str("ok"))
+        > 0
+    )

@@ -17,7 +17,9 @@ def accepts(compiler: GrammarCompiler, schema: Any, instance: Any) -> bool:
     matcher = compiler.compile(JsonSchema(schema)).matcher()
     text = json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
     ids = compiler.llg_tokenizer.tokenize_str(text)
-    return matcher.accept_tokens(ids) == len(ids) and matcher.accept_token(compiler.eos_token_ids[0])
+    return matcher.accept_tokens(ids) == len(ids) and matcher.accept_token(
+        compiler.eos_token_ids[0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,7 +51,11 @@ def test_ecma_pattern_semantics(
 
 
 def test_pattern_properties_keys_are_rewritten(bpe_compiler: GrammarCompiler) -> None:
-    schema = {"type": "object", "patternProperties": {"^.$": {"type": "integer"}}, "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "patternProperties": {"^.$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
     assert accepts(bpe_compiler, schema, {"a": 1})
     assert not accepts(bpe_compiler, schema, {"\r": 1})
 
@@ -71,7 +77,9 @@ def _python_date_ok(text: str) -> bool:
 
 
 def test_date_pattern_is_exact() -> None:
-    pattern = re.compile(_FORMAT_REWRITES["date"]["pattern"])  # the subset used is Python-compatible
+    pattern = re.compile(
+        _FORMAT_REWRITES["date"]["pattern"]
+    )  # the subset used is Python-compatible
     for year in range(0, 10000):  # Feb 29 / Feb 28 of every year: leap-year rules exactly
         for day in ("28", "29", "30"):
             text = f"{year:04d}-02-{day}"
@@ -85,10 +93,24 @@ def test_date_pattern_is_exact() -> None:
 
 def test_time_pattern_leap_seconds() -> None:
     pattern = re.compile(_FORMAT_REWRITES["time"]["pattern"])
-    for ok in ["23:59:60Z", "23:59:60.5+00:00", "23:59:60-00:00", "00:00:00z", "12:34:56.789-08:00"]:
+    for ok in [
+        "23:59:60Z",
+        "23:59:60.5+00:00",
+        "23:59:60-00:00",
+        "00:00:00z",
+        "12:34:56.789-08:00",
+    ]:
         assert pattern.fullmatch(ok), ok
-    for bad in ["23:58:60Z", "22:59:60Z", "23:59:60+01:00", "24:00:00Z", "12:00:00", "12:00:61Z",
-                "01:02:03+24:00", "1:02:03Z"]:
+    for bad in [
+        "23:58:60Z",
+        "22:59:60Z",
+        "23:59:60+01:00",
+        "24:00:00Z",
+        "12:00:00",
+        "12:00:61Z",
+        "01:02:03+24:00",
+        "1:02:03Z",
+    ]:
         assert not pattern.fullmatch(bad), bad
 
 
@@ -146,3 +168,33 @@ def test_min_properties_duplicates(bpe_compiler: GrammarCompiler) -> None:
     assert accepts(bpe_compiler, closed, {"a": 1, "b": 2})
     with pytest.raises(ConstraintError, match="minProperties \\(3\\) at #/properties/o"):
         prepare_json_schema({"properties": {"o": {"type": "object", "minProperties": 3}}})
+
+
+def test_strict_closes_declared_objects_but_not_all_of_members() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "allOf": [{"properties": {"b": {"type": "integer"}}}],
+        "$defs": {
+            "open": {
+                "type": "object",
+                "properties": {"y": {}},
+                "additionalProperties": {"type": "string"},
+            }
+        },
+    }
+    strict = prepare_json_schema(schema, strict=True)
+    assert strict["additionalProperties"] is False
+    assert strict["properties"]["a"]["additionalProperties"] is False
+    assert "additionalProperties" not in strict["allOf"][0]
+    assert strict["$defs"]["open"]["additionalProperties"] == {"type": "string"}
+    assert "additionalProperties" not in prepare_json_schema(schema)
+
+
+def test_strict_schema_rejects_undeclared_keys_open_schema_accepts_them(bpe_compiler) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    text = b'{"a":1,"zz":2}'
+    for strict, accepted in ((True, False), (False, True)):
+        matcher = bpe_compiler.compile(JsonSchema(schema, strict=strict)).matcher()
+        ids = bpe_compiler.llg_tokenizer.tokenize_bytes(text)
+        assert (matcher.accept_tokens(ids) == len(ids)) is accepted

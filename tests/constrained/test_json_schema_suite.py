@@ -51,15 +51,27 @@ KNOWN_FALSE_REJECTS: dict[tuple[str, str], str] = {
     ("format.json", '"//foo.bar/?baz=qux#quux"'): _FORMAT_ASSERTED,
     ("format.json", '"2eb8aa08-aa98-11ea-b4aa-73b441d1638"'): _FORMAT_ASSERTED,
     ("format.json", '"PT1D"'): _FORMAT_ASSERTED,
-    ("optional/float-overflow.json", "1e+308"): "exponent notation is refused where numeric bounds apply",
+    (
+        "optional/float-overflow.json",
+        "1e+308",
+    ): "exponent notation is refused where numeric bounds apply",
     ("optional/format/time.json", '"01:29:60+01:30"'): _OFFSET_LEAP_SECOND,
     ("optional/format/time.json", '"23:29:60+23:30"'): _OFFSET_LEAP_SECOND,
     ("optional/format/time.json", '"15:59:60-08:00"'): _OFFSET_LEAP_SECOND,
     ("optional/format/time.json", '"00:29:60-23:30"'): _OFFSET_LEAP_SECOND,
     ("optional/format/date-time.json", '"1998-12-31T15:59:60.123-08:00"'): _OFFSET_LEAP_SECOND,
-    ("optional/format/email.json", '"\\"joe bloggs\\"@example.com"'): "quoted local parts unsupported",
-    ("optional/format/email.json", '"\\"joe..bloggs\\"@example.com"'): "quoted local parts unsupported",
-    ("optional/format/email.json", '"\\"joe@bloggs\\"@example.com"'): "quoted local parts unsupported",
+    (
+        "optional/format/email.json",
+        '"\\"joe bloggs\\"@example.com"',
+    ): "quoted local parts unsupported",
+    (
+        "optional/format/email.json",
+        '"\\"joe..bloggs\\"@example.com"',
+    ): "quoted local parts unsupported",
+    (
+        "optional/format/email.json",
+        '"\\"joe@bloggs\\"@example.com"',
+    ): "quoted local parts unsupported",
     ("optional/format/email.json", '"joe.bloggs@[IPv6:::1]"'): "IPv6 address literals unsupported",
     ("optional/format/ipv6.json", '"1::d6:192.168.0.1"'): "IPv6 with embedded IPv4 unsupported",
     ("optional/format/ipv6.json", '"1:2::192.168.0.1"'): "IPv6 with embedded IPv4 unsupported",
@@ -70,9 +82,21 @@ KNOWN_FALSE_REJECTS: dict[tuple[str, str], str] = {
     **{
         ("optional/format/hostname.json", f'"{h}"'): _PUNYCODE
         for h in [
-            "xn--9n2bp8q.xn--9t4b11yi5a", "xn--zca29lwxobi7a", "xn--qmbc", "xn--ll-0ea",
-            "xn--wva3je", "xn--4dbc5h", "xn--4dbc8h", "xn--k8j5u", "xn--bck0j", "xn--vek778f",
-            "xn--ngba1o", "xn--0-gyc", "xn--11b2ezcw70k", "xn--11b2ezcs70k", "xn--ngba5hb2804a",
+            "xn--9n2bp8q.xn--9t4b11yi5a",
+            "xn--zca29lwxobi7a",
+            "xn--qmbc",
+            "xn--ll-0ea",
+            "xn--wva3je",
+            "xn--4dbc5h",
+            "xn--4dbc8h",
+            "xn--k8j5u",
+            "xn--bck0j",
+            "xn--vek778f",
+            "xn--ngba1o",
+            "xn--0-gyc",
+            "xn--11b2ezcw70k",
+            "xn--11b2ezcs70k",
+            "xn--ngba5hb2804a",
         ]
     },
 }
@@ -83,10 +107,14 @@ def _instance_text(data: object) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
-def _accepts(compiler: GrammarCompiler, compiled: CompiledGrammar, tokenizer: Any, text: str) -> bool:
+def _accepts(
+    compiler: GrammarCompiler, compiled: CompiledGrammar, tokenizer: Any, text: str
+) -> bool:
     matcher = compiled.matcher()
     ids = tokenizer.encode(text)
-    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(compiler.eos_token_ids[0])
+    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(
+        compiler.eos_token_ids[0]
+    )
 
 
 def test_json_schema_test_suite(
@@ -110,7 +138,7 @@ def test_json_schema_test_suite(
             continue
         for case in json.loads(path.read_text(encoding="utf-8")):
             try:
-                compiled = bpe_compiler.compile(JsonSchema(case["schema"]))
+                compiled = bpe_compiler.compile(JsonSchema(case["schema"], strict=False))
             except ConstraintError as e:
                 assert str(e), "a compile error must say why"
                 tally["not compiled"] += 1
@@ -134,9 +162,19 @@ def test_json_schema_test_suite(
     with capsys.disabled():
         print("\nJSON Schema test suite, draft 2020-12 (format: optional/format, asserted)")
         print(f"  {'':>16}  {'core':>6} {'optional':>8} {'format':>6} {'total':>6}")
-        for key in ["compiled", "not compiled", "valid accepted", "invalid rejected",
-                    "false accepts", "false rejects", "skipped files"]:
-            row = " ".join(f"{by_section[s][key]:>{w}}" for s, w in (("core", 6), ("optional", 8), ("format", 6)))
+        for key in [
+            "compiled",
+            "not compiled",
+            "valid accepted",
+            "invalid rejected",
+            "false accepts",
+            "false rejects",
+            "skipped files",
+        ]:
+            row = " ".join(
+                f"{by_section[s][key]:>{w}}"
+                for s, w in (("core", 6), ("optional", 8), ("format", 6))
+            )
             print(f"  {key:>16}: {row} {counts[key]:>6}")
         print("  not compiled, most common reasons:")
         for reason, n in not_compiled.most_common(8):

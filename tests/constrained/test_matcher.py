@@ -29,7 +29,9 @@ PERSON = {
 def allowed_ids(matcher: GrammarMatcher) -> set[int]:
     bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
     matcher.fill_bitmask(bitmask, 0)
-    return {t for t in range(matcher.compiled.vocab_size) if (int(bitmask[0, t // 32]) >> (t % 32)) & 1}
+    return {
+        t for t in range(matcher.compiled.vocab_size) if (int(bitmask[0, t // 32]) >> (t % 32)) & 1
+    }
 
 
 def ids(compiler: GrammarCompiler, text: str) -> list[int]:
@@ -85,7 +87,10 @@ def test_validate_tokens_does_not_commit(bpe_compiler: GrammarCompiler) -> None:
     assert fresh.validate_tokens(broken[:3] + [eos]) == 3
     assert fresh.validate_tokens([*draft, eos]) == len(draft)
     regex = bpe_compiler.compile(Regex("abc")).matcher()
-    assert regex.validate_tokens([*ids(bpe_compiler, "abc"), eos, eos]) == len(ids(bpe_compiler, "abc")) + 1
+    assert (
+        regex.validate_tokens([*ids(bpe_compiler, "abc"), eos, eos])
+        == len(ids(bpe_compiler, "abc")) + 1
+    )
     assert regex.num_tokens == 0
 
 
@@ -111,7 +116,9 @@ def test_rollback_restores_state(bpe_compiler: GrammarCompiler) -> None:
 
 
 @pytest.mark.parametrize("eos_index", [0, 1])
-def test_rollback_of_eos_after_exhausted_grammar(bpe_compiler: GrammarCompiler, eos_index: int) -> None:
+def test_rollback_of_eos_after_exhausted_grammar(
+    bpe_compiler: GrammarCompiler, eos_index: int
+) -> None:
     # The grammar cannot continue after "abc": llguidance does not record the EOS then.
     eos = bpe_compiler.eos_token_ids[eos_index]
     matcher = bpe_compiler.compile(Regex("abc")).matcher()

@@ -41,7 +41,7 @@ def test_json_schema_copies_the_schema() -> None:
     constraint = JsonSchema(schema)
     schema["type"] = "integer"
     assert constraint.schema == {"type": "string"}
-    assert json.loads(constraint.key[1]) == {"type": "string"}
+    assert json.loads(constraint.key[-1]) == {"type": "string"}
 
 
 def test_json_schema_from_pydantic() -> None:
@@ -89,7 +89,9 @@ def test_grammar_syntax_is_validated() -> None:
 
 def test_constraint_from_options_single() -> None:
     assert constraint_from_options() is None
-    assert constraint_from_options(json_schema={"type": "integer"}) == JsonSchema({"type": "integer"})
+    assert constraint_from_options(json_schema={"type": "integer"}) == JsonSchema(
+        {"type": "integer"}
+    )
     assert constraint_from_options(json_object=True) == JsonObject()
     assert constraint_from_options(regex="[0-9]+") == Regex("[0-9]+")
     assert constraint_from_options(choice=["x", "y"]) == Choice(("x", "y"))

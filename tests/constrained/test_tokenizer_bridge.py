@@ -57,7 +57,9 @@ def test_tokenizer_json_path_tokenizes_in_rust(bpe_tokenizer: Any, bpe_json_path
     # The explicit argument works the same, and also takes the JSON text itself.
     plain = CountingEncode(bpe_tokenizer)
     llg = llg_tokenizer_for(plain, tokenizer_json=bpe_json_path.read_text(encoding="utf-8"))
-    assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0]) and plain.num_encode_calls == 0
+    assert (
+        llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0]) and plain.num_encode_calls == 0
+    )
 
 
 def test_token_bytes_path_matches_encode(bpe_tokenizer: Any) -> None:
@@ -67,7 +69,9 @@ def test_token_bytes_path_matches_encode(bpe_tokenizer: Any) -> None:
         assert llg.tokenize_str(text) == bpe_tokenizer.encode(text)
     assert counting.num_encode_calls > 0
     for i in range(bpe_tokenizer.vocab_size):
-        if i not in bpe_tokenizer.special_token_ids and not bpe_tokenizer.token_bytes()[i].startswith(b"\xff"):
+        if i not in bpe_tokenizer.special_token_ids and not bpe_tokenizer.token_bytes()[
+            i
+        ].startswith(b"\xff"):
             assert llg.decode_bytes([i]) == bpe_tokenizer.token_bytes()[i]
     assert all(llg.is_special_token(i) for i in bpe_tokenizer.special_token_ids)
 
@@ -79,8 +83,10 @@ def test_mismatched_tokenizer_json_falls_back(
     other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     other.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=bpe_tokenizer.vocab_size, special_tokens=["<|endoftext|>", "<|im_end|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=bpe_tokenizer.vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_end|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     other.train_from_iterator(["zzzz yyyy xxxx wwww"] * 50 + ["abc def ghi jkl mno"] * 50, trainer)
     path = tmp_path / "tokenizer.json"
@@ -99,7 +105,9 @@ def test_mismatched_tokenizer_json_falls_back(
     assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0])
 
 
-def test_special_tokens_must_agree(bpe_tokenizer: Any, bpe_json_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_special_tokens_must_agree(
+    bpe_tokenizer: Any, bpe_json_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # A token the tokenizer calls special but tokenizer.json does not: use token_bytes() instead.
     plain_id = bpe_tokenizer.encode("name")[0]
     odd = CountingEncode(bpe_tokenizer, tokenizer_json=str(bpe_json_path))
@@ -118,7 +126,9 @@ def test_dummy_prefix_is_not_injected(sp_tokenizer: Any) -> None:
         assert _bytes(sp_tokenizer, llg.tokenize_str(text)) == text.encode()
 
 
-def test_sentencepiece_fast_forward_tokens_are_accepted(sp_compiler: GrammarCompiler, sp_tokenizer: Any) -> None:
+def test_sentencepiece_fast_forward_tokens_are_accepted(
+    sp_compiler: GrammarCompiler, sp_tokenizer: Any
+) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     matcher = sp_compiler.compile(JsonSchema(schema)).matcher()
     forced = matcher.compute_ff_tokens()

@@ -16,7 +16,9 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     if bitmask.dtype != torch.int32:
         raise ValueError(f"bitmask must be int32, got {bitmask.dtype}")
     if logits.shape[0] != bitmask.shape[0]:
-        raise ValueError(f"batch mismatch: logits {logits.shape[0]} rows, bitmask {bitmask.shape[0]}")
+        raise ValueError(
+            f"batch mismatch: logits {logits.shape[0]} rows, bitmask {bitmask.shape[0]}"
+        )
 
 
 def _rows_index(rows: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -43,7 +45,9 @@ def apply_token_bitmask_reference(
     if allowed.shape[1] >= vocab:
         allowed = allowed[:, :vocab]
     else:
-        padding = torch.zeros(batch, vocab - allowed.shape[1], dtype=torch.bool, device=logits.device)
+        padding = torch.zeros(
+            batch, vocab - allowed.shape[1], dtype=torch.bool, device=logits.device
+        )
         allowed = torch.cat([allowed, padding], dim=1)  # (B, V)
     row_index = _rows_index(rows, logits.device)
     if row_index is not None:

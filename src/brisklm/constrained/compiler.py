@@ -72,15 +72,19 @@ def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
         caret = _REGEX_CARET.search(message)
         if caret:
             column = len(caret.group("caret")) + 1
-            error_lines = [ln for ln in message[caret.end():].splitlines() if ln.startswith("error:")]
+            error_lines = [
+                ln for ln in message[caret.end() :].splitlines() if ln.startswith("error:")
+            ]
             error = error_lines[0].removeprefix("error:").strip() if error_lines else message
             return ConstraintError(
                 f"invalid regex at line 1, column {column}: {error}", line=1, column=column
             )
         return ConstraintError(f"invalid regex: {message}")
     if isinstance(constraint, Grammar):
-        what = "invalid Lark grammar" if constraint.syntax == "lark" else (
-            "invalid grammar (in the Lark translation of the GBNF grammar)"
+        what = (
+            "invalid Lark grammar"
+            if constraint.syntax == "lark"
+            else ("invalid grammar (in the Lark translation of the GBNF grammar)")
         )
         return lark_error(message, what)
     return ConstraintError(f"invalid choice: {message}")

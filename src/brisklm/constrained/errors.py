@@ -32,5 +32,7 @@ def lark_error(message: str, what: str) -> ConstraintError:
     if match is None:
         return ConstraintError(f"{what}: {message}")
     line, column = int(match.group(1)), int(match.group(2))
-    rest = message[match.end():]
-    return ConstraintError(f"{what} at line {line}, column {column}: {rest}", line=line, column=column)
+    rest = message[match.end() :]
+    return ConstraintError(
+        f"{what} at line {line}, column {column}: {rest}", line=line, column=column
+    )

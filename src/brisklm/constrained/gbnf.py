@@ -51,7 +51,9 @@ def gbnf_to_lark(text: str) -> str:
             message = message[: -len(suffix)]
         line, column = _line_column(text, e.pos.pos)
         raise ConstraintError(
-            f"invalid GBNF grammar at line {line}, column {column}: {message}", line=line, column=column
+            f"invalid GBNF grammar at line {line}, column {column}: {message}",
+            line=line,
+            column=column,
         ) from e
     if "root" not in rules:
         raise ConstraintError("invalid GBNF grammar: no 'root' rule")
@@ -66,7 +68,9 @@ def gbnf_to_lark(text: str) -> str:
                 line, column = _line_column(text, ref.start()) if ref else (None, None)
                 where = f" at line {line}, column {column}" if ref else ""
                 raise ConstraintError(
-                    f"invalid GBNF grammar{where}: undefined rule '{node.name}'", line=line, column=column
+                    f"invalid GBNF grammar{where}: undefined rule '{node.name}'",
+                    line=line,
+                    column=column,
                 )
             node.target = rules[node.name]
     taken = {"start"}

@@ -15,18 +15,39 @@ COMPACT_JSON_OPTIONS: dict[str, Any] = {
 }
 SOUND_JSON_OPTIONS: dict[str, Any] = {"lenient": False, "coerce_one_of": False}
 
-_SCHEMA_MAPS = frozenset({"$defs", "definitions", "properties", "patternProperties", "dependentSchemas"})
-_SCHEMA_VALUES = frozenset({
-    "additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames",
-    "unevaluatedItems", "unevaluatedProperties", "contentSchema",
-})
+_SCHEMA_MAPS = frozenset(
+    {"$defs", "definitions", "properties", "patternProperties", "dependentSchemas"}
+)
+_SCHEMA_VALUES = frozenset(
+    {
+        "additionalProperties",
+        "items",
+        "contains",
+        "not",
+        "if",
+        "then",
+        "else",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "contentSchema",
+    }
+)
 _SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 # Values of these are JSON instances or options, never schemas: copy them untouched.
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "x-guidance"})
-_COUNT_KEYWORDS = frozenset({
-    "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
-    "minContains", "maxContains",
-})
+_COUNT_KEYWORDS = frozenset(
+    {
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minProperties",
+        "maxProperties",
+        "minContains",
+        "maxContains",
+    }
+)
 _LEGACY_KEYWORDS = {
     "additionalItems": "draft-07 `additionalItems` (2020-12 uses `items` after `prefixItems`)",
     "dependencies": "draft-07 `dependencies` (2020-12: `dependentRequired`/`dependentSchemas`)",
@@ -116,9 +137,19 @@ def ecma_regex_to_rust(pattern: str) -> str:
 
 
 class _SchemaRewriter:
-    """Walks a schema document (not following $ref) and rewrites every place a schema can be."""
+    """Walks a schema document (not following $ref) and rewrites every place a schema can be.
 
-    def schema(self, node: Any, path: str) -> Any:
+    With ``strict``, objects that list ``properties`` but say nothing of other keys are closed
+    (``additionalProperties: false``), as xgrammar's strict mode and OpenAI's strict schemas do:
+    generated objects carry the declared keys only, which every valid-instance consumer accepts
+    and which keeps a model from inventing keys. Subschemas of ``allOf`` stay open, since closing
+    each conjunct would reject keys that another conjunct declares.
+    """
+
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+
+    def schema(self, node: Any, path: str, closable: bool = True) -> Any:
         if not isinstance(node, dict):
             return node  # booleans; malformed subschemas are llguidance's to report
         out: dict[str, Any] = {}
@@ -134,14 +165,18 @@ class _SchemaRewriter:
                 out[key] = value
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {
-                    (self.pattern(name, where) if key == "patternProperties" else name):
-                        self.schema(sub, f"{where}/{name}")
+                    (
+                        self.pattern(name, where) if key == "patternProperties" else name
+                    ): self.schema(sub, f"{where}/{name}")
                     for name, sub in value.items()
                 }
             elif key in _SCHEMA_VALUES:
                 out[key] = self.schema(value, where)
             elif key in _SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [self.schema(sub, f"{where}/{k}") for k, sub in enumerate(value)]
+                out[key] = [
+                    self.schema(sub, f"{where}/{k}", closable=key != "allOf")
+                    for k, sub in enumerate(value)
+                ]
             elif key == "pattern" and isinstance(value, str):
                 out[key] = self.pattern(value, where)
             elif key in _COUNT_KEYWORDS and isinstance(value, float) and value.is_integer():
@@ -150,8 +185,16 @@ class _SchemaRewriter:
                 # Unknown keywords can still be $ref targets, so their objects are walked too.
                 out[key] = self.unknown(value, where)
         self.rewrite_format(out)
+        if self.strict and closable:
+            self.close_object(out)
         self.check_min_properties(out, path)
         return out
+
+    @staticmethod
+    def close_object(out: dict[str, Any]) -> None:
+        open_keywords = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+        if isinstance(out.get("properties"), dict) and not any(k in out for k in open_keywords):
+            out["additionalProperties"] = False
 
     def unknown(self, value: Any, path: str) -> Any:
         if isinstance(value, dict):
@@ -184,7 +227,9 @@ class _SchemaRewriter:
             return
         required = out.get("required")
         num_required = len(set(required)) if isinstance(required, list) else 0
-        open_keys = out.get("additionalProperties", True) is not False or bool(out.get("patternProperties"))
+        open_keys = out.get("additionalProperties", True) is not False or bool(
+            out.get("patternProperties")
+        )
         if open_keys and min_properties > max(1, num_required):
             raise ConstraintError(
                 f"minProperties ({min_properties}) at {path or '#'} cannot be enforced: keys allowed "
@@ -193,18 +238,23 @@ class _SchemaRewriter:
             )
 
 
-def prepare_json_schema(schema: dict[str, Any] | bool) -> dict[str, Any]:
-    """The schema rewritten so that llguidance enforces it exactly, or ConstraintError naming why not."""
+def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> dict[str, Any]:
+    """The schema rewritten so that llguidance enforces it exactly, or ConstraintError naming why not.
+
+    ``strict`` also closes objects to their declared properties (see ``_SchemaRewriter``).
+    """
     if schema is True:
         return {}
     if schema is False:
         raise ConstraintError("the JSON schema `false` accepts no instance")
     if not isinstance(schema, dict):
-        raise ConstraintError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
-    return _SchemaRewriter().schema(schema, "#")
+        raise ConstraintError(
+            f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
+        )
+    return _SchemaRewriter(strict).schema(schema, "#")
 
 
-def json_schema_to_llguidance(schema: dict[str, Any] | bool) -> str:
+def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = False) -> str:
     """llguidance grammar text for a JSON Schema (draft 2020-12); ConstraintError if not enforceable.
 
     Whitespace policy: compact JSON, `{"a":1,"b":[1,2]}` (no whitespace anywhere, separators `,` and
@@ -231,7 +281,7 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool) -> str:
     One caveat: bounds are exact on the decimal text, so a number written with more than ~17
     significant digits can round, as a float, onto an exclusive bound (`1.99999999999999999` < 2).
     """
-    prepared = prepare_json_schema(schema)
+    prepared = prepare_json_schema(schema, strict)
     try:
         return LLMatcher.grammar_from_json_schema(
             prepared, defaults=COMPACT_JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS

@@ -34,9 +34,14 @@ class JsonSchema:
 
     `schema` may also be a pydantic model class; its `model_json_schema()` is used. The schema is
     copied, so later edits of the caller's dict do not change this constraint.
+
+    `strict` (the default) generates objects with their declared properties only: an object schema
+    with `properties` and no `additionalProperties` is treated as closed. Every output is still
+    valid under the original schema; `strict=False` lets the grammar produce any valid instance.
     """
 
     schema: dict[str, Any] | bool
+    strict: bool = True
     _text: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -51,18 +56,18 @@ class JsonSchema:
         object.__setattr__(self, "_text", text)
 
     @classmethod
-    def from_pydantic(cls, model: type) -> JsonSchema:
+    def from_pydantic(cls, model: type, strict: bool = True) -> JsonSchema:
         """The schema of a pydantic model class (`model.model_json_schema()`)."""
-        return cls(model.model_json_schema())
+        return cls(model.model_json_schema(), strict)
 
     @property
     def key(self) -> tuple[str, ...]:
         """Stable hashable cache key."""
-        return ("json_schema", self._text)
+        return ("json_schema", "strict" if self.strict else "open", self._text)
 
     def to_llguidance(self) -> str:
         """llguidance grammar text (compact JSON; see `json_schema.py` for the policy)."""
-        return json_schema_to_llguidance(self.schema)
+        return json_schema_to_llguidance(self.schema, self.strict)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, JsonSchema) and self.key == other.key

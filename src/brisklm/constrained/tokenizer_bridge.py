@@ -86,12 +86,18 @@ class _ExactTokenize:
             if ids[:head] == self._sentinel_ids and self._bytes(ids[head:]) == data:
                 return list(ids[head:])
         except Exception:  # a failing tokenizer falls back to greedy
-            logger.debug("tokenizer encode failed for %r; using greedy tokenization", data, exc_info=True)
+            logger.debug(
+                "tokenizer encode failed for %r; using greedy tokenization", data, exc_info=True
+            )
         return self._greedy(data)
 
 
-def _tokenizer_json_text(tokenizer: Any, tokenizer_json: str | os.PathLike[str] | None) -> str | None:
-    source = tokenizer_json if tokenizer_json is not None else getattr(tokenizer, "tokenizer_json", None)
+def _tokenizer_json_text(
+    tokenizer: Any, tokenizer_json: str | os.PathLike[str] | None
+) -> str | None:
+    source = (
+        tokenizer_json if tokenizer_json is not None else getattr(tokenizer, "tokenizer_json", None)
+    )
     if source is None:
         return None
     if isinstance(source, str) and source.lstrip().startswith("{"):
@@ -137,12 +143,17 @@ def llg_tokenizer_for(
     if json_text is not None:
         try:
             llg = LLTokenizer(json_text, n_vocab=tokenizer.vocab_size, eos_token=eos)
-            reason = None if _agrees(llg, tokenizer, token_bytes) else "reads it differently from token_bytes()"
+            reason = (
+                None
+                if _agrees(llg, tokenizer, token_bytes)
+                else "reads it differently from token_bytes()"
+            )
         except ValueError as e:
             reason = f"cannot read it ({e})"
         if reason is None:
             return llg
         logger.warning(
-            "llguidance %s tokenizer.json; building its tokenizer from token_bytes() and encode()", reason
+            "llguidance %s tokenizer.json; building its tokenizer from token_bytes() and encode()",
+            reason,
         )
     return LLTokenizer(_ExactTokenize(tokenizer, token_bytes), eos_token=eos)

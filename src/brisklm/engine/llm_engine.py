@@ -9,7 +9,8 @@ import torch
 
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
-from brisklm.engine.scheduler import ScheduledBatch, Scheduler
+from brisklm.engine.scheduler import Scheduler
+from brisklm.engine.structured import StructuredOutputs
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob
 from brisklm.sampling import SamplingMetadata, compute_logprobs, sample
@@ -57,6 +58,7 @@ class LLMEngine:
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
         self.eos_token_ids = tuple(tokenizer.eos_token_ids)
+        self.structured = StructuredOutputs(tokenizer, config.max_batch_size)
 
     @property
     def has_unfinished(self) -> bool:
@@ -75,13 +77,16 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[StepResult]:
-        """Run one forward pass and sample one token for each scheduled request."""
+        """Run one forward pass and sample one token (plus any grammar-forced ones) per request."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
         requests = batch.requests
+        forward = self._forward_batch(requests)
         try:
-            logits = self.runner.forward(self._forward_batch(batch))
+            pending_masks = self.structured.start_masks(requests)
+            logits = self.runner.forward(forward)
+            self.structured.apply(pending_masks, logits)
             token_ids, logprobs = self._sample(requests, logits)
         except Exception as exc:  # a failed step must not take other requests down with it
             logger.exception("engine step failed; failing its %d requests", len(requests))
@@ -93,28 +98,44 @@ class LLMEngine:
             return results
         results = []
         for row, request in enumerate(requests):
-            chunk = request.append_token(token_ids[row], logprobs[row] if logprobs else None)
+            request.num_cached = forward.start_positions[row] + len(forward.token_ids[row])
+            result = self._update(request, token_ids[row], logprobs[row] if logprobs else None)
             if request.is_finished:
                 self.scheduler.finish(request)
-            results.append((request, chunk))
+            results.append((request, result))
         return results
 
+    def _update(
+        self, request: Request, token_id: int, logprob: TokenLogprob | None
+    ) -> StreamChunk | BaseException:
+        """Append a sampled token, advance the request's grammar, and append tokens it forces."""
+        matcher = request.matcher
+        if matcher is not None and not matcher.accept_token(token_id):
+            request.abort("error")
+            return RuntimeError(
+                f"request {request.request_id}: the grammar rejected sampled token {token_id} "
+                f"({matcher.error or 'no error reported'})"
+            )
+        chunk = request.append_token(token_id, logprob)
+        for forced in self.structured.forced_tokens(request) if not request.is_finished else ():
+            if not matcher.accept_token(forced):  # type: ignore[union-attr]
+                break
+            chunk.extend(request.append_token(forced))
+            if request.is_finished:
+                break
+        if matcher is not None and not request.is_finished and matcher.is_stopped():
+            # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
+            chunk.extend(request.finish_with_grammar())
+        return chunk
+
     @staticmethod
-    def _forward_batch(batch: ScheduledBatch) -> ForwardBatch:
-        requests = batch.requests
+    def _forward_batch(requests: list[Request]) -> ForwardBatch:
         slots = [r.slot for r in requests]
         assert all(s is not None for s in slots)
-        if batch.is_prefill:
-            return ForwardBatch(
-                slots=slots,  # type: ignore[arg-type]
-                start_positions=[0] * len(requests),
-                token_ids=[r.prompt_token_ids for r in requests],
-                num_logits=[1] * len(requests),
-            )
         return ForwardBatch(
             slots=slots,  # type: ignore[arg-type]
-            start_positions=[r.num_tokens - 1 for r in requests],
-            token_ids=[[r.last_token_id] for r in requests],
+            start_positions=[r.num_cached for r in requests],
+            token_ids=[r.uncached_token_ids for r in requests],
             num_logits=[1] * len(requests),
         )
 

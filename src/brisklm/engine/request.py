@@ -45,6 +45,8 @@ class Request:
     matcher: Any = None
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
+    # Tokens (prompt + output) whose keys/values are in the KV cache.
+    num_cached: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
@@ -70,8 +72,12 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def last_token_id(self) -> int:
-        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+    def uncached_token_ids(self) -> list[int]:
+        """Tokens the next forward pass must feed: the prompt at first, then the newest output(s)."""
+        num_prompt = len(self.prompt_token_ids)
+        if self.num_cached < num_prompt:
+            return self.prompt_token_ids[self.num_cached :] + self.output_token_ids
+        return self.output_token_ids[self.num_cached - num_prompt :]
 
     @property
     def is_finished(self) -> bool:
@@ -104,12 +110,7 @@ class Request:
             elif self.max_new_tokens == 0:
                 self._finish("length", None)
         if self.is_finished and not self.stop_matcher.stopped:
-            # Release text the detokenizer held back (incomplete bytes) and the stop matcher withheld.
-            text += self.stop_matcher.append(self.detokenizer.flush())
-            if self.stop_matcher.stopped:
-                self._finish("stop", self.stop_matcher.stop_str)
-            else:
-                text += self.stop_matcher.flush()
+            text += self._release_withheld()
         return StreamChunk(
             request_id=self.request_id,
             text=text,
@@ -119,6 +120,21 @@ class Request:
             stop_reason=self.stop_reason,
             usage=self.usage if self.is_finished else None,
         )
+
+    def finish_with_grammar(self) -> StreamChunk:
+        """End the request because its grammar is complete; releases any withheld text."""
+        self._finish("stop", None)
+        text = self._release_withheld()
+        return StreamChunk(self.request_id, text, [], finish_reason="stop", usage=self.usage)
+
+    def _release_withheld(self) -> str:
+        """At the end: emit what the detokenizer held back (incomplete bytes) and the stop matcher
+        withheld (a possible stop-string prefix), unless that text completes a stop string."""
+        text = self.stop_matcher.append(self.detokenizer.flush())
+        if self.stop_matcher.stopped:
+            self._finish("stop", self.stop_matcher.stop_str)
+            return text
+        return text + self.stop_matcher.flush()
 
     def abort(self, reason: FinishReason = "abort") -> StreamChunk:
         self._finish(reason, None)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
+
+from brisklm.constrained.spec import Constraint, constraint_from_options
 
 MAX_LOGPROBS = 20
 MAX_ABS_LOGIT_BIAS = 100.0
@@ -79,6 +81,16 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Constrained decoding: at most one of these. The output is guaranteed to match it (unless the
+    # request ends early on max_tokens, reported as finish_reason "length").
+    json_schema: Any = field(default=None, compare=False)  # dict, bool or pydantic model class
+    json_object: bool = False  # JSON mode: any JSON object
+    regex: str | None = None
+    choice: Sequence[str] | None = None  # normalised to tuple[str, ...]
+    grammar: str | None = None
+    grammar_syntax: str = "lark"  # "lark" or "gbnf"
+    # The resolved constraint (derived from the fields above, or given directly).
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -131,6 +143,29 @@ class SamplingParams:
             put(name, value)
 
         put("logit_bias", _normalise_logit_bias(self.logit_bias))
+
+        _as_bool("json_object", self.json_object)
+        from_fields = constraint_from_options(
+            json_schema=self.json_schema,
+            json_object=self.json_object,
+            regex=self.regex,
+            choice=self.choice,
+            grammar=self.grammar,
+            grammar_syntax=self.grammar_syntax,
+        )
+        if from_fields is not None and self.constraint is not None:
+            raise ValueError(
+                "pass either constraint= or one of json_schema/json_object/regex/choice/grammar"
+            )
+        if self.choice is not None:
+            put("choice", tuple(self.choice))
+        put("constraint", from_fields if from_fields is not None else self.constraint)
+        if self.constraint is not None and min_tokens > 0:
+            raise _fail(
+                "min_tokens",
+                min_tokens,
+                "0 when the output is constrained (the grammar decides when it ends)",
+            )
 
         if self.seed is not None:
             seed = _as_int("seed", self.seed, f"None or an int in [{MIN_SEED}, {MAX_SEED}]")

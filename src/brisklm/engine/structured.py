@@ -1,0 +1,97 @@
+"""Constrained decoding in the engine: grammars compiled per request, masks computed alongside the
+forward pass and applied to the logits, forced tokens fed without sampling."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from brisklm.constrained import (
+    GrammarCompiler,
+    GrammarMatcher,
+    allocate_token_bitmask,
+    apply_token_bitmask_,
+    fill_bitmasks,
+)
+from brisklm.engine.request import Request
+from brisklm.sampling import SamplingParams
+from brisklm.tokenizer import Tokenizer
+
+
+class StructuredOutputs:
+    """Owns the grammar compiler (one per tokenizer, with its cache) and the per-step token bitmask."""
+
+    def __init__(self, tokenizer: Tokenizer, max_batch_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self._compiler: GrammarCompiler | None = None
+        self._compiler_lock = threading.Lock()
+        self._bitmask: torch.Tensor | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(self.tokenizer)
+            return self._compiler
+
+    def matcher_for(self, params: SamplingParams) -> GrammarMatcher | None:
+        """A fresh matcher for the request's constraint (compiled once per constraint and cached).
+
+        Raises ConstraintError (a ValueError) for a schema or grammar that cannot be enforced, so
+        the caller hears of it before the request is queued.
+        """
+        if params.constraint is None:
+            return None
+        return self.compiler.compile(params.constraint).matcher()
+
+    def start_masks(
+        self, requests: Sequence[Request]
+    ) -> Future[tuple[torch.Tensor, list[int]]] | None:
+        """Begin filling the bitmask rows of constrained requests in a worker thread.
+
+        llguidance releases the GIL while it computes masks, so this overlaps the model's forward
+        pass; ``apply`` waits for it.
+        """
+        rows = [i for i, r in enumerate(requests) if r.matcher is not None]
+        if not rows:
+            return None
+        if self._bitmask is None:
+            self._bitmask = allocate_token_bitmask(self.max_batch_size, self.tokenizer.vocab_size)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisklm-grammar")
+        bitmask = self._bitmask
+        matchers = [requests[i].matcher for i in rows]
+        assert self._pool is not None
+
+        def fill() -> tuple[torch.Tensor, list[int]]:
+            fill_bitmasks(matchers, bitmask, rows)
+            return bitmask, rows
+
+        return self._pool.submit(fill)
+
+    @staticmethod
+    def apply(pending: Future[tuple[torch.Tensor, list[int]]] | None, logits: torch.Tensor) -> None:
+        """Set the logits of tokens the grammars forbid to -inf (only constrained rows are touched)."""
+        if pending is None:
+            return
+        bitmask, rows = pending.result()
+        index = torch.tensor(rows, dtype=torch.int64)
+        apply_token_bitmask_(logits, bitmask[: logits.shape[0]], index)
+
+    @staticmethod
+    def forced_tokens(request: Request) -> list[int]:
+        """Tokens the grammar allows no alternative to, to append without sampling.
+
+        Skipped when logprobs are requested: forced tokens have no sampled distribution to report.
+        """
+        if request.matcher is None or request.params.logprobs is not None:
+            return []
+        return request.matcher.compute_ff_tokens()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)

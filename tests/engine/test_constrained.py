@@ -1,0 +1,185 @@
+"""Constrained decoding through the engine with a random-weight model (it wants garbage): every
+output matches its JSON Schema, regex, choice or grammar, at temperature 0 and 1."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from brisklm import LLM, SamplingParams
+from brisklm.constrained import ConstraintError
+from tests.constraint_cases import SCHEMAS, Person, Team
+
+MAX_TOKENS = 400
+RUNS = [(0.0, None), (1.0, 11), (1.0, 12)]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    model = LLM.from_pretrained(
+        tiny_dir, device="cpu", max_batch_size=4, max_seq_len=512, show_progress=False
+    )
+    yield model
+    model.close()
+
+
+def validator(schema):
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    return jsonschema.Draft202012Validator(schema, format_checker=checker)
+
+
+def run_all(llm, must_finish=True, runs=RUNS, **constraint):
+    """One batch with every (temperature, seed) run; returns the texts of finished runs.
+
+    A random model may ramble inside an unbounded grammar (a number with endless digits): such a
+    run must end on max_tokens and say so ("length"), never claim a valid output. With
+    ``must_finish`` every run must reach the end of its grammar.
+    """
+    params = [
+        SamplingParams(temperature=t, seed=seed, max_tokens=MAX_TOKENS, **constraint)
+        for t, seed in runs
+    ]
+    outs = llm.generate(["Reply in JSON:"] * len(params), params)
+    finished = []
+    for out in outs:
+        if out.finish_reason == "length" and not must_finish:
+            assert len(out.token_ids) == MAX_TOKENS
+            continue
+        assert out.finish_reason == "stop", (
+            f"{out.finish_reason} after {len(out.token_ids)} tokens: {out.text!r}"
+        )
+        finished.append(out.text)
+    assert finished, "no run finished"
+    return finished
+
+
+# Schemas whose every instance is short: a random model must finish all of them.
+BOUNDED = {
+    "types",
+    "nested_optional",
+    "array_bounds",
+    "prefix_items",
+    "any_of",
+    "one_of",
+    "all_of",
+    "ref_defs",
+    "recursive",
+    "pattern_formats",
+    "string_lengths",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schemas(llm, name):
+    schema = SCHEMAS[name]
+    for text in run_all(llm, must_finish=name in BOUNDED, json_schema=schema):
+        validator(schema).validate(json.loads(text))
+
+
+@pytest.mark.parametrize("model", [Person, Team])
+def test_pydantic_models(llm, model):
+    runs = RUNS + [(1.0, seed) for seed in range(20, 25)]
+    for text in run_all(llm, must_finish=False, runs=runs, json_schema=model):
+        model.model_validate_json(text)
+        validator(model.model_json_schema()).validate(json.loads(text))
+
+
+def test_json_mode(llm):
+    for text in run_all(llm, must_finish=False, json_object=True):
+        assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"[0-9]{3}-[0-9]{4}", r"(yes|no)( maybe)?", r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)"]
+)
+def test_regex(llm, pattern):
+    for text in run_all(llm, regex=pattern):
+        assert re.fullmatch(pattern, text), text
+
+
+def test_choice(llm):
+    options = ["positive", "negative", "très bien", "😀 ok"]
+    for text in run_all(llm, choice=options):
+        assert text in options
+
+
+def test_lark_and_gbnf_grammars(llm):
+    lark = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[0-9]{1,3}/\n'
+    for text in run_all(llm, must_finish=False, grammar=lark):
+        assert re.fullmatch(r"[0-9()+-]+", text)
+        eval(compile(text, "<grammar>", "eval"))  # noqa: S307 - digits, parens, + and - only
+    gbnf = 'root ::= "(" item ("," item)* ")"\nitem ::= [a-c] | "x" [0-9]\n'
+    for text in run_all(llm, grammar=gbnf, grammar_syntax="gbnf"):
+        assert re.fullmatch(r"\(([a-c]|x[0-9])(,([a-c]|x[0-9]))*\)", text), text
+
+
+def test_mixed_batch_and_streaming(llm):
+    schema = SCHEMAS["nested_optional"]
+    free = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    constrained = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, json_schema=schema)
+    outs = llm.generate(["Hello", "JSON:", "The quick"], [free, constrained, free])
+    assert outs[0].token_ids == llm.generate("Hello", free).token_ids
+    assert outs[2].token_ids == llm.generate("The quick", free).token_ids
+    validator(schema).validate(json.loads(outs[1].text))
+    streamed = "".join(llm.stream("JSON:", constrained))
+    assert streamed == outs[1].text
+
+
+def test_forced_tokens_skip_forward_passes(llm, monkeypatch):
+    schema = {
+        "type": "object",
+        "properties": {
+            "an_unusually_long_property_name": {"type": "integer", "minimum": 0, "maximum": 9}
+        },
+        "required": ["an_unusually_long_property_name"],
+        "additionalProperties": False,
+    }
+    runner = llm.engine.runner
+    calls = []
+    original = runner.forward
+
+    def counting(batch):
+        calls.append(batch)
+        return original(batch)
+
+    monkeypatch.setattr(runner, "forward", counting)
+    out = llm.generate("JSON:", SamplingParams(temperature=0.0, max_tokens=100, json_schema=schema))
+    monkeypatch.undo()
+    assert json.loads(out.text)["an_unusually_long_property_name"] in range(10)
+    # One prefill, then far fewer passes than tokens: the key was fed in one go, not sampled.
+    assert len(calls) < len(out.token_ids) - 5
+    assert max(len(tokens) for batch in calls[1:] for tokens in batch.token_ids) > 3
+
+
+def test_length_limit_is_reported_not_claimed_valid(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=3, json_schema=SCHEMAS["types"])
+    out = llm.generate("JSON:", params)
+    assert out.finish_reason == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out.text)
+
+
+def test_errors_before_generation(llm):
+    with pytest.raises(ConstraintError, match="line 1"):
+        llm.generate("x", SamplingParams(grammar="start: (((", max_tokens=5))
+    with pytest.raises(ValueError, match="uniqueItems"):
+        llm.generate("x", SamplingParams(json_schema={"type": "array", "uniqueItems": True}))
+    with pytest.raises(ValueError):
+        llm.generate("x", SamplingParams(regex="[a-", max_tokens=5))
+    with pytest.raises(ValueError, match="at most one constraint"):
+        SamplingParams(regex="a", choice=["a"])
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(regex="a+", min_tokens=2)
+    assert not llm.engine.has_unfinished
+    assert llm.generate("x", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
+
+
+def test_chat_with_constraint(llm):
+    reply = llm.chat(
+        [{"role": "user", "content": "Pick"}], SamplingParams(choice=["red", "blue"], max_tokens=5)
+    )
+    assert reply.content in ("red", "blue")
+    assert reply.finish_reason == "stop"
