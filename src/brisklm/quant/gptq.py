@@ -232,6 +232,8 @@ def gptq_quantize(
         h = h[perm][:, perm]
 
     hinv = _inverse_cholesky_upper(h, percdamp)
+    # A host copy of the order: no GPU sync per column.
+    source_column = perm.tolist() if perm is not None else range(num_in)
 
     q = torch.zeros_like(w)
     losses = torch.zeros(num_out, device=w.device)
@@ -246,8 +248,7 @@ def gptq_quantize(
         for i in range(i2 - i1):
             col = i1 + i
             if static_groups:
-                source = perm[col].item() if perm is not None else col
-                scale, zero = static_params[source // size]
+                scale, zero = static_params[source_column[col] // size]
             elif col % size == 0:
                 # Current values of the group's columns: this block's are in w1, later ones in w.
                 current = torch.cat([w1[:, i : i + size], w[:, i2 : col + size]], dim=1)
