@@ -208,7 +208,9 @@ def gptq_quantize(
     (g_idx is a permutation of k // group_size) unless `static_groups`, which fixes the groups on the
     original column order first (g_idx = k // group_size, friendlier to kernels).
     Group scale/zero are found when the group's first column comes up, on the columns' current
-    (error-updated) values.
+    (error-updated) values. The reference code reads them from W, which misses the current block's
+    pending lazy update when a group starts inside a block; we apply it, so the result equals the
+    plain column-by-column algorithm for any block_size (the two agree when blocks align with groups).
     """
     if not 0.0 <= percdamp < 1.0:
         raise ValueError(f"percdamp must be in [0, 1), got {percdamp}")
@@ -250,8 +252,12 @@ def gptq_quantize(
             if static_groups:
                 scale, zero = static_params[source_column[col] // size]
             elif col % size == 0:
-                # Current values of the group's columns: this block's are in w1, later ones in w.
-                current = torch.cat([w1[:, i : i + size], w[:, i2 : col + size]], dim=1)
+                # Current values of the group's columns: this block's are in w1; later ones are in
+                # w, still missing this block's pending (lazy) update, which we apply here.
+                ahead = w[:, i2 : col + size]
+                if ahead.shape[1]:
+                    ahead = ahead - err1[:, :i] @ hinv[i1 : i1 + i, i2 : col + size]
+                current = torch.cat([w1[:, i : i + size], ahead], dim=1)
                 scale, zero = group_params(current, sym=sym)
                 scales.append(scale)
                 zeros.append(zero)
