@@ -159,6 +159,26 @@ def test_forward_prepares_lazily_and_checks_input(make_gptq) -> None:
         layer(torch.randn(1, 65))
 
 
+def test_model_dtype_casts_leave_the_layer_alone(make_gptq) -> None:
+    t = make_gptq(128, 32, 32, act_order=True, seed=6)
+    model = torch.nn.Sequential(GPTQLinear(128, 32, group_size=32))
+    model[0].load_state_dict(
+        {
+            "qweight": t.qweight,
+            "qzeros": t.qzeros,
+            "scales": t.scales,
+            "g_idx": t.g_idx,
+            "bias": torch.zeros(32).half(),
+        }
+    )
+    model.to(torch.bfloat16)  # before prepare: the fp16 scales must not become bf16
+    assert model[0].scales.dtype == torch.float16 and torch.equal(model[0].scales, t.scales)
+    model[0].prepare("cpu", keep_gptq_tensors=True)
+    model.half()  # after prepare: the kernel's bf16 scales/zeros must stay bf16
+    x = torch.randn(3, 128)
+    check_against_reference(model[0], t, x.bfloat16(), BF16_REL)
+
+
 def test_from_float_round_trip() -> None:
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(64, 256, generator=gen) * 0.05

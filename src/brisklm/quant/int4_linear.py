@@ -390,6 +390,15 @@ class GPTQLinear(nn.Module):
         self.register_buffer("_dense_weight", weight.to(dtype), persistent=False)
         self.compute_dtype = dtype
 
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        # model.to(dtype) / .half() must not recast this layer's tensors: fp16 scales would lose bits
+        # in bf16, and the kernels' scales must stay in their compute dtype. Follow device moves only.
+        def move_only(tensor: torch.Tensor) -> torch.Tensor:
+            moved = fn(tensor)
+            return moved if moved.dtype == tensor.dtype else tensor.to(moved.device)
+
+        return super()._apply(move_only, recurse)
+
     # ------------------------------------------------------------------ running
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
