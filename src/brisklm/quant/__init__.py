@@ -1,0 +1,42 @@
+"""GPTQ int4: checkpoint config and tensor format, the GPTQ/RTN quantizer, and the int4 linear layer."""
+
+from .config import GPTQConfig
+from .gptq import GPTQ, QuantizedWeight, gptq_quantize, quantize_rtn
+from .gptq_format import (
+    GPTQTensors,
+    default_g_idx,
+    dequantize_gptq,
+    pack_gptq,
+    pack_int4,
+    pack_qweight,
+    pack_qzeros,
+    qzeros_v1_to_v2,
+    qzeros_v2_to_v1,
+    unpack_int4,
+    unpack_qweight,
+    unpack_qzeros,
+)
+from .int4_linear import GPTQLinear, KernelLayout, kernel_layout
+
+__all__ = [
+    "GPTQ",
+    "GPTQConfig",
+    "GPTQLinear",
+    "GPTQTensors",
+    "KernelLayout",
+    "QuantizedWeight",
+    "default_g_idx",
+    "dequantize_gptq",
+    "gptq_quantize",
+    "kernel_layout",
+    "pack_gptq",
+    "pack_int4",
+    "pack_qweight",
+    "pack_qzeros",
+    "qzeros_v1_to_v2",
+    "qzeros_v2_to_v1",
+    "quantize_rtn",
+    "unpack_int4",
+    "unpack_qweight",
+    "unpack_qzeros",
+]

@@ -1,0 +1,254 @@
+"""GPTQ quantization config: read quantize_config.json / quantization_config as auto-gptq, GPTQModel and transformers write them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_BITS = (4,)
+# Group sizes we are tested on; any positive multiple of 32 is accepted too (see `_check_group_size`).
+TESTED_GROUP_SIZES = (32, 64, 128, -1)
+CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
+QUANTIZE_CONFIG_FILE = "quantize_config.json"
+SUPPORTED_MSG = (
+    "brisklm supports GPTQ int4 checkpoints only: quant_method 'gptq', bits 4, "
+    "group_size -1 or a positive multiple of 32 (32, 64, 128 tested), "
+    "checkpoint_format 'gptq' (v1) or 'gptq_v2', pack_dtype int32"
+)
+
+# Fields that change how the tensors must be read; quantize_config.json and config.json must agree on them.
+_FORMAT_FIELDS = ("bits", "group_size", "sym", "desc_act", "checkpoint_format", "lm_head")
+
+
+def _check_group_size(group_size: int) -> None:
+    # The int4 kernels work on groups of 32..256 columns; any group that is a multiple of 32 maps onto
+    # them by repeating its scale, and -1 (one group over all of K) the same way.
+    if group_size == -1 or (group_size > 0 and group_size % 32 == 0):
+        return
+    raise ValueError(
+        f"group_size={group_size} is not supported: use -1 or a positive multiple of 32 "
+        f"(tested: {', '.join(map(str, TESTED_GROUP_SIZES))}). {SUPPORTED_MSG}"
+    )
+
+
+@dataclass(frozen=True)
+class GPTQConfig:
+    """How a GPTQ int4 checkpoint is laid out.
+
+    `lm_head` says whether the output projection is quantized too; `modules_to_not_convert` lists
+    module names (or name fragments, matched as transformers does) left in float; `skip_patterns`
+    holds GPTQModel `dynamic` rules of the form ``-:regex`` (modules left in float). The remaining
+    fields (`damp_percent`, `true_sequential`, `static_groups`) only describe how the quantizer ran.
+    """
+
+    bits: int = 4
+    group_size: int = 128
+    desc_act: bool = False
+    sym: bool = True
+    checkpoint_format: str = "gptq"
+    lm_head: bool = False
+    modules_to_not_convert: tuple[str, ...] = ()
+    skip_patterns: tuple[str, ...] = ()
+    damp_percent: float = 0.01
+    true_sequential: bool = True
+    static_groups: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.bits not in SUPPORTED_BITS:
+            raise ValueError(f"bits={self.bits} is not supported. {SUPPORTED_MSG}")
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool):
+            raise ValueError(f"group_size must be an int, got {self.group_size!r}. {SUPPORTED_MSG}")
+        _check_group_size(self.group_size)
+        if self.checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(
+                f"checkpoint_format={self.checkpoint_format!r} is not supported. {SUPPORTED_MSG}"
+            )
+        if not 0.0 <= self.damp_percent < 1.0:
+            raise ValueError(f"damp_percent={self.damp_percent} must be in [0, 1)")
+        for pattern in self.skip_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"skip_patterns: invalid regex {pattern!r}: {exc}") from exc
+
+    # ------------------------------------------------------------------ reading
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> GPTQConfig:
+        """Parse one config dict (quantize_config.json or config.json's quantization_config)."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"quantization config must be a JSON object, got {type(raw).__name__}")
+        cfg = {str(k).lower(): v for k, v in raw.items()}
+        meta = cfg.get("meta") if isinstance(cfg.get("meta"), Mapping) else {}
+
+        method = cfg.get("quant_method", cfg.get("method", "gptq"))
+        if not isinstance(method, str) or method.lower() != "gptq":
+            raise ValueError(f"quant_method={method!r} is not supported. {SUPPORTED_MSG}")
+        if cfg.get("is_marlin_format"):
+            raise ValueError(
+                f"is_marlin_format=true (Marlin-repacked weights) is not supported. {SUPPORTED_MSG}"
+            )
+
+        fmt = _read_format(cfg)
+        pack_dtype = str(cfg.get("pack_dtype", "int32")).lower().removeprefix("torch.")
+        if pack_dtype != "int32":
+            raise ValueError(f"pack_dtype={pack_dtype!r} is not supported. {SUPPORTED_MSG}")
+
+        bits = _as_int(cfg.get("bits", 4), "bits")
+        group_size = _as_int(cfg.get("group_size", 128), "group_size")
+        skip = _read_dynamic(cfg.get("dynamic"), bits, group_size)
+
+        not_convert = cfg.get("modules_to_not_convert") or ()
+        if isinstance(not_convert, str):
+            not_convert = (not_convert,)
+        if not isinstance(not_convert, (list, tuple)):
+            raise ValueError(f"modules_to_not_convert must be a list of names, got {not_convert!r}")
+
+        return cls(
+            bits=bits,
+            group_size=group_size,
+            desc_act=bool(cfg.get("desc_act", False)),
+            sym=bool(cfg.get("sym", True)),
+            checkpoint_format=fmt,
+            lm_head=bool(cfg.get("lm_head", False)),
+            modules_to_not_convert=tuple(str(m) for m in not_convert),
+            skip_patterns=skip,
+            damp_percent=float(cfg.get("damp_percent", meta.get("damp_percent", 0.01))),
+            true_sequential=bool(cfg.get("true_sequential", meta.get("true_sequential", True))),
+            static_groups=bool(cfg.get("static_groups", meta.get("static_groups", False))),
+            extra=dict(raw),
+        )
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> GPTQConfig | None:
+        """The GPTQ config of a checkpoint directory, or None when it is not quantized.
+
+        config.json's `quantization_config` wins (as in transformers); when quantize_config.json is
+        there too, the two must agree on every field that changes how tensors are read.
+        """
+        model_dir = Path(model_dir)
+        from_config_json = None
+        config_path = model_dir / "config.json"
+        if config_path.is_file():
+            qc = _read_json(config_path).get("quantization_config")
+            if qc is not None:
+                from_config_json = cls.from_dict(qc)
+        from_quantize_json = None
+        qpath = model_dir / QUANTIZE_CONFIG_FILE
+        if qpath.is_file():
+            from_quantize_json = cls.from_dict(_read_json(qpath))
+        if from_config_json is not None and from_quantize_json is not None:
+            diff = [
+                f"{name}: {getattr(from_config_json, name)!r} vs {getattr(from_quantize_json, name)!r}"
+                for name in _FORMAT_FIELDS
+                if getattr(from_config_json, name) != getattr(from_quantize_json, name)
+            ]
+            if diff:
+                raise ValueError(
+                    f"{model_dir}: config.json's quantization_config and {QUANTIZE_CONFIG_FILE} "
+                    f"disagree ({'; '.join(diff)})"
+                )
+        return from_config_json if from_config_json is not None else from_quantize_json
+
+    # ------------------------------------------------------------------ using
+
+    @property
+    def is_v2(self) -> bool:
+        return self.checkpoint_format == "gptq_v2"
+
+    def is_quantized(self, module_name: str) -> bool:
+        """Whether the linear layer `module_name` (e.g. ``model.layers.0.mlp.up_proj``) holds GPTQ tensors."""
+        if module_name == "lm_head" or module_name.endswith(".lm_head"):
+            return self.lm_head
+        if any(key in module_name for key in self.modules_to_not_convert):
+            return False
+        return not any(re.match(pattern, module_name) for pattern in self.skip_patterns)
+
+    def to_quantize_config(self) -> dict[str, Any]:
+        """The quantize_config.json that auto-gptq, GPTQModel and transformers all read."""
+        out: dict[str, Any] = {
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "damp_percent": self.damp_percent,
+            "desc_act": self.desc_act,
+            "static_groups": self.static_groups,
+            "sym": self.sym,
+            "true_sequential": self.true_sequential,
+            "lm_head": self.lm_head,
+            "quant_method": "gptq",
+            "checkpoint_format": self.checkpoint_format,
+            "pack_dtype": "int32",
+        }
+        if self.modules_to_not_convert:
+            out["modules_to_not_convert"] = list(self.modules_to_not_convert)
+        if self.skip_patterns:
+            out["dynamic"] = {f"-:{p}": {} for p in self.skip_patterns}
+        return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def _as_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} must be an integer, got {value!r}. {SUPPORTED_MSG}")
+    try:
+        as_float = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}. {SUPPORTED_MSG}") from None
+    if as_float != int(as_float):
+        raise ValueError(f"{name} must be an integer, got {value!r}. {SUPPORTED_MSG}")
+    return int(as_float)
+
+
+def _read_format(cfg: Mapping[str, Any]) -> str:
+    # transformers 5 writes `format` and the legacy `checkpoint_format`; GPTQModel writes both too;
+    # auto-gptq 0.7 writes `checkpoint_format`; older auto-gptq writes neither (v1).
+    values = {
+        key: str(cfg[key]).lower()
+        for key in ("format", "checkpoint_format")
+        if cfg.get(key) is not None
+    }
+    if len(set(values.values())) > 1:
+        raise ValueError(f"conflicting checkpoint formats {values}. {SUPPORTED_MSG}")
+    fmt = next(iter(values.values()), "gptq")
+    if fmt not in CHECKPOINT_FORMATS:
+        raise ValueError(f"checkpoint_format={fmt!r} is not supported. {SUPPORTED_MSG}")
+    return fmt
+
+
+def _read_dynamic(dynamic: Any, bits: int, group_size: int) -> tuple[str, ...]:
+    """GPTQModel's per-module rules: keep '-:regex' (skip) rules; reject overrides we cannot honour."""
+    if not dynamic:
+        return ()
+    if not isinstance(dynamic, Mapping):
+        raise ValueError(f"dynamic must be a mapping of module regex to overrides, got {dynamic!r}")
+    skip = []
+    for key, overrides in dynamic.items():
+        if key.startswith("-:"):
+            skip.append(key[2:])
+            continue
+        overrides = overrides or {}
+        changed = {
+            name: overrides[name]
+            for name, base in (("bits", bits), ("group_size", group_size))
+            if name in overrides and overrides[name] != base
+        }
+        if changed:
+            raise ValueError(
+                f"dynamic rule {key!r} overrides {changed}: per-module bits/group_size are not "
+                f"supported (only '-:regex' skip rules are). {SUPPORTED_MSG}"
+            )
+    return tuple(skip)

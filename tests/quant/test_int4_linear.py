@@ -1,0 +1,230 @@
+"""GPTQLinear: every kernel against the dequantize-then-matmul reference."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from brisklm.quant import GPTQLinear, GPTQTensors, kernel_layout, unpack_qweight, unpack_qzeros
+from brisklm.quant.triton_int4 import triton_available
+
+# Tolerances.
+# compute_dtype float32: the CPU kernel computes w = (q - 8) * s + (8 - z) * s in fp32 and accumulates
+#   in fp32 (the reference: (q - z) * s, fp32). Only summation order and the two-term dequant differ:
+#   a few fp32 ulps of sum |x| |w|, so 1e-5 of that bound (fp32 eps is 1.2e-7; K <= 256 terms).
+# bf16 (the default on CPU; also bf16 activations): x, scale and zero_f = (8 - z) * s are each
+#   rounded once to bf16 (unit roundoff 2^-9) and the output once more, so to first order
+#   |y - ref| <= 2^-9 * (3 * |x| @ A^T + |y|), with A = (|q - 8| + |8 - z|) * s the kernel's two
+#   dequant terms. We allow 2^-7 * (|x| @ A^T + |y|), which covers that with room; measured worst
+#   case is about a quarter of it.
+FP32_REL = 1e-5
+BF16_REL = 2.0**-7
+
+
+def kernel_error_bound(
+    t: GPTQTensors, x: torch.Tensor, ref: torch.Tensor, fmt: str
+) -> torch.Tensor:
+    q = unpack_qweight(t.qweight).float()  # (K, N)
+    zeros = unpack_qzeros(t.qzeros, checkpoint_format=fmt).float()
+    groups = t.g_idx.long()
+    scales = t.scales.float()[groups]  # (K, N)
+    magnitude = ((q - 8).abs() + (8 - zeros[groups]).abs()) * scales
+    return (
+        x.reshape(-1, x.shape[-1]).float().abs() @ magnitude
+        + ref.reshape(-1, ref.shape[-1]).float().abs()
+    )
+
+
+def check_against_reference(
+    layer: GPTQLinear, t: GPTQTensors, x: torch.Tensor, rel: float, fmt: str = "gptq"
+) -> None:
+    y = layer(x)
+    ref = layer.forward_reference(x.float())
+    assert y.shape == (*x.shape[:-1], layer.out_features) and y.dtype == x.dtype
+    bound = rel * kernel_error_bound(t, x, ref, fmt) + 1e-6
+    err = (y.float() - ref).reshape(bound.shape).abs()
+    assert bool((err <= bound).all()), f"max err/bound {(err / bound).max().item():.3g}"
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("sym", [True, False])
+def test_cpu_kernel_matches_reference(
+    make_gptq, group_size: int, act_order: bool, sym: bool
+) -> None:
+    t = make_gptq(
+        256, 96, group_size, act_order=act_order, sym=sym, seed=group_size + 7 * act_order + 3 * sym
+    )
+    bias = torch.randn(96).half()
+    exact = GPTQLinear.from_gptq_tensors(
+        *t, bias=bias, compute_dtype=torch.float32, keep_gptq_tensors=True
+    )
+    fast = GPTQLinear.from_gptq_tensors(*t, bias=bias, keep_gptq_tensors=True)  # default: bf16
+    assert exact.backend == fast.backend == "cpu"
+    # One group (-1) has nothing to sort: act-order then needs no permutation.
+    assert (exact._perm is not None) == (act_order and group_size != -1)
+    gen = torch.Generator().manual_seed(11)
+    for rows in (1, 7, 33):
+        x = torch.randn(rows, 256, generator=gen)
+        check_against_reference(exact, t, x, FP32_REL)
+        check_against_reference(fast, t, x, BF16_REL)
+        check_against_reference(fast, t, x.bfloat16(), BF16_REL)
+
+
+def test_kernel_group_mapping(make_gptq) -> None:
+    # -1 (one group) becomes blocks of the largest kernel group dividing K, repeating the scale.
+    layout = kernel_layout(*make_gptq(256, 16, -1))
+    assert layout.group_size == 256 and torch.equal(layout.scales, layout.scales[:1].expand(1, 16))
+    assert kernel_layout(*make_gptq(192, 16, -1)).group_size == 64
+    assert (
+        kernel_layout(*make_gptq(192, 16, 96)).group_size == 32
+    )  # a multiple of 32 that is no power of 2
+    layout = kernel_layout(*make_gptq(256, 16, 32, act_order=True))
+    assert layout.perm is not None and layout.group_size == 32
+    # Sorted g_idx (desc_act with static groups) needs no permutation.
+    assert kernel_layout(*make_gptq(256, 16, 64)).perm is None
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
+def test_formats_and_shapes(make_gptq, fmt: str) -> None:
+    # N = 40 is not a multiple of 16 (the CPU packer pads); leading batch dims; no bias; fp16 input.
+    t = make_gptq(128, 40, 32, act_order=True, checkpoint_format=fmt, seed=9)
+    layer = GPTQLinear.from_gptq_tensors(
+        *t, checkpoint_format=fmt, compute_dtype=torch.float32, keep_gptq_tensors=True
+    )
+    x = torch.randn(2, 3, 128)
+    check_against_reference(layer, t, x, FP32_REL, fmt)
+    fast = GPTQLinear.from_gptq_tensors(*t, checkpoint_format=fmt, keep_gptq_tensors=True)
+    check_against_reference(fast, t, x.half(), BF16_REL, fmt)
+    assert fast(torch.randn(0, 128)).shape == (0, 40)
+
+
+def test_dense_fallback_for_unaligned_groups(make_gptq, caplog: pytest.LogCaptureFixture) -> None:
+    t = make_gptq(128, 32, 32, seed=1)
+    # Uneven groups (sizes 40/24/32/32): no kernel group of >= 32 columns fits.
+    g_idx = torch.cat(
+        [torch.zeros(40), torch.ones(24), torch.full((32,), 2), torch.full((32,), 3)]
+    ).int()
+    t = t._replace(g_idx=g_idx[torch.randperm(128, generator=torch.Generator().manual_seed(0))])
+    with caplog.at_level(logging.WARNING):
+        layer = GPTQLinear.from_gptq_tensors(*t, keep_gptq_tensors=True)
+    assert layer.backend == "dense" and "dense" in caplog.text
+    x = torch.randn(5, 128)
+    check_against_reference(layer, t, x, BF16_REL)
+
+
+def test_meta_construction_then_load(make_gptq) -> None:
+    t = make_gptq(128, 64, 32, act_order=True, seed=2)
+    layer = GPTQLinear(128, 64, bias=True, group_size=32, device="meta")
+    assert layer.qweight.device.type == "meta" and layer.qweight.shape == (16, 64)
+    state = {
+        "qweight": t.qweight,
+        "qzeros": t.qzeros,
+        "scales": t.scales,
+        "g_idx": t.g_idx,
+        "bias": torch.randn(64).half(),
+    }
+    assert set(layer.state_dict()) == set(state)  # HF names
+    layer.load_state_dict(state, assign=True)
+    with pytest.raises(RuntimeError, match="meta"):
+        GPTQLinear(128, 64, device="meta").prepare("cpu")
+    layer.prepare("cpu", compute_dtype=torch.float32, keep_gptq_tensors=True)
+    check_against_reference(layer, t, torch.randn(3, 128), FP32_REL)
+
+
+def test_prepare_drops_gptq_tensors_by_default(make_gptq) -> None:
+    t = make_gptq(128, 64, 32, seed=3)
+    layer = GPTQLinear.from_gptq_tensors(*t, bias=torch.zeros(64).half())
+    assert layer.qweight is None and layer.scales is None
+    assert set(layer.state_dict()) == {"bias"}
+    packed_bytes = sum(b.numel() * b.element_size() for b in layer.buffers())
+    assert packed_bytes < 128 * 64 * 2 / 3  # int4 + scales, well under a bf16 copy
+    with pytest.raises(RuntimeError, match="keep_gptq_tensors"):
+        layer.forward_reference(torch.randn(1, 128))
+    with pytest.raises(RuntimeError, match="already"):
+        layer.prepare("cpu")
+    assert layer(torch.randn(2, 128)).shape == (2, 64)
+
+
+def test_forward_prepares_lazily_and_checks_input(make_gptq) -> None:
+    t = make_gptq(64, 16, 32, seed=4)
+    layer = GPTQLinear(64, 16, bias=False, group_size=32)
+    layer.load_state_dict(
+        {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": t.g_idx}
+    )
+    assert layer(torch.randn(1, 64)).shape == (1, 16) and layer.backend == "cpu"
+    with pytest.raises(ValueError, match="last dim"):
+        layer(torch.randn(1, 65))
+
+
+def test_model_dtype_casts_leave_the_layer_alone(make_gptq) -> None:
+    t = make_gptq(128, 32, 32, act_order=True, seed=6)
+    model = torch.nn.Sequential(GPTQLinear(128, 32, group_size=32))
+    model[0].load_state_dict(
+        {
+            "qweight": t.qweight,
+            "qzeros": t.qzeros,
+            "scales": t.scales,
+            "g_idx": t.g_idx,
+            "bias": torch.zeros(32).half(),
+        }
+    )
+    model.to(torch.bfloat16)  # before prepare: the fp16 scales must not become bf16
+    assert model[0].scales.dtype == torch.float16 and torch.equal(model[0].scales, t.scales)
+    model[0].prepare("cpu", keep_gptq_tensors=True)
+    model.half()  # after prepare: the kernel's bf16 scales/zeros must stay bf16
+    x = torch.randn(3, 128)
+    check_against_reference(model[0], t, x.bfloat16(), BF16_REL)
+
+
+def test_from_float_round_trip() -> None:
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(64, 256, generator=gen) * 0.05
+    layer = GPTQLinear.from_float(
+        weight, torch.randn(64, generator=gen), group_size=64, keep_gptq_tensors=True
+    )
+    deq = layer.dequantize()
+    # RTN error is at most half a step, scale ~ 2 * max|w| / 15 per group of 64.
+    step = 2 * weight.abs().reshape(64, 4, 64).amax(-1).repeat_interleave(64, 1) / 15
+    assert bool(((deq - weight).abs() <= step * 0.5 + 1e-2 * step).all())
+    x = torch.randn(4, 256, generator=gen)
+    assert torch.allclose(layer.forward_reference(x), x @ deq.t() + layer.bias.float(), atol=1e-5)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="multiples of 8"):
+        GPTQLinear(60, 16)
+    with pytest.raises(ValueError, match="group_size"):
+        GPTQLinear(64, 16, group_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        GPTQLinear(64, 16).prepare("cpu", backend="marlin")
+    with pytest.raises(ValueError, match="CUDA"):
+        GPTQLinear(64, 16).prepare("cpu", backend="cuda_int4pack")
+
+
+# ---------------------------------------------------------------- CUDA (skipped without a GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda_int4pack", "triton"])
+@pytest.mark.parametrize("group_size", [32, 128, -1])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_cuda_kernels_match_reference(
+    make_gptq, backend: str, group_size: int, act_order: bool
+) -> None:
+    if backend == "triton" and not triton_available():
+        pytest.skip("triton not installed")
+    t = make_gptq(512, 256, group_size, act_order=act_order, sym=False, seed=group_size)
+    t = GPTQTensors(*(v.cuda() for v in t))
+    layer = GPTQLinear.from_gptq_tensors(
+        *t, bias=torch.randn(256, device="cuda").half(), backend=backend, keep_gptq_tensors=True
+    )
+    assert layer.backend == backend
+    for rows in (1, 7, 33):
+        x = torch.randn(rows, 512, device="cuda")
+        check_against_reference(layer, t, x.bfloat16(), BF16_REL)
+        if backend == "triton":
+            check_against_reference(layer, t, x.half(), BF16_REL)
+            check_against_reference(layer, t, x, BF16_REL)  # fp32 dot (ieee)
