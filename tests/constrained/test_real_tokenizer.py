@@ -40,7 +40,9 @@ def test_random_generation_validates(tokenizer, generate, name):
     compiled = compiler.compile(JsonSchema(schema))
     finished = 0
     for seed, temperature in ((0, 0.0), (1, 1.0), (2, 1.0)):
-        out = generate(compiled, tokenizer.token_bytes(), seed=seed, temperature=temperature, max_tokens=300)
+        out = generate(
+            compiled, tokenizer.token_bytes(), seed=seed, temperature=temperature, max_tokens=300
+        )
         if out.finished:
             finished += 1
             # The text the user sees is the tokenizer's decode of the ids, not the raw bytes.
@@ -52,7 +54,11 @@ def test_random_generation_validates(tokenizer, generate, name):
 
 def test_forced_key_decodes_cleanly(tokenizer):
     compiler = GrammarCompiler(tokenizer)
-    schema = {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}
+    schema = {
+        "type": "object",
+        "properties": {"location": {"type": "string"}},
+        "required": ["location"],
+    }
     matcher = compiler.compile(JsonSchema(schema)).matcher()
     forced = matcher.compute_ff_tokens()
     # Forced up to where a token could merge the quote with the value's first characters.
