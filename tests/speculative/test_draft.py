@@ -312,3 +312,23 @@ def test_grammar_mask_keeps_proposals_valid_and_matcher_unchanged(
         for token in range(compiled.vocab_size):
             allowed[token] = bool((int(bitmask[0, token // 32]) >> (token % 32)) & 1)
         assert float(proposal.probs[0][~allowed].sum()) == 0.0
+
+
+def test_rows_of_very_different_feed_lengths_in_one_call(
+    draft_model, target_model, tokenizer, prompts
+):
+    """A new long prompt goes in its own extend pass; results come back in row order."""
+    proposer = _proposer(draft_model, target_model, tokenizer, k=3)
+    first = proposer.propose([_row(0, prompts[0], 6, 3)])[0]
+    continuing = prompts[0] + first.token_ids[:1] + [11]
+    long_prompt = (prompts[1] + prompts[2]) * 6
+    rows = [
+        _row(1, long_prompt, len(long_prompt), 3),
+        _row(0, continuing, 6, 3),
+        _row(2, prompts[2], len(prompts[2]), 3),
+    ]
+    got = proposer.propose(rows)
+    for row, proposal in zip(rows, got):
+        fresh = _proposer(draft_model, target_model, tokenizer, k=3).propose([row])[0]
+        assert proposal.token_ids == fresh.token_ids
+        torch.testing.assert_close(proposal.probs, fresh.probs, atol=1e-5, rtol=1e-4)

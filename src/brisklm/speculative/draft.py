@@ -77,6 +77,28 @@ def check_compatible(
         )
 
 
+def _group_by_length(
+    lengths: Sequence[int], max_ratio: float = 1.25, free_padding: int = 64
+) -> list[list[int]]:
+    """Indices grouped, longest first, so that each group's padded size (rows x longest row) is
+    at most ``max_ratio`` x its real tokens + ``free_padding``: short rows share one pass (a pass
+    costs more than a few padding tokens), a long prompt does not pad short rows to its length."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    num_real = 0  # real tokens in the last group
+    for i in order:
+        if groups:
+            group = groups[-1]
+            padded = (len(group) + 1) * lengths[group[0]]
+            if padded <= max_ratio * (num_real + lengths[i]) + free_padding:
+                group.append(i)
+                num_real += lengths[i]
+                continue
+        groups.append([i])
+        num_real = lengths[i]
+    return groups
+
+
 @dataclass
 class _SlotState:
     """What the draft knows about one slot: the context it last saw, what it proposed after it,
@@ -242,14 +264,7 @@ class DraftModelProposer:
 
     def _draft(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> None:
         """Extend every row's cache, then draft step by step over the rows still going."""
-        logits = self.runner.forward(
-            ForwardBatch(
-                slots=[plan.row.slot for plan in plans],
-                start_positions=[start for start, _ in feeds],
-                token_ids=[tokens for _, tokens in feeds],
-                num_logits=[1] * len(plans),
-            )
-        )  # (A, V_draft)
+        logits = self._extend(plans, feeds)  # (A, V_draft)
         active = plans
         try:
             while True:
@@ -278,6 +293,28 @@ class DraftModelProposer:
             for plan in plans:
                 if plan.num_matched:
                     plan.row.matcher.rollback(plan.num_matched)
+
+    def _extend(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Feed each row its unseen tokens; (A, V_draft) logits at each row's last position.
+
+        A ragged pass costs rows x longest row, so rows go in length groups
+        (:func:`_group_by_length`): a new 2000-token prompt does not pad seven 2-token rows."""
+        groups = _group_by_length([len(tokens) for _, tokens in feeds])
+        rows_logits: list[torch.Tensor | None] = [None] * len(plans)
+        for group in groups:
+            logits = self.runner.forward(
+                ForwardBatch(
+                    slots=[plans[i].row.slot for i in group],
+                    start_positions=[feeds[i][0] for i in group],
+                    token_ids=[feeds[i][1] for i in group],
+                    num_logits=[1] * len(group),
+                )
+            )
+            if len(groups) == 1 and group == sorted(group):
+                return logits
+            for position, i in enumerate(group):
+                rows_logits[i] = logits[position]
+        return torch.stack(rows_logits)  # type: ignore[arg-type]
 
     def _continues(self, plan: _Plan, token: int) -> bool:
         """Whether to draft past ``token``: not past the end of the request. Stopping depends only

@@ -126,19 +126,20 @@ def batch_proposals(
                 f"row {row} has probs of shape {tuple(proposal.probs.shape)}, expected "
                 f"{(len(proposal), vocab_size)}"
             )
-    token_ids = torch.full((len(proposals), width), -1, dtype=torch.int64)
-    for row, proposal in enumerate(proposals):
-        token_ids[row, : len(proposal)] = torch.tensor(proposal.token_ids, dtype=torch.int64)
-    token_ids = token_ids.to(device)
+    padded = [p.token_ids + [-1] * (width - len(p)) for p in proposals]
+    token_ids = torch.tensor(padded, dtype=torch.int64).reshape(len(proposals), width).to(device)
     probs = None
     if any(p.probs is not None and len(p) for p in proposals):
-        probs = torch.zeros((len(proposals), width, vocab_size), dtype=torch.float32, device=device)
-        for row, proposal in enumerate(proposals):
-            n = len(proposal)
-            if not n:
-                continue
-            if proposal.probs is not None:
-                probs[row, :n] = proposal.probs.to(device=device, dtype=torch.float32)
-            else:
-                probs[row, :n].scatter_(1, token_ids[row, :n, None], 1.0)
+        rows = [
+            p.probs.to(device=device, dtype=torch.float32)
+            if p.probs is not None
+            else _one_hot(p.token_ids, vocab_size, device)
+            for p in proposals
+        ]
+        probs = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # (B, K, V) zero padding
     return DraftBatch(token_ids=token_ids, num_draft=num_draft, probs=probs)
+
+
+def _one_hot(token_ids: list[int], vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
+    return torch.zeros((len(token_ids), vocab_size), device=device).scatter_(1, ids[:, None], 1.0)
