@@ -8,17 +8,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
+from langchain_core.messages.tool import (
+    InvalidToolCall,
+    ToolCallChunk,
+    invalid_tool_call,
+    tool_call_chunk,
+)
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from brisklm.tool_calls import (
+    TOOL_CALL_END,
+    TOOL_CALL_START,
     ContentDelta,
     ToolCallComplete,
     ToolCallDelta,
     ToolCallStreamParser,
     ToolChoiceMode,
     new_tool_call_id,
+    parse_tool_call_body,
 )
 
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
@@ -88,7 +96,8 @@ def grammar_mode(
 
 
 # The start of a call as the grammar writes it, up to its arguments object.
-_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+# It matches once the arguments have begun, so the whitespace before them is never an argument piece.
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 
 
 def _settled_arguments(text: str) -> str:
@@ -96,6 +105,28 @@ def _settled_arguments(text: str) -> str:
     # whitespace after it until the next piece shows whether it was the last.
     text = text.rstrip()
     return text[:-1] if text.endswith("}") else text
+
+
+def split_cut_call(text: str) -> tuple[str, InvalidToolCall | None]:
+    """Split off a last tool call that the reply ended inside (max_tokens ran out).
+
+    Returns the text before it and the cut call as an invalid tool call, with its name when the
+    name was written and its arguments so far; or the text unchanged and None.
+    """
+    start = text.rfind(TOOL_CALL_START)
+    if start < 0 or TOOL_CALL_END in text[start:]:
+        return text, None
+    body = text[start + len(TOOL_CALL_START) :]
+    if parse_tool_call_body(body) is not None:  # complete but for its end tag: a call
+        return text, None
+    head = _CALL_HEAD.match(body.lstrip())
+    cut = invalid_tool_call(
+        name=json.loads(head.group(1)) if head else None,
+        args=body.lstrip()[head.end() :] if head else body,
+        id=new_tool_call_id(),
+        error="the reply ended inside this tool call (max_tokens reached)",
+    )
+    return text[:start], cut
 
 
 @dataclass
@@ -121,7 +152,15 @@ class ToolCallChunker:
         return self._convert(self._parser.feed(text))
 
     def finish(self) -> tuple[str, list[ToolCallChunk]]:
-        return self._convert(self._parser.finish())
+        open_call = self._calls.get(self._parser.num_calls)
+        events = self._parser.finish()
+        last = events[-1] if events else None
+        cut = isinstance(last, ContentDelta) and last.text.lstrip().startswith(TOOL_CALL_START)
+        if cut and open_call is not None and open_call.head_end is not None:
+            # A call the reply ended inside: its chunks went out already, so its text is not
+            # content too (the merged chunks hold the partial call).
+            events = events[:-1]
+        return self._convert(events)
 
     @property
     def num_calls(self) -> int:

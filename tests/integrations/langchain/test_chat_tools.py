@@ -197,3 +197,11 @@ def test_agent_loop_history_renders(chat: ChatBrisk) -> None:
     message = chat.bind_tools(TOOLS).invoke(history)
     assert isinstance(message, AIMessage)
     assert_valid_calls(message)
+
+
+def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
+    message = chat.bind_tools(TOOLS, tool_choice="get_weather").invoke(QUESTION, max_tokens=20)
+    assert message.response_metadata["finish_reason"] == "length"
+    assert message.tool_calls == [] and message.content == ""
+    (cut,) = message.invalid_tool_calls
+    assert "max_tokens" in cut["error"]
