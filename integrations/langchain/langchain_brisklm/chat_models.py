@@ -346,10 +346,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         if kwargs:
             raise ValueError(f"unsupported arguments: {sorted(kwargs)}")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        format_info = {
-            "kwargs": {"method": method, "strict": strict},
-            "schema": convert_to_openai_tool(schema) if method == "function_calling" else schema,
-        }
+        format_info = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
         parser: OutputParserLike
         if method == "function_calling":
             tool_name = convert_to_openai_tool(schema)["function"]["name"]
