@@ -84,15 +84,19 @@ def write_random_chat_checkpoint(directory: Path, preset: str) -> Path:
     return directory
 
 
-def best_rate(run: Callable[[], int], repeats: int) -> float:
-    """Generated tokens per second of `run` (which returns its token count), median of repeats."""
-    run()  # warm up: compiled grammars, allocator, first-call imports
-    rates = []
+def rates(
+    direct: Callable[[], int], adapter: Callable[[], int], repeats: int
+) -> tuple[float, float]:
+    """Median generated tokens/s of each side; the runs alternate, so drift in the machine's load
+    hits both sides alike. Each callable returns the number of tokens it generated."""
+    direct(), adapter()  # warm up: compiled grammars, allocator, first-call imports
+    measured: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = run()
-        rates.append(tokens / (time.perf_counter() - start))
-    return statistics.median(rates)
+        for side, run in zip(measured, (direct, adapter)):
+            start = time.perf_counter()
+            tokens = run()
+            side.append(tokens / (time.perf_counter() - start))
+    return statistics.median(measured[0]), statistics.median(measured[1])
 
 
 def main() -> None:
@@ -164,8 +168,7 @@ def main() -> None:
         ("stream vs LLM.stream_chunks", direct_stream, adapter_stream),
         ("batch(8) vs LLM.generate([8])", direct_batch, adapter_batch),
     ]:
-        direct_rate = best_rate(direct, args.repeats)
-        adapter_rate = best_rate(adapter, args.repeats)
+        direct_rate, adapter_rate = rates(direct, adapter, args.repeats)
         print(
             f"{name:<32}{direct_rate:>14.1f}{adapter_rate:>17.1f}{adapter_rate / direct_rate:>8.2f}"
         )
