@@ -8,17 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from brisklm.constrained.json_schema import SOUND_JSON_OPTIONS, prepare_json_schema
+from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS, prepare_json_schema
 from brisklm.tool_schema import tool_json_schema
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 # Separators of json.dumps' defaults, as chat templates (`tojson`) write the calls in the history.
-TOOL_ARGUMENTS_JSON_OPTIONS: dict[str, Any] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
 ToolChoiceMode = Literal["auto", "required", "none"]
 
 
@@ -223,7 +218,9 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, Mapping):
-        raise ValueError(f"the parameters of tool {function['name']!r} must be a JSON schema object")
+        raise ValueError(
+            f"the parameters of tool {function['name']!r} must be a JSON schema object"
+        )
     if "type" not in parameters:
         parameters = {"type": "object", **parameters}
     elif parameters["type"] != "object":
@@ -233,7 +230,7 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
         )
     # Closed objects (declared keys only) and the sound rewrites of structured output.
     prepared = prepare_json_schema(dict(parameters), strict=True)
-    prepared["x-guidance"] = {**TOOL_ARGUMENTS_JSON_OPTIONS, **SOUND_JSON_OPTIONS}
+    prepared["x-guidance"] = {**JSON_OPTIONS, **SOUND_JSON_OPTIONS}
     return prepared
 
 

@@ -15,7 +15,7 @@ from brisklm.constrained.json_schema import _FORMAT_REWRITES, prepare_json_schem
 
 def accepts(compiler: GrammarCompiler, schema: Any, instance: Any) -> bool:
     matcher = compiler.compile(JsonSchema(schema)).matcher()
-    text = json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(instance, ensure_ascii=False)
     ids = compiler.llg_tokenizer.tokenize_str(text)
     return matcher.accept_tokens(ids) == len(ids) and matcher.accept_token(
         compiler.eos_token_ids[0]
@@ -193,7 +193,7 @@ def test_strict_closes_declared_objects_but_not_all_of_members() -> None:
 
 def test_strict_schema_rejects_undeclared_keys_open_schema_accepts_them(bpe_compiler) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    text = b'{"a":1,"zz":2}'
+    text = b'{"a": 1, "zz": 2}'
     for strict, accepted in ((True, False), (False, True)):
         matcher = bpe_compiler.compile(JsonSchema(schema, strict=strict)).matcher()
         ids = bpe_compiler.llg_tokenizer.tokenize_bytes(text)

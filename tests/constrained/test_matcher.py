@@ -73,10 +73,10 @@ def test_accept_tokens_counts_prefix(bpe_compiler: GrammarCompiler) -> None:
 def test_validate_tokens_does_not_commit(bpe_compiler: GrammarCompiler) -> None:
     compiled = bpe_compiler.compile(JsonSchema(PERSON))
     matcher = compiled.matcher()
-    draft = ids(bpe_compiler, '{"name":"Al","age":4}') + [bpe_compiler.eos_token_ids[0]]
+    draft = ids(bpe_compiler, '{"name": "Al", "age": 4}') + [bpe_compiler.eos_token_ids[0]]
     assert matcher.validate_tokens(draft) == len(draft)
     assert matcher.num_tokens == 0 and allowed_ids(matcher) == allowed_ids(compiled.matcher())
-    broken = ids(bpe_compiler, '{"name":"Al","age":x')
+    broken = ids(bpe_compiler, '{"name": "Al", "age": x')
     n = matcher.validate_tokens(broken)
     assert n < len(broken)
     assert matcher.accept_tokens(broken) == n  # validate agrees with accept
@@ -97,7 +97,7 @@ def test_validate_tokens_does_not_commit(bpe_compiler: GrammarCompiler) -> None:
 def test_rollback_restores_state(bpe_compiler: GrammarCompiler) -> None:
     compiled = bpe_compiler.compile(JsonSchema(PERSON))
     matcher = compiled.matcher()
-    text = ids(bpe_compiler, '{"name":"Bo","age":12}')
+    text = ids(bpe_compiler, '{"name": "Bo", "age": 12}')
     snapshots = []
     for token in text:
         snapshots.append(allowed_ids(matcher))
@@ -141,7 +141,7 @@ def test_fast_forward_tokens(bpe_compiler: GrammarCompiler) -> None:
     forced = matcher.compute_ff_tokens()
     assert forced, "an object with fixed first key forces its opening"
     text = bpe_compiler.llg_tokenizer.decode_bytes(forced)
-    assert b'{"name":'.startswith(text) and len(text) >= 2
+    assert b'{"name": '.startswith(text) and len(text) >= 2
     assert matcher.accept_tokens(forced) == len(forced)
     free = bpe_compiler.compile(Regex("[a-z]+")).matcher()
     assert free.compute_ff_tokens() == []
@@ -149,7 +149,7 @@ def test_fast_forward_tokens(bpe_compiler: GrammarCompiler) -> None:
 
 def test_bitmask_agrees_with_validate_for_every_token(bpe_compiler: GrammarCompiler) -> None:
     matcher = bpe_compiler.compile(JsonSchema(PERSON)).matcher()
-    prefix = ids(bpe_compiler, '{"name":"A')
+    prefix = ids(bpe_compiler, '{"name": "A')
     assert matcher.accept_tokens(prefix) == len(prefix)
     allowed = allowed_ids(matcher)
     for token in range(bpe_compiler.vocab_size):
@@ -179,7 +179,7 @@ def test_fill_bitmask_checks_shape(bpe_compiler: GrammarCompiler) -> None:
 def test_fill_bitmasks_matches_single_fills(bpe_compiler: GrammarCompiler) -> None:
     grammars = [JsonSchema(PERSON), Regex("[0-9]{2,4}"), Choice(("left", "right"))]
     matchers = [bpe_compiler.compile(g).matcher() for g in grammars]
-    matchers[0].accept_tokens(ids(bpe_compiler, '{"name":"'))
+    matchers[0].accept_tokens(ids(bpe_compiler, '{"name": "'))
     width = matchers[0].compiled.bitmask_width
     expected = torch.zeros(len(matchers), width, dtype=torch.int32)
     for row, matcher in enumerate(matchers):

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from brisklm import Tokenizer
-from brisklm.constrained import GrammarCompiler, JsonSchema, Regex
+from brisklm.constrained import Grammar, GrammarCompiler, JsonSchema, Regex
 from tests.constraint_cases import SCHEMAS
 from tests.tiny import make_tiny_checkpoint
 from tests.tokenizer_fixtures import build_sentencepiece
@@ -65,3 +65,22 @@ def test_forced_key_decodes_cleanly(tokenizer):
     assert tokenizer.decode(forced) in ('{"location":', '{"location":"')
     matcher = compiler.compile(Regex(r"[0-9]{3}")).matcher()
     assert matcher.compute_ff_tokens() == []
+
+
+def test_added_non_special_tokens_stay_text(tmp_path):
+    """Hermes `<tool_call>` tags added as ordinary tokens: a grammar forcing that text must accept them."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HfTokenizer
+
+    directory = make_tiny_checkpoint(tmp_path / "m")
+    hf = HfTokenizer.from_file(str(directory / "tokenizer.json"))
+    hf.add_tokens([AddedToken("<tool_call>", special=False, normalized=False)])
+    hf.save(str(directory / "tokenizer.json"))
+    tokenizer = Tokenizer.from_pretrained(directory)
+    tag = tokenizer.token_to_id("<tool_call>")
+    assert tag is not None and tag not in tokenizer.special_token_ids
+    compiler = GrammarCompiler(tokenizer)
+    matcher = compiler.compile(Grammar('start: "<tool_call>" /[0-9]/')).matcher()
+    forced = matcher.compute_ff_tokens()
+    assert forced[:1] == [tag]
+    assert matcher.accept_tokens(forced) == len(forced)

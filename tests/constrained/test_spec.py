@@ -109,11 +109,11 @@ def test_constraint_from_options_rejects_several() -> None:
         constraint_from_options(grammar="x", grammar_syntax="yacc")
 
 
-def test_json_grammar_is_compact_and_sound() -> None:
+def test_json_grammar_is_one_line_and_sound() -> None:
     grammar = json.loads(JsonSchema({"type": "array"}).to_llguidance())
     options = grammar["grammars"][0]["json_schema"]["x-guidance"]
     assert options["whitespace_flexible"] is False
-    assert options["item_separator"] == "," and options["key_separator"] == ":"
+    assert options["item_separator"] == ", " and options["key_separator"] == ": "
     assert options["lenient"] is False and options["coerce_one_of"] is False
     # A schema's own x-guidance may change whitespace but never switch on over-approximation.
     grammar = json.loads(

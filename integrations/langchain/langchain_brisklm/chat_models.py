@@ -30,9 +30,10 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from brisklm import LLM
+from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
-from brisklm.tool_calls import TOOL_ARGUMENTS_JSON_OPTIONS, parse_tool_calls, tool_call_grammar
+from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._tools import (
@@ -180,7 +181,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 f"response_format type must be 'json_schema' or 'json_object', got {kind!r}"
             )
         # Spaced separators as json.dumps writes them, the JSON style chat models see in training.
-        schema["x-guidance"] = {**TOOL_ARGUMENTS_JSON_OPTIONS, **schema.get("x-guidance", {})}
+        schema["x-guidance"] = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
         return schema
 
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:

@@ -3,7 +3,7 @@
 from brisklm.constrained.apply import apply_token_bitmask_, apply_token_bitmask_reference
 from brisklm.constrained.compiler import CompiledGrammar, GrammarCompiler
 from brisklm.constrained.errors import ConstraintError
-from brisklm.constrained.json_schema import COMPACT_JSON_OPTIONS, ecma_regex_to_rust
+from brisklm.constrained.json_schema import JSON_OPTIONS, ecma_regex_to_rust
 from brisklm.constrained.matcher import GrammarMatcher, allocate_token_bitmask, fill_bitmasks
 from brisklm.constrained.spec import (
     Choice,
@@ -17,7 +17,7 @@ from brisklm.constrained.spec import (
 from brisklm.constrained.tokenizer_bridge import TokenizerLike, llg_tokenizer_for
 
 __all__ = [
-    "COMPACT_JSON_OPTIONS",
+    "JSON_OPTIONS",
     "Choice",
     "CompiledGrammar",
     "Constraint",

@@ -8,10 +8,12 @@ from llguidance import LLMatcher
 
 from brisklm.constrained.errors import ConstraintError
 
-COMPACT_JSON_OPTIONS: dict[str, Any] = {
+# One line, spaced like json.dumps: what models see most in training (and what the bundled model
+# was trained on), at one extra token per separator over compact JSON.
+JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
-    "item_separator": ",",
-    "key_separator": ":",
+    "item_separator": ", ",
+    "key_separator": ": ",
 }
 SOUND_JSON_OPTIONS: dict[str, Any] = {"lenient": False, "coerce_one_of": False}
 
@@ -257,8 +259,8 @@ def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> 
 def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = False) -> str:
     """llguidance grammar text for a JSON Schema (draft 2020-12); ConstraintError if not enforceable.
 
-    Whitespace policy: compact JSON, `{"a":1,"b":[1,2]}` (no whitespace anywhere, separators `,` and
-    `:`). Small models follow compact JSON best and it is the fewest tokens. A schema may override this
+    Whitespace policy: one line, spaced like `json.dumps`: `{"a": 1, "b": [1, 2]}` (separators `, ` and
+    `: `, no other whitespace), the JSON models see most in training. A schema may override this
     with llguidance's top-level `"x-guidance"` options (e.g. `{"whitespace_flexible": true}`); the
     options that would over-approximate the schema (`lenient`, `coerce_one_of`) are always forced off.
 
@@ -284,7 +286,7 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
     prepared = prepare_json_schema(schema, strict)
     try:
         return LLMatcher.grammar_from_json_schema(
-            prepared, defaults=COMPACT_JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS
+            prepared, defaults=JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS
         )
     except ValueError as e:
         raise ConstraintError(f"invalid JSON schema: {e}") from e

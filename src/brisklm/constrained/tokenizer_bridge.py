@@ -114,6 +114,15 @@ def _agrees(llg: LLTokenizer, tokenizer: TokenizerLike, token_bytes: Sequence[by
     # A special token read as plain text could be sampled wherever its text is allowed.
     if not all(llg.is_special_token(i) for i in special if 0 <= i < tokenizer.vocab_size):
         return False
+    # And the reverse: llguidance marks every added token special, even ones whose text the
+    # tokenizer treats as ordinary (Hermes `<tool_call>` tags); a grammar could then force text
+    # that no token can be accepted for.
+    if any(
+        llg.is_special_token(i)
+        for i in range(min(len(token_bytes), tokenizer.vocab_size))
+        if i not in special and not token_bytes[i].startswith(_SPECIAL_MARKER)
+    ):
+        return False
     # A token starting with byte 0xFF (never in UTF-8) collides with llguidance's special marker
     # and reads as empty there: harmless, as no text can contain it.
     return all(
