@@ -15,6 +15,7 @@ from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.loader import load_model, resolve_device, resolve_dtype
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
+from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import parse_tool_calls
@@ -56,11 +57,15 @@ class LLM:
         max_seq_len: int | None = None,
         attention_backend: str = "auto",
         show_progress: bool = True,
+        int4_compute_dtype: str | torch.dtype | None = None,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
         ``device``: "cpu" or "cuda" (default: cuda when available); ``dtype``: "float32",
         "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA).
+        GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
+        is what their kernels compute in: default bfloat16 on CPU (the fast kernel), "float32"
+        gives exact products at a large cost in speed. Other quantizations are refused.
         """
         directory = Path(path) if path is not None else default_model_path()
         config = EngineConfig(
@@ -70,8 +75,18 @@ class LLM:
         )
         device_ = resolve_device(device)
         dtype_ = resolve_dtype(dtype, device_)
+        compute_dtype = (
+            None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
+        )
+        make_linear = linear_factory_for(directory, device=device_, compute_dtype=compute_dtype)
         tokenizer = Tokenizer.from_pretrained(directory)
-        model = load_model(directory, device=device_, dtype=dtype_, show_progress=show_progress)
+        model = load_model(
+            directory,
+            device=device_,
+            dtype=dtype_,
+            make_linear=make_linear,
+            show_progress=show_progress,
+        )
         return cls(LLMEngine(model, tokenizer, config), directory)
 
     # ----------------------------------------------------------------- requests

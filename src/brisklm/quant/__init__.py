@@ -17,18 +17,23 @@ from .gptq_format import (
     unpack_qzeros,
 )
 from .int4_linear import GPTQLinear, KernelLayout, kernel_layout
+from .loading import gptq_linear_factory, linear_factory_for
+from .merged_linear import GPTQMergedLinear
 
 __all__ = [
     "GPTQ",
     "GPTQConfig",
     "GPTQLinear",
+    "GPTQMergedLinear",
     "GPTQTensors",
     "KernelLayout",
     "QuantizedWeight",
     "default_g_idx",
     "dequantize_gptq",
+    "gptq_linear_factory",
     "gptq_quantize",
     "kernel_layout",
+    "linear_factory_for",
     "pack_gptq",
     "pack_int4",
     "pack_qweight",
