@@ -1,4 +1,5 @@
-"""GPTQ int4: checkpoint config and tensor format, the GPTQ/RTN quantizer, and the int4 linear layer."""
+"""GPTQ int4: checkpoint config and tensor format, the GPTQ/RTN quantizer, the int4 linear layer,
+loading GPTQ checkpoints into models, and quantizing whole models."""
 
 from .config import GPTQConfig
 from .gptq import GPTQ, QuantizedWeight, gptq_quantize, quantize_rtn
@@ -19,6 +20,7 @@ from .gptq_format import (
 from .int4_linear import GPTQLinear, KernelLayout, kernel_layout
 from .loading import gptq_linear_factory, linear_factory_for
 from .merged_linear import GPTQMergedLinear
+from .quantize_model import QuantizeOptions, QuantizeResult, quantize_model
 
 __all__ = [
     "GPTQ",
@@ -27,6 +29,8 @@ __all__ = [
     "GPTQMergedLinear",
     "GPTQTensors",
     "KernelLayout",
+    "QuantizeOptions",
+    "QuantizeResult",
     "QuantizedWeight",
     "default_g_idx",
     "dequantize_gptq",
@@ -40,6 +44,7 @@ __all__ = [
     "pack_qzeros",
     "qzeros_v1_to_v2",
     "qzeros_v2_to_v1",
+    "quantize_model",
     "quantize_rtn",
     "unpack_int4",
     "unpack_qweight",
