@@ -143,8 +143,9 @@ def quantize_model(
     )
     num_sequences, seq_len = 0, 0
     if options.method == "gptq":
+        seq_len = min(options.seq_len, config.max_position_embeddings)
         ids = calibration_token_ids(
-            Tokenizer.from_pretrained(model_dir), samples, options.num_samples, options.seq_len
+            Tokenizer.from_pretrained(model_dir), samples, options.num_samples, seq_len
         )
         if int(ids.max()) >= config.vocab_size:
             raise ValueError(
