@@ -16,6 +16,12 @@ from tests.quant.gptq_checkpoints import write_dequantized_copy, write_gptq_chec
 
 pytest.importorskip("transformers")
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    """Requested first so the module's other fixtures run single-threaded too."""
+
+
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 PROMPT = [1, 5, 9, 33, 70, 2, 140, 17, 88, 3, 121, 64]
 

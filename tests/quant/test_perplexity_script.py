@@ -12,6 +12,12 @@ from tests.tiny import make_tiny_checkpoint
 
 pytest.importorskip("transformers")
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    """Requested first so the module's other fixtures run single-threaded too."""
+
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gptq_perplexity.py"
 
 

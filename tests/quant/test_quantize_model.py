@@ -21,6 +21,12 @@ from tests.tiny import CORPUS, make_tiny_checkpoint
 
 pytest.importorskip("transformers")
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    """Requested first so the module's other fixtures run single-threaded too."""
+
+
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 LLAMA_OPTIONS = QuantizeOptions(
     group_size=32, sym=False, act_order=True, num_samples=16, seq_len=64, batch_size=8
