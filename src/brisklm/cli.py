@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quantize",
         help="quantize a float checkpoint to GPTQ int4",
         description="Quantize a float checkpoint to GPTQ int4 (4-bit, v1 format) and write a "
-        "checkpoint that brisklm, auto-gptq, GPTQModel and transformers load.",
+        "checkpoint in the layout auto-gptq, GPTQModel and transformers read.",
     )
     quantize.add_argument("--model", required=True, help="float checkpoint directory")
     quantize.add_argument(
