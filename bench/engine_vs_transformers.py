@@ -10,81 +10,12 @@ Prints prefill tokens/s, decode tokens/s at batch 1 and 8, their ratios, and the
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-
-PRESETS = {
-    # ~125M parameters: 12 layers of 768 wide, GQA 12/4, 32k vocabulary, untied head.
-    "125m": dict(
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        vocab_size=32000,
-    ),
-    "llama3-8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    ),
-}
-
-
-def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    config = transformers.LlamaConfig(
-        **PRESETS[preset],
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    with torch.device("cpu"):
-        model = transformers.LlamaForCausalLM(config).to(dtype)
-    model.save_pretrained(directory, safe_serialization=True)
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
-    )
-
-
-def gemv_bandwidth(device: torch.device, dtype: torch.dtype) -> float:
-    """Bytes/s that F.linear streams when a (1, 4096) row meets a weight too large for the caches."""
-    weight = torch.randn(16384, 4096, device=device, dtype=dtype)
-    x = torch.randn(1, 4096, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(15):
-        start = _now(device)
-        for _ in range(5):
-            torch.nn.functional.linear(x, weight)
-        best = min(best, (_now(device) - start) / 5)
-    return weight.numel() * weight.element_size() / best
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
+from common import PRESETS, gemv_bandwidth, now, write_checkpoint
 
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
@@ -101,16 +32,16 @@ def time_brisk(llm, prompts: list[list[int]], num_new: int) -> float:
     from brisklm import SamplingParams
 
     params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
-    start = _now(llm.engine.device)
+    start = now(llm.engine.device)
     outputs = llm.generate(prompts, params)
-    elapsed = _now(llm.engine.device) - start
+    elapsed = now(llm.engine.device) - start
     assert all(len(o.token_ids) == num_new for o in outputs)
     return elapsed
 
 
 def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device) -> float:
     ids = torch.tensor(prompts, device=device)
-    start = _now(device)
+    start = now(device)
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
@@ -120,7 +51,7 @@ def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device)
         pad_token_id=0,
         eos_token_id=None,
     )
-    elapsed = _now(device) - start
+    elapsed = now(device) - start
     assert out.shape[1] == ids.shape[1] + num_new
     return elapsed
 

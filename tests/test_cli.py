@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -104,3 +105,77 @@ def test_prompt_too_long_is_an_error(model_dir, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "context holds 8" in err and err.count("\n") == 1
+
+
+def test_generate_with_constraints_and_draft(model_dir, capsys, tmp_path):
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--temperature",
+            "0",
+            "--choice",
+            "yes",
+            "--choice",
+            "no",
+            "Answer:",
+        ]
+    )
+    assert code == 0 and capsys.readouterr().out.strip() in ("yes", "no")
+    schema = tmp_path / "schema.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"n": {"type": "integer", "maximum": 9}},
+                "required": ["n"],
+            }
+        )
+    )
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--temperature",
+            "0",
+            "--json-schema",
+            str(schema),
+            "JSON:",
+        ]
+    )
+    assert code == 0 and json.loads(capsys.readouterr().out)["n"] <= 9
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--draft",
+            "ngram",
+            "--usage",
+            "The quick brown fox",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    with LLM.from_pretrained(model_dir, show_progress=False) as llm:
+        expected = llm.generate(
+            "The quick brown fox", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        )
+    assert captured.out == expected.text + "\n"
+    assert "acceptance_rate" in json.loads(captured.err.strip().splitlines()[-1])
+
+
+def test_bad_constraint_is_one_line(model_dir, capsys):
+    code = main(["generate", "--model", str(model_dir), "--json-schema", "{not json", "x"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("brisklm: error: --json-schema") and err.count("\n") == 1
+    code = main(["generate", "--model", str(model_dir), "--regex", "a", "--choice", "b", "x"])
+    assert code == 1 and "at most one constraint" in capsys.readouterr().err

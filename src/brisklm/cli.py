@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 EXIT_ERROR = 1
@@ -24,6 +25,14 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weights dtype"
     )
     group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
+    group.add_argument(
+        "--draft",
+        default=None,
+        help="speculative decoding: a draft model directory, 'default' (the bundled draft) or 'ngram'",
+    )
+    group.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="tokens proposed per step"
+    )
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, default_temperature: float) -> None:
@@ -39,6 +48,14 @@ def _add_sampling_args(parser: argparse.ArgumentParser, default_temperature: flo
     group.add_argument("--seed", type=int, default=None)
     group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     group.add_argument("--ignore-eos", action="store_true")
+    constraint = parser.add_argument_group("constrained output (at most one)")
+    constraint.add_argument(
+        "--json-schema", help="JSON Schema: a file path or the JSON text itself"
+    )
+    constraint.add_argument("--json", action="store_true", help="any JSON object")
+    constraint.add_argument("--regex", help="the output must match this regex")
+    constraint.add_argument("--choice", action="append", help="one allowed output (repeatable)")
+    constraint.add_argument("--grammar", help="a grammar file: Lark, or GBNF if it ends in .gbnf")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +124,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _read_text_or_file(value: str) -> str:
+    path = Path(value)
+    try:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    except OSError:
+        pass
+    return value
+
+
+def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.json_schema:
+        text = _read_text_or_file(args.json_schema)
+        try:
+            options["json_schema"] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--json-schema is neither a file nor valid JSON ({exc})") from None
+    if args.json:
+        options["json_object"] = True
+    if args.regex:
+        options["regex"] = args.regex
+    if args.choice:
+        options["choice"] = args.choice
+    if args.grammar:
+        path = Path(args.grammar)
+        if not path.is_file():
+            raise CliError(f"--grammar file {args.grammar!r} does not exist")
+        options["grammar"] = path.read_text(encoding="utf-8")
+        options["grammar_syntax"] = "gbnf" if path.suffix == ".gbnf" else "lark"
+    return options
+
+
 def _sampling_params(args: argparse.Namespace) -> Any:
     from brisklm.sampling import SamplingParams
 
@@ -122,6 +172,7 @@ def _sampling_params(args: argparse.Namespace) -> Any:
         seed=args.seed,
         stop=tuple(args.stop),
         ignore_eos=args.ignore_eos,
+        **_constraint_options(args),
     )
 
 
@@ -134,6 +185,8 @@ def _load(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         max_batch_size=1,
         max_seq_len=args.max_seq_len,
+        draft=args.draft,
+        num_speculative_tokens=args.num_speculative_tokens,
     )
 
 
@@ -141,21 +194,23 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = _sampling_params(args)
     llm = _load(args)
-    usage = None
-    for chunk in llm.stream_chunks(prompt, params):
+    request = llm.make_request(prompt, params)
+    for chunk in llm.stream_request(request):
         if chunk.text:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
-        if chunk.finished:
-            usage = chunk.usage
     sys.stdout.write("\n")
-    if args.usage and usage is not None:
-        print(
-            json.dumps(
-                {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
-            ),
-            file=sys.stderr,
-        )
+    if args.usage:
+        usage = request.usage
+        report: dict[str, Any] = {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "finish_reason": request.finish_reason,
+        }
+        if request.speculative is not None:
+            report["acceptance_rate"] = round(request.speculative.acceptance_rate, 3)
+            report["mean_accepted_per_step"] = round(request.speculative.mean_accepted_per_step, 3)
+        print(json.dumps(report), file=sys.stderr)
     return 0
 
 

@@ -13,10 +13,13 @@ import torch
 from brisklm.engine.llm_engine import EngineConfig, LLMEngine
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
+from brisklm.engine.speculation import Speculator
 from brisklm.loader import load_model, resolve_device, resolve_dtype
+from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
+from brisklm.speculative import DraftModelProposer, NgramProposer, make_draft_generator
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import parse_tool_calls
 
@@ -25,14 +28,47 @@ ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
 
-def default_model_path() -> Path:
-    """The bundled default chat model shipped inside the package."""
-    path = Path(__file__).parent / "assets" / "brisk-chat"
+def default_model_path(draft: bool = False) -> Path:
+    """The bundled default chat model (or, with ``draft``, its draft model) shipped in the package."""
+    path = Path(__file__).parent / "assets" / ("brisk-draft" if draft else "brisk-chat")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"the bundled default model is missing from {path}; pass a model directory explicitly"
         )
     return path
+
+
+def build_speculator(
+    draft: str | Path,
+    num_speculative_tokens: int,
+    target: LlamaForCausalLM,
+    tokenizer: Tokenizer,
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    show_progress: bool = True,
+) -> Speculator:
+    """A proposer for ``draft``: "ngram" (prompt lookup), "default" (the bundled draft) or a model directory."""
+    if str(draft) == "ngram":
+        return Speculator(
+            NgramProposer(num_speculative_tokens=num_speculative_tokens), num_speculative_tokens
+        )
+    directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
+    draft_model = load_model(directory, device=device, dtype=dtype, show_progress=show_progress)
+    has_tokenizer = any(
+        (directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
+    )
+    proposer = DraftModelProposer(
+        draft_model,
+        config.max_batch_size,
+        config.resolved_max_seq_len(target.config.max_position_embeddings),
+        num_speculative_tokens,
+        config.attention_backend,
+        target_config=target.config,
+        tokenizer=tokenizer,
+        draft_tokenizer=Tokenizer.from_pretrained(directory) if has_tokenizer else None,
+    )
+    return Speculator(proposer, num_speculative_tokens)
 
 
 class LLM:
@@ -56,6 +92,8 @@ class LLM:
         max_batch_size: int = 8,
         max_seq_len: int | None = None,
         attention_backend: str = "auto",
+        draft: str | Path | None = None,
+        num_speculative_tokens: int = 4,
         show_progress: bool = True,
         int4_compute_dtype: str | torch.dtype | None = None,
     ) -> LLM:
@@ -63,6 +101,10 @@ class LLM:
 
         ``device``: "cpu" or "cuda" (default: cuda when available); ``dtype``: "float32",
         "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA).
+        ``draft`` turns on speculative decoding: a draft model directory sharing the target's
+        tokenizer, "default" for the bundled draft model, or "ngram" for prompt lookup; each step
+        proposes up to ``num_speculative_tokens`` tokens. The output is unchanged: greedy output is
+        the target's own, sampled output follows the target's distribution exactly.
         GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
         is what their kernels compute in: default bfloat16 on CPU (the fast kernel), "float32"
         gives exact products at a large cost in speed. Other quantizations are refused.
@@ -87,7 +129,19 @@ class LLM:
             make_linear=make_linear,
             show_progress=show_progress,
         )
-        return cls(LLMEngine(model, tokenizer, config), directory)
+        speculator = None
+        if draft is not None:
+            speculator = build_speculator(
+                draft,
+                num_speculative_tokens,
+                model,
+                tokenizer,
+                config,
+                device_,
+                dtype_,
+                show_progress,
+            )
+        return cls(LLMEngine(model, tokenizer, config, speculator), directory)
 
     # ----------------------------------------------------------------- requests
     @property
@@ -139,6 +193,9 @@ class LLM:
                 ids, skip_special_tokens=params.skip_special_tokens
             ),
             generator=make_generator(params, self.engine.device),
+            draft_generator=make_draft_generator(params, self.engine.device)
+            if self.engine.speculator
+            else None,
             matcher=matcher,
         )
 

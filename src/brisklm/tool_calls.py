@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from brisklm.constrained.json_schema import SOUND_JSON_OPTIONS, prepare_json_schema
+from brisklm.tool_schema import tool_json_schema
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
+# Separators of json.dumps' defaults, as chat templates (`tojson`) write the calls in the history.
+TOOL_ARGUMENTS_JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+ToolChoiceMode = Literal["auto", "required", "none"]
 
 
 def new_tool_call_id() -> str:
@@ -192,3 +203,89 @@ class ToolCallStreamParser:
         events.append(ContentDelta(self._pending_whitespace + body))
         self._pending_whitespace = text[len(body) :]
         self._content_started = True
+
+
+def _lark_literal(text: str) -> str:
+    # JSON string syntax is valid Lark string-literal syntax, escapes included.
+    return json.dumps(text)
+
+
+def _tool_function(tool: Any) -> dict[str, Any]:
+    schema = tool_json_schema(tool)
+    function = schema.get("function", schema)
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise ValueError(f"a tool needs a string name: {schema!r}")
+    return dict(function)
+
+
+def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
+    parameters = function.get("parameters")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, Mapping):
+        raise ValueError(f"the parameters of tool {function['name']!r} must be a JSON schema object")
+    if "type" not in parameters:
+        parameters = {"type": "object", **parameters}
+    elif parameters["type"] != "object":
+        raise ValueError(
+            f"the parameters of tool {function['name']!r} must be an object schema, "
+            f"got type {parameters['type']!r}"
+        )
+    # Closed objects (declared keys only) and the sound rewrites of structured output.
+    prepared = prepare_json_schema(dict(parameters), strict=True)
+    prepared["x-guidance"] = {**TOOL_ARGUMENTS_JSON_OPTIONS, **SOUND_JSON_OPTIONS}
+    return prepared
+
+
+def tool_call_grammar(
+    tools: Sequence[Any], mode: ToolChoiceMode = "auto", *, parallel: bool = True
+) -> str:
+    """A Lark grammar (llguidance dialect) for one assistant turn that may call `tools`.
+
+    Calls are written as the Hermes chat templates write them, `<tool_call>\\n{"name": NAME,
+    "arguments": ARGS}\\n</tool_call>`, several joined by "\\n"; each tool is one alternative with
+    its name fixed and ARGS under its parameters schema (`%json`, strict: declared keys only), so
+    every call parses and validates.
+
+    - "auto": free text, which may end in tool calls: `<tool_call>` (a lazy lexeme, so plain text
+      stays free) commits the model to a valid call; after the calls only more calls or the end.
+    - "required": one or more calls and nothing else; pass a single tool to force that tool.
+    - "none": free text that never contains `<tool_call>`.
+
+    `parallel=False` allows exactly one call. Tools are OpenAI-style dicts
+    (`{"type": "function", "function": {...}}` or the bare function), functions or pydantic classes.
+    Raises ValueError for an unknown mode, no tools, or parameters that are not an object schema, and
+    ConstraintError (a ValueError) for a schema that cannot be enforced.
+    """
+    if mode not in ("auto", "required", "none"):
+        raise ValueError(f"mode must be 'auto', 'required' or 'none', got {mode!r}")
+    lines = ["%llguidance {}"]
+    if mode == "none":
+        lines.append("start: TEXT_WITHOUT_CALLS")
+        # Any text, minus the texts that contain the tag (regex and-not; the tag has no metacharacters).
+        lines.append(f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/")
+        return "\n".join(lines) + "\n"
+    functions: list[dict[str, Any]] = []
+    for tool in tools:
+        function = _tool_function(tool)
+        if function not in functions:  # two tools of one name: a call may follow either schema
+            functions.append(function)
+    if not functions:
+        raise ValueError(f"mode {mode!r} needs at least one tool")
+    more = f" ({_lark_literal(chr(10) + TOOL_CALL_START)} call)*" if parallel else ""
+    if mode == "auto":
+        lines.append(f"start: TEXT | text_then_call call{more}")
+        lines.append(f"text_then_call[lazy]: TEXT {_lark_literal(TOOL_CALL_START)}")
+        lines.append("TEXT: /(?s:.*)/")
+    else:
+        lines.append(f"start: {_lark_literal(TOOL_CALL_START)} call{more}")
+    alternatives = []
+    for k, function in enumerate(functions):
+        head = f'\n{{"name": {json.dumps(function["name"], ensure_ascii=False)}, "arguments": '
+        tail = "}\n" + TOOL_CALL_END
+        alternatives.append(f"{_lark_literal(head)} arguments_{k} {_lark_literal(tail)}")
+    lines.append("call: " + "\n    | ".join(alternatives))
+    for k, function in enumerate(functions):
+        schema = json.dumps(_arguments_schema(function), ensure_ascii=False)
+        lines.append(f"arguments_{k}: %json {schema}")
+    return "\n".join(lines) + "\n"

@@ -12,8 +12,8 @@ from brisklm.attention.metadata import AttentionMetadata
 class AttentionBackend(ABC):
     """Writes a layer's new keys/values into its cache and attends over the cached keys.
 
-    Shapes: q (B, T, H, D); k, v (B, T, Hkv, D); caches (slots, Hkv, S_max + 1, D).
-    Returns (B, T, H * D).
+    Shapes: packed tokens q (N, H, D); k, v (N, Hkv, D); caches (slots, Hkv, S_max, D).
+    Returns (N, H * D).
     """
 
     name: str = "abstract"
@@ -29,12 +29,11 @@ class AttentionBackend(ABC):
         if meta.batch_size == 1:
             # One row: a slice assignment, cheaper than an indexed scatter.
             slot, start, length = meta.slot_list[0], meta.start_positions[0], meta.query_lens[0]
-            k_cache[slot, :, start : start + length] = k[0, :length].transpose(0, 1)
-            v_cache[slot, :, start : start + length] = v[0, :length].transpose(0, 1)
+            k_cache[slot, :, start : start + length] = k.transpose(0, 1)
+            v_cache[slot, :, start : start + length] = v.transpose(0, 1)
             return
-        rows = meta.slots[:, None]
-        k_cache[rows, :, meta.write_positions] = k
-        v_cache[rows, :, meta.write_positions] = v
+        k_cache[meta.token_slots, :, meta.positions] = k  # (N, Hkv, D) scattered
+        v_cache[meta.token_slots, :, meta.positions] = v
 
     @staticmethod
     def cached_rows(

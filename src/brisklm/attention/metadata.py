@@ -1,4 +1,4 @@
-"""The explicit per-forward description of where each row's queries sit and which keys they see."""
+"""The explicit per-forward description of where each token sits and which keys it sees."""
 
 from __future__ import annotations
 
@@ -9,21 +9,25 @@ import torch
 
 @dataclass
 class AttentionMetadata:
-    """Positions and cache rows of one forward pass over B rows of up to T new tokens each.
+    """Where the N tokens of one forward pass go: B rows packed back to back, no padding.
 
-    Row b appends ``query_lens[b]`` tokens to cache slot ``slots[b]`` starting at position
-    ``start_positions[b]``; shorter rows are right-padded to T. Host-side lists drive the Python
-    fast-path decisions; device tensors drive the kernels.
+    Row b appends ``query_lens[b]`` tokens to cache slot ``slot_list[b]`` starting at position
+    ``start_positions[b]``. Linear layers run on the packed (N, ...) tokens; attention, which needs
+    rows, views them as (B, T, ...) when every row has the same length and otherwise scatters them
+    into a padded (B, T_max, ...) buffer (``pad_index``). Host-side lists drive the fast-path
+    decisions; device tensors drive the kernels.
     """
 
     slots: torch.Tensor  # (B,) int64
-    positions: torch.Tensor  # (B, T) int64 rotary positions; padding queries sit at 0
-    write_positions: (
-        torch.Tensor
-    )  # (B, T) int64 cache columns; padding writes to the scratch column
+    token_slots: torch.Tensor  # (N,) int64 cache slot of each token
+    positions: torch.Tensor  # (N,) int64 absolute position of each token
     start_positions: list[int]
     query_lens: list[int]
     slot_list: list[int]
+    # Ragged batches only: flat index of each token in the padded (B * T_max) layout, and the
+    # positions of that layout (padding queries sit at position 0, where key 0 is always visible).
+    pad_index: torch.Tensor | None = None  # (N,) int64
+    padded_positions: torch.Tensor | None = None  # (B, T_max) int64
     # Backend-private values computed once per forward (masks per window size, ...).
     cache: dict[object, object] = field(default_factory=dict)
 
@@ -32,8 +36,12 @@ class AttentionMetadata:
         return len(self.query_lens)
 
     @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
     def max_query_len(self) -> int:
-        return int(self.positions.shape[1])
+        return max(self.query_lens)
 
     @property
     def kv_lens(self) -> list[int]:
@@ -48,6 +56,10 @@ class AttentionMetadata:
         return [n - 1 for n in self.kv_lens]
 
     @property
+    def is_ragged(self) -> bool:
+        return self.pad_index is not None
+
+    @property
     def slot_range(self) -> tuple[int, int] | None:
         """(first, last + 1) when the rows are consecutive slots, so the cache can be sliced, not gathered."""
         first = self.slot_list[0]
@@ -57,7 +69,7 @@ class AttentionMetadata:
 
     @property
     def is_uniform(self) -> bool:
-        """Every row adds the same number of tokens at the same position (no padding, one mask for all)."""
+        """Every row adds the same number of tokens at the same position (one mask fits all)."""
         return len(set(self.query_lens)) == 1 and len(set(self.start_positions)) == 1
 
     @classmethod
@@ -66,43 +78,63 @@ class AttentionMetadata:
         slots: list[int],
         start_positions: list[int],
         query_lens: list[int],
-        scratch_position: int,
         device: torch.device | str,
     ) -> AttentionMetadata:
-        num_rows = len(slots)
+        positions = [
+            p for start, n in zip(start_positions, query_lens) for p in range(start, start + n)
+        ]
+        token_slots = [slot for slot, n in zip(slots, query_lens) for _ in range(n)]
+        pad_index = padded_positions = None
         max_len = max(query_lens)
-        if num_rows == 1 or len(set(query_lens)) == 1:
-            offsets = torch.arange(max_len, dtype=torch.int64)
-            positions = torch.tensor(start_positions, dtype=torch.int64)[:, None] + offsets[None, :]
-            write_positions = positions
-        else:
-            rows = []
-            writes = []
-            for start, length in zip(start_positions, query_lens):
-                pad = max_len - length
-                rows.append(list(range(start, start + length)) + [0] * pad)
-                writes.append(list(range(start, start + length)) + [scratch_position] * pad)
-            positions = torch.tensor(rows, dtype=torch.int64)
-            write_positions = torch.tensor(writes, dtype=torch.int64)
-        positions = positions.to(device)
+        if any(n != max_len for n in query_lens):
+            pad_index = torch.tensor(
+                [row * max_len + t for row, n in enumerate(query_lens) for t in range(n)],
+                dtype=torch.int64,
+            ).to(device)
+            padded = [
+                list(range(start, start + n)) + [0] * (max_len - n)
+                for start, n in zip(start_positions, query_lens)
+            ]
+            padded_positions = torch.tensor(padded, dtype=torch.int64).to(device)
         return cls(
-            slots=torch.tensor(slots, dtype=torch.int64, device=device),
-            positions=positions,
-            write_positions=write_positions.to(device)
-            if write_positions is not positions
-            else positions,
+            slots=torch.tensor(slots, dtype=torch.int64).to(device),
+            token_slots=torch.tensor(token_slots, dtype=torch.int64).to(device),
+            positions=torch.tensor(positions, dtype=torch.int64).to(device),
             start_positions=list(start_positions),
             query_lens=list(query_lens),
             slot_list=list(slots),
+            pad_index=pad_index,
+            padded_positions=padded_positions,
         )
 
+    def row_positions(self) -> torch.Tensor:
+        """(B, T) positions of the row layout attention works in (padded when ragged)."""
+        if self.padded_positions is not None:
+            return self.padded_positions
+        return self.positions.view(self.batch_size, self.max_query_len)
+
+    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed (N, ...) -> rows (B, T, ...); padding entries are zero."""
+        batch, max_len = self.batch_size, self.max_query_len
+        if self.pad_index is None:
+            return x.view(batch, max_len, *x.shape[1:])
+        rows = x.new_zeros(batch * max_len, *x.shape[1:])
+        rows.index_copy_(0, self.pad_index, x)
+        return rows.view(batch, max_len, *x.shape[1:])
+
+    def to_packed(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows (B, T, ...) -> packed (N, ...), dropping padding."""
+        flat = rows.reshape(rows.shape[0] * rows.shape[1], *rows.shape[2:])
+        return flat if self.pad_index is None else flat.index_select(0, self.pad_index)
+
     def allowed_keys(self, num_keys: int, sliding_window: int | None) -> torch.Tensor:
-        """Boolean (B, 1, T, S) mask: query at position p sees keys j with p - window < j <= p."""
+        """Boolean (B, 1, T, S) mask: a query at position p sees keys j with p - window < j <= p."""
         key = ("allowed", num_keys, sliding_window)
         mask = self.cache.get(key)
         if mask is None:
-            keys = torch.arange(num_keys, device=self.positions.device)
-            query_pos = self.positions[:, :, None]
+            positions = self.row_positions()
+            keys = torch.arange(num_keys, device=positions.device)
+            query_pos = positions[:, :, None]
             mask = keys[None, None, :] <= query_pos
             if sliding_window is not None:
                 mask &= keys[None, None, :] > query_pos - sliding_window

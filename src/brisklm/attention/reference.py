@@ -22,16 +22,21 @@ class ReferenceAttention(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         self.write_cache(k, v, k_cache, v_cache, meta)
-        batch, num_queries, num_heads, head_dim = q.shape
+        num_tokens, num_heads, head_dim = q.shape
         num_keys = meta.max_kv_len
         keys = self.cached_rows(k_cache, meta, 0, num_keys).float()  # (B, Hkv, S, D)
         values = self.cached_rows(v_cache, meta, 0, num_keys).float()
         groups = num_heads // keys.shape[1]
         keys = keys.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         values = values.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q.float().transpose(1, 2), keys.transpose(2, 3)) * head_dim**-0.5
+        q_rows = meta.to_rows(q).float().transpose(1, 2)  # (B, H, T, D)
+        scores = torch.matmul(q_rows, keys.transpose(2, 3)) * head_dim**-0.5
         allowed = meta.allowed_keys(num_keys, sliding_window)  # (B, 1, T, S)
         scores = scores.masked_fill(~allowed, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         out = torch.matmul(weights, values)  # (B, H, T, D)
-        return out.transpose(1, 2).reshape(batch, num_queries, num_heads * head_dim).to(q.dtype)
+        return (
+            meta.to_packed(out.transpose(1, 2))
+            .reshape(num_tokens, num_heads * head_dim)
+            .to(q.dtype)
+        )

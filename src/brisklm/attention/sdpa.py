@@ -23,7 +23,8 @@ class SdpaAttention(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         self.write_cache(k, v, k_cache, v_cache, meta)
-        batch, num_queries, num_heads, head_dim = q.shape
+        num_tokens, num_heads, head_dim = q.shape
+        num_queries = meta.max_query_len
         num_keys = meta.max_kv_len
         first_key = 0
         mask: torch.Tensor | None = None
@@ -40,17 +41,17 @@ class SdpaAttention(AttentionBackend):
             is_causal = True
         else:
             mask = meta.allowed_keys(num_keys, sliding_window)
-        if is_causal:
-            keys, values = k.transpose(1, 2), v.transpose(1, 2)
+        if is_causal:  # uniform rows starting at 0: the new keys are all there is
+            keys, values = meta.to_rows(k).transpose(1, 2), meta.to_rows(v).transpose(1, 2)
         else:
             keys = self.cached_rows(k_cache, meta, first_key, num_keys - first_key)
             values = self.cached_rows(v_cache, meta, first_key, num_keys - first_key)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
+            meta.to_rows(q).transpose(1, 2),
             keys,
             values,
             attn_mask=mask,
             is_causal=is_causal,
             enable_gqa=num_heads != keys.shape[1],
         )  # (B, H, T, D)
-        return out.transpose(1, 2).reshape(batch, num_queries, num_heads * head_dim)
+        return meta.to_packed(out.transpose(1, 2)).reshape(num_tokens, num_heads * head_dim)

@@ -52,14 +52,15 @@ class XformersAttention(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         self.write_cache(k, v, k_cache, v_cache, meta)
-        batch, num_queries, num_heads, head_dim = q.shape
+        num_tokens, num_heads, head_dim = q.shape
+        batch, num_queries = meta.batch_size, meta.max_query_len
         num_keys = meta.max_kv_len
         keys = self.cached_rows(k_cache, meta, 0, num_keys).transpose(1, 2)  # (B, S, Hkv, D)
         values = self.cached_rows(v_cache, meta, 0, num_keys).transpose(1, 2)
         num_kv_heads = keys.shape[2]
         groups = num_heads // num_kv_heads
         # (B, M, G, H/G, D): queries grouped by the kv head they share; keys broadcast over the group.
-        q5 = q.reshape(batch, num_queries, num_kv_heads, groups, head_dim)
+        q5 = meta.to_rows(q).reshape(batch, num_queries, num_kv_heads, groups, head_dim)
         k5 = keys[:, :, :, None].expand(batch, num_keys, num_kv_heads, groups, head_dim)
         v5 = values[:, :, :, None].expand(batch, num_keys, num_kv_heads, groups, head_dim)
         allowed = meta.allowed_keys(num_keys, sliding_window)  # (B, 1, T, S)
@@ -72,5 +73,8 @@ class XformersAttention(AttentionBackend):
         attn_bias = storage[..., :num_keys].expand(
             batch, num_kv_heads, groups, num_queries, num_keys
         )
-        out = self._ops.memory_efficient_attention(q5, k5, v5, attn_bias=attn_bias)
-        return out.reshape(batch, num_queries, num_heads * head_dim)
+        out = self._ops.memory_efficient_attention(
+            q5, k5, v5, attn_bias=attn_bias
+        )  # (B, T, G, H/G, D)
+        out = out.reshape(batch, num_queries, num_heads, head_dim)
+        return meta.to_packed(out).reshape(num_tokens, num_heads * head_dim)

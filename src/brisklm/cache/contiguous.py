@@ -1,4 +1,4 @@
-"""A preallocated contiguous KV cache: per layer, (slots, kv_heads, max_seq_len + 1, head_dim)."""
+"""A preallocated contiguous KV cache: per layer, (slots, kv_heads, max_seq_len, head_dim)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ class KVCache:
     """Keys and values of every layer for ``num_slots`` sequences of up to ``max_seq_len`` tokens.
 
     The layout is heads-before-positions so attention reads a slot's keys as a strided view with
-    no copy. One extra position per slot is a scratch column: padding tokens of a ragged batch
-    write there, where no query ever looks.
+    no copy.
     """
 
     def __init__(
@@ -26,15 +25,11 @@ class KVCache:
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        shape = (num_layers, num_slots, num_kv_heads, max_seq_len + 1, head_dim)
+        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         # Zeros, not empty: a reference attention multiplies masked-out values by zero weights, and
         # uninitialised memory can hold NaN.
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
-
-    @property
-    def scratch_position(self) -> int:
-        return self.max_seq_len
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]

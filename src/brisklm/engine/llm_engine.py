@@ -10,6 +10,7 @@ import torch
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
 from brisklm.engine.scheduler import Scheduler
+from brisklm.engine.speculation import Speculator
 from brisklm.engine.structured import StructuredOutputs
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob
@@ -43,9 +44,18 @@ class EngineConfig:
 
 
 class LLMEngine:
-    """Runs requests to completion in steps. Not thread-safe: one thread (the EngineLoop) drives it."""
+    """Runs requests to completion in steps. Not thread-safe: one thread (the EngineLoop) drives it.
 
-    def __init__(self, model: LlamaForCausalLM, tokenizer: Tokenizer, config: EngineConfig) -> None:
+    With a ``speculator``, decode steps verify proposed tokens instead of sampling one at a time.
+    """
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        speculator: Speculator | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -59,6 +69,7 @@ class LLMEngine:
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
         self.eos_token_ids = tuple(tokenizer.eos_token_ids)
         self.structured = StructuredOutputs(tokenizer, config.max_batch_size)
+        self.speculator = speculator
 
     @property
     def has_unfinished(self) -> bool:
@@ -72,78 +83,49 @@ class LLMEngine:
         if request is None:
             return None
         chunk = request.abort()
-        self.scheduler.finish(request)
+        self._release(request)
         return request, chunk
+
+    def _release(self, request: Request) -> None:
+        """A finished request leaves its cache slot (and the proposer's state for it)."""
+        if self.speculator is not None:
+            self.speculator.release(request)
+        self.scheduler.finish(request)
 
     @torch.inference_mode()
     def step(self) -> list[StepResult]:
-        """Run one forward pass and sample one token (plus any grammar-forced ones) per request."""
+        """Run one forward pass: a prefill, a decode step, or a speculative verification step."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
         requests = batch.requests
-        forward = self._forward_batch(requests)
         try:
-            pending_masks = self.structured.start_masks(requests)
-            logits = self.runner.forward(forward)
-            self.structured.apply(pending_masks, logits)
-            token_ids, logprobs = self._sample(requests, logits)
+            if self.speculator is not None and not batch.is_prefill:
+                results = self.speculator.step(self, requests)
+            else:
+                results = self._decode(requests)
         except Exception as exc:  # a failed step must not take other requests down with it
             logger.exception("engine step failed; failing its %d requests", len(requests))
-            results: list[StepResult] = []
+            results = []
             for request in requests:
                 request.abort("error")
-                self.scheduler.finish(request)
                 results.append((request, exc))
-            return results
-        results = []
-        for row, request in enumerate(requests):
-            request.num_cached = forward.start_positions[row] + len(forward.token_ids[row])
-            result = self._update(request, token_ids[row], logprobs[row] if logprobs else None)
+        for request, _ in results:
             if request.is_finished:
-                self.scheduler.finish(request)
-            results.append((request, result))
+                self._release(request)
         return results
 
-    def _update(
-        self, request: Request, token_id: int, logprob: TokenLogprob | None
-    ) -> StreamChunk | BaseException:
-        """Append a sampled token, advance the request's grammar, and append tokens it forces."""
-        matcher = request.matcher
-        if matcher is not None and not matcher.accept_token(token_id):
-            request.abort("error")
-            return RuntimeError(
-                f"request {request.request_id}: the grammar rejected sampled token {token_id} "
-                f"({matcher.error or 'no error reported'})"
-            )
-        chunk = request.append_token(token_id, logprob)
-        for forced in self.structured.forced_tokens(request) if not request.is_finished else ():
-            if not matcher.accept_token(forced):  # type: ignore[union-attr]
-                break
-            chunk.extend(request.append_token(forced))
-            if request.is_finished:
-                break
-        if matcher is not None and not request.is_finished and matcher.is_stopped():
-            # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
-            chunk.extend(request.finish_with_grammar())
-        return chunk
-
-    @staticmethod
-    def _forward_batch(requests: list[Request]) -> ForwardBatch:
-        slots = [r.slot for r in requests]
-        assert all(s is not None for s in slots)
-        return ForwardBatch(
-            slots=slots,  # type: ignore[arg-type]
+    def _decode(self, requests: list[Request]) -> list[StepResult]:
+        forward = ForwardBatch(
+            slots=[r.slot for r in requests],  # type: ignore[misc]
             start_positions=[r.num_cached for r in requests],
             token_ids=[r.uncached_token_ids for r in requests],
             num_logits=[1] * len(requests),
         )
-
-    def _sample(
-        self, requests: list[Request], logits: torch.Tensor
-    ) -> tuple[list[int], list[TokenLogprob] | None]:
-        if logits.shape[1] > self.num_real_tokens:
-            logits[:, self.num_real_tokens :] = float("-inf")
+        pending_masks = self.structured.start_masks(requests)
+        logits = self.runner.forward(forward)
+        self.mask_padding(logits)
+        self.structured.apply(pending_masks, logits)
         metadata = SamplingMetadata.build(
             [r.params for r in requests],
             [r.prompt_token_ids for r in requests],
@@ -154,14 +136,58 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
         )
         tokens = sample(logits, metadata)  # leaves logits untouched: logprobs see the model's own
-        token_list = tokens.tolist()
-        if metadata.max_num_logprobs is None:
-            return token_list, None
-        return token_list, self._logprobs(requests, logits, tokens, metadata.max_num_logprobs)
+        logprobs = None
+        if metadata.max_num_logprobs is not None:
+            logprobs = self.token_logprobs(requests, logits, tokens)
+        results: list[StepResult] = []
+        for row, (request, token) in enumerate(zip(requests, tokens.tolist())):
+            request.num_cached = forward.start_positions[row] + len(forward.token_ids[row])
+            results.append(
+                (request, self.update_request(request, token, logprobs[row] if logprobs else None))
+            )
+        return results
 
-    def _logprobs(
-        self, requests: list[Request], logits: torch.Tensor, tokens: torch.Tensor, num_top: int
+    def mask_padding(self, logits: torch.Tensor) -> None:
+        if logits.shape[1] > self.num_real_tokens:
+            logits[:, self.num_real_tokens :] = float("-inf")
+
+    def update_request(
+        self,
+        request: Request,
+        token_id: int,
+        logprob: TokenLogprob | None,
+        allow_forced: bool = True,
+    ) -> StreamChunk | BaseException:
+        """Append a chosen token, advance the request's grammar, and append tokens it forces."""
+        matcher = request.matcher
+        if matcher is not None and not matcher.accept_token(token_id):
+            request.abort("error")
+            return RuntimeError(
+                f"request {request.request_id}: the grammar rejected token {token_id} "
+                f"({matcher.error or 'no error reported'})"
+            )
+        chunk = request.append_token(token_id, logprob)
+        forced = (
+            self.structured.forced_tokens(request)
+            if allow_forced and not request.is_finished
+            else []
+        )
+        for token in forced:
+            if not matcher.accept_token(token):  # type: ignore[union-attr]
+                break
+            chunk.extend(request.append_token(token))
+            if request.is_finished:
+                break
+        if matcher is not None and not request.is_finished and matcher.is_stopped():
+            # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
+            chunk.extend(request.finish_with_grammar())
+        return chunk
+
+    def token_logprobs(
+        self, requests: list[Request], logits: torch.Tensor, tokens: torch.Tensor
     ) -> list[TokenLogprob]:
+        """Row i's chosen token's logprob under ``logits[i]`` with the request's top-N alternatives."""
+        num_top = max(r.params.logprobs or 0 for r in requests)
         values = compute_logprobs(logits, tokens, num_top)
         chosen = values.chosen.tolist()
         ranks = values.rank.tolist()

@@ -66,33 +66,21 @@ class ModelRunner:
                     f"row of {length} tokens at position {start} does not fit the cache of "
                     f"{self.max_seq_len} positions"
                 )
-        meta = AttentionMetadata.build(
-            batch.slots,
-            batch.start_positions,
-            query_lens,
-            self.kv_cache.scratch_position,
-            self.device,
-        )
-        max_len = max(query_lens)
-        if all(n == max_len for n in query_lens):
-            ids = torch.tensor(batch.token_ids, dtype=torch.int64)
-        else:
-            ids = torch.zeros(len(query_lens), max_len, dtype=torch.int64)
-            for row, tokens in enumerate(batch.token_ids):
-                ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-        hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (B, T, E)
+        meta = AttentionMetadata.build(batch.slots, batch.start_positions, query_lens, self.device)
+        ids = torch.tensor([t for tokens in batch.token_ids for t in tokens], dtype=torch.int64)
+        hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (N, E)
         return self.model.compute_logits(self._select(hidden, query_lens, batch.num_logits))
 
     @staticmethod
     def _select(hidden: torch.Tensor, query_lens: list[int], num_logits: list[int]) -> torch.Tensor:
-        """The hidden states whose logits are wanted, as (N, E): the LM head only runs on those."""
-        batch, max_len, width = hidden.shape
-        if all(n == 1 for n in num_logits) and all(q == max_len for q in query_lens):
-            return hidden[:, -1]
-        flat_index = [
-            row * max_len + position
-            for row, (length, count) in enumerate(zip(query_lens, num_logits))
-            for position in range(length - count, length)
-        ]
-        index = torch.tensor(flat_index, dtype=torch.int64, device=hidden.device)
-        return hidden.reshape(batch * max_len, width).index_select(0, index)
+        """The hidden states whose logits are wanted, as (M, E): the LM head only runs on those."""
+        if num_logits == query_lens:
+            return hidden
+        index: list[int] = []
+        end = 0
+        for length, count in zip(query_lens, num_logits):
+            end += length
+            index.extend(range(end - count, end))
+        if len(index) == len(query_lens) and all(n == 1 for n in query_lens):
+            return hidden
+        return hidden.index_select(0, torch.tensor(index, dtype=torch.int64, device=hidden.device))

@@ -41,6 +41,8 @@ class Request:
     max_seq_len: int
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None = None
+    # Speculative decoding draws the draft's samples from a separate generator.
+    draft_generator: torch.Generator | None = None
     # Per-request grammar matcher (brisklm.constrained.GrammarMatcher) when the output is constrained.
     matcher: Any = None
     status: RequestStatus = RequestStatus.WAITING

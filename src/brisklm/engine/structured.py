@@ -50,25 +50,46 @@ class StructuredOutputs:
         return self.compiler.compile(params.constraint).matcher()
 
     def start_masks(
-        self, requests: Sequence[Request]
+        self, requests: Sequence[Request], proposals: Sequence[Sequence[int]] | None = None
     ) -> Future[tuple[torch.Tensor, list[int]]] | None:
         """Begin filling the bitmask rows of constrained requests in a worker thread.
 
         llguidance releases the GIL while it computes masks, so this overlaps the model's forward
-        pass; ``apply`` waits for it.
+        pass; ``apply`` waits for it. With speculative ``proposals``, the logits have one row per
+        position (``len(proposal) + 1`` per request) and each position gets the mask of the grammar
+        state after the proposals before it; the matchers are rolled back afterwards.
         """
-        rows = [i for i, r in enumerate(requests) if r.matcher is not None]
-        if not rows:
+        if all(r.matcher is None for r in requests):
             return None
-        if self._bitmask is None:
-            self._bitmask = allocate_token_bitmask(self.max_batch_size, self.tokenizer.vocab_size)
+        counts = [1] * len(requests) if proposals is None else [len(p) + 1 for p in proposals]
+        num_rows = sum(counts)
+        if self._bitmask is None or self._bitmask.shape[0] < num_rows:
+            self._bitmask = allocate_token_bitmask(
+                max(num_rows, self.max_batch_size), self.tokenizer.vocab_size
+            )
+        if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisklm-grammar")
         bitmask = self._bitmask
-        matchers = [requests[i].matcher for i in rows]
-        assert self._pool is not None
+        offsets = [sum(counts[:b]) for b in range(len(counts))]
+        constrained = [b for b, r in enumerate(requests) if r.matcher is not None]
 
         def fill() -> tuple[torch.Tensor, list[int]]:
-            fill_bitmasks(matchers, bitmask, rows)
+            if proposals is None:
+                rows = [offsets[b] for b in constrained]
+                fill_bitmasks([requests[b].matcher for b in constrained], bitmask, rows)
+                return bitmask, rows
+            rows = []
+            for b in constrained:
+                matcher = requests[b].matcher
+                accepted = 0
+                for j in range(counts[b]):
+                    matcher.fill_bitmask(bitmask, offsets[b] + j)
+                    rows.append(offsets[b] + j)
+                    if j < len(proposals[b]):
+                        if not matcher.accept_token(proposals[b][j]):
+                            break  # verification rejects here: later positions are never reached
+                        accepted += 1
+                matcher.rollback(accepted)
             return bitmask, rows
 
         return self._pool.submit(fill)

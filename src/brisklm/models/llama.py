@@ -55,15 +55,15 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        batch, num_tokens, _ = x.shape
+        num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(
-            batch, num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim
+            num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim
         )
         # Rotate q and k together: one set of elementwise ops instead of two.
-        qk = apply_rotary(qkv[:, :, : self.num_heads + self.num_kv_heads], cos, sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=2)
-        v = qkv[:, :, self.num_heads + self.num_kv_heads :]
-        out = backend.forward(q, k, v, kv[0], kv[1], meta, self.sliding_window)  # (B, T, H * D)
+        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads :]
+        out = backend.forward(q, k, v, kv[0], kv[1], meta, self.sliding_window)  # (N, H * D)
         return self.o_proj(out)
 
 
@@ -135,9 +135,11 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: KVCache,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        """Hidden states (B, T, E) for input_ids (B, T) placed as ``meta`` describes."""
+        """Hidden states (N, E) for the packed input_ids (N,) placed as ``meta`` describes."""
         hidden = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary(meta.positions, hidden.dtype, meta.row_max_positions)
+        cos, sin = self.rotary(
+            meta.positions, hidden.dtype, meta.query_lens, meta.row_max_positions
+        )
         for index, layer in enumerate(self.model.layers):
             hidden = layer(hidden, cos, sin, kv_cache.layer(index), meta, backend)
         return self.model.norm(hidden)

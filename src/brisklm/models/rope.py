@@ -129,32 +129,40 @@ class RotaryEmbedding(nn.Module):
         return emb.cos() * scale, emb.sin() * scale
 
     def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype, row_max_positions: list[int]
+        self,
+        positions: torch.Tensor,
+        dtype: torch.dtype,
+        query_lens: list[int],
+        row_max_positions: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape (B, T, head_dim) for positions (B, T); ``row_max_positions`` is host-side."""
+        """cos, sin of shape (N, head_dim) for the packed positions (N,) of rows of ``query_lens``."""
         longest = max(row_max_positions) + 1
         if self.rope.rope_type == "dynamic" and longest > self.max_position_embeddings:
-            return self._dynamic(positions, dtype, row_max_positions)
+            return self._dynamic(positions, dtype, query_lens, row_max_positions)
         cos, sin = self._table(positions.device, dtype, longest)
         return cos[positions], sin[positions]
 
     def _dynamic(
-        self, positions: torch.Tensor, dtype: torch.dtype, row_max_positions: list[int]
+        self,
+        positions: torch.Tensor,
+        dtype: torch.dtype,
+        query_lens: list[int],
+        row_max_positions: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Dynamic NTK rescales the base by each sequence's own length, as transformers does for a
         # single sequence, so a row's result does not depend on what else is in the batch.
         rows_cos, rows_sin = [], []
-        for row, row_max in enumerate(row_max_positions):
-            cos, sin = self._compute(positions[row], row_max + 1)
+        for row_positions, row_max in zip(positions.split(query_lens), row_max_positions):
+            cos, sin = self._compute(row_positions, row_max + 1)
             rows_cos.append(cos)
             rows_sin.append(sin)
-        return torch.stack(rows_cos).to(dtype), torch.stack(rows_sin).to(dtype)
+        return torch.cat(rows_cos).to(dtype), torch.cat(rows_sin).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, T, H, D) by cos/sin (B, T, D) in the rotate-half convention of HF Llama."""
-    cos = cos.unsqueeze(2)
-    sin = sin.unsqueeze(2)
+    """Rotate x (N, H, D) by cos/sin (N, D) in the rotate-half convention of HF Llama."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

@@ -221,13 +221,11 @@ class _LayerRunner:
     def inputs(self, rows: int) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
         if rows not in self._inputs:
             meta = AttentionMetadata.build(
-                list(range(rows)),
-                [0] * rows,
-                [self.seq_len] * rows,
-                self.cache.scratch_position,
-                self.device,
+                list(range(rows)), [0] * rows, [self.seq_len] * rows, self.device
             )
-            cos, sin = self.model.rotary(meta.positions, torch.float32, meta.row_max_positions)
+            cos, sin = self.model.rotary(
+                meta.positions, torch.float32, meta.query_lens, meta.row_max_positions
+            )
             self._inputs[rows] = (meta, cos, sin)
         return self._inputs[rows]
 
@@ -238,12 +236,13 @@ class _LayerRunner:
         """Run ``layer`` on every batch of ``hidden``; with ``write``, replace the batch by its output."""
         for rows in self.batches(hidden.shape[0]):
             meta, cos, sin = self.inputs(rows.stop - rows.start)
+            x = hidden[rows].reshape(-1, hidden.shape[-1])  # the model runs on packed (N, E) tokens
             try:
-                out = layer(hidden[rows], cos, sin, self.cache.layer(0), meta, self.backend)
+                out = layer(x, cos, sin, self.cache.layer(0), meta, self.backend)
             except _StopForward:
                 continue
             if write:
-                hidden[rows] = out
+                hidden[rows] = out.view_as(hidden[rows])
 
 
 @torch.no_grad()

@@ -1,0 +1,108 @@
+"""Speculative decoding speed-up at batch 1, in one run: the target alone, with its draft model for
+k = 2..6, and with n-gram prompt lookup on an extraction task. Prints tokens/s, speed-up and
+acceptance. Greedy, so every configuration produces the same tokens (checked).
+
+    python bench/speculative.py                      # bundled brisk-chat with brisk-draft
+    python bench/speculative.py --model DIR --draft DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+CHAT_PROMPTS = [
+    "Tell me a short story about a fox who learns to swim.",
+    "Explain why the sky is blue in a few sentences.",
+    "Write a short note inviting a friend to dinner on Friday.",
+]
+EXTRACTION = (
+    "Copy the record exactly, then list its fields.\n"
+    "Record: name=Ada Lovelace; born=1815-12-10; city=London; field=mathematics; known_for=the first "
+    "published computer program; notes=worked with Charles Babbage on the Analytical Engine."
+)
+
+
+def run(llm, prompts: list, max_tokens: int) -> tuple[float, list[list[int]], float, float]:
+    """(tokens/s, token ids, acceptance rate, mean accepted per step) over the prompts, one at a time."""
+    from brisklm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    llm.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
+    tokens, seconds, outputs = 0, 0.0, []
+    proposed = accepted = steps = 0
+    for prompt in prompts:
+        start = time.perf_counter()
+        out = llm.generate(prompt, params)
+        seconds += time.perf_counter() - start
+        tokens += len(out.token_ids)
+        outputs.append(out.token_ids)
+        if out.speculative is not None:
+            proposed += out.speculative.num_proposed
+            accepted += out.speculative.num_accepted
+            steps += out.speculative.num_steps
+    rate = accepted / proposed if proposed else float("nan")
+    per_step = accepted / steps if steps else float("nan")
+    return tokens / seconds, outputs, rate, per_step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None, help="target (default: bundled brisk-chat)")
+    parser.add_argument(
+        "--draft", default="default", help="draft model (default: bundled brisk-draft)"
+    )
+    parser.add_argument("--ks", default="2,3,4,5,6")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    from brisklm import LLM
+
+    def load(**kwargs):
+        return LLM.from_pretrained(
+            args.model, max_batch_size=1, max_seq_len=1024, show_progress=False, **kwargs
+        )
+
+    def chat_ids(llm) -> list[list[int]]:
+        return [llm.chat_prompt_ids([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
+
+    def extraction_ids(llm) -> list[list[int]]:
+        return [llm.chat_prompt_ids([{"role": "user", "content": EXTRACTION}])]
+
+    rows = []
+    target = load()
+    base_rate, base_out, _, _ = run(target, chat_ids(target), args.max_tokens)
+    ext_rate, ext_out, _, _ = run(target, extraction_ids(target), args.max_tokens)
+    target.close()
+    rows.append(("target alone", "chat", base_rate, 1.0, float("nan"), float("nan")))
+    for k in [int(k) for k in args.ks.split(",")]:
+        llm = load(draft=args.draft, num_speculative_tokens=k)
+        rate, out, acceptance, per_step = run(llm, chat_ids(llm), args.max_tokens)
+        llm.close()
+        assert out == base_out, "speculative output differs from the target's own"
+        rows.append((f"draft k={k}", "chat", rate, rate / base_rate, acceptance, per_step))
+    rows.append(("target alone", "extraction", ext_rate, 1.0, float("nan"), float("nan")))
+    for k in (3, 5):
+        llm = load(draft="ngram", num_speculative_tokens=k)
+        rate, out, acceptance, per_step = run(llm, extraction_ids(llm), args.max_tokens)
+        llm.close()
+        assert out == ext_out, "speculative output differs from the target's own"
+        rows.append((f"n-gram k={k}", "extraction", rate, rate / ext_rate, acceptance, per_step))
+
+    print(
+        f"machine: {platform.machine()} torch {torch.__version__} threads {torch.get_num_threads()}"
+    )
+    print(f"{'config':<16}{'task':<12}{'tok/s':>8}{'speed-up':>10}{'accept':>9}{'acc/step':>10}")
+    for name, task, rate, speedup, acceptance, per_step in rows:
+        print(
+            f"{name:<16}{task:<12}{rate:>8.1f}{speedup:>9.2f}x{acceptance:>9.2f}{per_step:>10.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

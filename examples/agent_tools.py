@@ -1,0 +1,75 @@
+"""An agent loop with two tools: the model calls a tool, we run it and send back a ToolMessage,
+and the model answers. Tool names and arguments are always valid: they are decoded under a grammar
+built from the tools' schemas.
+
+    python examples/agent_tools.py [--model CHECKPOINT_DIR] [--device cpu|cuda] [QUESTION]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+
+from langchain_brisklm import ChatBrisk
+
+WEATHER = {
+    "paris": {"condition": "sunny", "temperature_c": 24},
+    "tokyo": {"condition": "rainy", "temperature_c": 18},
+    "oslo": {"condition": "snowy", "temperature_c": -3},
+}
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    report = WEATHER.get(city.strip().lower(), {"condition": "unknown", "temperature_c": 15})
+    return json.dumps({"city": city, **report})
+
+
+@tool
+def celsius_to_fahrenheit(celsius: float) -> str:
+    """Convert a temperature from degrees Celsius to degrees Fahrenheit."""
+    return json.dumps({"fahrenheit": round(celsius * 9 / 5 + 32, 1)})
+
+
+TOOLS = {t.name: t for t in (get_weather, celsius_to_fahrenheit)}
+MAX_ROUNDS = 4
+
+
+def run_agent(chat: ChatBrisk, question: str) -> list[BaseMessage]:
+    """Ask, run the tools the model calls, feed their results back, until the model answers."""
+    model = chat.bind_tools(list(TOOLS.values()))  # tool_choice="auto": the model decides
+    messages: list[BaseMessage] = [HumanMessage(question)]
+    for _ in range(MAX_ROUNDS):
+        reply = model.invoke(messages)
+        assert isinstance(reply, AIMessage)
+        messages.append(reply)
+        if not reply.tool_calls:
+            break
+        for call in reply.tool_calls:
+            print(f"tool call: {call['name']}({json.dumps(call['args'])})")
+            result = TOOLS[call["name"]].invoke(call)  # a ToolMessage answering the call
+            assert isinstance(result, ToolMessage)
+            print(f"tool result: {result.content}")
+            messages.append(result)
+    return messages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("question", nargs="?", default="What is the weather in Paris?")
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    args = parser.parse_args()
+
+    chat = ChatBrisk(model=args.model, device=args.device, temperature=0, max_tokens=160)
+    print(f"user: {args.question}")
+    messages = run_agent(chat, args.question)
+    print(f"assistant: {messages[-1].text}")
+
+
+if __name__ == "__main__":
+    main()

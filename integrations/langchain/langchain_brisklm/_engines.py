@@ -1,0 +1,100 @@
+"""Loaded models shared by every ChatBrisk / BriskLLM in the process: one engine per model and settings."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from brisklm import LLM, default_model_path
+from brisklm.loader import resolve_device, resolve_dtype
+
+MODEL_ENV_VAR = "BRISKLM_MODEL"
+"""Environment variable naming the default model directory (else the bundled model is used)."""
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """What makes two engines different: the checkpoint, where it runs, and the engine's limits."""
+
+    path: str
+    device: str
+    dtype: str
+    max_batch_size: int
+    max_seq_len: int | None
+
+
+_engines: dict[EngineKey, LLM] = {}
+_lock = threading.Lock()
+
+
+def default_model() -> str | None:
+    """The model named by $BRISKLM_MODEL, or None for the bundled default model."""
+    return os.environ.get(MODEL_ENV_VAR) or None
+
+
+def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
+    """The checkpoint directory for a model argument (None: the bundled default model)."""
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no model checkpoint at {path}: pass the directory of a Hugging Face checkpoint "
+            "(config.json, safetensors weights, tokenizer), or leave model unset for the bundled model"
+        )
+    return path
+
+
+def model_display_name(model: str | os.PathLike[str] | None) -> str:
+    """The model's name in response metadata: what the caller passed, or the bundled model's name."""
+    return str(model) if model is not None else "brisk-chat"
+
+
+def get_engine(
+    model: str | os.PathLike[str] | None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_batch_size: int = 8,
+    max_seq_len: int | None = None,
+) -> LLM:
+    """The shared LLM for these settings, loading it on first use (thread-safe)."""
+    path = resolve_model_path(model).resolve()
+    device_ = resolve_device(device)
+    key = EngineKey(
+        path=str(path),
+        device=str(device_),
+        dtype=str(resolve_dtype(dtype, device_)),
+        max_batch_size=max_batch_size,
+        max_seq_len=max_seq_len,
+    )
+    with _lock:  # loading under the lock: concurrent first calls load the model once
+        llm = _engines.get(key)
+        if llm is None:
+            llm = LLM.from_pretrained(
+                path,
+                device=device_,
+                dtype=dtype,
+                max_batch_size=max_batch_size,
+                max_seq_len=max_seq_len,
+                show_progress=False,
+            )
+            _engines[key] = llm
+        return llm
+
+
+def loaded_engines() -> dict[EngineKey, LLM]:
+    """A snapshot of the engines loaded so far."""
+    with _lock:
+        return dict(_engines)
+
+
+def close_engines() -> None:
+    """Stop and forget every shared engine (the next call loads its model again)."""
+    with _lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for llm in engines:
+        llm.close()

@@ -1,0 +1,137 @@
+"""LangChain messages -> the chat-template message dicts that brisklm renders."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+# Content blocks that carry no text for the prompt: the model's own tool calls (rendered from
+# `tool_calls`) and reasoning, which templates drop from the history.
+_SKIPPED_BLOCKS = frozenset(
+    {"tool_use", "tool_call", "tool_call_chunk", "server_tool_call", "thinking", "reasoning"}
+)
+_MEDIA_BLOCKS = frozenset(
+    {"image", "image_url", "audio", "input_audio", "video", "file", "document", "media"}
+)
+# Roles whose consecutive messages are merged (tool results stay separate: each answers one call).
+_MERGED_ROLES = frozenset({"system", "user", "assistant"})
+
+
+def content_text(content: str | list[Any], role: str) -> str:
+    """The text of a message's content: a string, or the text of its content blocks joined."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+            continue
+        if not isinstance(block, dict):
+            raise ValueError(f"unsupported content block in a {role} message: {block!r}")
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(str(block.get("text", "")))
+        elif kind in _SKIPPED_BLOCKS:
+            continue
+        elif kind in _MEDIA_BLOCKS:
+            raise ValueError(
+                f"brisklm models read text only; a {role} message has a {kind!r} content block"
+            )
+        elif kind == "json" and "json" in block:
+            parts.append(json.dumps(block["json"], ensure_ascii=False))
+        else:
+            raise ValueError(f"unsupported content block type {kind!r} in a {role} message")
+    return "".join(parts)
+
+
+def _tool_result_text(content: Any) -> str:
+    if isinstance(content, (str, list)):
+        return content_text(content, "tool")
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _assistant_tool_calls(message: AIMessage) -> list[dict[str, Any]]:
+    # OpenAI-style entries with the arguments as an object, as Hugging Face templates expect.
+    return [
+        {
+            "id": call.get("id"),
+            "type": "function",
+            "function": {"name": call["name"], "arguments": call.get("args") or {}},
+        }
+        for call in message.tool_calls
+    ]
+
+
+def _one_message(message: BaseMessage, tool_names: dict[str, str]) -> dict[str, Any]:
+    if isinstance(message, SystemMessage):
+        out: dict[str, Any] = {"role": "system", "content": content_text(message.content, "system")}
+    elif isinstance(message, HumanMessage):
+        out = {"role": "user", "content": content_text(message.content, "human")}
+    elif isinstance(message, AIMessage):
+        out = {"role": "assistant", "content": content_text(message.content, "AI")}
+        if message.tool_calls:
+            out["tool_calls"] = _assistant_tool_calls(message)
+            for call in message.tool_calls:
+                if call.get("id"):
+                    tool_names[call["id"]] = call["name"]
+    elif isinstance(message, ToolMessage):
+        out = {
+            "role": "tool",
+            "content": _tool_result_text(message.content),
+            "tool_call_id": message.tool_call_id,
+        }
+        name = message.name or tool_names.get(message.tool_call_id)
+        if name:
+            out["name"] = name
+        return out
+    elif isinstance(message, FunctionMessage):
+        return {"role": "tool", "content": _tool_result_text(message.content), "name": message.name}
+    elif isinstance(message, ChatMessage):
+        out = {"role": message.role, "content": content_text(message.content, message.role)}
+    else:
+        raise ValueError(f"unsupported message type {type(message).__name__}")
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def _mergeable(previous: dict[str, Any], current: dict[str, Any]) -> bool:
+    return (
+        previous["role"] == current["role"]
+        and current["role"] in _MERGED_ROLES
+        and previous.get("name") == current.get("name")
+    )
+
+
+def to_template_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """Message dicts for a chat template: {"role", "content"} plus "name", "tool_calls", "tool_call_id".
+
+    AI tool calls become OpenAI-style `{"id", "type": "function", "function": {"name", "arguments"}}`;
+    a tool message without a name takes the name of the call it answers. Consecutive system, human or
+    AI messages from the same speaker are merged (texts joined by a blank line, tool calls kept in
+    order), since many templates insist that roles alternate. Media content raises ValueError.
+    """
+    tool_names: dict[str, str] = {}
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        current = _one_message(message, tool_names)
+        if merged and _mergeable(merged[-1], current):
+            previous = merged[-1]
+            texts = [t for t in (previous["content"], current["content"]) if t]
+            previous["content"] = "\n\n".join(texts)
+            if current.get("tool_calls"):
+                previous["tool_calls"] = previous.get("tool_calls", []) + current["tool_calls"]
+        else:
+            merged.append(current)
+    return merged

@@ -1,0 +1,116 @@
+"""Fields and request building shared by ChatBrisk and BriskLLM."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from brisklm import LLM, SamplingParams
+from langchain_brisklm._engines import default_model, get_engine, model_display_name
+
+# Per-call keyword arguments that override a field for one call, e.g. invoke(..., temperature=0).
+SAMPLING_FIELDS = (
+    "temperature",
+    "max_tokens",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "logit_bias",
+)
+# Accepted for compatibility with hosted chat models' standard parameters; a local engine has no
+# network connection, so none of them does anything here.
+_REMOTE_ONLY_PARAMS = frozenset({"api_key", "base_url", "timeout", "max_retries", "organization"})
+
+
+class BriskSettings(BaseModel):
+    """Which model to run and how to sample from it."""
+
+    model: str | None = Field(default_factory=default_model)
+    """Checkpoint directory (Hugging Face layout); default: $BRISKLM_MODEL, else the bundled model."""
+    device: str | None = None
+    """"cpu" or "cuda" (default: cuda when available)."""
+    dtype: str | None = None
+    """"float32", "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA)."""
+    max_batch_size: int = 8
+    """Requests the shared engine decodes together."""
+    max_seq_len: int | None = None
+    """Context length of the engine (default: the model's)."""
+
+    temperature: float | None = None
+    """Sampling temperature; 0 is greedy. None: brisklm's default (1.0)."""
+    max_tokens: int | None = None
+    """Most tokens to generate; None: until the model stops or the context is full."""
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    """Seed of the request's sampler: the same seed and prompt give the same output."""
+    logit_bias: dict[int, float] | None = None
+    stop: list[str] | None = None
+    """Stop sequences; stop sequences passed to a call replace these for that call."""
+    streaming: bool = False
+    """Generate through the streaming path, so callbacks see each new token."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_remote_only_params(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            ignored = sorted(k for k in values if k in _REMOTE_ONLY_PARAMS)
+            if ignored:
+                warnings.warn(
+                    f"{cls.__name__} runs the model locally and ignores {', '.join(ignored)}",
+                    stacklevel=4,
+                )
+                values = {k: v for k, v in values.items() if k not in _REMOTE_ONLY_PARAMS}
+        return values
+
+    @property
+    def model_name(self) -> str:
+        """The model's name as reported in metadata and traces."""
+        return model_display_name(self.model)
+
+    def _engine(self, model: str | None = None) -> LLM:
+        """The shared engine for this model (or a per-call `model` override), loaded on first use."""
+        return get_engine(
+            model if model is not None else self.model,
+            device=self.device,
+            dtype=self.dtype,
+            max_batch_size=self.max_batch_size,
+            max_seq_len=self.max_seq_len,
+        )
+
+    def _sampling_params(
+        self,
+        llm: LLM,
+        num_prompt_tokens: int,
+        stop: list[str] | None,
+        overrides: dict[str, Any],
+        **constraint: Any,
+    ) -> SamplingParams:
+        values = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        values.update({k: v for k, v in overrides.items() if k in SAMPLING_FIELDS})
+        options = {k: v for k, v in values.items() if v is not None}
+        # Without a limit, generate until the model stops; the engine also stops at the context's end.
+        options.setdefault("max_tokens", max(1, llm.max_seq_len - num_prompt_tokens))
+        stops = stop if stop is not None else self.stop
+        return SamplingParams(stop=stops or None, **options, **constraint)
+
+
+def split_call_kwargs(kwargs: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    """The per-call sampling overrides in kwargs; TypeError for anything not understood."""
+    unknown = sorted(k for k in kwargs if k not in SAMPLING_FIELDS and k not in known)
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument(s) {', '.join(unknown)}; per-call options are "
+            f"{', '.join(sorted((*SAMPLING_FIELDS, *known)))}"
+        )
+    return {k: v for k, v in kwargs.items() if k in SAMPLING_FIELDS}

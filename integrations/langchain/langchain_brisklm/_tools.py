@@ -1,0 +1,222 @@
+"""Tool binding for ChatBrisk: tool schemas, tool_choice, and tool-call chunks for streaming."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages.tool import (
+    InvalidToolCall,
+    ToolCallChunk,
+    invalid_tool_call,
+    tool_call_chunk,
+)
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from brisklm.tool_calls import (
+    TOOL_CALL_END,
+    TOOL_CALL_START,
+    ContentDelta,
+    ToolCallComplete,
+    ToolCallDelta,
+    ToolCallStreamParser,
+    ToolChoiceMode,
+    new_tool_call_id,
+    parse_tool_call_body,
+)
+
+ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
+ToolChoice = str | dict[str, Any] | bool | None
+
+_CHOICE_ALIASES: dict[str, ToolChoiceMode] = {
+    "auto": "auto",
+    "any": "required",
+    "required": "required",
+    "none": "none",
+}
+
+
+def format_tools(tools: Sequence[ToolLike]) -> list[dict[str, Any]]:
+    """OpenAI-style tool dicts for pydantic classes, functions, LangChain tools and dicts.
+
+    A tool given twice in the same form is kept once.
+    """
+    formatted: list[dict[str, Any]] = []
+    for tool in tools:
+        converted = convert_to_openai_tool(tool)
+        if converted not in formatted:
+            formatted.append(converted)
+    return formatted
+
+
+def normalize_tool_choice(tool_choice: ToolChoice, tool_names: Sequence[str]) -> str:
+    """ "auto", "required", "none", or the name of the one tool to call.
+
+    Accepts LangChain's spellings: None/"auto", "any"/"required"/True, "none"/False, a tool name,
+    and the dict forms `{"type": "function", "function": {"name": ...}}` (OpenAI) and
+    `{"type": "tool", "name": ...}` / `{"type": "any" | "auto" | "none"}` (Anthropic).
+    """
+    if tool_choice is None or tool_choice is True or tool_choice is False:
+        choice: str = {None: "auto", True: "required", False: "none"}[tool_choice]
+    elif isinstance(tool_choice, str):
+        choice = tool_choice
+    elif isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            choice = function["name"]
+        elif isinstance(tool_choice.get("name"), str):
+            choice = tool_choice["name"]
+        elif tool_choice.get("type") in _CHOICE_ALIASES:
+            choice = tool_choice["type"]
+        else:
+            raise ValueError(f"unrecognised tool_choice {tool_choice!r}")
+    else:
+        raise ValueError(f"unrecognised tool_choice {tool_choice!r}")
+    if choice in _CHOICE_ALIASES:
+        return _CHOICE_ALIASES[choice]
+    if choice not in tool_names:
+        raise ValueError(
+            f"tool_choice names the tool {choice!r}, which is not bound; bound tools: "
+            f"{', '.join(tool_names) or 'none'} (or use 'auto', 'any'/'required', 'none')"
+        )
+    return choice
+
+
+def grammar_mode(
+    tools: Sequence[dict[str, Any]], tool_choice: str
+) -> tuple[ToolChoiceMode, list[dict[str, Any]]]:
+    """The grammar mode and the tools it allows for a normalized tool_choice."""
+    if tool_choice in ("auto", "required", "none"):
+        return tool_choice, list(tools)  # type: ignore[return-value]
+    return "required", [t for t in tools if t["function"]["name"] == tool_choice]
+
+
+# The start of a call as the grammar writes it, up to its arguments object.
+# It matches once the arguments have begun, so the whitespace before them is never an argument piece.
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+def _settled_arguments(text: str) -> str:
+    # The arguments end one "}" before the call's closing "}"; hold back a trailing "}" and the
+    # whitespace after it until the next piece shows whether it was the last.
+    text = text.rstrip()
+    return text[:-1] if text.endswith("}") else text
+
+
+def split_cut_call(text: str) -> tuple[str, InvalidToolCall | None]:
+    """Split off a last tool call that the reply ended inside (max_tokens ran out).
+
+    Returns the text before it and the cut call as an invalid tool call, with its name when the
+    name was written and its arguments so far; or the text unchanged and None.
+    """
+    start = text.rfind(TOOL_CALL_START)
+    if start < 0 or TOOL_CALL_END in text[start:]:
+        return text, None
+    body = text[start + len(TOOL_CALL_START) :]
+    if parse_tool_call_body(body) is not None:  # complete but for its end tag: a call
+        return text, None
+    head = _CALL_HEAD.match(body.lstrip())
+    cut = invalid_tool_call(
+        name=json.loads(head.group(1)) if head else None,
+        args=body.lstrip()[head.end() :] if head else body,
+        id=new_tool_call_id(),
+        error="the reply ended inside this tool call (max_tokens reached)",
+    )
+    return text[:start], cut
+
+
+@dataclass
+class _CallState:
+    raw: str = ""
+    id: str = field(default_factory=new_tool_call_id)
+    head_end: int | None = None
+    emitted: int = 0
+
+
+class ToolCallChunker:
+    """Turns generated text into message content and `tool_call_chunks`, as the text streams.
+
+    Each call gets a first chunk with its index, id and name once its name is complete, then
+    chunks with pieces of its arguments JSON; the pieces joined are the arguments exactly.
+    """
+
+    def __init__(self) -> None:
+        self._parser = ToolCallStreamParser()
+        self._calls: dict[int, _CallState] = {}
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallChunk]]:
+        return self._convert(self._parser.feed(text))
+
+    def finish(self) -> tuple[str, list[ToolCallChunk]]:
+        open_call = self._calls.get(self._parser.num_calls)
+        events = self._parser.finish()
+        last = events[-1] if events else None
+        cut = isinstance(last, ContentDelta) and last.text.lstrip().startswith(TOOL_CALL_START)
+        if cut and open_call is not None and open_call.head_end is not None:
+            # A call the reply ended inside: its chunks went out already, so its text is not
+            # content too (the merged chunks hold the partial call).
+            events = events[:-1]
+        return self._convert(events)
+
+    @property
+    def num_calls(self) -> int:
+        return self._parser.num_calls
+
+    def _convert(self, events: list[Any]) -> tuple[str, list[ToolCallChunk]]:
+        content: list[str] = []
+        chunks: list[ToolCallChunk] = []
+        for event in events:
+            if isinstance(event, ContentDelta):
+                content.append(event.text)
+            elif isinstance(event, ToolCallDelta):
+                state = self._calls.setdefault(event.index, _CallState())
+                state.raw += event.text
+                chunks.extend(self._progress(event.index, state))
+            elif isinstance(event, ToolCallComplete):
+                state = self._calls.pop(event.index, _CallState())
+                chunks.extend(self._complete(event.index, state, event.call))
+        return "".join(content), _coalesce(chunks)
+
+    def _progress(self, index: int, state: _CallState) -> list[ToolCallChunk]:
+        text = state.raw.lstrip()
+        out: list[ToolCallChunk] = []
+        if state.head_end is None:
+            match = _CALL_HEAD.match(text)
+            if match is None:
+                return out
+            state.head_end = match.end()
+            name = json.loads(match.group(1))
+            out.append(tool_call_chunk(name=name, args="", id=state.id, index=index))
+        settled = _settled_arguments(text[state.head_end :])
+        if len(settled) > state.emitted:
+            out.append(tool_call_chunk(args=settled[state.emitted :], index=index))
+            state.emitted = len(settled)
+        return out
+
+    @staticmethod
+    def _complete(index: int, state: _CallState, call: Any) -> list[ToolCallChunk]:
+        if state.head_end is None:  # not in the grammar's layout: send the parsed call whole
+            args = json.dumps(call.arguments, ensure_ascii=False)
+            return [tool_call_chunk(name=call.name, args=args, id=state.id, index=index)]
+        body = state.raw.strip()
+        arguments = body[state.head_end : -1].rstrip() if body.endswith("}") else ""
+        rest = arguments[state.emitted :]
+        return [tool_call_chunk(args=rest, index=index)] if rest else []
+
+
+def _coalesce(chunks: list[ToolCallChunk]) -> list[ToolCallChunk]:
+    """One chunk per call index: a message whose chunk list repeats an index merges out of order."""
+    by_index: dict[int | None, ToolCallChunk] = {}
+    for chunk in chunks:
+        first = by_index.get(chunk["index"])
+        if first is None:
+            by_index[chunk["index"]] = chunk
+        else:
+            first["args"] = (first["args"] or "") + (chunk["args"] or "")
+            first["name"] = first["name"] or chunk["name"]
+            first["id"] = first["id"] or chunk["id"]
+    return list(by_index.values())

@@ -1,0 +1,431 @@
+"""ChatBrisk: a LangChain chat model running a local model on brisklm, with grammar-checked tool calls
+and structured output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import ToolCallChunk
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.base import OutputParserLike
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+
+from brisklm import LLM
+from brisklm.engine.request import Request
+from brisklm.outputs import GenerationOutput, StreamChunk, Usage
+from brisklm.tool_calls import TOOL_ARGUMENTS_JSON_OPTIONS, parse_tool_calls, tool_call_grammar
+from langchain_brisklm._messages import to_template_messages
+from langchain_brisklm._settings import BriskSettings, split_call_kwargs
+from langchain_brisklm._tools import (
+    ToolCallChunker,
+    ToolChoice,
+    format_tools,
+    grammar_mode,
+    normalize_tool_choice,
+    split_cut_call,
+)
+
+StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
+# Keyword arguments that bind_tools / with_structured_output bind, besides sampling overrides.
+_CALL_OPTIONS = frozenset(
+    {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model"}
+)
+
+
+@dataclass
+class _Call:
+    """One prepared chat request and how to read its output."""
+
+    llm: LLM
+    request: Request
+    parse_tools: bool
+    model_name: str
+
+
+def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
+    """A JSON Schema for a pydantic class, TypedDict, JSON Schema dict or OpenAI tool/function dict."""
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if isinstance(schema, dict) and ("function" not in schema and "parameters" not in schema):
+        return schema  # already a JSON Schema
+    return convert_to_json_schema(schema)
+
+
+def _usage_metadata(usage: Usage) -> UsageMetadata:
+    return UsageMetadata(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+
+
+def _finish_reason(finish_reason: str | None, num_calls: int) -> str | None:
+    # OpenAI's convention: a turn that ended after calling tools finishes with "tool_calls".
+    return "tool_calls" if num_calls and finish_reason == "stop" else finish_reason
+
+
+class ChatBrisk(BriskSettings, BaseChatModel):
+    """A chat model running a local Hugging Face checkpoint with brisklm.
+
+    Construction is cheap: the model loads on first use and is shared by every ChatBrisk and
+    BriskLLM with the same model, device, dtype and engine limits; concurrent calls (batch,
+    abatch, threads, asyncio) are decoded together in one engine batch.
+
+    Tool calls and structured output are decoded under a grammar built from the schemas, so tool
+    names and arguments and structured results are always valid (unless max_tokens cuts them off).
+
+    Example:
+        ```python
+        from langchain_brisklm import ChatBrisk
+
+        chat = ChatBrisk(temperature=0)  # the bundled model; or ChatBrisk(model="path/to/checkpoint")
+        chat.invoke("Hello!")
+        ```
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "brisklm-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "device": self.device,
+            "dtype": self.dtype,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["langchain_brisklm", "chat_models"]
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "brisklm"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.model_name
+        if "ls_stop" not in params and (stop or self.stop):
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # ------------------------------------------------------------------ requests
+    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: Any) -> _Call:
+        overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
+        model = kwargs.get("model")
+        llm = self._engine(model)
+        tools: list[dict[str, Any]] = kwargs.get("tools") or []
+        response_format = kwargs.get("response_format")
+        if tools and response_format:
+            raise ValueError("pass either tools or response_format to one call, not both")
+        constraint: dict[str, Any] = {}
+        parse_tools = False
+        if response_format:
+            constraint["json_schema"] = self._response_json_schema(response_format)
+        elif tools:
+            names = [tool["function"]["name"] for tool in tools]
+            choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
+            mode, allowed = grammar_mode(tools, choice)
+            parallel = kwargs.get("parallel_tool_calls")
+            single = choice not in ("auto", "required", "none") or parallel is False
+            constraint["grammar"] = tool_call_grammar(allowed, mode, parallel=not single)
+            parse_tools = mode != "none"
+        prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
+        params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
+        request = llm.make_request(prompt_ids, params)
+        name = model if isinstance(model, str) else self.model_name
+        return _Call(llm, request, parse_tools, name)
+
+    @staticmethod
+    def _response_json_schema(response_format: dict[str, Any]) -> dict[str, Any]:
+        kind = response_format.get("type")
+        if kind == "json_object":
+            schema: dict[str, Any] = {"type": "object"}
+        elif kind == "json_schema":
+            schema = dict(response_format["schema"])
+        else:
+            raise ValueError(
+                f"response_format type must be 'json_schema' or 'json_object', got {kind!r}"
+            )
+        # Spaced separators as json.dumps writes them, the JSON style chat models see in training.
+        schema["x-guidance"] = {**TOOL_ARGUMENTS_JSON_OPTIONS, **schema.get("x-guidance", {})}
+        return schema
+
+    def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
+        invalid = []
+        if call.parse_tools:
+            text, cut = split_cut_call(output.text)
+            content, calls = parse_tool_calls(text)
+            invalid = [cut] if cut is not None else []
+        else:
+            content, calls = output.text, []
+        tool_calls = [
+            {"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls
+        ]
+        metadata = {
+            "model_name": call.model_name,
+            "finish_reason": _finish_reason(output.finish_reason, len(calls)),
+        }
+        if output.stop_reason is not None:
+            metadata["stop_reason"] = output.stop_reason
+        message = AIMessage(
+            content=content,
+            tool_calls=tool_calls,
+            invalid_tool_calls=invalid,
+            usage_metadata=_usage_metadata(output.usage),
+            response_metadata=metadata,
+        )
+        return ChatResult(
+            generations=[ChatGeneration(message=message, generation_info=dict(metadata))],
+            llm_output={
+                "model_name": call.model_name,
+                "token_usage": {
+                    "prompt_tokens": output.usage.prompt_tokens,
+                    "completion_tokens": output.usage.completion_tokens,
+                    "total_tokens": output.usage.total_tokens,
+                },
+            },
+        )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call = self._prepare(messages, stop, kwargs)
+        (output,) = call.llm.run_requests([call.request])
+        return self._result(call, output)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call = self._prepare(messages, stop, kwargs)
+        (output,) = await call.llm.arun_requests([call.request])
+        return self._result(call, output)
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:
+        """Run the inputs concurrently, so the engine decodes them together.
+
+        The same as `abatch`, driven from one event loop on a helper thread: one consumer for all
+        requests, rather than LangChain's default of a thread per input (a pool of a few threads,
+        each woken for every token).
+        """
+        if len(inputs) <= 1:
+            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        work = self.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        context = contextvars.copy_context()  # tracing and callback context go along
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisklm-batch") as pool:
+            return pool.submit(context.run, asyncio.run, work).result()
+
+    # ----------------------------------------------------------------- streaming
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        call = self._prepare(messages, stop, kwargs)
+        converter = _ChunkConverter(call)
+        for stream_chunk in call.llm.stream_request(call.request):
+            for chunk in converter.convert(stream_chunk):
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        call = self._prepare(messages, stop, kwargs)
+        converter = _ChunkConverter(call)
+        async for stream_chunk in call.llm.astream_request(call.request):
+            for chunk in converter.convert(stream_chunk):
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+
+    # ---------------------------------------------------------------- tools
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools; their calls are decoded under a grammar built from their schemas.
+
+        Args:
+            tools: pydantic classes, functions, LangChain tools, or tool/JSON-schema dicts.
+            tool_choice: "auto" (default: text or tool calls, the model's choice), "any" or
+                "required" (at least one call), "none" (text only), or a tool's name (exactly one
+                call of that tool); also True/False and the OpenAI/Anthropic dict forms.
+            parallel_tool_calls: False allows at most one call per turn.
+            strict: accepted for compatibility; calls always follow the schemas exactly.
+        """
+        del strict  # every call is decoded under its schema
+        formatted = format_tools(tools)
+        names = [tool["function"]["name"] for tool in formatted]
+        choice = normalize_tool_choice(tool_choice, names)
+        bound: dict[str, Any] = {"tools": formatted, "tool_choice": choice}
+        if parallel_tool_calls is not None:
+            bound["parallel_tool_calls"] = parallel_tool_calls
+        return super().bind(**bound, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        method: StructuredOutputMethod = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+        """A runnable that returns outputs matching `schema`, valid by construction.
+
+        Args:
+            schema: a pydantic class (returns instances), a TypedDict, a JSON Schema dict, or an
+                OpenAI tool/function dict (these return dicts).
+            method: "json_schema" (default): the reply is JSON decoded under the schema;
+                "function_calling": a forced call of a tool with the schema as its parameters;
+                "json_mode": the reply is any JSON object (describe the keys in the prompt).
+            include_raw: return {"raw": AIMessage, "parsed": ..., "parsing_error": ...}.
+            strict: accepted for compatibility; json_schema and function_calling always follow
+                the schema exactly.
+        """
+        if kwargs:
+            raise ValueError(f"unsupported arguments: {sorted(kwargs)}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        format_info = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        parser: OutputParserLike
+        if method == "function_calling":
+            tool_name = convert_to_openai_tool(schema)["function"]["name"]
+            llm = self.bind_tools(
+                [schema],
+                tool_choice=tool_name,
+                parallel_tool_calls=False,
+                ls_structured_output_format=format_info,
+            )
+            if is_pydantic:
+                parser = PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+            else:
+                parser = JsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
+        elif method in ("json_schema", "json_mode"):
+            response_format = (
+                {"type": "json_schema", "schema": _json_schema_of(schema)}
+                if method == "json_schema"
+                else {"type": "json_object"}
+            )
+            llm = self.bind(
+                response_format=response_format, ls_structured_output_format=format_info
+            )
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if is_pydantic
+                else JsonOutputParser()
+            )
+        else:
+            raise ValueError(
+                f"method must be 'json_schema', 'function_calling' or 'json_mode', got {method!r}"
+            )
+        if not include_raw:
+            return llm | parser
+        parser_assign = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+        parser_with_fallback = parser_assign.with_fallbacks(
+            [parser_none], exception_key="parsing_error"
+        )
+        return RunnableMap(raw=llm) | parser_with_fallback
+
+
+class _ChunkConverter:
+    """Engine stream chunks -> ChatGenerationChunks: text, tool-call chunks, and a final chunk
+    with usage, finish reason and model name (so input tokens are counted in one chunk only)."""
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+        self.chunker = ToolCallChunker() if call.parse_tools else None
+
+    def convert(self, chunk: StreamChunk) -> list[ChatGenerationChunk]:
+        out: list[ChatGenerationChunk] = []
+        if self.chunker is None:
+            pieces = [(chunk.text, [])]
+        else:
+            pieces = [self.chunker.feed(chunk.text)]
+            if chunk.finished:
+                pieces.append(self.chunker.finish())
+        for text, tool_chunks in pieces:
+            if text or tool_chunks:
+                out.append(_chunk(text, tool_chunks))
+        if chunk.finished:
+            num_calls = self.chunker.num_calls if self.chunker is not None else 0
+            metadata: dict[str, Any] = {
+                "model_name": self.call.model_name,
+                "finish_reason": _finish_reason(chunk.finish_reason, num_calls),
+            }
+            if chunk.stop_reason is not None:
+                metadata["stop_reason"] = chunk.stop_reason
+            message = AIMessageChunk(
+                content="",
+                usage_metadata=_usage_metadata(chunk.usage) if chunk.usage else None,
+                response_metadata=metadata,
+                chunk_position="last",
+            )
+            out.append(ChatGenerationChunk(message=message, generation_info=dict(metadata)))
+        return out
+
+
+def _chunk(text: str, tool_chunks: list[ToolCallChunk]) -> ChatGenerationChunk:
+    return ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=tool_chunks))

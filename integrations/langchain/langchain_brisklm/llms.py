@@ -1,0 +1,256 @@
+"""BriskLLM: a LangChain text-completion model running a local model on brisklm."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseLLM
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+
+from brisklm import LLM
+from brisklm.engine.request import Request
+from brisklm.outputs import StreamChunk, Usage
+from langchain_brisklm._settings import BriskSettings, split_call_kwargs
+
+# Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").
+_CONSTRAINT_OPTIONS = frozenset(
+    {"json_schema", "json_object", "regex", "choice", "grammar", "grammar_syntax"}
+)
+_CALL_OPTIONS = _CONSTRAINT_OPTIONS | {"model"}
+
+
+def _usage_dict(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _generation_info(finish_reason: str | None, stop_reason: Any, usage: Usage | None) -> dict:
+    info: dict[str, Any] = {"finish_reason": finish_reason}
+    if stop_reason is not None:
+        info["stop_reason"] = stop_reason
+    if usage is not None:
+        info["usage"] = _usage_dict(usage)
+    return info
+
+
+class BriskLLM(BriskSettings, BaseLLM):
+    """A completion model (prompt string in, text out) running a local checkpoint with brisklm.
+
+    `generate` / `batch` run all prompts in one engine batch. Construction is cheap: the model loads
+    on first use and is shared with every ChatBrisk / BriskLLM using the same model and settings.
+    A call may pass sampling overrides (`temperature=0`) and one constraint: `json_schema`,
+    `json_object`, `regex`, `choice` or `grammar` (see `brisklm.SamplingParams`).
+
+    Example:
+        ```python
+        from langchain_brisklm import BriskLLM
+
+        llm = BriskLLM(model="path/to/checkpoint", temperature=0, max_tokens=64)
+        llm.invoke("The capital of France is")
+        ```
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "brisklm"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "device": self.device,
+            "dtype": self.dtype,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["langchain_brisklm", "llms"]
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "brisklm"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.model_name
+        return params
+
+    def _requests(
+        self, prompts: Sequence[str], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[LLM, list[Request], str]:
+        overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
+        constraint = {k: v for k, v in kwargs.items() if k in _CONSTRAINT_OPTIONS}
+        model = kwargs.get("model")
+        llm = self._engine(model)
+        requests = []
+        for prompt in prompts:
+            ids = llm.tokenizer.encode(prompt, add_special_tokens=True)
+            params = self._sampling_params(llm, len(ids), stop, overrides, **constraint)
+            requests.append(llm.make_request(ids, params))
+        return llm, requests, model if isinstance(model, str) else self.model_name
+
+    @staticmethod
+    def _result(outputs: Sequence[Any], model_name: str) -> LLMResult:
+        generations = [
+            [
+                Generation(
+                    text=o.text,
+                    generation_info=_generation_info(o.finish_reason, o.stop_reason, o.usage),
+                )
+            ]
+            for o in outputs
+        ]
+        prompt_tokens = sum(o.usage.prompt_tokens for o in outputs)
+        completion_tokens = sum(o.usage.completion_tokens for o in outputs)
+        token_usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        return LLMResult(
+            generations=generations,
+            llm_output={"token_usage": token_usage, "model_name": model_name},
+        )
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        llm, requests, model_name = self._requests(prompts, stop, kwargs)
+        if not (self.streaming and run_manager is not None):
+            return self._result(llm.run_requests(requests), model_name)
+        # Streaming: every request still decodes in the shared batch; tokens reach the callbacks
+        # on this thread, tagged with the prompt they belong to.
+        for index, chunk in _stream_together(llm, requests):
+            if chunk.text:
+                piece = GenerationChunk(text=chunk.text)
+                run_manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
+        return self._result([r.to_output() for r in requests], model_name)
+
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        llm, requests, model_name = self._requests(prompts, stop, kwargs)
+        if not (self.streaming and run_manager is not None):
+            return self._result(await llm.arun_requests(requests), model_name)
+        manager = run_manager
+
+        async def consume(index: int, request: Request) -> None:
+            async for chunk in llm.astream_request(request):
+                if chunk.text:
+                    piece = GenerationChunk(text=chunk.text)
+                    await manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
+
+        await asyncio.gather(*(consume(i, r) for i, r in enumerate(requests)))
+        return self._result([r.to_output() for r in requests], model_name)
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        llm, (request,), _ = self._requests([prompt], stop, kwargs)
+        for chunk in llm.stream_request(request):
+            piece = _generation_chunk(chunk)
+            if piece is None:
+                continue
+            if run_manager is not None:
+                run_manager.on_llm_new_token(piece.text, chunk=piece)
+            yield piece
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        llm, (request,), _ = self._requests([prompt], stop, kwargs)
+        async for chunk in llm.astream_request(request):
+            piece = _generation_chunk(chunk)
+            if piece is None:
+                continue
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(piece.text, chunk=piece)
+            yield piece
+
+
+def _generation_chunk(chunk: StreamChunk) -> GenerationChunk | None:
+    """The text of a stream chunk; the last also carries finish reason and usage."""
+    if not chunk.finished:
+        return GenerationChunk(text=chunk.text) if chunk.text else None
+    info = _generation_info(chunk.finish_reason, chunk.stop_reason, chunk.usage)
+    return GenerationChunk(text=chunk.text, generation_info=info)
+
+
+_DONE = object()
+
+
+def _stream_together(llm: LLM, requests: list[Request]) -> Iterator[tuple[int, StreamChunk]]:
+    """Stream several requests at once, yielding (index, chunk) in arrival order on this thread."""
+    inbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def pump(index: int, request: Request) -> None:
+        chunks = llm.stream_request(request)
+        try:
+            for chunk in chunks:
+                inbox.put((index, chunk))
+                if stop.is_set():
+                    break
+        except BaseException as error:  # handed to the consumer, which raises it
+            inbox.put((index, error))
+        finally:
+            chunks.close()  # aborts the request if it is still running
+            inbox.put((index, _DONE))
+
+    threads = [
+        threading.Thread(target=pump, args=(i, r), name="brisklm-stream", daemon=True)
+        for i, r in enumerate(requests)
+    ]
+    for thread in threads:
+        thread.start()
+    running = len(threads)
+    try:
+        while running:
+            index, item = inbox.get()
+            if item is _DONE:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()

@@ -1,0 +1,165 @@
+"""Speculative decode steps: a proposer drafts tokens, one target pass verifies them, rejection
+sampling keeps the output distribution exactly the target's, rejected tokens are rolled back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from brisklm.engine.model_runner import ForwardBatch
+from brisklm.engine.request import Request
+from brisklm.outputs import SpeculativeStats, StreamChunk, TokenLogprob
+from brisklm.speculative import (
+    DraftRow,
+    Proposal,
+    Proposer,
+    batch_proposals,
+    rejection_sample,
+    target_probs,
+    verification_counts,
+)
+
+if TYPE_CHECKING:
+    from brisklm.engine.llm_engine import LLMEngine, StepResult
+
+
+class Speculator:
+    """Runs decode steps with a proposer (draft model or n-gram lookup) for an LLMEngine."""
+
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.proposer = proposer
+        self.num_speculative_tokens = num_speculative_tokens
+
+    def release(self, request: Request) -> None:
+        if request.slot is not None:
+            self.proposer.release(request.slot)
+
+    def _rows(self, requests: Sequence[Request]) -> list[DraftRow]:
+        # Each step emits up to n + 1 tokens: never propose past max_tokens or the context.
+        return [
+            DraftRow(
+                slot=r.slot,  # type: ignore[arg-type]
+                prompt_token_ids=r.prompt_token_ids,
+                output_token_ids=r.output_token_ids,
+                max_draft_tokens=max(0, min(self.num_speculative_tokens, r.max_new_tokens - 1)),
+                params=r.params,
+                generator=r.draft_generator,
+                matcher=r.matcher,
+            )
+            for r in requests
+        ]
+
+    @staticmethod
+    def _valid_for_grammar(
+        requests: Sequence[Request], proposals: list[Proposal]
+    ) -> list[Proposal]:
+        """Cut deterministic (n-gram) proposals at the first token the grammar forbids.
+
+        Lossless because such proposals are a function of the context; sampled draft proposals are
+        never cut on their own value (the draft proposer already drafts under the grammar).
+        """
+        out = []
+        for request, proposal in zip(requests, proposals):
+            if request.matcher is not None and proposal.probs is None and proposal.token_ids:
+                valid = request.matcher.validate_tokens(proposal.token_ids)
+                proposal = Proposal(proposal.token_ids[:valid])
+            out.append(proposal)
+        return out
+
+    def step(self, engine: LLMEngine, requests: list[Request]) -> list[StepResult]:
+        rows = self._rows(requests)
+        proposals = self._valid_for_grammar(requests, self.proposer.propose(rows))
+        counts = verification_counts(proposals)
+        feeds = [r.uncached_token_ids for r in requests]
+        forward = ForwardBatch(
+            slots=[r.slot for r in requests],  # type: ignore[misc]
+            start_positions=[r.num_cached for r in requests],
+            token_ids=[feed + p.token_ids for feed, p in zip(feeds, proposals)],
+            num_logits=counts,
+        )
+        pending_masks = engine.structured.start_masks(requests, [p.token_ids for p in proposals])
+        logits = engine.runner.forward(forward)  # (sum(counts), V)
+        engine.mask_padding(logits)
+        engine.structured.apply(pending_masks, logits)
+        probs = target_probs(logits, rows, proposals, engine.eos_token_ids)
+        batch = batch_proposals(proposals, logits.shape[1], logits.device)
+        out, num_accepted = rejection_sample(
+            probs,
+            batch.token_ids,
+            batch.num_draft,
+            batch.probs,
+            [r.params.is_greedy for r in requests],
+            [r.generator for r in requests],
+        )
+        out_rows, accepted = out.tolist(), num_accepted.tolist()
+        offsets = [sum(counts[:b]) for b in range(len(counts))]
+        logprobs = self._logprobs(engine, requests, logits, out_rows, accepted, offsets)
+        results: list[StepResult] = []
+        for b, request in enumerate(requests):
+            proposal, n = proposals[b], accepted[b]
+            # The cache now holds valid keys for the fed tokens and the n accepted proposals.
+            request.num_cached = forward.start_positions[b] + len(feeds[b]) + n
+            self.proposer.rollback(request.slot, len(proposal) - n)  # type: ignore[arg-type]
+            stats = request.speculative or SpeculativeStats()
+            request.speculative = stats
+            stats.num_steps += 1
+            stats.num_proposed += len(proposal)
+            stats.num_accepted += n
+            result = self._emit(
+                engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
+            )
+            results.append((request, result))
+        return results
+
+    @staticmethod
+    def _emit(
+        engine: LLMEngine, request: Request, tokens: list[int], logprobs: list[TokenLogprob] | None
+    ) -> StreamChunk | BaseException:
+        """Append the accepted run and the bonus token, stopping where the request finishes."""
+        chunk: StreamChunk | None = None
+        for j, token in enumerate(tokens):
+            logprob = logprobs[j] if logprobs else None
+            last = j == len(tokens) - 1
+            result = engine.update_request(request, token, logprob, allow_forced=last)
+            if isinstance(result, BaseException):
+                return result
+            if chunk is None:
+                chunk = result
+            else:
+                chunk.extend(result)
+            if request.is_finished:
+                break
+        assert chunk is not None
+        return chunk
+
+    @staticmethod
+    def _logprobs(
+        engine: LLMEngine,
+        requests: list[Request],
+        logits: torch.Tensor,
+        out_rows: list[list[int]],
+        accepted: list[int],
+        offsets: list[int],
+    ) -> list[list[TokenLogprob]] | None:
+        wanted = [r.params.logprobs for r in requests]
+        if all(w is None for w in wanted):
+            return None
+        index, tokens = [], []
+        for b, n in enumerate(accepted):
+            for j in range(n + 1):
+                index.append(offsets[b] + j)
+                tokens.append(out_rows[b][j])
+        flat = engine.token_logprobs(
+            [requests[b] for b, n in enumerate(accepted) for _ in range(n + 1)],
+            logits.index_select(0, torch.tensor(index, dtype=torch.int64, device=logits.device)),
+            torch.tensor(tokens, dtype=torch.int64, device=logits.device),
+        )
+        per_row, start = [], 0
+        for n in accepted:
+            per_row.append(flat[start : start + n + 1])
+            start += n + 1
+        return per_row

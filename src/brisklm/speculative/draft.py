@@ -1,0 +1,393 @@
+"""A small draft model that proposes tokens from its own KV cache, kept in step with the target's slots."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from brisklm.config import ModelConfig
+from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.models.llama import LlamaForCausalLM
+from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs
+from brisklm.speculative.proposer import DraftRow, Proposal
+
+# Exponential draws are clamped to this so that p / e is never 0 / 0 (NaN wins argmax).
+_MIN_EXPONENTIAL = torch.finfo(torch.float32).tiny
+# Added to a request's seed for its draft generator (mod 2**64): the golden-ratio increment.
+_DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15
+
+
+def make_draft_generator(
+    params: SamplingParams, device: torch.device | str
+) -> torch.Generator | None:
+    """The draft model's own generator for a request, seeded from (not equal to) ``params.seed``;
+    None when the request has no seed or is greedy.
+
+    Keep it next to the request's target generator for the request's whole life: the draft's
+    draws then never interleave with the target's, so a seeded request is reproducible."""
+    if params.seed is None or params.is_greedy:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed((params.seed + _DRAFT_SEED_OFFSET) % 2**64)
+    return generator
+
+
+def check_compatible(
+    target_config: ModelConfig,
+    draft_config: ModelConfig,
+    tokenizer: Any,
+    draft_tokenizer: Any = None,
+) -> None:
+    """Raise ValueError unless the draft model speaks the target's vocabulary.
+
+    ``tokenizer`` is the target's (a :class:`brisklm.tokenizer.Tokenizer`). With the draft's own
+    tokenizer, every real token id must stand for the same bytes in both, and the draft's
+    embedding must cover them (padding past the tokenizer may differ, as across Qwen2.5 sizes).
+    Without it, only the vocabulary sizes can be compared, so they must be equal.
+    """
+    num_real = min(tokenizer.vocab_size, target_config.vocab_size)
+    if draft_tokenizer is None:
+        if draft_config.vocab_size != target_config.vocab_size:
+            raise ValueError(
+                f"draft model vocabulary size {draft_config.vocab_size} does not match the target "
+                f"model's {target_config.vocab_size} (target tokenizer: {tokenizer.vocab_size} "
+                f"tokens); a draft model must use the target's tokenizer"
+            )
+        return
+    if draft_config.vocab_size < num_real:
+        raise ValueError(
+            f"draft model vocabulary size {draft_config.vocab_size} is smaller than the target's "
+            f"{num_real} tokens (target model {target_config.vocab_size}, target tokenizer "
+            f"{tokenizer.vocab_size}); a draft model must use the target's tokenizer"
+        )
+    target_bytes = tokenizer.token_bytes()[:num_real]
+    draft_bytes = draft_tokenizer.token_bytes()[:num_real]
+    if target_bytes != draft_bytes:
+        differ = next(
+            (i for i, (a, b) in enumerate(zip(target_bytes, draft_bytes)) if a != b),
+            min(len(target_bytes), len(draft_bytes)),
+        )
+        raise ValueError(
+            f"draft tokenizer ({draft_tokenizer.vocab_size} tokens) differs from the target "
+            f"tokenizer ({tokenizer.vocab_size} tokens) at token id {differ}; a draft model must "
+            f"use the target's tokenizer"
+        )
+
+
+def _group_by_length(
+    lengths: Sequence[int], max_ratio: float = 1.25, free_padding: int = 64
+) -> list[list[int]]:
+    """Indices grouped, longest first, so that each group's padded size (rows x longest row) is
+    at most ``max_ratio`` x its real tokens + ``free_padding``: short rows share one pass (a pass
+    costs more than a few padding tokens), a long prompt does not pad short rows to its length."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    num_real = 0  # real tokens in the last group
+    for i in order:
+        if groups:
+            group = groups[-1]
+            padded = (len(group) + 1) * lengths[group[0]]
+            if padded <= max_ratio * (num_real + lengths[i]) + free_padding:
+                group.append(i)
+                num_real += lengths[i]
+                continue
+        groups.append([i])
+        num_real = lengths[i]
+    return groups
+
+
+@dataclass
+class _SlotState:
+    """What the draft knows about one slot: the context it last saw, what it proposed after it,
+    and how many leading tokens of that sequence have keys and values in its cache."""
+
+    num_context: int = 0
+    proposals: list[int] = field(default_factory=list)
+    num_cached: int = 0
+
+
+@dataclass
+class _Plan:
+    """One row of a propose call."""
+
+    index: int
+    row: DraftRow
+    num_tokens: int  # L, context length
+    max_tokens: int  # k for this row
+    drafted: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)
+    num_matched: int = 0  # proposals accepted into the row's grammar matcher
+
+
+class DraftModelProposer:
+    """Proposes with a draft model over its own :class:`ModelRunner` and KV cache, whose slots are
+    numbered like the target engine's.
+
+    Each ``propose`` first feeds, in one ragged pass, the tokens of each row its cache has not seen
+    (the whole prompt for a new request, usually one or two tokens after a verification step), then
+    runs up to k - 1 single-token steps batched over the rows still drafting. The per-row q it
+    returns is the exact distribution each proposal was drawn from: the draft's logits cut or padded
+    to the target's vocabulary width, ids past the tokenizer masked (as the engine does for the
+    target), the request's grammar mask when ``row.matcher`` is set, then :func:`processed_probs`
+    with the request's SamplingParams, its output plus the proposals so far (penalties, min_tokens).
+
+    The proposer checks each row's context against what it proposed last time, so rejected
+    proposals are dropped from its cache even if ``rollback`` was not called; ``rollback`` trims
+    eagerly, ``release`` must be called when a slot changes hands. A row stops drafting after a
+    token that would end its request (eos, a stop token id, or a grammar's end).
+
+    With ``tokenizer`` (the target's), :func:`check_compatible` runs first; ``target_config`` sets
+    the width of q to the target's logits (default: the draft's own vocabulary).
+    """
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_slots: int,
+        max_seq_len: int,
+        num_speculative_tokens: int,
+        attention_backend: str = "auto",
+        *,
+        target_config: ModelConfig | None = None,
+        tokenizer: Any = None,
+        draft_tokenizer: Any = None,
+    ) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        draft_config = model.config
+        target = target_config or draft_config
+        if tokenizer is not None:
+            check_compatible(target, draft_config, tokenizer, draft_tokenizer)
+        self.runner = ModelRunner(model, num_slots, max_seq_len, attention_backend)
+        self.device = self.runner.device
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self.num_speculative_tokens = num_speculative_tokens
+        self.vocab_size = target.vocab_size  # width of every q returned
+        self.num_real_tokens = min(self.vocab_size, draft_config.vocab_size)
+        if tokenizer is not None:
+            self.num_real_tokens = min(self.num_real_tokens, tokenizer.vocab_size)
+            self.eos_token_ids: tuple[int, ...] = tuple(tokenizer.eos_token_ids)
+        else:
+            self.eos_token_ids = tuple(draft_config.eos_token_ids)
+        self._slots: list[_SlotState | None] = [None] * num_slots
+
+    # ----------------------------------------------------------------- slot bookkeeping
+    def num_cached_tokens(self, slot: int) -> int:
+        """How many leading tokens of the slot's sequence the draft cache holds."""
+        state = self._slots[self._check_slot(slot)]
+        return 0 if state is None else state.num_cached
+
+    def rollback(self, slot: int, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` of the slot's context-plus-proposals (see :class:`Proposer`)."""
+        state = self._slots[self._check_slot(slot)]
+        total = 0 if state is None else state.num_context + len(state.proposals)
+        if not 0 <= num_tokens <= total:
+            raise ValueError(f"slot {slot}: can roll back 0..{total} tokens, got {num_tokens}")
+        if state is None or num_tokens == 0:
+            return
+        remaining = total - num_tokens
+        if remaining >= state.num_context:
+            del state.proposals[remaining - state.num_context :]
+        else:
+            state.num_context = remaining
+            state.proposals = []
+        state.num_cached = min(state.num_cached, remaining)
+
+    def release(self, slot: int) -> None:
+        """The slot's request is gone: its cached tokens are no longer valid."""
+        self._slots[self._check_slot(slot)] = None
+
+    def _check_slot(self, slot: int) -> int:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is out of range [0, {self.num_slots})")
+        return slot
+
+    def _num_valid(self, row: DraftRow, state: _SlotState | None) -> int:
+        """Leading tokens of the row's context that match what the cache was built from."""
+        if state is None or row.num_tokens < state.num_context:
+            return 0
+        seen = row.token_slice(state.num_context, state.num_context + len(state.proposals))
+        matched = 0
+        for token, proposed in zip(seen, state.proposals):
+            if token != proposed:
+                break
+            matched += 1
+        return state.num_context + matched
+
+    # ----------------------------------------------------------------- proposing
+    @torch.inference_mode()
+    def propose(self, rows: Sequence[DraftRow]) -> list[Proposal]:
+        """One Proposal per row with ``probs`` (n, V) float32; n <= ``row.max_draft_tokens``,
+        ``num_speculative_tokens`` and what the draft cache has room for."""
+        if len({row.slot for row in rows}) != len(rows):
+            raise ValueError("each slot may appear only once per propose call")
+        proposals: list[Proposal | None] = [None] * len(rows)
+        plans: list[_Plan] = []
+        feeds: list[tuple[int, list[int]]] = []  # per plan: (start position, tokens to feed)
+        for index, row in enumerate(rows):
+            slot = self._check_slot(row.slot)
+            length = row.num_tokens
+            if not 1 <= length <= self.max_seq_len:
+                raise ValueError(
+                    f"slot {slot}: a context of {length} tokens does not fit the draft cache of "
+                    f"{self.max_seq_len} positions"
+                )
+            state = self._slots[slot]
+            # Always re-feed at least the last token: its logits give the first proposal.
+            num_cached = min(self._num_valid(row, state), length - 1)
+            if state is not None:
+                num_cached = min(num_cached, state.num_cached)
+            state = _SlotState(num_context=length, proposals=[], num_cached=num_cached)
+            self._slots[slot] = state
+            # The last proposal is never fed, so k proposals need L + k - 1 cache positions.
+            max_tokens = min(
+                row.max_draft_tokens, self.num_speculative_tokens, self.max_seq_len - length + 1
+            )
+            if max_tokens <= 0:
+                proposals[index] = Proposal([], self._empty_probs())
+                continue
+            plans.append(_Plan(index, row, length, max_tokens))
+            feeds.append((num_cached, row.token_slice(num_cached, length)))
+        if plans:
+            self._draft(plans, feeds)
+            for plan in plans:
+                state = self._slots[plan.row.slot]
+                assert state is not None
+                state.proposals = list(plan.drafted)
+                state.num_cached = plan.num_tokens + len(plan.drafted) - 1
+                proposals[plan.index] = Proposal(list(plan.drafted), torch.stack(plan.probs))
+        return [p for p in proposals if p is not None]
+
+    def _draft(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> None:
+        """Extend every row's cache, then draft step by step over the rows still going."""
+        logits = self._extend(plans, feeds)  # (A, V_draft)
+        active = plans
+        try:
+            while True:
+                probs = self._draft_probs(logits, active)  # (A, V)
+                tokens = self._draw(probs, active).tolist()
+                still = []
+                for i, plan in enumerate(active):
+                    plan.drafted.append(tokens[i])
+                    plan.probs.append(probs[i])
+                    if len(plan.drafted) < plan.max_tokens and self._continues(plan, tokens[i]):
+                        still.append(plan)
+                if not still:
+                    return
+                active = still
+                logits = self.runner.forward(
+                    ForwardBatch(
+                        slots=[plan.row.slot for plan in active],
+                        start_positions=[
+                            plan.num_tokens + len(plan.drafted) - 1 for plan in active
+                        ],
+                        token_ids=[[plan.drafted[-1]] for plan in active],
+                        num_logits=[1] * len(active),
+                    )
+                )
+        finally:
+            for plan in plans:
+                if plan.num_matched:
+                    plan.row.matcher.rollback(plan.num_matched)
+
+    def _extend(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Feed each row its unseen tokens; (A, V_draft) logits at each row's last position.
+
+        A ragged pass costs rows x longest row, so rows go in length groups
+        (:func:`_group_by_length`): a new 2000-token prompt does not pad seven 2-token rows."""
+        groups = _group_by_length([len(tokens) for _, tokens in feeds])
+        rows_logits: list[torch.Tensor | None] = [None] * len(plans)
+        for group in groups:
+            logits = self.runner.forward(
+                ForwardBatch(
+                    slots=[plans[i].row.slot for i in group],
+                    start_positions=[feeds[i][0] for i in group],
+                    token_ids=[feeds[i][1] for i in group],
+                    num_logits=[1] * len(group),
+                )
+            )
+            if len(groups) == 1 and group == sorted(group):
+                return logits
+            for position, i in enumerate(group):
+                rows_logits[i] = logits[position]
+        return torch.stack(rows_logits)  # type: ignore[arg-type]
+
+    def _continues(self, plan: _Plan, token: int) -> bool:
+        """Whether to draft past ``token``: not past the end of the request. Stopping depends only
+        on tokens already drafted, never on the next one, so it leaves the output distribution alone."""
+        params = plan.row.params
+        if token in params.stop_token_ids or (
+            token in self.eos_token_ids and not params.ignore_eos
+        ):
+            return False
+        matcher = plan.row.matcher
+        if matcher is not None:
+            if not matcher.accept_token(token):
+                return False
+            plan.num_matched += 1
+            if matcher.is_terminated():
+                return False
+        return True
+
+    def _draft_probs(self, logits: torch.Tensor, plans: list[_Plan]) -> torch.Tensor:
+        """The (A, V) distributions to draw from, processed like the target's."""
+        logits = self._fit_vocab(logits)
+        matched = [i for i, plan in enumerate(plans) if plan.row.matcher is not None]
+        if matched:
+            from brisklm.constrained import allocate_token_bitmask, apply_token_bitmask_
+
+            for i in matched:
+                matcher = plans[i].row.matcher
+                bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
+                matcher.fill_bitmask(bitmask, 0)
+                apply_token_bitmask_(logits[i : i + 1], bitmask)
+        metadata = SamplingMetadata.build(
+            [plan.row.params for plan in plans],
+            [plan.row.prompt_token_ids for plan in plans],
+            [[*plan.row.output_token_ids, *plan.drafted] for plan in plans],
+            [plan.row.generator for plan in plans],
+            vocab_size=self.vocab_size,
+            device=logits.device,
+            eos_token_ids=self.eos_token_ids,
+        )
+        return processed_probs(logits, metadata)
+
+    def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits (A, V_draft) -> (A, V) in the target's width, non-tokens masked to -inf."""
+        width = logits.shape[1]
+        if width > self.vocab_size:
+            logits = logits[:, : self.vocab_size].clone()
+        elif width < self.vocab_size:
+            pad = logits.new_full((logits.shape[0], self.vocab_size - width), float("-inf"))
+            logits = torch.cat([logits, pad], dim=1)
+        if self.num_real_tokens < self.vocab_size:
+            logits[:, self.num_real_tokens :] = float("-inf")
+        return logits
+
+    def _draw(self, probs: torch.Tensor, plans: list[_Plan]) -> torch.Tensor:
+        """(A,) one token per row: argmax for greedy rows (their q is one-hot), an exponential race
+        (an exact categorical draw) for random rows, seeded rows from their own generator."""
+        noise = torch.ones_like(probs)
+        default_rows = [
+            i
+            for i, plan in enumerate(plans)
+            if not plan.row.params.is_greedy and plan.row.generator is None
+        ]
+        if default_rows:
+            index = torch.tensor(default_rows, dtype=torch.int64, device=probs.device)
+            noise[index] = torch.empty(
+                (len(default_rows), probs.shape[1]), device=probs.device
+            ).exponential_()
+        for i, plan in enumerate(plans):
+            generator = plan.row.generator
+            if generator is not None and not plan.row.params.is_greedy:
+                draws = torch.empty(probs.shape[1], device=generator.device)
+                noise[i] = draws.exponential_(generator=generator).to(probs.device)
+        return (probs / noise.clamp_min_(_MIN_EXPONENTIAL)).argmax(dim=-1)
+
+    def _empty_probs(self) -> torch.Tensor:
+        return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)

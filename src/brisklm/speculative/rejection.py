@@ -1,0 +1,192 @@
+"""The lossless rejection sampler: accept or replace draft tokens so output follows the target exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+# Exponential draws are clamped to this so that p / e is never 0 / 0 (NaN wins argmax).
+_MIN_EXPONENTIAL = torch.finfo(torch.float32).tiny
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft: Sequence[int] | torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    is_greedy: Sequence[bool] | torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify B rows of draft proposals against the target; returns ``(output_token_ids, num_accepted)``.
+
+    - ``target_probs`` (B, K+1, V): the target's processed distribution (``processed_probs``, so
+      greedy rows are one-hot) at each proposal position, then one more for the bonus token. Row b
+      reads only positions ``0..num_draft[b]``.
+    - ``draft_token_ids`` (B, K) int64: row b proposed its first ``num_draft[b]`` entries, each in
+      ``[0, V)``; the rest is padding (any value).
+    - ``draft_probs`` (B, K, V) or None: the distribution q each proposal was drawn from. None means
+      deterministic proposals (n-gram lookup): q is one-hot on the proposal.
+    - ``is_greedy`` (B,): greedy rows accept while the proposal is the target's argmax and then
+      append the argmax, so their output is token-for-token the target's own greedy output.
+    - ``generators``: per row, its own generator (all of its randomness comes from it, in an order
+      that depends only on ``num_draft[b]`` and V, so it is reproducible whatever the batch) or None
+      for the default generator.
+
+    Random rows accept proposal x_j with probability min(1, p_j(x)/q_j(x)); at the first rejection
+    they draw from normalise(max(0, p_j - q_j)) (falling back to p_j should rounding leave that
+    empty); if all are accepted they draw a bonus token from p at position ``num_draft[b]``.
+
+    ``output_token_ids`` (B, K+1) int64 holds the accepted proposals followed by one drawn token,
+    then -1 padding; ``num_accepted`` (B,) int64 counts accepted proposals, so row b emits
+    ``num_accepted[b] + 1`` tokens. Both live on ``target_probs``' device.
+    """
+    batch_size, width, vocab_size = target_probs.shape
+    num_positions = width - 1  # K
+    device = target_probs.device
+    _check_shapes(target_probs, draft_token_ids, draft_probs, generators)
+    draft_counts = _host_ints(num_draft, batch_size)
+    greedy_flags = _host_bools(is_greedy, batch_size)
+    if any(not 0 <= n <= num_positions for n in draft_counts):
+        raise ValueError(f"num_draft must be in [0, K={num_positions}], got {draft_counts}")
+    all_greedy = all(greedy_flags)
+    greedy = torch.tensor(greedy_flags, dtype=torch.bool, device=device)  # (B,)
+    num_draft_t = torch.tensor(draft_counts, dtype=torch.int64, device=device)  # (B,)
+    rows = torch.arange(batch_size, device=device)
+
+    positions = torch.arange(num_positions, device=device)
+    proposed = positions[None, :] < num_draft_t[:, None]  # (B, K)
+    tokens = draft_token_ids.to(device=device, dtype=torch.int64).masked_fill(~proposed, 0)
+    target_argmax = target_probs.argmax(dim=-1)  # (B, K+1)
+
+    accepted = tokens == target_argmax[:, :num_positions]  # (B, K) greedy rule
+    if not all_greedy:
+        uniforms = _uniforms(greedy_flags, draft_counts, num_positions, generators, device)
+        p_x = target_probs[:, :num_positions].gather(2, tokens.unsqueeze(-1)).squeeze(-1)
+        if draft_probs is None:
+            q_x = torch.ones_like(p_x)
+        else:
+            q_x = draft_probs.gather(2, tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
+        accepted = torch.where(greedy[:, None], accepted, _accept(uniforms, p_x, q_x))
+    accepted &= proposed
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # (B,) leading run of acceptances
+
+    final = target_argmax[rows, num_accepted]  # (B,) greedy: argmax after the run
+    if not all_greedy:
+        p_final = target_probs[rows, num_accepted]  # (B, V) bonus or rejected position
+        rejected = num_accepted < num_draft_t  # (B,)
+        at = num_accepted.clamp(max=max(num_positions - 1, 0))
+        if num_positions == 0:
+            dist = p_final
+        else:
+            if draft_probs is None:
+                q_final = torch.zeros_like(p_final).scatter_(1, tokens[rows, at, None], 1.0)
+            else:
+                q_final = draft_probs[rows, at]  # (B, V)
+            dist = _recovery_distribution(p_final, q_final, rejected)
+        noise = _exponentials(greedy_flags, vocab_size, generators, device)  # (B, V)
+        sampled = (dist / noise).argmax(dim=-1)  # exponential race: scale-free, no normalising
+        final = torch.where(greedy, final, sampled)
+
+    output = torch.where(
+        positions[None, :] < num_accepted[:, None], tokens, torch.full_like(tokens, -1)
+    )
+    output = torch.cat([output, output.new_full((batch_size, 1), -1)], dim=1)  # (B, K+1)
+    output.scatter_(1, num_accepted[:, None], final[:, None])
+    return output, num_accepted
+
+
+def _accept(uniforms: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """Accept with probability min(1, p/q): u < p/q for u in [0, 1), written without division so
+    q = 0 (a proposal its own draft could not draw) accepts whenever p > 0 and p = 0 never does."""
+    return uniforms * q_x < p_x
+
+
+def _recovery_distribution(
+    p_final: torch.Tensor, q_final: torch.Tensor, rejected: torch.Tensor
+) -> torch.Tensor:
+    """Unnormalised (B, V) distribution of the drawn token: max(0, p - q) where the row rejected a
+    proposal, p where it accepted them all. The residual's mass equals the rejection probability,
+    so it is empty only by rounding (p and q equal up to float error): fall back to p there."""
+    residual = (p_final - q_final).clamp_min_(0.0)
+    use_residual = rejected & (residual.sum(dim=-1) > 0)
+    return torch.where(use_residual[:, None], residual, p_final)
+
+
+def _uniforms(
+    greedy: list[bool],
+    num_draft: list[int],
+    num_positions: int,
+    generators: Sequence[torch.Generator | None],
+    device: torch.device,
+) -> torch.Tensor:
+    """(B, K) uniforms in [0, 1) for the acceptance tests; a seeded row draws exactly num_draft[b]."""
+    out = torch.zeros((len(greedy), num_positions), dtype=torch.float32, device=device)
+    default_rows = [b for b, g in enumerate(greedy) if not g and generators[b] is None]
+    if default_rows:
+        index = torch.tensor(default_rows, dtype=torch.int64, device=device)
+        out[index] = torch.rand((len(default_rows), num_positions), device=device)
+    for b, generator in enumerate(generators):
+        if generator is not None and not greedy[b] and num_draft[b]:
+            draws = torch.rand(num_draft[b], generator=generator, device=generator.device)
+            out[b, : num_draft[b]] = draws.to(device)
+    return out
+
+
+def _exponentials(
+    greedy: list[bool],
+    vocab_size: int,
+    generators: Sequence[torch.Generator | None],
+    device: torch.device,
+) -> torch.Tensor:
+    """(B, V) Exp(1) noise for the exponential race; greedy rows get ones (and draw nothing)."""
+    out = torch.ones((len(greedy), vocab_size), dtype=torch.float32, device=device)
+    default_rows = [b for b, g in enumerate(greedy) if not g and generators[b] is None]
+    if default_rows:
+        index = torch.tensor(default_rows, dtype=torch.int64, device=device)
+        noise = torch.empty((len(default_rows), vocab_size), device=device).exponential_()
+        out[index] = noise
+    for b, generator in enumerate(generators):
+        if generator is not None and not greedy[b]:
+            noise = torch.empty(vocab_size, device=generator.device)
+            out[b] = noise.exponential_(generator=generator).to(device)
+    return out.clamp_min_(_MIN_EXPONENTIAL)
+
+
+def _check_shapes(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generators: Sequence[torch.Generator | None],
+) -> None:
+    if target_probs.dim() != 3 or target_probs.shape[1] < 1:
+        raise ValueError(f"target_probs must be (B, K+1, V), got {tuple(target_probs.shape)}")
+    batch_size, width, vocab_size = target_probs.shape
+    if tuple(draft_token_ids.shape) != (batch_size, width - 1):
+        raise ValueError(
+            f"draft_token_ids must be (B, K) = {(batch_size, width - 1)}, "
+            f"got {tuple(draft_token_ids.shape)}"
+        )
+    if draft_probs is not None and tuple(draft_probs.shape) != (batch_size, width - 1, vocab_size):
+        raise ValueError(
+            f"draft_probs must be (B, K, V) = {(batch_size, width - 1, vocab_size)}, "
+            f"got {tuple(draft_probs.shape)}"
+        )
+    if len(generators) != batch_size:
+        raise ValueError(
+            f"need one generator (or None) per row: {len(generators)} for B={batch_size}"
+        )
+
+
+def _host_ints(values: Sequence[int] | torch.Tensor, batch_size: int) -> list[int]:
+    result = values.tolist() if isinstance(values, torch.Tensor) else [int(v) for v in values]
+    if len(result) != batch_size:
+        raise ValueError(f"num_draft has {len(result)} entries for B={batch_size}")
+    return result
+
+
+def _host_bools(values: Sequence[bool] | torch.Tensor, batch_size: int) -> list[bool]:
+    result = values.tolist() if isinstance(values, torch.Tensor) else [bool(v) for v in values]
+    if len(result) != batch_size:
+        raise ValueError(f"is_greedy has {len(result)} entries for B={batch_size}")
+    return result

@@ -1,0 +1,164 @@
+"""Speculative decoding through the engine: the output never changes, everything else keeps working."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from brisklm import LLM, SamplingParams
+from tests.tiny import make_tiny_checkpoint, train_tokenizer
+
+PROMPTS = ["The quick brown fox", "Hello", "Zürich and 東京 are cities; emoji 🙂", "def add(a, b):"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def load(path, **kwargs):
+    return LLM.from_pretrained(
+        path, device="cpu", max_batch_size=4, max_seq_len=256, show_progress=False, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def other_draft_dir(tmp_path_factory):
+    """A different random model with the same tokenizer: it mostly disagrees with the target."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("draft"), seed=7, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_dir):
+    llm = load(tiny_dir)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def self_drafted(tiny_dir):
+    llm = load(tiny_dir, draft=tiny_dir, num_speculative_tokens=4)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def other_drafted(tiny_dir, other_draft_dir):
+    llm = load(tiny_dir, draft=other_draft_dir, num_speculative_tokens=3)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def ngram(tiny_dir):
+    llm = load(tiny_dir, draft="ngram", num_speculative_tokens=5)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(params=["self", "other", "ngram"])
+def speculative(request, self_drafted, other_drafted, ngram):
+    return {"self": self_drafted, "other": other_drafted, "ngram": ngram}[request.param]
+
+
+def test_greedy_output_is_the_targets(plain, speculative):
+    expected = plain.generate(PROMPTS, GREEDY)
+    got = speculative.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert [o.text for o in got] == [o.text for o in expected]
+    for out in got:
+        assert out.speculative is not None and out.speculative.num_steps > 0
+
+
+def test_self_draft_accepts_everything_and_saves_steps(self_drafted):
+    out = self_drafted.generate("Hello", GREEDY)
+    stats = out.speculative
+    assert stats.num_proposed > 0 and stats.acceptance_rate == 1.0
+    # 40 tokens: 1 from prefill, then 5 per step (4 accepted + bonus).
+    assert stats.num_steps <= 8
+    assert stats.mean_accepted_per_step == pytest.approx(stats.num_accepted / stats.num_steps)
+
+
+def test_disagreeing_draft_still_makes_progress(other_drafted):
+    out = other_drafted.generate("Hello", GREEDY)
+    assert len(out.token_ids) == 40
+    assert out.speculative.acceptance_rate < 0.5
+
+
+def test_stop_rules_inside_accepted_runs(plain, speculative):
+    reference = plain.generate("The quick brown fox", GREEDY)
+    stop = reference.text[9:14]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop])
+    expected = plain.generate("The quick brown fox", params)
+    got = speculative.generate("The quick brown fox", params)
+    assert got.text == expected.text and got.finish_reason == "stop" and got.stop_reason == stop
+    assert "".join(speculative.stream("The quick brown fox", params)) == expected.text
+    token = reference.token_ids[6]
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[token])
+    assert (
+        speculative.generate("The quick brown fox", params).token_ids
+        == plain.generate("The quick brown fox", params).token_ids
+    )
+    for max_tokens in (1, 2, 5, 7):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        out = speculative.generate("Hello", params)
+        assert out.token_ids == reference_prefix(plain, "Hello", max_tokens)
+        assert out.finish_reason == "length"
+
+
+def reference_prefix(plain, prompt, n):
+    return plain.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    ).token_ids
+
+
+def test_context_limit(plain, self_drafted):
+    prompt = list(range(5, 5 + 240))
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    out = self_drafted.generate(prompt, params)
+    assert out.token_ids == plain.generate(prompt, params).token_ids
+    assert len(prompt) + len(out.token_ids) == 256
+
+
+def test_logprobs_match_plain_decoding(plain, speculative):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    expected = plain.generate("Hello", params).logprobs
+    got = speculative.generate("Hello", params).logprobs
+    assert [e.token_id for e in got] == [e.token_id for e in expected]
+    for a, b in zip(got, expected):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t.token_id for t in a.top] == [t.token_id for t in b.top]
+
+
+def test_seeded_sampling_is_reproducible(speculative):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=30, seed=5, ignore_eos=True)
+    first = speculative.generate("Hello", params).token_ids
+    assert speculative.generate("Hello", params).token_ids == first
+    mixed = speculative.generate(["The quick", "Hello"], [GREEDY, params])
+    assert mixed[1].token_ids == first
+
+
+def test_constrained_output_stays_valid(plain, speculative):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+    for temperature, seed in ((0.0, None), (1.0, 3)):
+        params = SamplingParams(
+            temperature=temperature, seed=seed, max_tokens=120, json_schema=schema
+        )
+        out = speculative.generate("JSON:", params)
+        if out.finish_reason == "stop":
+            data = json.loads(out.text)
+            assert set(data) == {"name", "n"} and len(data["name"]) <= 8
+        else:
+            assert out.finish_reason == "length"
+        if temperature == 0.0:
+            assert out.token_ids == plain.generate("JSON:", params).token_ids
+
+
+def test_vocabulary_mismatch_is_a_clear_error(tiny_dir, other_draft_dir, tmp_path):
+    mismatched = shutil.copytree(other_draft_dir, tmp_path / "other-tokenizer")
+    train_tokenizer(vocab_size=300).save(str(mismatched / "tokenizer.json"))
+    with pytest.raises(ValueError, match="token"):
+        load(tiny_dir, draft=mismatched)
+    assert load(tiny_dir, draft="ngram").generate("Hello", GREEDY).finish_reason == "length"

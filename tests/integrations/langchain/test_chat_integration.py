@@ -1,0 +1,44 @@
+"""langchain-tests' standard integration tests for ChatBrisk, run offline on the bundled default model.
+
+Skipped while the bundled model is absent (see bundled.py); set BRISKLM_LANGCHAIN_TEST_MODEL to a
+checkpoint directory to run them on another model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+
+from langchain_brisklm import ChatBrisk
+from tests.integrations.langchain.bundled import model_under_test, model_under_test_path
+
+pytestmark = pytest.mark.bundled_model
+
+
+class TestChatBriskIntegration(ChatModelIntegrationTests):
+    @property
+    def chat_model_class(self) -> type[ChatBrisk]:
+        return ChatBrisk
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        # Greedy, so every run of the suite sees the same replies.
+        return {"model": model_under_test(), "temperature": 0, "max_tokens": 256}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        # Text blocks with cache_control, thinking blocks and tool_use blocks are all read (the
+        # test sends no images to a model without image inputs).
+        return True
+
+    @property
+    def model_override_value(self) -> str:
+        # A per-call model= names a checkpoint directory; the same model by its path is a real
+        # override of the name (and loads no second copy: engines are shared by resolved path).
+        return model_under_test_path()

@@ -1,0 +1,195 @@
+"""ChatBrisk on the tiny random model: messages, streaming, async, usage, metadata, stop, batching."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from langchain_brisklm import ChatBrisk
+from langchain_brisklm._engines import loaded_engines
+from langchain_brisklm._messages import to_template_messages
+from tests.integrations.langchain.conftest import TINY_ENGINE
+
+
+def test_construction_loads_nothing_and_engines_are_shared(tiny_chat_dir: Path) -> None:
+    before = len(loaded_engines())
+    models = [ChatBrisk(model=str(tiny_chat_dir), **TINY_ENGINE) for _ in range(3)]
+    assert len(loaded_engines()) == before
+    engines = {id(m._engine()) for m in models}
+    assert len(engines) == 1
+    # The same checkpoint by another spelling of its path is the same engine.
+    other = ChatBrisk(model=str(tiny_chat_dir / ".." / tiny_chat_dir.name), **TINY_ENGINE)
+    assert other._engine() is models[0]._engine()
+
+
+def test_missing_model_fails_on_first_call_with_a_clear_error(tmp_path: Path) -> None:
+    chat = ChatBrisk(model=str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="no model checkpoint"):
+        chat.invoke("hi")
+
+
+def test_invoke_usage_and_metadata(chat: ChatBrisk, tiny_chat_dir: Path) -> None:
+    message = chat.invoke("Hello")
+    assert isinstance(message, AIMessage)
+    assert isinstance(message.content, str) and message.content
+    usage = message.usage_metadata
+    assert usage is not None and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert message.response_metadata["model_name"] == str(tiny_chat_dir)
+    assert message.response_metadata["finish_reason"] in ("stop", "length")
+
+
+def test_stream_matches_invoke(chat: ChatBrisk) -> None:
+    message = chat.invoke("Hello")
+    chunks = list(chat.stream("Hello"))
+    assert all(isinstance(c, AIMessageChunk) for c in chunks)
+    full = chunks[0]
+    for chunk in chunks[1:]:
+        full = full + chunk
+    assert full.content == message.content
+    assert full.usage_metadata == message.usage_metadata
+    # Input tokens are counted in exactly one chunk, the last, which carries the metadata.
+    with_input = [c for c in chunks if c.usage_metadata and c.usage_metadata["input_tokens"]]
+    assert len(with_input) == 1 and with_input[0] is chunks[-1]
+    assert chunks[-1].chunk_position == "last"
+    assert full.response_metadata["model_name"] == message.response_metadata["model_name"]
+    assert full.response_metadata["finish_reason"] == message.response_metadata["finish_reason"]
+
+
+async def test_async_matches_sync(chat: ChatBrisk) -> None:
+    message = chat.invoke("Hello")
+    assert (await chat.ainvoke("Hello")).content == message.content
+    text = "".join([chunk.text async for chunk in chat.astream("Hello")])
+    assert text == message.content
+
+
+async def test_concurrent_calls_share_the_engine(chat: ChatBrisk) -> None:
+    prompts = ["Hello", "How are you?", "Tell me a story", "Bye"]
+    expected = [chat.invoke(p).content for p in prompts]
+    assert [m.content for m in await chat.abatch(prompts)] == expected
+    assert [m.content for m in chat.batch(prompts)] == expected
+    gathered = await asyncio.gather(*(chat.ainvoke(p) for p in prompts))
+    assert [m.content for m in gathered] == expected
+
+
+def test_stop_sequences_from_init_and_call(chat: ChatBrisk, tiny_chat_dir: Path) -> None:
+    text = chat.invoke("Hello").text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip() and text.index(stop) > 0
+    expected = text[: text.index(stop)]
+    called = chat.invoke("Hello", stop=[stop])
+    assert called.text == expected
+    assert called.response_metadata["finish_reason"] == "stop"
+    assert called.response_metadata["stop_reason"] == stop
+    configured = ChatBrisk(
+        model=str(tiny_chat_dir), temperature=0, max_tokens=96, stop=[stop], **TINY_ENGINE
+    )
+    assert configured.invoke("Hello").text == expected
+    assert "".join(c.text for c in configured.stream("Hello")) == expected
+    # A call's stop sequences replace the configured ones.
+    assert configured.invoke("Hello", stop=["\x00never"]).text == text
+
+
+def test_per_call_sampling_overrides(chat: ChatBrisk) -> None:
+    short = chat.invoke("Hello", max_tokens=3)
+    assert short.usage_metadata["output_tokens"] == 3
+    assert short.response_metadata["finish_reason"] == "length"
+    sampled = [chat.invoke("Hello", temperature=1.0, seed=s, max_tokens=8).text for s in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    with pytest.raises(TypeError, match="temprature"):
+        chat.invoke("Hello", temprature=0)
+
+
+def test_per_call_model_override(chat: ChatBrisk, tiny_chat_dir: Path) -> None:
+    spelled = str(tiny_chat_dir) + "/"
+    message = chat.invoke("Hello", model=spelled)
+    assert message.response_metadata["model_name"] == spelled
+    assert chat._get_ls_params(model=spelled)["ls_model_name"] == spelled
+
+
+def test_ls_params(chat: ChatBrisk, tiny_chat_dir: Path) -> None:
+    params = chat._get_ls_params(stop=["x"])
+    assert params["ls_provider"] == "brisklm"
+    assert params["ls_model_name"] == str(tiny_chat_dir)
+    assert params["ls_model_type"] == "chat"
+    assert params["ls_temperature"] == 0
+    assert params["ls_max_tokens"] == 96
+    assert params["ls_stop"] == ["x"]
+
+
+def test_conversations_render(chat: ChatBrisk) -> None:
+    messages = [
+        SystemMessage("You are terse."),
+        SystemMessage("Answer in English."),
+        HumanMessage("hello", name="ada"),
+        HumanMessage([{"type": "text", "text": "how are you"}]),
+        AIMessage([{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "fine"}]),
+        HumanMessage("and you?"),
+    ]
+    assert isinstance(chat.invoke(messages), AIMessage)
+
+
+def test_media_content_is_refused(chat: ChatBrisk) -> None:
+    image = {"type": "image", "url": "https://example.com/cat.png"}
+    with pytest.raises(ValueError, match="text only"):
+        chat.invoke([HumanMessage([{"type": "text", "text": "what is this"}, image])])
+
+
+# ------------------------------------------------------------------ message conversion
+def test_template_messages() -> None:
+    messages = [
+        SystemMessage("a"),
+        SystemMessage("b"),
+        HumanMessage("hi", name="ada"),
+        HumanMessage("there", name="ada"),
+        HumanMessage("I am bob", name="bob"),
+        AIMessage(
+            [
+                {"type": "text", "text": "let me see"},
+                {"type": "tool_use", "id": "1", "name": "f", "input": {}},
+            ],
+            tool_calls=[{"name": "f", "args": {"x": 1}, "id": "1"}],
+        ),
+        ToolMessage("42", tool_call_id="1"),
+        ToolMessage([{"type": "text", "text": "ok"}], tool_call_id="1", name="g"),
+        AIMessage("done"),
+        AIMessage("really"),
+    ]
+    assert to_template_messages(messages) == [
+        {"role": "system", "content": "a\n\nb"},
+        {"role": "user", "content": "hi\n\nthere", "name": "ada"},
+        {"role": "user", "content": "I am bob", "name": "bob"},
+        {
+            "role": "assistant",
+            "content": "let me see",
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+            ],
+        },
+        {"role": "tool", "content": "42", "tool_call_id": "1", "name": "f"},
+        {"role": "tool", "content": "ok", "tool_call_id": "1", "name": "g"},
+        {"role": "assistant", "content": "done\n\nreally"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "audio", "base64": "x"},
+        {"type": "weird"},
+    ],
+)
+def test_unsupported_blocks(block: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        to_template_messages([HumanMessage([block])])

@@ -1,0 +1,131 @@
+"""ChatBrisk.with_structured_output on the tiny random model: every method and schema form.
+
+The random model's values are nonsense, but the grammar makes them valid: enums, bounded numbers and
+strings with a maxLength keep the output short enough to finish.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import jsonschema
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage
+from langchain_core.utils.function_calling import convert_to_json_schema
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from langchain_brisklm import ChatBrisk
+
+
+class Weather(BaseModel):
+    """A weather report."""
+
+    city: Literal["Paris", "Tokyo", "Lima"]
+    temperature: int = Field(ge=-50, le=50)
+    sunny: bool
+    note: str = Field(max_length=8)
+
+
+class WeatherDict(TypedDict):
+    """A weather report."""
+
+    city: Literal["Paris", "Tokyo", "Lima"]
+    temperature: Annotated[Literal[-5, 0, 20], ..., "Degrees Celsius"]
+    sunny: bool
+
+
+WEATHER_JSON_SCHEMA = {
+    "title": "Weather",
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Tokyo", "Lima"]},
+        "temperature": {"type": "integer", "minimum": -50, "maximum": 50},
+        "sunny": {"type": "boolean"},
+    },
+    "required": ["city", "temperature", "sunny"],
+}
+PROMPT = "What is the weather in Paris?"
+
+
+class _Options(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.options: list[Any] = []
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        self.options.append(kwargs.get("options"))
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_pydantic(chat: ChatBrisk, method: str) -> None:
+    structured = chat.with_structured_output(Weather, method=method)
+    handler = _Options()
+    result = structured.invoke(PROMPT, config={"callbacks": [handler]})
+    assert isinstance(result, Weather)
+    (options,) = handler.options
+    assert options["ls_structured_output_format"]["schema"] == convert_to_json_schema(Weather)
+    assert options["ls_structured_output_format"]["kwargs"]["method"] == method
+    chunks = list(structured.stream(PROMPT))
+    assert chunks and all(isinstance(c, Weather) for c in chunks)
+    assert chunks[-1] == result
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+@pytest.mark.parametrize("schema", [WeatherDict, WEATHER_JSON_SCHEMA], ids=["typeddict", "json"])
+def test_dict_schemas(chat: ChatBrisk, method: str, schema: Any) -> None:
+    structured = chat.with_structured_output(schema, method=method)
+    result = structured.invoke(PROMPT)
+    assert isinstance(result, dict)
+    jsonschema.validate(result, WEATHER_JSON_SCHEMA)
+    assert list(structured.stream(PROMPT))[-1] == result
+
+
+async def test_async(chat: ChatBrisk) -> None:
+    structured = chat.with_structured_output(Weather)
+    result = await structured.ainvoke(PROMPT)
+    assert isinstance(result, Weather)
+    chunks = [chunk async for chunk in structured.astream(PROMPT)]
+    assert chunks[-1] == result
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_include_raw(chat: ChatBrisk, method: str) -> None:
+    result = chat.with_structured_output(Weather, method=method, include_raw=True).invoke(PROMPT)
+    assert isinstance(result["raw"], AIMessage)
+    if method == "json_mode":  # any JSON object: a random model does not pick Weather's keys
+        assert result["parsing_error"] is not None or isinstance(result["parsed"], Weather)
+    else:
+        assert result["parsing_error"] is None
+        assert isinstance(result["parsed"], Weather)
+
+
+def test_json_schema_reply_is_the_json(chat: ChatBrisk) -> None:
+    result = chat.with_structured_output(Weather, include_raw=True).invoke(PROMPT)
+    raw = result["raw"]
+    assert Weather.model_validate_json(raw.content) == result["parsed"]
+    assert ", " in raw.content and '": ' in raw.content  # json.dumps' separators
+    assert raw.response_metadata["finish_reason"] == "stop"
+
+
+def test_json_mode_gives_json_objects(tiny_chat_dir: Any) -> None:
+    # Any object is allowed, so a random model may write one longer than max_tokens; those that
+    # finish must be JSON objects.
+    finished = 0
+    for seed in range(8):
+        chat = ChatBrisk(
+            model=str(tiny_chat_dir), temperature=1.0, seed=seed, max_tokens=120, device="cpu",
+            max_batch_size=4, max_seq_len=1536,
+        )  # fmt: skip
+        raw = chat.with_structured_output(WEATHER_JSON_SCHEMA, method="json_mode", include_raw=True)
+        message = raw.invoke(PROMPT)["raw"]
+        if message.response_metadata["finish_reason"] == "stop":
+            assert isinstance(json.loads(message.content), dict)
+            finished += 1
+    assert finished >= 2
+
+
+def test_unknown_method(chat: ChatBrisk) -> None:
+    with pytest.raises(ValueError, match="method"):
+        chat.with_structured_output(Weather, method="xml")  # type: ignore[arg-type]

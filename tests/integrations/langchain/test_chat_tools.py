@@ -1,0 +1,207 @@
+"""ChatBrisk tool calling on the tiny random model: every tool_choice, several calls, streaming.
+
+A random model writes nonsense, but the grammar makes whatever it calls a valid call: known names,
+arguments valid under the schemas. Bounded schemas (enums, bounded integers) keep calls short.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import jsonschema
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import BaseModel, Field
+
+from langchain_brisklm import ChatBrisk
+
+QUESTION = "What is the weather in Paris, and what is magic_function(3)?"
+
+
+@tool
+def get_weather(city: Literal["Paris", "Tokyo", "Lima"], unit: Literal["C", "F"] = "C") -> str:
+    """Get the current weather in a city."""
+    return f"Sunny in {city}"
+
+
+class MagicArgs(BaseModel):
+    input: int = Field(..., gt=-1000, lt=1000)
+
+
+@tool(args_schema=MagicArgs)
+def magic_function(input: int) -> int:
+    """Apply a magic function to an input."""
+    return input + 2
+
+
+TOOLS = [get_weather, magic_function]
+SCHEMAS = {t.name: convert_to_openai_tool(t)["function"]["parameters"] for t in TOOLS}
+
+
+def tool_call_token(chat: ChatBrisk) -> int:
+    token = chat._engine().tokenizer.token_to_id("<tool_call>")
+    assert token is not None
+    return token
+
+
+def assert_valid_calls(message: BaseMessage, allowed: set[str] | None = None) -> None:
+    assert isinstance(message, AIMessage)
+    assert not message.invalid_tool_calls
+    for call in message.tool_calls:
+        assert call["name"] in (allowed or SCHEMAS)
+        jsonschema.validate(call["args"], SCHEMAS[call["name"]])
+        assert call["id"] and call["type"] == "tool_call"
+
+
+def streamed(runnable: Any, prompt: Any) -> AIMessageChunk:
+    full = None
+    for chunk in runnable.stream(prompt):
+        full = chunk if full is None else full + chunk
+    assert isinstance(full, AIMessageChunk)
+    return full
+
+
+@pytest.mark.parametrize("tool_choice", ["any", "required", True])
+def test_any_forces_valid_calls(chat: ChatBrisk, tool_choice: Any) -> None:
+    message = chat.bind_tools(TOOLS, tool_choice=tool_choice, parallel_tool_calls=False).invoke(
+        QUESTION
+    )
+    assert len(message.tool_calls) == 1
+    assert message.content == ""
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert_valid_calls(message)
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["magic_function", {"type": "function", "function": {"name": "magic_function"}}],
+)
+def test_named_tool_is_called(chat: ChatBrisk, tool_choice: Any) -> None:
+    message = chat.bind_tools(TOOLS, tool_choice=tool_choice).invoke(QUESTION)
+    assert [c["name"] for c in message.tool_calls] == ["magic_function"]
+    assert_valid_calls(message)
+
+
+def test_several_calls_in_one_turn(tiny_chat_dir: Any) -> None:
+    # Sampling with a few seeds: every complete call is valid, and some turn holds several calls.
+    counts = []
+    for seed in range(6):
+        chat = ChatBrisk(
+            model=str(tiny_chat_dir), temperature=1.0, seed=seed, max_tokens=160, device="cpu",
+            max_batch_size=4, max_seq_len=1536,
+        )  # fmt: skip
+        message = chat.bind_tools(TOOLS, tool_choice="any").invoke(QUESTION)
+        assert message.tool_calls
+        assert_valid_calls(message)
+        if message.response_metadata["finish_reason"] == "tool_calls":
+            assert message.content == ""
+        counts.append(len(message.tool_calls))
+    assert max(counts) >= 2, counts
+
+
+def test_auto_lets_the_model_choose(chat: ChatBrisk) -> None:
+    message = chat.bind_tools(TOOLS).invoke(QUESTION)
+    assert_valid_calls(message)
+    # Pushing the model to open a tool call: it must then write a valid one.
+    pushed = chat.bind_tools(TOOLS).bind(logit_bias={tool_call_token(chat): 100.0})
+    message = pushed.invoke(QUESTION)
+    assert message.tool_calls
+    assert_valid_calls(message)
+
+
+def test_none_never_calls(chat: ChatBrisk) -> None:
+    # Without tools the push makes the model write <tool_call>; with tool_choice="none" the
+    # grammar keeps the reply free of calls all the same.
+    assert "<tool_call>" in chat.bind(logit_bias={tool_call_token(chat): 100.0}).invoke("Hi").text
+    bound = chat.bind_tools(TOOLS, tool_choice="none")
+    message = bound.bind(logit_bias={tool_call_token(chat): 100.0}).invoke(QUESTION)
+    assert message.tool_calls == []
+    assert "<tool_call>" not in message.content
+    assert message.response_metadata["finish_reason"] in ("stop", "length")
+
+
+def test_streamed_calls_match_invoke(chat: ChatBrisk) -> None:
+    bound = chat.bind_tools(TOOLS, tool_choice="any", parallel_tool_calls=False)
+    message = bound.invoke(QUESTION)
+    full = streamed(bound, QUESTION)
+    assert [(c["name"], c["args"]) for c in full.tool_calls] == [
+        (c["name"], c["args"]) for c in message.tool_calls
+    ]
+    assert full.tool_call_chunks and full.tool_call_chunks[0]["index"] == 0
+    assert json.loads(full.tool_call_chunks[0]["args"]) == message.tool_calls[0]["args"]
+    assert full.response_metadata["finish_reason"] == "tool_calls"
+    assert full.usage_metadata == message.usage_metadata
+
+
+async def test_async_tool_calls(chat: ChatBrisk) -> None:
+    bound = chat.bind_tools(TOOLS, tool_choice="magic_function")
+    message = await bound.ainvoke(QUESTION)
+    full = None
+    async for chunk in bound.astream(QUESTION):
+        full = chunk if full is None else full + chunk
+    assert [c["args"] for c in full.tool_calls] == [c["args"] for c in message.tool_calls]
+    assert_valid_calls(message, {"magic_function"})
+
+
+def test_tool_forms(chat: ChatBrisk) -> None:
+    class Person(BaseModel):
+        """Record a person."""
+
+        age: int = Field(ge=0, le=120)
+
+    def lookup(code: Literal["a", "b"]) -> str:
+        """Look a code up.
+
+        Args:
+            code: The code.
+        """
+        return code
+
+    openai_dict = {
+        "type": "function",
+        "function": {
+            "name": "flag",
+            "description": "Set a flag.",
+            "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}},
+        },
+    }
+    tools = [Person, lookup, get_weather, openai_dict]
+    for name in ("Person", "lookup", "get_weather", "flag"):
+        message = chat.bind_tools(tools, tool_choice=name).invoke("Go")
+        assert [c["name"] for c in message.tool_calls] == [name]
+
+
+def test_tool_choice_errors(chat: ChatBrisk) -> None:
+    with pytest.raises(ValueError, match="not bound"):
+        chat.bind_tools(TOOLS, tool_choice="nope")
+    with pytest.raises(ValueError, match="unrecognised"):
+        chat.bind_tools(TOOLS, tool_choice={"type": "weird"})
+
+
+def test_agent_loop_history_renders(chat: ChatBrisk) -> None:
+    """A turn after a tool result: AI tool calls and tool messages go through the template."""
+    history = [
+        HumanMessage(QUESTION),
+        AIMessage("", tool_calls=[{"name": "magic_function", "args": {"input": 3}, "id": "c1"}]),
+        ToolMessage("5", tool_call_id="c1"),
+    ]
+    message = chat.bind_tools(TOOLS).invoke(history)
+    assert isinstance(message, AIMessage)
+    assert_valid_calls(message)
+
+
+def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
+    message = chat.bind_tools(TOOLS, tool_choice="get_weather").invoke(QUESTION, max_tokens=20)
+    assert message.response_metadata["finish_reason"] == "length"
+    assert message.tool_calls == [] and message.content == ""
+    (cut,) = message.invalid_tool_calls
+    assert "max_tokens" in cut["error"]

@@ -1,0 +1,134 @@
+"""BriskLLM on the tiny random model: one engine batch, chains, streaming callbacks, async, stop."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+
+from langchain_brisklm import BriskLLM
+from tests.integrations.langchain.conftest import TINY_ENGINE
+
+PROMPTS = ["The quick brown fox", "Hello world", "def add(a, b):"]
+
+
+@pytest.fixture
+def llm(tiny_chat_dir: Path) -> BriskLLM:
+    return BriskLLM(model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE)
+
+
+class Tokens(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: dict[int, list[str]] = {}
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.setdefault(kwargs.get("prompt_index", 0), []).append(token)
+
+
+class AsyncTokens(AsyncCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: dict[int, list[str]] = {}
+
+    async def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.setdefault(kwargs.get("prompt_index", 0), []).append(token)
+
+
+def test_generate_is_one_engine_batch(llm: BriskLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = llm._engine()
+    batches: list[int] = []
+    run_requests = engine.run_requests
+
+    def spy(requests: list[Any]) -> Any:
+        batches.append(len(requests))
+        return run_requests(requests)
+
+    monkeypatch.setattr(engine, "run_requests", spy)
+    result = llm.generate(PROMPTS)
+    assert batches == [3]
+    assert [g[0].text for g in result.generations] == [llm.invoke(p) for p in PROMPTS]
+    usage = result.llm_output["token_usage"]
+    infos = [g[0].generation_info for g in result.generations]
+    assert usage["completion_tokens"] == sum(i["usage"]["completion_tokens"] for i in infos)
+    assert usage["prompt_tokens"] == sum(i["usage"]["prompt_tokens"] for i in infos)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert all(i["finish_reason"] in ("stop", "length") for i in infos)
+    assert result.llm_output["model_name"] == llm.model_name
+
+
+def test_chain(llm: BriskLLM) -> None:
+    chain = PromptTemplate.from_template("Tell me about {topic}.") | llm | StrOutputParser()
+    assert chain.invoke({"topic": "foxes"}) == llm.invoke("Tell me about foxes.")
+    assert chain.batch([{"topic": "a"}, {"topic": "b"}]) == [
+        llm.invoke("Tell me about a."),
+        llm.invoke("Tell me about b."),
+    ]
+
+
+def test_stream_with_callbacks(llm: BriskLLM) -> None:
+    expected = llm.invoke(PROMPTS[0])
+    handler = Tokens()
+    pieces = list(llm.stream(PROMPTS[0], config={"callbacks": [handler]}))
+    assert "".join(pieces) == expected
+    assert "".join(handler.tokens[0]) == expected
+
+
+def test_streaming_generate_feeds_callbacks_per_prompt(tiny_chat_dir: Path, llm: BriskLLM) -> None:
+    streaming = BriskLLM(
+        model=str(tiny_chat_dir), temperature=0, max_tokens=24, streaming=True, **TINY_ENGINE
+    )
+    handler = Tokens()
+    result = streaming.generate(PROMPTS, callbacks=[handler])
+    expected = [llm.invoke(p) for p in PROMPTS]
+    assert [g[0].text for g in result.generations] == expected
+    assert ["".join(handler.tokens[i]) for i in range(len(PROMPTS))] == expected
+
+
+async def test_async(tiny_chat_dir: Path, llm: BriskLLM) -> None:
+    expected = [llm.invoke(p) for p in PROMPTS]
+    assert await llm.ainvoke(PROMPTS[0]) == expected[0]
+    assert await llm.abatch(PROMPTS) == expected
+    result = await llm.agenerate(PROMPTS)
+    assert [g[0].text for g in result.generations] == expected
+    handler = AsyncTokens()
+    pieces = [p async for p in llm.astream(PROMPTS[0], config={"callbacks": [handler]})]
+    assert "".join(pieces) == "".join(handler.tokens[0]) == expected[0]
+    streaming = BriskLLM(
+        model=str(tiny_chat_dir), temperature=0, max_tokens=24, streaming=True, **TINY_ENGINE
+    )
+    handler = AsyncTokens()
+    result = await streaming.agenerate(PROMPTS, callbacks=[handler])
+    assert [g[0].text for g in result.generations] == expected
+    assert ["".join(handler.tokens[i]) for i in range(len(PROMPTS))] == expected
+
+
+def test_stop_from_init_and_call(tiny_chat_dir: Path, llm: BriskLLM) -> None:
+    text = llm.invoke(PROMPTS[0])
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    expected = text[: text.index(stop)]
+    assert llm.invoke(PROMPTS[0], stop=[stop]) == expected
+    configured = BriskLLM(
+        model=str(tiny_chat_dir), temperature=0, max_tokens=24, stop=[stop], **TINY_ENGINE
+    )
+    assert configured.invoke(PROMPTS[0]) == expected
+    assert "".join(configured.stream(PROMPTS[0])) == expected
+    result = configured.generate([PROMPTS[0]])
+    info = result.generations[0][0].generation_info
+    assert info["finish_reason"] == "stop" and info["stop_reason"] == stop
+
+
+def test_constraints_per_call(llm: BriskLLM) -> None:
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{2}", llm.invoke("Code:", regex=r"[0-9]{3}-[0-9]{2}"))
+    assert llm.invoke("Pick:", choice=["red", "green"]) in ("red", "green")
+
+
+def test_identity(llm: BriskLLM, tiny_chat_dir: Path) -> None:
+    assert llm._llm_type == "brisklm"
+    assert llm._identifying_params["model_name"] == str(tiny_chat_dir)
+    params = llm._get_ls_params()
+    assert params["ls_provider"] == "brisklm" and params["ls_model_type"] == "llm"
+    assert params["ls_max_tokens"] == 24

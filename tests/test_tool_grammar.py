@@ -1,0 +1,158 @@
+"""tool_call_grammar: the tool-call part of a reply decoded under the tools' schemas (matcher level)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from brisklm.constrained import Grammar, GrammarCompiler
+from brisklm.tokenizer import Tokenizer
+from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
+from tests.tiny import train_tokenizer
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city"],
+        },
+    },
+}
+MAGIC = {
+    "type": "function",
+    "function": {
+        "name": "magic_function",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "input": {"type": "integer", "exclusiveMinimum": -1000, "exclusiveMaximum": 1000}
+            },
+            "required": ["input"],
+        },
+    },
+}
+TOOLS = [WEATHER, MAGIC]
+
+
+def call(name: str, arguments: dict) -> str:
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+CALL_WEATHER = call("get_weather", {"city": "Zürich", "unit": "C"})
+CALL_MAGIC = call("magic_function", {"input": 3})
+
+
+class Checker:
+    """Feeds text to a fresh matcher of a grammar and says how far it got."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.compiler = GrammarCompiler(tokenizer)
+
+    def __call__(self, grammar: str, text: str) -> str:
+        """ "complete", "prefix" (allowed so far, unfinished) or "rejected"."""
+        matcher = self.compiler.compile(Grammar(grammar)).matcher()
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        if matcher.accept_tokens(tokens) != len(tokens):
+            return "rejected"
+        return "complete" if matcher.is_accepting() else "prefix"
+
+
+@pytest.fixture(scope="module", params=["tags-as-text", "tags-as-added-tokens"])
+def check(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checker:
+    """A byte-level BPE tokenizer where `<tool_call>` is several tokens, or one added token."""
+    from tokenizers import AddedToken
+
+    directory = tmp_path_factory.mktemp("tok")
+    backend = train_tokenizer()
+    if request.param == "tags-as-added-tokens":
+        backend.add_tokens([AddedToken(t, special=False) for t in ("<tool_call>", "</tool_call>")])
+    backend.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return Checker(Tokenizer.from_pretrained(Path(directory)))
+
+
+def test_auto_allows_free_text_or_valid_calls(check: Checker) -> None:
+    grammar = tool_call_grammar(TOOLS, "auto")
+    assert check(grammar, "Hello! It is sunny.\nBye <tool_ca") == "complete"
+    assert check(grammar, CALL_WEATHER) == "complete"
+    assert check(grammar, "Let me check.\n" + CALL_WEATHER + "\n" + CALL_MAGIC) == "complete"
+    # Once the text says <tool_call>, it is a call: a known name and valid arguments.
+    assert check(grammar, "I will <tool_call>") == "prefix"
+    assert check(grammar, "I will <tool_call>nonsense") == "rejected"
+    assert check(grammar, call("unknown_tool", {})) == "rejected"
+    assert check(grammar, call("magic_function", {"input": 3000})) == "rejected"
+    assert check(grammar, call("magic_function", {"input": "3"})) == "rejected"
+    assert check(grammar, call("magic_function", {"input": 3, "extra": 1})) == "rejected"
+    assert check(grammar, call("get_weather", {"unit": "C"})) == "rejected"  # city is required
+    # After the calls: more calls or the end, no more text.
+    assert check(grammar, CALL_MAGIC + " and some text") == "rejected"
+
+
+def test_calls_use_json_dumps_separators(check: Checker) -> None:
+    compact = '<tool_call>\n{"name": "magic_function", "arguments": {"input":3}}\n</tool_call>'
+    assert check(tool_call_grammar(TOOLS, "required"), compact) == "rejected"
+
+
+def test_required_allows_only_calls(check: Checker) -> None:
+    grammar = tool_call_grammar(TOOLS, "required")
+    assert check(grammar, CALL_MAGIC) == "complete"
+    assert check(grammar, CALL_MAGIC + "\n" + CALL_WEATHER) == "complete"
+    assert check(grammar, "Sure") == "rejected"
+    assert check(grammar, "") == "prefix"
+
+
+def test_single_call_and_single_tool(check: Checker) -> None:
+    grammar = tool_call_grammar([MAGIC], "required", parallel=False)
+    assert check(grammar, CALL_MAGIC) == "complete"
+    assert check(grammar, CALL_MAGIC + "\n") == "rejected"
+    assert check(grammar, CALL_WEATHER) == "rejected"
+
+
+def test_none_never_starts_a_call(check: Checker) -> None:
+    grammar = tool_call_grammar(TOOLS, "none")
+    assert check(grammar, "Plain text, <tool and </tool_call> too") == "complete"
+    assert check(grammar, "Plain text " + CALL_MAGIC) == "rejected"
+
+
+def test_generated_calls_parse() -> None:
+    text = "Checking.\n" + CALL_WEATHER + "\n" + CALL_MAGIC
+    content, calls = parse_tool_calls(text)
+    assert content == "Checking."
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", {"city": "Zürich", "unit": "C"}),
+        ("magic_function", {"input": 3}),
+    ]
+
+
+def test_tools_as_functions_and_bare_dicts(check: Checker) -> None:
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    grammar = tool_call_grammar([add, MAGIC["function"]], "required")
+    assert check(grammar, call("add", {"a": 1, "b": 2})) == "complete"
+    assert check(grammar, CALL_MAGIC) == "complete"
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        tool_call_grammar(TOOLS, "any")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one tool"):
+        tool_call_grammar([], "required")
+    not_object = {"name": "f", "parameters": {"type": "array"}}
+    with pytest.raises(ValueError, match="object schema"):
+        tool_call_grammar([not_object], "auto")
