@@ -29,8 +29,9 @@ SUPPORTED_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 # Non-persistent buffers some exporters wrote into checkpoints; they carry nothing we need.
-_GPTQ_TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
 _IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)masked_bias$|(^|\.)attn\.bias$")
+# Tensor names that mark a GPTQ layer: named in the error when a dense layer meets them.
+_GPTQ_TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
 
 
 class CheckpointError(ValueError):
