@@ -1,4 +1,4 @@
-"""The ``brisklm`` command: generate and chat from the terminal."""
+"""The ``brisklm`` command: generate and chat from the terminal, quantize checkpoints."""
 
 from __future__ import annotations
 
@@ -74,6 +74,53 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     _add_sampling_args(chat, default_temperature=0.7)
     chat.add_argument("--system", default=None, help="system message")
+
+    quantize = commands.add_parser(
+        "quantize",
+        help="quantize a float checkpoint to GPTQ int4",
+        description="Quantize a float checkpoint to GPTQ int4 (4-bit, v1 format) and write a "
+        "checkpoint in the layout auto-gptq, GPTQModel and transformers read.",
+    )
+    quantize.add_argument("--model", required=True, help="float checkpoint directory")
+    quantize.add_argument(
+        "--out", required=True, help="output directory (must not exist or be empty)"
+    )
+    quantize.add_argument(
+        "--method",
+        default="gptq",
+        choices=["gptq", "rtn"],
+        help="gptq (default) or round-to-nearest",
+    )
+    quantize.add_argument(
+        "--group-size", type=int, default=128, help="columns per scale: -1 or a multiple of 32"
+    )
+    quantize.add_argument(
+        "--act-order",
+        action="store_true",
+        help="quantize columns in order of decreasing activation",
+    )
+    sym = quantize.add_mutually_exclusive_group()
+    sym.add_argument(
+        "--sym", dest="sym", action="store_true", default=True, help="symmetric (default)"
+    )
+    sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric zero points")
+    quantize.add_argument(
+        "--calibration",
+        default=None,
+        help="text file, one sample per paragraph or line (default: built-in text)",
+    )
+    quantize.add_argument("--num-samples", type=int, default=128, help="calibration sequences")
+    quantize.add_argument(
+        "--seq-len", type=int, default=512, help="tokens per calibration sequence"
+    )
+    quantize.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass")
+    quantize.add_argument(
+        "--damp", type=float, default=0.01, help="Hessian dampening (fraction of its mean diagonal)"
+    )
+    quantize.add_argument(
+        "--quantize-lm-head", action="store_true", help="quantize the output layer too"
+    )
+    quantize.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     return parser
 
 
@@ -206,10 +253,36 @@ def _run_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_quantize(args: argparse.Namespace) -> int:
+    from brisklm.quant.quantize_model import QuantizeOptions, quantize_model
+
+    options = QuantizeOptions(
+        method=args.method,
+        group_size=args.group_size,
+        sym=args.sym,
+        act_order=args.act_order,
+        quantize_lm_head=args.quantize_lm_head,
+        damp_percent=args.damp,
+        num_samples=args.num_samples,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+    )
+    result = quantize_model(
+        args.model, args.out, options, calibration=args.calibration, device=args.device
+    )
+    calibration = (
+        f", calibrated on {result.num_sequences} x {result.seq_len} tokens"
+        if result.method == "gptq"
+        else ""
+    )
+    print(f"wrote {result.out_dir} ({result.method}{calibration}) in {result.seconds:.1f}s")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"generate": _run_generate, "chat": _run_chat}
+    handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from brisklm.engine.speculation import Speculator
 from brisklm.loader import load_model, resolve_device, resolve_dtype
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
+from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.speculative import DraftModelProposer, NgramProposer, make_draft_generator
 from brisklm.tokenizer import Tokenizer
@@ -94,6 +95,7 @@ class LLM:
         draft: str | Path | None = None,
         num_speculative_tokens: int = 4,
         show_progress: bool = True,
+        int4_compute_dtype: str | torch.dtype | None = None,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -103,6 +105,9 @@ class LLM:
         tokenizer, "default" for the bundled draft model, or "ngram" for prompt lookup; each step
         proposes up to ``num_speculative_tokens`` tokens. The output is unchanged: greedy output is
         the target's own, sampled output follows the target's distribution exactly.
+        GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
+        is what their kernels compute in: default bfloat16 on CPU (the fast kernel), "float32"
+        gives exact products at a large cost in speed. Other quantizations are refused.
         """
         directory = Path(path) if path is not None else default_model_path()
         config = EngineConfig(
@@ -112,8 +117,18 @@ class LLM:
         )
         device_ = resolve_device(device)
         dtype_ = resolve_dtype(dtype, device_)
+        compute_dtype = (
+            None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
+        )
+        make_linear = linear_factory_for(directory, device=device_, compute_dtype=compute_dtype)
         tokenizer = Tokenizer.from_pretrained(directory)
-        model = load_model(directory, device=device_, dtype=dtype_, show_progress=show_progress)
+        model = load_model(
+            directory,
+            device=device_,
+            dtype=dtype_,
+            make_linear=make_linear,
+            show_progress=show_progress,
+        )
         speculator = None
         if draft is not None:
             speculator = build_speculator(

@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from brisklm.config import ModelConfig
-from brisklm.models.layers import LinearFactory, dense_linear
+from brisklm.models.layers import LinearFactory
 from brisklm.models.llama import PACKED_MODULES, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,8 @@ SUPPORTED_DTYPES: dict[str, torch.dtype] = {
 }
 # Non-persistent buffers some exporters wrote into checkpoints; they carry nothing we need.
 _IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)masked_bias$|(^|\.)attn\.bias$")
+# Tensor names that mark a GPTQ layer: named in the error when a dense layer meets them.
+_GPTQ_TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
 
 
 class CheckpointError(ValueError):
@@ -113,23 +115,34 @@ def _iter_tensors(
                 yield path, name, tensor
 
 
-def _expected_entries(model: nn.Module) -> set[tuple[str, str, int | None]]:
-    """Every (module, tensor, shard) the checkpoint must provide."""
+def _expected_entries(
+    model: nn.Module,
+) -> tuple[set[tuple[str, str, int | None]], set[tuple[str, str, int | None]]]:
+    """Every (module, tensor, shard) the checkpoint must provide, and those it may provide.
+
+    Modules with ``expected_tensors()`` (merged or quantized layers) list their own tensors, and
+    may list optional ones with ``optional_tensors()`` (e.g. a GPTQ g_idx)."""
     expected: set[tuple[str, str, int | None]] = set()
+    optional: set[tuple[str, str, int | None]] = set()
     for module_name, module in model.named_modules():
         expected_tensors = getattr(module, "expected_tensors", None)
         if callable(expected_tensors):
             shards = getattr(module, "shard_sizes", (0,))
             shard_ids: list[int | None] = [None] if len(shards) == 1 else list(range(len(shards)))
-            for tensor_name in expected_tensors():
-                for shard in shard_ids:
-                    expected.add((module_name, tensor_name, shard))
+            optional_tensors = getattr(module, "optional_tensors", None)
+            for target, names in (
+                (expected, expected_tensors()),
+                (optional, optional_tensors() if callable(optional_tensors) else ()),
+            ):
+                for tensor_name in names:
+                    for shard in shard_ids:
+                        target.add((module_name, tensor_name, shard))
             continue
         if list(module.children()):
             continue
         for tensor_name, _ in module.named_parameters(recurse=False):
             expected.add((module_name, tensor_name, None))
-    return expected
+    return expected, optional
 
 
 def _checkpoint_name_to_entry(name: str) -> tuple[str, str, int | None]:
@@ -146,21 +159,29 @@ def load_model(
     config: ModelConfig | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
-    make_linear: LinearFactory = dense_linear,
+    make_linear: LinearFactory | None = None,
     show_progress: bool = True,
 ) -> LlamaForCausalLM:
-    """Build the model for ``path`` and load its weights; errors name the file and tensor at fault."""
+    """Build the model for ``path`` and load its weights; errors name the file and tensor at fault.
+
+    ``make_linear`` builds the linear layers; by default it is chosen for the checkpoint (dense,
+    or GPTQ int4 when the checkpoint is quantized: see ``brisklm.quant.loading``).
+    """
     directory = Path(path)
     config = config or ModelConfig.from_pretrained(directory)
     device_ = resolve_device(device)
     dtype_ = resolve_dtype(dtype, device_)
+    if make_linear is None:
+        from brisklm.quant.loading import linear_factory_for
+
+        make_linear = linear_factory_for(directory, device=device_)
     files = checkpoint_files(directory)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
     model.to(dtype_)
     model.to_empty(device=device_)
     model.tie_weights()
-    expected = _expected_entries(model)
+    expected, optional = _expected_entries(model)
     if config.tie_word_embeddings:
         expected.discard(("lm_head", "weight", None))
     loaded: set[tuple[str, str, int | None]] = set()
@@ -170,9 +191,16 @@ def load_model(
         entry = _checkpoint_name_to_entry(name)
         if config.tie_word_embeddings and entry == ("lm_head", "weight", None):
             continue  # tied: the embedding matrix is the head
-        if entry not in expected:
+        if entry not in expected and entry not in optional:
+            hint = ""
+            if entry[1] in _GPTQ_TENSOR_NAMES:
+                hint = (
+                    "; it is a GPTQ tensor: the layer was built dense, so the checkpoint's "
+                    "quantization config (config.json quantization_config or quantize_config.json) "
+                    "is missing or leaves this module in float"
+                )
             raise CheckpointError(
-                f"{file}: unexpected tensor {name!r} (not part of a {config.architecture})"
+                f"{file}: unexpected tensor {name!r} (not part of a {config.architecture}{hint})"
             )
         if entry in loaded:
             raise CheckpointError(

@@ -44,3 +44,13 @@ def random_gptq(
 @pytest.fixture
 def make_gptq() -> MakeGPTQ:
     return random_gptq
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for modules of tiny models: their ops are too small to split, and on a
+    loaded machine thread synchronisation makes GPTQ's column loop several times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

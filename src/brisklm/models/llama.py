@@ -119,8 +119,13 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
 
     def tie_weights(self) -> None:
-        """Share the embedding matrix with the LM head (call after materialising parameters)."""
-        if self.config.tie_word_embeddings:
+        """Share the embedding matrix with the LM head (call after materialising parameters).
+
+        A quantized LM head (no float ``weight``) keeps its own int4 weights.
+        """
+        if self.config.tie_word_embeddings and isinstance(
+            getattr(self.lm_head, "weight", None), nn.Parameter
+        ):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(

@@ -1,0 +1,240 @@
+"""Decode tokens/s and weight memory of one Llama-shaped model as float32, bfloat16 and GPTQ int4, in one run.
+
+The int4 model is the float model quantized by `brisklm quantize --method rtn --group-size 128`
+(round-to-nearest: quick to make, and the same checkpoint format and kernel as GPTQ), loaded by
+LLM.from_pretrained like any GPTQ checkpoint. It runs with bfloat16 activations ("int4") and with
+float32 activations ("int4/f32-act"); on CPU the int4 kernel itself computes in bfloat16.
+
+    python bench/int4_decode.py                              # ~245M params, CPU
+    python bench/int4_decode.py --preset 125m --new-tokens 16 --repeats 2
+    python bench/int4_decode.py --profile                    # also: torch.profiler table of int4 decode
+
+Timing: best of --repeats, variants interleaved round-robin so load from other processes hits each
+alike; decode time per step = (time of N new tokens - time of 1 new token) / (N - 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+PRESETS = {
+    # ~125M parameters: 12 layers of 768, GQA 12/4, 32k vocabulary, untied head.
+    "125m": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
+    # ~245M parameters: 16 layers of 1024, GQA 16/4, 32k vocabulary, untied head.
+    "245m": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
+}
+
+
+def write_checkpoint(directory: Path, preset: str) -> None:
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    config = transformers.LlamaConfig(
+        **PRESETS[preset],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory, safe_serialization=True)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
+    )
+
+
+def tensor_bytes(module: torch.nn.Module) -> int:
+    tensors = {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def weight_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(bytes of the decoder layers' linears, bytes a decode step reads: every weight but the
+    embedding table, bytes of all weights)."""
+    linears = sum(
+        tensor_bytes(module)
+        for name, module in model.model.layers.named_modules()
+        if name.endswith("_proj")
+    )
+    decode = tensor_bytes(model.model.layers) + tensor_bytes(model.model.norm)
+    decode += tensor_bytes(model.lm_head)
+    return linears, decode, decode + tensor_bytes(model.model.embed_tokens)
+
+
+def run_generate(llm, prompts: list[list[int]], num_new: int) -> float:
+    from brisklm import SamplingParams
+
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.token_ids) == num_new for o in outputs)
+    return elapsed
+
+
+def decode_rates(
+    runs: dict[str, Callable[[list[list[int]], int], float]],
+    prompts: list[list[int]],
+    num_new: int,
+    repeats: int,
+) -> dict[str, float]:
+    """Decode tokens/s (all rows together) for each variant, interleaved round-robin."""
+    first = {name: float("inf") for name in runs}
+    full = {name: float("inf") for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            first[name] = min(first[name], run(prompts, 1))
+            full[name] = min(full[name], run(prompts, num_new))
+    return {
+        name: len(prompts) * (num_new - 1) / max(full[name] - first[name], 1e-9) for name in runs
+    }
+
+
+def profile_decode(llm, prompt: list[int], num_steps: int) -> None:
+    """torch.profiler over decode steps run on this thread (the engine's own thread is not traced)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+
+    runner = ModelRunner(llm.engine.model, 1, len(prompt) + num_steps + 1, "sdpa")
+    token = int(runner.forward(ForwardBatch([0], [0], [prompt], [1]))[0].argmax())
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in range(num_steps):
+            logits = runner.forward(ForwardBatch([0], [len(prompt) + step], [[token]], [1]))
+            token = int(logits[0].argmax())
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="245m", choices=sorted(PRESETS))
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quantize-lm-head", action="store_true", help="int4 output layer too")
+    parser.add_argument("--profile", action="store_true", help="profile int4 decode at batch 1")
+    args = parser.parse_args()
+
+    from brisklm import LLM
+    from brisklm.quant import QuantizeOptions, quantize_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    variants = {  # name -> (checkpoint, activation dtype)
+        "float32": ("float", "float32"),
+        "bfloat16": ("float", "bfloat16"),
+        "int4": ("int4", "bfloat16"),
+        "int4/f32-act": ("int4", "float32"),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {"float": Path(tmp) / "float", "int4": Path(tmp) / "int4"}
+        dirs["float"].mkdir()
+        write_checkpoint(dirs["float"], args.preset)
+        start = time.perf_counter()
+        quantize_model(
+            dirs["float"],
+            dirs["int4"],
+            QuantizeOptions(method="rtn", group_size=128, quantize_lm_head=args.quantize_lm_head),
+            show_progress=False,
+        )
+        quantize_s = time.perf_counter() - start
+        max_seq_len = args.prompt_len + args.new_tokens + 8
+        llms = {
+            name: LLM.from_pretrained(
+                dirs[kind],
+                device="cpu",
+                dtype=dtype,
+                max_batch_size=max(args.batch_sizes),
+                max_seq_len=max_seq_len,
+                show_progress=False,
+            )
+            for name, (kind, dtype) in variants.items()
+        }
+        memory = {name: weight_bytes(llm.engine.model) for name, llm in llms.items()}
+        params = sum(p.numel() for p in llms["float32"].engine.model.parameters())
+
+        def prompts(batch: int) -> list[list[int]]:
+            return torch.randint(3, 250, (batch, args.prompt_len), generator=generator).tolist()
+
+        rates: dict[int, dict[str, float]] = {}
+        runs = {name: (lambda p, n, llm=llm: run_generate(llm, p, n)) for name, llm in llms.items()}
+        with torch.inference_mode():
+            for run in runs.values():
+                run(prompts(1), 4)  # warm-up
+            for batch in args.batch_sizes:
+                rates[batch] = decode_rates(runs, prompts(batch), args.new_tokens, args.repeats)
+            if args.profile:
+                for name in ("bfloat16", "int4"):
+                    print(f"--- profile: {name}, batch 1 decode")
+                    profile_decode(llms[name], prompts(1)[0], 16)
+        for llm in llms.values():
+            llm.close()
+
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} torch {torch.__version__} "
+        f"threads {torch.get_num_threads()} device cpu"
+    )
+    print(
+        f"model: {args.preset} preset, {params / 1e6:.1f}M parameters; int4 = RTN g128 "
+        f"(quantized in {quantize_s:.1f}s); prompt {args.prompt_len}, {args.new_tokens} new tokens"
+    )
+    mb = 1e6
+    header = f"{'variant':<14}" + "".join(f"{f'decode b{b} tok/s':>18}" for b in args.batch_sizes)
+    header += f"{'linears MB':>12}{'decode-read MB':>16}{'all MB':>9}"
+    header += "".join(f"{f'b{b} vs bf16':>12}" for b in args.batch_sizes)
+    print(header)
+    for name in variants:
+        row = f"{name:<14}" + "".join(f"{rates[b][name]:>18.1f}" for b in args.batch_sizes)
+        row += f"{memory[name][0] / mb:>12.1f}{memory[name][1] / mb:>16.1f}{memory[name][2] / mb:>9.1f}"
+        row += "".join(f"{rates[b][name] / rates[b]['bfloat16']:>11.2f}x" for b in args.batch_sizes)
+        print(row)
+    bf16, int4 = memory["bfloat16"], memory["int4"]
+    head = "int4" if args.quantize_lm_head else "bfloat16"
+    print(
+        f"int4 vs bfloat16 weight memory: {bf16[0] / int4[0]:.2f}x less for the decoder linears, "
+        f"{bf16[1] / int4[1]:.2f}x less for what a decode step reads (head in {head}), "
+        f"{bf16[2] / int4[2]:.2f}x less in all (embedding table in bfloat16)"
+    )
+
+
+if __name__ == "__main__":
+    main()

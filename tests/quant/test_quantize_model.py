@@ -1,0 +1,269 @@
+"""brisklm's model quantizer: checkpoint layout, reload parity, auto-gptq format check, engine, GPTQ vs RTN."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from brisklm import LLM, SamplingParams
+from brisklm.loader import load_model
+from brisklm.quant import GPTQConfig, GPTQTensors, QuantizeOptions, dequantize_gptq, quantize_model
+from brisklm.quant.calibration import calibration_token_ids, read_calibration_samples
+from brisklm.tokenizer import Tokenizer
+from tests.quant.gptq_checkpoints import write_dequantized_copy
+from tests.quant.test_autogptq_compat import autogptq_weight, load_autogptq_qlinear
+from tests.quant.test_gptq_loading import all_logits, load_exact
+from tests.tiny import CORPUS, make_tiny_checkpoint
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    """Requested first so the module's other fixtures run single-threaded too."""
+
+
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+LLAMA_OPTIONS = QuantizeOptions(
+    group_size=32, sym=False, act_order=True, num_samples=16, seq_len=64, batch_size=8
+)
+HELD_OUT = [
+    "A small boat drifted past the harbour wall while gulls circled overhead and fishermen "
+    "mended their nets.",
+    "To reset the router, hold the button for ten seconds, wait for the light to blink, then "
+    "connect again.",
+    "The recipe needs three eggs, a cup of milk, and flour; mix them well before you heat the pan.",
+]
+HF_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.fixture(scope="module")
+def llama_float(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("llama-float"), **SHAPE)
+
+
+@pytest.fixture(scope="module")
+def llama_gptq(llama_float, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q") / "llama-gptq"
+    result = quantize_model(llama_float, out, LLAMA_OPTIONS, show_progress=False)
+    assert result.num_sequences > 1 and result.seq_len == 64
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama_rtn(llama_float, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q") / "llama-rtn"
+    options = QuantizeOptions(method="rtn", group_size=32, sym=False)
+    quantize_model(llama_float, out, options, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen2_gptq_lm_head(tmp_path_factory):
+    """Qwen2 (q/k/v biases, tied embeddings), head quantized, all four Hessians from one pass."""
+    float_dir = make_tiny_checkpoint(
+        tmp_path_factory.mktemp("qwen2-float"), family="qwen2", tie_word_embeddings=True, **SHAPE
+    )
+    out = tmp_path_factory.mktemp("q") / "qwen2-gptq"
+    options = QuantizeOptions(
+        group_size=64,
+        quantize_lm_head=True,
+        true_sequential=False,
+        num_samples=8,
+        seq_len=64,
+        batch_size=8,
+    )
+    quantize_model(float_dir, out, options, show_progress=False)
+    return out
+
+
+def test_checkpoint_layout(llama_float, llama_gptq):
+    names = {p.name for p in llama_gptq.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "quantize_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= names
+    config = json.loads((llama_gptq / "config.json").read_text())
+    qc = config["quantization_config"]
+    assert qc["quant_method"] == "gptq" and qc["bits"] == 4 and qc["group_size"] == 32
+    assert qc["desc_act"] is True and qc["sym"] is False and qc["checkpoint_format"] == "gptq"
+    quantize_config = json.loads((llama_gptq / "quantize_config.json").read_text())
+    assert quantize_config["model_file_base_name"] == "model"
+    parsed = GPTQConfig.from_pretrained(llama_gptq)
+    assert (parsed.group_size, parsed.desc_act, parsed.sym) == (32, True, False)
+
+    state = load_file(str(llama_gptq / "model.safetensors"))
+    for layer in range(2):
+        for leaf in HF_LINEARS:
+            block = "self_attn" if leaf in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"model.layers.{layer}.{block}.{leaf}"
+            assert state[f"{prefix}.qweight"].dtype == torch.int32
+            assert state[f"{prefix}.qzeros"].dtype == torch.int32
+            assert state[f"{prefix}.scales"].dtype == torch.float16
+            assert state[f"{prefix}.g_idx"].dtype == torch.int32
+            assert f"{prefix}.weight" not in state
+    assert not any("qkv_proj" in n or "gate_up_proj" in n for n in state)
+    assert "lm_head.weight" in state and "lm_head.qweight" not in state
+    # act-order: one Hessian for q/k/v, so their column orders agree; and g_idx is no plain k // 32.
+    attn = "model.layers.0.self_attn"
+    assert torch.equal(state[f"{attn}.q_proj.g_idx"], state[f"{attn}.v_proj.g_idx"])
+    assert not torch.equal(
+        state[f"{attn}.q_proj.g_idx"], torch.arange(128, dtype=torch.int32) // 32
+    )
+    with safe_open(str(llama_gptq / "model.safetensors"), "pt") as handle:
+        assert handle.metadata()["format"] == "pt"
+
+
+def test_refuses_quantized_input_and_non_empty_output(llama_float, llama_gptq, tmp_path):
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_model(llama_gptq, tmp_path / "again", show_progress=False)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    with pytest.raises(ValueError, match="not empty"):
+        quantize_model(llama_float, tmp_path / "busy", show_progress=False)
+    with pytest.raises(ValueError, match="act_order needs calibration"):
+        QuantizeOptions(method="rtn", act_order=True)
+    with pytest.raises(ValueError, match="group_size=48"):
+        QuantizeOptions(group_size=48)
+
+
+@pytest.mark.parametrize("which", ["llama_gptq", "llama_rtn", "qwen2_gptq_lm_head"])
+def test_reload_matches_dequantized_float_copy(which, request, tmp_path):
+    quantized = request.getfixturevalue(which)
+    float_dir = write_dequantized_copy(quantized, tmp_path / "float")
+    reference = all_logits(
+        load_model(float_dir, device="cpu", dtype="float32", show_progress=False)
+    )
+    model = load_exact(quantized)
+    scale = max(reference.abs().max().item(), 1.0)
+    assert (all_logits(model) - reference).abs().max().item() <= 1e-4 * scale
+    if which == "qwen2_gptq_lm_head":
+        config = json.loads((quantized / "config.json").read_text())
+        assert config["tie_word_embeddings"] is False  # the int4 head no longer is the embedding
+        assert config["quantization_config"]["lm_head"] is True
+        assert type(model.lm_head).__name__ == "GPTQMergedLinear"
+
+
+@pytest.mark.parametrize("which", ["llama_gptq", "qwen2_gptq_lm_head"])
+def test_autogptq_reads_the_quantized_checkpoint(which, request):
+    """Every saved layer, read by auto-gptq's own QuantLinear, is the weight our reference reads."""
+    quantized = request.getfixturevalue(which)
+    cls = load_autogptq_qlinear().QuantLinear
+    config = GPTQConfig.from_pretrained(quantized)
+    state = load_file(str(quantized / "model.safetensors"))
+    modules = [n.removesuffix(".qweight") for n in state if n.endswith(".qweight")]
+    assert len(modules) == 2 * len(HF_LINEARS) + (which == "qwen2_gptq_lm_head")
+    for module in modules:
+        tensors = GPTQTensors(
+            *(state[f"{module}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx"))
+        )
+        ours = dequantize_gptq(*tensors)
+        assert torch.equal(autogptq_weight(cls, tensors, config.group_size), ours), module
+
+
+def test_engine_greedy_tokens_match_dequantized_float_model(llama_gptq, tmp_path):
+    float_dir = write_dequantized_copy(llama_gptq, tmp_path / "float")
+    prompts = ["The quick brown fox", "Hello world! How are", '{"name": "Ada",']
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    kwargs = dict(device="cpu", max_batch_size=3, max_seq_len=64, show_progress=False)
+    with LLM.from_pretrained(llama_gptq, int4_compute_dtype="float32", **kwargs) as int4:
+        assert type(int4.engine.model.model.layers[0].mlp.down_proj).__name__ == "GPTQMergedLinear"
+        ours = [o.token_ids for o in int4.generate(prompts, params)]
+    with LLM.from_pretrained(float_dir, **kwargs) as dense:
+        theirs = [o.token_ids for o in dense.generate(prompts, params)]
+    assert ours == theirs
+    # The default (bfloat16 kernel) path generates too.
+    with LLM.from_pretrained(llama_gptq, **kwargs) as fast:
+        assert len(fast.generate(prompts[0], params).token_ids) == 12
+
+
+def test_gptq_error_below_rtn_on_held_out_text(llama_float, llama_gptq, llama_rtn):
+    """Model-level output error vs the float model on text the calibration never saw.
+
+    The held-out text must be like the calibration text: the tiny tokenizer was trained on
+    tests.tiny.CORPUS alone, so CORPUS sentences become merged tokens that plain English (the
+    built-in calibration text) never produces, and a random model's Hessians say nothing about them.
+    """
+    tokenizer = Tokenizer.from_pretrained(llama_float)
+    held_out = [tokenizer.encode(text) for text in HELD_OUT]
+    reference = load_model(llama_float, device="cpu", dtype="float32", show_progress=False)
+    gptq, rtn = load_exact(llama_gptq), load_exact(llama_rtn)
+
+    def error(model) -> float:
+        total = 0.0
+        for ids in held_out:
+            ours, theirs = logits_for(model, ids), logits_for(reference, ids)
+            total += float(((ours - theirs) ** 2).mean())
+        return total
+
+    gptq_error, rtn_error = error(gptq), error(rtn)
+    assert gptq_error < 0.6 * rtn_error, (gptq_error, rtn_error)
+
+
+def logits_for(model, ids: list[int]) -> torch.Tensor:
+    from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+
+    runner = ModelRunner(model, num_slots=1, max_seq_len=len(ids) + 1, attention_backend="sdpa")
+    return runner.forward(ForwardBatch([0], [0], [ids], [len(ids)]))
+
+
+def test_calibration_windows(llama_float, tmp_path):
+    tokenizer = Tokenizer.from_pretrained(llama_float)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(c.strip().replace("\n", " ") for c in CORPUS * 4))
+    samples = read_calibration_samples(lines)
+    assert len(samples) == len(CORPUS) * 4  # no blank lines: one sample per line
+    stream_len = sum(len(tokenizer.encode(s)) for s in samples)
+    ids = calibration_token_ids(tokenizer, samples, num_samples=1000, seq_len=16)
+    assert ids.shape == (stream_len // 16, 16)  # as many non-overlapping windows as fit
+    ids = calibration_token_ids(tokenizer, samples, num_samples=3, seq_len=16)
+    assert ids.shape == (3, 16)
+    assert ids[0, 0] == tokenizer.bos_token_id
+    short = calibration_token_ids(tokenizer, samples[:1], num_samples=4, seq_len=10_000)
+    assert short.shape[0] == 1 and short.shape[1] == len(tokenizer.encode(samples[0]))
+    default = read_calibration_samples(None)
+    assert len(default) > 30 and all("\n\n" not in s for s in default)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n")
+    with pytest.raises(ValueError, match="holds no text"):
+        read_calibration_samples(empty)
+
+
+def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys):
+    from brisklm.cli import main
+
+    out = tmp_path / "rtn"
+    args = ["quantize", "--model", str(llama_float), "--out", str(out)]
+    assert main([*args, "--method", "rtn", "--group-size", "64", "--asym"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    config = GPTQConfig.from_pretrained(out)
+    assert (config.group_size, config.sym, config.desc_act) == (64, False, False)
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("\n\n".join(CORPUS * 8))
+    gptq_out = tmp_path / "gptq"
+    gptq_args = ["quantize", "--model", str(llama_float), "--out", str(gptq_out)]
+    code = main(
+        [*gptq_args, "--group-size", "-1", "--calibration", str(calibration), "--num-samples", "4"]
+        + ["--seq-len", "32", "--quantize-lm-head"]
+    )
+    assert code == 0
+    assert "calibrated on 4 x 32 tokens" in capsys.readouterr().out
+    assert GPTQConfig.from_pretrained(gptq_out).lm_head is True
+    for bad, message in [
+        (["--method", "rtn", "--act-order"], "act_order needs calibration"),
+        (["--group-size", "48"], "group_size=48"),
+        (["--calibration", str(tmp_path / "missing.txt")], "does not exist"),
+    ]:
+        assert main([*args[:-1], str(tmp_path / "new"), *bad]) == 1
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    assert main(["quantize", "--model", str(llama_gptq), "--out", str(tmp_path / "x")]) == 1
+    assert "already quantized" in capsys.readouterr().err
