@@ -66,3 +66,13 @@ def test_broken_shard_index_names_file(tmp_path):
     (sharded / first).unlink()
     with pytest.raises(ValueError, match=first):
         load_model(sharded, device="cpu", show_progress=False)
+
+
+def test_cpu_weights_are_stored_column_major_except_tied_head(tmp_path):
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight
+    assert qkv.stride() == (1, qkv.shape[0])  # (out, in) view of an (in, out) contiguous matrix
+    assert model.model.embed_tokens.weight.is_contiguous()  # rows stay contiguous for lookups
+    expected = hf.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(qkv[: expected.shape[0]], expected)

@@ -58,7 +58,10 @@ CASES = {
 
 PROMPT = [1, 17, 93, 5, 44, 120, 8, 61, 33, 150, 9]
 NUM_STEPS = 36
-TOLERANCE = 1e-4
+# float32 noise floor at this init (logits ~16): transformers against itself with the same weights
+# stored column-major (as brisklm stores them on CPU) differs by up to 1.45e-4, so 1e-4 would test
+# MKL's summation order, not our model. 2e-4 is ~1e-5 of the logit scale; bugs show as O(1).
+TOLERANCE = 2e-4
 BATCH_TOLERANCE = 5e-4
 
 

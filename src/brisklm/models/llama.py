@@ -127,6 +127,7 @@ class LlamaForCausalLM(nn.Module):
             getattr(self.lm_head, "weight", None), nn.Parameter
         ):
             self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.relayout_on_cpu = False
 
     def forward(
         self,
