@@ -161,7 +161,7 @@ def llg_tokenizer_for(
             reason = f"cannot read it ({e})"
         if reason is None:
             return llg
-        logger.warning(
+        logger.info(
             "llguidance %s tokenizer.json; building its tokenizer from token_bytes() and encode()",
             reason,
         )
