@@ -23,6 +23,8 @@ class EngineKey:
     dtype: str
     max_batch_size: int
     max_seq_len: int | None
+    draft: str | None = None
+    num_speculative_tokens: int = 4
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -59,6 +61,8 @@ def get_engine(
     dtype: str | None = None,
     max_batch_size: int = 8,
     max_seq_len: int | None = None,
+    draft: str | None = None,
+    num_speculative_tokens: int = 4,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -69,6 +73,8 @@ def get_engine(
         dtype=str(resolve_dtype(dtype, device_)),
         max_batch_size=max_batch_size,
         max_seq_len=max_seq_len,
+        draft=str(draft) if draft is not None else None,
+        num_speculative_tokens=num_speculative_tokens if draft is not None else 0,
     )
     with _lock:  # loading under the lock: concurrent first calls load the model once
         llm = _engines.get(key)
@@ -79,6 +85,8 @@ def get_engine(
                 dtype=dtype,
                 max_batch_size=max_batch_size,
                 max_seq_len=max_seq_len,
+                draft=draft,
+                num_speculative_tokens=num_speculative_tokens,
                 show_progress=False,
             )
             _engines[key] = llm

@@ -41,6 +41,11 @@ class BriskSettings(BaseModel):
     """Requests the shared engine decodes together."""
     max_seq_len: int | None = None
     """Context length of the engine (default: the model's)."""
+    draft: str | None = None
+    """Speculative decoding: a draft model directory, "default" (the bundled draft) or "ngram".
+    The output is the same as without it; only the speed changes."""
+    num_speculative_tokens: int = 4
+    """Tokens the draft proposes per step (with ``draft``)."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None: brisklm's default (1.0)."""
@@ -86,6 +91,8 @@ class BriskSettings(BaseModel):
             dtype=self.dtype,
             max_batch_size=self.max_batch_size,
             max_seq_len=self.max_seq_len,
+            draft=self.draft,
+            num_speculative_tokens=self.num_speculative_tokens,
         )
 
     def _sampling_params(

@@ -15,7 +15,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_brisklm import ChatBrisk
+from langchain_brisklm import BriskLLM, ChatBrisk
 from langchain_brisklm._engines import loaded_engines
 from langchain_brisklm._messages import to_template_messages
 from tests.integrations.langchain.conftest import TINY_ENGINE
@@ -193,3 +193,24 @@ def test_template_messages() -> None:
 def test_unsupported_blocks(block: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         to_template_messages([HumanMessage([block])])
+
+
+def test_speculative_decoding_keeps_the_output(tiny_chat_dir: Path) -> None:
+    plain = ChatBrisk(model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE)
+    drafted = ChatBrisk(
+        model=str(tiny_chat_dir),
+        temperature=0,
+        max_tokens=24,
+        draft="ngram",
+        num_speculative_tokens=3,
+        **TINY_ENGINE,
+    )
+    assert plain._engine() is not drafted._engine()  # a speculative engine is its own engine
+    assert drafted._engine().engine.speculator is not None
+    assert drafted.invoke("Hello there").content == plain.invoke("Hello there").content
+    llm = BriskLLM(
+        model=str(tiny_chat_dir), temperature=0, max_tokens=24, draft="ngram", **TINY_ENGINE
+    )
+    assert llm.invoke("The quick brown fox") == BriskLLM(
+        model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE
+    ).invoke("The quick brown fox")
