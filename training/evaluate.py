@@ -85,34 +85,46 @@ class Generator:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
-    def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        ids = torch.tensor([prompt])
-        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy-decode a batch (left-padded); each output ends at its first stop token."""
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = self.model.generate(input_ids=ids, attention_mask=mask,
                                   max_new_tokens=max_new_tokens, do_sample=False,
                                   eos_token_id=self.stop_ids, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
+        results = []
+        for row in out[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
+            results.append(row[:cut])
+        return results
 
     def text(self, ids: list[int]) -> str:
         return self.tok.decode([i for i in ids if i not in self.stop_ids], skip_special_tokens=False)
 
 
-def run_tasks(gen: Generator, ev: dict[str, list[dict]], limit: int, log: bool) -> tuple[dict, list]:
+def run_tasks(gen: Generator, ev: dict[str, list[dict]], limit: int, log: bool,
+              batch_size: int = 16) -> tuple[dict, list]:
     """Greedy-decode every task prompt; returns (metrics, [(prompt ids, output ids)])."""
     pairs: list[tuple[list[int], list[int]]] = []
     metrics: dict[str, Any] = {}
     examples: dict[str, list] = {}
 
-    def decode(sample: dict, max_new: int) -> str:
-        p = gen.prompt_ids(sample["prompt_messages"], sample.get("tools"))
-        out = gen.generate(p, max_new)
-        pairs.append((p, out))
-        return gen.text(out)
+    def decode_all(samples: list[dict], max_new: int) -> list[str]:
+        prompts = [gen.prompt_ids(s["prompt_messages"], s.get("tools")) for s in samples]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+        texts = [""] * len(prompts)
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            for i, out in zip(idx, gen.generate([prompts[i] for i in idx], max_new), strict=True):
+                pairs.append((prompts[i], out))
+                texts[i] = gen.text(out)
+        return texts
 
     # Tool calls.
     exact = name_ok = parsed = 0
     items = ev["tool_call"][:limit]
-    for s in items:
-        text = decode(s, 160)
+    for s, text in zip(items, decode_all(items, 160), strict=True):
         calls = parse_tool_calls(text)
         ok = calls is not None and len(calls) == len(s["expected"]) and all(
             c["name"] == e["name"] and same_value(c["arguments"], e["arguments"])
@@ -132,8 +144,7 @@ def run_tasks(gen: Generator, ev: dict[str, list[dict]], limit: int, log: bool) 
     for task in ("extract", "extract_labelled"):
         items = ev[task][:limit]
         fields = right = whole = valid = 0
-        for s in items:
-            text = decode(s, 120)
+        for s, text in zip(items, decode_all(items, 120), strict=True):
             obj = parse_json_object(text)
             valid += obj is not None
             exp = s["expected"]
@@ -153,8 +164,7 @@ def run_tasks(gen: Generator, ev: dict[str, list[dict]], limit: int, log: bool) 
     # JSON with given keys.
     items = ev["json_keys"][:limit]
     comply = values = 0
-    for s in items:
-        text = decode(s, 80)
+    for s, text in zip(items, decode_all(items, 80), strict=True):
         obj = parse_json_object(text)
         ok = obj is not None and list(obj) == s["expected_keys"]
         comply += ok

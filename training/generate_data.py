@@ -462,10 +462,10 @@ class Gen:
                  ("input", "output"), ("query", "reply"), ("topic", "value")]
 
     def random_keys(self, n: int) -> list[str]:
-        keys: set[str] = set()
+        keys: list[str] = []  # a list, not a set: set order varies with PYTHONHASHSEED
         while len(keys) < n:
-            keys.add(self.arg_name(keys))
-        return list(keys)
+            keys.append(self.arg_name(set(keys)))
+        return keys
 
     def json_keys_sample(self) -> dict[str, Any]:
         r = self.r
@@ -565,12 +565,12 @@ class Gen:
             r.choice([f"{name} liked to play with a {color} {thing}.",
                       f"Every day, {name} walked to the park with {friend}.",
                       f"{name} had a small {thing} that was very old."]),
-            r.choice([f"One day, the {thing} was gone.", f"Then it started to rain.",
+            r.choice([f"One day, the {thing} was gone.", "Then it started to rain.",
                       f"Suddenly, {friend} saw a {animal} near the river.",
-                      f"The sun was warm and the sky was blue."]),
+                      "The sun was warm and the sky was blue."]),
             r.choice([f"{name} felt {feel}.", f"{friend} said, \"Let's go and look for it!\"",
-                      f"\"What is that?\" asked {name}.", f"They ran as fast as they could."]),
-            r.choice([f"They looked under the tree and behind the house.",
+                      f"\"What is that?\" asked {name}.", "They ran as fast as they could."]),
+            r.choice(["They looked under the tree and behind the house.",
                       f"The {animal} helped them find the way home.",
                       f"After a while, they found the {thing} in the garden.",
                       f"{friend} shared an apple with {name}."]),

@@ -61,8 +61,12 @@ def build_config(preset: str, vocab_size: int, max_positions: int) -> Any:
 
 
 # ---------------------------------------------------------------------------- data
-def encode_samples(samples: list[dict], tokenizer_dir: Path) -> list[tuple[list[int], list[int]]]:
-    """Tokenize samples to (ids, trained-mask) with the leading ``<|endoftext|>``."""
+def encode_samples(samples: list[dict], tokenizer_dir: Path,
+                   loss_on: str = "assistant") -> list[tuple[list[int], list[int]]]:
+    """Tokenize samples to (ids, trained-mask) with the leading ``<|endoftext|>``.
+
+    ``loss_on="assistant"`` trains only assistant turns of chats; ``"all"`` trains every token.
+    """
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
@@ -70,6 +74,9 @@ def encode_samples(samples: list[dict], tokenizer_dir: Path) -> list[tuple[list[
     for s in samples:
         if s["kind"] == "prose":
             text = s["text"] + "<|endoftext|>"
+            spans = [(0, len(text))]
+        elif loss_on == "all":
+            text = render(s["messages"], s.get("tools"))
             spans = [(0, len(text))]
         else:
             text = render(s["messages"], s.get("tools"))
@@ -205,6 +212,11 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=200)
     ap.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
     ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--loss-on", choices=["assistant", "all"], default="assistant",
+                    help="chat tokens that carry loss (prose always trains on all tokens)")
+    ap.add_argument("--time-budget-min", type=float, default=None,
+                    help="also decay the lr by wall time and stop when this many training minutes "
+                         "are spent (for a busy machine; makes the result depend on its speed)")
     args = ap.parse_args()
 
     from transformers import LlamaForCausalLM
@@ -213,7 +225,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     t0 = time.time()
     samples = load_jsonl(args.data / "train.jsonl")
-    encoded = encode_samples(samples, args.tokenizer)
+    encoded = encode_samples(samples, args.tokenizer, args.loss_on)
     ids, mask = pack(encoded, args.seq_len + 1, args.seed)
     eval_samples = json.load(open(args.data / "eval.json", encoding="utf-8"))["ppl"]
     e_ids, e_mask = pack(encode_samples(eval_samples, args.tokenizer), args.seq_len + 1, 0)
@@ -246,32 +258,47 @@ def main() -> None:
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
 
-    def lr_at(step: int) -> float:
+    def progress(step: int, elapsed_s: float) -> float:
+        """Fraction of the decay schedule done: by steps, or by wall time when a budget binds."""
+        frac = (step - args.warmup) / max(1, args.steps - args.warmup)
+        if args.time_budget_min:
+            frac = max(frac, elapsed_s / (60 * args.time_budget_min))
+        return min(frac, 1.0)
+
+    def lr_at(step: int, elapsed_s: float = 0.0) -> float:
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
-        frac = (step - args.warmup) / max(1, args.steps - args.warmup)
+        frac = progress(step, elapsed_s)
         return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "checkpoint.pt"
     start_step = 0
+    elapsed_before = 0.0  # training seconds spent before a resume
     if args.resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         start_step = ck["step"]
-        print(f"[{args.preset}] resumed at step {start_step}", flush=True)
+        elapsed_before = ck.get("elapsed_s", 0.0)
+        print(f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)", flush=True)
 
     order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(args.seed))
     model.train()
     t_train = time.time()
     tokens_seen = 0
     ema = None
+    steps_done = start_step
     for step in range(start_step, args.steps):
+        elapsed_s = elapsed_before + time.time() - t_train
+        if step >= args.warmup and progress(step, elapsed_s) >= 1.0:
+            print(f"[{args.preset}] time budget of {args.time_budget_min} min spent at step {step}",
+                  flush=True)
+            break
         idx = [order[(step * args.batch_size + j) % n_rows].item() for j in range(args.batch_size)]
         b_ids, b_mask = ids[idx], mask[idx]
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(step, elapsed_s)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, ce = lm_loss(model, b_ids, b_mask, teacher, args.distill_weight)
         loss.backward()
@@ -279,22 +306,24 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens_seen += b_ids.numel()
+        steps_done = step + 1
         ema = ce.item() if ema is None else 0.9 * ema + 0.1 * ce.item()
         if (step + 1) % args.log_every == 0 or step == start_step:
             el = time.time() - t_train
             rate = tokens_seen / el
             eta = (args.steps - step - 1) * args.batch_size * (args.seq_len + 1) / rate
             print(f"[{args.preset}] step {step + 1}/{args.steps} loss {ce.item():.4f} (ema {ema:.4f}) "
-                  f"lr {lr_at(step):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
+                  f"lr {lr_at(step, elapsed_s):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
                   f"eta {eta / 60:.1f}m", flush=True)
         if (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt_path)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                        "elapsed_s": elapsed_before + time.time() - t_train}, ckpt_path)
 
     held = evaluate_loss(model, e_ids, e_mask, args.batch_size)
-    final = {"preset": args.preset, "parameters": n_params, "steps": args.steps,
+    final = {"preset": args.preset, "parameters": n_params, "steps": steps_done,
              "batch_size": args.batch_size, "seq_len": args.seq_len,
              "train_loss_ema": ema, "heldout_loss": held, "heldout_ppl": math.exp(held),
-             "train_minutes": (time.time() - t_train) / 60, "total_minutes": (time.time() - t0) / 60}
+             "train_minutes": (elapsed_before + time.time() - t_train) / 60, "total_minutes": (time.time() - t0) / 60}
     print(f"[{args.preset}] done: {json.dumps(final)}", flush=True)
     model_dir = args.out / "model"
     export(model, args.tokenizer, model_dir)
