@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--init", type=Path, default=None, help="HF dir to start from (continued training)")
     ap.add_argument("--teacher", type=Path, default=None, help="HF dir of a teacher for distillation")
     ap.add_argument("--distill-weight", type=float, default=0.5)
     ap.add_argument("--checkpoint-every", type=int, default=200)
@@ -244,6 +245,9 @@ def main() -> None:
     vocab_size = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")).get_vocab_size()
     config = build_config(args.preset, vocab_size, 1024)
     model = LlamaForCausalLM(config)
+    if args.init is not None:
+        model.load_state_dict(LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32).state_dict())
+        print(f"[{args.preset}] initialised from {args.init}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{args.preset}] {n_params / 1e6:.2f}M parameters: {PRESETS[args.preset]}", flush=True)
 
