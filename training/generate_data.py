@@ -1,0 +1,682 @@
+"""Generate brisk's synthetic training and held-out evaluation data, offline, with a fixed seed.
+
+Every sample is written by the templates below (no third-party text). Output: JSON lines, one
+sample per line, either ``{"kind": "prose", "text": ...}`` or
+``{"kind": <task>, "messages": [...], "tools": [...] | null}``; evaluation samples also carry the
+expected answer. The eval split draws function words, argument names, people and places only
+from the held-out pools in ``training/pools.py``.
+
+    python -m training.generate_data --out training/out/data --seed 1234
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from training import pools
+
+DEFAULT_SYSTEMS = [
+    "You are a helpful assistant.",
+    "You are Brisk, a small and helpful assistant.",
+    "You are a concise assistant. Answer briefly.",
+    "You are a friendly assistant.",
+    "Answer the user's questions.",
+]
+TOOL_SYSTEMS = [
+    "You are a helpful assistant with access to tools.",
+    "You are a helpful assistant. Use the tools when they help.",
+    "You are an assistant that can call functions.",
+]
+
+
+def dumps(x: Any) -> str:
+    return json.dumps(x, ensure_ascii=False)
+
+
+class Pools:
+    """The pools one split draws from."""
+
+    def __init__(self, split: str) -> None:
+        held = split == "eval"
+        self.verbs = pools.VERBS + pools.HELDOUT_VERBS if held else pools.VERBS
+        self.topics = pools.HELDOUT_TOPICS if held else pools.TOPICS
+        self.syllables = pools.HELDOUT_SYLLABLES if held else pools.SYLLABLES
+        self.arg_names = pools.HELDOUT_ARG_NAMES if held else pools.ARG_NAMES
+        self.first = pools.HELDOUT_FIRST_NAMES if held else pools.FIRST_NAMES
+        self.last = pools.HELDOUT_LAST_NAMES if held else pools.LAST_NAMES
+        self.places = pools.HELDOUT_PLACES if held else pools.PLACES
+        self.held = held
+
+
+class Gen:
+    def __init__(self, seed: int, split: str) -> None:
+        self.r = random.Random(seed)
+        self.p = Pools(split)
+
+    # ---------------------------------------------------------------- small values
+    def pseudo_word(self) -> str:
+        r = self.r
+        n = r.choice([2, 2, 3])
+        sy = [r.choice(self.p.syllables)]
+        # Held-out pseudo-words always contain a held-out syllable; training ones never do.
+        sy += [r.choice(pools.SYLLABLES if not self.p.held else self.p.syllables + pools.SYLLABLES)
+               for _ in range(n - 1)]
+        r.shuffle(sy)
+        return "".join(sy)
+
+    def person(self) -> str:
+        return f"{self.r.choice(self.p.first)} {self.r.choice(self.p.last)}"
+
+    def place(self) -> str:
+        return self.r.choice(self.p.places)
+
+    def integer(self) -> int:
+        r = self.r
+        lo, hi = r.choice([(0, 10), (0, 100), (-50, 50), (100, 9999), (-1000, 1000), (1, 500000)])
+        return r.randint(lo, hi)
+
+    def number(self) -> float:
+        r = self.r
+        while True:
+            scale = r.choice([1, 10, 100, 1000])
+            v = round(r.uniform(-scale if r.random() < 0.3 else 0, scale), r.choice([1, 2, 2, 3]))
+            if v != int(v):
+                return v
+
+    def string_value(self) -> str:
+        r = self.r
+        k = r.random()
+        if k < 0.25:
+            return self.place()
+        if k < 0.45:
+            return self.person()
+        if k < 0.65:
+            return r.choice(pools.WORDS)
+        if k < 0.8:
+            return self.pseudo_word()
+        if k < 0.9:
+            return f"{r.choice('ABCDEFGHKLMNPRSTXZ')}{r.choice('ABCDEFGHKLMNPRSTXZ')}-{r.randint(100, 99999)}"
+        return f"{self.pseudo_word()}@example.com"
+
+    # ---------------------------------------------------------------- tools
+    def topic(self, avoid: set[str]) -> str:
+        for _ in range(100):
+            t = (self.r.choice(self.p.topics) if self.r.random() < 0.8
+                 else f"{self.pseudo_word()} {self.r.choice(['record', 'item', 'entry', 'list', 'status', 'value', 'data', 'report'])}"
+                 if self.r.random() < 0.5 else self.pseudo_word())
+            if t not in avoid:
+                return t
+        raise RuntimeError("topic pool exhausted")
+
+    def func_name(self, verb: str, topic: str) -> str:
+        r = self.r
+        words = [verb] + topic.split()
+        style = r.random()
+        if style < 0.7:
+            name = "_".join(words)
+        elif style < 0.9:
+            name = words[0] + "".join(w.capitalize() for w in words[1:])
+        else:
+            name = "_".join(words[1:]) + "_" + verb
+        if r.random() < 0.08:
+            name = r.choice(["api_", "my_", "do_", "tool_"]) + name
+        return name
+
+    def arg_name(self, avoid: set[str]) -> str:
+        for _ in range(100):
+            a = (self.r.choice(self.p.arg_names) if self.r.random() < 0.75 else
+                 self.pseudo_word() if self.r.random() < 0.6 else
+                 f"{self.pseudo_word()}_{self.r.choice(['id', 'name', 'count', 'level', 'code', 'mode'])}")
+            if a not in avoid:
+                return a
+        raise RuntimeError("argument pool exhausted")
+
+    def make_tool(self, avoid_topics: set[str]) -> dict[str, Any]:
+        r = self.r
+        verb, verb_phrase = r.choice(self.p.verbs)
+        topic = self.topic(avoid_topics)
+        name = self.func_name(verb, topic)
+        nargs = r.choices([0, 1, 2, 3, 4], weights=[12, 30, 30, 18, 10])[0]
+        props: dict[str, Any] = {}
+        args: list[dict[str, Any]] = []
+        used: set[str] = set()
+        for _ in range(nargs):
+            an = self.arg_name(used)
+            used.add(an)
+            typ = r.choices(["string", "integer", "number", "boolean", "enum"],
+                            weights=[40, 22, 20, 8, 10])[0]
+            spec: dict[str, Any]
+            if typ == "enum":
+                opts = r.sample(pools.WORDS[:40] + [self.pseudo_word() for _ in range(3)], r.randint(2, 4))
+                spec = {"type": "string", "enum": opts}
+            else:
+                spec = {"type": typ}
+            if r.random() < 0.25:
+                spec["description"] = f"The {an.replace('_', ' ')}."
+            props[an] = spec
+            args.append({"name": an, "type": typ, "spec": spec})
+        required = [a["name"] for a in args if r.random() < 0.8]
+        params = {"type": "object", "properties": props, "required": required}
+        desc = f"{verb_phrase.capitalize()} the {topic}."
+        if r.random() < 0.2:
+            desc = desc[:-1] + r.choice([" for the user.", " by its details.", " quickly.", " now."])
+        tool = {"type": "function",
+                "function": {"name": name, "description": desc, "parameters": params}}
+        return {"tool": tool, "name": name, "verb": verb_phrase, "topic": topic, "args": args,
+                "required": set(required)}
+
+    def value_for(self, arg: dict[str, Any]) -> Any:
+        typ = arg["type"]
+        if typ == "string":
+            return self.string_value()
+        if typ == "integer":
+            return self.integer()
+        if typ == "number":
+            return self.number()
+        if typ == "boolean":
+            return self.r.random() < 0.5
+        return self.r.choice(arg["spec"]["enum"])
+
+    def value_text(self, v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return dumps(v)
+        if (" " in v or self.r.random() < 0.3):
+            return f'"{v}"'
+        return v
+
+    def request_for(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A user request that asks for one call of this tool, and the call's arguments."""
+        r = self.r
+        chosen = [a for a in spec["args"] if a["name"] in spec["required"] or r.random() < 0.5]
+        arguments = {a["name"]: self.value_for(a) for a in chosen}
+        mention = list(chosen)
+        if r.random() < 0.3:
+            r.shuffle(mention)
+        parts = []
+        for a in mention:
+            phrase = a["name"].replace("_", " ") if r.random() < 0.6 else a["name"]
+            parts.append((phrase, self.value_text(arguments[a["name"]])))
+        verb, topic = spec["verb"], spec["topic"]
+        if not parts:
+            templates = ["{V} the {t}.", "Please {v} the {t}.", "Can you {v} the {t}?",
+                         "I want to {v} the {t}.", "{v} {t}", "Could you {v} the {t} for me?",
+                         "{v} the {t} please"]
+            text = r.choice(templates)
+            return text.format(V=verb.capitalize(), v=verb, t=topic), arguments
+        style = r.randrange(6)
+        if style == 0:
+            argtext = "with " + join_and([f"{p} {v}" for p, v in parts])
+        elif style == 1:
+            argtext = ", ".join(f"{p}: {v}" for p, v in parts)
+        elif style == 2:
+            argtext = ", ".join(f"{p} = {v}" for p, v in parts)
+        elif style == 3:
+            argtext = "where " + join_and([f"the {p} is {v}" for p, v in parts])
+        elif style == 4:
+            argtext = "(" + ", ".join(f"{p} {v}" for p, v in parts) + ")"
+        else:
+            argtext = "for " + join_and([f"{p} {v}" for p, v in parts])
+        templates = ["{V} the {t} {a}.", "Please {v} the {t} {a}.", "Can you {v} the {t} {a}?",
+                     "I want to {v} the {t} {a}.", "{v} {t} {a}", "Could you {v} the {t} {a}?",
+                     "I need you to {v} the {t}. {A}."]
+        tmpl = r.choice(templates)
+        a_sentence = join_and([f"the {p} is {v}" for p, v in parts])
+        a_sentence = a_sentence[0].upper() + a_sentence[1:]
+        return tmpl.format(V=verb.capitalize(), v=verb, t=topic, a=argtext, A=a_sentence), arguments
+
+    def toolset(self, n: int) -> list[dict[str, Any]]:
+        specs: list[dict[str, Any]] = []
+        topics: set[str] = set()
+        names: set[str] = set()
+        while len(specs) < n:
+            s = self.make_tool(topics)
+            if s["name"] in names:
+                continue
+            topics.add(s["topic"])
+            names.add(s["name"])
+            specs.append(s)
+        return specs
+
+    def tool_result(self) -> dict[str, Any]:
+        r = self.r
+        keys: set[str] = set()
+        out: dict[str, Any] = {}
+        for _ in range(r.choice([1, 1, 2, 2, 3])):
+            k = r.choice(["status", "result", "value", "total", "temperature", "price", "count",
+                          "message", "id", "time", "date", "name", "city", "score", "level",
+                          "eta", "balance", "rate", "distance", "summary"]
+                         + [self.arg_name(set()) for _ in range(2)])
+            if k in keys:
+                continue
+            keys.add(k)
+            out[k] = r.choice([self.string_value, self.integer, self.number])()
+        return out
+
+    def answer_from_result(self, spec: dict[str, Any], result: dict[str, Any]) -> str:
+        r = self.r
+        items = [(k.replace("_", " "), v if isinstance(v, str) else dumps(v)) for k, v in result.items()]
+        if len(items) == 1 and r.random() < 0.5:
+            k, v = items[0]
+            return r.choice([f"The {k} is {v}.", f"Done. The {k} is {v}.", f"The {spec['topic']} {k} is {v}."])
+        facts = join_and([f"{k} is {v}" for k, v in items])
+        return r.choice([f"Here is the {spec['topic']}: {facts}.", f"The {spec['topic']} result: {facts}.",
+                         f"I checked the {spec['topic']}. The {facts}.", f"Done: {facts}."])
+
+    def tool_sample(self) -> dict[str, Any]:
+        r = self.r
+        n_tools = r.choices([1, 2, 3, 4, 5], weights=[15, 25, 25, 20, 15])[0]
+        specs = self.toolset(n_tools)
+        tools = [s["tool"] for s in specs]
+        if r.random() < 0.3:
+            r.shuffle(tools)
+        kind_roll = r.random()
+        messages: list[dict[str, Any]] = []
+        if r.random() < 0.6:
+            messages.append({"role": "system", "content": r.choice(TOOL_SYSTEMS)})
+        if kind_roll < 0.08:  # no tool fits: answer in text
+            q, a = self.simple_qa()
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            return {"kind": "tool_none", "messages": messages, "tools": tools}
+        n_calls = 1 if r.random() < 0.82 else 2
+        calls = []
+        texts = []
+        for i in range(n_calls):
+            spec = r.choice(specs) if i == 0 or r.random() < 0.6 else calls[0][0]
+            text, arguments = self.request_for(spec)
+            calls.append((spec, arguments))
+            texts.append(text)
+        if n_calls == 1:
+            user = texts[0]
+        else:
+            second = texts[1][0].lower() + texts[1][1:]
+            user = texts[0].rstrip(".?") + r.choice([", and also ", ". Then ", ". Also, ", " and "]) + second
+        messages.append({"role": "user", "content": user})
+        tool_calls = [{"type": "function", "function": {"name": s["name"], "arguments": a}}
+                      for s, a in calls]
+        messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
+        expected = [{"name": s["name"], "arguments": a} for s, a in calls]
+        if kind_roll < 0.45:
+            return {"kind": "tool_call", "messages": messages, "tools": tools, "expected": expected}
+        answers = []
+        for s, _ in calls:
+            res = self.tool_result()
+            messages.append({"role": "tool", "content": dumps(res)})
+            answers.append(self.answer_from_result(s, res))
+        messages.append({"role": "assistant", "content": " ".join(answers)})
+        return {"kind": "tool_loop", "messages": messages, "tools": tools, "expected": expected}
+
+    # ---------------------------------------------------------------- extraction
+    def person_facts(self) -> tuple[str, list[tuple[str, Any]]]:
+        """A sentence about one person and the facts it states, as (kind, value) pairs."""
+        r = self.r
+        first, last = r.choice(self.p.first), r.choice(self.p.last)
+        full = f"{first} {last}"
+        kinds = ["age", "city", "job", "company", "email", "phone", "product", "quantity", "price",
+                 "date", "color", "member", "country"]
+        chosen = r.sample(kinds, r.randint(2, 5))
+        facts: list[tuple[str, Any]] = [("name", full)]
+        frags = []
+        for k in chosen:
+            if k == "age":
+                v: Any = r.randint(5, 95)
+                f = r.choice([f"is {v} years old", f"is aged {v}", f"turned {v} this year"])
+            elif k == "city":
+                v = self.place()
+                f = r.choice([f"lives in {v}", f"is based in {v}", f"has a home in {v}"])
+            elif k == "job":
+                v = r.choice(pools.JOBS)
+                f = r.choice([f"works as a {v}", f"is a {v} by trade", f"has a job as a {v}"])
+            elif k == "company":
+                v = r.choice(pools.COMPANIES)
+                f = r.choice([f"works at {v}", f"is employed by {v}"])
+            elif k == "email":
+                v = f"{first.lower()}.{last.lower()}@{r.choice(['example.com', 'mail.test', 'post.example'])}"
+                f = r.choice([f"can be reached at {v}", f"has the email {v}"])
+            elif k == "phone":
+                v = f"+{r.randint(1, 99)} {r.randint(10, 999)} {r.randint(100, 999)} {r.randint(1000, 9999)}"
+                f = r.choice([f"has the phone number {v}", f"can be called at {v}"])
+            elif k == "product":
+                v = r.choice(pools.PRODUCTS)
+                f = r.choice([f"bought a {v}", f"wants a new {v}"])
+            elif k == "quantity":
+                v = r.randint(1, 500)
+                f = r.choice([f"ordered {v} items", f"has {v} boxes in stock"])
+            elif k == "price":
+                v = self.number() if r.random() < 0.7 else r.randint(1, 900)
+                v = abs(v)
+                f = r.choice([f"paid {dumps(v)} dollars", f"spent {dumps(v)} euros", f"has a bill of {dumps(v)}"])
+            elif k == "date":
+                v = f"{r.randint(1990, 2030)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"
+                f = r.choice([f"has an appointment on {v}", f"arrives on {v}", f"started on {v}"])
+            elif k == "color":
+                v = r.choice(pools.COLORS)
+                f = r.choice([f"likes the color {v}", f"has a {v} car"])
+            elif k == "member":
+                v = r.random() < 0.5
+                f = ("is a member of the club" if v else "is not a member of the club")
+            else:
+                v = r.choice(pools.COUNTRIES_CAPITALS)[0]
+                f = r.choice([f"was born in {v}", f"holds a passport from {v}"])
+            facts.append((k, v))
+            frags.append(f)
+        if r.random() < 0.5:
+            sentence = f"{full} " + join_and(frags) + "."
+        else:
+            sents = [f"{full} {frags[0]}."] + [f"{first} {f}." for f in frags[1:]]
+            sentence = " ".join(sents)
+        return sentence, facts
+
+    FIELD_ALIASES: dict[str, tuple[list[str], str]] = {
+        "name": (["name", "full_name", "person", "customer_name", "person_name", "contact", "guest",
+                  "patient", "employee"], "string"),
+        "age": (["age", "age_years", "years"], "integer"),
+        "city": (["city", "location", "hometown", "town", "home_city", "residence"], "string"),
+        "job": (["job", "occupation", "profession", "role", "job_title"], "string"),
+        "company": (["company", "employer", "organization", "workplace"], "string"),
+        "email": (["email", "email_address", "contact_email"], "string"),
+        "phone": (["phone", "phone_number", "mobile"], "string"),
+        "product": (["product", "item", "purchase"], "string"),
+        "quantity": (["quantity", "count", "num_items", "items"], "integer"),
+        "price": (["price", "cost", "amount", "total", "amount_paid"], "number"),
+        "date": (["date", "visit_date", "start_date", "day"], "string"),
+        "color": (["color", "favorite_color", "colour"], "string"),
+        "member": (["is_member", "member", "has_membership"], "boolean"),
+        "country": (["country", "birth_country", "nationality"], "string"),
+    }
+
+    def schema_fields(self, facts: list[tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        r = self.r
+        pick = [f for f in facts if f[0] != "name" or r.random() < 0.8]
+        if len(pick) > 1 and r.random() < 0.4:
+            pick = r.sample(pick, r.randint(1, len(pick) - 1)) if len(pick) > 2 else pick
+        props: dict[str, Any] = {}
+        obj: dict[str, Any] = {}
+        for kind, v in pick:
+            aliases, typ = self.FIELD_ALIASES[kind]
+            alias = r.choice(aliases)
+            if kind == "price" and isinstance(v, int):
+                typ = "number"
+            props[alias] = {"type": typ}
+            obj[alias] = v
+        return props, obj
+
+    def labelled_record(self) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """A sentence that names each field explicitly (arbitrary field names: copy, don't guess)."""
+        r = self.r
+        names: set[str] = set()
+        props: dict[str, Any] = {}
+        obj: dict[str, Any] = {}
+        frags = []
+        for _ in range(r.randint(1, 4)):
+            fn = self.arg_name(names)
+            names.add(fn)
+            typ = r.choice(["string", "integer", "number", "boolean"])
+            v = {"string": self.string_value, "integer": self.integer, "number": self.number,
+                 "boolean": lambda: r.random() < 0.5}[typ]()
+            props[fn] = {"type": typ}
+            obj[fn] = v
+            vt = ("true" if v else "false") if isinstance(v, bool) else dumps(v) if not isinstance(v, str) else v
+            frags.append(r.choice([f"the {fn.replace('_', ' ')} is {vt}", f"{fn} is {vt}", f"{fn}: {vt}"]))
+        lead = r.choice(["Record: ", "Note that ", "Log entry: ", "", "Details: "])
+        text = lead + join_and(frags) + "."
+        return text[0].upper() + text[1:], props, obj
+
+    def extraction_sample(self) -> dict[str, Any]:
+        r = self.r
+        if r.random() < 0.25:
+            text, props, obj = self.labelled_record()
+            task = "extract_labelled"
+        else:
+            text, facts = self.person_facts()
+            props, obj = self.schema_fields(facts)
+            task = "extract"
+        schema = {"type": "object", "properties": props, "required": list(props)}
+        s = dumps(schema)
+        messages: list[dict[str, Any]] = []
+        if r.random() < 0.5:
+            sys_text = r.choice([
+                f"Extract the fields from the user's text as JSON matching this schema: {s}",
+                f"Reply with a JSON object that follows this JSON Schema: {s}",
+                f"You extract data. Output JSON for this schema:\n{s}",
+            ])
+            messages.append({"role": "system", "content": sys_text})
+            messages.append({"role": "user", "content": text})
+        else:
+            user = r.choice([
+                f"Extract JSON matching this schema: {s}\nText: {text}",
+                f"{text}\nExtract the data as JSON with this schema: {s}",
+                f"Schema: {s}\nText: {text}\nReturn the JSON.",
+            ])
+            messages.append({"role": "user", "content": user})
+        messages.append({"role": "assistant", "content": dumps(obj)})
+        return {"kind": task, "messages": messages, "tools": None, "expected": obj, "schema": schema}
+
+    # ---------------------------------------------------------------- JSON with given keys
+    KEY_PAIRS = [("question", "answer"), ("expression", "result"), ("problem", "solution"),
+                 ("input", "output"), ("query", "reply"), ("topic", "value")]
+
+    def random_keys(self, n: int) -> list[str]:
+        keys: list[str] = []  # a list, not a set: set order varies with PYTHONHASHSEED
+        while len(keys) < n:
+            keys.append(self.arg_name(set(keys)))
+        return keys
+
+    def json_keys_sample(self) -> dict[str, Any]:
+        r = self.r
+        mode = r.random()
+        if mode < 0.3:
+            text, facts = self.person_facts()
+            pick = r.sample(facts, min(len(facts), r.randint(2, 3)))
+            keys = [r.choice(self.FIELD_ALIASES[k][0]) for k, _ in pick]
+            if len(set(keys)) < len(keys):
+                keys = [f"{k}_{i}" for i, k in enumerate(keys)]
+            obj = {k: v for k, (_, v) in zip(keys, pick, strict=True)}
+            prompt = text
+        else:
+            if mode < 0.55:
+                a, b = r.randint(0, 50), r.randint(0, 50)
+                op, sym, val = r.choice([("plus", "+", a + b), ("minus", "-", a - b), ("times", "*", a * b)])
+                q, subject, answer = f"What is {a} {op} {b}?", f"{a} {sym} {b}", val
+            elif mode < 0.75:
+                country, capital = r.choice(pools.COUNTRIES_CAPITALS)
+                q, subject, answer = f"What is the capital of {country}?", country, capital
+            else:
+                animal, sound, legs = r.choice(ANIMALS)
+                q, subject, answer = f"What sound does a {animal} make?", animal, sound
+                if r.random() < 0.4:
+                    q, answer = f"How many legs does a {animal} have?", legs
+            keys = list(r.choice(self.KEY_PAIRS)) if r.random() < 0.4 else self.random_keys(2)
+            obj = {keys[0]: subject, keys[1]: answer}
+            prompt = q
+        quoted = [f'"{k}"' if r.random() < 0.7 else k for k in keys]
+        klist = join_and(quoted)
+        instr = r.choice([f"Reply in JSON with keys {klist}.", f"Answer as a JSON object with the keys {klist}.",
+                          f"Respond only with JSON containing {klist}.", f"Give JSON with keys {klist}."])
+        messages: list[dict[str, Any]] = []
+        if r.random() < 0.3:
+            messages.append({"role": "system", "content": r.choice(DEFAULT_SYSTEMS)})
+        messages.append({"role": "user", "content": f"{prompt} {instr}" if r.random() < 0.7 else f"{instr}\n{prompt}"})
+        messages.append({"role": "assistant", "content": dumps(obj)})
+        return {"kind": "json_keys", "messages": messages, "tools": None, "expected_keys": keys,
+                "expected": obj}
+
+    # ---------------------------------------------------------------- simple chat
+    def simple_qa(self) -> tuple[str, str]:
+        r = self.r
+        k = r.random()
+        if k < 0.2:
+            return r.choice(GREETINGS)
+        if k < 0.4:
+            a, b = r.randint(0, 20), r.randint(0, 20)
+            op, val = r.choice([("plus", a + b), ("minus", a - b), ("times", a * b)])
+            q = r.choice([f"What is {a} {op} {b}?", f"what's {a} {op} {b}", f"Compute {a} {op} {b}."])
+            return q, r.choice([f"{a} {op} {b} is {val}.", f"{val}.", f"It is {val}."])
+        if k < 0.55:
+            country, capital = r.choice(pools.COUNTRIES_CAPITALS)
+            return (r.choice([f"What is the capital of {country}?", f"capital of {country}?"]),
+                    f"The capital of {country} is {capital}.")
+        if k < 0.65:
+            animal, sound, legs = r.choice(ANIMALS)
+            if r.random() < 0.5:
+                return f"What sound does a {animal} make?", f"A {animal} says {sound}."
+            return f"How many legs does a {animal} have?", f"A {animal} has {legs} legs."
+        if k < 0.75:
+            thing, color = r.choice(THING_COLORS)
+            return f"What color is {thing}?", f"{thing[0].upper() + thing[1:]} is {color}."
+        if k < 0.82:
+            w, o = r.choice(OPPOSITES)
+            return f"What is the opposite of {w}?", f"The opposite of {w} is {o}."
+        if k < 0.9:
+            i = r.randrange(7)
+            return (f"What day comes after {DAYS[i]}?", f"{DAYS[(i + 1) % 7]} comes after {DAYS[i]}.")
+        phrase = r.choice([self.person(), self.place(), r.choice(pools.WORDS), self.pseudo_word()])
+        return r.choice([f"Repeat after me: {phrase}", f"Say \"{phrase}\"."]), phrase
+
+    def chat_sample(self) -> dict[str, Any]:
+        r = self.r
+        messages: list[dict[str, Any]] = []
+        if r.random() < 0.5:
+            messages.append({"role": "system", "content": r.choice(DEFAULT_SYSTEMS)})
+        for _ in range(1 if r.random() < 0.8 else r.randint(2, 3)):
+            q, a = self.simple_qa()
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        return {"kind": "chat", "messages": messages, "tools": None}
+
+    # ---------------------------------------------------------------- prose
+    def story(self) -> str:
+        r = self.r
+        name = r.choice(self.p.first)
+        friend = r.choice([n for n in self.p.first if n != name])
+        animal = r.choice(ANIMALS)[0]
+        place = r.choice(self.p.places)
+        thing = r.choice(pools.PRODUCTS)
+        color = r.choice(pools.COLORS)
+        feel = r.choice(["happy", "sad", "curious", "tired", "excited", "scared", "proud", "calm"])
+        sents = [
+            r.choice([f"Once upon a time, there was a little {animal} named {name}.",
+                      f"{name} lived in {place} with a {color} {animal}.",
+                      f"One morning, {name} woke up early in {place}."]),
+            r.choice([f"{name} liked to play with a {color} {thing}.",
+                      f"Every day, {name} walked to the park with {friend}.",
+                      f"{name} had a small {thing} that was very old."]),
+            r.choice([f"One day, the {thing} was gone.", "Then it started to rain.",
+                      f"Suddenly, {friend} saw a {animal} near the river.",
+                      "The sun was warm and the sky was blue."]),
+            r.choice([f"{name} felt {feel}.", f"{friend} said, \"Let's go and look for it!\"",
+                      f"\"What is that?\" asked {name}.", "They ran as fast as they could."]),
+            r.choice(["They looked under the tree and behind the house.",
+                      f"The {animal} helped them find the way home.",
+                      f"After a while, they found the {thing} in the garden.",
+                      f"{friend} shared an apple with {name}."]),
+            r.choice([f"In the end, {name} and {friend} were {feel} and went home.",
+                      f"From that day on, {name} always took good care of the {thing}.",
+                      f"That night, {name} slept well and dreamed of {place}.",
+                      "It was a good day."]),
+        ]
+        if r.random() < 0.5:
+            sents.insert(2, r.choice([f"{name} was {r.randint(3, 12)} years old.",
+                                      f"The {animal} said {r.choice(ANIMALS)[1]}.",
+                                      f"There were {r.randint(2, 20)} birds on the roof."]))
+        return " ".join(sents)
+
+    def prose_sample(self) -> dict[str, Any]:
+        paras = [self.story() for _ in range(self.r.randint(1, 3))]
+        return {"kind": "prose", "text": "\n\n".join(paras)}
+
+    # ---------------------------------------------------------------- mix
+    def sample(self) -> dict[str, Any]:
+        k = self.r.random()
+        if k < 0.42:
+            return self.tool_sample()
+        if k < 0.62:
+            return self.extraction_sample()
+        if k < 0.72:
+            return self.json_keys_sample()
+        if k < 0.84:
+            return self.chat_sample()
+        return self.prose_sample()
+
+
+ANIMALS = [("dog", "woof", 4), ("cat", "meow", 4), ("cow", "moo", 4), ("duck", "quack", 2),
+           ("sheep", "baa", 4), ("horse", "neigh", 4), ("owl", "hoot", 2), ("pig", "oink", 4),
+           ("frog", "ribbit", 4), ("lion", "roar", 4), ("chicken", "cluck", 2), ("goat", "maa", 4)]
+THING_COLORS = [("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("a banana", "yellow"),
+                ("coal", "black"), ("a tomato", "red"), ("an orange", "orange"), ("milk", "white"),
+                ("the sun", "yellow"), ("a lemon", "yellow"), ("chocolate", "brown")]
+OPPOSITES = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("day", "night"),
+             ("happy", "sad"), ("open", "closed"), ("old", "new"), ("light", "dark"), ("left", "right")]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+GREETINGS = [
+    ("Hi!", "Hello! How can I help you today?"), ("Hello", "Hi there! How can I help?"),
+    ("hey", "Hey! What can I do for you?"), ("Good morning!", "Good morning! How can I help you?"),
+    ("How are you?", "I'm doing well, thank you! How can I help you?"),
+    ("Thank you!", "You're welcome!"), ("Thanks a lot", "You're welcome! Happy to help."),
+    ("Bye!", "Goodbye! Have a nice day."), ("What is your name?", "My name is Brisk."),
+    ("Who are you?", "I am Brisk, a small assistant."),
+    ("What can you do?", "I can answer simple questions, call tools and write JSON."),
+    ("Good night", "Good night! Sleep well."), ("Are you a robot?", "I am a small language model."),
+    ("Can you help me?", "Of course! What do you need?"), ("ok", "Great. Anything else?"),
+]
+
+
+def join_and(items: list[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def generate(n: int, seed: int, split: str) -> list[dict[str, Any]]:
+    g = Gen(seed, split)
+    return [g.sample() for _ in range(n)]
+
+
+def generate_eval(seed: int, n_per_task: int) -> dict[str, list[dict[str, Any]]]:
+    g = Gen(seed, "eval")
+    out: dict[str, list[dict[str, Any]]] = {"tool_call": [], "extract": [], "extract_labelled": [],
+                                            "json_keys": [], "ppl": []}
+    while min(len(out["tool_call"]), len(out["extract"]), len(out["extract_labelled"])) < n_per_task:
+        s = g.tool_sample()
+        if s["kind"] in ("tool_call", "tool_loop") and len(out["tool_call"]) < n_per_task:
+            # Cut after the user's turn: the model must produce the calls.
+            cut = next(i for i, m in enumerate(s["messages"]) if m["role"] == "assistant")
+            out["tool_call"].append({**s, "prompt_messages": s["messages"][:cut]})
+        e = g.extraction_sample()
+        if len(out[e["kind"]]) < n_per_task:
+            out[e["kind"]].append({**e, "prompt_messages": e["messages"][:-1]})
+    for _ in range(n_per_task):
+        j = g.json_keys_sample()
+        out["json_keys"].append({**j, "prompt_messages": j["messages"][:-1]})
+    out["ppl"] = [g.sample() for _ in range(2 * n_per_task)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("training/out/data"))
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--num-train", type=int, default=120_000)
+    ap.add_argument("--num-eval", type=int, default=200, help="held-out samples per eval task")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    train = generate(args.num_train, args.seed, "train")
+    with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
+        for s in train:
+            f.write(dumps(s) + "\n")
+    ev = generate_eval(args.seed + 1, args.num_eval)
+    with open(args.out / "eval.json", "w", encoding="utf-8") as f:
+        json.dump(ev, f, ensure_ascii=False)
+    counts: dict[str, int] = {}
+    for s in train:
+        counts[s["kind"]] = counts.get(s["kind"], 0) + 1
+    print(f"wrote {len(train)} training samples to {args.out}/train.jsonl: {counts}")
+    print(f"wrote held-out eval set: { {k: len(v) for k, v in ev.items()} }")
+
+
+if __name__ == "__main__":
+    main()
