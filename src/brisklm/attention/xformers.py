@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -12,8 +13,9 @@ from brisklm.attention.metadata import AttentionMetadata
 logger = logging.getLogger(__name__)
 
 
+@functools.cache
 def probe_xformers(device: torch.device) -> str | None:
-    """Run one tiny real call; return None if xformers works here, else the reason it does not."""
+    """Run one tiny real call (once per device); None if xformers works here, else why it does not."""
     if device.type != "cuda":
         return f"xformers needs a CUDA device, not {device.type}"
     try:
