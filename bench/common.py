@@ -18,6 +18,15 @@ PRESETS = {
         num_key_value_heads=4,
         vocab_size=32000,
     ),
+    # ~245M parameters: 16 layers of 1024, GQA 16/4, 32k vocabulary, untied head.
+    "245m": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
     "llama3-8b": dict(
         hidden_size=4096,
         intermediate_size=14336,
@@ -40,6 +49,7 @@ def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
         bos_token_id=1,
         eos_token_id=2,
     )
+    torch.manual_seed(0)
     with torch.device("cpu"):
         model = transformers.LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(directory, safe_serialization=True)
@@ -50,6 +60,7 @@ def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
         vocab_size=600,
         special_tokens=["<unk>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
     tok.save(str(directory / "tokenizer.json"))

@@ -16,7 +16,6 @@ alike; decode time per step = (time of N new tokens - time of 1 new token) / (N 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
@@ -24,57 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-PRESETS = {
-    # ~125M parameters: 12 layers of 768, GQA 12/4, 32k vocabulary, untied head.
-    "125m": dict(
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        vocab_size=32000,
-    ),
-    # ~245M parameters: 16 layers of 1024, GQA 16/4, 32k vocabulary, untied head.
-    "245m": dict(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=16,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        vocab_size=32000,
-    ),
-}
-
-
-def write_checkpoint(directory: Path, preset: str) -> None:
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    config = transformers.LlamaConfig(
-        **PRESETS[preset],
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory, safe_serialization=True)
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
-    )
+from common import PRESETS, write_checkpoint
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:
@@ -168,7 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {"float": Path(tmp) / "float", "int4": Path(tmp) / "int4"}
         dirs["float"].mkdir()
-        write_checkpoint(dirs["float"], args.preset)
+        write_checkpoint(dirs["float"], args.preset, torch.bfloat16)
         start = time.perf_counter()
         quantize_model(
             dirs["float"],

@@ -83,6 +83,17 @@ class BriskSettings(BaseModel):
         """The model's name as reported in metadata and traces."""
         return model_display_name(self.model)
 
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "device": self.device,
+            "dtype": self.dtype,
+            "draft": self.draft,
+            **{name: getattr(self, name) for name in SAMPLING_FIELDS if name != "logit_bias"},
+            "stop": self.stop,
+        }
+
     def _engine(self, model: str | None = None) -> LLM:
         """The shared engine for this model (or a per-call `model` override), loaded on first use."""
         return get_engine(

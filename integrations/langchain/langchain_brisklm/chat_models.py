@@ -107,24 +107,6 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     def _llm_type(self) -> str:
         return "brisklm-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_name": self.model_name,
-            "device": self.device,
-            "dtype": self.dtype,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "seed": self.seed,
-            "stop": self.stop,
-        }
-
     @classmethod
     def is_lc_serializable(cls) -> bool:
         return True
