@@ -91,7 +91,7 @@ def test_mismatched_tokenizer_json_falls_back(
     other.train_from_iterator(["zzzz yyyy xxxx wwww"] * 50 + ["abc def ghi jkl mno"] * 50, trainer)
     path = tmp_path / "tokenizer.json"
     other.save(str(path))
-    with caplog.at_level(logging.WARNING, logger="brisklm.constrained.tokenizer_bridge"):
+    with caplog.at_level(logging.INFO, logger="brisklm.constrained.tokenizer_bridge"):
         llg = llg_tokenizer_for(CountingEncode(bpe_tokenizer, tokenizer_json=str(path)))
     assert "differently" in caplog.text
     assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0])
@@ -99,7 +99,7 @@ def test_mismatched_tokenizer_json_falls_back(
     other.decoder = None
     other.save(str(path))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="brisklm.constrained.tokenizer_bridge"):
+    with caplog.at_level(logging.INFO, logger="brisklm.constrained.tokenizer_bridge"):
         llg = llg_tokenizer_for(CountingEncode(bpe_tokenizer, tokenizer_json=str(path)))
     assert "cannot read" in caplog.text
     assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0])
@@ -112,7 +112,7 @@ def test_special_tokens_must_agree(
     plain_id = bpe_tokenizer.encode("name")[0]
     odd = CountingEncode(bpe_tokenizer, tokenizer_json=str(bpe_json_path))
     odd.special_token_ids = bpe_tokenizer.special_token_ids | {plain_id}
-    with caplog.at_level(logging.WARNING, logger="brisklm.constrained.tokenizer_bridge"):
+    with caplog.at_level(logging.INFO, logger="brisklm.constrained.tokenizer_bridge"):
         llg = llg_tokenizer_for(odd)
     assert "differently" in caplog.text
     assert llg.is_special_token(plain_id)
