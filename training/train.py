@@ -43,7 +43,12 @@ PRESETS: dict[str, dict[str, int]] = {
     # head) and keep each draft step cheap at batch 1.
     "draft": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
                   num_attention_heads=3, num_key_value_heads=3),
+    # The target's width in two layers: trained on copy drills only, then grown into the target
+    # (``--grow-from``). Eight layers from scratch take far longer to learn to copy than two do.
+    "seed": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=2,
+                 num_attention_heads=5, num_key_value_heads=5),
 }
+FIRST_TEXT_ID = 5  # ids below are <|endoftext|>, <|im_start|>, <|im_end|>, <tool_call>, </tool_call>
 MAX_POSITIONS = 1024
 
 
@@ -162,6 +167,51 @@ def pack_buckets(encoded: list[tuple[list[int], list[float]]], seq_len: int, lon
             pack(long, long_seq_len + 1, seed + 1) if long else None, dropped)
 
 
+def copy_drills(n_rows: int, row_len: int, vocab_size: int, rng: random.Random) -> Packed:
+    """Rows of samples ``A A`` (A: 6-40 random text tokens), the loss on the repeat only.
+
+    Predicting the repeat needs an induction circuit (a previous-token head, then a head that
+    attends to the token after the last occurrence of the current one), the mechanism every
+    copying task (tool arguments, extracted fields) builds on; on natural data it forms late.
+    """
+    ids = torch.zeros(n_rows, row_len, dtype=torch.long)
+    w = torch.zeros(n_rows, row_len)
+    pos = torch.zeros(n_rows, row_len, dtype=torch.long)
+    doc = torch.zeros(n_rows, row_len, dtype=torch.long)
+    for r in range(n_rows):
+        t = d = 0
+        while t < row_len:
+            n_a = rng.randint(6, 40)
+            a = [rng.randrange(FIRST_TEXT_ID, vocab_size) for _ in range(n_a)]
+            seq = (a + a)[: row_len - t]
+            n = len(seq)
+            ids[r, t:t + n] = torch.tensor(seq)
+            pos[r, t:t + n] = torch.arange(n)
+            doc[r, t:t + n] = d
+            w[r, t + n_a + 1:t + n] = 1.0  # the first repeated token is not predictable
+            t += n
+            d += 1
+    return Packed(ids, w, pos, doc)
+
+
+def grow(model: TrainLlama, seed_state: dict[str, torch.Tensor], seed_layers: int) -> None:
+    """Put a shallower model of the same width in ``model``'s first layers, function preserved.
+
+    The remaining layers keep their random init except their output projections (``o_proj``,
+    ``down_proj``), zeroed so each starts as the identity on the residual stream and learns from there.
+    """
+    state = model.state_dict()
+    for k, v in seed_state.items():
+        if k not in state or state[k].shape != v.shape:
+            raise ValueError(f"--grow-from: {k} {tuple(v.shape)} does not fit the target")
+        state[k] = v
+    model.load_state_dict(state)
+    with torch.no_grad():
+        for layer in model.model.layers[seed_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
+
 # ---------------------------------------------------------------------------- model
 def shape_for(preset: str, vocab_size: int) -> Shape:
     return Shape(vocab_size=vocab_size, max_position_embeddings=MAX_POSITIONS, **PRESETS[preset])
@@ -267,6 +317,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--easy-steps", type=int, default=0,
                     help="first steps on --data/easy.jsonl (copy drills, simple calls), then train.jsonl")
+    ap.add_argument("--drill-frac", type=float, default=0.0,
+                    help="share of steps on synthetic copy drills (1 = drills only)")
+    ap.add_argument("--drill-steps", type=int, default=0,
+                    help="first steps on copy drills only (before --easy-steps)")
+    ap.add_argument("--grow-from", type=Path, default=None,
+                    help="HF dir of a shallower model of the same width: its layers start the model")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=100)
@@ -325,6 +381,11 @@ def main() -> None:
         _, state = load_hf_weights(args.init)
         model.load_state_dict(state)
         print(f"[{args.preset}] initialised from {args.init}", flush=True)
+    if args.grow_from is not None:
+        seed_shape, state = load_hf_weights(args.grow_from)
+        grow(model, state, seed_shape.num_hidden_layers)
+        print(f"[{args.preset}] layers 1-{seed_shape.num_hidden_layers} from {args.grow_from}, "
+              f"{shape.num_hidden_layers - seed_shape.num_hidden_layers} new", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{args.preset}] {n_params / 1e6:.2f}M parameters: {PRESETS[args.preset]}", flush=True)
 
@@ -373,11 +434,16 @@ def main() -> None:
     main_ids = list(range(len(main_buckets)))
     easy_ids = list(range(len(main_buckets), len(buckets)))
     plan = [plan_rng.choices(easy_ids, weights=[tokens[i] for i in easy_ids])[0]
-            if step < args.easy_steps else
+            if step < args.drill_steps + args.easy_steps else
             plan_rng.choices(main_ids, weights=[tokens[i] for i in main_ids])[0]
             for step in range(args.steps)]
+    drill_rng = random.Random(args.seed + 99)
+    drill_plan = [step < args.drill_steps or drill_rng.random() < args.drill_frac
+                  for step in range(args.steps)]
+    drill_rows = max(1, args.batch_tokens // args.seq_len)
     for step in range(start_step):  # advance the cursors past finished steps
-        cursors[plan[step]] += rows_per_batch[plan[step]]
+        if not drill_plan[step]:
+            cursors[plan[step]] += rows_per_batch[plan[step]]
 
     model.train()
     t_train = time.time()
@@ -386,9 +452,13 @@ def main() -> None:
     steps_done = start_step
     for step in range(start_step, args.steps):
         b = plan[step]
-        packed, n_rows = buckets[b], rows_per_batch[b]
-        idx = torch.stack([orders[b][(cursors[b] + j) % len(packed)] for j in range(n_rows)])
-        cursors[b] += n_rows
+        if drill_plan[step]:
+            packed, n_rows = copy_drills(drill_rows, args.seq_len + 1, vocab_size, drill_rng), drill_rows
+            idx = torch.arange(n_rows)
+        else:
+            packed, n_rows = buckets[b], rows_per_batch[b]
+            idx = torch.stack([orders[b][(cursors[b] + j) % len(packed)] for j in range(n_rows)])
+            cursors[b] += n_rows
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16):
