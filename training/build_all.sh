@@ -1,33 +1,42 @@
 #!/usr/bin/env bash
-# Rebuild brisk's bundled models end to end: data -> tokenizer -> target -> draft -> assets.
-# About an hour on 2 CPU cores (see training/README.md). Run from the repository root:
-#   nice -n 10 bash training/build_all.sh            # then: python -m training.evaluate
-# Environment overrides: OUT (work dir), TARGET_STEPS, DRAFT_STEPS, THREADS, TIME_BUDGET_MIN.
+# Rebuild brisk's bundled models end to end: data -> tokenizer -> seed -> target -> draft -> assets.
+# About 90 minutes on 2 idle CPU cores (see training/README.md). Run from the repository root:
+#   bash training/build_all.sh            # then: python -m training.evaluate --out training/eval_results.json
+# These are exactly the runs that made the shipped weights. Environment overrides: OUT (work dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-training/out}
-TARGET_STEPS=${TARGET_STEPS:-720}
-DRAFT_STEPS=${DRAFT_STEPS:-1200}
-THREADS=${THREADS:-2}
-# Optional: a wall-time budget (minutes) for the target on a busy machine; see training/README.md.
-TIME_BUDGET_MIN=${TIME_BUDGET_MIN:-}
-budget_args=()
-if [[ -n "$TIME_BUDGET_MIN" ]]; then budget_args=(--time-budget-min "$TIME_BUDGET_MIN"); fi
 ASSETS=src/brisklm/assets
 start=$(date +%s)
+common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
+        --long-seq-len 896 --threads 2)
 
-python -m training.generate_data --out "$OUT/data" --seed 1234 --num-train 50000 --num-eval 200
+python -m training.generate_data --out "$OUT/data" --seed 1234 --num-train 150000 \
+    --num-easy 60000 --num-eval 200
 python -m training.train_tokenizer --data "$OUT/data/train.jsonl" --out "$OUT/tokenizer" --vocab-size 4096
-# The draft (about a fifth of the compute) trains alongside the target, on one thread.
-python -m training.train --preset draft --data "$OUT/data" --tokenizer "$OUT/tokenizer" \
-    --out "$OUT/brisk-draft" --steps "$DRAFT_STEPS" --batch-size 12 --seq-len 640 --lr 3e-3 \
-    --warmup 50 --threads 1 > "$OUT/draft.log" 2>&1 &
-draft_pid=$!
-python -m training.train --preset target --data "$OUT/data" --tokenizer "$OUT/tokenizer" \
-    --out "$OUT/brisk-chat" --steps "$TARGET_STEPS" --batch-size 12 --seq-len 640 --lr 2e-3 \
-    --warmup 50 --threads "$THREADS" --loss-on all "${budget_args[@]}"
-wait "$draft_pid"
-tail -n 3 "$OUT/draft.log"
+
+# 1. The seed: the target's width in two layers, on copy drills only, until it copies from the
+#    context (an induction circuit forms around drill step 1900; eight layers from scratch had not
+#    formed one after 800). Three runs: the first run's schedule decayed before the circuit formed.
+python -m training.train --preset seed "${common[@]}" --out "$OUT/seed1" --steps 700 \
+    --drill-frac 1.0 --lr 3e-3 --warmup 30
+python -m training.train --preset seed "${common[@]}" --out "$OUT/seed2" --init "$OUT/seed1/model" \
+    --steps 800 --drill-frac 1.0 --lr 2e-3 --warmup 20
+python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" --init "$OUT/seed2/model" \
+    --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 --min-lr-ratio 0.5
+
+# 2. The target: the seed's two layers plus six new ones (output projections zeroed), easy samples
+#    first, then the full mix, with copy drills throughout; then 2000 more steps at half the
+#    learning rate on other batches.
+python -m training.train --preset target "${common[@]}" --out "$OUT/brisk-chat1" \
+    --grow-from "$OUT/seed/model" --steps 4000 --easy-steps 600 --drill-frac 0.1 \
+    --lr 2e-3 --warmup 50 --eval-every 1000
+python -m training.train --preset target "${common[@]}" --out "$OUT/brisk-chat" \
+    --init "$OUT/brisk-chat1/model" --seed 1 --steps 2000 --drill-frac 0.05 --lr 1e-3 --warmup 50
+
+# 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
+python -m training.train --preset draft "${common[@]}" --out "$OUT/brisk-draft" --steps 2000 \
+    --drill-steps 500 --easy-steps 300 --drill-frac 0.1 --lr 3e-3 --warmup 50
 
 for name in brisk-chat brisk-draft; do
     rm -rf "${ASSETS:?}/$name"

@@ -1,18 +1,24 @@
-"""Evaluate the brisk models on held-out synthetic data with transformers (greedy decoding).
+"""Evaluate the brisk models on held-out synthetic data, through brisklm (greedy decoding).
 
-Reports, on prompts whose function names, argument names, people and places never occur in
-training (``training/pools.py``):
-- tool-call exact match: the parsed calls (names and argument objects, in order) equal the expected;
-- JSON extraction field accuracy: share of schema fields whose value equals the expected value
-  (and the share of objects entirely right), for person sentences and for labelled records;
-- JSON-with-given-keys compliance: the reply parses as a JSON object with exactly the asked keys;
-- held-out perplexity of both models on trained tokens (assistant turns and prose);
-- draft agreement: teacher-forced on the target's greedy outputs, the share of positions where the
-  draft's argmax equals the target's token.
-It also checks that transformers' ``apply_chat_template`` renders the held-out conversations exactly
-as ``training/chat_format.py`` does.
+Every prompt's function names, argument names, people and places come from the held-out pools of
+``training/pools.py`` (or are made up), so the models must copy them from the prompt. Reports:
+- tool calls (``tool_call_grammar(tools, "auto")`` constrained, and unconstrained): exact match
+  (parsed calls equal the expected names and arguments, in order), name match, parsed share;
+- JSON extraction (``json_schema`` constrained, and unconstrained): field accuracy (share of schema
+  fields whose value equals the expected one), whole-object exact match and valid-JSON share, for
+  person sentences and for labelled records;
+- JSON with given keys ("Reply in JSON with keys X and Y"): compliance (a JSON object with exactly
+  those keys, in order), free and in JSON mode (``json_object=True``), and values exact;
+- simple chat (greetings, arithmetic, capitals, ...): exact answer; answers after a tool result
+  that mention every value of the result;
+- held-out perplexity of both models on trained tokens (assistant turns and prose), transformers;
+- draft agreement: teacher-forced on the target's greedy outputs (all tasks above), the share of
+  positions where the draft's argmax is the target's token;
+- with ``--speed``: batch-1 greedy decode speed in brisklm with and without the draft (speculative).
+It also checks that brisklm's and transformers' chat templates render the held-out conversations,
+tools included, exactly as ``training/chat_format.py`` does.
 
-    python -m training.evaluate --target src/brisklm/assets/brisk-chat --draft src/brisklm/assets/brisk-draft
+    python -m training.evaluate --data training/out/data --out training/eval_results.json --speed
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,23 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from training.chat_format import render
-from training.train import encode_samples, pack
-
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def parse_tool_calls(text: str) -> list[dict[str, Any]] | None:
-    """Parse ``<tool_call>{json}</tool_call>`` blocks; None when any block is not valid JSON."""
-    calls = []
-    for body in TOOL_CALL_RE.findall(text):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(obj, dict):
-            return None
-        calls.append({"name": obj.get("name"), "arguments": obj.get("arguments")})
-    return calls
+from training.train import encode_samples
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -67,141 +56,202 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-class Generator:
-    def __init__(self, model_dir: Path) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.stop_ids = [self.tok.convert_tokens_to_ids("<|im_end|>"),
-                         self.tok.convert_tokens_to_ids("<|endoftext|>")]
-
-    def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                            tokenize=False)
-        expected = render(messages, tools, add_generation_prompt=True)
-        if text != expected:
-            raise AssertionError(f"chat template mismatch:\n{text!r}\n!=\n{expected!r}")
-        return self.tok(text, add_special_tokens=False)["input_ids"]
-
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy-decode a batch (left-padded); each output ends at its first stop token."""
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        out = self.model.generate(input_ids=ids, attention_mask=mask,
-                                  max_new_tokens=max_new_tokens, do_sample=False,
-                                  eos_token_id=self.stop_ids, pad_token_id=0)
-        results = []
-        for row in out[:, width:].tolist():
-            cut = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
-            results.append(row[:cut])
-        return results
-
-    def text(self, ids: list[int]) -> str:
-        return self.tok.decode([i for i in ids if i not in self.stop_ids], skip_special_tokens=False)
+def value_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
 
 
-def run_tasks(gen: Generator, ev: dict[str, list[dict]], limit: int, log: bool,
-              batch_size: int = 16) -> tuple[dict, list]:
-    """Greedy-decode every task prompt; returns (metrics, [(prompt ids, output ids)])."""
-    pairs: list[tuple[list[int], list[int]]] = []
-    metrics: dict[str, Any] = {}
-    examples: dict[str, list] = {}
+class Runner:
+    """Greedy generation through brisklm; keeps (prompt ids, output ids) for the draft agreement."""
 
-    def decode_all(samples: list[dict], max_new: int) -> list[str]:
-        prompts = [gen.prompt_ids(s["prompt_messages"], s.get("tools")) for s in samples]
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
-        texts = [""] * len(prompts)
-        for b in range(0, len(order), batch_size):
-            idx = order[b:b + batch_size]
-            for i, out in zip(idx, gen.generate([prompts[i] for i in idx], max_new), strict=True):
-                pairs.append((prompts[i], out))
-                texts[i] = gen.text(out)
-        return texts
+    def __init__(self, model_dir: Path, batch_size: int) -> None:
+        from brisklm import LLM
 
-    # Tool calls.
+        self.llm = LLM.from_pretrained(model_dir, dtype="float32", max_batch_size=batch_size,
+                                       show_progress=False)
+        self.eos = set(self.llm.tokenizer.eos_token_ids)
+        self.pairs: list[tuple[list[int], list[int]]] = []
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.llm.chat_prompt_ids(messages, tools)
+
+    def generate(self, prompts: list[list[int]], params: list[Any]) -> list[str]:
+        outs = self.llm.generate(prompts, params)
+        for p, o in zip(prompts, outs, strict=True):
+            self.pairs.append((p, list(o.token_ids)))
+        return [o.text for o in outs]
+
+
+def greedy(max_tokens: int, **constraint: Any) -> Any:
+    from brisklm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **constraint)
+
+
+def eval_tool_calls(run: Runner, items: list[dict], constrained: bool) -> tuple[dict, list]:
+    from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
+
+    prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
+    params = [greedy(200, grammar=tool_call_grammar(s["tools"], "auto")) if constrained
+              else greedy(200) for s in items]
     exact = name_ok = parsed = 0
-    items = ev["tool_call"][:limit]
-    for s, text in zip(items, decode_all(items, 160), strict=True):
-        calls = parse_tool_calls(text)
-        ok = calls is not None and len(calls) == len(s["expected"]) and all(
-            c["name"] == e["name"] and same_value(c["arguments"], e["arguments"])
-            for c, e in zip(calls, s["expected"], strict=False))
-        parsed += calls is not None and len(calls) > 0
-        name_ok += calls is not None and [c["name"] for c in calls] == [e["name"] for e in s["expected"]]
+    failures = []
+    for s, text in zip(items, run.generate(prompts, params), strict=True):
+        _, calls = parse_tool_calls(text)
+        got = [{"name": c.name, "arguments": c.arguments} for c in calls]
+        ok = len(got) == len(s["expected"]) and all(
+            g["name"] == e["name"] and same_value(g["arguments"], e["arguments"])
+            for g, e in zip(got, s["expected"], strict=False))
         exact += ok
+        parsed += bool(got)
+        name_ok += [g["name"] for g in got] == [e["name"] for e in s["expected"]]
         if not ok:
-            examples.setdefault("tool_call", []).append({"expected": s["expected"], "got": text})
-    metrics["tool_call_exact_match"] = exact / len(items)
-    metrics["tool_call_name_match"] = name_ok / len(items)
-    metrics["tool_call_parsed"] = parsed / len(items)
-    if log:
-        print(f"  tool calls: exact {exact}/{len(items)}", flush=True)
+            failures.append({"request": s["prompt_messages"][-1]["content"],
+                             "expected": s["expected"], "got": text})
+    n = len(items)
+    return {"exact_match": exact / n, "name_match": name_ok / n, "parsed": parsed / n}, failures
 
-    # Extraction.
-    for task in ("extract", "extract_labelled"):
-        items = ev[task][:limit]
-        fields = right = whole = valid = 0
-        for s, text in zip(items, decode_all(items, 120), strict=True):
-            obj = parse_json_object(text)
-            valid += obj is not None
-            exp = s["expected"]
-            got = sum(1 for k, v in exp.items() if obj is not None and k in obj and same_value(obj[k], v))
-            fields += len(exp)
-            right += got
-            ok = obj is not None and same_value(obj, exp)
-            whole += ok
-            if not ok:
-                examples.setdefault(task, []).append({"expected": exp, "got": text})
-        metrics[f"{task}_field_accuracy"] = right / fields
-        metrics[f"{task}_object_exact"] = whole / len(items)
-        metrics[f"{task}_valid_json"] = valid / len(items)
-        if log:
-            print(f"  {task}: fields {right}/{fields}", flush=True)
 
-    # JSON with given keys.
-    items = ev["json_keys"][:limit]
+def eval_extraction(run: Runner, items: list[dict], constrained: bool) -> tuple[dict, list]:
+    prompts = [run.prompt(s["prompt_messages"]) for s in items]
+    params = [greedy(160, json_schema=s["schema"]) if constrained else greedy(160) for s in items]
+    fields = right = whole = valid = 0
+    failures = []
+    for s, text in zip(items, run.generate(prompts, params), strict=True):
+        obj = parse_json_object(text)
+        exp = s["expected"]
+        valid += obj is not None
+        fields += len(exp)
+        right += sum(1 for k, v in exp.items() if obj is not None and k in obj and same_value(obj[k], v))
+        ok = obj is not None and same_value(obj, exp)
+        whole += ok
+        if not ok:
+            failures.append({"text": s["prompt_messages"][-1]["content"], "expected": exp, "got": text})
+    n = len(items)
+    return {"field_accuracy": right / fields, "object_exact": whole / n, "valid_json": valid / n}, failures
+
+
+def eval_json_keys(run: Runner, items: list[dict], json_mode: bool) -> tuple[dict, list]:
+    prompts = [run.prompt(s["prompt_messages"]) for s in items]
+    params = [greedy(100, json_object=True) if json_mode else greedy(100) for _ in items]
     comply = values = 0
-    for s, text in zip(items, decode_all(items, 80), strict=True):
+    failures = []
+    for s, text in zip(items, run.generate(prompts, params), strict=True):
         obj = parse_json_object(text)
         ok = obj is not None and list(obj) == s["expected_keys"]
         comply += ok
         values += obj is not None and same_value(obj, s["expected"])
         if not ok:
-            examples.setdefault("json_keys", []).append({"expected_keys": s["expected_keys"], "got": text})
-    metrics["json_keys_compliance"] = comply / len(items)
-    metrics["json_keys_values_exact"] = values / len(items)
-    if log:
-        print(f"  json keys: compliant {comply}/{len(items)}", flush=True)
-    metrics["failures"] = {k: v[:5] for k, v in examples.items()}
-    return metrics, pairs
+            failures.append({"request": s["prompt_messages"][-1]["content"],
+                             "expected_keys": s["expected_keys"], "got": text})
+    n = len(items)
+    return {"compliance": comply / n, "values_exact": values / n}, failures
+
+
+def eval_chat(run: Runner, ppl_samples: list[dict], limit: int) -> tuple[dict, list]:
+    """First turn of held-out chats (exact answer) and answers after tool results (values used)."""
+    chats = [s for s in ppl_samples if s["kind"] == "chat"][:limit]
+    prompts = [run.prompt(s["messages"][:-1] if len(s["messages"]) <= 3 else s["messages"][:2])
+               for s in chats]
+    expected = [s["messages"][-1]["content"] if len(s["messages"]) <= 3 else s["messages"][2]["content"]
+                for s in chats]
+    failures = []
+    exact = 0
+    for p, e, text in zip(prompts, expected, run.generate(prompts, [greedy(60)] * len(prompts)), strict=True):
+        exact += text.strip() == e
+        if text.strip() != e:
+            failures.append({"expected": e, "got": text})
+    loops = [s for s in ppl_samples if s["kind"] == "tool_loop"][:limit]
+    prompts = [run.prompt(s["messages"][:-1], s["tools"]) for s in loops]
+    used = 0
+    for s, text in zip(loops, run.generate(prompts, [greedy(120)] * len(prompts)), strict=True):
+        values = [value_text(v) for m in s["messages"] if m["role"] == "tool"
+                  for v in json.loads(m["content"]).values()]
+        ok = "<tool_call>" not in text and all(v in text for v in values)
+        used += ok
+        if not ok:
+            failures.append({"tool_results": [m["content"] for m in s["messages"] if m["role"] == "tool"],
+                             "got": text})
+    return {"chat_exact": exact / max(1, len(chats)), "chat_items": len(chats),
+            "tool_answer_uses_values": used / max(1, len(loops)), "tool_answer_items": len(loops)}, failures
+
+
+def check_templates(model_dir: Path, samples: list[dict]) -> int:
+    """brisklm and transformers render every conversation exactly as training did; returns the count."""
+    from transformers import AutoTokenizer
+
+    from brisklm import Tokenizer
+
+    ours = Tokenizer.from_pretrained(model_dir)
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    for s in samples:
+        msgs, tools = s.get("prompt_messages", s.get("messages")), s.get("tools")
+        want = render(msgs, tools, add_generation_prompt=True)
+        a = ours.apply_chat_template(msgs, tools=tools, add_generation_prompt=True)
+        b = hf.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=False)
+        if not (a == b == want):
+            raise AssertionError(f"chat template mismatch:\n{want!r}\n{a!r}\n{b!r}")
+    return len(samples)
 
 
 @torch.no_grad()
-def heldout_ppl(model: Any, ev: dict, tokenizer_dir: Path) -> float:
-    ids, mask = pack(encode_samples(ev["ppl"], tokenizer_dir), 641, 0)
-    total, count = 0.0, 0
-    for i in range(0, len(ids), 8):
-        b, m = ids[i:i + 8], mask[i:i + 8, 1:]
-        logits = model(input_ids=b[:, :-1]).logits
-        total += F.cross_entropy(logits[m], b[:, 1:][m], reduction="sum").item()
-        count += int(m.sum())
+def heldout_ppl(model_dir: Path, samples: list[dict]) -> float:
+    """Perplexity on the trained tokens (assistant turns and prose) of held-out samples, one at a time."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total, count = 0.0, 0.0
+    for ids, weights in encode_samples(samples, model_dir, prompt_weight=0.0):
+        x = torch.tensor([ids[1:]])  # no leading <|endoftext|>, as at inference
+        w = torch.tensor(weights[2:])
+        ce = F.cross_entropy(model(input_ids=x[:, :-1]).logits[0], x[0, 1:], reduction="none")
+        total += float((ce * w).sum())
+        count += float(w.sum())
     return math.exp(total / count)
 
 
 @torch.no_grad()
-def draft_agreement(draft: Any, pairs: list[tuple[list[int], list[int]]]) -> float:
+def draft_agreement(draft_dir: Path, pairs: list[tuple[list[int], list[int]]]) -> tuple[float, int]:
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     agree = total = 0
     for prompt, out in pairs:
         if not out:
             continue
         ids = torch.tensor([prompt + out])
-        logits = draft(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1:]  # predicts out[0..]
-        agree += int((logits.argmax(-1) == torch.tensor(out)).sum())
+        pred = draft(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1:].argmax(-1)  # predicts out
+        agree += int((pred == torch.tensor(out)).sum())
         total += len(out)
-    return agree / max(total, 1)
+    return agree / max(total, 1), total
+
+
+def decode_speed(target: Path, draft: Path, prompts: list[list[int]], k: int) -> dict[str, Any]:
+    """Batch-1 greedy decoding in brisklm, plain and with the draft proposing k tokens a step."""
+    from brisklm import LLM
+
+    result: dict[str, Any] = {"prompts": len(prompts), "num_speculative_tokens": k}
+    for name, kwargs in (("plain", {}), ("speculative", {"draft": draft, "num_speculative_tokens": k})):
+        llm = LLM.from_pretrained(target, dtype="float32", max_batch_size=1, show_progress=False, **kwargs)
+        llm.generate(prompts[0], greedy(32))  # warm-up
+        tokens, t0 = 0, time.perf_counter()
+        texts = []
+        accepted = proposed = 0
+        for p in prompts:
+            out = llm.generate(p, greedy(128))
+            tokens += len(out.token_ids)
+            texts.append(out.text)
+            if out.speculative is not None:
+                accepted += out.speculative.num_accepted
+                proposed += out.speculative.num_proposed
+        dt = time.perf_counter() - t0
+        result[name] = {"tokens": tokens, "seconds": round(dt, 2), "tokens_per_s": round(tokens / dt, 1),
+                        "texts": texts}
+        if proposed:
+            result[name]["acceptance_rate"] = accepted / proposed
+        llm.close()
+    result["same_output"] = result["plain"].pop("texts") == result["speculative"].pop("texts")
+    result["speedup"] = result["speculative"]["tokens_per_s"] / result["plain"]["tokens_per_s"]
+    return result
 
 
 def main() -> None:
@@ -210,35 +260,67 @@ def main() -> None:
     ap.add_argument("--draft", type=Path, default=Path("src/brisklm/assets/brisk-draft"))
     ap.add_argument("--data", type=Path, default=Path("training/out/data"))
     ap.add_argument("--limit", type=int, default=200, help="prompts per task")
-    ap.add_argument("--draft-tasks", action="store_true", help="also score the draft on the tasks")
+    ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-draft", action="store_true", help="evaluate the target only")
+    ap.add_argument("--speed", action="store_true", help="also time batch-1 speculative decoding")
+    ap.add_argument("--speed-prompts", type=int, default=24)
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ev = json.load(open(args.data / "eval.json", encoding="utf-8"))
     t0 = time.time()
-    results: dict[str, Any] = {"limit_per_task": args.limit}
+    lim = args.limit
+    res: dict[str, Any] = {"limit_per_task": lim, "target_dir": str(args.target), "draft_dir": str(args.draft)}
+    failures: dict[str, list] = {}
 
-    target = Generator(args.target)
-    print("target: tasks", flush=True)
-    results["target"], pairs = run_tasks(target, ev, args.limit, True)
-    results["target"]["heldout_ppl"] = heldout_ppl(target.model, ev, args.target)
-    draft = Generator(args.draft)
-    results["draft"] = {"heldout_ppl": heldout_ppl(draft.model, ev, args.draft)}
-    if args.draft_tasks:
-        print("draft: tasks", flush=True)
-        m, _ = run_tasks(draft, ev, args.limit, True)
-        results["draft"].update(m)
-    results["draft_agreement"] = draft_agreement(draft.model, pairs)
-    results["draft_agreement_tokens"] = sum(len(o) for _, o in pairs)
-    results["eval_minutes"] = (time.time() - t0) / 60
-    summary = {k: v for k, v in results["target"].items() if k != "failures"}
-    print(json.dumps({"target": summary,
-                      "draft": {k: v for k, v in results["draft"].items() if k != "failures"},
-                      "draft_agreement": results["draft_agreement"]}, indent=2))
+    res["templates_checked"] = check_templates(
+        args.target, ev["tool_call"][:lim] + ev["extract"][:lim] + ev["json_keys"][:lim])
+    run = Runner(args.target, args.batch_size)
+    t: dict[str, Any] = {}
+    for constrained in (True, False):
+        tag = "constrained" if constrained else "unconstrained"
+        m, f = eval_tool_calls(run, ev["tool_call"][:lim], constrained)
+        t[f"tool_call_{tag}"] = m
+        failures[f"tool_call_{tag}"] = f[:8]
+        for task in ("extract", "extract_labelled"):
+            m, f = eval_extraction(run, ev[task][:lim], constrained)
+            t[f"{task}_{tag}"] = m
+            failures[f"{task}_{tag}"] = f[:8]
+        print(f"target {tag}: " + json.dumps({k: v for k, v in t.items() if k.endswith(tag)}), flush=True)
+    for json_mode in (False, True):
+        tag = "json_mode" if json_mode else "free"
+        m, f = eval_json_keys(run, ev["json_keys"][:lim], json_mode)
+        t[f"json_keys_{tag}"] = m
+        failures[f"json_keys_{tag}"] = f[:8]
+    m, f = eval_chat(run, ev["ppl"], lim)
+    t["chat"] = m
+    failures["chat"] = f[:8]
+    print("target: " + json.dumps({k: t[k] for k in ("json_keys_free", "json_keys_json_mode", "chat")}),
+          flush=True)
+    run.llm.close()
+    t["heldout_ppl"] = heldout_ppl(args.target, ev["ppl"])
+    res["target"] = t
+    if not args.no_draft:
+        res["draft"] = {"heldout_ppl": heldout_ppl(args.draft, ev["ppl"])}
+        res["draft_agreement"], res["draft_agreement_tokens"] = draft_agreement(args.draft, run.pairs)
+        print(f"ppl target {t['heldout_ppl']:.3f} draft {res['draft']['heldout_ppl']:.3f}; "
+              f"draft agreement {res['draft_agreement']:.3f}", flush=True)
+        if args.speed:
+            items = ev["tool_call"][:args.speed_prompts // 2] + ev["extract"][:args.speed_prompts // 2]
+            from brisklm import LLM
+
+            llm = LLM.from_pretrained(args.target, dtype="float32", max_batch_size=1, show_progress=False)
+            prompts = [llm.chat_prompt_ids(s["prompt_messages"], s.get("tools")) for s in items]
+            llm.close()
+            res["speed_batch1"] = decode_speed(args.target, args.draft, prompts, args.num_speculative_tokens)
+            print("speed: " + json.dumps(res["speed_batch1"]), flush=True)
+    res["eval_minutes"] = (time.time() - t0) / 60
+    res["failures"] = failures
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(results, f, ensure_ascii=False, indent=2)
+            json.dump(res, f, ensure_ascii=False, indent=2)
 
 
 if __name__ == "__main__":

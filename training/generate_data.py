@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,21 @@ TOOL_SYSTEMS = [
 
 def dumps(x: Any) -> str:
     return json.dumps(x, ensure_ascii=False)
+
+
+# Made-up words: nonsense that no pool holds, so a model can only get them right by copying.
+ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
+          "z", "br", "cr", "dr", "fl", "gr", "kl", "pr", "st", "tr", "sh", "ch", "th", "sk", "pl"]
+VOWELS = ["a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ou", "ie", "y"]
+CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "t", "k", "nd", "rt", "st", "x", "ng"]
+ACCENTS = {"a": "áàäâ", "e": "éèë", "i": "íï", "o": "öóô", "u": "üú", "n": "ñ", "c": "ç", "s": "ş"}
+CJK = "山川田中木林森花月日星海空雲雨雪風光明水火土金石竹松梅桜春夏秋冬東西南北"
+CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+# Held-out words and syllables no made-up training word may contain or equal.
+HELDOUT_WORDS = {w.lower() for w in pools.HELDOUT_FIRST_NAMES + pools.HELDOUT_LAST_NAMES
+                 + pools.HELDOUT_PLACES + pools.HELDOUT_ARG_NAMES}
+HELDOUT_WORDS |= {w for t in pools.HELDOUT_TOPICS + pools.HELDOUT_ARG_NAMES for w in re.split("[ _]", t)}
+HELDOUT_WORDS |= {v for v, _ in pools.HELDOUT_VERBS}
 
 
 class Pools:
@@ -68,7 +84,46 @@ class Gen:
         r.shuffle(sy)
         return "".join(sy)
 
+    def made_up_word(self) -> str:
+        """A pronounceable random word (training: never containing a held-out syllable or word)."""
+        r = self.r
+        while True:
+            w = "".join(r.choice(ONSETS) + r.choice(VOWELS) + r.choice(CODAS)
+                        for _ in range(r.choice([1, 2, 2, 2, 3, 3])))
+            if len(w) < 3:
+                continue
+            if self.p.held or (w not in HELDOUT_WORDS
+                               and not any(sy in w for sy in pools.HELDOUT_SYLLABLES)):
+                return w
+
+    def accented(self, w: str) -> str:
+        r = self.r
+        return "".join(r.choice(ACCENTS[c]) if c in ACCENTS and r.random() < 0.3 else c for c in w)
+
+    def made_up_name(self) -> str:
+        r = self.r
+        first = self.made_up_word().capitalize() if r.random() < 0.6 else r.choice(self.p.first)
+        last = self.made_up_word().capitalize() if r.random() < 0.6 else r.choice(self.p.last)
+        if r.random() < 0.15:
+            first = self.accented(first)
+        return f"{first} {last}"
+
+    def code(self) -> str:
+        r = self.r
+        k = r.random()
+        letters = "".join(r.choice(CODE_LETTERS) for _ in range(r.randint(1, 4)))
+        digits = "".join(r.choice("0123456789") for _ in range(r.randint(2, 6)))
+        if k < 0.4:
+            return f"{letters}-{digits}"
+        if k < 0.6:
+            return letters + digits
+        if k < 0.8:
+            return "".join(r.choice("abcdefghkmnprstuvwxz0123456789") for _ in range(r.randint(4, 8)))
+        return f"{r.randint(1990, 2035)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"
+
     def person(self) -> str:
+        if self.r.random() < 0.35:
+            return self.made_up_name()
         return f"{self.r.choice(self.p.first)} {self.r.choice(self.p.last)}"
 
     def place(self) -> str:
@@ -90,24 +145,37 @@ class Gen:
     def string_value(self) -> str:
         r = self.r
         k = r.random()
-        if k < 0.25:
+        if k < 0.18:
             return self.place()
-        if k < 0.45:
+        if k < 0.36:
             return self.person()
-        if k < 0.65:
+        if k < 0.48:
             return r.choice(pools.WORDS)
-        if k < 0.8:
+        if k < 0.58:
             return self.pseudo_word()
-        if k < 0.9:
-            return f"{r.choice('ABCDEFGHKLMNPRSTXZ')}{r.choice('ABCDEFGHKLMNPRSTXZ')}-{r.randint(100, 99999)}"
-        return f"{self.pseudo_word()}@example.com"
+        if k < 0.70:
+            return " ".join(self.made_up_word() for _ in range(r.choice([1, 1, 2, 3])))
+        if k < 0.84:
+            return self.code()
+        if k < 0.90:
+            return f"{self.made_up_word()}@{r.choice(['example.com', 'mail.test'])}"
+        if k < 0.95:
+            return self.accented(self.made_up_word().capitalize())
+        return "".join(r.choice(CJK) for _ in range(r.randint(1, 3)))
 
     # ---------------------------------------------------------------- tools
     def topic(self, avoid: set[str]) -> str:
+        r = self.r
         for _ in range(100):
-            t = (self.r.choice(self.p.topics) if self.r.random() < 0.8
-                 else f"{self.pseudo_word()} {self.r.choice(['record', 'item', 'entry', 'list', 'status', 'value', 'data', 'report'])}"
-                 if self.r.random() < 0.5 else self.pseudo_word())
+            k = r.random()
+            if k < (0.8 if self.p.held else 0.5):
+                t = r.choice(self.p.topics)
+            elif k < (0.9 if self.p.held else 0.65):
+                t = f"{self.pseudo_word()} {r.choice(['record', 'item', 'entry', 'list', 'status', 'value', 'data', 'report'])}"
+            elif self.p.held or k < 0.75:
+                t = self.pseudo_word()
+            else:
+                t = " ".join(self.made_up_word() for _ in range(r.choice([1, 2, 2])))
             if t not in avoid:
                 return t
         raise RuntimeError("topic pool exhausted")
@@ -127,20 +195,32 @@ class Gen:
         return name
 
     def arg_name(self, avoid: set[str]) -> str:
+        r = self.r
+        suffixes = ['id', 'name', 'count', 'level', 'code', 'mode']
         for _ in range(100):
-            a = (self.r.choice(self.p.arg_names) if self.r.random() < 0.75 else
-                 self.pseudo_word() if self.r.random() < 0.6 else
-                 f"{self.pseudo_word()}_{self.r.choice(['id', 'name', 'count', 'level', 'code', 'mode'])}")
+            k = r.random()
+            if k < (0.75 if self.p.held else 0.45):
+                a = r.choice(self.p.arg_names)
+            elif self.p.held:
+                a = self.pseudo_word() if r.random() < 0.6 else f"{self.pseudo_word()}_{r.choice(suffixes)}"
+            elif k < 0.6:
+                a = self.pseudo_word() if r.random() < 0.5 else f"{self.pseudo_word()}_{r.choice(suffixes)}"
+            elif k < 0.75:
+                a = self.made_up_word()
+            elif k < 0.9:
+                a = f"{self.made_up_word()}_{r.choice(suffixes + [self.made_up_word()])}"
+            else:
+                a = f"{r.choice(pools.ARG_NAMES)}_{self.made_up_word()}"
             if a not in avoid:
                 return a
         raise RuntimeError("argument pool exhausted")
 
-    def make_tool(self, avoid_topics: set[str]) -> dict[str, Any]:
+    def make_tool(self, avoid_topics: set[str], max_args: int = 4) -> dict[str, Any]:
         r = self.r
         verb, verb_phrase = r.choice(self.p.verbs)
         topic = self.topic(avoid_topics)
         name = self.func_name(verb, topic)
-        nargs = r.choices([0, 1, 2, 3, 4], weights=[12, 30, 30, 18, 10])[0]
+        nargs = r.choices([0, 1, 2, 3, 4][:max_args + 1], weights=[12, 30, 30, 18, 10][:max_args + 1])[0]
         props: dict[str, Any] = {}
         args: list[dict[str, Any]] = []
         used: set[str] = set()
@@ -209,6 +289,11 @@ class Gen:
                          "{v} the {t} please"]
             text = r.choice(templates)
             return text.format(V=verb.capitalize(), v=verb, t=topic), arguments
+        if len(parts) == 1 and r.random() < 0.15:  # the value alone: one argument, nothing to name
+            v = parts[0][1]
+            text = r.choice(["{V} the {t} for {a}.", "{V} the {t}: {a}", "Please {v} the {t} for {a}.",
+                             "{v} {t} {a}"])
+            return text.format(V=verb.capitalize(), v=verb, t=topic, a=v), arguments
         style = r.randrange(6)
         if style == 0:
             argtext = "with " + join_and([f"{p} {v}" for p, v in parts])
@@ -230,12 +315,12 @@ class Gen:
         a_sentence = a_sentence[0].upper() + a_sentence[1:]
         return tmpl.format(V=verb.capitalize(), v=verb, t=topic, a=argtext, A=a_sentence), arguments
 
-    def toolset(self, n: int) -> list[dict[str, Any]]:
+    def toolset(self, n: int, max_args: int = 4) -> list[dict[str, Any]]:
         specs: list[dict[str, Any]] = []
         topics: set[str] = set()
         names: set[str] = set()
         while len(specs) < n:
-            s = self.make_tool(topics)
+            s = self.make_tool(topics, max_args)
             if s["name"] in names:
                 continue
             topics.add(s["topic"])
@@ -268,10 +353,15 @@ class Gen:
         return r.choice([f"Here is the {spec['topic']}: {facts}.", f"The {spec['topic']} result: {facts}.",
                          f"I checked the {spec['topic']}. The {facts}.", f"Done: {facts}."])
 
-    def tool_sample(self) -> dict[str, Any]:
+    def tool_sample(self, easy: bool = False) -> dict[str, Any]:
+        """Tools offered, a request, the calls; ``easy``: 1-2 tools of at most 2 arguments, one call."""
         r = self.r
-        n_tools = r.choices([1, 2, 3, 4, 5], weights=[15, 25, 25, 20, 15])[0]
-        specs = self.toolset(n_tools)
+        if easy:
+            n_tools = r.choice([1, 1, 2])
+            specs = self.toolset(n_tools, max_args=2)
+        else:
+            n_tools = r.choices([1, 2, 3, 4, 5], weights=[22, 26, 24, 16, 12])[0]
+            specs = self.toolset(n_tools)
         tools = [s["tool"] for s in specs]
         if r.random() < 0.3:
             r.shuffle(tools)
@@ -283,7 +373,7 @@ class Gen:
             q, a = self.simple_qa()
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
             return {"kind": "tool_none", "messages": messages, "tools": tools}
-        n_calls = 1 if r.random() < 0.82 else 2
+        n_calls = 1 if easy or r.random() < 0.82 else 2
         calls = []
         texts = []
         for i in range(n_calls):
@@ -316,6 +406,10 @@ class Gen:
         """A sentence about one person and the facts it states, as (kind, value) pairs."""
         r = self.r
         first, last = r.choice(self.p.first), r.choice(self.p.last)
+        if r.random() < 0.3:
+            first = self.made_up_word().capitalize()
+        if r.random() < 0.3:
+            last = self.made_up_word().capitalize()
         full = f"{first} {last}"
         kinds = ["age", "city", "job", "company", "email", "phone", "product", "quantity", "price",
                  "date", "color", "member", "country"]
@@ -327,7 +421,7 @@ class Gen:
                 v: Any = r.randint(5, 95)
                 f = r.choice([f"is {v} years old", f"is aged {v}", f"turned {v} this year"])
             elif k == "city":
-                v = self.place()
+                v = self.place() if r.random() < 0.75 else self.made_up_word().capitalize()
                 f = r.choice([f"lives in {v}", f"is based in {v}", f"has a home in {v}"])
             elif k == "job":
                 v = r.choice(pools.JOBS)
@@ -589,18 +683,82 @@ class Gen:
         paras = [self.story() for _ in range(self.r.randint(1, 3))]
         return {"kind": "prose", "text": "\n\n".join(paras)}
 
+    # ---------------------------------------------------------------- copy drills
+    def drill_value(self) -> Any:
+        r = self.r
+        k = r.random()
+        if k < 0.55:
+            return self.string_value()
+        if k < 0.75:
+            return self.integer()
+        if k < 0.92:
+            return self.number()
+        return r.random() < 0.5
+
+    def drill_sample(self) -> dict[str, Any]:
+        """Short copying exercises: repeat a made-up string, recall a value by its key, restate as JSON."""
+        r = self.r
+        k = r.random()
+        messages: list[dict[str, Any]] = []
+        if k < 0.3:
+            x = " ".join(value_str(self.drill_value()) for _ in range(r.choice([1, 1, 2, 3])))
+            q = r.choice(["Repeat after me: {x}", 'Say "{x}".', "Copy this exactly: {x}", "Echo: {x}",
+                          "Please repeat: {x}", "{x}\nRepeat that."]).format(x=x)
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": x}]
+            return {"kind": "drill", "messages": messages, "tools": None}
+        keys: list[str] = []
+        for _ in range(r.randint(1, 5)):
+            keys.append(self.arg_name(set(keys)))
+        vals = [self.drill_value() for _ in keys]
+        style = r.randrange(4)
+        facts = [(f"{kk} = {value_str(v)}" if style == 0 else f"{kk}: {value_str(v)}" if style == 1
+                  else f"the {kk.replace('_', ' ')} is {value_str(v)}" if style == 2
+                  else f"{kk} {value_str(v)}") for kk, v in zip(keys, vals, strict=True)]
+        ftext = join_and(facts) if style >= 2 else ", ".join(facts)
+        if k < 0.65:
+            j = r.randrange(len(keys))
+            q = r.choice([f"{ftext}. What is the {keys[j].replace('_', ' ')}?",
+                          f"Given {ftext}: what is {keys[j]}?",
+                          f"Remember: {ftext}.\nWhat is {keys[j]}?"])
+            a = value_str(vals[j])
+            if r.random() < 0.4:
+                q += r.choice([f' Reply in JSON with the key "{keys[j]}".', " Answer in JSON."])
+                a = dumps({keys[j]: vals[j]})
+        else:
+            pick = sorted(r.sample(range(len(keys)), r.randint(1, len(keys))))
+            q = r.choice([f"Write as JSON: {ftext}.", f"{ftext}.\nReturn this as a JSON object.",
+                          f"Turn this into JSON: {ftext}"])
+            if len(pick) < len(keys):
+                q += ("" if q.endswith(".") else ".") + " Only " + join_and([f'"{keys[i]}"' for i in pick]) + "."
+            a = dumps({keys[i]: vals[i] for i in pick})
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        return {"kind": "drill", "messages": messages, "tools": None}
+
     # ---------------------------------------------------------------- mix
     def sample(self) -> dict[str, Any]:
         k = self.r.random()
-        if k < 0.42:
+        if k < 0.40:
             return self.tool_sample()
-        if k < 0.62:
+        if k < 0.58:
             return self.extraction_sample()
-        if k < 0.72:
+        if k < 0.67:
             return self.json_keys_sample()
-        if k < 0.84:
+        if k < 0.78:
             return self.chat_sample()
+        if k < 0.86:
+            return self.drill_sample()
         return self.prose_sample()
+
+    def easy_sample(self) -> dict[str, Any]:
+        """The first stage of training: short copying exercises and simple single calls."""
+        k = self.r.random()
+        if k < 0.45:
+            return self.drill_sample()
+        if k < 0.8:
+            return self.tool_sample(easy=True)
+        if k < 0.92:
+            return self.extraction_sample()
+        return self.chat_sample()
 
 
 ANIMALS = [("dog", "woof", 4), ("cat", "meow", 4), ("cow", "moo", 4), ("duck", "quack", 2),
@@ -631,9 +789,15 @@ def join_and(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def generate(n: int, seed: int, split: str) -> list[dict[str, Any]]:
+def value_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v if isinstance(v, str) else dumps(v)
+
+
+def generate(n: int, seed: int, split: str, easy: bool = False) -> list[dict[str, Any]]:
     g = Gen(seed, split)
-    return [g.sample() for _ in range(n)]
+    return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
 def generate_eval(seed: int, n_per_task: int) -> dict[str, list[dict[str, Any]]]:
@@ -652,6 +816,11 @@ def generate_eval(seed: int, n_per_task: int) -> dict[str, list[dict[str, Any]]]
     for _ in range(n_per_task):
         j = g.json_keys_sample()
         out["json_keys"].append({**j, "prompt_messages": j["messages"][:-1]})
+    out["drill"] = []
+    for _ in range(n_per_task):
+        d = g.drill_sample()
+        out["drill"].append({**d, "prompt_messages": d["messages"][:-1],
+                             "expected_text": d["messages"][-1]["content"]})
     out["ppl"] = [g.sample() for _ in range(2 * n_per_task)]
     return out
 
@@ -661,6 +830,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("training/out/data"))
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--num-train", type=int, default=120_000)
+    ap.add_argument("--num-easy", type=int, default=0,
+                    help="samples of the first training stage (easy.jsonl: drills and simple calls)")
     ap.add_argument("--num-eval", type=int, default=200, help="held-out samples per eval task")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -668,6 +839,11 @@ def main() -> None:
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
             f.write(dumps(s) + "\n")
+    if args.num_easy:
+        with open(args.out / "easy.jsonl", "w", encoding="utf-8") as f:
+            for s in generate(args.num_easy, args.seed + 2, "train", easy=True):
+                f.write(dumps(s) + "\n")
+        print(f"wrote {args.num_easy} first-stage samples to {args.out}/easy.jsonl")
     ev = generate_eval(args.seed + 1, args.num_eval)
     with open(args.out / "eval.json", "w", encoding="utf-8") as f:
         json.dump(ev, f, ensure_ascii=False)

@@ -1,22 +1,26 @@
-"""Train one brisk model (LlamaForCausalLM) on the generated data and export it in HF layout.
+"""Train one brisk model on the generated data and export it in Hugging Face layout (LlamaForCausalLM).
 
-Loss: every token of prose; in chat transcripts only the assistant's tokens (each assistant
-turn's content through its ``<|im_end|>``), so the model learns to answer, call tools and stop,
-not to imitate users. Samples are packed whole (never split) into rows of ``--seq-len`` tokens,
-each preceded by ``<|endoftext|>``. Master weights are float32; matmuls run under bfloat16
-autocast (2-3x faster on this CPU); the export is bfloat16 safetensors.
+The network is ``training/model.py`` (transformers' Llama architecture and parameter names, with
+per-sample attention masks in packed rows), compiled with ``torch.compile`` and run under bfloat16
+autocast over float32 master weights; the export is a bfloat16 ``LlamaForCausalLM`` checkpoint.
 
-Optional distillation (``--teacher DIR``): the loss adds ``--distill-weight`` x KL(teacher||student)
-on the trained positions, for the draft model.
+Data: whole samples (never split) are packed into rows of two lengths (``--seq-len`` for short
+samples, ``--long-seq-len`` for the rest), each sample attending only to itself from position 0,
+as at inference. Every batch holds about the same number of tokens. Loss weights: prose and
+assistant turns (each assistant turn's content through its ``<|im_end|>``) weigh 1; the other chat
+tokens (system, tools, user, tool results) weigh ``--prompt-loss-weight``: predicting the second
+occurrence of a made-up name in a prompt trains the same copying that tool calls need.
 
-    python -m training.train --preset target --data training/out/data --tokenizer training/out/tokenizer \
+Distillation (``--teacher DIR``): the loss becomes (1 - w) x cross entropy + w x KL(teacher ||
+student) on the weighted positions; the draft is distilled from the target this way.
+
+    python -m training.train --preset target --data training/out/data --tokenizer training/out/tokenizer \\
         --out training/out/brisk-chat
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import random
@@ -29,43 +33,37 @@ import torch
 import torch.nn.functional as F
 
 from training.chat_format import ASSISTANT_HEADER, IM_END, render
+from training.model import Shape, TrainLlama
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # ~10M parameters; ~3.5k tokens/s training on 2 cores with bf16 autocast.
+PRESETS: dict[str, dict[str, int]] = {
+    # ~11M parameters.
     "target": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8,
-                   num_attention_heads=5, num_key_value_heads=1),
-    # ~1.3M parameters, ~7.5x smaller, same vocabulary.
-    "draft": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                  num_attention_heads=2, num_key_value_heads=1),
+                   num_attention_heads=5, num_key_value_heads=5),
+    # ~1.7M parameters; two layers are enough for copying (a previous-token head then an induction
+    # head) and keep each draft step cheap at batch 1.
+    "draft": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=3, num_key_value_heads=3),
+    # The target's width in two layers: trained on copy drills only, then grown into the target
+    # (``--grow-from``). Eight layers from scratch take far longer to learn to copy than two do.
+    "seed": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=2,
+                 num_attention_heads=5, num_key_value_heads=5),
 }
-
-
-def build_config(preset: str, vocab_size: int, max_positions: int) -> Any:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        max_position_embeddings=max_positions,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=2,
-        pad_token_id=0,
-        attention_bias=False,
-        mlp_bias=False,
-        hidden_act="silu",
-        initializer_range=0.02,
-        **PRESETS[preset],
-    )
+FIRST_TEXT_ID = 5  # ids below are <|endoftext|>, <|im_start|>, <|im_end|>, <tool_call>, </tool_call>
+MAX_POSITIONS = 1024
 
 
 # ---------------------------------------------------------------------------- data
-def encode_samples(samples: list[dict], tokenizer_dir: Path,
-                   loss_on: str = "assistant") -> list[tuple[list[int], list[int]]]:
-    """Tokenize samples to (ids, trained-mask) with the leading ``<|endoftext|>``.
+def load_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
-    ``loss_on="assistant"`` trains only assistant turns of chats; ``"all"`` trains every token.
+
+def encode_samples(samples: list[dict], tokenizer_dir: Path,
+                   prompt_weight: float = 0.0) -> list[tuple[list[int], list[float]]]:
+    """Tokenize samples to (ids, per-token loss weight), each led by ``<|endoftext|>``.
+
+    A token's weight is the weight of the target it is (the next-token loss at position i uses
+    the weight of token i + 1). Prose and assistant turns weigh 1, other chat text ``prompt_weight``.
     """
     from tokenizers import Tokenizer
 
@@ -74,9 +72,6 @@ def encode_samples(samples: list[dict], tokenizer_dir: Path,
     for s in samples:
         if s["kind"] == "prose":
             text = s["text"] + "<|endoftext|>"
-            spans = [(0, len(text))]
-        elif loss_on == "all":
-            text = render(s["messages"], s.get("tools"))
             spans = [(0, len(text))]
         else:
             text = render(s["messages"], s.get("tools"))
@@ -91,33 +86,52 @@ def encode_samples(samples: list[dict], tokenizer_dir: Path,
         spans_list.append(spans)
     out = []
     for enc, spans in zip(tok.encode_batch(texts, add_special_tokens=False), spans_list, strict=True):
-        mask = []
+        weights = []
         k = 0
         for s, e in enc.offsets:
             while k < len(spans) and spans[k][1] <= s:
                 k += 1
-            mask.append(int(k < len(spans) and spans[k][0] <= s and e <= spans[k][1]))
-        out.append(([0] + enc.ids, [0] + mask))
+            inside = k < len(spans) and spans[k][0] <= s and e <= spans[k][1]
+            weights.append(1.0 if inside else prompt_weight)
+        # The leading <|endoftext|> is never a target.
+        out.append(([0] + enc.ids, [0.0] + weights))
     return out
 
 
-def pack(encoded: list[tuple[list[int], list[int]]], seq_len: int, seed: int,
-         window: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pack whole samples into rows (best fit from a lookahead window); pad with id 0, no loss."""
+class Packed:
+    """Rows of one length: token ids, loss weights, positions and sample index per token."""
+
+    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor,
+                 doc: torch.Tensor) -> None:
+        self.ids, self.weights, self.pos, self.doc = ids, weights, pos, doc
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def pack(encoded: list[tuple[list[int], list[float]]], row_len: int, seed: int,
+         window: int = 512) -> Packed:
+    """Best-fit whole samples into rows of ``row_len`` tokens; padding (id 0) has weight 0.
+
+    Each sample keeps its leading ``<|endoftext|>`` half of the time (inference prompts have none).
+    """
     rng = random.Random(seed)
-    items = [x for x in encoded if len(x[0]) <= seq_len]
+    items = list(encoded)
     rng.shuffle(items)
-    rows_ids, rows_mask = [], []
-    pending: list[tuple[list[int], list[int]]] = []
+    rows: list[tuple[list[int], list[float], list[int], list[int]]] = []
+    pending: list[tuple[list[int], list[float]]] = []
     pos = 0
     while pos < len(items) or pending:
         while len(pending) < window and pos < len(items):
             pending.append(items[pos])
             pos += 1
         ids: list[int] = []
-        mask: list[int] = []
-        while True:
-            room = seq_len - len(ids)
+        wts: list[float] = []
+        poss: list[int] = []
+        docs: list[int] = []
+        n_docs = 0
+        while pending:
+            room = row_len - len(ids)
             best = -1
             for j, it in enumerate(pending):
                 if len(it[0]) <= room and (best < 0 or len(it[0]) > len(pending[best][0])):
@@ -127,69 +141,168 @@ def pack(encoded: list[tuple[list[int], list[int]]], seq_len: int, seed: int,
             if best < 0:
                 break
             it = pending.pop(best)
-            # Inference prompts start without <|endoftext|>: so do half the rows in training.
-            skip = 1 if not ids and rng.random() < 0.5 else 0
+            skip = 1 if rng.random() < 0.5 else 0
+            n = len(it[0]) - skip
             ids += it[0][skip:]
-            mask += it[1][skip:]
-            if not pending:
-                break
-        pad = seq_len - len(ids)
-        rows_ids.append(ids + [0] * pad)
-        rows_mask.append(mask + [0] * pad)
-    return torch.tensor(rows_ids, dtype=torch.long), torch.tensor(rows_mask, dtype=torch.bool)
+            wts += it[1][skip:]
+            poss += list(range(n))
+            docs += [n_docs] * n
+            n_docs += 1
+        pad = row_len - len(ids)
+        rows.append((ids + [0] * pad, wts + [0.0] * pad, poss + list(range(pad)),
+                     docs + [n_docs] * pad))
+    return Packed(torch.tensor([r[0] for r in rows], dtype=torch.long),
+                  torch.tensor([r[1] for r in rows], dtype=torch.float32),
+                  torch.tensor([r[2] for r in rows], dtype=torch.long),
+                  torch.tensor([r[3] for r in rows], dtype=torch.long))
 
 
-def load_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+def pack_buckets(encoded: list[tuple[list[int], list[float]]], seq_len: int, long_seq_len: int,
+                 seed: int) -> tuple[Packed, Packed | None, int]:
+    """Short samples into rows of ``seq_len + 1``, longer ones into ``long_seq_len + 1``; drops longer."""
+    short = [x for x in encoded if len(x[0]) <= seq_len + 1]
+    long = [x for x in encoded if seq_len + 1 < len(x[0]) <= long_seq_len + 1]
+    dropped = len(encoded) - len(short) - len(long)
+    return (pack(short, seq_len + 1, seed),
+            pack(long, long_seq_len + 1, seed + 1) if long else None, dropped)
 
 
-# ---------------------------------------------------------------------------- training
-def lm_loss(model: Any, ids: torch.Tensor, mask: torch.Tensor, teacher: Any = None,
-            distill_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean next-token cross entropy over trained positions (+ distillation); returns (loss, ce)."""
-    inp, tgt, m = ids[:, :-1], ids[:, 1:], mask[:, 1:]
-    hidden = model.model(input_ids=inp).last_hidden_state  # (B, T, D)
-    # The LM head only on trained positions (about a quarter of them in chat data).
-    sel = model.lm_head(hidden[m]).float()  # (N, V)
-    ce = F.cross_entropy(sel, tgt[m])
-    if teacher is None or distill_weight == 0.0:
-        return ce, ce.detach()
+def copy_drills(n_rows: int, row_len: int, vocab_size: int, rng: random.Random) -> Packed:
+    """Rows of samples ``A A`` (A: 6-40 random text tokens), the loss on the repeat only.
+
+    Predicting the repeat needs an induction circuit (a previous-token head, then a head that
+    attends to the token after the last occurrence of the current one), the mechanism every
+    copying task (tool arguments, extracted fields) builds on; on natural data it forms late.
+    """
+    ids = torch.zeros(n_rows, row_len, dtype=torch.long)
+    w = torch.zeros(n_rows, row_len)
+    pos = torch.zeros(n_rows, row_len, dtype=torch.long)
+    doc = torch.zeros(n_rows, row_len, dtype=torch.long)
+    for r in range(n_rows):
+        t = d = 0
+        while t < row_len:
+            n_a = rng.randint(6, 40)
+            a = [rng.randrange(FIRST_TEXT_ID, vocab_size) for _ in range(n_a)]
+            seq = (a + a)[: row_len - t]
+            n = len(seq)
+            ids[r, t:t + n] = torch.tensor(seq)
+            pos[r, t:t + n] = torch.arange(n)
+            doc[r, t:t + n] = d
+            w[r, t + n_a + 1:t + n] = 1.0  # the first repeated token is not predictable
+            t += n
+            d += 1
+    return Packed(ids, w, pos, doc)
+
+
+def grow(model: TrainLlama, seed_state: dict[str, torch.Tensor], seed_layers: int) -> None:
+    """Put a shallower model of the same width in ``model``'s first layers, function preserved.
+
+    The remaining layers keep their random init except their output projections (``o_proj``,
+    ``down_proj``), zeroed so each starts as the identity on the residual stream and learns from there.
+    """
+    state = model.state_dict()
+    for k, v in seed_state.items():
+        if k not in state or state[k].shape != v.shape:
+            raise ValueError(f"--grow-from: {k} {tuple(v.shape)} does not fit the target")
+        state[k] = v
+    model.load_state_dict(state)
     with torch.no_grad():
-        t_logits = teacher(input_ids=inp).logits[m].float()
-    kl = F.kl_div(F.log_softmax(sel, -1), F.log_softmax(t_logits, -1), log_target=True,
-                  reduction="batchmean")
-    return (1 - distill_weight) * ce + distill_weight * kl, ce.detach()
+        for layer in model.model.layers[seed_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
 
 
-@torch.no_grad()
-def evaluate_loss(model: Any, ids: torch.Tensor, mask: torch.Tensor, batch_size: int) -> float:
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(ids), batch_size):
-        b_ids, b_mask = ids[i:i + batch_size], mask[i:i + batch_size]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=b_ids[:, :-1]).logits
-        m = b_mask[:, 1:]
-        total += F.cross_entropy(logits[m].float(), b_ids[:, 1:][m], reduction="sum").item()
-        count += int(m.sum())
-    model.train()
-    return total / max(count, 1)
+# ---------------------------------------------------------------------------- model
+def shape_for(preset: str, vocab_size: int) -> Shape:
+    return Shape(vocab_size=vocab_size, max_position_embeddings=MAX_POSITIONS, **PRESETS[preset])
 
 
-def export(model: Any, tokenizer_dir: Path, out: Path) -> None:
+def hf_config(shape: Shape) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings, rms_norm_eps=shape.rms_norm_eps,
+        rope_theta=shape.rope_theta, tie_word_embeddings=True, bos_token_id=0, eos_token_id=2,
+        pad_token_id=0, attention_bias=False, mlp_bias=False, hidden_act="silu",
+        initializer_range=0.02,
+    )
+
+
+def load_hf_weights(model_dir: Path) -> tuple[Shape, dict[str, torch.Tensor]]:
+    """Shape and float32 state dict of an exported checkpoint (for --init and --teacher)."""
+    from safetensors.torch import load_file
+
+    cfg = json.load(open(model_dir / "config.json"))
+    shape = Shape(hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+                  num_hidden_layers=cfg["num_hidden_layers"],
+                  num_attention_heads=cfg["num_attention_heads"],
+                  num_key_value_heads=cfg["num_key_value_heads"], vocab_size=cfg["vocab_size"],
+                  max_position_embeddings=cfg["max_position_embeddings"])
+    state = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    return shape, state
+
+
+def export(model: TrainLlama, tokenizer_dir: Path, out: Path) -> None:
     """Write the HF layout: bf16 safetensors, config, generation config, tokenizer files."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
-    model.config.torch_dtype = "bfloat16"
-    export_model = type(model)(model.config)
-    export_model.load_state_dict(model.state_dict())
-    export_model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    config = hf_config(model.shape)
+    hf = LlamaForCausalLM(config)
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"export: missing {missing}, unexpected {unexpected}")
+    hf.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=0, eos_token_id=[2, 0], pad_token_id=0, do_sample=False,
                      max_new_tokens=256).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tokenizer_dir / name, out / name)
+
+
+# ---------------------------------------------------------------------------- training
+def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: float):
+    def loss_fn(ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor,
+                doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inp, tgt, w = ids[:, :-1], ids[:, 1:], weights[:, 1:]
+        p, d = pos[:, :-1], doc[:, :-1]
+        logits = model.lm_head(model.hidden(inp, p, d)).float()  # (B, T, V)
+        ce_tok = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none")
+        denom = w.sum().clamp_min(1.0)
+        ce = (ce_tok * w.flatten()).sum() / denom
+        if teacher is None:
+            return ce, ce.detach()
+        with torch.no_grad():
+            t_logp = F.log_softmax(teacher.lm_head(teacher.hidden(inp, p, d)).float(), -1)
+        logp = F.log_softmax(logits, -1)
+        kl_tok = (t_logp.exp() * (t_logp - logp)).sum(-1)  # (B, T)
+        kl = (kl_tok * w).sum() / denom
+        return (1 - distill_weight) * ce + distill_weight * kl, ce.detach()
+
+    return loss_fn
+
+
+@torch.no_grad()
+def evaluate_loss(model: TrainLlama, data: list[Packed], rows: int) -> float:
+    """Mean cross entropy on the weight-1 targets of held-out rows."""
+    model.eval()
+    total, count = 0.0, 0.0
+    for packed in data:
+        for i in range(0, len(packed), rows):
+            ids, w = packed.ids[i:i + rows], packed.weights[i:i + rows, 1:]
+            w = (w >= 1.0).float()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model.lm_head(model.hidden(ids[:, :-1], packed.pos[i:i + rows, :-1],
+                                                    packed.doc[i:i + rows, :-1])).float()
+            ce = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+            total += float((ce * w.flatten()).sum())
+            count += float(w.sum())
+    model.train()
+    return total / max(count, 1.0)
 
 
 def main() -> None:
@@ -198,87 +311,108 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("training/out/data"))
     ap.add_argument("--tokenizer", type=Path, default=Path("training/out/tokenizer"))
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--seq-len", type=int, default=384, help="row length for short samples")
+    ap.add_argument("--long-seq-len", type=int, default=896, help="row length for long samples")
+    ap.add_argument("--batch-tokens", type=int, default=7680, help="tokens per batch (both row kinds)")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--easy-steps", type=int, default=0,
+                    help="first steps on --data/easy.jsonl (copy drills, simple calls), then train.jsonl")
+    ap.add_argument("--drill-frac", type=float, default=0.0,
+                    help="share of steps on synthetic copy drills (1 = drills only)")
+    ap.add_argument("--drill-steps", type=int, default=0,
+                    help="first steps on copy drills only (before --easy-steps)")
+    ap.add_argument("--grow-from", type=Path, default=None,
+                    help="HF dir of a shallower model of the same width: its layers start the model")
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
-    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--prompt-loss-weight", type=float, default=0.5,
+                    help="loss weight of non-assistant chat tokens (assistant turns and prose: 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--init", type=Path, default=None, help="HF dir to start from (continued training)")
     ap.add_argument("--teacher", type=Path, default=None, help="HF dir of a teacher for distillation")
-    ap.add_argument("--distill-weight", type=float, default=0.5)
-    ap.add_argument("--checkpoint-every", type=int, default=200)
+    ap.add_argument("--distill-weight", type=float, default=0.7)
+    ap.add_argument("--checkpoint-every", type=int, default=500)
     ap.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--loss-on", choices=["assistant", "all"], default="assistant",
-                    help="chat tokens that carry loss (prose always trains on all tokens)")
-    ap.add_argument("--time-budget-min", type=float, default=None,
-                    help="also decay the lr by wall time and stop when this many training minutes "
-                         "are spent (for a busy machine; makes the result depend on its speed)")
+    ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="print the held-out loss (assistant turns and prose) every this many steps")
     args = ap.parse_args()
-
-    from transformers import LlamaForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
     samples = load_jsonl(args.data / "train.jsonl")
-    encoded = encode_samples(samples, args.tokenizer, args.loss_on)
-    ids, mask = pack(encoded, args.seq_len + 1, args.seed)
+    short, long, dropped = pack_buckets(encode_samples(samples, args.tokenizer, args.prompt_loss_weight),
+                                        args.seq_len, args.long_seq_len, args.seed)
+    easy: list[Packed] = []
+    if args.easy_steps:
+        e1, e2, _ = pack_buckets(encode_samples(load_jsonl(args.data / "easy.jsonl"), args.tokenizer,
+                                                args.prompt_loss_weight),
+                                 args.seq_len, args.long_seq_len, args.seed + 7)
+        easy = [p for p in (e1, e2) if p is not None]
+        print(f"[{args.preset}] first {args.easy_steps} steps on easy.jsonl: "
+              f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in easy)}", flush=True)
     eval_samples = json.load(open(args.data / "eval.json", encoding="utf-8"))["ppl"]
-    e_ids, e_mask = pack(encode_samples(eval_samples, args.tokenizer), args.seq_len + 1, 0)
-    n_rows = len(ids)
-    n_samples = len(samples)
-    del samples, encoded
-    gc.collect()
-    gc.freeze()  # the training loop allocates few Python objects; keep GC passes short
-    print(f"[{args.preset}] {n_samples} samples -> {n_rows} rows of {args.seq_len + 1} tokens "
-          f"({int(mask.sum())} trained tokens, {(ids != 0).sum().item() / ids.numel():.1%} non-pad); "
-          f"{args.steps} steps x {args.batch_size} rows = {args.steps * args.batch_size / n_rows:.2f} epochs; "
+    e_short, e_long, _ = pack_buckets(encode_samples(eval_samples, args.tokenizer),
+                                      args.seq_len, args.long_seq_len, 0)
+    eval_data = [p for p in (e_short, e_long) if p is not None]
+    main_buckets = [p for p in (short, long) if p is not None]
+    buckets = main_buckets + easy
+    rows_per_batch = [max(1, args.batch_tokens // (p.ids.shape[1] - 1)) for p in buckets]
+    tokens = [int((p.ids != 0).sum()) for p in buckets]
+    n_tok = sum(tokens[:len(main_buckets)])
+    print(f"[{args.preset}] {len(samples)} samples ({dropped} too long, dropped) -> "
+          f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in buckets)}; {n_tok / 1e6:.2f}M tokens, "
+          f"{float(sum((p.weights >= 1).sum() for p in buckets)) / 1e6:.2f}M at weight 1; "
+          f"{args.steps} steps x ~{args.batch_tokens} tokens = {args.steps * args.batch_tokens / n_tok:.2f} epochs; "
           f"data {time.time() - t0:.0f}s", flush=True)
+    del samples
 
     from tokenizers import Tokenizer
 
     vocab_size = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")).get_vocab_size()
-    config = build_config(args.preset, vocab_size, 1024)
-    model = LlamaForCausalLM(config)
+    shape = shape_for(args.preset, vocab_size)
+    model = TrainLlama(shape)
     if args.init is not None:
-        model.load_state_dict(LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32).state_dict())
+        _, state = load_hf_weights(args.init)
+        model.load_state_dict(state)
         print(f"[{args.preset}] initialised from {args.init}", flush=True)
+    if args.grow_from is not None:
+        seed_shape, state = load_hf_weights(args.grow_from)
+        grow(model, state, seed_shape.num_hidden_layers)
+        print(f"[{args.preset}] layers 1-{seed_shape.num_hidden_layers} from {args.grow_from}, "
+              f"{shape.num_hidden_layers - seed_shape.num_hidden_layers} new", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{args.preset}] {n_params / 1e6:.2f}M parameters: {PRESETS[args.preset]}", flush=True)
 
     teacher = None
     if args.teacher is not None:
-        teacher = LlamaForCausalLM.from_pretrained(args.teacher, dtype=torch.bfloat16).eval()
+        t_shape, t_state = load_hf_weights(args.teacher)
+        teacher = TrainLlama(t_shape)
+        teacher.load_state_dict(t_state)
+        teacher.eval().requires_grad_(False)
         print(f"[{args.preset}] distilling from {args.teacher} (weight {args.distill_weight})", flush=True)
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
 
-    def progress(step: int, elapsed_s: float) -> float:
-        """Fraction of the decay schedule done: by steps, or by wall time when a budget binds."""
-        frac = (step - args.warmup) / max(1, args.steps - args.warmup)
-        if args.time_budget_min:
-            frac = max(frac, elapsed_s / (60 * args.time_budget_min))
-        return min(frac, 1.0)
-
-    def lr_at(step: int, elapsed_s: float = 0.0) -> float:
+    def lr_at(step: int) -> float:
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
-        frac = progress(step, elapsed_s)
+        frac = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
         return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "checkpoint.pt"
     start_step = 0
-    elapsed_before = 0.0  # training seconds spent before a resume
+    elapsed_before = 0.0
     if args.resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(ck["model"])
@@ -287,47 +421,78 @@ def main() -> None:
         elapsed_before = ck.get("elapsed_s", 0.0)
         print(f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)", flush=True)
 
-    order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(args.seed))
+    loss_fn = make_loss_fn(model, teacher, args.distill_weight)
+    if not args.no_compile:
+        loss_fn = torch.compile(loss_fn, dynamic=False)
+    # The batch plan is a pure function of the seed, so a resumed run sees the same batches.
+    g = torch.Generator().manual_seed(args.seed)
+    orders = [torch.randperm(len(p), generator=g) for p in buckets]
+    cursors = [0] * len(buckets)
+    # Each batch's bucket is drawn with probability proportional to its tokens, so one pass over
+    # the data visits every row about equally often: the easy buckets first, then the main ones.
+    plan_rng = random.Random(args.seed)
+    main_ids = list(range(len(main_buckets)))
+    easy_ids = list(range(len(main_buckets), len(buckets)))
+    plan = [plan_rng.choices(easy_ids, weights=[tokens[i] for i in easy_ids])[0]
+            if step < args.drill_steps + args.easy_steps else
+            plan_rng.choices(main_ids, weights=[tokens[i] for i in main_ids])[0]
+            for step in range(args.steps)]
+    drill_rng = random.Random(args.seed + 99)
+    drill_plan = [step < args.drill_steps or drill_rng.random() < args.drill_frac
+                  for step in range(args.steps)]
+    drill_rows = max(1, args.batch_tokens // args.seq_len)
+    for step in range(start_step):  # advance the cursors past finished steps
+        if not drill_plan[step]:
+            cursors[plan[step]] += rows_per_batch[plan[step]]
+
     model.train()
     t_train = time.time()
     tokens_seen = 0
     ema = None
     steps_done = start_step
     for step in range(start_step, args.steps):
-        elapsed_s = elapsed_before + time.time() - t_train
-        if step >= args.warmup and progress(step, elapsed_s) >= 1.0:
-            print(f"[{args.preset}] time budget of {args.time_budget_min} min spent at step {step}",
-                  flush=True)
-            break
-        idx = [order[(step * args.batch_size + j) % n_rows].item() for j in range(args.batch_size)]
-        b_ids, b_mask = ids[idx], mask[idx]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, elapsed_s)
+        b = plan[step]
+        if drill_plan[step]:
+            packed, n_rows = copy_drills(drill_rows, args.seq_len + 1, vocab_size, drill_rng), drill_rows
+            idx = torch.arange(n_rows)
+        else:
+            packed, n_rows = buckets[b], rows_per_batch[b]
+            idx = torch.stack([orders[b][(cursors[b] + j) % len(packed)] for j in range(n_rows)])
+            cursors[b] += n_rows
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, ce = lm_loss(model, b_ids, b_mask, teacher, args.distill_weight)
+            loss, ce = loss_fn(packed.ids[idx], packed.weights[idx], packed.pos[idx], packed.doc[idx])
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        tokens_seen += b_ids.numel()
+        tokens_seen += packed.ids[idx].numel()
         steps_done = step + 1
-        ema = ce.item() if ema is None else 0.9 * ema + 0.1 * ce.item()
+        ema = ce.item() if ema is None else 0.95 * ema + 0.05 * ce.item()
         if (step + 1) % args.log_every == 0 or step == start_step:
             el = time.time() - t_train
             rate = tokens_seen / el
-            eta = (args.steps - step - 1) * args.batch_size * (args.seq_len + 1) / rate
+            eta = (args.steps - step - 1) * args.batch_tokens / rate
             print(f"[{args.preset}] step {step + 1}/{args.steps} loss {ce.item():.4f} (ema {ema:.4f}) "
-                  f"lr {lr_at(step, elapsed_s):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
+                  f"lr {lr_at(step):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
                   f"eta {eta / 60:.1f}m", flush=True)
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len))
+            print(f"[{args.preset}] step {step + 1} held-out loss {held:.4f}", flush=True)
         if (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
                         "elapsed_s": elapsed_before + time.time() - t_train}, ckpt_path)
 
-    held = evaluate_loss(model, e_ids, e_mask, args.batch_size)
+    held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len))
     final = {"preset": args.preset, "parameters": n_params, "steps": steps_done,
-             "batch_size": args.batch_size, "seq_len": args.seq_len,
+             "batch_tokens": args.batch_tokens, "seq_len": args.seq_len,
+             "long_seq_len": args.long_seq_len, "lr": args.lr,
+             "prompt_loss_weight": args.prompt_loss_weight,
+             "teacher": str(args.teacher) if args.teacher else None,
              "train_loss_ema": ema, "heldout_loss": held, "heldout_ppl": math.exp(held),
-             "train_minutes": (elapsed_before + time.time() - t_train) / 60, "total_minutes": (time.time() - t0) / 60}
+             "train_minutes": (elapsed_before + time.time() - t_train) / 60,
+             "total_minutes": (time.time() - t0) / 60}
     print(f"[{args.preset}] done: {json.dumps(final)}", flush=True)
     model_dir = args.out / "model"
     export(model, args.tokenizer, model_dir)

@@ -25,12 +25,13 @@ from training.chat_format import (
     render,
 )
 
-# Qwen2-style split: letters runs, single digits (copying numbers digit by digit is easy for a
-# small model), punctuation runs, newlines. Then byte-level so any unicode string round-trips.
-SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+# Split into letter runs (never glued to a space or a quote), single digits, punctuation runs (with
+# one leading space), newlines and spaces; then byte-level, so any unicode string round-trips.
+# A word is the same tokens wherever it stands: ` Zürich` in a request and `"Zürich` in JSON share
+# the tokens of `Zürich`, and `hive id` / `hive_id` share those of `hive` and `id`, so copying a
+# value from the prompt is a token-for-token copy (GPT-2/Qwen2 splits glue the space or quote to
+# the word, which a small model must learn to translate). Digits are single tokens for the same reason.
+SPLIT_PATTERN = r"\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def sample_text(sample: dict) -> str:
