@@ -20,17 +20,34 @@ MODELS = ["brisk-chat", "brisk-draft"]
 
 # Names, people and places the training data never holds (training/pools.py held-out pools).
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "book_kayak_rental", "description": "Book the kayak rental.",
-        "parameters": {"type": "object", "properties": {
-            "harbor": {"type": "string"}, "guests": {"type": "integer"}},
-            "required": ["harbor", "guests"]}}},
-    {"type": "function", "function": {
-        "name": "get_tide_table", "description": "Get the tide table.",
-        "parameters": {"type": "object", "properties": {"ridge": {"type": "string"}},
-                       "required": ["ridge"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "book_kayak_rental",
+            "description": "Book the kayak rental.",
+            "parameters": {
+                "type": "object",
+                "properties": {"harbor": {"type": "string"}, "guests": {"type": "integer"}},
+                "required": ["harbor", "guests"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_tide_table",
+            "description": "Get the tide table.",
+            "parameters": {
+                "type": "object",
+                "properties": {"ridge": {"type": "string"}},
+                "required": ["ridge"],
+            },
+        },
+    },
 ]
-MESSAGES = [{"role": "user", "content": 'Book the kayak rental with harbor "Ljubljana" and guests 7.'}]
+MESSAGES = [
+    {"role": "user", "content": 'Book the kayak rental with harbor "Ljubljana" and guests 7.'}
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +85,19 @@ def test_chat_template_renders_tools_like_transformers(name):
     ours = Tokenizer.from_pretrained(directory)
     hf = transformers.AutoTokenizer.from_pretrained(directory)
     history = MESSAGES + [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "book_kayak_rental",
-                                              "arguments": {"harbor": "Ljubljana", "guests": 7}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "book_kayak_rental",
+                        "arguments": {"harbor": "Ljubljana", "guests": 7},
+                    },
+                }
+            ],
+        },
         {"role": "tool", "content": json.dumps({"status": "booked"})},
     ]
     for msgs in (MESSAGES, history):
@@ -86,13 +113,16 @@ def test_emitted_tool_call_parses_back(chat_llm):
     params = SamplingParams(temperature=0, max_tokens=80, grammar=tool_call_grammar(TOOLS, "auto"))
     content, calls = parse_tool_calls(chat_llm.generate(ids, params).text)
     assert [(c.name, c.arguments) for c in calls] == [
-        ("book_kayak_rental", {"harbor": "Ljubljana", "guests": 7})]
+        ("book_kayak_rental", {"harbor": "Ljubljana", "guests": 7})
+    ]
 
 
 def test_default_model_is_brisk_chat(chat_llm):
     assert chat_llm.model_path == ASSETS / "brisk-chat"
-    out = chat_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                        SamplingParams(temperature=0, max_tokens=24))
+    out = chat_llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=24),
+    )
     assert out.content == "The capital of France is Paris."
 
 

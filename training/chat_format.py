@@ -82,11 +82,17 @@ CHAT_TEMPLATE = (
 ASSISTANT_HEADER = IM_START + "assistant\n"
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: Any = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     # Same signature and behaviour as transformers' override of jinja's tojson.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 @lru_cache(maxsize=4)
@@ -94,20 +100,30 @@ def _compiled(template: str) -> Any:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     return env.from_string(template)
 
 
-def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-           add_generation_prompt: bool = False) -> str:
+def render(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
     """Render a conversation to text with the brisk chat template."""
-    return _compiled(CHAT_TEMPLATE).render(messages=messages, tools=tools,
-                                           add_generation_prompt=add_generation_prompt)
+    return _compiled(CHAT_TEMPLATE).render(
+        messages=messages, tools=tools, add_generation_prompt=add_generation_prompt
+    )
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
     """The text of one tool call as the template renders it (without separators)."""
-    return (TOOL_CALL_START + "\n" + json.dumps({"name": name, "arguments": arguments},
-                                                ensure_ascii=False) + "\n" + TOOL_CALL_END)
+    return (
+        TOOL_CALL_START
+        + "\n"
+        + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        + "\n"
+        + TOOL_CALL_END
+    )

@@ -66,8 +66,9 @@ class Runner:
     def __init__(self, model_dir: Path, batch_size: int) -> None:
         from brisklm import LLM
 
-        self.llm = LLM.from_pretrained(model_dir, dtype="float32", max_batch_size=batch_size,
-                                       show_progress=False)
+        self.llm = LLM.from_pretrained(
+            model_dir, dtype="float32", max_batch_size=batch_size, show_progress=False
+        )
         self.eos = set(self.llm.tokenizer.eos_token_ids)
         self.pairs: list[tuple[list[int], list[int]]] = []
 
@@ -91,8 +92,10 @@ def eval_tool_calls(run: Runner, items: list[dict], constrained: bool) -> tuple[
     from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
 
     prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
-    params = [greedy(200, grammar=tool_call_grammar(s["tools"], "auto")) if constrained
-              else greedy(200) for s in items]
+    params = [
+        greedy(200, grammar=tool_call_grammar(s["tools"], "auto")) if constrained else greedy(200)
+        for s in items
+    ]
     exact = name_ok = parsed = 0
     failures = []
     for s, text in zip(items, run.generate(prompts, params), strict=True):
@@ -100,13 +103,19 @@ def eval_tool_calls(run: Runner, items: list[dict], constrained: bool) -> tuple[
         got = [{"name": c.name, "arguments": c.arguments} for c in calls]
         ok = len(got) == len(s["expected"]) and all(
             g["name"] == e["name"] and same_value(g["arguments"], e["arguments"])
-            for g, e in zip(got, s["expected"], strict=False))
+            for g, e in zip(got, s["expected"], strict=False)
+        )
         exact += ok
         parsed += bool(got)
         name_ok += [g["name"] for g in got] == [e["name"] for e in s["expected"]]
         if not ok:
-            failures.append({"request": s["prompt_messages"][-1]["content"],
-                             "expected": s["expected"], "got": text})
+            failures.append(
+                {
+                    "request": s["prompt_messages"][-1]["content"],
+                    "expected": s["expected"],
+                    "got": text,
+                }
+            )
     n = len(items)
     return {"exact_match": exact / n, "name_match": name_ok / n, "parsed": parsed / n}, failures
 
@@ -121,13 +130,21 @@ def eval_extraction(run: Runner, items: list[dict], constrained: bool) -> tuple[
         exp = s["expected"]
         valid += obj is not None
         fields += len(exp)
-        right += sum(1 for k, v in exp.items() if obj is not None and k in obj and same_value(obj[k], v))
+        right += sum(
+            1 for k, v in exp.items() if obj is not None and k in obj and same_value(obj[k], v)
+        )
         ok = obj is not None and same_value(obj, exp)
         whole += ok
         if not ok:
-            failures.append({"text": s["prompt_messages"][-1]["content"], "expected": exp, "got": text})
+            failures.append(
+                {"text": s["prompt_messages"][-1]["content"], "expected": exp, "got": text}
+            )
     n = len(items)
-    return {"field_accuracy": right / fields, "object_exact": whole / n, "valid_json": valid / n}, failures
+    return {
+        "field_accuracy": right / fields,
+        "object_exact": whole / n,
+        "valid_json": valid / n,
+    }, failures
 
 
 def eval_json_keys(run: Runner, items: list[dict], json_mode: bool) -> tuple[dict, list]:
@@ -141,8 +158,13 @@ def eval_json_keys(run: Runner, items: list[dict], json_mode: bool) -> tuple[dic
         comply += ok
         values += obj is not None and same_value(obj, s["expected"])
         if not ok:
-            failures.append({"request": s["prompt_messages"][-1]["content"],
-                             "expected_keys": s["expected_keys"], "got": text})
+            failures.append(
+                {
+                    "request": s["prompt_messages"][-1]["content"],
+                    "expected_keys": s["expected_keys"],
+                    "got": text,
+                }
+            )
     n = len(items)
     return {"compliance": comply / n, "values_exact": values / n}, failures
 
@@ -150,13 +172,19 @@ def eval_json_keys(run: Runner, items: list[dict], json_mode: bool) -> tuple[dic
 def eval_chat(run: Runner, ppl_samples: list[dict], limit: int) -> tuple[dict, list]:
     """First turn of held-out chats (exact answer) and answers after tool results (values used)."""
     chats = [s for s in ppl_samples if s["kind"] == "chat"][:limit]
-    prompts = [run.prompt(s["messages"][:-1] if len(s["messages"]) <= 3 else s["messages"][:2])
-               for s in chats]
-    expected = [s["messages"][-1]["content"] if len(s["messages"]) <= 3 else s["messages"][2]["content"]
-                for s in chats]
+    prompts = [
+        run.prompt(s["messages"][:-1] if len(s["messages"]) <= 3 else s["messages"][:2])
+        for s in chats
+    ]
+    expected = [
+        s["messages"][-1]["content"] if len(s["messages"]) <= 3 else s["messages"][2]["content"]
+        for s in chats
+    ]
     failures = []
     exact = 0
-    for p, e, text in zip(prompts, expected, run.generate(prompts, [greedy(60)] * len(prompts)), strict=True):
+    for _p, e, text in zip(
+        prompts, expected, run.generate(prompts, [greedy(60)] * len(prompts)), strict=True
+    ):
         exact += text.strip() == e
         if text.strip() != e:
             failures.append({"expected": e, "got": text})
@@ -164,15 +192,27 @@ def eval_chat(run: Runner, ppl_samples: list[dict], limit: int) -> tuple[dict, l
     prompts = [run.prompt(s["messages"][:-1], s["tools"]) for s in loops]
     used = 0
     for s, text in zip(loops, run.generate(prompts, [greedy(120)] * len(prompts)), strict=True):
-        values = [value_text(v) for m in s["messages"] if m["role"] == "tool"
-                  for v in json.loads(m["content"]).values()]
+        values = [
+            value_text(v)
+            for m in s["messages"]
+            if m["role"] == "tool"
+            for v in json.loads(m["content"]).values()
+        ]
         ok = "<tool_call>" not in text and all(v in text for v in values)
         used += ok
         if not ok:
-            failures.append({"tool_results": [m["content"] for m in s["messages"] if m["role"] == "tool"],
-                             "got": text})
-    return {"chat_exact": exact / max(1, len(chats)), "chat_items": len(chats),
-            "tool_answer_uses_values": used / max(1, len(loops)), "tool_answer_items": len(loops)}, failures
+            failures.append(
+                {
+                    "tool_results": [m["content"] for m in s["messages"] if m["role"] == "tool"],
+                    "got": text,
+                }
+            )
+    return {
+        "chat_exact": exact / max(1, len(chats)),
+        "chat_items": len(chats),
+        "tool_answer_uses_values": used / max(1, len(loops)),
+        "tool_answer_items": len(loops),
+    }, failures
 
 
 def check_templates(model_dir: Path, samples: list[dict]) -> int:
@@ -219,7 +259,7 @@ def draft_agreement(draft_dir: Path, pairs: list[tuple[list[int], list[int]]]) -
         if not out:
             continue
         ids = torch.tensor([prompt + out])
-        pred = draft(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1:].argmax(-1)  # predicts out
+        pred = draft(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1 :].argmax(-1)  # predicts out
         agree += int((pred == torch.tensor(out)).sum())
         total += len(out)
     return agree / max(total, 1), total
@@ -230,8 +270,13 @@ def decode_speed(target: Path, draft: Path, prompts: list[list[int]], k: int) ->
     from brisklm import LLM
 
     result: dict[str, Any] = {"prompts": len(prompts), "num_speculative_tokens": k}
-    for name, kwargs in (("plain", {}), ("speculative", {"draft": draft, "num_speculative_tokens": k})):
-        llm = LLM.from_pretrained(target, dtype="float32", max_batch_size=1, show_progress=False, **kwargs)
+    for name, kwargs in (
+        ("plain", {}),
+        ("speculative", {"draft": draft, "num_speculative_tokens": k}),
+    ):
+        llm = LLM.from_pretrained(
+            target, dtype="float32", max_batch_size=1, show_progress=False, **kwargs
+        )
         llm.generate(prompts[0], greedy(32))  # warm-up
         tokens, t0 = 0, time.perf_counter()
         texts = []
@@ -244,8 +289,12 @@ def decode_speed(target: Path, draft: Path, prompts: list[list[int]], k: int) ->
                 accepted += out.speculative.num_accepted
                 proposed += out.speculative.num_proposed
         dt = time.perf_counter() - t0
-        result[name] = {"tokens": tokens, "seconds": round(dt, 2), "tokens_per_s": round(tokens / dt, 1),
-                        "texts": texts}
+        result[name] = {
+            "tokens": tokens,
+            "seconds": round(dt, 2),
+            "tokens_per_s": round(tokens / dt, 1),
+            "texts": texts,
+        }
         if proposed:
             result[name]["acceptance_rate"] = accepted / proposed
         llm.close()
@@ -255,7 +304,9 @@ def decode_speed(target: Path, draft: Path, prompts: list[list[int]], k: int) ->
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--target", type=Path, default=Path("src/brisklm/assets/brisk-chat"))
     ap.add_argument("--draft", type=Path, default=Path("src/brisklm/assets/brisk-draft"))
     ap.add_argument("--data", type=Path, default=Path("training/out/data"))
@@ -272,11 +323,16 @@ def main() -> None:
     ev = json.load(open(args.data / "eval.json", encoding="utf-8"))
     t0 = time.time()
     lim = args.limit
-    res: dict[str, Any] = {"limit_per_task": lim, "target_dir": str(args.target), "draft_dir": str(args.draft)}
+    res: dict[str, Any] = {
+        "limit_per_task": lim,
+        "target_dir": str(args.target),
+        "draft_dir": str(args.draft),
+    }
     failures: dict[str, list] = {}
 
     res["templates_checked"] = check_templates(
-        args.target, ev["tool_call"][:lim] + ev["extract"][:lim] + ev["json_keys"][:lim])
+        args.target, ev["tool_call"][:lim] + ev["extract"][:lim] + ev["json_keys"][:lim]
+    )
     run = Runner(args.target, args.batch_size)
     t: dict[str, Any] = {}
     for constrained in (True, False):
@@ -288,7 +344,10 @@ def main() -> None:
             m, f = eval_extraction(run, ev[task][:lim], constrained)
             t[f"{task}_{tag}"] = m
             failures[f"{task}_{tag}"] = f[:8]
-        print(f"target {tag}: " + json.dumps({k: v for k, v in t.items() if k.endswith(tag)}), flush=True)
+        print(
+            f"target {tag}: " + json.dumps({k: v for k, v in t.items() if k.endswith(tag)}),
+            flush=True,
+        )
     for json_mode in (False, True):
         tag = "json_mode" if json_mode else "free"
         m, f = eval_json_keys(run, ev["json_keys"][:lim], json_mode)
@@ -297,24 +356,39 @@ def main() -> None:
     m, f = eval_chat(run, ev["ppl"], lim)
     t["chat"] = m
     failures["chat"] = f[:8]
-    print("target: " + json.dumps({k: t[k] for k in ("json_keys_free", "json_keys_json_mode", "chat")}),
-          flush=True)
+    print(
+        "target: "
+        + json.dumps({k: t[k] for k in ("json_keys_free", "json_keys_json_mode", "chat")}),
+        flush=True,
+    )
     run.llm.close()
     t["heldout_ppl"] = heldout_ppl(args.target, ev["ppl"])
     res["target"] = t
     if not args.no_draft:
         res["draft"] = {"heldout_ppl": heldout_ppl(args.draft, ev["ppl"])}
-        res["draft_agreement"], res["draft_agreement_tokens"] = draft_agreement(args.draft, run.pairs)
-        print(f"ppl target {t['heldout_ppl']:.3f} draft {res['draft']['heldout_ppl']:.3f}; "
-              f"draft agreement {res['draft_agreement']:.3f}", flush=True)
+        res["draft_agreement"], res["draft_agreement_tokens"] = draft_agreement(
+            args.draft, run.pairs
+        )
+        print(
+            f"ppl target {t['heldout_ppl']:.3f} draft {res['draft']['heldout_ppl']:.3f}; "
+            f"draft agreement {res['draft_agreement']:.3f}",
+            flush=True,
+        )
         if args.speed:
-            items = ev["tool_call"][:args.speed_prompts // 2] + ev["extract"][:args.speed_prompts // 2]
+            items = (
+                ev["tool_call"][: args.speed_prompts // 2]
+                + ev["extract"][: args.speed_prompts // 2]
+            )
             from brisklm import LLM
 
-            llm = LLM.from_pretrained(args.target, dtype="float32", max_batch_size=1, show_progress=False)
+            llm = LLM.from_pretrained(
+                args.target, dtype="float32", max_batch_size=1, show_progress=False
+            )
             prompts = [llm.chat_prompt_ids(s["prompt_messages"], s.get("tools")) for s in items]
             llm.close()
-            res["speed_batch1"] = decode_speed(args.target, args.draft, prompts, args.num_speculative_tokens)
+            res["speed_batch1"] = decode_speed(
+                args.target, args.draft, prompts, args.num_speculative_tokens
+            )
             print("speed: " + json.dumps(res["speed_batch1"]), flush=True)
     res["eval_minutes"] = (time.time() - t0) / 60
     res["failures"] = failures

@@ -39,17 +39,56 @@ def dumps(x: Any) -> str:
 
 
 # Made-up words: nonsense that no pool holds, so a model can only get them right by copying.
-ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
-          "z", "br", "cr", "dr", "fl", "gr", "kl", "pr", "st", "tr", "sh", "ch", "th", "sk", "pl"]
+ONSETS = [
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "cr",
+    "dr",
+    "fl",
+    "gr",
+    "kl",
+    "pr",
+    "st",
+    "tr",
+    "sh",
+    "ch",
+    "th",
+    "sk",
+    "pl",
+]
 VOWELS = ["a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ou", "ie", "y"]
 CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "t", "k", "nd", "rt", "st", "x", "ng"]
 ACCENTS = {"a": "áàäâ", "e": "éèë", "i": "íï", "o": "öóô", "u": "üú", "n": "ñ", "c": "ç", "s": "ş"}
 CJK = "山川田中木林森花月日星海空雲雨雪風光明水火土金石竹松梅桜春夏秋冬東西南北"
 CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 # Held-out words and syllables no made-up training word may contain or equal.
-HELDOUT_WORDS = {w.lower() for w in pools.HELDOUT_FIRST_NAMES + pools.HELDOUT_LAST_NAMES
-                 + pools.HELDOUT_PLACES + pools.HELDOUT_ARG_NAMES}
-HELDOUT_WORDS |= {w for t in pools.HELDOUT_TOPICS + pools.HELDOUT_ARG_NAMES for w in re.split("[ _]", t)}
+HELDOUT_WORDS = {
+    w.lower()
+    for w in pools.HELDOUT_FIRST_NAMES
+    + pools.HELDOUT_LAST_NAMES
+    + pools.HELDOUT_PLACES
+    + pools.HELDOUT_ARG_NAMES
+}
+HELDOUT_WORDS |= {
+    w for t in pools.HELDOUT_TOPICS + pools.HELDOUT_ARG_NAMES for w in re.split("[ _]", t)
+}
 HELDOUT_WORDS |= {v for v, _ in pools.HELDOUT_VERBS}
 
 
@@ -79,8 +118,10 @@ class Gen:
         n = r.choice([2, 2, 3])
         sy = [r.choice(self.p.syllables)]
         # Held-out pseudo-words always contain a held-out syllable; training ones never do.
-        sy += [r.choice(pools.SYLLABLES if not self.p.held else self.p.syllables + pools.SYLLABLES)
-               for _ in range(n - 1)]
+        sy += [
+            r.choice(pools.SYLLABLES if not self.p.held else self.p.syllables + pools.SYLLABLES)
+            for _ in range(n - 1)
+        ]
         r.shuffle(sy)
         return "".join(sy)
 
@@ -88,12 +129,15 @@ class Gen:
         """A pronounceable random word (training: never containing a held-out syllable or word)."""
         r = self.r
         while True:
-            w = "".join(r.choice(ONSETS) + r.choice(VOWELS) + r.choice(CODAS)
-                        for _ in range(r.choice([1, 2, 2, 2, 3, 3])))
+            w = "".join(
+                r.choice(ONSETS) + r.choice(VOWELS) + r.choice(CODAS)
+                for _ in range(r.choice([1, 2, 2, 2, 3, 3]))
+            )
             if len(w) < 3:
                 continue
-            if self.p.held or (w not in HELDOUT_WORDS
-                               and not any(sy in w for sy in pools.HELDOUT_SYLLABLES)):
+            if self.p.held or (
+                w not in HELDOUT_WORDS and not any(sy in w for sy in pools.HELDOUT_SYLLABLES)
+            ):
                 return w
 
     def accented(self, w: str) -> str:
@@ -118,7 +162,9 @@ class Gen:
         if k < 0.6:
             return letters + digits
         if k < 0.8:
-            return "".join(r.choice("abcdefghkmnprstuvwxz0123456789") for _ in range(r.randint(4, 8)))
+            return "".join(
+                r.choice("abcdefghkmnprstuvwxz0123456789") for _ in range(r.randint(4, 8))
+            )
         return f"{r.randint(1990, 2035)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"
 
     def person(self) -> str:
@@ -196,15 +242,23 @@ class Gen:
 
     def arg_name(self, avoid: set[str]) -> str:
         r = self.r
-        suffixes = ['id', 'name', 'count', 'level', 'code', 'mode']
+        suffixes = ["id", "name", "count", "level", "code", "mode"]
         for _ in range(100):
             k = r.random()
             if k < (0.75 if self.p.held else 0.45):
                 a = r.choice(self.p.arg_names)
             elif self.p.held:
-                a = self.pseudo_word() if r.random() < 0.6 else f"{self.pseudo_word()}_{r.choice(suffixes)}"
+                a = (
+                    self.pseudo_word()
+                    if r.random() < 0.6
+                    else f"{self.pseudo_word()}_{r.choice(suffixes)}"
+                )
             elif k < 0.6:
-                a = self.pseudo_word() if r.random() < 0.5 else f"{self.pseudo_word()}_{r.choice(suffixes)}"
+                a = (
+                    self.pseudo_word()
+                    if r.random() < 0.5
+                    else f"{self.pseudo_word()}_{r.choice(suffixes)}"
+                )
             elif k < 0.75:
                 a = self.made_up_word()
             elif k < 0.9:
@@ -220,18 +274,23 @@ class Gen:
         verb, verb_phrase = r.choice(self.p.verbs)
         topic = self.topic(avoid_topics)
         name = self.func_name(verb, topic)
-        nargs = r.choices([0, 1, 2, 3, 4][:max_args + 1], weights=[12, 30, 30, 18, 10][:max_args + 1])[0]
+        nargs = r.choices(
+            [0, 1, 2, 3, 4][: max_args + 1], weights=[12, 30, 30, 18, 10][: max_args + 1]
+        )[0]
         props: dict[str, Any] = {}
         args: list[dict[str, Any]] = []
         used: set[str] = set()
         for _ in range(nargs):
             an = self.arg_name(used)
             used.add(an)
-            typ = r.choices(["string", "integer", "number", "boolean", "enum"],
-                            weights=[40, 22, 20, 8, 10])[0]
+            typ = r.choices(
+                ["string", "integer", "number", "boolean", "enum"], weights=[40, 22, 20, 8, 10]
+            )[0]
             spec: dict[str, Any]
             if typ == "enum":
-                opts = r.sample(pools.WORDS[:40] + [self.pseudo_word() for _ in range(3)], r.randint(2, 4))
+                opts = r.sample(
+                    pools.WORDS[:40] + [self.pseudo_word() for _ in range(3)], r.randint(2, 4)
+                )
                 spec = {"type": "string", "enum": opts}
             else:
                 spec = {"type": typ}
@@ -243,11 +302,21 @@ class Gen:
         params = {"type": "object", "properties": props, "required": required}
         desc = f"{verb_phrase.capitalize()} the {topic}."
         if r.random() < 0.2:
-            desc = desc[:-1] + r.choice([" for the user.", " by its details.", " quickly.", " now."])
-        tool = {"type": "function",
-                "function": {"name": name, "description": desc, "parameters": params}}
-        return {"tool": tool, "name": name, "verb": verb_phrase, "topic": topic, "args": args,
-                "required": set(required)}
+            desc = desc[:-1] + r.choice(
+                [" for the user.", " by its details.", " quickly.", " now."]
+            )
+        tool = {
+            "type": "function",
+            "function": {"name": name, "description": desc, "parameters": params},
+        }
+        return {
+            "tool": tool,
+            "name": name,
+            "verb": verb_phrase,
+            "topic": topic,
+            "args": args,
+            "required": set(required),
+        }
 
     def value_for(self, arg: dict[str, Any]) -> Any:
         typ = arg["type"]
@@ -266,7 +335,7 @@ class Gen:
             return "true" if v else "false"
         if isinstance(v, (int, float)):
             return dumps(v)
-        if (" " in v or self.r.random() < 0.3):
+        if " " in v or self.r.random() < 0.3:
             return f'"{v}"'
         return v
 
@@ -284,15 +353,27 @@ class Gen:
             parts.append((phrase, self.value_text(arguments[a["name"]])))
         verb, topic = spec["verb"], spec["topic"]
         if not parts:
-            templates = ["{V} the {t}.", "Please {v} the {t}.", "Can you {v} the {t}?",
-                         "I want to {v} the {t}.", "{v} {t}", "Could you {v} the {t} for me?",
-                         "{v} the {t} please"]
+            templates = [
+                "{V} the {t}.",
+                "Please {v} the {t}.",
+                "Can you {v} the {t}?",
+                "I want to {v} the {t}.",
+                "{v} {t}",
+                "Could you {v} the {t} for me?",
+                "{v} the {t} please",
+            ]
             text = r.choice(templates)
             return text.format(V=verb.capitalize(), v=verb, t=topic), arguments
         if len(parts) == 1 and r.random() < 0.15:  # the value alone: one argument, nothing to name
             v = parts[0][1]
-            text = r.choice(["{V} the {t} for {a}.", "{V} the {t}: {a}", "Please {v} the {t} for {a}.",
-                             "{v} {t} {a}"])
+            text = r.choice(
+                [
+                    "{V} the {t} for {a}.",
+                    "{V} the {t}: {a}",
+                    "Please {v} the {t} for {a}.",
+                    "{v} {t} {a}",
+                ]
+            )
             return text.format(V=verb.capitalize(), v=verb, t=topic, a=v), arguments
         style = r.randrange(6)
         if style == 0:
@@ -307,9 +388,15 @@ class Gen:
             argtext = "(" + ", ".join(f"{p} {v}" for p, v in parts) + ")"
         else:
             argtext = "for " + join_and([f"{p} {v}" for p, v in parts])
-        templates = ["{V} the {t} {a}.", "Please {v} the {t} {a}.", "Can you {v} the {t} {a}?",
-                     "I want to {v} the {t} {a}.", "{v} {t} {a}", "Could you {v} the {t} {a}?",
-                     "I need you to {v} the {t}. {A}."]
+        templates = [
+            "{V} the {t} {a}.",
+            "Please {v} the {t} {a}.",
+            "Can you {v} the {t} {a}?",
+            "I want to {v} the {t} {a}.",
+            "{v} {t} {a}",
+            "Could you {v} the {t} {a}?",
+            "I need you to {v} the {t}. {A}.",
+        ]
         tmpl = r.choice(templates)
         a_sentence = join_and([f"the {p} is {v}" for p, v in parts])
         a_sentence = a_sentence[0].upper() + a_sentence[1:]
@@ -333,10 +420,31 @@ class Gen:
         keys: set[str] = set()
         out: dict[str, Any] = {}
         for _ in range(r.choice([1, 1, 2, 2, 3])):
-            k = r.choice(["status", "result", "value", "total", "temperature", "price", "count",
-                          "message", "id", "time", "date", "name", "city", "score", "level",
-                          "eta", "balance", "rate", "distance", "summary"]
-                         + [self.arg_name(set()) for _ in range(2)])
+            k = r.choice(
+                [
+                    "status",
+                    "result",
+                    "value",
+                    "total",
+                    "temperature",
+                    "price",
+                    "count",
+                    "message",
+                    "id",
+                    "time",
+                    "date",
+                    "name",
+                    "city",
+                    "score",
+                    "level",
+                    "eta",
+                    "balance",
+                    "rate",
+                    "distance",
+                    "summary",
+                ]
+                + [self.arg_name(set()) for _ in range(2)]
+            )
             if k in keys:
                 continue
             keys.add(k)
@@ -345,13 +453,23 @@ class Gen:
 
     def answer_from_result(self, spec: dict[str, Any], result: dict[str, Any]) -> str:
         r = self.r
-        items = [(k.replace("_", " "), v if isinstance(v, str) else dumps(v)) for k, v in result.items()]
+        items = [
+            (k.replace("_", " "), v if isinstance(v, str) else dumps(v)) for k, v in result.items()
+        ]
         if len(items) == 1 and r.random() < 0.5:
             k, v = items[0]
-            return r.choice([f"The {k} is {v}.", f"Done. The {k} is {v}.", f"The {spec['topic']} {k} is {v}."])
+            return r.choice(
+                [f"The {k} is {v}.", f"Done. The {k} is {v}.", f"The {spec['topic']} {k} is {v}."]
+            )
         facts = join_and([f"{k} is {v}" for k, v in items])
-        return r.choice([f"Here is the {spec['topic']}: {facts}.", f"The {spec['topic']} result: {facts}.",
-                         f"I checked the {spec['topic']}. The {facts}.", f"Done: {facts}."])
+        return r.choice(
+            [
+                f"Here is the {spec['topic']}: {facts}.",
+                f"The {spec['topic']} result: {facts}.",
+                f"I checked the {spec['topic']}. The {facts}.",
+                f"Done: {facts}.",
+            ]
+        )
 
     def tool_sample(self, easy: bool = False) -> dict[str, Any]:
         """Tools offered, a request, the calls; ``easy``: 1-2 tools of at most 2 arguments, one call."""
@@ -385,10 +503,15 @@ class Gen:
             user = texts[0]
         else:
             second = texts[1][0].lower() + texts[1][1:]
-            user = texts[0].rstrip(".?") + r.choice([", and also ", ". Then ", ". Also, ", " and "]) + second
+            user = (
+                texts[0].rstrip(".?")
+                + r.choice([", and also ", ". Then ", ". Also, ", " and "])
+                + second
+            )
         messages.append({"role": "user", "content": user})
-        tool_calls = [{"type": "function", "function": {"name": s["name"], "arguments": a}}
-                      for s, a in calls]
+        tool_calls = [
+            {"type": "function", "function": {"name": s["name"], "arguments": a}} for s, a in calls
+        ]
         messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         expected = [{"name": s["name"], "arguments": a} for s, a in calls]
         if kind_roll < 0.45:
@@ -411,8 +534,21 @@ class Gen:
         if r.random() < 0.3:
             last = self.made_up_word().capitalize()
         full = f"{first} {last}"
-        kinds = ["age", "city", "job", "company", "email", "phone", "product", "quantity", "price",
-                 "date", "color", "member", "country"]
+        kinds = [
+            "age",
+            "city",
+            "job",
+            "company",
+            "email",
+            "phone",
+            "product",
+            "quantity",
+            "price",
+            "date",
+            "color",
+            "member",
+            "country",
+        ]
         chosen = r.sample(kinds, r.randint(2, 5))
         facts: list[tuple[str, Any]] = [("name", full)]
         frags = []
@@ -444,7 +580,13 @@ class Gen:
             elif k == "price":
                 v = self.number() if r.random() < 0.7 else r.randint(1, 900)
                 v = abs(v)
-                f = r.choice([f"paid {dumps(v)} dollars", f"spent {dumps(v)} euros", f"has a bill of {dumps(v)}"])
+                f = r.choice(
+                    [
+                        f"paid {dumps(v)} dollars",
+                        f"spent {dumps(v)} euros",
+                        f"has a bill of {dumps(v)}",
+                    ]
+                )
             elif k == "date":
                 v = f"{r.randint(1990, 2030)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"
                 f = r.choice([f"has an appointment on {v}", f"arrives on {v}", f"started on {v}"])
@@ -453,7 +595,7 @@ class Gen:
                 f = r.choice([f"likes the color {v}", f"has a {v} car"])
             elif k == "member":
                 v = r.random() < 0.5
-                f = ("is a member of the club" if v else "is not a member of the club")
+                f = "is a member of the club" if v else "is not a member of the club"
             else:
                 v = r.choice(pools.COUNTRIES_CAPITALS)[0]
                 f = r.choice([f"was born in {v}", f"holds a passport from {v}"])
@@ -467,8 +609,20 @@ class Gen:
         return sentence, facts
 
     FIELD_ALIASES: dict[str, tuple[list[str], str]] = {
-        "name": (["name", "full_name", "person", "customer_name", "person_name", "contact", "guest",
-                  "patient", "employee"], "string"),
+        "name": (
+            [
+                "name",
+                "full_name",
+                "person",
+                "customer_name",
+                "person_name",
+                "contact",
+                "guest",
+                "patient",
+                "employee",
+            ],
+            "string",
+        ),
         "age": (["age", "age_years", "years"], "integer"),
         "city": (["city", "location", "hometown", "town", "home_city", "residence"], "string"),
         "job": (["job", "occupation", "profession", "role", "job_title"], "string"),
@@ -511,12 +665,24 @@ class Gen:
             fn = self.arg_name(names)
             names.add(fn)
             typ = r.choice(["string", "integer", "number", "boolean"])
-            v = {"string": self.string_value, "integer": self.integer, "number": self.number,
-                 "boolean": lambda: r.random() < 0.5}[typ]()
+            v = {
+                "string": self.string_value,
+                "integer": self.integer,
+                "number": self.number,
+                "boolean": lambda: r.random() < 0.5,
+            }[typ]()
             props[fn] = {"type": typ}
             obj[fn] = v
-            vt = ("true" if v else "false") if isinstance(v, bool) else dumps(v) if not isinstance(v, str) else v
-            frags.append(r.choice([f"the {fn.replace('_', ' ')} is {vt}", f"{fn} is {vt}", f"{fn}: {vt}"]))
+            vt = (
+                ("true" if v else "false")
+                if isinstance(v, bool)
+                else dumps(v)
+                if not isinstance(v, str)
+                else v
+            )
+            frags.append(
+                r.choice([f"the {fn.replace('_', ' ')} is {vt}", f"{fn} is {vt}", f"{fn}: {vt}"])
+            )
         lead = r.choice(["Record: ", "Note that ", "Log entry: ", "", "Details: "])
         text = lead + join_and(frags) + "."
         return text[0].upper() + text[1:], props, obj
@@ -534,26 +700,42 @@ class Gen:
         s = dumps(schema)
         messages: list[dict[str, Any]] = []
         if r.random() < 0.5:
-            sys_text = r.choice([
-                f"Extract the fields from the user's text as JSON matching this schema: {s}",
-                f"Reply with a JSON object that follows this JSON Schema: {s}",
-                f"You extract data. Output JSON for this schema:\n{s}",
-            ])
+            sys_text = r.choice(
+                [
+                    f"Extract the fields from the user's text as JSON matching this schema: {s}",
+                    f"Reply with a JSON object that follows this JSON Schema: {s}",
+                    f"You extract data. Output JSON for this schema:\n{s}",
+                ]
+            )
             messages.append({"role": "system", "content": sys_text})
             messages.append({"role": "user", "content": text})
         else:
-            user = r.choice([
-                f"Extract JSON matching this schema: {s}\nText: {text}",
-                f"{text}\nExtract the data as JSON with this schema: {s}",
-                f"Schema: {s}\nText: {text}\nReturn the JSON.",
-            ])
+            user = r.choice(
+                [
+                    f"Extract JSON matching this schema: {s}\nText: {text}",
+                    f"{text}\nExtract the data as JSON with this schema: {s}",
+                    f"Schema: {s}\nText: {text}\nReturn the JSON.",
+                ]
+            )
             messages.append({"role": "user", "content": user})
         messages.append({"role": "assistant", "content": dumps(obj)})
-        return {"kind": task, "messages": messages, "tools": None, "expected": obj, "schema": schema}
+        return {
+            "kind": task,
+            "messages": messages,
+            "tools": None,
+            "expected": obj,
+            "schema": schema,
+        }
 
     # ---------------------------------------------------------------- JSON with given keys
-    KEY_PAIRS = [("question", "answer"), ("expression", "result"), ("problem", "solution"),
-                 ("input", "output"), ("query", "reply"), ("topic", "value")]
+    KEY_PAIRS = [
+        ("question", "answer"),
+        ("expression", "result"),
+        ("problem", "solution"),
+        ("input", "output"),
+        ("query", "reply"),
+        ("topic", "value"),
+    ]
 
     def random_keys(self, n: int) -> list[str]:
         keys: list[str] = []  # a list, not a set: set order varies with PYTHONHASHSEED
@@ -575,7 +757,9 @@ class Gen:
         else:
             if mode < 0.55:
                 a, b = r.randint(0, 50), r.randint(0, 50)
-                op, sym, val = r.choice([("plus", "+", a + b), ("minus", "-", a - b), ("times", "*", a * b)])
+                op, sym, val = r.choice(
+                    [("plus", "+", a + b), ("minus", "-", a - b), ("times", "*", a * b)]
+                )
                 q, subject, answer = f"What is {a} {op} {b}?", f"{a} {sym} {b}", val
             elif mode < 0.75:
                 country, capital = r.choice(pools.COUNTRIES_CAPITALS)
@@ -590,15 +774,31 @@ class Gen:
             prompt = q
         quoted = [f'"{k}"' if r.random() < 0.7 else k for k in keys]
         klist = join_and(quoted)
-        instr = r.choice([f"Reply in JSON with keys {klist}.", f"Answer as a JSON object with the keys {klist}.",
-                          f"Respond only with JSON containing {klist}.", f"Give JSON with keys {klist}."])
+        instr = r.choice(
+            [
+                f"Reply in JSON with keys {klist}.",
+                f"Answer as a JSON object with the keys {klist}.",
+                f"Respond only with JSON containing {klist}.",
+                f"Give JSON with keys {klist}.",
+            ]
+        )
         messages: list[dict[str, Any]] = []
         if r.random() < 0.3:
             messages.append({"role": "system", "content": r.choice(DEFAULT_SYSTEMS)})
-        messages.append({"role": "user", "content": f"{prompt} {instr}" if r.random() < 0.7 else f"{instr}\n{prompt}"})
+        messages.append(
+            {
+                "role": "user",
+                "content": f"{prompt} {instr}" if r.random() < 0.7 else f"{instr}\n{prompt}",
+            }
+        )
         messages.append({"role": "assistant", "content": dumps(obj)})
-        return {"kind": "json_keys", "messages": messages, "tools": None, "expected_keys": keys,
-                "expected": obj}
+        return {
+            "kind": "json_keys",
+            "messages": messages,
+            "tools": None,
+            "expected_keys": keys,
+            "expected": obj,
+        }
 
     # ---------------------------------------------------------------- simple chat
     def simple_qa(self) -> tuple[str, str]:
@@ -609,12 +809,16 @@ class Gen:
         if k < 0.4:
             a, b = r.randint(0, 20), r.randint(0, 20)
             op, val = r.choice([("plus", a + b), ("minus", a - b), ("times", a * b)])
-            q = r.choice([f"What is {a} {op} {b}?", f"what's {a} {op} {b}", f"Compute {a} {op} {b}."])
+            q = r.choice(
+                [f"What is {a} {op} {b}?", f"what's {a} {op} {b}", f"Compute {a} {op} {b}."]
+            )
             return q, r.choice([f"{a} {op} {b} is {val}.", f"{val}.", f"It is {val}."])
         if k < 0.55:
             country, capital = r.choice(pools.COUNTRIES_CAPITALS)
-            return (r.choice([f"What is the capital of {country}?", f"capital of {country}?"]),
-                    f"The capital of {country} is {capital}.")
+            return (
+                r.choice([f"What is the capital of {country}?", f"capital of {country}?"]),
+                f"The capital of {country} is {capital}.",
+            )
         if k < 0.65:
             animal, sound, legs = r.choice(ANIMALS)
             if r.random() < 0.5:
@@ -628,9 +832,12 @@ class Gen:
             return f"What is the opposite of {w}?", f"The opposite of {w} is {o}."
         if k < 0.9:
             i = r.randrange(7)
-            return (f"What day comes after {DAYS[i]}?", f"{DAYS[(i + 1) % 7]} comes after {DAYS[i]}.")
+            return (
+                f"What day comes after {DAYS[i]}?",
+                f"{DAYS[(i + 1) % 7]} comes after {DAYS[i]}.",
+            )
         phrase = r.choice([self.person(), self.place(), r.choice(pools.WORDS), self.pseudo_word()])
-        return r.choice([f"Repeat after me: {phrase}", f"Say \"{phrase}\"."]), phrase
+        return r.choice([f"Repeat after me: {phrase}", f'Say "{phrase}".']), phrase
 
     def chat_sample(self) -> dict[str, Any]:
         r = self.r
@@ -653,30 +860,64 @@ class Gen:
         color = r.choice(pools.COLORS)
         feel = r.choice(["happy", "sad", "curious", "tired", "excited", "scared", "proud", "calm"])
         sents = [
-            r.choice([f"Once upon a time, there was a little {animal} named {name}.",
-                      f"{name} lived in {place} with a {color} {animal}.",
-                      f"One morning, {name} woke up early in {place}."]),
-            r.choice([f"{name} liked to play with a {color} {thing}.",
-                      f"Every day, {name} walked to the park with {friend}.",
-                      f"{name} had a small {thing} that was very old."]),
-            r.choice([f"One day, the {thing} was gone.", "Then it started to rain.",
-                      f"Suddenly, {friend} saw a {animal} near the river.",
-                      "The sun was warm and the sky was blue."]),
-            r.choice([f"{name} felt {feel}.", f"{friend} said, \"Let's go and look for it!\"",
-                      f"\"What is that?\" asked {name}.", "They ran as fast as they could."]),
-            r.choice(["They looked under the tree and behind the house.",
-                      f"The {animal} helped them find the way home.",
-                      f"After a while, they found the {thing} in the garden.",
-                      f"{friend} shared an apple with {name}."]),
-            r.choice([f"In the end, {name} and {friend} were {feel} and went home.",
-                      f"From that day on, {name} always took good care of the {thing}.",
-                      f"That night, {name} slept well and dreamed of {place}.",
-                      "It was a good day."]),
+            r.choice(
+                [
+                    f"Once upon a time, there was a little {animal} named {name}.",
+                    f"{name} lived in {place} with a {color} {animal}.",
+                    f"One morning, {name} woke up early in {place}.",
+                ]
+            ),
+            r.choice(
+                [
+                    f"{name} liked to play with a {color} {thing}.",
+                    f"Every day, {name} walked to the park with {friend}.",
+                    f"{name} had a small {thing} that was very old.",
+                ]
+            ),
+            r.choice(
+                [
+                    f"One day, the {thing} was gone.",
+                    "Then it started to rain.",
+                    f"Suddenly, {friend} saw a {animal} near the river.",
+                    "The sun was warm and the sky was blue.",
+                ]
+            ),
+            r.choice(
+                [
+                    f"{name} felt {feel}.",
+                    f'{friend} said, "Let\'s go and look for it!"',
+                    f'"What is that?" asked {name}.',
+                    "They ran as fast as they could.",
+                ]
+            ),
+            r.choice(
+                [
+                    "They looked under the tree and behind the house.",
+                    f"The {animal} helped them find the way home.",
+                    f"After a while, they found the {thing} in the garden.",
+                    f"{friend} shared an apple with {name}.",
+                ]
+            ),
+            r.choice(
+                [
+                    f"In the end, {name} and {friend} were {feel} and went home.",
+                    f"From that day on, {name} always took good care of the {thing}.",
+                    f"That night, {name} slept well and dreamed of {place}.",
+                    "It was a good day.",
+                ]
+            ),
         ]
         if r.random() < 0.5:
-            sents.insert(2, r.choice([f"{name} was {r.randint(3, 12)} years old.",
-                                      f"The {animal} said {r.choice(ANIMALS)[1]}.",
-                                      f"There were {r.randint(2, 20)} birds on the roof."]))
+            sents.insert(
+                2,
+                r.choice(
+                    [
+                        f"{name} was {r.randint(3, 12)} years old.",
+                        f"The {animal} said {r.choice(ANIMALS)[1]}.",
+                        f"There were {r.randint(2, 20)} birds on the roof.",
+                    ]
+                ),
+            )
         return " ".join(sents)
 
     def prose_sample(self) -> dict[str, Any]:
@@ -702,8 +943,16 @@ class Gen:
         messages: list[dict[str, Any]] = []
         if k < 0.3:
             x = " ".join(value_str(self.drill_value()) for _ in range(r.choice([1, 1, 2, 3])))
-            q = r.choice(["Repeat after me: {x}", 'Say "{x}".', "Copy this exactly: {x}", "Echo: {x}",
-                          "Please repeat: {x}", "{x}\nRepeat that."]).format(x=x)
+            q = r.choice(
+                [
+                    "Repeat after me: {x}",
+                    'Say "{x}".',
+                    "Copy this exactly: {x}",
+                    "Echo: {x}",
+                    "Please repeat: {x}",
+                    "{x}\nRepeat that.",
+                ]
+            ).format(x=x)
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": x}]
             return {"kind": "drill", "messages": messages, "tools": None}
         keys: list[str] = []
@@ -711,25 +960,48 @@ class Gen:
             keys.append(self.arg_name(set(keys)))
         vals = [self.drill_value() for _ in keys]
         style = r.randrange(4)
-        facts = [(f"{kk} = {value_str(v)}" if style == 0 else f"{kk}: {value_str(v)}" if style == 1
-                  else f"the {kk.replace('_', ' ')} is {value_str(v)}" if style == 2
-                  else f"{kk} {value_str(v)}") for kk, v in zip(keys, vals, strict=True)]
+        facts = [
+            (
+                f"{kk} = {value_str(v)}"
+                if style == 0
+                else f"{kk}: {value_str(v)}"
+                if style == 1
+                else f"the {kk.replace('_', ' ')} is {value_str(v)}"
+                if style == 2
+                else f"{kk} {value_str(v)}"
+            )
+            for kk, v in zip(keys, vals, strict=True)
+        ]
         ftext = join_and(facts) if style >= 2 else ", ".join(facts)
         if k < 0.65:
             j = r.randrange(len(keys))
-            q = r.choice([f"{ftext}. What is the {keys[j].replace('_', ' ')}?",
-                          f"Given {ftext}: what is {keys[j]}?",
-                          f"Remember: {ftext}.\nWhat is {keys[j]}?"])
+            q = r.choice(
+                [
+                    f"{ftext}. What is the {keys[j].replace('_', ' ')}?",
+                    f"Given {ftext}: what is {keys[j]}?",
+                    f"Remember: {ftext}.\nWhat is {keys[j]}?",
+                ]
+            )
             a = value_str(vals[j])
             if r.random() < 0.4:
                 q += r.choice([f' Reply in JSON with the key "{keys[j]}".', " Answer in JSON."])
                 a = dumps({keys[j]: vals[j]})
         else:
             pick = sorted(r.sample(range(len(keys)), r.randint(1, len(keys))))
-            q = r.choice([f"Write as JSON: {ftext}.", f"{ftext}.\nReturn this as a JSON object.",
-                          f"Turn this into JSON: {ftext}"])
+            q = r.choice(
+                [
+                    f"Write as JSON: {ftext}.",
+                    f"{ftext}.\nReturn this as a JSON object.",
+                    f"Turn this into JSON: {ftext}",
+                ]
+            )
             if len(pick) < len(keys):
-                q += ("" if q.endswith(".") else ".") + " Only " + join_and([f'"{keys[i]}"' for i in pick]) + "."
+                q += (
+                    ("" if q.endswith(".") else ".")
+                    + " Only "
+                    + join_and([f'"{keys[i]}"' for i in pick])
+                    + "."
+                )
             a = dumps({keys[i]: vals[i] for i in pick})
         messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         return {"kind": "drill", "messages": messages, "tools": None}
@@ -761,25 +1033,62 @@ class Gen:
         return self.chat_sample()
 
 
-ANIMALS = [("dog", "woof", 4), ("cat", "meow", 4), ("cow", "moo", 4), ("duck", "quack", 2),
-           ("sheep", "baa", 4), ("horse", "neigh", 4), ("owl", "hoot", 2), ("pig", "oink", 4),
-           ("frog", "ribbit", 4), ("lion", "roar", 4), ("chicken", "cluck", 2), ("goat", "maa", 4)]
-THING_COLORS = [("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("a banana", "yellow"),
-                ("coal", "black"), ("a tomato", "red"), ("an orange", "orange"), ("milk", "white"),
-                ("the sun", "yellow"), ("a lemon", "yellow"), ("chocolate", "brown")]
-OPPOSITES = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("day", "night"),
-             ("happy", "sad"), ("open", "closed"), ("old", "new"), ("light", "dark"), ("left", "right")]
+ANIMALS = [
+    ("dog", "woof", 4),
+    ("cat", "meow", 4),
+    ("cow", "moo", 4),
+    ("duck", "quack", 2),
+    ("sheep", "baa", 4),
+    ("horse", "neigh", 4),
+    ("owl", "hoot", 2),
+    ("pig", "oink", 4),
+    ("frog", "ribbit", 4),
+    ("lion", "roar", 4),
+    ("chicken", "cluck", 2),
+    ("goat", "maa", 4),
+]
+THING_COLORS = [
+    ("the sky", "blue"),
+    ("grass", "green"),
+    ("snow", "white"),
+    ("a banana", "yellow"),
+    ("coal", "black"),
+    ("a tomato", "red"),
+    ("an orange", "orange"),
+    ("milk", "white"),
+    ("the sun", "yellow"),
+    ("a lemon", "yellow"),
+    ("chocolate", "brown"),
+]
+OPPOSITES = [
+    ("hot", "cold"),
+    ("big", "small"),
+    ("up", "down"),
+    ("fast", "slow"),
+    ("day", "night"),
+    ("happy", "sad"),
+    ("open", "closed"),
+    ("old", "new"),
+    ("light", "dark"),
+    ("left", "right"),
+]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 GREETINGS = [
-    ("Hi!", "Hello! How can I help you today?"), ("Hello", "Hi there! How can I help?"),
-    ("hey", "Hey! What can I do for you?"), ("Good morning!", "Good morning! How can I help you?"),
+    ("Hi!", "Hello! How can I help you today?"),
+    ("Hello", "Hi there! How can I help?"),
+    ("hey", "Hey! What can I do for you?"),
+    ("Good morning!", "Good morning! How can I help you?"),
     ("How are you?", "I'm doing well, thank you! How can I help you?"),
-    ("Thank you!", "You're welcome!"), ("Thanks a lot", "You're welcome! Happy to help."),
-    ("Bye!", "Goodbye! Have a nice day."), ("What is your name?", "My name is Brisk."),
+    ("Thank you!", "You're welcome!"),
+    ("Thanks a lot", "You're welcome! Happy to help."),
+    ("Bye!", "Goodbye! Have a nice day."),
+    ("What is your name?", "My name is Brisk."),
     ("Who are you?", "I am Brisk, a small assistant."),
     ("What can you do?", "I can answer simple questions, call tools and write JSON."),
-    ("Good night", "Good night! Sleep well."), ("Are you a robot?", "I am a small language model."),
-    ("Can you help me?", "Of course! What do you need?"), ("ok", "Great. Anything else?"),
+    ("Good night", "Good night! Sleep well."),
+    ("Are you a robot?", "I am a small language model."),
+    ("Can you help me?", "Of course! What do you need?"),
+    ("ok", "Great. Anything else?"),
 ]
 
 
@@ -802,9 +1111,16 @@ def generate(n: int, seed: int, split: str, easy: bool = False) -> list[dict[str
 
 def generate_eval(seed: int, n_per_task: int) -> dict[str, list[dict[str, Any]]]:
     g = Gen(seed, "eval")
-    out: dict[str, list[dict[str, Any]]] = {"tool_call": [], "extract": [], "extract_labelled": [],
-                                            "json_keys": [], "ppl": []}
-    while min(len(out["tool_call"]), len(out["extract"]), len(out["extract_labelled"])) < n_per_task:
+    out: dict[str, list[dict[str, Any]]] = {
+        "tool_call": [],
+        "extract": [],
+        "extract_labelled": [],
+        "json_keys": [],
+        "ppl": [],
+    }
+    while (
+        min(len(out["tool_call"]), len(out["extract"]), len(out["extract_labelled"])) < n_per_task
+    ):
         s = g.tool_sample()
         if s["kind"] in ("tool_call", "tool_loop") and len(out["tool_call"]) < n_per_task:
             # Cut after the user's turn: the model must produce the calls.
@@ -819,19 +1135,30 @@ def generate_eval(seed: int, n_per_task: int) -> dict[str, list[dict[str, Any]]]
     out["drill"] = []
     for _ in range(n_per_task):
         d = g.drill_sample()
-        out["drill"].append({**d, "prompt_messages": d["messages"][:-1],
-                             "expected_text": d["messages"][-1]["content"]})
+        out["drill"].append(
+            {
+                **d,
+                "prompt_messages": d["messages"][:-1],
+                "expected_text": d["messages"][-1]["content"],
+            }
+        )
     out["ppl"] = [g.sample() for _ in range(2 * n_per_task)]
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=Path("training/out/data"))
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--num-train", type=int, default=120_000)
-    ap.add_argument("--num-easy", type=int, default=0,
-                    help="samples of the first training stage (easy.jsonl: drills and simple calls)")
+    ap.add_argument(
+        "--num-easy",
+        type=int,
+        default=0,
+        help="samples of the first training stage (easy.jsonl: drills and simple calls)",
+    )
     ap.add_argument("--num-eval", type=int, default=200, help="held-out samples per eval task")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

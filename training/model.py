@@ -60,8 +60,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.num_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
@@ -96,8 +97,9 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -129,8 +131,12 @@ class TrainLlama(nn.Module):
                 nn.init.normal_(m.weight, std=init_std)
         # Scaled init of the residual output projections (GPT-2 style).
         for layer in self.model.layers:
-            nn.init.normal_(layer.self_attn.o_proj.weight, std=init_std / math.sqrt(2 * s.num_hidden_layers))
-            nn.init.normal_(layer.mlp.down_proj.weight, std=init_std / math.sqrt(2 * s.num_hidden_layers))
+            nn.init.normal_(
+                layer.self_attn.o_proj.weight, std=init_std / math.sqrt(2 * s.num_hidden_layers)
+            )
+            nn.init.normal_(
+                layer.mlp.down_proj.weight, std=init_std / math.sqrt(2 * s.num_hidden_layers)
+            )
 
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
         """ids, pos, doc: (B, T) token ids, positions within the sample, sample index in the row."""

@@ -37,18 +37,35 @@ from training.model import Shape, TrainLlama
 
 PRESETS: dict[str, dict[str, int]] = {
     # ~11M parameters.
-    "target": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8,
-                   num_attention_heads=5, num_key_value_heads=5),
+    "target": dict(
+        hidden_size=320,
+        intermediate_size=864,
+        num_hidden_layers=8,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+    ),
     # ~1.7M parameters; two layers are enough for copying (a previous-token head then an induction
     # head) and keep each draft step cheap at batch 1.
-    "draft": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
-                  num_attention_heads=3, num_key_value_heads=3),
+    "draft": dict(
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+    ),
     # The target's width in two layers: trained on copy drills only, then grown into the target
     # (``--grow-from``). Eight layers from scratch take far longer to learn to copy than two do.
-    "seed": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=2,
-                 num_attention_heads=5, num_key_value_heads=5),
+    "seed": dict(
+        hidden_size=320,
+        intermediate_size=864,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+    ),
 }
-FIRST_TEXT_ID = 5  # ids below are <|endoftext|>, <|im_start|>, <|im_end|>, <tool_call>, </tool_call>
+FIRST_TEXT_ID = (
+    5  # ids below are <|endoftext|>, <|im_start|>, <|im_end|>, <tool_call>, </tool_call>
+)
 MAX_POSITIONS = 1024
 
 
@@ -58,8 +75,9 @@ def load_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def encode_samples(samples: list[dict], tokenizer_dir: Path,
-                   prompt_weight: float = 0.0) -> list[tuple[list[int], list[float]]]:
+def encode_samples(
+    samples: list[dict], tokenizer_dir: Path, prompt_weight: float = 0.0
+) -> list[tuple[list[int], list[float]]]:
     """Tokenize samples to (ids, per-token loss weight), each led by ``<|endoftext|>``.
 
     A token's weight is the weight of the target it is (the next-token loss at position i uses
@@ -85,7 +103,9 @@ def encode_samples(samples: list[dict], tokenizer_dir: Path,
         texts.append(text)
         spans_list.append(spans)
     out = []
-    for enc, spans in zip(tok.encode_batch(texts, add_special_tokens=False), spans_list, strict=True):
+    for enc, spans in zip(
+        tok.encode_batch(texts, add_special_tokens=False), spans_list, strict=True
+    ):
         weights = []
         k = 0
         for s, e in enc.offsets:
@@ -101,16 +121,18 @@ def encode_samples(samples: list[dict], tokenizer_dir: Path,
 class Packed:
     """Rows of one length: token ids, loss weights, positions and sample index per token."""
 
-    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor,
-                 doc: torch.Tensor) -> None:
+    def __init__(
+        self, ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor
+    ) -> None:
         self.ids, self.weights, self.pos, self.doc = ids, weights, pos, doc
 
     def __len__(self) -> int:
         return len(self.ids)
 
 
-def pack(encoded: list[tuple[list[int], list[float]]], row_len: int, seed: int,
-         window: int = 512) -> Packed:
+def pack(
+    encoded: list[tuple[list[int], list[float]]], row_len: int, seed: int, window: int = 512
+) -> Packed:
     """Best-fit whole samples into rows of ``row_len`` tokens; padding (id 0) has weight 0.
 
     Each sample keeps its leading ``<|endoftext|>`` half of the time (inference prompts have none).
@@ -149,22 +171,29 @@ def pack(encoded: list[tuple[list[int], list[float]]], row_len: int, seed: int,
             docs += [n_docs] * n
             n_docs += 1
         pad = row_len - len(ids)
-        rows.append((ids + [0] * pad, wts + [0.0] * pad, poss + list(range(pad)),
-                     docs + [n_docs] * pad))
-    return Packed(torch.tensor([r[0] for r in rows], dtype=torch.long),
-                  torch.tensor([r[1] for r in rows], dtype=torch.float32),
-                  torch.tensor([r[2] for r in rows], dtype=torch.long),
-                  torch.tensor([r[3] for r in rows], dtype=torch.long))
+        rows.append(
+            (ids + [0] * pad, wts + [0.0] * pad, poss + list(range(pad)), docs + [n_docs] * pad)
+        )
+    return Packed(
+        torch.tensor([r[0] for r in rows], dtype=torch.long),
+        torch.tensor([r[1] for r in rows], dtype=torch.float32),
+        torch.tensor([r[2] for r in rows], dtype=torch.long),
+        torch.tensor([r[3] for r in rows], dtype=torch.long),
+    )
 
 
-def pack_buckets(encoded: list[tuple[list[int], list[float]]], seq_len: int, long_seq_len: int,
-                 seed: int) -> tuple[Packed, Packed | None, int]:
+def pack_buckets(
+    encoded: list[tuple[list[int], list[float]]], seq_len: int, long_seq_len: int, seed: int
+) -> tuple[Packed, Packed | None, int]:
     """Short samples into rows of ``seq_len + 1``, longer ones into ``long_seq_len + 1``; drops longer."""
     short = [x for x in encoded if len(x[0]) <= seq_len + 1]
     long = [x for x in encoded if seq_len + 1 < len(x[0]) <= long_seq_len + 1]
     dropped = len(encoded) - len(short) - len(long)
-    return (pack(short, seq_len + 1, seed),
-            pack(long, long_seq_len + 1, seed + 1) if long else None, dropped)
+    return (
+        pack(short, seq_len + 1, seed),
+        pack(long, long_seq_len + 1, seed + 1) if long else None,
+        dropped,
+    )
 
 
 def copy_drills(n_rows: int, row_len: int, vocab_size: int, rng: random.Random) -> Packed:
@@ -185,10 +214,10 @@ def copy_drills(n_rows: int, row_len: int, vocab_size: int, rng: random.Random) 
             a = [rng.randrange(FIRST_TEXT_ID, vocab_size) for _ in range(n_a)]
             seq = (a + a)[: row_len - t]
             n = len(seq)
-            ids[r, t:t + n] = torch.tensor(seq)
-            pos[r, t:t + n] = torch.arange(n)
-            doc[r, t:t + n] = d
-            w[r, t + n_a + 1:t + n] = 1.0  # the first repeated token is not predictable
+            ids[r, t : t + n] = torch.tensor(seq)
+            pos[r, t : t + n] = torch.arange(n)
+            doc[r, t : t + n] = d
+            w[r, t + n_a + 1 : t + n] = 1.0  # the first repeated token is not predictable
             t += n
             d += 1
     return Packed(ids, w, pos, doc)
@@ -221,13 +250,22 @@ def hf_config(shape: Shape) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_hidden_layers,
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,
         num_key_value_heads=shape.num_key_value_heads,
-        max_position_embeddings=shape.max_position_embeddings, rms_norm_eps=shape.rms_norm_eps,
-        rope_theta=shape.rope_theta, tie_word_embeddings=True, bos_token_id=0, eos_token_id=2,
-        pad_token_id=0, attention_bias=False, mlp_bias=False, hidden_act="silu",
+        max_position_embeddings=shape.max_position_embeddings,
+        rms_norm_eps=shape.rms_norm_eps,
+        rope_theta=shape.rope_theta,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=0,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
         initializer_range=0.02,
     )
 
@@ -237,11 +275,15 @@ def load_hf_weights(model_dir: Path) -> tuple[Shape, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
     cfg = json.load(open(model_dir / "config.json"))
-    shape = Shape(hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-                  num_hidden_layers=cfg["num_hidden_layers"],
-                  num_attention_heads=cfg["num_attention_heads"],
-                  num_key_value_heads=cfg["num_key_value_heads"], vocab_size=cfg["vocab_size"],
-                  max_position_embeddings=cfg["max_position_embeddings"])
+    shape = Shape(
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"],
+        vocab_size=cfg["vocab_size"],
+        max_position_embeddings=cfg["max_position_embeddings"],
+    )
     state = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
     state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     return shape, state
@@ -258,16 +300,18 @@ def export(model: TrainLlama, tokenizer_dir: Path, out: Path) -> None:
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"export: missing {missing}, unexpected {unexpected}")
     hf.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    GenerationConfig(bos_token_id=0, eos_token_id=[2, 0], pad_token_id=0, do_sample=False,
-                     max_new_tokens=256).save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=0, eos_token_id=[2, 0], pad_token_id=0, do_sample=False, max_new_tokens=256
+    ).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tokenizer_dir / name, out / name)
 
 
 # ---------------------------------------------------------------------------- training
 def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: float):
-    def loss_fn(ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor,
-                doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss_fn(
+        ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         inp, tgt, w = ids[:, :-1], ids[:, 1:], weights[:, 1:]
         p, d = pos[:, :-1], doc[:, :-1]
         logits = model.lm_head(model.hidden(inp, p, d)).float()  # (B, T, V)
@@ -293,11 +337,14 @@ def evaluate_loss(model: TrainLlama, data: list[Packed], rows: int) -> float:
     total, count = 0.0, 0.0
     for packed in data:
         for i in range(0, len(packed), rows):
-            ids, w = packed.ids[i:i + rows], packed.weights[i:i + rows, 1:]
+            ids, w = packed.ids[i : i + rows], packed.weights[i : i + rows, 1:]
             w = (w >= 1.0).float()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model.lm_head(model.hidden(ids[:, :-1], packed.pos[i:i + rows, :-1],
-                                                    packed.doc[i:i + rows, :-1])).float()
+                logits = model.lm_head(
+                    model.hidden(
+                        ids[:, :-1], packed.pos[i : i + rows, :-1], packed.doc[i : i + rows, :-1]
+                    )
+                ).float()
             ce = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
             total += float((ce * w.flatten()).sum())
             count += float(w.sum())
@@ -306,70 +353,118 @@ def evaluate_loss(model: TrainLlama, data: list[Packed], rows: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
     ap.add_argument("--data", type=Path, default=Path("training/out/data"))
     ap.add_argument("--tokenizer", type=Path, default=Path("training/out/tokenizer"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seq-len", type=int, default=384, help="row length for short samples")
     ap.add_argument("--long-seq-len", type=int, default=896, help="row length for long samples")
-    ap.add_argument("--batch-tokens", type=int, default=7680, help="tokens per batch (both row kinds)")
+    ap.add_argument(
+        "--batch-tokens", type=int, default=7680, help="tokens per batch (both row kinds)"
+    )
     ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--easy-steps", type=int, default=0,
-                    help="first steps on --data/easy.jsonl (copy drills, simple calls), then train.jsonl")
-    ap.add_argument("--drill-frac", type=float, default=0.0,
-                    help="share of steps on synthetic copy drills (1 = drills only)")
-    ap.add_argument("--drill-steps", type=int, default=0,
-                    help="first steps on copy drills only (before --easy-steps)")
-    ap.add_argument("--grow-from", type=Path, default=None,
-                    help="HF dir of a shallower model of the same width: its layers start the model")
+    ap.add_argument(
+        "--easy-steps",
+        type=int,
+        default=0,
+        help="first steps on --data/easy.jsonl (copy drills, simple calls), then train.jsonl",
+    )
+    ap.add_argument(
+        "--drill-frac",
+        type=float,
+        default=0.0,
+        help="share of steps on synthetic copy drills (1 = drills only)",
+    )
+    ap.add_argument(
+        "--drill-steps",
+        type=int,
+        default=0,
+        help="first steps on copy drills only (before --easy-steps)",
+    )
+    ap.add_argument(
+        "--grow-from",
+        type=Path,
+        default=None,
+        help="HF dir of a shallower model of the same width: its layers start the model",
+    )
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--prompt-loss-weight", type=float, default=0.5,
-                    help="loss weight of non-assistant chat tokens (assistant turns and prose: 1)")
+    ap.add_argument(
+        "--prompt-loss-weight",
+        type=float,
+        default=0.5,
+        help="loss weight of non-assistant chat tokens (assistant turns and prose: 1)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--init", type=Path, default=None, help="HF dir to start from (continued training)")
-    ap.add_argument("--teacher", type=Path, default=None, help="HF dir of a teacher for distillation")
+    ap.add_argument(
+        "--init", type=Path, default=None, help="HF dir to start from (continued training)"
+    )
+    ap.add_argument(
+        "--teacher", type=Path, default=None, help="HF dir of a teacher for distillation"
+    )
     ap.add_argument("--distill-weight", type=float, default=0.7)
     ap.add_argument("--checkpoint-every", type=int, default=500)
     ap.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--eval-every", type=int, default=0,
-                    help="print the held-out loss (assistant turns and prose) every this many steps")
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="print the held-out loss (assistant turns and prose) every this many steps",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
     samples = load_jsonl(args.data / "train.jsonl")
-    short, long, dropped = pack_buckets(encode_samples(samples, args.tokenizer, args.prompt_loss_weight),
-                                        args.seq_len, args.long_seq_len, args.seed)
+    short, long, dropped = pack_buckets(
+        encode_samples(samples, args.tokenizer, args.prompt_loss_weight),
+        args.seq_len,
+        args.long_seq_len,
+        args.seed,
+    )
     easy: list[Packed] = []
     if args.easy_steps:
-        e1, e2, _ = pack_buckets(encode_samples(load_jsonl(args.data / "easy.jsonl"), args.tokenizer,
-                                                args.prompt_loss_weight),
-                                 args.seq_len, args.long_seq_len, args.seed + 7)
+        e1, e2, _ = pack_buckets(
+            encode_samples(
+                load_jsonl(args.data / "easy.jsonl"), args.tokenizer, args.prompt_loss_weight
+            ),
+            args.seq_len,
+            args.long_seq_len,
+            args.seed + 7,
+        )
         easy = [p for p in (e1, e2) if p is not None]
-        print(f"[{args.preset}] first {args.easy_steps} steps on easy.jsonl: "
-              f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in easy)}", flush=True)
+        print(
+            f"[{args.preset}] first {args.easy_steps} steps on easy.jsonl: "
+            f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in easy)}",
+            flush=True,
+        )
     eval_samples = json.load(open(args.data / "eval.json", encoding="utf-8"))["ppl"]
-    e_short, e_long, _ = pack_buckets(encode_samples(eval_samples, args.tokenizer),
-                                      args.seq_len, args.long_seq_len, 0)
+    e_short, e_long, _ = pack_buckets(
+        encode_samples(eval_samples, args.tokenizer), args.seq_len, args.long_seq_len, 0
+    )
     eval_data = [p for p in (e_short, e_long) if p is not None]
     main_buckets = [p for p in (short, long) if p is not None]
     buckets = main_buckets + easy
     rows_per_batch = [max(1, args.batch_tokens // (p.ids.shape[1] - 1)) for p in buckets]
     tokens = [int((p.ids != 0).sum()) for p in buckets]
-    n_tok = sum(tokens[:len(main_buckets)])
-    print(f"[{args.preset}] {len(samples)} samples ({dropped} too long, dropped) -> "
-          f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in buckets)}; {n_tok / 1e6:.2f}M tokens, "
-          f"{float(sum((p.weights >= 1).sum() for p in buckets)) / 1e6:.2f}M at weight 1; "
-          f"{args.steps} steps x ~{args.batch_tokens} tokens = {args.steps * args.batch_tokens / n_tok:.2f} epochs; "
-          f"data {time.time() - t0:.0f}s", flush=True)
+    n_tok = sum(tokens[: len(main_buckets)])
+    print(
+        f"[{args.preset}] {len(samples)} samples ({dropped} too long, dropped) -> "
+        f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in buckets)}; {n_tok / 1e6:.2f}M tokens, "
+        f"{float(sum((p.weights >= 1).sum() for p in buckets)) / 1e6:.2f}M at weight 1; "
+        f"{args.steps} steps x ~{args.batch_tokens} tokens = {args.steps * args.batch_tokens / n_tok:.2f} epochs; "
+        f"data {time.time() - t0:.0f}s",
+        flush=True,
+    )
     del samples
 
     from tokenizers import Tokenizer
@@ -384,8 +479,11 @@ def main() -> None:
     if args.grow_from is not None:
         seed_shape, state = load_hf_weights(args.grow_from)
         grow(model, state, seed_shape.num_hidden_layers)
-        print(f"[{args.preset}] layers 1-{seed_shape.num_hidden_layers} from {args.grow_from}, "
-              f"{shape.num_hidden_layers - seed_shape.num_hidden_layers} new", flush=True)
+        print(
+            f"[{args.preset}] layers 1-{seed_shape.num_hidden_layers} from {args.grow_from}, "
+            f"{shape.num_hidden_layers - seed_shape.num_hidden_layers} new",
+            flush=True,
+        )
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{args.preset}] {n_params / 1e6:.2f}M parameters: {PRESETS[args.preset]}", flush=True)
 
@@ -395,19 +493,30 @@ def main() -> None:
         teacher = TrainLlama(t_shape)
         teacher.load_state_dict(t_state)
         teacher.eval().requires_grad_(False)
-        print(f"[{args.preset}] distilling from {args.teacher} (weight {args.distill_weight})", flush=True)
+        print(
+            f"[{args.preset}] distilling from {args.teacher} (weight {args.distill_weight})",
+            flush=True,
+        )
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
         frac = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
-        return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        return args.lr * (
+            args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "checkpoint.pt"
@@ -419,7 +528,10 @@ def main() -> None:
         opt.load_state_dict(ck["opt"])
         start_step = ck["step"]
         elapsed_before = ck.get("elapsed_s", 0.0)
-        print(f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)", flush=True)
+        print(
+            f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)",
+            flush=True,
+        )
 
     loss_fn = make_loss_fn(model, teacher, args.distill_weight)
     if not args.no_compile:
@@ -433,13 +545,17 @@ def main() -> None:
     plan_rng = random.Random(args.seed)
     main_ids = list(range(len(main_buckets)))
     easy_ids = list(range(len(main_buckets), len(buckets)))
-    plan = [plan_rng.choices(easy_ids, weights=[tokens[i] for i in easy_ids])[0]
-            if step < args.drill_steps + args.easy_steps else
-            plan_rng.choices(main_ids, weights=[tokens[i] for i in main_ids])[0]
-            for step in range(args.steps)]
+    plan = [
+        plan_rng.choices(easy_ids, weights=[tokens[i] for i in easy_ids])[0]
+        if step < args.drill_steps + args.easy_steps
+        else plan_rng.choices(main_ids, weights=[tokens[i] for i in main_ids])[0]
+        for step in range(args.steps)
+    ]
     drill_rng = random.Random(args.seed + 99)
-    drill_plan = [step < args.drill_steps or drill_rng.random() < args.drill_frac
-                  for step in range(args.steps)]
+    drill_plan = [
+        step < args.drill_steps or drill_rng.random() < args.drill_frac
+        for step in range(args.steps)
+    ]
     drill_rows = max(1, args.batch_tokens // args.seq_len)
     for step in range(start_step):  # advance the cursors past finished steps
         if not drill_plan[step]:
@@ -453,7 +569,10 @@ def main() -> None:
     for step in range(start_step, args.steps):
         b = plan[step]
         if drill_plan[step]:
-            packed, n_rows = copy_drills(drill_rows, args.seq_len + 1, vocab_size, drill_rng), drill_rows
+            packed, n_rows = (
+                copy_drills(drill_rows, args.seq_len + 1, vocab_size, drill_rng),
+                drill_rows,
+            )
             idx = torch.arange(n_rows)
         else:
             packed, n_rows = buckets[b], rows_per_batch[b]
@@ -462,7 +581,9 @@ def main() -> None:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, ce = loss_fn(packed.ids[idx], packed.weights[idx], packed.pos[idx], packed.doc[idx])
+            loss, ce = loss_fn(
+                packed.ids[idx], packed.weights[idx], packed.pos[idx], packed.doc[idx]
+            )
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -474,25 +595,43 @@ def main() -> None:
             el = time.time() - t_train
             rate = tokens_seen / el
             eta = (args.steps - step - 1) * args.batch_tokens / rate
-            print(f"[{args.preset}] step {step + 1}/{args.steps} loss {ce.item():.4f} (ema {ema:.4f}) "
-                  f"lr {lr_at(step):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
-                  f"eta {eta / 60:.1f}m", flush=True)
+            print(
+                f"[{args.preset}] step {step + 1}/{args.steps} loss {ce.item():.4f} (ema {ema:.4f}) "
+                f"lr {lr_at(step):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
+                f"eta {eta / 60:.1f}m",
+                flush=True,
+            )
         if args.eval_every and (step + 1) % args.eval_every == 0:
             held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len))
             print(f"[{args.preset}] step {step + 1} held-out loss {held:.4f}", flush=True)
         if (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                        "elapsed_s": elapsed_before + time.time() - t_train}, ckpt_path)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step + 1,
+                    "elapsed_s": elapsed_before + time.time() - t_train,
+                },
+                ckpt_path,
+            )
 
     held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len))
-    final = {"preset": args.preset, "parameters": n_params, "steps": steps_done,
-             "batch_tokens": args.batch_tokens, "seq_len": args.seq_len,
-             "long_seq_len": args.long_seq_len, "lr": args.lr,
-             "prompt_loss_weight": args.prompt_loss_weight,
-             "teacher": str(args.teacher) if args.teacher else None,
-             "train_loss_ema": ema, "heldout_loss": held, "heldout_ppl": math.exp(held),
-             "train_minutes": (elapsed_before + time.time() - t_train) / 60,
-             "total_minutes": (time.time() - t0) / 60}
+    final = {
+        "preset": args.preset,
+        "parameters": n_params,
+        "steps": steps_done,
+        "batch_tokens": args.batch_tokens,
+        "seq_len": args.seq_len,
+        "long_seq_len": args.long_seq_len,
+        "lr": args.lr,
+        "prompt_loss_weight": args.prompt_loss_weight,
+        "teacher": str(args.teacher) if args.teacher else None,
+        "train_loss_ema": ema,
+        "heldout_loss": held,
+        "heldout_ppl": math.exp(held),
+        "train_minutes": (elapsed_before + time.time() - t_train) / 60,
+        "total_minutes": (time.time() - t0) / 60,
+    }
     print(f"[{args.preset}] done: {json.dumps(final)}", flush=True)
     model_dir = args.out / "model"
     export(model, args.tokenizer, model_dir)

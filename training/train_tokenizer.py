@@ -50,10 +50,12 @@ def iter_texts(path: Path, limit: int) -> Iterator[str]:
 
 def build_tokenizer(vocab_size: int, texts: Iterator[str]) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -72,8 +74,14 @@ def build_tokenizer(vocab_size: int, texts: Iterator[str]) -> Tokenizer:
 def tokenizer_config() -> dict:
     added = {}
     for i, t in enumerate(SPECIAL_TOKENS + ADDED_TOKENS):
-        added[str(i)] = {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                         "single_word": False, "special": t in SPECIAL_TOKENS}
+        added[str(i)] = {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": t in SPECIAL_TOKENS,
+        }
     return {
         "added_tokens_decoder": added,
         "additional_special_tokens": [],
@@ -91,7 +99,9 @@ def tokenizer_config() -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data", type=Path, default=Path("training/out/data/train.jsonl"))
     ap.add_argument("--out", type=Path, default=Path("training/out/tokenizer"))
     ap.add_argument("--vocab-size", type=int, default=4096)
@@ -105,7 +115,9 @@ def main() -> None:
     with open(args.out / "tokenizer_config.json", "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(), f, ensure_ascii=False, indent=2)
     with open(args.out / "special_tokens_map.json", "w", encoding="utf-8") as f:
-        json.dump({"bos_token": ENDOFTEXT, "eos_token": IM_END, "pad_token": ENDOFTEXT}, f, indent=2)
+        json.dump(
+            {"bos_token": ENDOFTEXT, "eos_token": IM_END, "pad_token": ENDOFTEXT}, f, indent=2
+        )
     print(f"tokenizer: vocab {tok.get_vocab_size()} -> {args.out}")
 
 
