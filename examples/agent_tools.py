@@ -60,7 +60,7 @@ def run_agent(chat: ChatBrisk, question: str) -> list[BaseMessage]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("question", nargs="?", default="What is the weather in Paris?")
+    parser.add_argument("question", nargs="?", default="Get the weather for Paris.")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     args = parser.parse_args()

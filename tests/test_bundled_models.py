@@ -130,3 +130,52 @@ def test_cli_generate_without_model(capsys):
     code = main(["generate", "--temperature", "0", "--max-tokens", "8", "Once upon a time"])
     assert code == 0
     assert capsys.readouterr().out.strip()
+
+
+SPECULATIVE_PROMPTS = [
+    "Once upon a time",
+    [{"role": "user", "content": "Hello!"}],
+    [
+        {
+            "role": "user",
+            "content": 'Reply in JSON with keys "city" and "year": Ada moved to Oslo in 1999.',
+        }
+    ],
+]
+
+
+def test_bundled_draft_keeps_greedy_output(chat_llm):
+    """Speculative decoding with the bundled draft returns the target's own greedy tokens."""
+    params = SamplingParams(temperature=0, max_tokens=48)
+    with LLM.from_pretrained(
+        dtype="float32", show_progress=False, draft="default", num_speculative_tokens=4
+    ) as spec:
+        for prompt in SPECULATIVE_PROMPTS:
+            if isinstance(prompt, str):
+                expected, got = chat_llm.generate(prompt, params), spec.generate(prompt, params)
+            else:
+                ids = chat_llm.chat_prompt_ids(prompt)
+                expected, got = chat_llm.generate(ids, params), spec.generate(ids, params)
+            assert got.token_ids == expected.token_ids
+            assert got.speculative is not None and got.speculative.num_accepted > 0
+
+
+@pytest.mark.parametrize(
+    ("sentence", "expected"),
+    [
+        ("Orla Quist is 47 years old.", {"name": "Orla Quist", "age": 47}),
+        ("Pedro Alves is 29 and lives in Porto.", {"name": "Pedro Alves", "age": 29}),
+    ],
+)
+def test_json_schema_extraction_is_valid_and_copies(chat_llm, sentence, expected):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    content = f"{sentence}\nExtract the data as JSON with this schema: {json.dumps(schema)}"
+    params = SamplingParams(temperature=0, max_tokens=60, json_schema=schema)
+    out = chat_llm.generate(
+        chat_llm.chat_prompt_ids([{"role": "user", "content": content}]), params
+    )
+    assert json.loads(out.text) == expected

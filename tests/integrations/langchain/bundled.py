@@ -6,9 +6,9 @@ import os
 
 from brisklm import default_model_path
 
-# Set to True once src/brisklm/assets/brisk-chat/ is committed: a missing model then fails these
-# tests instead of skipping them.
-REQUIRE_BUNDLED_MODEL = False
+# The bundled model is committed (src/brisklm/assets/brisk-chat/): a missing model fails these tests
+# instead of skipping them.
+REQUIRE_BUNDLED_MODEL = True
 
 # Runs the bundled-model tests against another checkpoint instead (e.g. to try them on a tiny one).
 MODEL_OVERRIDE_ENV_VAR = "BRISKLM_LANGCHAIN_TEST_MODEL"
