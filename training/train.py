@@ -32,7 +32,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from training.chat_format import ASSISTANT_HEADER, IM_END, render
+from training.chat_format import (
+    ADDED_TOKENS,
+    ASSISTANT_HEADER,
+    IM_END,
+    SPECIAL_TOKENS,
+    render,
+)
 from training.model import Shape, TrainLlama
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -63,9 +69,8 @@ PRESETS: dict[str, dict[str, int]] = {
         num_key_value_heads=5,
     ),
 }
-FIRST_TEXT_ID = (
-    5  # ids below are <|endoftext|>, <|im_start|>, <|im_end|>, <tool_call>, </tool_call>
-)
+# The special and added tokens take the first ids (train_tokenizer.py); text tokens follow.
+FIRST_TEXT_ID = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
 MAX_POSITIONS = 1024
 
 
