@@ -201,13 +201,98 @@ def pack_buckets(
     )
 
 
-def copy_drills(n_rows: int, row_len: int, vocab_size: int, rng: random.Random) -> Packed:
-    """Rows of samples ``A A`` (A: 6-40 random text tokens), the loss on the repeat only.
+class DrillTokens:
+    """Token ids the drills are drawn from: every text token, digits and separators."""
 
-    Predicting the repeat needs an induction circuit (a previous-token head, then a head that
-    attends to the token after the last occurrence of the current one), the mechanism every
-    copying task (tool arguments, extracted fields) builds on; on natural data it forms late.
+    def __init__(self, tokenizer_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+        self.vocab_size = tok.get_vocab_size()
+
+        def one(text: str) -> int:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            if len(ids) != 1:
+                raise ValueError(f"drills: {text!r} is not one token in {tokenizer_dir}")
+            return ids[0]
+
+        self.digits = [one(c) for c in "0123456789"]
+        self.number_marks = [one(c) for c in ".- "]
+        self.colon, self.comma = one(":"), one(",")
+
+
+DRILL_KINDS = ("copy", "digits", "recall")
+
+
+def copy_drills(
+    n_rows: int,
+    row_len: int,
+    toks: DrillTokens,
+    rng: random.Random,
+    kinds: tuple[str, ...] = ("copy",),
+) -> Packed:
+    """Rows of synthetic copying segments, the loss only where the answer is in the context.
+
+    ``copy``: ``A A`` (A: 6-40 random text tokens), the loss on the repeat. Predicting it needs an
+    induction circuit (a previous-token head, then a head that attends to the token after the last
+    occurrence of the current one), the mechanism every copying task (tool arguments, extracted
+    fields) builds on; on natural data it forms late.
+    ``digits``: ``A A`` where A (3-24 tokens) comes from a small alphabet (digits and number marks,
+    or 2-8 random tokens), so tokens repeat inside A and the previous token alone does not say
+    what comes next: this is where a one-token induction head drops or doubles digits.
+    ``recall``: ``k1:v1,k2:v2,...`` then the same pairs in another order; the loss on the values,
+    which are found by their key (extracting a named field, filling a named argument).
+    With one kind the random draws are exactly those of the original copy-only drills.
     """
+    vocab = toks.vocab_size
+
+    def text_tokens(n: int) -> list[int]:
+        return [rng.randrange(FIRST_TEXT_ID, vocab) for _ in range(n)]
+
+    def plain_tokens(n: int) -> list[int]:  # text tokens other than the recall separators
+        out: list[int] = []
+        while len(out) < n:
+            out += [t for t in text_tokens(n - len(out)) if t not in (toks.colon, toks.comma)]
+        return out
+
+    def small_alphabet(n: int) -> list[int]:
+        if rng.random() < 0.5:
+            alphabet = toks.digits + toks.number_marks[: rng.randrange(0, 4)]
+        else:
+            alphabet = plain_tokens(rng.randint(2, 8))
+        return [rng.choice(alphabet) for _ in range(n)]
+
+    def segment(kind: str) -> tuple[list[int], list[float]]:
+        if kind == "copy":
+            a = text_tokens(rng.randint(6, 40))
+        elif kind == "digits":
+            a = small_alphabet(rng.randint(3, 24))
+        else:
+            pairs = []
+            for _ in range(rng.randint(2, 6)):
+                key = plain_tokens(rng.randint(1, 2))
+                value = (
+                    small_alphabet(rng.randint(1, 10))
+                    if rng.random() < 0.5
+                    else plain_tokens(rng.randint(1, 6))
+                )
+                pairs.append((key, value))
+            seq: list[int] = []
+            weights: list[float] = []
+            for key, value in pairs:
+                seq += key + [toks.colon] + value + [toks.comma]
+                weights += [0.0] * len(seq[len(weights) :])
+            order = list(range(len(pairs)))
+            while len(pairs) > 1 and order == sorted(order):
+                rng.shuffle(order)
+            for i in order:
+                key, value = pairs[i]
+                seq += key + [toks.colon] + value + [toks.comma]
+                # the key's first token is a free choice; the rest of the pair is in the context
+                weights += [0.0] + [1.0] * (len(key) + len(value) + 1)
+            return seq, weights
+        return a + a, [0.0] * (len(a) + 1) + [1.0] * (len(a) - 1)
+
     ids = torch.zeros(n_rows, row_len, dtype=torch.long)
     w = torch.zeros(n_rows, row_len)
     pos = torch.zeros(n_rows, row_len, dtype=torch.long)
@@ -215,14 +300,15 @@ def copy_drills(n_rows: int, row_len: int, vocab_size: int, rng: random.Random) 
     for r in range(n_rows):
         t = d = 0
         while t < row_len:
-            n_a = rng.randint(6, 40)
-            a = [rng.randrange(FIRST_TEXT_ID, vocab_size) for _ in range(n_a)]
-            seq = (a + a)[: row_len - t]
+            kind = kinds[0] if len(kinds) == 1 else rng.choice(kinds)
+            seq, weights = segment(kind)
+            # the weight of the token predicted at position i sits at i (targets are shifted)
+            seq, weights = seq[: row_len - t], weights[: row_len - t]
             n = len(seq)
             ids[r, t : t + n] = torch.tensor(seq)
+            w[r, t : t + n] = torch.tensor(weights)
             pos[r, t : t + n] = torch.arange(n)
             doc[r, t : t + n] = d
-            w[r, t + n_a + 1 : t + n] = 1.0  # the first repeated token is not predictable
             t += n
             d += 1
     return Packed(ids, w, pos, doc)
@@ -390,6 +476,11 @@ def main() -> None:
         help="first steps on copy drills only (before --easy-steps)",
     )
     ap.add_argument(
+        "--drill-kinds",
+        default="copy",
+        help=f"comma list of drill kinds, drawn uniformly per segment: {', '.join(DRILL_KINDS)}",
+    )
+    ap.add_argument(
         "--grow-from",
         type=Path,
         default=None,
@@ -475,6 +566,10 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     vocab_size = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")).get_vocab_size()
+    drill_toks = DrillTokens(args.tokenizer)
+    drill_kinds = tuple(args.drill_kinds.split(","))
+    if not drill_kinds or any(k not in DRILL_KINDS for k in drill_kinds):
+        ap.error(f"--drill-kinds {args.drill_kinds!r}: a comma list of {', '.join(DRILL_KINDS)}")
     shape = shape_for(args.preset, vocab_size)
     model = TrainLlama(shape)
     if args.init is not None:
@@ -575,7 +670,7 @@ def main() -> None:
         b = plan[step]
         if drill_plan[step]:
             packed, n_rows = (
-                copy_drills(drill_rows, args.seq_len + 1, vocab_size, drill_rng),
+                copy_drills(drill_rows, args.seq_len + 1, drill_toks, drill_rng, drill_kinds),
                 drill_rows,
             )
             idx = torch.arange(n_rows)
