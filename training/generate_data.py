@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -108,9 +109,19 @@ class Pools:
 
 
 class Gen:
-    def __init__(self, seed: int, split: str) -> None:
+    """The sample writer of one split.
+
+    ``more_phrasings`` adds the request styles of the second training set (``--more-phrasings``):
+    call notation (``fn(3)``, ``fn(x=1)``), single-quoted values and keys, "Use the tool."
+    suffixes, "a X named Y" requests with a trailing gloss, "City, ST" places, wider CJK strings,
+    and JSON requests in other words ("Return the result as a JSON with 'a' and 'b' keys.").
+    Off, the generator draws exactly what it always drew (the first set stays byte-identical).
+    """
+
+    def __init__(self, seed: int, split: str, more_phrasings: bool = False) -> None:
         self.r = random.Random(seed)
         self.p = Pools(split)
+        self.more = more_phrasings
 
     # ---------------------------------------------------------------- small values
     def pseudo_word(self) -> str:
@@ -190,6 +201,11 @@ class Gen:
 
     def string_value(self) -> str:
         r = self.r
+        if self.more and r.random() < 0.1:
+            if r.random() < 0.5:
+                return f"{self.place()}, {''.join(r.choice(CODE_LETTERS) for _ in range(2))}"
+            # any CJK ideograph, not only the common few: copying must not depend on the token
+            return "".join(chr(r.randint(0x4E00, 0x9FFF)) for _ in range(r.randint(2, 6)))
         k = r.random()
         if k < 0.18:
             return self.place()
@@ -294,6 +310,16 @@ class Gen:
                 spec = {"type": "string", "enum": opts}
             else:
                 spec = {"type": typ}
+            if self.more and typ in ("integer", "number") and r.random() < 0.3:
+                # bounds in the schema, as pydantic's Field(gt=..., le=...) writes them: numbers
+                # the model must not copy into the call
+                hi = r.choice([100, 1000, 10000, 1000000])
+                lo = r.choice([0, 1, -hi])
+                spec.update(
+                    {"exclusiveMinimum": lo - 1, "exclusiveMaximum": hi + 1}
+                    if r.random() < 0.5
+                    else {"minimum": lo, "maximum": hi}
+                )
             if r.random() < 0.25:
                 spec["description"] = f"The {an.replace('_', ' ')}."
             props[an] = spec
@@ -322,10 +348,14 @@ class Gen:
         typ = arg["type"]
         if typ == "string":
             return self.string_value()
-        if typ == "integer":
-            return self.integer()
-        if typ == "number":
-            return self.number()
+        if typ in ("integer", "number"):
+            spec = arg["spec"]
+            lo = spec.get("minimum", spec.get("exclusiveMinimum", -math.inf - 1) + 1)
+            hi = spec.get("maximum", spec.get("exclusiveMaximum", math.inf + 1) - 1)
+            while True:
+                v = self.integer() if typ == "integer" else self.number()
+                if lo <= v <= hi:
+                    return v
         if typ == "boolean":
             return self.r.random() < 0.5
         return self.r.choice(arg["spec"]["enum"])
@@ -335,15 +365,71 @@ class Gen:
             return "true" if v else "false"
         if isinstance(v, (int, float)):
             return dumps(v)
+        if self.more and "'" not in v and self.r.random() < 0.2:
+            return f"'{v}'"
         if " " in v or self.r.random() < 0.3:
             return f'"{v}"'
         return v
 
+    def call_notation(self, spec: dict[str, Any], arguments: dict[str, Any]) -> str:
+        """``name(3)``, ``name(x=3, y="a")`` or ``name()``: the call written as code."""
+        r = self.r
+
+        def lit(v: Any) -> str:
+            if isinstance(v, str):
+                return f"'{v}'" if "'" not in v and r.random() < 0.4 else dumps(v)
+            return value_str(v)
+
+        if len(arguments) == 1 and r.random() < 0.6:
+            inner = lit(next(iter(arguments.values())))
+        else:
+            inner = ", ".join(f"{k}={lit(v)}" for k, v in arguments.items())
+        call = f"{spec['name']}({inner})"
+        return r.choice(
+            [
+                "What is the value of {c}?",
+                "What is {c}?",
+                "Call {c}.",
+                "Run {c}",
+                "Compute {c}.",
+                "{c}",
+                "Please call {c} for me.",
+                "I need the result of {c}.",
+            ]
+        ).format(c=call)
+
+    def tool_hint(self, spec: dict[str, Any]) -> str:
+        return self.r.choice(
+            [
+                " Use the tool.",
+                " Use a tool.",
+                f" Use the {spec['name']} tool.",
+                " Call the function.",
+                " Please use the tools.",
+                " Use the tools if needed.",
+            ]
+        )
+
+    def gloss(self) -> str:
+        r = self.r
+        words = " ".join(self.made_up_word() for _ in range(r.randint(1, 2)))
+        return r.choice(
+            [f" ({words.capitalize()})", f" - a {r.choice(pools.WORDS)} {words}", f", the {words}"]
+        )
+
     def request_for(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A user request that asks for one call of this tool, and the call's arguments."""
+        text, arguments = self.plain_request_for(spec)
+        if self.more and self.r.random() < 0.15:
+            text += self.tool_hint(spec)
+        return text, arguments
+
+    def plain_request_for(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         r = self.r
         chosen = [a for a in spec["args"] if a["name"] in spec["required"] or r.random() < 0.5]
         arguments = {a["name"]: self.value_for(a) for a in chosen}
+        if self.more and r.random() < 0.15:
+            return self.call_notation(spec, arguments), arguments
         mention = list(chosen)
         if r.random() < 0.3:
             r.shuffle(mention)
@@ -364,6 +450,18 @@ class Gen:
             ]
             text = r.choice(templates)
             return text.format(V=verb.capitalize(), v=verb, t=topic), arguments
+        if self.more and len(parts) == 1 and r.random() < 0.15:
+            v = parts[0][1]
+            text = r.choice(
+                [
+                    "{V} a {t} named {a}{g}",
+                    "{V} the {t} called {a}{g}.",
+                    "What is the {t} in {a}?",
+                    "What's the {t} for {a}?",
+                    "Tell me the {t} of {a}.",
+                ]
+            )
+            return text.format(V=verb.capitalize(), t=topic, a=v, g=self.gloss()), arguments
         if len(parts) == 1 and r.random() < 0.15:  # the value alone: one argument, nothing to name
             v = parts[0][1]
             text = r.choice(
@@ -737,6 +835,19 @@ class Gen:
         ("topic", "value"),
     ]
 
+    def free_line(self, topic: str) -> str:
+        r = self.r
+        return r.choice(
+            [
+                f"Why did the {topic} cross the road?",
+                f"To see the {r.choice(pools.WORDS)}.",
+                f"The {topic} is {r.choice(pools.COLORS)}.",
+                f"A {topic} met a {r.choice(ANIMALS)[0]}.",
+                f"Because it was {r.choice(OPPOSITES)[0]}.",
+                f"What do you call a {r.choice(OPPOSITES)[0]} {topic}?",
+            ]
+        )
+
     def random_keys(self, n: int) -> list[str]:
         keys: list[str] = []  # a list, not a set: set order varies with PYTHONHASHSEED
         while len(keys) < n:
@@ -772,16 +883,39 @@ class Gen:
             keys = list(r.choice(self.KEY_PAIRS)) if r.random() < 0.4 else self.random_keys(2)
             obj = {keys[0]: subject, keys[1]: answer}
             prompt = q
-        quoted = [f'"{k}"' if r.random() < 0.7 else k for k in keys]
-        klist = join_and(quoted)
-        instr = r.choice(
-            [
-                f"Reply in JSON with keys {klist}.",
-                f"Answer as a JSON object with the keys {klist}.",
-                f"Respond only with JSON containing {klist}.",
-                f"Give JSON with keys {klist}.",
-            ]
-        )
+        if self.more and r.random() < 0.5:
+            quoted = [f"'{k}'" if r.random() < 0.5 else f'"{k}"' for k in keys]
+            klist = join_and(quoted)
+            instr = r.choice(
+                [
+                    f"Return the result as a JSON with {klist} keys.",
+                    f"Return the result as JSON with the keys {klist}.",
+                    f"Output a JSON object with {klist}.",
+                    f"Format the answer as JSON with {klist} keys.",
+                ]
+            ) + r.choice(
+                [
+                    "",
+                    " Return nothing other than JSON.",
+                    " Only JSON, nothing else.",
+                    " Do not write anything else.",
+                ]
+            )
+            if mode >= 0.3 and r.random() < 0.4:  # a request with no fixed answer
+                topic = r.choice([r.choice(pools.WORDS), r.choice(ANIMALS)[0], self.place()])
+                prompt = f"Tell me a {r.choice(['joke', 'fact', 'story', 'riddle'])} about {topic}."
+                obj = {keys[0]: self.free_line(topic), keys[1]: self.free_line(topic)}
+        else:
+            quoted = [f'"{k}"' if r.random() < 0.7 else k for k in keys]
+            klist = join_and(quoted)
+            instr = r.choice(
+                [
+                    f"Reply in JSON with keys {klist}.",
+                    f"Answer as a JSON object with the keys {klist}.",
+                    f"Respond only with JSON containing {klist}.",
+                    f"Give JSON with keys {klist}.",
+                ]
+            )
         messages: list[dict[str, Any]] = []
         if r.random() < 0.3:
             messages.append({"role": "system", "content": r.choice(DEFAULT_SYSTEMS)})
@@ -1104,8 +1238,10 @@ def value_str(v: Any) -> str:
     return v if isinstance(v, str) else dumps(v)
 
 
-def generate(n: int, seed: int, split: str, easy: bool = False) -> list[dict[str, Any]]:
-    g = Gen(seed, split)
+def generate(
+    n: int, seed: int, split: str, easy: bool = False, more_phrasings: bool = False
+) -> list[dict[str, Any]]:
+    g = Gen(seed, split, more_phrasings)
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
@@ -1160,9 +1296,14 @@ def main() -> None:
         help="samples of the first training stage (easy.jsonl: drills and simple calls)",
     )
     ap.add_argument("--num-eval", type=int, default=200, help="held-out samples per eval task")
+    ap.add_argument(
+        "--more-phrasings",
+        action="store_true",
+        help="also write the request styles of the second training set (see Gen)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    train = generate(args.num_train, args.seed, "train")
+    train = generate(args.num_train, args.seed, "train", more_phrasings=args.more_phrasings)
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
             f.write(dumps(s) + "\n")

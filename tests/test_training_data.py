@@ -1,0 +1,64 @@
+"""training/generate_data.py: the first training set is pinned (the shipped models were trained on
+it, and training/build_all.sh must rebuild them), and the second set's extra phrasings keep every
+tool-call argument copyable from the request."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from training.generate_data import dumps, generate
+
+# sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234`, the set the
+# shipped models were trained on; a change to the generator that moves it breaks the rebuild.
+FIRST_SET_300_SHA256 = "97cab22ac70c274e42859e4cd879579b7a8e7d4d9c5dd2f8922b351ac6691883"
+
+
+def test_first_training_set_is_unchanged() -> None:
+    h = hashlib.sha256()
+    for s in generate(300, 1234, "train"):
+        h.update((dumps(s) + "\n").encode())
+    assert h.hexdigest() == FIRST_SET_300_SHA256
+
+
+def user_and_calls(sample: dict) -> tuple[str, list[dict]]:
+    user = next(m["content"] for m in sample["messages"] if m["role"] == "user")
+    calls = next(m for m in sample["messages"] if m["role"] == "assistant")["tool_calls"]
+    return user, [c["function"] for c in calls]
+
+
+def test_more_phrasings_write_the_new_styles_and_keep_values_copyable() -> None:
+    samples = generate(4000, 4321, "train", more_phrasings=True)
+    tool_samples = [s for s in samples if s["kind"] in ("tool_call", "tool_loop")]
+    calls = [user_and_calls(s) for s in tool_samples]
+    assert any("(" in u and f["name"] + "(" in u for u, fs in calls for f in fs[:1])
+    assert any("Use the tool." in u for u, _ in calls)
+    assert any(f"'{v}'" in u for u, fs in calls for f in fs for v in f["arguments"].values())
+    for (user, functions), sample in zip(calls, tool_samples, strict=True):
+        schemas = {
+            t["function"]["name"]: t["function"]["parameters"]["properties"]
+            for t in sample["tools"]
+        }
+        for f in functions:
+            for name, v in f["arguments"].items():
+                p = schemas[f["name"]][name]
+                if p["type"] in ("integer", "number"):
+                    assert p.get("minimum", -1e9) <= v <= p.get("maximum", 1e9)
+                    assert p.get("exclusiveMinimum", -1e9) < v < p.get("exclusiveMaximum", 1e9)
+                text = v if isinstance(v, str) else json.dumps(v)
+                if isinstance(v, bool):
+                    text = "true" if v else "false"
+                assert text in user, (user, f)
+    bounded = 0
+    for s in samples:
+        for tool in s.get("tools") or []:
+            props = tool["function"]["parameters"]["properties"]
+            bounded += any("maximum" in p or "exclusiveMaximum" in p for p in props.values())
+    assert bounded > 50
+    keys = [s for s in samples if s["kind"] == "json_keys"]
+    assert any("Return the result as a JSON with" in s["messages"][-2]["content"] for s in keys)
+    for s in keys:
+        obj = json.loads(s["messages"][-1]["content"])
+        assert list(obj) == s["expected_keys"]
+        for k in s["expected_keys"]:
+            assert k in s["messages"][-2]["content"]
