@@ -1,6 +1,10 @@
-"""Speculative decoding speed-up at batch 1, in one run: the target alone, with its draft model for
-k = 2..6, and with n-gram prompt lookup on an extraction task. Prints tokens/s, speed-up and
-acceptance. Greedy, so every configuration produces the same tokens (checked).
+"""Speculative decoding speed-up at batch 1, in one run: the target alone and with its draft model
+for k = 2..6 on two prompt sets, and with n-gram prompt lookup on an extraction task. Prints
+tokens/s, speed-up and acceptance. Greedy, so every configuration produces the same tokens (checked).
+
+Prompt sets: "chat", open-ended requests (story, explanation, note) that the bundled 11M model was
+never trained for and answers with nonsense; "tasks", the requests it was trained for (a tool call,
+a JSON-Schema extraction, JSON with given keys, an answer from a tool result, a short question).
 
     python bench/speculative.py                      # bundled brisk-chat with brisk-draft
     python bench/speculative.py --model DIR --draft DIR
@@ -24,6 +28,73 @@ EXTRACTION = (
     "Record: name=Ada Lovelace; born=1815-12-10; city=London; field=mathematics; known_for=the first "
     "published computer program; notes=worked with Charles Babbage on the Analytical Engine."
 )
+
+TIDE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_tide_table",
+        "description": "Get the tide table.",
+        "parameters": {
+            "type": "object",
+            "properties": {"harbor": {"type": "string"}, "day": {"type": "integer"}},
+            "required": ["harbor", "day"],
+        },
+    },
+}
+PERSON_SCHEMA = (
+    '{"type": "object", "properties": {"name": {"type": "string"}, "employer": {"type": "string"}, '
+    '"city": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "employer", '
+    '"city", "age"]}'
+)
+TASK_CHATS: list[tuple[list[dict], list[dict] | None]] = [
+    (
+        [{"role": "user", "content": 'Get the tide table for harbor "Port Isaac" and day 14.'}],
+        [TIDE_TOOL],
+    ),
+    (
+        [
+            {
+                "role": "user",
+                "content": f"Extract JSON matching this schema: {PERSON_SCHEMA}\nText: Maren Okafor "
+                "works at Globex, lives in Tromsø and is 42 years old.",
+            }
+        ],
+        None,
+    ),
+    (
+        [
+            {
+                "role": "user",
+                "content": 'What is 17 plus 25? Reply in JSON with keys "question" and "answer".',
+            }
+        ],
+        None,
+    ),
+    (
+        [
+            {"role": "user", "content": "Get the tide table for harbor Mevagissey and day 3."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "get_tide_table",
+                            "arguments": {"harbor": "Mevagissey", "day": 3},
+                        },
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "content": '{"high_tide": "06:42", "low_tide": "12:55", "height_m": 4.8}',
+            },
+        ],
+        [TIDE_TOOL],
+    ),
+    ([{"role": "user", "content": "What is the capital of Norway?"}], None),
+]
 
 
 def run(llm, prompts: list, max_tokens: int) -> tuple[float, list[list[int]], float, float]:
@@ -71,21 +142,27 @@ def main() -> None:
     def chat_ids(llm) -> list[list[int]]:
         return [llm.chat_prompt_ids([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
 
+    def task_ids(llm) -> list[list[int]]:
+        return [llm.chat_prompt_ids(m, t) for m, t in TASK_CHATS]
+
     def extraction_ids(llm) -> list[list[int]]:
         return [llm.chat_prompt_ids([{"role": "user", "content": EXTRACTION}])]
 
     rows = []
     target = load()
-    base_rate, base_out, _, _ = run(target, chat_ids(target), args.max_tokens)
+    sets = {"chat": chat_ids(target), "tasks": task_ids(target)}
+    base = {name: run(target, ids, args.max_tokens) for name, ids in sets.items()}
     ext_rate, ext_out, _, _ = run(target, extraction_ids(target), args.max_tokens)
     target.close()
-    rows.append(("target alone", "chat", base_rate, 1.0, float("nan"), float("nan")))
-    for k in [int(k) for k in args.ks.split(",")]:
-        llm = load(draft=args.draft, num_speculative_tokens=k)
-        rate, out, acceptance, per_step = run(llm, chat_ids(llm), args.max_tokens)
-        llm.close()
-        assert out == base_out, "speculative output differs from the target's own"
-        rows.append((f"draft k={k}", "chat", rate, rate / base_rate, acceptance, per_step))
+    for name, ids in sets.items():
+        base_rate, base_out, _, _ = base[name]
+        rows.append(("target alone", name, base_rate, 1.0, float("nan"), float("nan")))
+        for k in [int(k) for k in args.ks.split(",")]:
+            llm = load(draft=args.draft, num_speculative_tokens=k)
+            rate, out, acceptance, per_step = run(llm, ids, args.max_tokens)
+            llm.close()
+            assert out == base_out, "speculative output differs from the target's own"
+            rows.append((f"draft k={k}", name, rate, rate / base_rate, acceptance, per_step))
     rows.append(("target alone", "extraction", ext_rate, 1.0, float("nan"), float("nan")))
     for k in (3, 5):
         llm = load(draft="ngram", num_speculative_tokens=k)
