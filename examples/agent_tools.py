@@ -3,6 +3,10 @@ and the model answers. Tool names and arguments are always valid: they are decod
 built from the tools' schemas.
 
     python examples/agent_tools.py [--model CHECKPOINT_DIR] [--device cpu|cuda] [QUESTION]
+
+The bundled 11M model picks between the two tools by phrasing as much as by meaning: "Please get
+the weather for Paris." calls get_weather, "Get the weather for Paris." calls the converter
+(its held-out tool-name accuracy is 90.5%; training/README.md).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def run_agent(chat: ChatBrisk, question: str) -> list[BaseMessage]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("question", nargs="?", default="Get the weather for Paris.")
+    parser.add_argument("question", nargs="?", default="Please get the weather for Paris.")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     args = parser.parse_args()

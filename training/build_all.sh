@@ -13,6 +13,11 @@ common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --se
 
 python -m training.generate_data --out "$OUT/data" --seed 1234 --num-train 150000 \
     --num-easy 60000 --num-eval 200
+# The second training set: other seed, plus the request styles of --more-phrasings (call notation,
+# single quotes, "Use the tool.", schema bounds, ...). Its eval.json only feeds the training log;
+# training/evaluate.py scores on data/eval.json.
+python -m training.generate_data --out "$OUT/data2" --seed 4321 --num-train 150000 \
+    --num-eval 200 --more-phrasings
 python -m training.train_tokenizer --data "$OUT/data/train.jsonl" --out "$OUT/tokenizer" --vocab-size 4096
 
 # 1. The seed: the target's width in two layers, on copy drills only, until it copies from the
@@ -26,13 +31,15 @@ python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" --init "
     --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 --min-lr-ratio 0.5
 
 # 2. The target: the seed's two layers plus six new ones (output projections zeroed), easy samples
-#    first, then the full mix, with copy drills throughout; then 2000 more steps at half the
-#    learning rate on other batches.
+#    first, then the full mix, with copy drills throughout; then 2500 more steps at half the
+#    learning rate on the second set, 30% of them drills of three kinds (copy, repeated-alphabet
+#    "digits" copies, key-value recall; see copy_drills in train.py).
 python -m training.train --preset target "${common[@]}" --out "$OUT/brisk-chat1" \
     --grow-from "$OUT/seed/model" --steps 4000 --easy-steps 600 --drill-frac 0.1 \
     --lr 2e-3 --warmup 50 --eval-every 1000
-python -m training.train --preset target "${common[@]}" --out "$OUT/brisk-chat" \
-    --init "$OUT/brisk-chat1/model" --seed 1 --steps 2000 --drill-frac 0.05 --lr 1e-3 --warmup 50
+python -m training.train --preset target "${common[@]}" --data "$OUT/data2" --out "$OUT/brisk-chat" \
+    --init "$OUT/brisk-chat1/model" --seed 1 --steps 2500 --drill-frac 0.3 \
+    --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 --eval-every 500
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 python -m training.train --preset draft "${common[@]}" --out "$OUT/brisk-draft" --steps 2000 \

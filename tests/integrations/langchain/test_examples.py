@@ -34,7 +34,7 @@ def test_structured_extraction() -> None:
 
 
 def test_agent_tools() -> None:
-    out = run_example("agent_tools.py", "Get the weather for Paris.")
+    out = run_example("agent_tools.py", "Please get the weather for Paris.")
     assert "tool call: get_weather(" in out
     assert "tool result:" in out
     assert "assistant:" in out
