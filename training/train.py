@@ -277,11 +277,8 @@ def copy_drills(
                     else plain_tokens(rng.randint(1, 6))
                 )
                 pairs.append((key, value))
-            seq: list[int] = []
-            weights: list[float] = []
-            for key, value in pairs:
-                seq += key + [toks.colon] + value + [toks.comma]
-                weights += [0.0] * len(seq[len(weights) :])
+            seq = [t for key, value in pairs for t in key + [toks.colon] + value + [toks.comma]]
+            weights = [0.0] * len(seq)
             order = list(range(len(pairs)))
             while len(pairs) > 1 and order == sorted(order):
                 rng.shuffle(order)
@@ -563,10 +560,8 @@ def main() -> None:
     )
     del samples
 
-    from tokenizers import Tokenizer
-
-    vocab_size = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")).get_vocab_size()
     drill_toks = DrillTokens(args.tokenizer)
+    vocab_size = drill_toks.vocab_size
     drill_kinds = tuple(args.drill_kinds.split(","))
     if not drill_kinds or any(k not in DRILL_KINDS for k in drill_kinds):
         ap.error(f"--drill-kinds {args.drill_kinds!r}: a comma list of {', '.join(DRILL_KINDS)}")
