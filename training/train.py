@@ -41,15 +41,16 @@ from training.chat_format import (
 )
 from training.model import Shape, TrainLlama
 
+# ~11M parameters.
+TARGET_SHAPE = dict(
+    hidden_size=320,
+    intermediate_size=864,
+    num_hidden_layers=8,
+    num_attention_heads=5,
+    num_key_value_heads=5,
+)
 PRESETS: dict[str, dict[str, int]] = {
-    # ~11M parameters.
-    "target": dict(
-        hidden_size=320,
-        intermediate_size=864,
-        num_hidden_layers=8,
-        num_attention_heads=5,
-        num_key_value_heads=5,
-    ),
+    "target": TARGET_SHAPE,
     # ~1.7M parameters; two layers are enough for copying (a previous-token head then an induction
     # head) and keep each draft step cheap at batch 1.
     "draft": dict(
@@ -61,13 +62,7 @@ PRESETS: dict[str, dict[str, int]] = {
     ),
     # The target's width in two layers: trained on copy drills only, then grown into the target
     # (``--grow-from``). Eight layers from scratch take far longer to learn to copy than two do.
-    "seed": dict(
-        hidden_size=320,
-        intermediate_size=864,
-        num_hidden_layers=2,
-        num_attention_heads=5,
-        num_key_value_heads=5,
-    ),
+    "seed": {**TARGET_SHAPE, "num_hidden_layers": 2},
 }
 # The special and added tokens take the first ids (train_tokenizer.py); text tokens follow.
 FIRST_TEXT_ID = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
