@@ -69,17 +69,40 @@ def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
     )
 
 
-def gemv_bandwidth(device: torch.device, dtype: torch.dtype) -> float:
-    """Bytes/s that F.linear streams when a (1, 4096) row meets a weight too large for the caches."""
+def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Bytes/s that each way of reading a 256 MB (float32) weight reaches on ``device``.
+
+    Four readers of the same (16384, 4096) weight: F.linear with a (1, 4096) row on the row-major
+    weight (transformers' layout) and on its column-major copy, oneDNN's packed-weight product
+    (brisklm's CPU layout, where this machine supports it), and a plain streaming ``sum``. The
+    roofline of a decode step is its weight bytes over the fastest of them.
+    """
+    from brisklm.models import packed_weights
+
     weight = torch.randn(16384, 4096, device=device, dtype=dtype)
     x = torch.randn(1, 4096, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(15):
-        start = now(device)
-        for _ in range(5):
-            torch.nn.functional.linear(x, weight)
-        best = min(best, (now(device) - start) / 5)
-    return weight.numel() * weight.element_size() / best
+    readers = {
+        "F.linear, row-major weight": lambda: torch.nn.functional.linear(x, weight),
+        "streaming sum": lambda: weight.sum(),
+    }
+    results: dict[str, float] = {}
+    if device.type == "cpu":
+        column_major = weight.t().contiguous().t()
+        readers["F.linear, column-major weight"] = lambda: torch.nn.functional.linear(
+            x, column_major
+        )
+        if packed_weights.packing_supported(dtype):
+            packed = packed_weights.pack(weight)
+            readers["oneDNN packed weight"] = lambda: packed_weights.packed_linear(x, packed, None)
+    for name, read in readers.items():
+        best = float("inf")
+        for _ in range(15):
+            start = now(device)
+            for _ in range(5):
+                read()
+            best = min(best, (now(device) - start) / 5)
+        results[name] = weight.numel() * weight.element_size() / best
+    return results
 
 
 def now(device: torch.device) -> float:

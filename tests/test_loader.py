@@ -9,6 +9,7 @@ import torch
 
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.loader import checkpoint_files, load_model
+from brisklm.models import packed_weights
 from tests.hf_models import build_hf_model, save_hf_model
 
 PROMPT = [1, 5, 9, 33, 70, 2, 140]
@@ -68,11 +69,32 @@ def test_broken_shard_index_names_file(tmp_path):
         load_model(sharded, device="cpu", show_progress=False)
 
 
-def test_cpu_weights_are_stored_column_major_except_tied_head(tmp_path):
+def test_cpu_weights_are_packed_except_tied_head(tmp_path):
     hf = build_hf_model("llama", tie_word_embeddings=True)
     model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
-    qkv = model.model.layers[0].self_attn.qkv_proj.weight
-    assert qkv.stride() == (1, qkv.shape[0])  # (out, in) view of an (in, out) contiguous matrix
-    assert model.model.embed_tokens.weight.is_contiguous()  # rows stay contiguous for lookups
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    if not packed_weights.packing_supported(torch.float32):
+        pytest.skip("oneDNN weight packing is not available on this machine")
+    assert qkv.is_packed and qkv.weight.is_mkldnn
+    assert not model.lm_head.is_packed  # tied: the embedding table, rows contiguous for lookups
+    assert model.model.embed_tokens.weight.is_contiguous()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     expected = hf.model.layers[0].self_attn.q_proj.weight
-    assert torch.equal(qkv[: expected.shape[0]], expected)
+    assert torch.equal(qkv.dense_weight()[: expected.shape[0]], expected)
+
+
+def test_cpu_weights_are_column_major_without_packing(tmp_path, monkeypatch):
+    monkeypatch.setattr(packed_weights, "packing_supported", lambda dtype: False)
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    directory = save_hf_model(hf, tmp_path / "m")
+    model = load_model(directory, device="cpu", show_progress=False)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert not qkv.is_packed
+    assert qkv.weight.stride() == (1, qkv.weight.shape[0])  # (out, in) view of (in, out) storage
+    assert model.model.embed_tokens.weight.is_contiguous()
+    expected = hf.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(qkv.dense_weight()[: expected.shape[0]], expected)
+    monkeypatch.undo()
+    packed = load_model(directory, device="cpu", show_progress=False)
+    # Same model either way, up to the kernels' float32 summation order.
+    torch.testing.assert_close(logits_of(model), logits_of(packed), atol=1e-4, rtol=0)

@@ -13,6 +13,7 @@ import torch
 from brisklm.engine.llm_engine import EngineConfig, LLMEngine
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
+from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
 from brisklm.loader import load_model, resolve_device, resolve_dtype
 from brisklm.models.llama import LlamaForCausalLM
@@ -120,28 +121,34 @@ class LLM:
         compute_dtype = (
             None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
         )
-        make_linear = linear_factory_for(directory, device=device_, compute_dtype=compute_dtype)
-        tokenizer = Tokenizer.from_pretrained(directory)
-        model = load_model(
-            directory,
-            device=device_,
-            dtype=dtype_,
-            make_linear=make_linear,
-            show_progress=show_progress,
-        )
-        speculator = None
-        if draft is not None:
-            speculator = build_speculator(
-                draft,
-                num_speculative_tokens,
-                model,
-                tokenizer,
-                config,
-                device_,
-                dtype_,
-                show_progress,
+
+        def build() -> LLMEngine:
+            make_linear = linear_factory_for(directory, device=device_, compute_dtype=compute_dtype)
+            tokenizer = Tokenizer.from_pretrained(directory)
+            model = load_model(
+                directory,
+                device=device_,
+                dtype=dtype_,
+                make_linear=make_linear,
+                show_progress=show_progress,
             )
-        return cls(LLMEngine(model, tokenizer, config, speculator), directory)
+            speculator = None
+            if draft is not None:
+                speculator = build_speculator(
+                    draft,
+                    num_speculative_tokens,
+                    model,
+                    tokenizer,
+                    config,
+                    device_,
+                    dtype_,
+                    show_progress,
+                )
+            return LLMEngine(model, tokenizer, config, speculator)
+
+        # Loading runs kernels on OpenMP: in a scratch thread, its pool does not outlive it and
+        # slow the engine thread down (see brisklm.engine.scratch_thread).
+        return cls(call_in_scratch_thread(build), directory)
 
     # ----------------------------------------------------------------- requests
     @property

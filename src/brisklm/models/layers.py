@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from brisklm.models import packed_weights
 
 
 class RMSNorm(nn.Module):
@@ -40,7 +43,9 @@ class Linear(nn.Module):
     small matmuls into one, which matters at batch 1 where every kernel launch and Python op counts.
     """
 
-    def __init__(self, in_features: int, out_features: Sequence[int], bias: bool) -> None:
+    def __init__(
+        self, in_features: int, out_features: Sequence[int], bias: bool, pack_on_cpu: bool = True
+    ) -> None:
         super().__init__()
         self.in_features = in_features
         self.shard_sizes = tuple(out_features)
@@ -51,13 +56,43 @@ class Linear(nn.Module):
         )
         # False when the weight is shared with an embedding table, whose rows must stay contiguous.
         self.relayout_on_cpu = True
+        # False where the weight must stay a strided tensor after loading (the quantizer rewrites it).
+        self.pack_on_cpu = pack_on_cpu
+        self.is_packed = False
         offsets = [0]
         for size in self.shard_sizes:
             offsets.append(offsets[-1] + size)
         self._offsets = tuple(offsets)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_packed:
+            return packed_weights.packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Linear:
+        """A deep copy; a packed weight (opaque to ``copy``) is copied through its strided form."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            if key == "_parameters":
+                value = type(value)(
+                    (name, self._copy_parameter(param, memo)) for name, param in value.items()
+                )
+                clone.__dict__[key] = value
+            else:
+                clone.__dict__[key] = copy.deepcopy(value, memo)
+        return clone
+
+    @staticmethod
+    def _copy_parameter(param: torch.Tensor | None, memo: dict[int, object]) -> object:
+        if param is None or not param.is_mkldnn:
+            return copy.deepcopy(param, memo)
+        packed = packed_weights.pack(packed_weights.unpack(param))
+        return nn.Parameter(packed, requires_grad=False)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The (out, in) weight as a strided tensor, whatever layout ``finalize`` chose."""
+        return packed_weights.unpack(self.weight) if self.is_packed else self.weight
 
     def shard_rows(self, shard: int | None) -> slice:
         if shard is None:
@@ -82,18 +117,22 @@ class Linear(nn.Module):
     def finalize(self) -> None:
         """Lay the weight out for the fastest matmul on its device (called once after loading).
 
-        On CPU the (out, in) weight is stored column-major, as the transposed view of an (in, out)
-        contiguous matrix: F.linear then streams it as a plain row-major GEMM operand, which MKL
-        reads from memory about 30% faster at decode batch sizes than the (out, in) row layout
-        (measured: 23.6 vs 17.9 GB/s over a 125M-parameter model's weights). The logical shape and
-        values are unchanged.
+        On CPU the weight is packed into oneDNN's blocked layout when this machine supports it for
+        the dtype (see ``brisklm.models.packed_weights``: 1.7x faster decode products than MKL in
+        float32 at one row, 3x at eight). Otherwise it is stored column-major, as the transposed
+        view of an (in, out) contiguous matrix, which F.linear streams as a plain row-major GEMM
+        operand, about 30% faster at decode batch sizes than the (out, in) row layout (measured:
+        23.6 vs 17.9 GB/s over a 125M-parameter model's weights). Values are unchanged either way;
+        ``dense_weight()`` gives the strided matrix back.
         """
-        if (
-            self.relayout_on_cpu
-            and self.weight.device.type == "cpu"
-            and self.weight.is_contiguous()
-        ):
-            self.weight.data = self.weight.data.t().contiguous().t()
+        weight = self.weight
+        if not self.relayout_on_cpu or weight.device.type != "cpu" or self.is_packed:
+            return
+        if self.pack_on_cpu and packed_weights.packing_supported(weight.dtype):
+            self.weight = nn.Parameter(packed_weights.pack(weight.data), requires_grad=False)
+            self.is_packed = True
+        elif weight.is_contiguous():
+            weight.data = weight.data.t().contiguous().t()
 
 
 class LinearFactory(Protocol):
@@ -107,9 +146,17 @@ class LinearFactory(Protocol):
 def dense_linear(
     in_features: int, out_features: Sequence[int], bias: bool, prefix: str
 ) -> nn.Module:
-    """The default factory: plain dense weights."""
+    """The default factory: plain dense weights (packed for the CPU's matmul kernels when loaded)."""
     del prefix
     return Linear(in_features, out_features, bias)
+
+
+def strided_dense_linear(
+    in_features: int, out_features: Sequence[int], bias: bool, prefix: str
+) -> nn.Module:
+    """Dense weights that stay strided tensors after loading, for code that reads or rewrites them."""
+    del prefix
+    return Linear(in_features, out_features, bias, pack_on_cpu=False)
 
 
 class GatedMLP(nn.Module):

@@ -39,7 +39,7 @@ from brisklm.attention import AttentionMetadata, select_backend
 from brisklm.cache.contiguous import KVCache
 from brisklm.config import ModelConfig
 from brisklm.loader import load_model, resolve_device
-from brisklm.models.layers import Linear, dense_linear
+from brisklm.models.layers import Linear, strided_dense_linear
 from brisklm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from brisklm.tokenizer import Tokenizer
 
@@ -138,7 +138,7 @@ def quantize_model(
         config,
         device=device_,
         dtype=torch.float32,
-        make_linear=dense_linear,
+        make_linear=strided_dense_linear,
         show_progress=show_progress,
     )
     num_sequences, seq_len = 0, 0
