@@ -9,8 +9,9 @@ float32 activations ("int4/f32-act"); on CPU the int4 kernel itself computes in 
     python bench/int4_decode.py --preset 125m --new-tokens 16 --repeats 2
     python bench/int4_decode.py --profile                    # also: torch.profiler table of int4 decode
 
-Timing: best of --repeats, variants interleaved round-robin so load from other processes hits each
-alike; decode time per step = (time of N new tokens - time of 1 new token) / (N - 1).
+Timing: best of --repeats, one variant at a time (each closed before the next loads, so no idle
+engine's thread pool slows the running one); decode time per step = (time of N new tokens - time
+of 1 new token) / (N - 1).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from common import PRESETS, write_checkpoint
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:
-    tensors = {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
+    # Keyed by storage so tied tensors count once; packed CPU weights are opaque (no data_ptr).
+    tensors = {
+        id(t) if t.is_mkldnn else t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]
+    }
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -61,7 +65,7 @@ def decode_rates(
     num_new: int,
     repeats: int,
 ) -> dict[str, float]:
-    """Decode tokens/s (all rows together) for each variant, interleaved round-robin."""
+    """Decode tokens/s (all rows together) for each variant in ``runs``, interleaved round-robin."""
     first = {name: float("inf") for name in runs}
     full = {name: float("inf") for name in runs}
     for _ in range(repeats):
@@ -103,6 +107,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from brisklm import LLM
+    from brisklm.engine.scratch_thread import call_in_scratch_thread
     from brisklm.quant import QuantizeOptions, quantize_model
 
     if args.threads:
@@ -117,18 +122,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {"float": Path(tmp) / "float", "int4": Path(tmp) / "int4"}
         dirs["float"].mkdir()
-        write_checkpoint(dirs["float"], args.preset, torch.bfloat16)
-        start = time.perf_counter()
-        quantize_model(
-            dirs["float"],
-            dirs["int4"],
-            QuantizeOptions(method="rtn", group_size=128, quantize_lm_head=args.quantize_lm_head),
-            show_progress=False,
-        )
-        quantize_s = time.perf_counter() - start
+
+        def make_checkpoints() -> float:
+            write_checkpoint(dirs["float"], args.preset, torch.bfloat16)
+            start = time.perf_counter()
+            options = QuantizeOptions(
+                method="rtn", group_size=128, quantize_lm_head=args.quantize_lm_head
+            )
+            quantize_model(dirs["float"], dirs["int4"], options, show_progress=False)
+            return time.perf_counter() - start
+
+        # In a scratch thread, so this thread keeps no OpenMP pool to slow the engines down
+        # (brisklm.engine.scratch_thread).
+        quantize_s = call_in_scratch_thread(make_checkpoints)
         max_seq_len = args.prompt_len + args.new_tokens + 8
-        llms = {
-            name: LLM.from_pretrained(
+        batches = {
+            batch: torch.randint(3, 250, (batch, args.prompt_len), generator=generator).tolist()
+            for batch in args.batch_sizes
+        }
+        rates: dict[int, dict[str, float]] = {batch: {} for batch in args.batch_sizes}
+        memory: dict[str, tuple[int, int, int]] = {}
+        # One variant at a time, closed before the next loads: a live idle engine's thread pool
+        # would slow the others down.
+        for name, (kind, dtype) in variants.items():
+            llm = LLM.from_pretrained(
                 dirs[kind],
                 device="cpu",
                 dtype=dtype,
@@ -136,26 +153,19 @@ def main() -> None:
                 max_seq_len=max_seq_len,
                 show_progress=False,
             )
-            for name, (kind, dtype) in variants.items()
-        }
-        memory = {name: weight_bytes(llm.engine.model) for name, llm in llms.items()}
-        params = sum(p.numel() for p in llms["float32"].engine.model.parameters())
-
-        def prompts(batch: int) -> list[list[int]]:
-            return torch.randint(3, 250, (batch, args.prompt_len), generator=generator).tolist()
-
-        rates: dict[int, dict[str, float]] = {}
-        runs = {name: (lambda p, n, llm=llm: run_generate(llm, p, n)) for name, llm in llms.items()}
-        with torch.inference_mode():
-            for run in runs.values():
-                run(prompts(1), 4)  # warm-up
-            for batch in args.batch_sizes:
-                rates[batch] = decode_rates(runs, prompts(batch), args.new_tokens, args.repeats)
-            if args.profile:
-                for name in ("bfloat16", "int4"):
+            memory[name] = weight_bytes(llm.engine.model)
+            if name == "float32":
+                params = sum(p.numel() for p in llm.engine.model.parameters())
+            runs = {name: (lambda p, n, llm=llm: run_generate(llm, p, n))}
+            with torch.inference_mode():
+                runs[name](batches[args.batch_sizes[0]][:1], 4)  # warm-up
+                for batch in args.batch_sizes:
+                    rates[batch].update(
+                        decode_rates(runs, batches[batch], args.new_tokens, args.repeats)
+                    )
+                if args.profile and name in ("bfloat16", "int4"):
                     print(f"--- profile: {name}, batch 1 decode")
-                    profile_decode(llms[name], prompts(1)[0], 16)
-        for llm in llms.values():
+                    profile_decode(llm, batches[args.batch_sizes[0]][0], 16)
             llm.close()
 
     print(

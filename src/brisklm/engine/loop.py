@@ -22,10 +22,17 @@ Sink = Callable[[Request, "StreamChunk | BaseException"], None]
 
 
 class EngineLoop:
-    """Owns the engine thread. ``submit`` and ``abort`` may be called from any thread."""
+    """Owns the engine thread. ``submit`` and ``abort`` may be called from any thread.
 
-    def __init__(self, engine: LLMEngine) -> None:
+    The thread exits after ``idle_exit_s`` seconds with nothing to do and is started again by the
+    next ``submit``: an idle engine then holds no OpenMP thread pool, so other engines in the
+    process (and the caller's own torch work) run at full speed (see
+    ``brisklm.engine.scratch_thread`` for why a second pool slows every parallel kernel down).
+    """
+
+    def __init__(self, engine: LLMEngine, idle_exit_s: float = 1.0) -> None:
         self.engine = engine
+        self.idle_exit_s = idle_exit_s
         self._inbox: queue.SimpleQueue[tuple[str, object, Sink | None]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._sinks: dict[str, Sink] = {}
@@ -64,7 +71,8 @@ class EngineLoop:
         while not self._closed:
             self._drain_inbox()
             if not self.engine.has_unfinished:
-                self._wakeup.wait()
+                if not self._wakeup.wait(self.idle_exit_s) and self._retire_if_idle():
+                    return
                 self._wakeup.clear()
                 continue
             try:
@@ -75,6 +83,14 @@ class EngineLoop:
             for request, result in results:
                 self._deliver(request, result)
         self._fail_everything(RuntimeError("the engine was closed"))
+
+    def _retire_if_idle(self) -> bool:
+        """Forget this thread if nothing is queued; ``submit`` then starts a new one."""
+        with self._start_lock:
+            if self._closed or not self._inbox.empty() or self.engine.has_unfinished:
+                return False
+            self._thread = None
+            return True
 
     def _drain_inbox(self) -> None:
         while True:
