@@ -1,11 +1,12 @@
-"""CPU int4 GEMV/GEMM (GPTQLinear, torch's packed int4 kernel) vs float32 and bfloat16 F.linear, same run.
+"""CPU int4 GEMV/GEMM (GPTQLinear, torch's packed int4 kernel) vs float32 and bfloat16 products, same run.
 
     python bench/int4_gemv.py                     # 4096x4096 and 4096->11008, M = 1 and 8
     python bench/int4_gemv.py --shapes 4096x4096 --rows 1 --repeats 50
 
 Prints min/median milliseconds per call, weight bytes, and ratios of min times (>1: int4 is faster). "int4 raw" is the
 kernel alone on bf16 input; "int4 layer" is GPTQLinear.forward on the given input dtype (casts,
-bias, act-order permutation included).
+bias, act-order permutation included). The float baselines are F.linear (MKL, what transformers
+runs) and the oneDNN-packed product brisklm runs for dense CPU weights ("pk"), where supported.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from brisklm.models import packed_weights
 from brisklm.quant import GPTQLinear, pack_gptq
 
 
@@ -58,7 +60,7 @@ def make_candidates(
     layer: GPTQLinear, layer_act: GPTQLinear, w32: torch.Tensor, x32: torch.Tensor
 ) -> dict[str, Callable[[], object]]:
     w16, x16 = w32.bfloat16(), x32.bfloat16()
-    return {
+    candidates: dict[str, Callable[[], object]] = {
         "fp32": lambda: F.linear(x32, w32),
         "bf16": lambda: F.linear(x16, w16),
         "int4 raw": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -68,6 +70,15 @@ def make_candidates(
         "layer fp32": lambda: layer(x32),
         "act-order": lambda: layer_act(x16),
     }
+    for name, w, x in (("fp32 pk", w32, x32), ("bf16 pk", w16, x16)):
+        if packed_weights.packing_supported(w.dtype):
+            packed = packed_weights.pack(w)
+            candidates[name] = lambda x=x, packed=packed: packed_weights.packed_linear(
+                x, packed, None
+            )
+        else:
+            candidates[name] = candidates[name.split()[0]]
+    return candidates
 
 
 def main() -> None:
@@ -87,11 +98,20 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, group_size {args.group_size}"
     )
-    names = ["fp32", "bf16", "int4 raw", "layer bf16", "layer fp32", "act-order"]
+    names = [
+        "fp32",
+        "fp32 pk",
+        "bf16",
+        "bf16 pk",
+        "int4 raw",
+        "layer bf16",
+        "layer fp32",
+        "act-order",
+    ]
     print(
         f"{'K x N':>12} {'M':>3} "
         + " ".join(f"{n:>10}" for n in names)
-        + f"  {'bf16/int4':>9} {'fp32/int4':>9}"
+        + f"  {'bf16/int4':>9} {'bf16pk/int4':>11} {'fp32/int4':>9}"
     )
     for shape in args.shapes:
         num_in, num_out = (int(v) for v in shape.lower().split("x"))
@@ -108,7 +128,8 @@ def main() -> None:
                 f"{times[n][0]:6.3f}/{times[n][1]:<6.2f}"[:10].rjust(10) for n in names
             )
             print(
-                f"{shape:>12} {rows:>3} {cells}  {best['bf16'] / best['layer bf16']:9.2f} {best['fp32'] / best['layer fp32']:9.2f}"
+                f"{shape:>12} {rows:>3} {cells}  {best['bf16'] / best['layer bf16']:9.2f} "
+                f"{best['bf16 pk'] / best['layer bf16']:11.2f} {best['fp32'] / best['layer fp32']:9.2f}"
             )
         mib = 1 << 20
         print(
@@ -118,6 +139,7 @@ def main() -> None:
     print(
         "cells: min/median ms per call; bf16/int4 = bf16 F.linear / int4 layer on bf16 input (min times);"
     )
+    print("bf16pk/int4 = bf16 oneDNN-packed product (brisklm's dense CPU path) / int4 layer")
     print("fp32/int4 = fp32 F.linear / int4 layer on fp32 input, casts included (min times)")
 
 
