@@ -27,9 +27,9 @@ def call_in_scratch_thread(fn: Callable[[], T], name: str = "brisklm-setup") -> 
     def run() -> None:
         try:
             outcome["result"] = fn()
-        except (
-            BaseException
-        ) as error:  # re-raised in the caller's thread, type and traceback intact
+        # Everything, KeyboardInterrupt included: re-raised in the caller's thread, type and
+        # traceback intact.
+        except BaseException as error:
             outcome["error"] = error
 
     thread = threading.Thread(target=run, name=name, daemon=True)
