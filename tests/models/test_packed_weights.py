@@ -55,7 +55,7 @@ def test_non_contiguous_input():
 
 def test_linear_layer_packs_once_and_keeps_its_values():
     needs_packing(torch.float32)
-    layer = Linear(96, [64, 32], bias=True)
+    layer = Linear(96, [64, 32], bias=True, min_pack_bytes=0)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
     dense = layer.weight.detach().clone()
@@ -70,7 +70,7 @@ def test_linear_layer_packs_once_and_keeps_its_values():
 
 def test_packed_layer_deep_copies():
     needs_packing(torch.float32)
-    layer = Linear(96, [64], bias=True)
+    layer = Linear(96, [64], bias=True, min_pack_bytes=0)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
     layer.finalize()
@@ -100,6 +100,29 @@ def test_unpacked_half_precision_weights_keep_the_row_layout(dtype, monkeypatch)
     assert not layer.is_packed and layer.weight.is_contiguous()
 
 
+def test_small_float32_weights_stay_column_major(monkeypatch):
+    needs_packing(torch.float32)
+    size = 64 * 96 * 4
+    monkeypatch.setattr(packed_weights, "MIN_FLOAT32_BYTES", size)
+    small, exact = Linear(96, [63], bias=False), Linear(96, [64], bias=False)
+    for layer in (small, exact):
+        torch.nn.init.normal_(layer.weight)
+        layer.finalize()
+    assert not small.is_packed and small.weight.stride() == (1, 63)
+    assert exact.is_packed
+    forced = Linear(96, [63], bias=False, min_pack_bytes=0)
+    forced.finalize()
+    assert forced.is_packed
+
+
+def test_default_threshold_keeps_small_float32_and_packs_bfloat16():
+    assert packed_weights.MIN_FLOAT32_BYTES == 1 << 20
+    assert not packed_weights.worth_packing(torch.empty(255, 1024))
+    assert packed_weights.worth_packing(torch.empty(256, 1024))
+    assert packed_weights.worth_packing(torch.empty(16, 16, dtype=torch.bfloat16))
+    assert packed_weights.worth_packing(torch.empty(16, 16), min_bytes=0)
+
+
 def test_float16_is_never_packed():
     # oneDNN packs float16 only on CPUs with avx512_fp16; we keep it on the strided path everywhere.
     assert not packed_weights.packing_supported(torch.float16)
@@ -113,7 +136,7 @@ def test_probe_falls_back_when_packing_raises(monkeypatch, fresh_probe, caplog):
     with caplog.at_level(logging.INFO, logger=packed_weights.__name__):
         assert not packed_weights.packing_supported(torch.float32)
     assert "no kernel for this CPU" in caplog.text
-    layer = Linear(32, [16], bias=False)
+    layer = Linear(32, [16], bias=False, min_pack_bytes=0)
     torch.nn.init.normal_(layer.weight)
     layer.finalize()
     assert not layer.is_packed and layer.weight.stride() == (1, 16)

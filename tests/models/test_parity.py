@@ -7,7 +7,7 @@ import torch
 
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.loader import load_model
-from brisklm.models.layers import Linear, dense_linear
+from brisklm.models.layers import Linear, strided_dense_linear
 from tests.hf_models import build_hf_model, save_hf_model
 
 pytest.importorskip("transformers")
@@ -69,13 +69,23 @@ def row_major_linear(in_features, out_features, bias, prefix):
     return layer
 
 
+def packed_linear(in_features, out_features, bias, prefix):
+    """Dense layers packed for oneDNN whatever their size (these models are below the threshold)."""
+    del prefix
+    return Linear(in_features, out_features, bias, min_pack_bytes=0)
+
+
 # With the weights in transformers' layout the matmuls are the same MKL calls, and any difference
 # is ours (rope, attention, norms, cache): measured at most 4.7e-5 over every case, against logits
-# of about 16 at this init. brisklm's own CPU layout (oneDNN-packed weights, or column-major where
-# packing is unavailable) sums the products in another order, which at this init moves logits by
+# of about 16 at this init. brisklm's own CPU layout (oneDNN-packed weights; column-major for small float32
+# weights and where packing is unavailable) sums the products in another order, which at this init moves logits by
 # up to ~1.6e-4, as much as transformers moves when its own weights are stored column-major
 # (1.45e-4): 2e-4 there is ~1e-5 of the logit scale, and bugs show as O(1).
-LAYOUTS = {"checkpoint-rows": (row_major_linear, 1e-4), "brisklm-cpu": (dense_linear, 2e-4)}
+LAYOUTS = {
+    "checkpoint-rows": (row_major_linear, 1e-4),
+    "column-major": (strided_dense_linear, 2e-4),
+    "onednn-packed": (packed_linear, 2e-4),
+}
 BATCH_TOLERANCE = 5e-4
 
 
