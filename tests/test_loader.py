@@ -69,7 +69,7 @@ def test_broken_shard_index_names_file(tmp_path):
         load_model(sharded, device="cpu", show_progress=False)
 
 
-def test_cpu_weights_are_packed_except_tied_head(tmp_path, monkeypatch):
+def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(tmp_path, monkeypatch):
     monkeypatch.setattr(packed_weights, "MIN_FLOAT32_BYTES", 0)  # the test model's are tiny
     hf = build_hf_model("llama", tie_word_embeddings=True)
     model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
@@ -77,11 +77,22 @@ def test_cpu_weights_are_packed_except_tied_head(tmp_path, monkeypatch):
     if not packed_weights.packing_supported(torch.float32):
         pytest.skip("oneDNN weight packing is not available on this machine")
     assert qkv.is_packed and qkv.weight.is_mkldnn
-    assert not model.lm_head.is_packed  # tied: the embedding table, rows contiguous for lookups
-    assert model.model.embed_tokens.weight.is_contiguous()
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     expected = hf.model.layers[0].self_attn.q_proj.weight
     assert torch.equal(qkv.dense_weight()[: expected.shape[0]], expected)
+    # Tied: the head is packed as a copy; the table keeps its rows contiguous for lookups.
+    table = model.model.embed_tokens.weight
+    assert model.lm_head.is_packed and model.lm_head.weight.is_mkldnn
+    assert table.is_contiguous() and torch.equal(table, hf.model.embed_tokens.weight)
+    assert torch.equal(model.lm_head.dense_weight(), table)
+
+
+def test_tied_head_is_not_relaid_out_when_not_packed(tmp_path, monkeypatch):
+    monkeypatch.setattr(packed_weights, "packing_supported", lambda dtype: False)
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
+    assert not model.lm_head.is_packed
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.model.embed_tokens.weight.is_contiguous()
 
 
 def test_cpu_weights_are_column_major_without_packing(tmp_path, monkeypatch):

@@ -64,7 +64,7 @@ NUM_STEPS = 36
 def row_major_linear(in_features, out_features, bias, prefix):
     """Dense layers kept in the checkpoint's (out, in) row layout: the GEMM transformers runs."""
     del prefix
-    layer = Linear(in_features, out_features, bias)
+    layer = Linear(in_features, out_features, bias, pack_on_cpu=False)
     layer.relayout_on_cpu = False
     return layer
 

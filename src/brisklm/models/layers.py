@@ -59,7 +59,8 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
-        # False when the weight is shared with an embedding table, whose rows must stay contiguous.
+        # False when the weight is shared with an embedding table, whose rows must stay contiguous:
+        # finalize then leaves the shared tensor alone (packing makes a separate copy).
         self.relayout_on_cpu = True
         # False where the weight must stay a strided tensor after loading (the quantizer rewrites it).
         self.pack_on_cpu = pack_on_cpu
@@ -136,16 +137,19 @@ class Linear(nn.Module):
         ``dense_weight()`` gives the strided matrix back.
         """
         weight = self.weight
-        if not self.relayout_on_cpu or weight.device.type != "cpu" or self.is_packed:
+        if weight.device.type != "cpu" or self.is_packed:
             return
         if (
             self.pack_on_cpu
             and packed_weights.worth_packing(weight, self.min_pack_bytes)
             and packed_weights.packing_supported(weight.dtype)
         ):
+            # Packing makes a new tensor, so a head tied to the embedding table gets a packed copy
+            # and the table stays as it is: one more table in memory for a 1.7-2.7x faster head
+            # (row-major F.linear reads the table at a third of the packed product's speed).
             self.weight = nn.Parameter(packed_weights.pack(weight.data), requires_grad=False)
             self.is_packed = True
-        elif weight.dtype == torch.float32 and weight.is_contiguous():
+        elif self.relayout_on_cpu and weight.dtype == torch.float32 and weight.is_contiguous():
             weight.data = weight.data.t().contiguous().t()
 
 

@@ -121,7 +121,8 @@ class LlamaForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head (call after materialising parameters).
 
-        A quantized LM head (no float ``weight``) keeps its own int4 weights.
+        A quantized LM head (no float ``weight``) keeps its own int4 weights. On CPU the head is
+        later packed as a copy (``Linear.finalize``); the embedding table keeps its row layout.
         """
         if self.config.tie_word_embeddings and isinstance(
             getattr(self.lm_head, "weight", None), nn.Parameter
