@@ -324,14 +324,14 @@ def test_seeded_and_greedy_rows_leave_the_default_generator_alone():
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_seeded_row_draws_exactly_num_draft_uniforms_then_v_exponentials():
+def test_seeded_row_draws_exactly_num_draft_uniforms_then_one_more():
     gen = torch.Generator().manual_seed(4)
     target, drafts, draft = _random_case(gen, 1, K)
     used = torch.Generator().manual_seed(7)
     rejection_sample(target, drafts, [2], draft, [False], [used])
     replay = torch.Generator().manual_seed(7)
     torch.rand(2, generator=replay)
-    torch.empty(V).exponential_(generator=replay)
+    torch.rand(1, dtype=torch.float64, generator=replay)
     assert torch.equal(used.get_state(), replay.get_state())
 
 

@@ -12,10 +12,9 @@ from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs
+from brisklm.sampling.categorical import inverse_cdf, row_uniforms
 from brisklm.speculative.proposer import DraftRow, Proposal
 
-# Exponential draws are clamped to this so that p / e is never 0 / 0 (NaN wins argmax).
-_MIN_EXPONENTIAL = torch.finfo(torch.float32).tiny
 # Added to a request's seed for its draft generator (mod 2**64): the golden-ratio increment.
 _DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15
 
@@ -369,25 +368,20 @@ class DraftModelProposer:
         return logits
 
     def _draw(self, probs: torch.Tensor, plans: list[_Plan]) -> torch.Tensor:
-        """(A,) one token per row: argmax for greedy rows (their q is one-hot), an exponential race
+        """(A,) one token per row: argmax for greedy rows (their q is one-hot), an inverse-CDF draw
         (an exact categorical draw) for random rows, seeded rows from their own generator."""
-        noise = torch.ones_like(probs)
         default_rows = [
             i
             for i, plan in enumerate(plans)
             if not plan.row.params.is_greedy and plan.row.generator is None
         ]
-        if default_rows:
-            index = torch.tensor(default_rows, dtype=torch.int64, device=probs.device)
-            noise[index] = torch.empty(
-                (len(default_rows), probs.shape[1]), device=probs.device
-            ).exponential_()
-        for i, plan in enumerate(plans):
-            generator = plan.row.generator
-            if generator is not None and not plan.row.params.is_greedy:
-                draws = torch.empty(probs.shape[1], device=generator.device)
-                noise[i] = draws.exponential_(generator=generator).to(probs.device)
-        return (probs / noise.clamp_min_(_MIN_EXPONENTIAL)).argmax(dim=-1)
+        generators = {
+            i: plan.row.generator
+            for i, plan in enumerate(plans)
+            if plan.row.generator is not None and not plan.row.params.is_greedy
+        }
+        uniforms = row_uniforms(probs.shape[0], probs.device, default_rows, generators)
+        return inverse_cdf(probs, uniforms)
 
     def _empty_probs(self) -> torch.Tensor:
         return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)

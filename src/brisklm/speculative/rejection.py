@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-# Exponential draws are clamped to this so that p / e is never 0 / 0 (NaN wins argmax).
-_MIN_EXPONENTIAL = torch.finfo(torch.float32).tiny
+from brisklm.sampling.categorical import inverse_cdf, row_uniforms
 
 
 def rejection_sample(
@@ -29,8 +28,9 @@ def rejection_sample(
       deterministic proposals (n-gram lookup): q is one-hot on the proposal.
     - ``is_greedy`` (B,): greedy rows accept while the proposal is the target's argmax and then
       append the argmax, so their output is token-for-token the target's own greedy output.
-    - ``generators``: per row, its own generator (all of its randomness comes from it, in an order
-      that depends only on ``num_draft[b]`` and V, so it is reproducible whatever the batch) or None
+    - ``generators``: per row, its own generator (all of its randomness comes from it: ``num_draft[b]``
+      uniforms for the acceptance tests, then one for the final draw, so it is reproducible
+      whatever the batch) or None
       for the default generator.
 
     Random rows accept proposal x_j with probability min(1, p_j(x)/q_j(x)); at the first rejection
@@ -84,8 +84,12 @@ def rejection_sample(
             else:
                 q_final = draft_probs[rows, at]  # (B, V)
             dist = _recovery_distribution(p_final, q_final, rejected)
-        noise = _exponentials(greedy_flags, vocab_size, generators, device)  # (B, V)
-        sampled = (dist / noise).argmax(dim=-1)  # exponential race: scale-free, no normalising
+        default_rows = [b for b, g in enumerate(greedy_flags) if not g and generators[b] is None]
+        seeded = {
+            b: gen for b, gen in enumerate(generators) if gen is not None and not greedy_flags[b]
+        }
+        draws = row_uniforms(batch_size, device, default_rows, seeded)  # one per row
+        sampled = inverse_cdf(dist, draws)  # scale-free: dist need not be normalised
         final = torch.where(greedy, final, sampled)
 
     output = torch.where(
@@ -131,26 +135,6 @@ def _uniforms(
             draws = torch.rand(num_draft[b], generator=generator, device=generator.device)
             out[b, : num_draft[b]] = draws.to(device)
     return out
-
-
-def _exponentials(
-    greedy: list[bool],
-    vocab_size: int,
-    generators: Sequence[torch.Generator | None],
-    device: torch.device,
-) -> torch.Tensor:
-    """(B, V) Exp(1) noise for the exponential race; greedy rows get ones (and draw nothing)."""
-    out = torch.ones((len(greedy), vocab_size), dtype=torch.float32, device=device)
-    default_rows = [b for b, g in enumerate(greedy) if not g and generators[b] is None]
-    if default_rows:
-        index = torch.tensor(default_rows, dtype=torch.int64, device=device)
-        noise = torch.empty((len(default_rows), vocab_size), device=device).exponential_()
-        out[index] = noise
-    for b, generator in enumerate(generators):
-        if generator is not None and not greedy[b]:
-            noise = torch.empty(vocab_size, device=generator.device)
-            out[b] = noise.exponential_(generator=generator).to(device)
-    return out.clamp_min_(_MIN_EXPONENTIAL)
 
 
 def _check_shapes(
