@@ -6,7 +6,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 
 from brisklm.sampling import SamplingParams, processed_probs, sample
 from brisklm.sampling import sampler as sampler_module
-from brisklm.sampling.categorical import inverse_cdf, row_uniforms
+from brisklm.sampling.categorical import inverse_cdf, row_uniforms, uniforms_for_rows
 
 
 def draw(dist: list[float], u: float) -> int:
@@ -129,3 +129,13 @@ def test_sampled_tokens_stay_inside_the_nucleus_at_a_large_vocabulary(build_md):
     tokens = sample(logits, md)
     allowed = processed_probs(logits, md) > 0
     assert allowed.gather(1, tokens[:, None]).all()
+
+
+def test_uniforms_for_rows_from_flags_and_generators():
+    seeded = torch.Generator().manual_seed(6)
+    torch.manual_seed(1)
+    out = uniforms_for_rows([True, False, False], [None, None, seeded], "cpu")
+    torch.manual_seed(1)
+    expected_default = torch.rand(1, dtype=torch.float64)
+    expected_seeded = torch.rand(1, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    assert out.tolist() == [0.5, expected_default.item(), expected_seeded.item()]

@@ -67,3 +67,18 @@ def row_uniforms(
         draw = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
         out[row] = draw.to(device)[0]
     return out
+
+
+def uniforms_for_rows(
+    greedy: Sequence[bool],
+    generators: Sequence[torch.Generator | None],
+    device: torch.device | str,
+) -> torch.Tensor:
+    """:func:`row_uniforms` for rows given as greedy flags and per-row generators (None: default)."""
+    default_rows = [row for row, g in enumerate(greedy) if not g and generators[row] is None]
+    seeded = {
+        row: generator
+        for row, (generator, g) in enumerate(zip(generators, greedy, strict=True))
+        if generator is not None and not g
+    }
+    return row_uniforms(len(greedy), device, default_rows, seeded)

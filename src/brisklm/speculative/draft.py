@@ -12,7 +12,7 @@ from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs
-from brisklm.sampling.categorical import inverse_cdf, row_uniforms
+from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
 from brisklm.speculative.proposer import DraftRow, Proposal
 
 # Added to a request's seed for its draft generator (mod 2**64): the golden-ratio increment.
@@ -370,17 +370,11 @@ class DraftModelProposer:
     def _draw(self, probs: torch.Tensor, plans: list[_Plan]) -> torch.Tensor:
         """(A,) one token per row: argmax for greedy rows (their q is one-hot), an inverse-CDF draw
         (an exact categorical draw) for random rows, seeded rows from their own generator."""
-        default_rows = [
-            i
-            for i, plan in enumerate(plans)
-            if not plan.row.params.is_greedy and plan.row.generator is None
-        ]
-        generators = {
-            i: plan.row.generator
-            for i, plan in enumerate(plans)
-            if plan.row.generator is not None and not plan.row.params.is_greedy
-        }
-        uniforms = row_uniforms(probs.shape[0], probs.device, default_rows, generators)
+        uniforms = uniforms_for_rows(
+            [plan.row.params.is_greedy for plan in plans],
+            [plan.row.generator for plan in plans],
+            probs.device,
+        )
         return inverse_cdf(probs, uniforms)
 
     def _empty_probs(self) -> torch.Tensor:

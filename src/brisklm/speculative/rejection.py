@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from brisklm.sampling.categorical import inverse_cdf, row_uniforms
+from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
 
 
 def rejection_sample(
@@ -84,11 +84,7 @@ def rejection_sample(
             else:
                 q_final = draft_probs[rows, at]  # (B, V)
             dist = _recovery_distribution(p_final, q_final, rejected)
-        default_rows = [b for b, g in enumerate(greedy_flags) if not g and generators[b] is None]
-        seeded = {
-            b: gen for b, gen in enumerate(generators) if gen is not None and not greedy_flags[b]
-        }
-        draws = row_uniforms(batch_size, device, default_rows, seeded)  # one per row
+        draws = uniforms_for_rows(greedy_flags, generators, device)  # one per row
         sampled = inverse_cdf(dist, draws)  # scale-free: dist need not be normalised
         final = torch.where(greedy, final, sampled)
 
