@@ -1,6 +1,7 @@
 """Speculative decoding speed-up at batch 1, in one run: the target alone and with its draft model
-for k = 2..6 on two prompt sets, and with n-gram prompt lookup on an extraction task. Prints
-tokens/s, speed-up and acceptance. Greedy, so every configuration produces the same tokens (checked).
+for k = 2..6 on two prompt sets, and with n-gram prompt lookup on an extraction task, each with the
+fixed and the adaptive draft length schedule (k is then the longest proposal). Prints tokens/s,
+speed-up and acceptance. Greedy, so every configuration produces the same tokens (checked).
 
 Prompt sets: "chat", open-ended requests (story, explanation, note) that the bundled 11M model was
 never trained for and answers with nonsense; "tasks", the requests it was trained for (a tool call,
@@ -135,6 +136,9 @@ def main() -> None:
         "--draft", default="default", help="draft model (default: bundled brisk-draft)"
     )
     parser.add_argument("--ks", default="2,3,4,5,6")
+    parser.add_argument(
+        "--draft-lengths", default="fixed,adaptive", help="draft length schedules to compare"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1, help="best of N per prompt")
     args = parser.parse_args()
@@ -155,6 +159,7 @@ def main() -> None:
     def extraction_ids(llm) -> list[list[int]]:
         return [llm.chat_prompt_ids([{"role": "user", "content": EXTRACTION}])]
 
+    schedules = args.draft_lengths.split(",")
     rows = []
     target = load()
     sets = {"chat": chat_ids(target), "tasks": task_ids(target)}
@@ -164,29 +169,33 @@ def main() -> None:
     for name, ids in sets.items():
         base_rate, base_out, _, _ = base[name]
         rows.append(("target alone", name, base_rate, 1.0, float("nan"), float("nan")))
-        for k in [int(k) for k in args.ks.split(",")]:
-            llm = load(draft=args.draft, num_speculative_tokens=k)
-            rate, out, acceptance, per_step = run(llm, ids, args.max_tokens, args.repeats)
-            llm.close()
-            assert out == base_out, "speculative output differs from the target's own"
-            rows.append((f"draft k={k}", name, rate, rate / base_rate, acceptance, per_step))
+        for schedule in schedules:
+            for k in [int(k) for k in args.ks.split(",")]:
+                llm = load(draft=args.draft, num_speculative_tokens=k, draft_length=schedule)
+                rate, out, acceptance, per_step = run(llm, ids, args.max_tokens, args.repeats)
+                llm.close()
+                assert out == base_out, "speculative output differs from the target's own"
+                config = f"draft k={k} {schedule}"
+                rows.append((config, name, rate, rate / base_rate, acceptance, per_step))
     rows.append(("target alone", "extraction", ext_rate, 1.0, float("nan"), float("nan")))
-    for k in (3, 5):
-        llm = load(draft="ngram", num_speculative_tokens=k)
-        rate, out, acceptance, per_step = run(
-            llm, extraction_ids(llm), args.max_tokens, args.repeats
-        )
-        llm.close()
-        assert out == ext_out, "speculative output differs from the target's own"
-        rows.append((f"n-gram k={k}", "extraction", rate, rate / ext_rate, acceptance, per_step))
+    for schedule in schedules:
+        for k in (3, 5):
+            llm = load(draft="ngram", num_speculative_tokens=k, draft_length=schedule)
+            rate, out, acceptance, per_step = run(
+                llm, extraction_ids(llm), args.max_tokens, args.repeats
+            )
+            llm.close()
+            assert out == ext_out, "speculative output differs from the target's own"
+            config = f"n-gram k={k} {schedule}"
+            rows.append((config, "extraction", rate, rate / ext_rate, acceptance, per_step))
 
     print(
         f"machine: {platform.machine()} torch {torch.__version__} threads {torch.get_num_threads()}"
     )
-    print(f"{'config':<16}{'task':<12}{'tok/s':>8}{'speed-up':>10}{'accept':>9}{'acc/step':>10}")
+    print(f"{'config':<26}{'task':<12}{'tok/s':>8}{'speed-up':>10}{'accept':>9}{'acc/step':>10}")
     for name, task, rate, speedup, acceptance, per_step in rows:
         print(
-            f"{name:<16}{task:<12}{rate:>8.1f}{speedup:>9.2f}x{acceptance:>9.2f}{per_step:>10.2f}"
+            f"{name:<26}{task:<12}{rate:>8.1f}{speedup:>9.2f}x{acceptance:>9.2f}{per_step:>10.2f}"
         )
 
 

@@ -158,6 +158,8 @@ def test_generate_with_constraints_and_draft(model_dir, capsys, tmp_path):
             "--ignore-eos",
             "--draft",
             "ngram",
+            "--draft-length",
+            "adaptive",
             "--usage",
             "The quick brown fox",
         ]

@@ -31,7 +31,14 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         help="speculative decoding: a draft model directory, 'default' (the bundled draft) or 'ngram'",
     )
     group.add_argument(
-        "--num-speculative-tokens", type=int, default=4, help="tokens proposed per step"
+        "--num-speculative-tokens", type=int, default=4, help="most tokens proposed per step"
+    )
+    group.add_argument(
+        "--draft-length",
+        default=None,
+        choices=["adaptive", "fixed"],
+        help="adaptive (default with a draft model): propose more tokens while they are accepted, "
+        "fewer while most are rejected; fixed (default with ngram): always --num-speculative-tokens",
     )
 
 
@@ -187,6 +194,7 @@ def _load(args: argparse.Namespace) -> Any:
         max_seq_len=args.max_seq_len,
         draft=args.draft,
         num_speculative_tokens=args.num_speculative_tokens,
+        draft_length=args.draft_length,
     )
 
 

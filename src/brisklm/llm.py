@@ -20,7 +20,12 @@ from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
-from brisklm.speculative import DraftModelProposer, NgramProposer, make_draft_generator
+from brisklm.speculative import (
+    DraftLengthSchedule,
+    DraftModelProposer,
+    NgramProposer,
+    make_draft_generator,
+)
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import parse_tool_calls
 
@@ -48,11 +53,21 @@ def build_speculator(
     device: torch.device,
     dtype: torch.dtype,
     show_progress: bool = True,
+    draft_length: str | None = None,
 ) -> Speculator:
-    """A proposer for ``draft``: "ngram" (prompt lookup), "default" (the bundled draft) or a model directory."""
-    if str(draft) == "ngram":
+    """A proposer for ``draft``: "ngram" (prompt lookup), "default" (the bundled draft) or a model
+    directory; ``draft_length`` is the schedule of tokens proposed per step (``DraftLengthSchedule``),
+    None for the proposer's default: adaptive for a draft model, fixed for n-gram lookup (whose
+    proposals cost no draft passes, so shortening them only loses accepted tokens)."""
+    is_ngram = str(draft) == "ngram"
+    schedule = draft_length or ("fixed" if is_ngram else "adaptive")
+    # Checked before the draft model loads, so a bad value fails fast.
+    DraftLengthSchedule(num_speculative_tokens, schedule)
+    if is_ngram:
         return Speculator(
-            NgramProposer(num_speculative_tokens=num_speculative_tokens), num_speculative_tokens
+            NgramProposer(num_speculative_tokens=num_speculative_tokens),
+            num_speculative_tokens,
+            schedule,
         )
     directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
     draft_model = load_model(directory, device=device, dtype=dtype, show_progress=show_progress)
@@ -69,7 +84,7 @@ def build_speculator(
         tokenizer=tokenizer,
         draft_tokenizer=Tokenizer.from_pretrained(directory) if has_tokenizer else None,
     )
-    return Speculator(proposer, num_speculative_tokens)
+    return Speculator(proposer, num_speculative_tokens, schedule)
 
 
 class LLM:
@@ -95,6 +110,7 @@ class LLM:
         attention_backend: str = "auto",
         draft: str | Path | None = None,
         num_speculative_tokens: int = 4,
+        draft_length: str | None = None,
         show_progress: bool = True,
         int4_compute_dtype: str | torch.dtype | None = None,
     ) -> LLM:
@@ -104,8 +120,12 @@ class LLM:
         "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA).
         ``draft`` turns on speculative decoding: a draft model directory sharing the target's
         tokenizer, "default" for the bundled draft model, or "ngram" for prompt lookup; each step
-        proposes up to ``num_speculative_tokens`` tokens. The output is unchanged: greedy output is
-        the target's own, sampled output follows the target's distribution exactly.
+        proposes up to ``num_speculative_tokens`` tokens. ``draft_length="adaptive"`` (the default
+        with a draft model) follows each request's acceptance: one token more after a step whose
+        proposals were all accepted, one fewer after a step that kept under half of them, between
+        1 and ``num_speculative_tokens``; "fixed" (the default with "ngram") always proposes up to
+        ``num_speculative_tokens``. The output is unchanged: greedy output is the target's own,
+        sampled output follows the target's distribution exactly.
         GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
         is what their kernels compute in: default bfloat16 on CPU (the fast kernel), "float32"
         gives exact products at a large cost in speed. Other quantizations are refused.
@@ -143,6 +163,7 @@ class LLM:
                     device_,
                     dtype_,
                     show_progress,
+                    draft_length,
                 )
             return LLMEngine(model, tokenizer, config, speculator)
 

@@ -48,15 +48,27 @@ def other_drafted(tiny_dir, other_draft_dir):
 
 
 @pytest.fixture(scope="module")
+def other_drafted_fixed(tiny_dir, other_draft_dir):
+    llm = load(tiny_dir, draft=other_draft_dir, num_speculative_tokens=3, draft_length="fixed")
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
 def ngram(tiny_dir):
     llm = load(tiny_dir, draft="ngram", num_speculative_tokens=5)
     yield llm
     llm.close()
 
 
-@pytest.fixture(params=["self", "other", "ngram"])
-def speculative(request, self_drafted, other_drafted, ngram):
-    return {"self": self_drafted, "other": other_drafted, "ngram": ngram}[request.param]
+@pytest.fixture(params=["self", "other", "other-fixed", "ngram"])
+def speculative(request, self_drafted, other_drafted, other_drafted_fixed, ngram):
+    return {
+        "self": self_drafted,
+        "other": other_drafted,
+        "other-fixed": other_drafted_fixed,
+        "ngram": ngram,
+    }[request.param]
 
 
 def test_greedy_output_is_the_targets(plain, speculative):
@@ -81,6 +93,32 @@ def test_disagreeing_draft_still_makes_progress(other_drafted):
     out = other_drafted.generate("Hello", GREEDY)
     assert len(out.token_ids) == 40
     assert out.speculative.acceptance_rate < 0.5
+
+
+def test_adaptive_draft_length_proposes_less_to_a_disagreeing_draft(
+    other_drafted, other_drafted_fixed
+):
+    adaptive = other_drafted.generate("Hello", GREEDY).speculative
+    fixed = other_drafted_fixed.generate("Hello", GREEDY).speculative
+    # Fixed: three tokens every step but the last two, which max_tokens cuts to 2 and 1 (the
+    # step that makes the last token proposes none).
+    assert fixed.num_proposed == 3 * fixed.num_steps - 6
+    # Adaptive: rejections shorten the proposals towards one token (3, 2, 1, 1, ...); the same
+    # tokens come out either way (test_greedy_output_is_the_targets).
+    assert fixed.acceptance_rate < 0.2
+    assert adaptive.num_proposed < 0.5 * fixed.num_proposed
+
+
+def test_adaptive_draft_length_keeps_the_maximum_while_everything_is_accepted(self_drafted):
+    stats = self_drafted.generate("Hello", GREEDY).speculative
+    # 39 tokens after prefill at 5 per step (4 accepted + bonus): 8 steps of 4 proposals, the
+    # last cut to what max_tokens leaves.
+    assert stats.num_steps == 8 and stats.num_proposed == 7 * 4 + 3
+
+
+def test_bad_draft_length_is_a_clear_error(tiny_dir):
+    with pytest.raises(ValueError, match="draft length schedule 'short'.*adaptive, fixed"):
+        load(tiny_dir, draft="ngram", draft_length="short")
 
 
 def test_stop_rules_inside_accepted_runs(plain, speculative):

@@ -25,6 +25,7 @@ class EngineKey:
     max_seq_len: int | None
     draft: str | None = None
     num_speculative_tokens: int = 4
+    draft_length: str | None = None
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -63,6 +64,7 @@ def get_engine(
     max_seq_len: int | None = None,
     draft: str | None = None,
     num_speculative_tokens: int = 4,
+    draft_length: str | None = None,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -75,6 +77,7 @@ def get_engine(
         max_seq_len=max_seq_len,
         draft=str(draft) if draft is not None else None,
         num_speculative_tokens=num_speculative_tokens if draft is not None else 0,
+        draft_length=draft_length if draft is not None else None,
     )
     with _lock:  # loading under the lock: concurrent first calls load the model once
         llm = _engines.get(key)
@@ -87,6 +90,7 @@ def get_engine(
                 max_seq_len=max_seq_len,
                 draft=draft,
                 num_speculative_tokens=num_speculative_tokens,
+                draft_length=draft_length,
                 show_progress=False,
             )
             _engines[key] = llm

@@ -45,7 +45,10 @@ class BriskSettings(BaseModel):
     """Speculative decoding: a draft model directory, "default" (the bundled draft) or "ngram".
     The output is the same as without it; only the speed changes."""
     num_speculative_tokens: int = 4
-    """Tokens the draft proposes per step (with ``draft``)."""
+    """Most tokens the draft proposes per step (with ``draft``)."""
+    draft_length: str | None = None
+    """"adaptive" (default with a draft model: shorter proposals after rejections) or "fixed"
+    (default with "ngram": always ``num_speculative_tokens``)."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None: brisklm's default (1.0)."""
@@ -104,6 +107,7 @@ class BriskSettings(BaseModel):
             max_seq_len=self.max_seq_len,
             draft=self.draft,
             num_speculative_tokens=self.num_speculative_tokens,
+            draft_length=self.draft_length,
         )
 
     def _sampling_params(

@@ -54,6 +54,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     speculative: SpeculativeStats | None = None
+    # Tokens to propose in the request's next speculative step (the Speculator's schedule sets it).
+    draft_length: int | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     stop_matcher: StopStringMatcher = field(init=False)

@@ -12,6 +12,7 @@ from brisklm.engine.model_runner import ForwardBatch
 from brisklm.engine.request import Request
 from brisklm.outputs import SpeculativeStats, StreamChunk, TokenLogprob
 from brisklm.speculative import (
+    DraftLengthSchedule,
     DraftRow,
     Proposal,
     Proposer,
@@ -28,15 +29,22 @@ if TYPE_CHECKING:
 class Speculator:
     """Runs decode steps with a proposer (draft model or n-gram lookup) for an LLMEngine."""
 
-    def __init__(self, proposer: Proposer, num_speculative_tokens: int) -> None:
-        if num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    def __init__(
+        self, proposer: Proposer, num_speculative_tokens: int, draft_length: str = "fixed"
+    ) -> None:
+        self.schedule = DraftLengthSchedule(num_speculative_tokens, draft_length)
         self.proposer = proposer
         self.num_speculative_tokens = num_speculative_tokens
 
     def release(self, request: Request) -> None:
         if request.slot is not None:
             self.proposer.release(request.slot)
+
+    def _draft_length(self, request: Request) -> int:
+        """Tokens to propose for ``request`` this step, as its schedule stands."""
+        if request.draft_length is None:
+            request.draft_length = self.schedule.initial()
+        return request.draft_length
 
     def _rows(self, requests: Sequence[Request]) -> list[DraftRow]:
         # Each step emits up to n + 1 tokens: never propose past max_tokens or the context.
@@ -45,7 +53,7 @@ class Speculator:
                 slot=r.slot,  # type: ignore[arg-type]
                 prompt_token_ids=r.prompt_token_ids,
                 output_token_ids=r.output_token_ids,
-                max_draft_tokens=max(0, min(self.num_speculative_tokens, r.max_new_tokens - 1)),
+                max_draft_tokens=max(0, min(self._draft_length(r), r.max_new_tokens - 1)),
                 params=r.params,
                 generator=r.draft_generator,
                 matcher=r.matcher,
@@ -109,6 +117,7 @@ class Speculator:
             stats.num_steps += 1
             stats.num_proposed += len(proposal)
             stats.num_accepted += n
+            request.draft_length = self.schedule.next(self._draft_length(request), len(proposal), n)
             result = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )

@@ -1,6 +1,7 @@
 """Speculative decoding core: proposers (draft model, n-gram lookup) and the lossless rejection sampler."""
 
 from brisklm.speculative.draft import DraftModelProposer, check_compatible, make_draft_generator
+from brisklm.speculative.draft_length import SCHEDULES, DraftLengthSchedule
 from brisklm.speculative.ngram import NgramProposer
 from brisklm.speculative.proposer import DraftBatch, DraftRow, Proposal, Proposer, batch_proposals
 from brisklm.speculative.rejection import rejection_sample
@@ -12,7 +13,9 @@ from brisklm.speculative.verify import (
 )
 
 __all__ = [
+    "SCHEDULES",
     "DraftBatch",
+    "DraftLengthSchedule",
     "DraftModelProposer",
     "DraftRow",
     "NgramProposer",

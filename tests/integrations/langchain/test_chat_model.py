@@ -208,6 +208,11 @@ def test_speculative_decoding_keeps_the_output(tiny_chat_dir: Path) -> None:
     assert plain._engine() is not drafted._engine()  # a speculative engine is its own engine
     assert drafted._engine().engine.speculator is not None
     assert drafted.invoke("Hello there").content == plain.invoke("Hello there").content
+    assert drafted._engine().engine.speculator.schedule.schedule == "fixed"  # n-gram's default
+    adaptive = drafted.model_copy(update={"draft_length": "adaptive"})
+    assert adaptive._engine() is not drafted._engine()
+    assert adaptive._engine().engine.speculator.schedule.schedule == "adaptive"
+    assert adaptive.invoke("Hello there").content == plain.invoke("Hello there").content
     llm = BriskLLM(
         model=str(tiny_chat_dir), temperature=0, max_tokens=24, draft="ngram", **TINY_ENGINE
     )

@@ -1,0 +1,47 @@
+"""How many tokens to propose for a request in its next speculative step.
+
+A proposal of k tokens costs k draft steps plus a target pass over k + 1 positions, and pays off
+only as far as the target accepts it. On requests the draft predicts well every proposal is
+accepted and long proposals win; on requests it predicts badly (open-ended text a small draft
+cannot follow) most proposals are rejected after a token or two, and a fixed k = 4-5 made decoding
+slower than the target alone (docs/benchmarks.md). The adaptive schedule follows each request's
+acceptance: one token longer after a step whose proposals were all accepted, one shorter after a
+step that kept fewer than half of them, unchanged otherwise, between 1 and the configured maximum.
+(transformers' "heuristic" schedule, +2 on full acceptance and -1 on any rejection, shrank the
+proposals of the bundled pair's task prompts too far: 2.68 accepted tokens per step at k = 4
+against 2.89 fixed; this one keeps 2.78.) The draft length changes only what is proposed, never
+what is emitted: greedy output stays the target's own and sampled output the target's
+distribution.
+"""
+
+from __future__ import annotations
+
+SCHEDULES = ("adaptive", "fixed")
+
+
+class DraftLengthSchedule:
+    """Per-request draft lengths: ``fixed`` always proposes the maximum, ``adaptive`` follows acceptance."""
+
+    def __init__(self, max_tokens: int, schedule: str = "adaptive") -> None:
+        if max_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {max_tokens}")
+        if schedule not in SCHEDULES:
+            raise ValueError(
+                f"unknown draft length schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}"
+            )
+        self.max_tokens = max_tokens
+        self.schedule = schedule
+
+    def initial(self) -> int:
+        """A new request's first draft length: the maximum (the first step's acceptance decides)."""
+        return self.max_tokens
+
+    def next(self, current: int, num_proposed: int, num_accepted: int) -> int:
+        """The draft length after a step that proposed ``num_proposed`` tokens and kept ``num_accepted``."""
+        if self.schedule == "fixed" or num_proposed == 0:  # nothing proposed: nothing learned
+            return current
+        if num_accepted >= num_proposed:
+            return min(self.max_tokens, current + 1)
+        if 2 * num_accepted < num_proposed:
+            return max(1, current - 1)
+        return current

@@ -1,0 +1,55 @@
+"""The draft length schedule: how many tokens a request proposes in its next speculative step."""
+
+from __future__ import annotations
+
+import pytest
+
+from brisklm.speculative import SCHEDULES, DraftLengthSchedule
+
+
+def test_fixed_always_proposes_the_maximum():
+    schedule = DraftLengthSchedule(5, "fixed")
+    assert schedule.initial() == 5
+    for proposed, accepted in [(5, 0), (5, 5), (3, 1), (0, 0)]:
+        assert schedule.next(5, proposed, accepted) == 5
+
+
+def test_adaptive_grows_on_full_acceptance_and_shrinks_when_most_are_rejected():
+    schedule = DraftLengthSchedule(6, "adaptive")
+    assert schedule.initial() == 6
+    assert schedule.next(4, 4, 4) == 5
+    assert schedule.next(6, 6, 6) == 6  # capped at the maximum
+    assert schedule.next(6, 6, 2) == 5  # kept under half
+    assert schedule.next(5, 5, 0) == 4
+    assert schedule.next(6, 6, 3) == 6  # kept half: unchanged
+    assert schedule.next(6, 6, 5) == 6
+    assert schedule.next(1, 1, 0) == 1  # never below one token
+    # A proposal cut short (max_tokens is near) that was fully accepted still counts as full
+    # acceptance.
+    assert schedule.next(3, 2, 2) == 4
+
+
+def test_adaptive_ignores_steps_that_proposed_nothing():
+    schedule = DraftLengthSchedule(4, "adaptive")
+    assert schedule.next(3, 0, 0) == 3
+
+
+def test_adaptive_walks_down_then_back_up():
+    schedule = DraftLengthSchedule(4, "adaptive")
+    length = schedule.initial()
+    seen = []
+    for accepted_all in [False, False, False, False, True, True]:
+        length = schedule.next(length, length, length if accepted_all else 0)
+        seen.append(length)
+    assert seen == [3, 2, 1, 1, 2, 3]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_maximum_below_one_is_an_error(schedule):
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1, got 0"):
+        DraftLengthSchedule(0, schedule)
+
+
+def test_unknown_schedule_names_the_choices():
+    with pytest.raises(ValueError, match="'greedy'.*adaptive, fixed"):
+        DraftLengthSchedule(4, "greedy")
