@@ -121,6 +121,55 @@ def test_top_p_matches_transformers_on_both_paths(rows, searched, build_md, monk
         torch.testing.assert_close(probs[row], expected, atol=1e-6, rtol=1e-5)
 
 
+TOP_K_PARAMS = [
+    SamplingParams(temperature=0.8, top_k=50, top_p=0.9),
+    SamplingParams(temperature=1.0, top_k=200, top_p=0.5),
+    SamplingParams(temperature=1.0, top_k=7, top_p=1.0),  # top-k only
+    SamplingParams(temperature=1.3, top_k=20, top_p=0.95),  # on the flat row
+]
+
+
+def test_top_k_with_top_p_finds_the_nucleus_among_the_top_k_values(build_md, monkeypatch):
+    widths = []
+    last_kept = sampler_module._last_kept
+
+    def spy(values, *args):
+        widths.append(values.shape[-1])
+        return last_kept(values, *args)
+
+    monkeypatch.setattr(sampler_module, "_last_kept", spy)
+    generator = torch.Generator().manual_seed(12)
+    vocab = 3000
+    logits = torch.cat(
+        [
+            torch.randn(3, vocab, generator=generator) * 4,
+            torch.randn(1, vocab, generator=generator) * 0.1,
+        ]
+    )
+    probs = processed_probs(logits, build_md(TOP_K_PARAMS, vocab))
+    assert widths == [201]  # the largest k plus one value, never the whole row
+    for row, p in enumerate(TOP_K_PARAMS):
+        expected = reference_nucleus(logits[row], p.temperature, p.top_k, p.top_p)
+        assert torch.equal(probs[row] > 0, expected > 0), f"row {row}"
+        torch.testing.assert_close(probs[row], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_top_k_with_top_p_falls_back_to_the_row_when_ties_run_past_the_list(build_md):
+    # Top-k 2 keeps the 2.0 and every 1.0 (ties with the 2nd value), more than the 3 values
+    # listed; the nucleus is then computed on the whole row.
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 1.0, 0.0, -1.0]])
+    md = build_md([SamplingParams(top_k=2, top_p=0.9)], 7)
+    probs = processed_probs(logits, md)[0]
+    assert (probs > 0).tolist() == [True] * 5 + [False] * 2
+    kept = torch.tensor([2.0, 1.0, 1.0, 1.0, 1.0]).softmax(-1)
+    torch.testing.assert_close(probs[:5], kept)
+    # A mixed batch with a row that has no top-k falls back too, and gives each row its own.
+    # (Row 0: 2.0 holds 0.405 of the top-k mass; row 1: 0.376 of the row's, so the 1.0s join.)
+    md = build_md([SamplingParams(top_k=2, top_p=0.3), SamplingParams(top_p=0.5)], 7)
+    probs = processed_probs(logits.repeat(2, 1), md)
+    assert (probs > 0).sum(-1).tolist() == [1, 5]
+
+
 def test_sampled_tokens_stay_inside_the_nucleus_at_a_large_vocabulary(build_md):
     generator = torch.Generator().manual_seed(4)
     vocab = 32000

@@ -124,24 +124,51 @@ def _apply_top_k_top_p(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     keeps the smallest prefix whose probability (renormalised after top-k) reaches p, at least one
     token, plus its ties.
     """
-    threshold = None
-    if md.top_k is not None:
-        threshold = _top_k_threshold(x, md)
-        if md.top_p is None:
-            return x.masked_fill(x < threshold, float("-inf"))
-        x = x.masked_fill(x < threshold, float("-inf"))
-    p_threshold = _nucleus_threshold(x, md.top_p.unsqueeze(1))
-    threshold = p_threshold if threshold is None else torch.maximum(threshold, p_threshold)
+    if md.top_k is None:
+        assert md.top_p is not None
+        threshold = _nucleus_threshold(x, md.top_p.unsqueeze(1))
+        return x.masked_fill(x < threshold, float("-inf"))
+    # With top-p as well, one value past the largest k tells whether ties run past the list.
+    top_values, threshold = _top_k_threshold(x, md, extra=0 if md.top_p is None else 1)
+    if md.top_p is not None:
+        top_p = md.top_p.unsqueeze(1)
+        nucleus = _nucleus_within_top_k(top_values, threshold, top_p, x.shape[-1])
+        if nucleus is None:  # the list may not hold every kept token: renormalise over the row
+            nucleus = _nucleus_threshold(x.masked_fill(x < threshold, float("-inf")), top_p)
+        threshold = torch.maximum(threshold, nucleus)
     return x.masked_fill(x < threshold, float("-inf"))
 
 
-def _top_k_threshold(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """(B, 1) each row's k-th largest logit (-inf where top-k is off): only the largest
-    ``max_top_k`` values are needed, not a full sort."""
-    top_values = x.topk(md.max_top_k, dim=-1).values  # (B, K)
+def _top_k_threshold(
+    x: torch.Tensor, md: SamplingMetadata, extra: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, K) each row's ``max_top_k + extra`` largest logits, descending, and (B, 1) its k-th
+    largest (-inf where top-k is off): only the largest values are needed, not a full sort."""
+    assert md.top_k is not None
+    top_values = x.topk(min(md.max_top_k + extra, x.shape[-1]), dim=-1).values  # (B, K)
     top_k = md.top_k.unsqueeze(1)  # (B, 1), V where disabled
     kth = top_values.gather(1, top_k.clamp(max=md.max_top_k) - 1)  # (B, 1)
-    return kth.masked_fill(top_k >= x.shape[-1], float("-inf"))
+    return top_values, kth.masked_fill(top_k >= x.shape[-1], float("-inf"))
+
+
+def _nucleus_within_top_k(
+    top_values: torch.Tensor, kth: torch.Tensor, top_p: torch.Tensor, vocab_size: int
+) -> torch.Tensor | None:
+    """(B, 1) top-p thresholds computed on the listed top values alone; None where not exact.
+
+    After top-k a row's mass lies in its tokens at or above its k-th largest logit. The list holds
+    them all when its last value is below that (or it covers the whole vocabulary); a row without
+    top-k, or whose k-th value ties the last listed one, needs the whole row, and then the caller
+    falls back. At a 128k vocabulary this skips four passes over the row.
+    """
+    if top_values.shape[-1] < vocab_size:
+        unlisted = (top_values[:, -1:] >= kth) & (top_p < 1.0)
+        if bool(unlisted.any()):
+            return None
+    kept = top_values.masked_fill(top_values < kth, float("-inf"))
+    cumulative = (kept - kept[:, :1]).exp().cumsum(dim=-1)  # descending: the first is the max
+    cumulative = cumulative / cumulative[:, -1:]
+    return _last_kept(top_values, cumulative, top_p, top_p >= 1.0)
 
 
 def _nucleus_threshold(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
