@@ -320,6 +320,43 @@ def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
         plain.apply_chat_template(USER_ONLY)
 
 
+@pytest.mark.parametrize(
+    "messages, message",
+    [
+        ([{"role": 5, "content": "Hi"}], r"messages\[0\]\.role must be a non-empty str, got 5"),
+        ([{"content": "Hi"}], r"messages\[0\]\.role must be a non-empty str, got None"),
+        (
+            [{"role": "system", "content": 5}, {"role": "user", "content": "Hi"}],
+            r"messages\[0\]\.content must be a str or a list of content blocks \(dicts\), got int",
+        ),
+        ([{"role": "user", "content": ["Hi"]}], r"messages\[0\]\.content must be a str"),
+        (
+            [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": "x"}],
+            r"messages\[1\]\.tool_calls must be a list, got str",
+        ),
+        (
+            [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [{"foo": 1}]}],
+            r"messages\[1\]\.tool_calls\[0\] must be a dict with a function name",
+        ),
+    ],
+)
+def test_malformed_messages_name_the_field(chatml_pair, messages, message) -> None:
+    ours, _ = chatml_pair
+    with pytest.raises(ValueError, match=message):
+        ours.apply_chat_template(messages)
+
+
+def test_python_errors_inside_a_template_are_template_errors(chatml_pair) -> None:
+    ours, _ = chatml_pair
+    # Content blocks are valid messages, but a template that concatenates strings fails on them.
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    with pytest.raises(ChatTemplateError, match="failed on these messages \\(TypeError"):
+        ours.apply_chat_template(blocks, chat_template="{{ 'x' + messages[0].content }}")
+    # A template that iterates content blocks renders them.
+    template = "{% for b in messages[0].content %}{{ b.text }}{% endfor %}"
+    assert ours.apply_chat_template(blocks, chat_template=template) == "Hi"
+
+
 def test_chat_template_jinja_file_takes_priority(tmp_path: Path) -> None:
     directory = build_byte_level_bpe(
         tmp_path / "tok", config_overrides={"chat_template": "from config"}

@@ -181,3 +181,55 @@ def test_bad_constraint_is_one_line(model_dir, capsys):
     assert err.startswith("brisklm: error: --json-schema") and err.count("\n") == 1
     code = main(["generate", "--model", str(model_dir), "--regex", "a", "--choice", "b", "x"])
     assert code == 1 and "at most one constraint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["generate", "--max-tokens", "abc", "x"],
+            "argument --max-tokens: invalid int value: 'abc'",
+        ),
+        (["generate", "--dtype", "int8", "x"], "argument --dtype: invalid choice: 'int8'"),
+        (
+            ["generate", "--draft-length", "sometimes", "x"],
+            "argument --draft-length: invalid choice",
+        ),
+        (["generate"], "the following arguments are required: prompt"),
+        (["serve"], "argument command: invalid choice: 'serve'"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_1(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("brisklm: error: ") and message in err and err.count("\n") == 1
+    assert "--help)" in err  # points at the usage instead of printing it
+
+
+def test_empty_constraint_flags_are_not_ignored(model_dir, capsys, tmp_path):
+    code = main(["generate", "--model", str(model_dir), "--json-schema", "", "x"])
+    assert code == 1 and "--json-schema is neither a file nor valid JSON" in capsys.readouterr().err
+    # An empty regex allows only the empty output, as in the API.
+    code = main(["generate", "--model", str(model_dir), "--regex", "", "--max-tokens", "5", "x"])
+    assert code == 0 and capsys.readouterr().out == "\n"
+    code = main(["generate", "--model", str(model_dir), "--grammar", str(tmp_path), "x"])
+    assert code == 1 and "is a directory" in capsys.readouterr().err
+    latin1 = tmp_path / "g.lark"
+    latin1.write_bytes(b'start: "\xff"')
+    code = main(["generate", "--model", str(model_dir), "--grammar", str(latin1), "x"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"--grammar file {str(latin1)!r} is not UTF-8 text" in err
+
+
+def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, capsys, monkeypatch):
+    turns = "".join(f"Tell me about the number {n} please\n" for n in range(6))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(turns + "word " * 80 + "\nHi\n"))
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "8"]
+    code = main([*argv, "--max-seq-len", "64", "--system", "Be brief."])
+    captured = capsys.readouterr()
+    assert code == 0  # the session goes on: it used to end at the first turn that did not fit
+    assert "dropped" in captured.err
+    assert "this message alone does not fit the context of 64 tokens" in captured.err
+    assert captured.out.count("\n") == 7  # a reply to every turn but the oversized one

@@ -157,15 +157,46 @@ def _plain_data(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+def _check_message(index: int, message: dict[str, Any]) -> None:
+    """The fields every template relies on, checked so a bad one is named (not a TypeError inside
+    the template): role a str, content a str or a list of content blocks (dicts), tool_calls a
+    list of dicts each naming its function."""
+    where = f"messages[{index}]"
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"{where}.role must be a non-empty str, got {role!r}")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+            raise ValueError(
+                f"{where}.content must be a str or a list of content blocks (dicts), got "
+                f"{type(content).__name__}"
+            )
+    tool_calls = message.get("tool_calls")
+    if tool_calls is None:
+        return
+    if not isinstance(tool_calls, list):
+        raise ValueError(f"{where}.tool_calls must be a list, got {type(tool_calls).__name__}")
+    for number, call in enumerate(tool_calls):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(
+                f"{where}.tool_calls[{number}] must be a dict with a function name "
+                '({"type": "function", "function": {"name": ..., "arguments": ...}} or '
+                f'{{"name": ..., "arguments": ...}}), got {call!r}'
+            )
+
+
 def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     normalized = []
-    for message in _to_dicts(getattr(messages, "messages", messages)):
+    for index, message in enumerate(_to_dicts(getattr(messages, "messages", messages))):
         if not isinstance(message, dict):
             raise TypeError(
                 f"chat messages must be dicts, dataclasses or pydantic models, got {message!r}"
             )
         # APIs send content=None / tool_calls=None; templates handle a missing key but would print "None"
         message = {key: value for key, value in message.items() if value is not None}
+        _check_message(index, message)
         reasoning = next(
             (message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None
         )
@@ -218,6 +249,13 @@ def render_chat_template(
         )
     except jinja2.TemplateError as error:
         raise ChatTemplateError(f"the chat template raised an error: {error}") from error
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+        # Python errors inside the template: values of a type it does not handle (e.g. content
+        # blocks for a template that concatenates strings).
+        raise ChatTemplateError(
+            f"the chat template failed on these messages ({type(error).__name__}: {error}); "
+            "check the types of the message fields and tools it reads"
+        ) from error
     if final_content is not None:
         rendered = _cut_at_final_message(rendered, final_content)
     return rendered

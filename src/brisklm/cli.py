@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -65,8 +65,17 @@ def _add_sampling_args(parser: argparse.ArgumentParser, default_temperature: flo
     constraint.add_argument("--grammar", help="a grammar file: Lark, or GBNF if it ends in .gbnf")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error format: one line on stderr and exit status 1 (argparse's own
+    prints the whole usage and exits 2). Subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"brisklm: error: {message} (see: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="brisklm", description="Fast local LLM inference.")
+    parser = _Parser(prog="brisklm", description="Fast local LLM inference.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="complete a prompt, streaming to stdout")
@@ -143,7 +152,7 @@ def _read_text_or_file(value: str) -> str:
 
 def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    if args.json_schema:
+    if args.json_schema is not None:  # an empty value is an error below, not "no schema"
         text = _read_text_or_file(args.json_schema)
         try:
             options["json_schema"] = json.loads(text)
@@ -151,15 +160,21 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
             raise CliError(f"--json-schema is neither a file nor valid JSON ({exc})") from None
     if args.json:
         options["json_object"] = True
-    if args.regex:
+    if args.regex is not None:  # "" allows only the empty output, as in the API
         options["regex"] = args.regex
     if args.choice:
         options["choice"] = args.choice
-    if args.grammar:
+    if args.grammar is not None:
         path = Path(args.grammar)
         if not path.is_file():
-            raise CliError(f"--grammar file {args.grammar!r} does not exist")
-        options["grammar"] = path.read_text(encoding="utf-8")
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise CliError(f"--grammar file {args.grammar!r} {what}")
+        try:
+            options["grammar"] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                f"--grammar file {args.grammar!r} is not UTF-8 text ({exc.reason})"
+            ) from None
         options["grammar_syntax"] = "gbnf" if path.suffix == ".gbnf" else "lark"
     return options
 
@@ -251,6 +266,14 @@ def _run_chat(args: argparse.Namespace) -> int:
             messages = messages[:1] if args.system else []
             continue
         messages.append({"role": "user", "content": user})
+        if not _fit_history(llm, messages, 1 if args.system else 0):
+            messages.pop()
+            print(
+                f"brisklm: error: this message alone does not fit the context of "
+                f"{llm.max_seq_len} tokens",
+                file=sys.stderr,
+            )
+            continue
         reply = []
         for text in llm.stream_chat(messages, params):
             reply.append(text)
@@ -259,6 +282,23 @@ def _run_chat(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply)})
     return 0
+
+
+def _fit_history(llm: Any, messages: list[dict[str, str]], keep: int) -> bool:
+    """Drop the oldest turns (after the first ``keep`` messages) until the chat fits the context
+    with room for a reply; False if the newest message alone does not fit."""
+    dropped = 0
+    while len(llm.chat_prompt_ids(messages)) >= llm.max_seq_len:
+        if len(messages) - keep <= 1:
+            return False
+        del messages[keep]  # the oldest turn: a user message, then (next pass) its reply
+        dropped += 1
+    if dropped:
+        print(
+            f"brisklm: the history outgrew the context: dropped {dropped} oldest message(s)",
+            file=sys.stderr,
+        )
+    return True
 
 
 def _run_quantize(args: argparse.Namespace) -> int:

@@ -34,6 +34,25 @@ ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
 
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_bytes(value: Any) -> bool:
+    return isinstance(value, bytes | bytearray | memoryview)
+
+
+def _check_encodable(text: str) -> None:
+    """Refuse text the tokenizer cannot take (a lone surrogate, e.g. from a bad decode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"the prompt is not valid Unicode text: {error.reason} at position {error.start} "
+            f"({text[error.start : error.end]!r})"
+        ) from None
+
+
 def default_model_path(draft: bool = False) -> Path:
     """The bundled default chat model (or, with ``draft``, its draft model) shipped in the package."""
     path = Path(__file__).parent / "assets" / ("brisk-draft" if draft else "brisk-chat")
@@ -131,6 +150,8 @@ class LLM:
         gives exact products at a large cost in speed. Other quantizations are refused.
         """
         directory = Path(path) if path is not None else default_model_path()
+        if draft is not None:  # checked before anything loads
+            DraftLengthSchedule(num_speculative_tokens, draft_length or "fixed")
         config = EngineConfig(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
@@ -186,9 +207,10 @@ class LLM:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if isinstance(prompt, str):
+            _check_encodable(prompt)
             text: str | None = prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+        elif isinstance(prompt, list | tuple) and all(_is_token_id(t) for t in prompt):
             text = None
             ids = list(prompt)
             vocab = self.engine.num_real_tokens
@@ -198,6 +220,7 @@ class LLM:
         else:
             raise TypeError(
                 f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}"
+                + (" (decode bytes to str first)" if _is_bytes(prompt) else "")
             )
         if not ids:
             raise ValueError("the prompt is empty: it encodes to no tokens")
@@ -232,18 +255,31 @@ class LLM:
             raise ValueError("no prompts given: pass a prompt or a non-empty list of prompts")
         if params is None or isinstance(params, SamplingParams):
             params_list = [params or SamplingParams()] * len(prompts)
-        else:
+        elif isinstance(params, list | tuple):
             params_list = list(params)
             if len(params_list) != len(prompts):
                 raise ValueError(
                     f"got {len(params_list)} SamplingParams for {len(prompts)} prompts"
                 )
+        else:
+            raise TypeError(
+                "params must be a SamplingParams, a list of them (one per prompt) or None, got "
+                f"{type(params).__name__}"
+            )
         return [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
 
     @staticmethod
-    def _is_single(prompts: Prompt | Sequence[Prompt]) -> bool:
-        return isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int)
+    def _prompt_list(prompts: Any) -> tuple[list[Any], bool]:
+        """The prompts of a generate call as a list, and whether one prompt was given (not a list)."""
+        if isinstance(prompts, str):
+            return [prompts], True
+        if isinstance(prompts, list | tuple):
+            single = len(prompts) > 0 and _is_token_id(prompts[0])
+            return ([prompts] if single else list(prompts)), single
+        raise TypeError(
+            "prompts must be a str, a list of token ids, or a list of those, got "
+            f"{type(prompts).__name__}"
+            + (" (decode bytes to str first)" if _is_bytes(prompts) else "")
         )
 
     # ----------------------------------------------------------------- sync API
@@ -256,9 +292,8 @@ class LLM:
 
     def generate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch)."""
-        single = self._is_single(prompts)
-        requests = self._make_requests([prompts] if single else list(prompts), params)
-        outputs = self.run_requests(requests)
+        prompt_list, single = self._prompt_list(prompts)
+        outputs = self.run_requests(self._make_requests(prompt_list, params))
         return outputs[0] if single else outputs
 
     def run_requests(self, requests: list[Request]) -> list[GenerationOutput]:
@@ -310,8 +345,8 @@ class LLM:
     # ---------------------------------------------------------------- async API
     async def agenerate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Async ``generate``: awaits without blocking the event loop."""
-        single = self._is_single(prompts)
-        requests = self._make_requests([prompts] if single else list(prompts), params)
+        prompt_list, single = self._prompt_list(prompts)
+        requests = self._make_requests(prompt_list, params)
         outputs = await self.arun_requests(requests)
         return outputs[0] if single else outputs
 
@@ -377,6 +412,7 @@ class LLM:
             add_generation_prompt=True,
             **template_kwargs,
         )
+        _check_encodable(text)
         # The template writes special tokens (bos, role markers) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
 

@@ -160,3 +160,24 @@ def test_errors_are_value_errors_and_compiler_stays_usable(bpe_compiler: Grammar
         .accept_tokens(bpe_compiler.llg_tokenizer.tokenize_str("ok"))
         > 0
     )
+
+
+@pytest.mark.parametrize(
+    "constraint, name",
+    [
+        (Regex(r"[^\x00-\x{10FFFF}]"), "regex"),
+        (Grammar('start: a\na: a "x"'), "Lark grammar"),  # no base case
+        (Grammar('root ::= a\na ::= a "x"', "gbnf"), "GBNF grammar"),
+    ],
+)
+def test_a_constraint_that_matches_nothing_fails_at_compile(
+    bpe_compiler: GrammarCompiler, constraint: Any, name: str
+) -> None:
+    # It used to compile, then fail at the first token with "rejected token 0 (NoExtensionBias)".
+    with pytest.raises(ConstraintError, match=f"the {name} matches no output at all"):
+        bpe_compiler.compile(constraint)
+
+
+def test_the_empty_string_is_a_language(bpe_compiler: GrammarCompiler) -> None:
+    matcher = bpe_compiler.compile(Regex("")).matcher()
+    assert matcher.is_accepting()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from brisklm import SamplingParams
 
@@ -56,3 +57,32 @@ async def test_cancelled_stream_frees_its_slot(llm):
             break
         await asyncio.sleep(0.01)
     assert not llm.engine.has_unfinished
+
+
+def test_leaving_asyncio_run_mid_stream_logs_no_errors(llm, caplog):
+    # asyncio.run closes its loop right after the consumer breaks out; the engine thread still
+    # had chunks (and the abort) in flight for that loop, and logged each failed delivery.
+    params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+    async def first_piece() -> str:
+        async for piece in llm.astream("Hello", params):
+            return piece
+        return ""
+
+    async def timed_out() -> None:
+        try:
+            await asyncio.wait_for(llm.agenerate("Hello", params), 0.05)
+        except TimeoutError:
+            pass
+
+    with caplog.at_level("ERROR", logger="brisklm"):
+        for _ in range(3):
+            assert asyncio.run(first_piece())
+            asyncio.run(timed_out())
+        for _ in range(500):
+            if not llm.engine.has_unfinished:
+                break
+            time.sleep(0.01)
+    assert not llm.engine.has_unfinished
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    assert len(llm.generate("Hello", GREEDY).token_ids) == 32

@@ -164,6 +164,17 @@ def test_errors_before_generation(llm):
         SamplingParams(regex="a", choice=["a"])
     with pytest.raises(ValueError, match="min_tokens"):
         SamplingParams(regex="a+", min_tokens=2)
+    with pytest.raises(ConstraintError, match="regex matches no output at all"):
+        llm.generate("x", SamplingParams(regex=r"[^\x00-\x{10FFFF}]", max_tokens=5))
+    assert not llm.engine.has_unfinished
+    assert llm.generate("x", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
+
+
+def test_constraint_past_llguidance_limits_is_a_constraint_error(llm):
+    # Compiles, but llguidance gives up once generation starts: a clear ConstraintError for this
+    # request (not "rejected token ..."), and the engine goes on.
+    with pytest.raises(ConstraintError, match="llguidance stopped with .*exceeds its limits"):
+        llm.generate("x", SamplingParams(regex="(a{1000}){1000}", max_tokens=5))
     assert not llm.engine.has_unfinished
     assert llm.generate("x", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
 

@@ -56,6 +56,61 @@ def test_bad_prompts(llm):
     assert_still_works(llm)
 
 
+@pytest.mark.parametrize(
+    "prompts, message",
+    [
+        (None, "prompts must be a str, a list of token ids, or a list of those, got NoneType"),
+        (5, "got int"),
+        ({"a": 1}, "got dict"),  # was iterated: generated for the prompt "a"
+        ({"Hello"}, "got set"),
+        (b"hello", r"got bytes \(decode bytes to str first\)"),  # was taken as token ids
+        (bytearray(b"hi"), "got bytearray"),
+        ([b"hi", b"yo"], r"a prompt must be a str or a list of token ids, got bytes \(decode"),
+        ([True, 3], "got bool"),
+    ],
+)
+def test_prompts_of_the_wrong_type(llm, prompts, message):
+    with pytest.raises(TypeError, match=message):
+        llm.generate(prompts, GREEDY)
+    assert_still_works(llm)
+
+
+def test_params_of_the_wrong_type(llm):
+    with pytest.raises(TypeError, match="params must be a SamplingParams, a list of them"):
+        llm.generate("Hello", {"temperature": 0})  # its keys were taken as the params list
+    with pytest.raises(TypeError, match="got type"):
+        llm.generate("Hello", SamplingParams)
+    with pytest.raises(TypeError, match="params must be a SamplingParams, got dict"):
+        llm.generate(["Hello"], [{"temperature": 0}])
+    assert_still_works(llm)
+
+
+def test_text_that_is_not_unicode(llm):
+    with pytest.raises(
+        ValueError, match=r"not valid Unicode text: surrogates not allowed at position 0"
+    ):
+        llm.generate("\ud800abc", GREEDY)
+    assert_still_works(llm)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_batch_size": "8"}, "max_batch_size must be an int >= 1, got '8'"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an int >= 1, got 2.5"),
+        ({"max_batch_size": True}, "max_batch_size must be an int >= 1, got True"),
+        ({"max_seq_len": "100"}, r"max_seq_len must be an int >= 2 or None \(the model's\)"),
+        (
+            {"draft": "ngram", "num_speculative_tokens": 1.5},
+            "num_speculative_tokens must be an int",
+        ),
+    ],
+)
+def test_engine_arguments_of_the_wrong_type(tiny_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLM.from_pretrained(tiny_dir, show_progress=False, **kwargs)
+
+
 def test_model_error_fails_only_that_step(llm, monkeypatch):
     runner = llm.engine.runner
     original = runner.forward

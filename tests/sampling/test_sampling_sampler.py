@@ -210,6 +210,25 @@ def test_tiny_temperature_behaves_like_greedy(build_md) -> None:
     assert torch.equal(sample(logits, md), logits.argmax(-1))
 
 
+def test_temperature_and_penalty_that_underflow_float32_stay_finite(build_md) -> None:
+    # 1e-46 is a valid float but 0 in float32: dividing by it made the rows NaN, and the draw
+    # then returned the last token id every time.
+    torch.manual_seed(8)
+    logits = torch.randn(4, 60) * 3
+    md = build_md([SamplingParams(temperature=1e-46, seed=s) for s in range(4)], 60)
+    probs = processed_probs(logits, md)
+    assert not probs.isnan().any()
+    assert torch.equal(sample(logits, md), logits.argmax(-1))
+    seen = [[1, 2, 3, 7]] * 4
+    logits[:, [1, 2]] = torch.tensor([2.0, 5.0])  # seen and positive: pushed far above the rest
+    logits[:, [3, 7]] = -1.0
+    params = [SamplingParams(repetition_penalty=1e-46, seed=s) for s in range(4)]
+    probs = processed_probs(logits, build_md(params, 60, prompts=seen))
+    assert not probs.isnan().any()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(4))
+    assert (probs[:, 2] == 1.0).all()  # the limit of a vanishing penalty: the larger seen logit
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_logits_are_upcast(build_md, dtype: torch.dtype) -> None:
     logits = torch.tensor([[0.1, 2.0, 0.3]], dtype=dtype)

@@ -45,9 +45,12 @@ def test_adaptive_walks_down_then_back_up():
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_maximum_below_one_is_an_error(schedule):
-    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1, got 0"):
-        DraftLengthSchedule(0, schedule)
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
+def test_maximum_must_be_a_positive_int(schedule, value):
+    with pytest.raises(
+        ValueError, match=f"num_speculative_tokens must be an int >= 1, got {value!r}"
+    ):
+        DraftLengthSchedule(value, schedule)
 
 
 def test_unknown_schedule_names_the_choices():

@@ -64,6 +64,39 @@ def _json_schema_error(message: str) -> ConstraintError:
     return ConstraintError(f"invalid or unsupported JSON schema: {message}")
 
 
+def _constraint_name(constraint: Constraint) -> str:
+    if isinstance(constraint, (JsonSchema, JsonObject)):
+        return "JSON schema"
+    if isinstance(constraint, Regex):
+        return "regex"
+    if isinstance(constraint, Grammar):
+        return "Lark grammar" if constraint.syntax == "lark" else "GBNF grammar"
+    return "choice"
+
+
+def _check_first_step(constraint: Constraint, prototype: LLMatcher) -> None:
+    """Compute the first token mask once (on a copy), so a constraint that can never produce
+    output fails here, before any request is queued, instead of mid-generation: an empty language
+    (a regex nothing matches, a rule with no base case) or a grammar past llguidance's limits."""
+    probe = prototype.deep_copy()
+    probe.compute_ff_tokens()  # what the engine asks first (forced tokens), then the mask
+    probe.compute_bitmask()
+    error = first_paragraph(probe.get_error()) if probe.is_error() else None
+    if error == "NoExtensionBias" or (
+        error is None and probe.is_stopped() and not probe.is_accepting()
+    ):
+        raise ConstraintError(
+            f"the {_constraint_name(constraint)} matches no output at all (its language is "
+            "empty): check for a rule that only refers to itself or a pattern nothing matches"
+        )
+    if error is not None:
+        raise ConstraintError(
+            f"the {_constraint_name(constraint)} cannot be enforced: llguidance stopped with "
+            f"{error!r}; a grammar or regex this large or ambiguous exceeds its limits "
+            "(simplify it, e.g. avoid very long repetitions or single-byte lexemes)"
+        )
+
+
 def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
     message = first_paragraph(message)
     if isinstance(constraint, (JsonSchema, JsonObject)):
@@ -148,6 +181,7 @@ class GrammarCompiler:
         prototype = LLMatcher(self.llg_tokenizer, grammar, log_level=0)
         if prototype.is_error():
             raise _compile_error(constraint, prototype.get_error())
+        _check_first_step(constraint, prototype)
         return CompiledGrammar(
             constraint=constraint,
             grammar=grammar,

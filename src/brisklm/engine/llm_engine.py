@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
 from brisklm.engine.scheduler import Scheduler
@@ -22,6 +23,12 @@ logger = logging.getLogger(__name__)
 StepResult = tuple[Request, "StreamChunk | BaseException"]
 
 
+def _check_int(name: str, value: object, minimum: int, also: str = "") -> None:
+    """An int (not a bool) of at least ``minimum``, or a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Capacity and kernel choices of an engine. ``max_seq_len`` None = the model's, capped at 4096."""
@@ -32,12 +39,10 @@ class EngineConfig:
     attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_seq_len is not None and self.max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
-        if self.max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        _check_int("max_batch_size", self.max_batch_size, 1)
+        if self.max_seq_len is not None:
+            _check_int("max_seq_len", self.max_seq_len, 2, " or None (the model's)")
+        _check_int("max_prefill_tokens", self.max_prefill_tokens, 1)
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
@@ -162,9 +167,16 @@ class LLMEngine:
         matcher = request.matcher
         if matcher is not None and not matcher.accept_token(token_id):
             request.abort("error")
+            if matcher.error is not None:  # llguidance gave up: a limit, not a sampling bug
+                return ConstraintError(
+                    f"request {request.request_id}: the constraint could not be enforced past "
+                    f"{len(request.output_token_ids)} tokens: llguidance stopped with "
+                    f"{matcher.error!r}; a grammar or regex this large or ambiguous exceeds its "
+                    "limits (simplify it, e.g. avoid very long repetitions or single-byte lexemes)"
+                )
             return RuntimeError(
                 f"request {request.request_id}: the grammar rejected token {token_id} "
-                f"({matcher.error or 'no error reported'})"
+                "(no error reported)"
             )
         chunk = request.append_token(token_id, logprob)
         forced = (

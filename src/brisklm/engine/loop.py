@@ -154,4 +154,12 @@ class AsyncCollector:
         self.queue: asyncio.Queue[tuple[Request, StreamChunk | BaseException]] = asyncio.Queue()
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, result))
+        if self.loop.is_closed():
+            # The consumer is gone (asyncio.run returned after a cancel or timeout); its request
+            # was aborted, and what is still in flight has no one to go to.
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, result))
+        except RuntimeError:
+            if not self.loop.is_closed():  # closed between the check and the call: same as above
+                raise

@@ -151,6 +151,16 @@ def _floats(values: Sequence[float], device: torch.device | str) -> torch.Tensor
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
+# Temperatures and repetition penalties are divisors. A valid float64 value such as 1e-46 is 0 in
+# float32, and x / 0 made the row NaN (sampled as the last token id); the smallest normal float32
+# keeps the division finite or -inf, which is the limit the tiny value asks for.
+_SMALLEST_DIVISOR = torch.finfo(torch.float32).tiny
+
+
+def _divisors(values: Sequence[float], device: torch.device | str) -> torch.Tensor:
+    return _floats(values, device).clamp_min_(_SMALLEST_DIVISOR)
+
+
 def _ints(values: Sequence[int], device: torch.device | str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
@@ -178,7 +188,7 @@ def _random_fields(
     if fields["all_greedy"]:
         return fields
     rows = list(zip(params, greedy, strict=True))
-    fields["temperature"] = _floats([1.0 if g else p.temperature for p, g in rows], device)
+    fields["temperature"] = _divisors([1.0 if g else p.temperature for p, g in rows], device)
     if not fields["all_random"]:
         fields["is_greedy"] = torch.tensor(greedy, dtype=torch.bool, device=device)
     # Filters only matter for random rows: greedy rows take the argmax regardless.
@@ -259,7 +269,7 @@ def _penalty_fields(
         fields["frequency_penalty"] = _floats([p.frequency_penalty for p in params], device)
         fields["output_counts"] = _token_counts(output_token_ids, vocab_size, device)
     if any(p.repetition_penalty != 1.0 for p in params):
-        fields["repetition_penalty"] = _floats([p.repetition_penalty for p in params], device)
+        fields["repetition_penalty"] = _divisors([p.repetition_penalty for p in params], device)
         seen = [
             [*prompt, *out] for prompt, out in zip(prompt_token_ids, output_token_ids, strict=True)
         ]

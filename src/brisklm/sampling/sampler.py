@@ -14,6 +14,7 @@ from brisklm.sampling.metadata import SamplingMetadata
 # hold 0.9-0.95 of the mass at almost every step; sorting 128k logits costs ~9.6 ms on CPU, the
 # top 256 ~0.16 ms.
 _TOP_P_PREFIX = 256
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -85,7 +86,9 @@ def _adjust_logits(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         x.index_put_((md.min_tokens_rows, md.min_tokens_ids), x.new_tensor(float("-inf")))
     if md.repetition_penalty is not None:
         penalty = md.repetition_penalty.unsqueeze(1)  # (B, 1)
-        penalised = torch.where(x > 0, x / penalty, x * penalty)
+        # A tiny penalty overflows x / penalty to inf, and inf - inf is NaN once the row max is
+        # subtracted: the largest finite float is the same "far above every other token".
+        penalised = torch.where(x > 0, x / penalty, x * penalty).clamp_(max=_FLOAT32_MAX)
         x = torch.where(md.seen_mask, penalised, x)
     if md.output_counts is not None:
         counts = md.output_counts  # (B, V)

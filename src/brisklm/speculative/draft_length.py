@@ -23,8 +23,8 @@ class DraftLengthSchedule:
     """Per-request draft lengths: ``fixed`` always proposes the maximum, ``adaptive`` follows acceptance."""
 
     def __init__(self, max_tokens: int, schedule: str = "adaptive") -> None:
-        if max_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be >= 1, got {max_tokens}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an int >= 1, got {max_tokens!r}")
         if schedule not in SCHEDULES:
             raise ValueError(
                 f"unknown draft length schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}"
