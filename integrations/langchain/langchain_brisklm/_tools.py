@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,17 +40,155 @@ _CHOICE_ALIASES: dict[str, ToolChoiceMode] = {
 }
 
 
-def format_tools(tools: Sequence[ToolLike]) -> list[dict[str, Any]]:
+_TOOL_FORMS = (
+    "a pydantic class, a function, a LangChain tool, an OpenAI tool dict "
+    '{"type": "function", "function": {"name": ..., "parameters": {...}}}, an OpenAI function '
+    'dict {"name": ..., "parameters": {...}}, an Anthropic tool dict {"name": ..., '
+    '"input_schema": {...}} or a JSON Schema dict with a "title" (the tool\'s name)'
+)
+# Dict keys that mark a tool dict rather than a bare JSON Schema.
+_TOOL_DICT_KEYS = frozenset({"function", "parameters", "input_schema", "name"})
+_CHOICE_FORMS = (
+    "use 'auto', 'any'/'required', 'none', True/False, a bound tool's name, "
+    '{"type": "function", "function": {"name": ...}} or {"type": "tool", "name": ...}'
+)
+
+
+def format_tools(tools: Iterable[ToolLike] | None) -> list[dict[str, Any]]:
     """OpenAI-style tool dicts for pydantic classes, functions, LangChain tools and dicts.
 
-    A tool given twice in the same form is kept once.
+    A tool given twice, in the same form or in two (a pydantic class and its JSON Schema), is kept
+    once: the first. Raises TypeError when `tools` is not a list, and ValueError for a tool that
+    cannot be converted, one without a non-empty string name, one whose parameters are not an
+    object schema, and two tools of the same name whose arguments' schemas differ.
     """
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Iterable):
+        raise TypeError(
+            f"tools must be a list of tools ({_TOOL_FORMS}), got {type(tools).__name__}"
+        )
     formatted: list[dict[str, Any]] = []
-    for tool in tools:
-        converted = convert_to_openai_tool(tool)
-        if converted not in formatted:
-            formatted.append(converted)
+    seen: dict[str, tuple[int, Any]] = {}  # name -> (position, what its calls accept)
+    for position, tool in enumerate(tools):
+        converted = _format_tool(tool, position)
+        function = converted["function"]
+        name = function["name"]
+        accepts = _validation_part(function.get("parameters") or {})
+        if name in seen:
+            first, first_accepts = seen[name]
+            if accepts == first_accepts:
+                continue  # the same tool again
+            raise ValueError(
+                f"tools[{position}] and tools[{first}] are both named {name!r} with different "
+                "schemas: tool names must be unique (a call of that name could follow either "
+                "schema)"
+            )
+        seen[name] = (position, accepts)
+        formatted.append(converted)
     return formatted
+
+
+# JSON Schema annotations: they describe instances but do not change which are valid.
+_ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+_DATA_KEYWORDS = frozenset({"enum", "const", "dependentRequired", "required", "x-guidance"})
+
+
+def _validation_part(schema: Any) -> Any:
+    """A JSON Schema without its annotations: two schemas equal under this accept the same values."""
+    if isinstance(schema, list):
+        return [_validation_part(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ANNOTATIONS:
+            continue
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _validation_part(sub) for name, sub in value.items()}
+        else:
+            out[key] = _validation_part(value)
+    return out
+
+
+def is_bare_json_schema(tool: Any) -> bool:
+    """Whether a tool or schema is a JSON Schema dict rather than an OpenAI/Anthropic tool dict."""
+    return (
+        isinstance(tool, dict)
+        and tool.get("type") != "function"
+        and not (tool.keys() & _TOOL_DICT_KEYS)
+    )
+
+
+def _format_tool(tool: Any, position: int) -> dict[str, Any]:
+    where = f"tools[{position}]"
+    if (
+        isinstance(tool, dict)
+        and tool.get("type") != "function"
+        and not (tool.keys() & _TOOL_DICT_KEYS)
+    ):
+        # A bare JSON Schema: langchain keeps only its properties, so another type would be lost.
+        kind = tool.get("type", "object")
+        if kind != "object":
+            raise ValueError(
+                f"{where} is a JSON Schema of type {kind!r}; a tool's schema (its arguments) "
+                "must be an object schema"
+            )
+    try:
+        converted = convert_to_openai_tool(tool)
+    except Exception as e:  # langchain raises ValueError, TypeError, KeyError... for odd input
+        raise ValueError(
+            f"{where} cannot be used as a tool ({type(e).__name__}: {' '.join(str(e).split())}); "
+            f"a tool is {_TOOL_FORMS}"
+        ) from e
+    function = converted.get("function") if isinstance(converted, dict) else None
+    if not isinstance(function, dict):
+        raise ValueError(f"{where} is not a tool: {tool!r}; a tool is {_TOOL_FORMS}")
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"{where} needs a non-empty string name, got {name!r}: {tool!r}"
+            if name is not None
+            else f"{where} has no name: {tool!r}; a tool needs a non-empty string name"
+        )
+    parameters = function.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise ValueError(
+                f"the parameters of {where} ({name!r}) must be a JSON Schema object, "
+                f"got {type(parameters).__name__}"
+            )
+        if parameters.get("type", "object") != "object":
+            raise ValueError(
+                f"the parameters of {where} ({name!r}) must be an object schema, "
+                f"got type {parameters['type']!r}"
+            )
+    return converted
+
+
+def check_parallel_tool_calls(parallel_tool_calls: Any) -> None:
+    """TypeError unless parallel_tool_calls is True, False or None."""
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise TypeError(
+            "parallel_tool_calls must be True, False or None, got "
+            f"{parallel_tool_calls!r} ({type(parallel_tool_calls).__name__})"
+        )
 
 
 def normalize_tool_choice(tool_choice: ToolChoice, tool_names: Sequence[str]) -> str:
@@ -73,17 +211,29 @@ def normalize_tool_choice(tool_choice: ToolChoice, tool_names: Sequence[str]) ->
         elif tool_choice.get("type") in _CHOICE_ALIASES:
             choice = tool_choice["type"]
         else:
-            raise ValueError(f"unrecognised tool_choice {tool_choice!r}")
+            raise ValueError(f"unrecognised tool_choice {tool_choice!r}; {_CHOICE_FORMS}")
     else:
-        raise ValueError(f"unrecognised tool_choice {tool_choice!r}")
+        raise ValueError(f"unrecognised tool_choice {tool_choice!r}; {_CHOICE_FORMS}")
     if choice in _CHOICE_ALIASES:
-        return _CHOICE_ALIASES[choice]
+        choice = _CHOICE_ALIASES[choice]
+        if choice == "required" and not tool_names:
+            raise _needs_tools(tool_choice)
+        return choice
+    if not tool_names:
+        raise _needs_tools(tool_choice)
     if choice not in tool_names:
         raise ValueError(
             f"tool_choice names the tool {choice!r}, which is not bound; bound tools: "
             f"{', '.join(tool_names) or 'none'} (or use 'auto', 'any'/'required', 'none')"
         )
     return choice
+
+
+def _needs_tools(tool_choice: ToolChoice) -> ValueError:
+    return ValueError(
+        f"tool_choice={tool_choice!r} needs at least one tool, and none is bound: pass tools "
+        "(bind_tools or tools=), or use tool_choice 'auto' or 'none'"
+    )
 
 
 def grammar_mode(

@@ -26,7 +26,7 @@ from langchain_core.output_parsers.openai_tools import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from brisklm import LLM
@@ -39,8 +39,10 @@ from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._tools import (
     ToolCallChunker,
     ToolChoice,
+    check_parallel_tool_calls,
     format_tools,
     grammar_mode,
+    is_bare_json_schema,
     normalize_tool_choice,
     split_cut_call,
 )
@@ -69,6 +71,44 @@ def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
     if isinstance(schema, dict) and ("function" not in schema and "parameters" not in schema):
         return schema  # already a JSON Schema
     return convert_to_json_schema(schema)
+
+
+_RESPONSE_FORMATS = (
+    'response_format must be {"type": "json_object"}, {"type": "json_schema", "schema": {...}} '
+    'or OpenAI\'s {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, '
+    '"strict": ...}}, where the schema is a JSON Schema dict (or `true`: any JSON)'
+)
+
+
+def _response_format_schema(response_format: dict[str, Any]) -> Any:
+    """The schema of a json_schema response_format, flat or in OpenAI's nested shape."""
+    nested = response_format.get("json_schema")
+    if "schema" in response_format and nested is not None:
+        raise ValueError(
+            "response_format has both a schema and a json_schema entry; give the schema once. "
+            + _RESPONSE_FORMATS
+        )
+    if nested is not None:
+        if not isinstance(nested, dict) or "schema" not in nested:
+            raise ValueError(
+                f"response_format's json_schema entry must be a dict with a schema, got "
+                f"{nested!r}; {_RESPONSE_FORMATS}"
+            )
+        # OpenAI's strict: accepted; the reply always follows the schema as given.
+        strict = nested.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ValueError(f"response_format's json_schema.strict must be a bool, got {strict!r}")
+        schema = nested["schema"]
+    elif "schema" in response_format:
+        schema = response_format["schema"]
+    else:
+        raise ValueError(f"response_format {response_format!r} has no schema; {_RESPONSE_FORMATS}")
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(
+            f"response_format's schema must be a JSON Schema dict (or `true`), got "
+            f"{type(schema).__name__} {schema!r}; {_RESPONSE_FORMATS}"
+        )
+    return schema
 
 
 def _usage_metadata(usage: Usage) -> UsageMetadata:
@@ -128,23 +168,27 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: Any) -> _Call:
         overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
         model = kwargs.get("model")
-        llm = self._engine(model)
-        tools: list[dict[str, Any]] = kwargs.get("tools") or []
+        # Per-call tools go through the same conversion and checks as bind_tools (idempotent on
+        # the OpenAI dicts that bind_tools binds).
+        tools = format_tools(kwargs.get("tools"))
         response_format = kwargs.get("response_format")
-        if tools and response_format:
+        if tools and response_format is not None:
             raise ValueError("pass either tools or response_format to one call, not both")
+        parallel = kwargs.get("parallel_tool_calls")
+        check_parallel_tool_calls(parallel)
+        names = [tool["function"]["name"] for tool in tools]
+        # Checked without tools too: a choice that requires a call cannot be met without one.
+        choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
         constraint: dict[str, Any] = {}
         parse_tools = False
-        if response_format:
+        if response_format is not None:
             constraint["json_schema"] = self._response_json_schema(response_format)
         elif tools:
-            names = [tool["function"]["name"] for tool in tools]
-            choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
             mode, allowed = grammar_mode(tools, choice)
-            parallel = kwargs.get("parallel_tool_calls")
             single = choice not in ("auto", "required", "none") or parallel is False
             constraint["grammar"] = tool_call_grammar(allowed, mode, parallel=not single)
             parse_tools = mode != "none"
+        llm = self._engine(model)  # loaded once the call's options are known to be valid
         prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         request = llm.make_request(prompt_ids, params)
@@ -152,18 +196,33 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         return _Call(llm, request, parse_tools, name)
 
     @staticmethod
-    def _response_json_schema(response_format: dict[str, Any]) -> dict[str, Any]:
-        kind = response_format.get("type")
+    def _response_json_schema(response_format: Any) -> dict[str, Any]:
+        """The JSON Schema to decode under for a `response_format`; ValueError for any other shape."""
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
         if kind == "json_object":
-            schema: dict[str, Any] = {"type": "object"}
+            schema: Any = {"type": "object"}
         elif kind == "json_schema":
-            schema = dict(response_format["schema"])
+            schema = _response_format_schema(response_format)
         else:
             raise ValueError(
-                f"response_format type must be 'json_schema' or 'json_object', got {kind!r}"
+                f"unsupported response_format {response_format!r}; {_RESPONSE_FORMATS}"
+            )
+        if schema is True:  # the JSON Schema `true`: any JSON value
+            schema = {}
+        elif schema is False:
+            raise ValueError(
+                "response_format's schema is `false`, which no JSON value matches; "
+                f"{_RESPONSE_FORMATS}"
+            )
+        schema = dict(schema)
+        guidance = schema.get("x-guidance", {})
+        if not isinstance(guidance, dict):
+            raise ValueError(
+                "response_format's schema has an x-guidance entry that is not an object: "
+                f"{guidance!r}"
             )
         # Spaced separators as json.dumps writes them, the JSON style chat models see in training.
-        schema["x-guidance"] = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
+        schema["x-guidance"] = {**JSON_OPTIONS, **guidance}
         return schema
 
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
@@ -300,6 +359,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         formatted = format_tools(tools)
         names = [tool["function"]["name"] for tool in formatted]
         choice = normalize_tool_choice(tool_choice, names)
+        check_parallel_tool_calls(parallel_tool_calls)
         bound: dict[str, Any] = {"tools": formatted, "tool_choice": choice}
         if parallel_tool_calls is not None:
             bound["parallel_tool_calls"] = parallel_tool_calls
@@ -332,7 +392,19 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         format_info = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
         parser: OutputParserLike
         if method == "function_calling":
-            tool_name = convert_to_openai_tool(schema)["function"]["name"]
+            # A forced call's arguments are an object: refuse other schemas rather than lose them.
+            if is_bare_json_schema(schema) and schema.get("type", "object") != "object":
+                raise ValueError(
+                    "with_structured_output(method='function_calling') needs an object schema "
+                    f"(the arguments of a tool call), got type {schema['type']!r}; use "
+                    "method='json_schema' for other schemas"
+                )
+            try:
+                tool_name = format_tools([schema])[0]["function"]["name"]
+            except ValueError as e:
+                raise ValueError(
+                    f"with_structured_output(method='function_calling') cannot use this schema: {e}"
+                ) from e
             llm = self.bind_tools(
                 [schema],
                 tool_choice=tool_name,

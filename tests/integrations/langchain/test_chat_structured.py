@@ -129,3 +129,59 @@ def test_json_mode_gives_json_objects(tiny_chat_dir: Any) -> None:
 def test_unknown_method(chat: ChatBrisk) -> None:
     with pytest.raises(ValueError, match="method"):
         chat.with_structured_output(Weather, method="xml")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ response_format
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Tokyo", "Lima"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_shapes(chat: ChatBrisk) -> None:
+    flat = chat.invoke(PROMPT, response_format={"type": "json_schema", "schema": CITY_SCHEMA})
+    jsonschema.validate(json.loads(flat.content), CITY_SCHEMA)
+    openai = {
+        "type": "json_schema",
+        "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True},
+    }
+    assert chat.invoke(PROMPT, response_format=openai).content == flat.content
+    # The schema `true`: any JSON value.
+    anything = chat.invoke(PROMPT, response_format={"type": "json_schema", "schema": True})
+    if anything.response_metadata["finish_reason"] == "stop":
+        json.loads(anything.content)
+
+
+@pytest.mark.parametrize(
+    ("response_format", "match"),
+    [
+        ("json", "unsupported response_format 'json'"),
+        ({}, "unsupported response_format"),
+        ({"type": "text"}, "unsupported response_format"),
+        ({"type": "json_schema"}, "has no schema"),
+        ({"type": "json_schema", "schema": 3}, "schema must be a JSON Schema dict"),
+        ({"type": "json_schema", "schema": [1]}, "schema must be a JSON Schema dict"),
+        ({"type": "json_schema", "schema": False}, "no JSON value matches"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "must be a dict with a schema"),
+        ({"type": "json_schema", "json_schema": "x"}, "must be a dict with a schema"),
+        ({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}, "strict must be a bool"),
+        ({"type": "json_schema", "schema": {}, "json_schema": {"schema": {}}}, "give the schema once"),
+        ({"type": "json_schema", "schema": {"x-guidance": 1}}, "x-guidance"),
+    ],
+)  # fmt: skip
+def test_bad_response_format_is_refused(chat: ChatBrisk, response_format: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        chat.invoke(PROMPT, response_format=response_format)
+    assert "response_format" in str(info.value)
+
+
+def test_function_calling_needs_an_object_schema(chat: ChatBrisk) -> None:
+    with pytest.raises(ValueError, match="needs an object schema"):
+        chat.with_structured_output({"title": "T", "type": "string"}, method="function_calling")
+    tool = {"name": "T", "parameters": {"type": "array"}}
+    with pytest.raises(ValueError, match="must be an object schema"):
+        chat.with_structured_output(tool, method="function_calling")
+    # The same schema is fine as plain structured output.
+    chat.with_structured_output({"title": "T", "type": "string"}, method="json_schema")

@@ -209,3 +209,90 @@ def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
     assert message.tool_calls == [] and message.content == ""
     (cut,) = message.invalid_tool_calls
     assert "max_tokens" in cut["error"]
+
+
+# ------------------------------------------------------------------ input validation
+class PickCity(BaseModel):
+    """Pick a city."""
+
+    city: Literal["Paris", "Tokyo", "Lima"]
+
+
+def test_per_call_tools_are_formatted_like_bind_tools(chat: ChatBrisk) -> None:
+    # A pydantic class (and a function dict) passed per call, as bind_tools would take them.
+    bound = chat.bind_tools([PickCity], tool_choice="PickCity").invoke(QUESTION)
+    per_call = chat.invoke(QUESTION, tools=[PickCity], tool_choice="PickCity")
+    assert [c["name"] for c in per_call.tool_calls] == ["PickCity"]
+    assert [c["args"] for c in per_call.tool_calls] == [c["args"] for c in bound.tool_calls]
+    assert PickCity.model_validate(per_call.tool_calls[0]["args"])
+    message = chat.invoke(QUESTION, tools=[{"name": "f"}], tool_choice="any", max_tokens=24)
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("f", {})]
+
+
+@pytest.mark.parametrize(
+    ("tools", "error", "match"),
+    [
+        ([{"type": "function", "function": {"parameters": {}}}], ValueError, r"tools\[0\] has no name"),
+        ([{"type": "function", "function": {"name": "", "parameters": {}}}], ValueError, r"tools\[0\] needs a non-empty string name"),
+        ([PickCity, {"name": 3}], ValueError, r"tools\[1\] needs a non-empty string name"),
+        ([42], ValueError, r"tools\[0\] cannot be used as a tool"),
+        ([{"title": "T", "type": "string"}], ValueError, "must be an object schema"),
+        ([{"name": "T", "parameters": {"type": "string"}}], ValueError, "must be an object schema"),
+        ([{"name": "T", "parameters": "x"}], ValueError, "must be a JSON Schema object"),
+        ([PickCity, {"name": "PickCity", "parameters": {}}], ValueError, r"tools\[1\] and tools\[0\] are both named 'PickCity' with different"),
+        (PickCity, TypeError, "tools must be a list"),
+    ],
+)  # fmt: skip
+def test_bad_tools_are_refused(chat: ChatBrisk, tools: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        chat.bind_tools(tools)
+    with pytest.raises(error, match=match):  # per call, the same checks
+        chat.invoke(QUESTION, tools=tools)
+
+
+def test_a_tool_given_twice_is_kept_once(chat: ChatBrisk) -> None:
+    # The same form twice, or a class and its JSON Schema (which adds property titles).
+    same = [PickCity, get_weather, PickCity, PickCity.model_json_schema()]
+    bound = chat.bind_tools(same)
+    assert bound.kwargs["tools"] == chat.bind_tools([PickCity, get_weather]).kwargs["tools"]
+    # A property named "title" is a property, not an annotation.
+    titled = {"name": "t", "parameters": {"properties": {"title": {"type": "string"}}}}
+    untitled = {"name": "t", "parameters": {"properties": {}}}
+    with pytest.raises(ValueError, match="both named 't' with different schemas"):
+        chat.bind_tools([titled, untitled])
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["any", "required", True, "get_weather", {"type": "function", "function": {"name": "f"}}],
+)
+def test_a_required_call_needs_tools(chat: ChatBrisk, tool_choice: Any) -> None:
+    with pytest.raises(ValueError, match="needs at least one tool"):
+        chat.bind_tools([], tool_choice=tool_choice)
+    with pytest.raises(ValueError, match="needs at least one tool"):
+        chat.invoke(QUESTION, tool_choice=tool_choice)
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "none", None, False])
+def test_optional_calls_need_no_tools(chat: ChatBrisk, tool_choice: Any) -> None:
+    message = chat.bind_tools([], tool_choice=tool_choice).invoke(QUESTION, max_tokens=4)
+    assert message.tool_calls == [] and message.content
+    assert chat.invoke(QUESTION, tool_choice=tool_choice, max_tokens=4).content == message.content
+
+
+@pytest.mark.parametrize("parallel", ["no", 0, 1, "false"])
+def test_parallel_tool_calls_must_be_a_bool(chat: ChatBrisk, parallel: Any) -> None:
+    with pytest.raises(TypeError, match="parallel_tool_calls must be True, False or None"):
+        chat.bind_tools(TOOLS, parallel_tool_calls=parallel)
+    with pytest.raises(TypeError, match="parallel_tool_calls must be True, False or None"):
+        chat.bind_tools(TOOLS).invoke(QUESTION, parallel_tool_calls=parallel)
+
+
+def test_call_options_are_checked_before_the_model_loads(tmp_path: Any) -> None:
+    chat = ChatBrisk(model=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="needs at least one tool"):
+        chat.invoke(QUESTION, tool_choice="any")
+    with pytest.raises(ValueError, match="response_format"):
+        chat.invoke(QUESTION, response_format="json")
+    with pytest.raises(FileNotFoundError):
+        chat.invoke(QUESTION)
