@@ -138,11 +138,7 @@ def is_bare_json_schema(tool: Any) -> bool:
 
 def _format_tool(tool: Any, position: int) -> dict[str, Any]:
     where = f"tools[{position}]"
-    if (
-        isinstance(tool, dict)
-        and tool.get("type") != "function"
-        and not (tool.keys() & _TOOL_DICT_KEYS)
-    ):
+    if is_bare_json_schema(tool):
         # A bare JSON Schema: langchain keeps only its properties, so another type would be lost.
         kind = tool.get("type", "object")
         if kind != "object":
