@@ -346,6 +346,21 @@ def test_malformed_messages_name_the_field(chatml_pair, messages, message) -> No
         ours.apply_chat_template(messages)
 
 
+@pytest.mark.parametrize(
+    "tools, message",
+    [
+        ([{"type": "function", "function": {"parameters": {}}}], r"tools\[0\] needs a non-empty"),
+        ([{"name": "", "parameters": {}}], r"tools\[0\] needs a non-empty str name, got ''"),
+        ([{"name": "f", "parameters": "x"}], r"tools\[0\] \('f'\): parameters must be a JSON"),
+        ([{"name": "f"}, {"name": "g"}, {"name": "f"}], r"tools\[2\] and tools\[0\] are both"),
+    ],
+)
+def test_malformed_tools_are_named(chatml_pair, tools, message) -> None:
+    ours, _ = chatml_pair
+    with pytest.raises(ValueError, match=message):
+        ours.apply_chat_template(USER_ONLY, tools=tools)
+
+
 def test_python_errors_inside_a_template_are_template_errors(chatml_pair) -> None:
     ours, _ = chatml_pair
     # Content blocks are valid messages, but a template that concatenates strings fails on them.

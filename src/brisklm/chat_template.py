@@ -187,6 +187,32 @@ def _check_message(index: int, message: dict[str, Any]) -> None:
             )
 
 
+def _check_tools(tools: list[dict[str, Any]]) -> None:
+    """Function tools (OpenAI form or flat) need a unique non-empty name and, if given, dict
+    parameters; a model could not call a nameless tool, and a call to a duplicated name is
+    ambiguous. Tools of another ``type`` go to the template as given."""
+    seen: dict[str, int] = {}
+    for index, tool in enumerate(tools):
+        if tool.get("type", "function") != "function":
+            continue
+        function = tool.get("function", tool)
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tools[{index}] needs a non-empty str name, got {name!r}")
+        parameters = function.get("parameters")  # type: ignore[union-attr]
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ValueError(
+                f"tools[{index}] ({name!r}): parameters must be a JSON Schema dict, got "
+                f"{type(parameters).__name__}"
+            )
+        if name in seen:
+            raise ValueError(
+                f"tools[{index}] and tools[{seen[name]}] are both named {name!r}: tool names "
+                "must be unique"
+            )
+        seen[name] = index
+
+
 def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     normalized = []
     for index, message in enumerate(_to_dicts(getattr(messages, "messages", messages))):
@@ -234,6 +260,8 @@ def render_chat_template(
         )
     compiled = compile_chat_template(template)
     tool_schemas = None if tools is None else [tool_json_schema(tool) for tool in tools]
+    if tool_schemas is not None:
+        _check_tools(tool_schemas)
     variables = _plain_data({**(special_tokens or {}), **extra})
     final_content = None
     if continue_final_message:

@@ -202,3 +202,10 @@ def test_bad_device_and_dtype(tiny_dir):
         LLM.from_pretrained(tiny_dir, dtype="int8", show_progress=False)
     with pytest.raises(ValueError, match="device"):
         LLM.from_pretrained(tiny_dir, device="tpu", show_progress=False)
+
+
+def test_context_past_the_models_positions_is_warned(tiny_dir, caplog):
+    with caplog.at_level("WARNING", logger="brisklm"):
+        with LLM.from_pretrained(tiny_dir, max_seq_len=4096, show_progress=False) as llm:
+            assert llm.max_seq_len == 4096
+    assert any("past the model's max_position_embeddings" in r.getMessage() for r in caplog.records)

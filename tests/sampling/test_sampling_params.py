@@ -137,3 +137,25 @@ def test_validate_for_vocab() -> None:
         SamplingParams(stop_token_ids=[3]).validate_for_vocab(3)
     with pytest.raises(ValueError, match="vocab_size"):
         SamplingParams().validate_for_vocab(0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"choice": "abc"}, "choice must be a list or tuple of strings, got str"),  # was a, b, c
+        ({"choice": {"a", "b"}}, "choice must be a list or tuple of strings, got set"),
+        (
+            {"constraint": "json"},
+            "SamplingParams.constraint='json' is invalid",
+        ),  # was a TypeError at generate
+        ({"constraint": {"type": "object"}}, "use json_schema="),
+        (
+            {"logit_bias": {"²": 1.0}},
+            "SamplingParams.logit_bias='²' is invalid",
+        ),  # isdigit() but not int()
+    ],
+)
+def test_constraint_and_bias_shapes_are_checked_at_construction(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+    assert SamplingParams(logit_bias={"12": 1.0}).logit_bias == ((12, 1.0),)  # JSON keys

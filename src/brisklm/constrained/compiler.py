@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING
 from llguidance import LLExecutor, LLMatcher
 
 from brisklm.constrained.errors import ConstraintError, first_paragraph, lark_error
-from brisklm.constrained.spec import Choice, Constraint, Grammar, JsonObject, JsonSchema, Regex
+from brisklm.constrained.spec import (
+    CONSTRAINT_TYPES,
+    Constraint,
+    Grammar,
+    JsonObject,
+    JsonSchema,
+    Regex,
+)
 from brisklm.constrained.tokenizer_bridge import TokenizerLike, llg_tokenizer_for
 
 if TYPE_CHECKING:
     from brisklm.constrained.matcher import GrammarMatcher
 
-_CONSTRAINT_TYPES = (JsonSchema, JsonObject, Regex, Choice, Grammar)
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
 # The regex-syntax caret line under the pattern ("    a(" / "     ^") gives the column.
 _REGEX_CARET = re.compile(r"regex parse error:\n {4}(?P<pattern>.*)\n {4}(?P<caret> *)\^")
@@ -157,7 +163,7 @@ class GrammarCompiler:
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         """The compiled grammar for `constraint`; raises ConstraintError if it cannot be enforced."""
-        if not isinstance(constraint, _CONSTRAINT_TYPES):
+        if not isinstance(constraint, CONSTRAINT_TYPES):
             raise TypeError(f"not a constraint: {type(constraint).__name__}")
         key = constraint.key
         with self._lock:

@@ -171,6 +171,7 @@ class Grammar:
 
 
 Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar
+CONSTRAINT_TYPES = (JsonSchema, JsonObject, Regex, Choice, Grammar)
 
 
 def constraint_from_options(
@@ -203,6 +204,11 @@ def constraint_from_options(
     if regex is not None:
         return Regex(regex)
     if choice is not None:
+        if isinstance(choice, str) or not isinstance(choice, list | tuple):
+            # A str would become one option per character, a set an arbitrary order.
+            raise ConstraintError(
+                f"choice must be a list or tuple of strings, got {type(choice).__name__}"
+            )
         return Choice(tuple(choice))
     if grammar is not None:
         return Grammar(grammar, grammar_syntax)  # type: ignore[arg-type]

@@ -65,6 +65,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
+        if self.max_seq_len > model.config.max_position_embeddings:
+            logger.warning(
+                "max_seq_len=%d is past the model's max_position_embeddings=%d: positions beyond "
+                "what it was trained on usually degrade its output",
+                self.max_seq_len,
+                model.config.max_position_embeddings,
+            )
         self.runner = ModelRunner(
             model, config.max_batch_size, self.max_seq_len, config.attention_backend
         )

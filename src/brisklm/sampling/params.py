@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
-from brisklm.constrained.spec import Constraint, constraint_from_options
+from brisklm.constrained.spec import CONSTRAINT_TYPES, Constraint, constraint_from_options
 
 MAX_LOGPROBS = 20
 MAX_ABS_LOGIT_BIAS = 100.0
@@ -159,6 +159,14 @@ class SamplingParams:
             )
         if self.choice is not None:
             put("choice", tuple(self.choice))
+        if from_fields is None and self.constraint is not None:
+            if not isinstance(self.constraint, CONSTRAINT_TYPES):
+                raise _fail(
+                    "constraint",
+                    self.constraint,
+                    "None or a constraint object (JsonSchema, JsonObject, Regex, Choice, Grammar); "
+                    "for options use json_schema=, json_object=, regex=, choice= or grammar=",
+                )
         put("constraint", from_fields if from_fields is not None else self.constraint)
         if self.constraint is not None and min_tokens > 0:
             raise _fail(
@@ -243,7 +251,7 @@ def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
             raise _fail("logit_bias", value, allowed)
         raw_id, raw_bias = item
         # JSON object keys arrive as strings ("50256": -100), so accept decimal digit strings.
-        if isinstance(raw_id, str) and raw_id.strip().isdigit():
+        if isinstance(raw_id, str) and raw_id.strip().isascii() and raw_id.strip().isdecimal():
             raw_id = int(raw_id)
         token_id = _as_int("logit_bias", raw_id, allowed)
         bias = _as_float("logit_bias", raw_bias, allowed)
