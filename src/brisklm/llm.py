@@ -152,6 +152,11 @@ class LLM:
         directory = Path(path) if path is not None else default_model_path()
         if draft is not None:  # checked before anything loads
             DraftLengthSchedule(num_speculative_tokens, draft_length or "fixed")
+        elif draft_length is not None:
+            raise ValueError(
+                f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "
+                "model directory, 'default' or 'ngram')"
+            )
         config = EngineConfig(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,

@@ -119,6 +119,8 @@ def test_adaptive_draft_length_keeps_the_maximum_while_everything_is_accepted(se
 def test_bad_draft_length_is_a_clear_error(tiny_dir):
     with pytest.raises(ValueError, match="draft length schedule 'short'.*adaptive, fixed"):
         load(tiny_dir, draft="ngram", draft_length="short")
+    with pytest.raises(ValueError, match="draft_length='fixed' needs speculative decoding"):
+        load(tiny_dir, draft_length="fixed")
 
 
 def test_stop_rules_inside_accepted_runs(plain, speculative):
