@@ -462,8 +462,10 @@ class LLM:
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Stop the engine thread; requests still running fail with an error."""
+        """Stop the engine thread; requests still queued or running fail with an error (their
+        callers get a RuntimeError), and later calls are refused."""
         self._loop.close()
+        self.engine.structured.close()
 
     def __enter__(self) -> LLM:
         return self

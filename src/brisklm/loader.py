@@ -96,10 +96,9 @@ def checkpoint_files(directory: Path) -> list[Path]:
 def _iter_tensors(
     files: list[Path], show_progress: bool
 ) -> Iterator[tuple[Path, str, torch.Tensor]]:
-    bar = tqdm(
-        files, desc="Loading shards", unit="shard", disable=not show_progress or len(files) < 2
-    )
-    for path in bar:
+    # No tqdm object at all unless it shows: even a disabled bar can start tqdm's monitor thread.
+    shown = show_progress and len(files) >= 2
+    for path in tqdm(files, desc="Loading shards", unit="shard") if shown else files:
         try:
             handle = safe_open(str(path), framework="pt", device="cpu")
         except (

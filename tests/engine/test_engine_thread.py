@@ -74,3 +74,85 @@ def test_close_after_idle_exit(quick_idle_llm):
     llm.close()
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate(["x"], GREEDY)
+
+
+LONG = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
+
+
+def test_close_fails_every_running_and_queued_request(tiny_dir):
+    # It used to stop the thread and leave every caller waiting forever.
+    llm = LLM.from_pretrained(
+        tiny_dir, device="cpu", max_batch_size=2, max_seq_len=512, show_progress=False
+    )
+    llm.generate("x", GREEDY)
+    outcomes: list[str] = []
+
+    def call(kind: str) -> None:
+        try:
+            if kind == "stream":
+                for _ in llm.stream("Hello", LONG):
+                    pass
+            else:
+                llm.generate("Hello", LONG)
+            outcomes.append("finished")
+        except RuntimeError as error:
+            outcomes.append(str(error))
+
+    # Four callers on two slots: two run, two wait in the scheduler.
+    callers = [threading.Thread(target=call, args=(k,)) for k in ("generate", "stream") * 2]
+    for caller in callers:
+        caller.start()
+    assert wait_until(lambda: len(llm.engine.scheduler.running) == 2)
+    llm.close()
+    for caller in callers:
+        caller.join(timeout=10)
+    assert not any(caller.is_alive() for caller in callers)
+    assert outcomes == ["the engine was closed"] * 4
+    assert not engine_threads() and not [
+        t for t in threading.enumerate() if t.name.startswith("brisklm-grammar")
+    ]
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate("x", GREEDY)
+
+
+def test_a_request_still_in_the_inbox_at_close_fails(quick_idle_llm):
+    from brisklm.engine.loop import SyncCollector
+
+    llm = quick_idle_llm
+    llm.generate("x", GREEDY)
+    request = llm.make_request("Hello", GREEDY)
+    collector = SyncCollector()
+    llm._loop.submit([request], collector)
+    llm.close()
+    got_request, result = collector.queue.get(timeout=10)
+    assert got_request is request
+    assert isinstance(result, BaseException) or result.finished  # failed, or done before close
+
+
+def test_a_failed_step_gives_each_caller_its_own_exception(tiny_dir, monkeypatch):
+    llm = LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=64, show_progress=False)
+    shared = RuntimeError("simulated kernel failure")
+
+    def fail(batch):
+        raise shared
+
+    monkeypatch.setattr(llm.engine.runner, "forward", fail)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            llm.generate("Hello", GREEDY)
+        except RuntimeError as error:
+            errors.append(error)
+
+    callers = [threading.Thread(target=call) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(timeout=30)
+    monkeypatch.undo()
+    assert len(errors) == 3 and all(str(e) == "simulated kernel failure" for e in errors)
+    assert len({id(e) for e in errors}) == 3  # one instance each: tracebacks do not mix
+    assert all(e.__cause__ is shared for e in errors)
+    assert len(llm.generate("Hello", GREEDY).token_ids) == 6
+    llm.close()

@@ -23,6 +23,19 @@ logger = logging.getLogger(__name__)
 StepResult = tuple[Request, "StreamChunk | BaseException"]
 
 
+def own_exception(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` for one of the several requests it fails, caused by ``exc``.
+
+    Each caller raises what it is handed in its own thread; one instance raised in several threads
+    collects every thread's frames in its traceback."""
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:  # an exception class whose constructor wants other arguments
+        copy = RuntimeError(str(exc))
+    copy.__cause__ = exc
+    return copy
+
+
 def _check_int(name: str, value: object, minimum: int, also: str = "") -> None:
     """An int (not a bool) of at least ``minimum``, or a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -121,7 +134,7 @@ class LLMEngine:
             results = []
             for request in requests:
                 request.abort("error")
-                results.append((request, exc))
+                results.append((request, own_exception(exc)))
         for request, _ in results:
             if request.is_finished:
                 self._release(request)

@@ -12,7 +12,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from brisklm.engine.llm_engine import LLMEngine
+from brisklm.engine.llm_engine import LLMEngine, own_exception
 from brisklm.engine.request import Request
 from brisklm.outputs import StreamChunk
 
@@ -38,14 +38,16 @@ class EngineLoop:
         self._sinks: dict[str, Sink] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._fail_lock = threading.Lock()
         self._closed = False
 
     def submit(self, requests: list[Request], sink: Sink) -> None:
         """Queue requests (admitted together, so they can share a prefill); ``sink`` gets their chunks."""
-        if self._closed:
-            raise RuntimeError("the engine is closed")
-        self._inbox.put(("add", requests, sink))
-        self._ensure_thread()
+        with self._start_lock:  # no request slips in after close() has failed the pending ones
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._inbox.put(("add", requests, sink))
+            self._ensure_thread_locked()
         self._wakeup.set()
 
     def abort(self, request_id: str) -> None:
@@ -53,19 +55,20 @@ class EngineLoop:
         self._wakeup.set()
 
     def close(self) -> None:
-        self._closed = True
+        """Stop the engine thread; every request still queued or running fails with an error."""
+        with self._start_lock:
+            self._closed = True
+            thread = self._thread
         self._wakeup.set()
-        thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
+        if thread is None or not thread.is_alive():
+            self._fail_pending()  # what the thread did not get to (or there was no thread)
 
-    def _ensure_thread(self) -> None:
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="brisklm-engine", daemon=True
-                )
-                self._thread.start()
+    def _ensure_thread_locked(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="brisklm-engine", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while not self._closed:
@@ -82,7 +85,25 @@ class EngineLoop:
                 results = self._fail_everything(exc)
             for request, result in results:
                 self._deliver(request, result)
-        self._fail_everything(RuntimeError("the engine was closed"))
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        """After close: fail every queued and running request, and tell each one's consumer."""
+        with self._fail_lock:
+            closed = RuntimeError("the engine was closed")
+            while True:
+                try:
+                    kind, payload, sink = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "add":
+                    assert sink is not None
+                    for request in payload:  # type: ignore[attr-defined]
+                        request.abort("error")
+                        self._sinks[request.request_id] = sink
+                        self._deliver(request, own_exception(closed))
+            for request, result in self._fail_everything(closed):
+                self._deliver(request, result)
 
     def _retire_if_idle(self) -> bool:
         """Forget this thread if nothing is queued; ``submit`` then starts a new one."""
@@ -116,7 +137,7 @@ class EngineLoop:
         for request in [*scheduler.running, *scheduler.waiting]:
             request.abort("error")
             scheduler.finish(request)
-            failed.append((request, exc))
+            failed.append((request, own_exception(exc)))
         return failed
 
     def _deliver(self, request: Request, result: StreamChunk | BaseException) -> None:

@@ -114,5 +114,7 @@ class StructuredOutputs:
         return request.matcher.compute_ff_tokens()
 
     def close(self) -> None:
+        """Stop the mask worker thread (a later request starts a new one)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+            self._pool = None
