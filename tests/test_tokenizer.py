@@ -381,6 +381,18 @@ def test_first_delta_keeps_its_leading_space_after_a_prompt(loaded, kind: str) -
         assert ours.decode(output) == continuation[1:]  # decoding alone loses the space
 
 
+def test_first_token_keeps_its_space_after_a_prompt_ending_in_byte_pieces(loaded) -> None:
+    # The prompt context used to be the last 6 tokens minus a leading byte run: all of them here,
+    # so it was empty and sentencepiece stripped the space of "▁done".
+    spm, _ = loaded["spm"]
+    for tail in ("ЖЖЖЖ", "🦄🦄", "Ж" * 40):
+        prompt = spm.encode("Say") + _byte_piece_ids(spm, tail)
+        output = spm.encode(" done now", add_special_tokens=False)
+        expected = spm.decode(prompt + output)[len(spm.decode(prompt)) :]
+        assert expected.startswith(" done")
+        assert "".join(_stream(spm, output, prompt=prompt)) == expected
+
+
 def test_detokenizer_decodes_a_bounded_window(loaded) -> None:
     ours, _ = loaded["spm"]
     ids = ours.encode(

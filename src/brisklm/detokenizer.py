@@ -40,17 +40,35 @@ class IncrementalDetokenizer:
         self._skip_special_tokens = skip_special_tokens
         self._skipped_ids = tokenizer.special_token_ids if skip_special_tokens else frozenset()
         self._byte_ids = tokenizer.byte_fallback_ids
-        context = [i for i in prompt_ids if i not in self._skipped_ids][
-            -self.PROMPT_CONTEXT_TOKENS :
-        ]
-        # A context that starts inside a byte run would decode to U+FFFD; start after that run instead
-        while context and context[0] in self._byte_ids:
-            context.pop(0)
-        self._ids: list[int] = context
+        self._ids: list[int] = self._prompt_context(
+            [i for i in prompt_ids if i not in self._skipped_ids]
+        )
         self.prefix_offset = 0
-        self.read_offset = len(context)
+        self.read_offset = len(self._ids)
         self._prefix_text: str | None = None
         self._text = ""
+
+    def _prompt_context(self, ids: list[int]) -> list[int]:
+        """The last few prompt tokens, starting where a character starts.
+
+        A window that starts inside a UTF-8 sequence of byte pieces decodes to U+FFFD, so the start
+        moves back (at most three bytes) to the piece holding the character's first byte. Dropping
+        the byte pieces instead could leave no context at all (a prompt ending in emoji or other
+        characters the vocabulary lacks), and then the sentencepiece decoder strips the first
+        generated token's leading space.
+        """
+        start = max(0, len(ids) - self.PROMPT_CONTEXT_TOKENS)
+        for _ in range(3):
+            if start == 0 or not self._is_continuation_byte(ids[start]):
+                break
+            start -= 1
+        return ids[start:]
+
+    def _is_continuation_byte(self, token_id: int) -> bool:
+        """Whether the token is a byte piece ``<0xNN>`` with NN in 0x80-0xBF (inside a character)."""
+        if token_id not in self._byte_ids:
+            return False
+        return 0x80 <= int(self._tokenizer.id_to_token(token_id)[3:5], 16) <= 0xBF
 
     @property
     def text(self) -> str:
