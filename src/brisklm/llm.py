@@ -53,6 +53,18 @@ def _check_encodable(text: str) -> None:
         ) from None
 
 
+def _texts(chunks: Iterator[StreamChunk]) -> Iterator[str]:
+    for chunk in chunks:
+        if chunk.text:
+            yield chunk.text
+
+
+async def _atexts(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[str]:
+    async for chunk in chunks:
+        if chunk.text:
+            yield chunk.text
+
+
 def default_model_path(draft: bool = False) -> Path:
     """The bundled default chat model (or, with ``draft``, its draft model) shipped in the package."""
     path = Path(__file__).parent / "assets" / ("brisk-draft" if draft else "brisk-chat")
@@ -319,17 +331,23 @@ class LLM:
         return [r.to_output() for r in requests]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield the completion's text as it is generated (never text that a stop string later claims)."""
-        for chunk in self.stream_chunks(prompt, params):
-            if chunk.text:
-                yield chunk.text
+        """Yield the completion's text as it is generated (never text that a stop string later claims).
+
+        Bad input and a closed LLM raise here, at the call; generation starts at the first ``next``.
+        """
+        return _texts(self.stream_chunks(prompt, params))
 
     def stream_chunks(
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> Iterator[StreamChunk]:
         """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
         request = self.make_request(prompt, params or SamplingParams())
-        yield from self.stream_request(request)
+        self._check_open()
+        return self.stream_request(request)
+
+    def _check_open(self) -> None:
+        if self._loop.closed:
+            raise RuntimeError("the engine is closed")
 
     def stream_request(self, request: Request) -> Iterator[StreamChunk]:
         collector = SyncCollector()
@@ -371,19 +389,17 @@ class LLM:
                 self._loop.abort(request_id)
         return [r.to_output() for r in requests]
 
-    async def astream(
-        self, prompt: Prompt, params: SamplingParams | None = None
-    ) -> AsyncIterator[str]:
-        async for chunk in self.astream_chunks(prompt, params):
-            if chunk.text:
-                yield chunk.text
+    def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:
+        """Async ``stream`` (use with ``async for``); bad input raises at the call."""
+        return _atexts(self.astream_chunks(prompt, params))
 
-    async def astream_chunks(
+    def astream_chunks(
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> AsyncIterator[StreamChunk]:
+        """Async ``stream_chunks`` (use with ``async for``); bad input raises at the call."""
         request = self.make_request(prompt, params or SamplingParams())
-        async for chunk in self.astream_request(request):
-            yield chunk
+        self._check_open()
+        return self.astream_request(request)
 
     async def astream_request(self, request: Request) -> AsyncIterator[StreamChunk]:
         collector = AsyncCollector()

@@ -209,3 +209,19 @@ def test_context_past_the_models_positions_is_warned(tiny_dir, caplog):
         with LLM.from_pretrained(tiny_dir, max_seq_len=4096, show_progress=False) as llm:
             assert llm.max_seq_len == 4096
     assert any("past the model's max_position_embeddings" in r.getMessage() for r in caplog.records)
+
+
+def test_streams_check_their_input_at_the_call(tiny_dir):
+    llm = LLM.from_pretrained(tiny_dir, show_progress=False)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.stream([], GREEDY)  # before: only at the first next()
+    with pytest.raises(TypeError, match="prompt"):
+        llm.astream(3.5)  # type: ignore[arg-type]
+    stream = llm.stream("Hello", GREEDY)  # nothing runs until it is iterated
+    assert not llm.engine.has_unfinished
+    assert len("".join(stream)) > 0
+    llm.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.stream("Hello", GREEDY)
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.astream_chunks("Hello", GREEDY)

@@ -50,6 +50,10 @@ class EngineLoop:
             self._ensure_thread_locked()
         self._wakeup.set()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id, None))
         self._wakeup.set()
