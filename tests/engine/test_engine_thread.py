@@ -79,10 +79,16 @@ def test_close_after_idle_exit(quick_idle_llm):
 LONG = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
 
 
-def test_close_fails_every_running_and_queued_request(tiny_dir):
+@pytest.mark.parametrize("drafted", [False, True])
+def test_close_fails_every_running_and_queued_request(tiny_dir, drafted):
     # It used to stop the thread and leave every caller waiting forever.
     llm = LLM.from_pretrained(
-        tiny_dir, device="cpu", max_batch_size=2, max_seq_len=512, show_progress=False
+        tiny_dir,
+        device="cpu",
+        max_batch_size=2,
+        max_seq_len=512,
+        show_progress=False,
+        draft=tiny_dir if drafted else None,
     )
     llm.generate("x", GREEDY)
     outcomes: list[str] = []
@@ -113,6 +119,8 @@ def test_close_fails_every_running_and_queued_request(tiny_dir):
     ]
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate("x", GREEDY)
+    if drafted:  # the draft's per-slot state went with the slots
+        assert all(state is None for state in llm.engine.speculator.proposer._slots)
 
 
 def test_a_request_still_in_the_inbox_at_close_fails(quick_idle_llm):

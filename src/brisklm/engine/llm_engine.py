@@ -108,10 +108,10 @@ class LLMEngine:
         if request is None:
             return None
         chunk = request.abort()
-        self._release(request)
+        self.release(request)
         return request, chunk
 
-    def _release(self, request: Request) -> None:
+    def release(self, request: Request) -> None:
         """A finished request leaves its cache slot (and the proposer's state for it)."""
         if self.speculator is not None:
             self.speculator.release(request)
@@ -137,7 +137,7 @@ class LLMEngine:
                 results.append((request, own_exception(exc)))
         for request, _ in results:
             if request.is_finished:
-                self._release(request)
+                self.release(request)
         return results
 
     def _decode(self, requests: list[Request]) -> list[StepResult]:

@@ -140,7 +140,7 @@ class EngineLoop:
         failed: list[tuple[Request, StreamChunk | BaseException]] = []
         for request in [*scheduler.running, *scheduler.waiting]:
             request.abort("error")
-            scheduler.finish(request)
+            self.engine.release(request)  # the slot, and the draft's state for it
             failed.append((request, own_exception(exc)))
         return failed
 
