@@ -52,7 +52,8 @@ def test_default_dtype_is_float32_on_cpu(tmp_path):
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
 
-def test_tied_head_shares_storage_and_ignores_saved_head(tmp_path):
+def test_tied_head_shares_storage_and_ignores_saved_head(tmp_path, monkeypatch):
+    monkeypatch.setattr(packed_weights, "MIN_FLOAT32_BYTES", 1 << 40)  # strided: the tie itself
     hf = build_hf_model("llama", tie_word_embeddings=True)
     directory = save_hf_model(hf, tmp_path / "m")
     model = load_model(directory, device="cpu", show_progress=False)
@@ -70,7 +71,6 @@ def test_broken_shard_index_names_file(tmp_path):
 
 
 def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(tmp_path, monkeypatch):
-    monkeypatch.setattr(packed_weights, "MIN_FLOAT32_BYTES", 0)  # the test model's are tiny
     hf = build_hf_model("llama", tie_word_embeddings=True)
     model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
     qkv = model.model.layers[0].self_attn.qkv_proj
@@ -107,7 +107,6 @@ def test_cpu_weights_are_column_major_without_packing(tmp_path, monkeypatch):
     expected = hf.model.layers[0].self_attn.q_proj.weight
     assert torch.equal(qkv.dense_weight()[: expected.shape[0]], expected)
     monkeypatch.undo()
-    monkeypatch.setattr(packed_weights, "MIN_FLOAT32_BYTES", 0)  # the test model's are tiny
     packed = load_model(directory, device="cpu", show_progress=False)
     # Same model either way, up to the kernels' float32 summation order.
     torch.testing.assert_close(logits_of(model), logits_of(packed), atol=1e-4, rtol=0)

@@ -115,12 +115,25 @@ def test_small_float32_weights_stay_column_major(monkeypatch):
     assert forced.is_packed
 
 
-def test_default_threshold_keeps_small_float32_and_packs_bfloat16():
-    assert packed_weights.MIN_FLOAT32_BYTES == 1 << 20
-    assert not packed_weights.worth_packing(torch.empty(255, 1024))
-    assert packed_weights.worth_packing(torch.empty(256, 1024))
+def test_default_threshold_packs_every_float32_and_bfloat16_weight():
+    # Every weight is packed: the packed product is batch-invariant, MKL's is not.
+    assert packed_weights.MIN_FLOAT32_BYTES == 0
+    assert packed_weights.worth_packing(torch.empty(16, 16))
     assert packed_weights.worth_packing(torch.empty(16, 16, dtype=torch.bfloat16))
-    assert packed_weights.worth_packing(torch.empty(16, 16), min_bytes=0)
+    assert not packed_weights.worth_packing(torch.empty(255, 1024), min_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_product_rows_do_not_depend_on_the_row_count(dtype):
+    # What makes a seeded request's tokens independent of its batch (with per-row attention).
+    needs_packing(dtype)
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(320, 192, generator=generator).to(dtype)
+    packed = packed_weights.pack(weight)
+    x = torch.randn(16, 192, generator=generator).to(dtype)
+    alone = packed_weights.packed_linear(x[:1], packed, None)
+    for rows in (2, 3, 4, 8, 16):
+        assert torch.equal(packed_weights.packed_linear(x[:rows], packed, None)[:1], alone)
 
 
 def test_float16_is_never_packed():

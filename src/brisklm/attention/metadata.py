@@ -28,6 +28,8 @@ class AttentionMetadata:
     # positions of that layout (padding queries sit at position 0, where key 0 is always visible).
     pad_index: torch.Tensor | None = None  # (N,) int64
     padded_positions: torch.Tensor | None = None  # (B, T_max) int64
+    # Rows must come out exactly as computed alone (see ForwardBatch.row_invariant).
+    row_invariant: bool = False
     # Backend-private values computed once per forward (masks per window size, ...).
     cache: dict[object, object] = field(default_factory=dict)
 
@@ -79,6 +81,7 @@ class AttentionMetadata:
         start_positions: list[int],
         query_lens: list[int],
         device: torch.device | str,
+        row_invariant: bool = False,
     ) -> AttentionMetadata:
         positions = [
             p for start, n in zip(start_positions, query_lens) for p in range(start, start + n)
@@ -105,7 +108,29 @@ class AttentionMetadata:
             slot_list=list(slots),
             pad_index=pad_index,
             padded_positions=padded_positions,
+            row_invariant=row_invariant,
         )
+
+    def rows(self) -> list[AttentionMetadata]:
+        """One single-row metadata per row (built once per forward pass, shared by the layers)."""
+        rows = self.cache.get("rows")
+        if rows is None:
+            rows = [
+                AttentionMetadata.build([slot], [start], [length], self.positions.device)
+                for slot, start, length in zip(
+                    self.slot_list, self.start_positions, self.query_lens
+                )
+            ]
+            self.cache["rows"] = rows
+        return rows  # type: ignore[return-value]
+
+    def row_token_ranges(self) -> list[tuple[int, int]]:
+        """(start, end) of each row's tokens in the packed (N, ...) layout."""
+        ranges, start = [], 0
+        for length in self.query_lens:
+            ranges.append((start, start + length))
+            start += length
+        return ranges
 
     def row_positions(self) -> torch.Tensor:
         """(B, T) positions of the row layout attention works in (padded when ragged)."""

@@ -10,6 +10,16 @@ from brisklm.attention.metadata import AttentionMetadata
 
 
 class SdpaAttention(AttentionBackend):
+    """SDPA over a batch's rows, with mask-free fast paths.
+
+    Rows that share their positions (a decode batch of equal-length requests, prompts of one
+    length) run as one call, each row's result the same as alone. Rows that do not run as one call
+    over rows padded to the longest, masked, unless ``meta.row_invariant`` asks for each row to
+    come out exactly as alone: then one call per row over exactly its own keys. Masked padding
+    keys still move the sums (~5e-8), and the per-row calls cost a ragged 8-row decode step 8-24%
+    (docs/benchmarks.md), so they run only for batches that hold a seeded request.
+    """
+
     name = "sdpa"
 
     def forward(
@@ -23,6 +33,29 @@ class SdpaAttention(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         self.write_cache(k, v, k_cache, v_cache, meta)
+        if meta.is_uniform or not meta.row_invariant:
+            return self._attend(q, k, v, k_cache, v_cache, meta, sliding_window)
+        outputs = []
+        for row, (start, end) in zip(meta.rows(), meta.row_token_ranges()):
+            outputs.append(
+                self._attend(
+                    q[start:end], k[start:end], v[start:end], k_cache, v_cache, row, sliding_window
+                )
+            )
+        return torch.cat(outputs)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        """One SDPA call over the rows of ``meta`` (padded and masked if they differ); the caches
+        are already written."""
         num_tokens, num_heads, head_dim = q.shape
         num_queries = meta.max_query_len
         num_keys = meta.max_kv_len
@@ -41,7 +74,7 @@ class SdpaAttention(AttentionBackend):
             is_causal = True
         else:
             mask = meta.allowed_keys(num_keys, sliding_window)
-        if is_causal:  # uniform rows starting at 0: the new keys are all there is
+        if is_causal:  # rows starting at 0: the new keys are all there is
             keys, values = meta.to_rows(k).transpose(1, 2), meta.to_rows(v).transpose(1, 2)
         else:
             keys = self.cached_rows(k_cache, meta, first_key, num_keys - first_key)

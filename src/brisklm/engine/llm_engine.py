@@ -146,6 +146,7 @@ class LLMEngine:
             start_positions=[r.num_cached for r in requests],
             token_ids=[r.uncached_token_ids for r in requests],
             num_logits=[1] * len(requests),
+            row_invariant=any(r.params.is_seeded for r in requests),
         )
         pending_masks = self.structured.start_masks(requests)
         logits = self.runner.forward(forward)

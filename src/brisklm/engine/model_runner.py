@@ -23,6 +23,9 @@ class ForwardBatch:
     start_positions: list[int]
     token_ids: list[list[int]]
     num_logits: list[int]
+    # Compute every row exactly as it would be computed alone (rows of a ragged batch attend one by
+    # one): set when a seeded request is in the batch, so its tokens do not depend on the others.
+    row_invariant: bool = False
 
     def __post_init__(self) -> None:
         if not self.slots:
@@ -66,7 +69,9 @@ class ModelRunner:
                     f"row of {length} tokens at position {start} does not fit the cache of "
                     f"{self.max_seq_len} positions"
                 )
-        meta = AttentionMetadata.build(batch.slots, batch.start_positions, query_lens, self.device)
+        meta = AttentionMetadata.build(
+            batch.slots, batch.start_positions, query_lens, self.device, batch.row_invariant
+        )
         ids = torch.tensor([t for tokens in batch.token_ids for t in tokens], dtype=torch.int64)
         hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (N, E)
         return self.model.compute_logits(self._select(hidden, query_lens, batch.num_logits))

@@ -88,6 +88,7 @@ class Speculator:
             start_positions=[r.num_cached for r in requests],
             token_ids=[feed + p.token_ids for feed, p in zip(feeds, proposals)],
             num_logits=counts,
+            row_invariant=any(r.params.is_seeded for r in requests),
         )
         pending_masks = engine.structured.start_masks(requests, [p.token_ids for p in proposals])
         logits = engine.runner.forward(forward)  # (sum(counts), V)

@@ -30,14 +30,15 @@ logger = logging.getLogger(__name__)
 # for 1 row they took 12.1 ms at 1 row and 16.8 ms at 8.
 _PACK_ROWS_HINT = 8
 
-# Smallest float32 weight worth packing. Each packed product builds a oneDNN primitive descriptor,
-# about 9 us per call here against 1.5 us for F.linear, and a small model's weights stay in the L3
-# cache, where MKL's column-major read is fast enough. Measured per decode step at one row: the
-# bundled draft (2 layers of 192, weights of 0.15-0.8 MB) 0.44 ms packed, 0.33 ms with none packed;
-# the bundled target (weights of 0.4-2.2 MB) and a 125M model (2.4-98 MB) lose nothing when
-# weights under 1 MiB stay strided. bfloat16 weights are always packed: F.linear's bfloat16 product
-# was slower than oneDNN's, or level with it, at every size tried (bundled target 2.7 vs 2.1 ms).
-MIN_FLOAT32_BYTES = 1 << 20
+# Smallest float32 weight packed by default: every one. oneDNN's packed product gives each row the
+# same bits whatever the number of rows, and MKL's (what F.linear runs on strided weights) does
+# not: one row of a 4-row product differs from the row alone by ~1e-5, enough to move a seeded
+# draw to the neighbouring token when the batch changes. Packing costs small models a little at one
+# row: each packed product builds a oneDNN primitive descriptor (~9 us per call against 1.5 us for
+# F.linear), so the bundled draft's decode step takes 0.42 ms packed against 0.34 ms with its
+# weights (0.15-0.8 MB, under 1 MiB) strided, and 0.55 against 0.61 ms at eight rows; the
+# bundled target and larger models are level. ``Linear(min_pack_bytes=...)`` still overrides.
+MIN_FLOAT32_BYTES = 0
 
 
 def _ops_available() -> bool:

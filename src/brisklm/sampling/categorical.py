@@ -25,14 +25,14 @@ def inverse_cdf(dist: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     rounding would move the tail tokens' probabilities by up to ~V * 2^-24 of the total.
     """
     batch_size, vocab_size = dist.shape
-    # One flat cumulative sum, rebased per row: float64 cumsum along the last dim of a (B, V)
-    # tensor is ~10x slower on CPU than over one contiguous run. In place: at 8 x 128k every new
-    # temporary of this size costs more in page faults than its arithmetic.
-    cdf = dist.to(torch.float64).reshape(-1)
-    cdf = cdf.cumsum_(0).view(batch_size, vocab_size)
-    if batch_size > 1:
-        row_start = torch.cat([cdf.new_zeros(1), cdf[:-1, -1]])  # (B,) mass before each row
-        cdf.sub_(row_start[:, None])
+    # One cumulative sum per row, each over its contiguous run: float64 cumsum along the last dim
+    # of a (B, V) tensor is ~10x slower on CPU, and one flat sum rebased per row would round a
+    # row differently from the same row alone (a seeded draw must not depend on its batch). In
+    # place: at 8 x 128k every new temporary of this size costs more in page faults than its
+    # arithmetic.
+    cdf = dist.to(torch.float64, copy=True).contiguous()  # never the caller's tensor
+    for row in cdf:
+        row.cumsum_(0)
     targets = uniforms.to(device=dist.device, dtype=torch.float64)[:, None] * cdf[:, -1:]
     index = torch.searchsorted(cdf, targets, right=True).squeeze(1)  # (B,)
     # u * total can round up to the total itself, past the last token: take the row's last token

@@ -205,6 +205,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def is_seeded(self) -> bool:
+        """True for a sampled request with a seed: its tokens must not depend on its batch."""
+        return self.seed is not None and not self.is_greedy
+
+    @property
     def uses_penalties(self) -> bool:
         """True when any of repetition / presence / frequency penalty is active."""
         return (

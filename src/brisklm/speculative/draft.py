@@ -286,6 +286,7 @@ class DraftModelProposer:
                         ],
                         token_ids=[[plan.drafted[-1]] for plan in active],
                         num_logits=[1] * len(active),
+                        row_invariant=any(plan.row.params.is_seeded for plan in active),
                     )
                 )
         finally:
@@ -307,6 +308,7 @@ class DraftModelProposer:
                     start_positions=[feeds[i][0] for i in group],
                     token_ids=[feeds[i][1] for i in group],
                     num_logits=[1] * len(group),
+                    row_invariant=any(plans[i].row.params.is_seeded for i in group),
                 )
             )
             if len(groups) == 1 and group == sorted(group):
