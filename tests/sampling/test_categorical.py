@@ -84,6 +84,20 @@ def reference_nucleus(logits: torch.Tensor, temperature: float, top_k: int, top_
     return TopPLogitsWarper(top_p)(None, scores).softmax(-1)[0]
 
 
+@pytest.fixture
+def nucleus_widths(monkeypatch) -> list[int]:
+    """How many sorted values each top-p threshold search looked at (a spy on _last_kept)."""
+    widths: list[int] = []
+    last_kept = sampler_module._last_kept
+
+    def spy(values, *args):
+        widths.append(values.shape[-1])
+        return last_kept(values, *args)
+
+    monkeypatch.setattr(sampler_module, "_last_kept", spy)
+    return widths
+
+
 PARAMS = [
     SamplingParams(temperature=0.8, top_p=0.9),
     SamplingParams(temperature=1.0, top_p=0.5, top_k=100),
@@ -99,15 +113,8 @@ PARAMS = [
     [(3, 256), (4, 3000)],
     ids=["peaked-prefix", "flat-row-full-sort"],
 )
-def test_top_p_matches_transformers_on_both_paths(rows, searched, build_md, monkeypatch):
-    widths = []
-    last_kept = sampler_module._last_kept
-
-    def spy(values, *args):
-        widths.append(values.shape[-1])
-        return last_kept(values, *args)
-
-    monkeypatch.setattr(sampler_module, "_last_kept", spy)
+def test_top_p_matches_transformers_on_both_paths(rows, searched, build_md, nucleus_widths):
+    widths = nucleus_widths
     generator = torch.Generator().manual_seed(11)
     vocab = 3000
     peaked = torch.randn(3, vocab, generator=generator) * 6
@@ -129,15 +136,8 @@ TOP_K_PARAMS = [
 ]
 
 
-def test_top_k_with_top_p_finds_the_nucleus_among_the_top_k_values(build_md, monkeypatch):
-    widths = []
-    last_kept = sampler_module._last_kept
-
-    def spy(values, *args):
-        widths.append(values.shape[-1])
-        return last_kept(values, *args)
-
-    monkeypatch.setattr(sampler_module, "_last_kept", spy)
+def test_top_k_with_top_p_finds_the_nucleus_among_the_top_k_values(build_md, nucleus_widths):
+    widths = nucleus_widths
     generator = torch.Generator().manual_seed(12)
     vocab = 3000
     logits = torch.cat(

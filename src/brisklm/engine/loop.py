@@ -94,19 +94,8 @@ class EngineLoop:
     def _fail_pending(self) -> None:
         """After close: fail every queued and running request, and tell each one's consumer."""
         with self._fail_lock:
-            closed = RuntimeError("the engine was closed")
-            while True:
-                try:
-                    kind, payload, sink = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if kind == "add":
-                    assert sink is not None
-                    for request in payload:  # type: ignore[attr-defined]
-                        request.abort("error")
-                        self._sinks[request.request_id] = sink
-                        self._deliver(request, own_exception(closed))
-            for request, result in self._fail_everything(closed):
+            self._drain_inbox()  # requests still queued join the engine's, to fail with them
+            for request, result in self._fail_everything(RuntimeError("the engine was closed")):
                 self._deliver(request, result)
 
     def _retire_if_idle(self) -> bool:
