@@ -75,6 +75,15 @@ def default_model_path(draft: bool = False) -> Path:
     return path
 
 
+def draft_schedule(draft: str | Path, num_speculative_tokens: int, draft_length: str | None) -> str:
+    """The draft length schedule for ``draft``, checked: ``draft_length``, or the proposer's
+    default, adaptive for a draft model and fixed for n-gram lookup (whose proposals cost no
+    draft passes, so shortening them only loses accepted tokens)."""
+    schedule = draft_length or ("fixed" if str(draft) == "ngram" else "adaptive")
+    DraftLengthSchedule(num_speculative_tokens, schedule)  # raises for a bad value
+    return schedule
+
+
 def build_speculator(
     draft: str | Path,
     num_speculative_tokens: int,
@@ -87,14 +96,9 @@ def build_speculator(
     draft_length: str | None = None,
 ) -> Speculator:
     """A proposer for ``draft``: "ngram" (prompt lookup), "default" (the bundled draft) or a model
-    directory; ``draft_length`` is the schedule of tokens proposed per step (``DraftLengthSchedule``),
-    None for the proposer's default: adaptive for a draft model, fixed for n-gram lookup (whose
-    proposals cost no draft passes, so shortening them only loses accepted tokens)."""
-    is_ngram = str(draft) == "ngram"
-    schedule = draft_length or ("fixed" if is_ngram else "adaptive")
-    # Checked before the draft model loads, so a bad value fails fast.
-    DraftLengthSchedule(num_speculative_tokens, schedule)
-    if is_ngram:
+    directory; ``draft_length`` is the schedule of tokens proposed per step (:func:`draft_schedule`)."""
+    schedule = draft_schedule(draft, num_speculative_tokens, draft_length)
+    if str(draft) == "ngram":
         return Speculator(
             NgramProposer(num_speculative_tokens=num_speculative_tokens),
             num_speculative_tokens,
@@ -163,7 +167,7 @@ class LLM:
         """
         directory = Path(path) if path is not None else default_model_path()
         if draft is not None:  # checked before anything loads
-            DraftLengthSchedule(num_speculative_tokens, draft_length or "fixed")
+            draft_schedule(draft, num_speculative_tokens, draft_length)
         elif draft_length is not None:
             raise ValueError(
                 f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "
