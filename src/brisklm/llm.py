@@ -250,7 +250,7 @@ class LLM:
                 f"the prompt has {len(ids)} tokens but the context holds {self.max_seq_len} "
                 "(prompt plus at least one generated token); shorten it or raise max_seq_len"
             )
-        params.validate_for_vocab(self.engine.num_real_tokens)
+        params.validate_for_vocab(self.engine.num_real_tokens, self.tokenizer.eos_token_ids)
         matcher = self.engine.structured.matcher_for(params)
         return Request(
             request_id=self._next_id(),

@@ -136,6 +136,48 @@ def test_stop_strings_span_tokens_and_never_stream(llm):
     )
 
 
+def test_min_tokens_holds_off_stop_strings(llm):
+    reference = llm.generate("The quick brown fox", GREEDY)
+    texts = [llm.tokenizer.decode(reference.token_ids[:n]) for n in range(25)]
+    # A stop string completed by the second token: without min_tokens it ends the output there.
+    stop = texts[2][len(texts[1]) - 1 :] if len(texts[1]) else texts[2]
+    assert stop and texts[2].endswith(stop)
+    base = dict(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
+    early = llm.generate("The quick brown fox", SamplingParams(**base))
+    assert early.finish_reason == "stop" and len(early.token_ids) <= 2
+    for min_tokens in (4, 12):
+        params = SamplingParams(**base, min_tokens=min_tokens)
+        out = llm.generate("The quick brown fox", params)
+        assert len(out.token_ids) >= min_tokens
+        assert out.token_ids == reference.token_ids[: len(out.token_ids)]
+        full = texts[len(out.token_ids)]
+        if out.finish_reason == "stop":  # a later occurrence, completed at a counted token
+            assert full.endswith(stop) and out.text == full[: -len(stop)]
+            assert not texts[len(out.token_ids) - 1].endswith(stop)
+            assert stop not in texts[len(out.token_ids) - 1][len(texts[min_tokens - 1]) :]
+        else:
+            assert out.finish_reason == "length" and out.text == texts[24]
+        assert "".join(llm.stream("The quick brown fox", params)) == out.text
+
+
+def test_min_tokens_with_every_token_a_stop_is_refused(llm):
+    vocab = llm.engine.num_real_tokens
+    bad = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=list(range(vocab)))
+    with pytest.raises(ValueError, match="min_tokens"):
+        llm.generate("Hello", bad)
+    eos = set(llm.tokenizer.eos_token_ids)
+    others = [t for t in range(vocab) if t not in eos]
+    with pytest.raises(ValueError, match="eos"):
+        llm.generate("Hello", SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=others))
+    # With ignore_eos the eos tokens are ordinary ones, so one is left to sample.
+    ok = SamplingParams(
+        temperature=0.0, max_tokens=3, min_tokens=2, stop_token_ids=others, ignore_eos=True
+    )
+    out = llm.generate("Hello", ok)
+    assert len(out.token_ids) >= 2 and set(out.token_ids[:2]) <= eos
+    assert len(llm.generate("Hello", GREEDY).token_ids) == 24
+
+
 def test_context_limit_ends_with_length(llm):
     prompt = list(range(5, 5 + 120))
     out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))

@@ -125,3 +125,53 @@ def test_random_chunkings_property(include: bool) -> None:
             emitted += matcher.flush()
         assert emitted == final == matcher.text, (text, stop, chunks)
         assert matcher.stop_str == stop_str
+
+
+def test_stop_strings_held_off_until_stopping_is_allowed() -> None:
+    # min_tokens: a stop string completed while stopping is not allowed is ordinary text.
+    matcher = StopStringMatcher(["\n"])
+    assert matcher.append("a\n", can_stop=False) == "a\n"
+    assert matcher.append("b\nc", can_stop=True) == "b"
+    assert matcher.stopped and matcher.text == "a\nb"
+    # A stop string that began before stopping was allowed and completes after it counts; its
+    # start stays withheld meanwhile.
+    matcher = StopStringMatcher(["END"])
+    assert matcher.append("xEN", can_stop=False) == "x"
+    assert matcher.append("D", can_stop=True) == ""
+    assert matcher.stopped and matcher.text == "x"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_random_chunkings_with_stopping_allowed_late(include: bool) -> None:
+    rng = random.Random(77)
+    alphabet = "ab<|"
+    for _ in range(400):
+        stop = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+            for _ in range(rng.randint(1, 2))
+        ]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24)))
+        cuts = sorted(rng.sample(range(1, len(text)), min(rng.randint(0, 6), len(text) - 1)))
+        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        first_active = rng.randint(0, len(chunks))
+        boundary = sum(len(c) for c in chunks[:first_active])
+        # Brute force: the first match that ends after the boundary.
+        final, stop_str = text, None
+        for end in range(boundary + 1, len(text) + 1):
+            done = [s for s in stop if text[:end].endswith(s)]
+            if done:
+                stop_str = max(done, key=len)
+                final = text[:end] if include else text[: end - len(stop_str)]
+                break
+
+        matcher = StopStringMatcher(stop, include_stop_str_in_output=include)
+        emitted = ""
+        for index, chunk in enumerate(chunks):
+            emitted += matcher.append(chunk, can_stop=index >= first_active)
+            assert final.startswith(emitted), (text, stop, chunks, first_active)
+            if matcher.stopped:
+                break
+        if not matcher.stopped:
+            emitted += matcher.flush()
+        assert emitted == final == matcher.text, (text, stop, chunks, first_active)
+        assert matcher.stop_str == stop_str

@@ -108,7 +108,7 @@ class Request:
         elif token_id in self.eos_token_ids and enough:
             self._finish("stop", None)
         else:
-            text = self.stop_matcher.append(self.detokenizer.add(token_id))
+            text = self.stop_matcher.append(self.detokenizer.add(token_id), can_stop=enough)
             if self.stop_matcher.stopped:
                 self._finish("stop", self.stop_matcher.stop_str)
             elif self.max_new_tokens == 0:
@@ -134,7 +134,8 @@ class Request:
     def _release_withheld(self) -> str:
         """At the end: emit what the detokenizer held back (incomplete bytes) and the stop matcher
         withheld (a possible stop-string prefix), unless that text completes a stop string."""
-        text = self.stop_matcher.append(self.detokenizer.flush())
+        enough = len(self.output_token_ids) >= self.params.min_tokens
+        text = self.stop_matcher.append(self.detokenizer.flush(), can_stop=enough)
         if self.stop_matcher.stopped:
             self._finish("stop", self.stop_matcher.stop_str)
             return text

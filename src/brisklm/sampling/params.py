@@ -59,7 +59,9 @@ class SamplingParams:
     - ``repetition_penalty`` follows transformers: over prompt and output tokens, positive logits are
       divided by it and negative ones multiplied. ``presence_penalty`` / ``frequency_penalty`` follow
       OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``.
-    - ``min_tokens``: eos and ``stop_token_ids`` cannot be sampled before that many output tokens.
+    - ``min_tokens``: eos and ``stop_token_ids`` cannot be sampled before that many output tokens,
+      and a stop string counts only when it completes at or after the ``min_tokens``-th token
+      (vLLM's rule); text before then that contains one is ordinary output.
     - ``logprobs`` None returns no logprobs; N >= 0 returns the chosen token's plus the top N.
     """
 
@@ -222,9 +224,11 @@ class SamplingParams:
         """The logit bias as a fresh ``{token_id: bias}`` dict (empty when there is none)."""
         return dict(self.logit_bias)
 
-    def validate_for_vocab(self, vocab_size: int) -> None:
+    def validate_for_vocab(self, vocab_size: int, eos_token_ids: Iterable[int] = ()) -> None:
         """Raise ``ValueError`` when a token id in ``logit_bias`` or ``stop_token_ids`` is outside
-        ``[0, vocab_size)``. Call when a request is admitted: the model's vocab is not known here."""
+        ``[0, vocab_size)``, or when ``min_tokens`` leaves no token to sample (``stop_token_ids``
+        and, unless ``ignore_eos``, ``eos_token_ids`` cover the vocabulary). Call when a request is
+        admitted: the model's vocab is not known here."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size={vocab_size} is invalid: must be an int >= 1")
         for token_id, _ in self.logit_bias:
@@ -234,6 +238,17 @@ class SamplingParams:
             if token_id >= vocab_size:
                 raise _fail(
                     "stop_token_ids", token_id, f"token ids in [0, vocab_size={vocab_size})"
+                )
+        if self.min_tokens > 0:
+            held_off = set(self.stop_token_ids)
+            if not self.ignore_eos:
+                held_off.update(t for t in eos_token_ids if 0 <= t < vocab_size)
+            if len(held_off) >= vocab_size:
+                raise _fail(
+                    "min_tokens",
+                    self.min_tokens,
+                    f"0 when stop_token_ids{'' if self.ignore_eos else ' and the eos tokens'} "
+                    f"cover all {vocab_size} tokens (none would be left to sample)",
                 )
 
 

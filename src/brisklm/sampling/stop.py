@@ -83,14 +83,23 @@ class StopStringMatcher:
         """The stop string that ended the request, if any."""
         return None if self.stop_match is None else self.stop_match.stop_str
 
-    def append(self, new_text: str) -> str:
-        """Add ``new_text`` to the output; return the part of the output now safe to stream."""
+    def append(self, new_text: str, can_stop: bool = True) -> str:
+        """Add ``new_text`` to the output; return the part of the output now safe to stream.
+
+        ``can_stop`` False (a request short of its ``min_tokens``) lets a stop string completed by
+        ``new_text`` pass as ordinary text; text that may still become one stays withheld, since
+        a stop string that completes once stopping is allowed counts even if it began before.
+        """
         if self.stopped:
             raise RuntimeError("append() after a stop string matched: the request is finished")
         self.text += new_text
         if not self.stop:
             return self._emit_up_to(len(self.text))
-        match = find_stop_string(self.text, self.stop, num_new_chars=len(new_text))
+        match = (
+            find_stop_string(self.text, self.stop, num_new_chars=len(new_text))
+            if can_stop
+            else None
+        )
         if match is not None:
             self.stop_match = match
             self.text = self.text[: match.end if self.include_stop_str_in_output else match.start]
