@@ -32,6 +32,28 @@ def stream(
     return emitted, matcher
 
 
+def random_case(
+    rng: random.Random,
+    alphabet: str,
+    max_stop_len: int,
+    max_stops: int,
+    min_text: int,
+    max_text: int,
+    max_cuts: int,
+) -> tuple[list[str], str, list[str]]:
+    """Random stop strings, a random text, and the text cut into random chunks."""
+    stop = [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, max_stop_len)))
+        for _ in range(rng.randint(1, max_stops))
+    ]
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randint(min_text, max_text)))
+    cuts = sorted(
+        rng.sample(range(1, len(text)), min(rng.randint(0, max_cuts), max(len(text) - 1, 0)))
+    )
+    chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    return stop, text, chunks
+
+
 def test_stop_string_spanning_chunks() -> None:
     emitted, matcher = stream(["Hello wor", "ld#", "## and more"], ["###"])
     assert emitted == ["Hello wor", "ld", ""]  # "#" withheld until it turned out to be the stop
@@ -96,17 +118,8 @@ def test_no_stop_strings_streams_everything() -> None:
 @pytest.mark.parametrize("include", [False, True])
 def test_random_chunkings_property(include: bool) -> None:
     rng = random.Random(2024)
-    alphabet = "ab<|>"
     for _ in range(400):
-        stop = [
-            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
-            for _ in range(rng.randint(1, 3))
-        ]
-        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
-        cuts = sorted(
-            rng.sample(range(1, len(text)), min(rng.randint(0, 8), max(len(text) - 1, 0)))
-        )
-        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        stop, text, chunks = random_case(rng, "ab<|>", 4, 3, 0, 30, 8)
         final, stop_str = reference_final_text(text, stop, include)
 
         matcher = StopStringMatcher(stop, include_stop_str_in_output=include)
@@ -144,15 +157,8 @@ def test_stop_strings_held_off_until_stopping_is_allowed() -> None:
 @pytest.mark.parametrize("include", [False, True])
 def test_random_chunkings_with_stopping_allowed_late(include: bool) -> None:
     rng = random.Random(77)
-    alphabet = "ab<|"
     for _ in range(400):
-        stop = [
-            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
-            for _ in range(rng.randint(1, 2))
-        ]
-        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24)))
-        cuts = sorted(rng.sample(range(1, len(text)), min(rng.randint(0, 6), len(text) - 1)))
-        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        stop, text, chunks = random_case(rng, "ab<|", 3, 2, 1, 24, 6)
         first_active = rng.randint(0, len(chunks))
         boundary = sum(len(c) for c in chunks[:first_active])
         # Brute force: the first match that ends after the boundary.
