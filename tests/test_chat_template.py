@@ -327,7 +327,7 @@ def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
         ([{"content": "Hi"}], r"messages\[0\]\.role must be a non-empty str, got None"),
         (
             [{"role": "system", "content": 5}, {"role": "user", "content": "Hi"}],
-            r"messages\[0\]\.content must be a str or a list of content blocks \(dicts\), got int",
+            r"messages\[0\]\.content must be a str, a dict or a list of content blocks \(dicts\), got int",
         ),
         ([{"role": "user", "content": ["Hi"]}], r"messages\[0\]\.content must be a str"),
         (

@@ -122,6 +122,9 @@ def _to_dicts(value: Any) -> Any:
         return [_to_dicts(item) for item in value]
     if isinstance(value, tuple):
         return tuple(_to_dicts(item) for item in value)
+    if callable(getattr(value, "to_message_dict", None)) and not isinstance(value, type):
+        # brisklm's ToolCall: the OpenAI shape every family's template reads.
+        return _to_dicts(value.to_message_dict())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_dicts(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if callable(getattr(value, "model_dump", None)):
@@ -159,17 +162,19 @@ def _plain_data(value: Any) -> Any:
 
 def _check_message(index: int, message: dict[str, Any]) -> None:
     """The fields every template relies on, checked so a bad one is named (not a TypeError inside
-    the template): role a str, content a str or a list of content blocks (dicts), tool_calls a
+    the template): role a str, content a str, a dict or a list of content blocks (dicts), tool_calls a
     list of dicts each naming its function."""
     where = f"messages[{index}]"
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise ValueError(f"{where}.role must be a non-empty str, got {role!r}")
     content = message.get("content")
-    if content is not None and not isinstance(content, str):
+    # A dict is passed through as transformers does: Llama 3.1's template writes a tool result
+    # given as a dict with tojson.
+    if content is not None and not isinstance(content, str | dict):
         if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
             raise ValueError(
-                f"{where}.content must be a str or a list of content blocks (dicts), got "
+                f"{where}.content must be a str, a dict or a list of content blocks (dicts), got "
                 f"{type(content).__name__}"
             )
     tool_calls = message.get("tool_calls")

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
+
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 
@@ -31,7 +33,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         help="speculative decoding: a draft model directory, 'default' (the bundled draft) or 'ngram'",
     )
     group.add_argument(
-        "--num-speculative-tokens", type=int, default=4, help="most tokens proposed per step"
+        "--num-speculative-tokens",
+        type=int,
+        default=DEFAULT_NUM_SPECULATIVE_TOKENS,
+        help=f"most tokens proposed per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS})",
     )
     group.add_argument(
         "--draft-length",

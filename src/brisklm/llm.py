@@ -21,13 +21,14 @@ from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.speculative import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
     DraftLengthSchedule,
     DraftModelProposer,
     NgramProposer,
     make_draft_generator,
 )
 from brisklm.tokenizer import Tokenizer
-from brisklm.tool_calls import parse_tool_calls
+from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
 
 Prompt = str | Sequence[int]
 ParamsArg = SamplingParams | Sequence[SamplingParams] | None
@@ -144,7 +145,7 @@ class LLM:
         max_seq_len: int | None = None,
         attention_backend: str = "auto",
         draft: str | Path | None = None,
-        num_speculative_tokens: int = 4,
+        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
         draft_length: str | None = None,
         show_progress: bool = True,
         int4_compute_dtype: str | torch.dtype | None = None,
@@ -450,8 +451,9 @@ class LLM:
     ) -> ChatOutput:
         """One assistant turn for ``messages``; with ``tools``, tool calls are parsed out of the reply."""
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
+        format, params = self._chat_format(tools, params, template_kwargs)
         output = self.generate(ids, params)
-        return self._chat_output(output, tools)
+        return self._chat_output(output, format)
 
     async def achat(
         self,
@@ -461,8 +463,9 @@ class LLM:
         **template_kwargs: Any,
     ) -> ChatOutput:
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
+        format, params = self._chat_format(tools, params, template_kwargs)
         output = await self.agenerate(ids, params)
-        return self._chat_output(output, tools)
+        return self._chat_output(output, format)
 
     def stream_chat(
         self,
@@ -474,9 +477,33 @@ class LLM:
         """Stream the assistant's reply text."""
         return self.stream(self.chat_prompt_ids(messages, tools, **template_kwargs), params)
 
+    def tool_call_format(self, chat_template: str | None = None) -> ToolCallFormat:
+        """How the model writes tool calls (hermes, llama3_json or mistral), read from the chat
+        template it gets with tools (or ``chat_template``, a template name or source)."""
+        try:
+            template = self.tokenizer.template_for(chat_template, has_tools=True)
+        except ValueError:  # no template: tools cannot be rendered anyway
+            template = None
+        return detect_tool_call_format(template, self.tokenizer.token_to_id)
+
+    def _chat_format(
+        self,
+        tools: Sequence[Any] | None,
+        params: SamplingParams | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> tuple[ToolCallFormat | None, SamplingParams | None]:
+        """The tool-call format to parse a reply with (None without tools), and the params to
+        decode it with: special tokens kept when the format's calls start with one."""
+        if not tools:
+            return None, params
+        format = self.tool_call_format(template_kwargs.get("chat_template"))
+        if format.keeps_special_tokens:
+            params = (params or SamplingParams()).with_changes(skip_special_tokens=False)
+        return format, params
+
     @staticmethod
-    def _chat_output(output: GenerationOutput, tools: Sequence[Any] | None) -> ChatOutput:
-        content, calls = parse_tool_calls(output.text) if tools else (output.text, [])
+    def _chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
+        content, calls = format.parse(output.text) if format else (output.text, [])
         finish = "tool_calls" if calls and output.finish_reason == "stop" else output.finish_reason
         return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
 

@@ -112,3 +112,11 @@ class ChatOutput:
     @property
     def usage(self) -> Usage:
         return self.output.usage
+
+    def message(self) -> dict[str, Any]:
+        """The turn as a message to append to the history for the next ``chat`` call (tool
+        calls in the OpenAI shape, which every family's template reads)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.to_message_dict() for call in self.tool_calls]
+        return message

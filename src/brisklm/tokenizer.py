@@ -241,6 +241,12 @@ class Tokenizer:
             **extra,
         )
 
+    def template_for(self, requested: str | None = None, has_tools: bool = False) -> str:
+        """The template source ``apply_chat_template`` renders with: ``requested`` (a name of the
+        checkpoint's templates or a template itself), else the ``tool_use`` one when tools are
+        given, else the default. ValueError when the checkpoint has none."""
+        return self._select_template(requested, has_tools)
+
     def _select_template(self, requested: str | None, has_tools: bool) -> str:
         if requested is not None:
             return self.chat_templates.get(requested, requested)

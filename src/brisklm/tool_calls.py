@@ -1,4 +1,7 @@
-"""Tool calls in the Hermes / Qwen2.5 chat format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""
+"""Tool calls, and the Hermes / Qwen2.5 chat format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+The other families' formats (Llama 3 JSON, Mistral) build on these pieces in ``brisklm.tool_formats``.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +33,15 @@ class ToolCall:
     arguments: dict[str, Any]
     id: str = field(default_factory=new_tool_call_id)
 
+    def to_message_dict(self) -> dict[str, Any]:
+        """The call as chat templates read it in an assistant message's ``tool_calls``: the
+        OpenAI shape, ``{"id", "type": "function", "function": {"name", "arguments"}}``."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
 
 def parse_tool_call_body(body: str) -> ToolCall | None:
     """The call written between the tags, or None unless it is a JSON object with a string "name".
@@ -41,6 +53,11 @@ def parse_tool_call_body(body: str) -> ToolCall | None:
         data = json.loads(body)
     except json.JSONDecodeError:
         return None
+    return tool_call_from_json(data)
+
+
+def tool_call_from_json(data: Any) -> ToolCall | None:
+    """A decoded JSON value as a call (see ``parse_tool_call_body``), or None."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
@@ -110,7 +127,7 @@ class ToolCallComplete:
 ToolCallEvent = ContentDelta | ToolCallDelta | ToolCallComplete
 
 
-def _partial_tag_length(text: str, tag: str) -> int:
+def partial_tag_length(text: str, tag: str) -> int:
     """Length of the longest end of `text` that could be the start of `tag` (0 if none)."""
     for length in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:length]):
@@ -147,7 +164,7 @@ class ToolCallStreamParser:
             tag = TOOL_CALL_END if self._in_block else TOOL_CALL_START
             found = self._buffer.find(tag)
             if found < 0:
-                settled = len(self._buffer) - _partial_tag_length(self._buffer, tag)
+                settled = len(self._buffer) - partial_tag_length(self._buffer, tag)
                 self._take(self._buffer[:settled], events)
                 self._buffer = self._buffer[settled:]
                 return events
@@ -234,6 +251,35 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     return prepared
 
 
+def check_tool_choice_mode(mode: Any) -> None:
+    if mode not in ("auto", "required", "none"):
+        raise ValueError(f"mode must be 'auto', 'required' or 'none', got {mode!r}")
+
+
+def call_alternatives(
+    tools: Sequence[Any], mode: str, arguments_key: str, head: str = "", tail: str = ""
+) -> list[str]:
+    """Lark rules ``call`` (one alternative per tool: ``{"name": NAME, "<arguments_key>": ARGS}``
+    between ``head`` and ``tail``) and ``arguments_<k>`` (ARGS under the tool's parameters schema)."""
+    functions: list[dict[str, Any]] = []
+    for tool in tools:
+        function = _tool_function(tool)
+        if function not in functions:  # two tools of one name: a call may follow either schema
+            functions.append(function)
+    if not functions:
+        raise ValueError(f"mode {mode!r} needs at least one tool")
+    alternatives = []
+    for k, function in enumerate(functions):
+        name = json.dumps(function["name"], ensure_ascii=False)
+        start = f'{head}{{"name": {name}, "{arguments_key}": '
+        alternatives.append(f"{_lark_literal(start)} arguments_{k} {_lark_literal('}' + tail)}")
+    lines = ["call: " + "\n    | ".join(alternatives)]
+    for k, function in enumerate(functions):
+        schema = json.dumps(_arguments_schema(function), ensure_ascii=False)
+        lines.append(f"arguments_{k}: %json {schema}")
+    return lines
+
+
 def tool_call_grammar(
     tools: Sequence[Any], mode: ToolChoiceMode = "auto", *, parallel: bool = True
 ) -> str:
@@ -242,7 +288,7 @@ def tool_call_grammar(
     Calls are written as the Hermes chat templates write them, `<tool_call>\\n{"name": NAME,
     "arguments": ARGS}\\n</tool_call>`, several joined by "\\n"; each tool is one alternative with
     its name fixed and ARGS under its parameters schema (`%json`, strict: declared keys only), so
-    every call parses and validates.
+    every call parses and validates. Other families' formats: ``brisklm.tool_formats``.
 
     - "auto": free text, which may end in tool calls: `<tool_call>` (a lazy lexeme, so plain text
       stays free) commits the model to a valid call; after the calls only more calls or the end.
@@ -254,21 +300,14 @@ def tool_call_grammar(
     Raises ValueError for an unknown mode, no tools, or parameters that are not an object schema, and
     ConstraintError (a ValueError) for a schema that cannot be enforced.
     """
-    if mode not in ("auto", "required", "none"):
-        raise ValueError(f"mode must be 'auto', 'required' or 'none', got {mode!r}")
+    check_tool_choice_mode(mode)
     lines = ["%llguidance {}"]
     if mode == "none":
         lines.append("start: TEXT_WITHOUT_CALLS")
         # Any text, minus the texts that contain the tag (regex and-not; the tag has no metacharacters).
         lines.append(f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/")
         return "\n".join(lines) + "\n"
-    functions: list[dict[str, Any]] = []
-    for tool in tools:
-        function = _tool_function(tool)
-        if function not in functions:  # two tools of one name: a call may follow either schema
-            functions.append(function)
-    if not functions:
-        raise ValueError(f"mode {mode!r} needs at least one tool")
+    rules = call_alternatives(tools, mode, "arguments", head="\n", tail="\n" + TOOL_CALL_END)
     more = f" ({_lark_literal(chr(10) + TOOL_CALL_START)} call)*" if parallel else ""
     if mode == "auto":
         lines.append(f"start: TEXT | text_then_call call{more}")
@@ -276,13 +315,5 @@ def tool_call_grammar(
         lines.append("TEXT: /(?s:.*)/")
     else:
         lines.append(f"start: {_lark_literal(TOOL_CALL_START)} call{more}")
-    alternatives = []
-    for k, function in enumerate(functions):
-        head = f'\n{{"name": {json.dumps(function["name"], ensure_ascii=False)}, "arguments": '
-        tail = "}\n" + TOOL_CALL_END
-        alternatives.append(f"{_lark_literal(head)} arguments_{k} {_lark_literal(tail)}")
-    lines.append("call: " + "\n    | ".join(alternatives))
-    for k, function in enumerate(functions):
-        schema = json.dumps(_arguments_schema(function), ensure_ascii=False)
-        lines.append(f"arguments_{k}: %json {schema}")
+    lines.extend(rules)
     return "\n".join(lines) + "\n"

@@ -56,3 +56,17 @@ def test_maximum_must_be_a_positive_int(schedule, value):
 def test_unknown_schedule_names_the_choices():
     with pytest.raises(ValueError, match="'greedy'.*adaptive, fixed"):
         DraftLengthSchedule(4, "greedy")
+
+
+def test_every_entry_point_shares_the_default_maximum():
+    import inspect
+
+    from brisklm import LLM
+    from brisklm.cli import build_parser
+    from brisklm.speculative import DEFAULT_NUM_SPECULATIVE_TOKENS, NgramProposer
+
+    signature = inspect.signature(LLM.from_pretrained)
+    assert signature.parameters["num_speculative_tokens"].default == DEFAULT_NUM_SPECULATIVE_TOKENS
+    args = build_parser().parse_args(["generate", "hi"])
+    assert args.num_speculative_tokens == DEFAULT_NUM_SPECULATIVE_TOKENS
+    assert NgramProposer().num_speculative_tokens == DEFAULT_NUM_SPECULATIVE_TOKENS

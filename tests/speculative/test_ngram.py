@@ -41,7 +41,8 @@ def test_returns_empty_when_nothing_matches():
     assert proposer.lookup([]) == []
     # A unigram match exists, but min_ngram=2 rules it out.
     assert NgramProposer(max_ngram=3, min_ngram=2).lookup([4, 1, 2, 3, 4]) == []
-    assert NgramProposer(max_ngram=3, min_ngram=1).lookup([4, 1, 2, 3, 4]) == [1, 2, 3, 4]
+    unigram = NgramProposer(max_ngram=3, min_ngram=1, num_speculative_tokens=4)
+    assert unigram.lookup([4, 1, 2, 3, 4]) == [1, 2, 3, 4]
 
 
 def test_respects_k():

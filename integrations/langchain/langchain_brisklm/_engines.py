@@ -9,6 +9,7 @@ from pathlib import Path
 
 from brisklm import LLM, default_model_path
 from brisklm.loader import resolve_device, resolve_dtype
+from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 MODEL_ENV_VAR = "BRISKLM_MODEL"
 """Environment variable naming the default model directory (else the bundled model is used)."""
@@ -24,7 +25,7 @@ class EngineKey:
     max_batch_size: int
     max_seq_len: int | None
     draft: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     draft_length: str | None = None
 
 
@@ -63,7 +64,7 @@ def get_engine(
     max_batch_size: int = 8,
     max_seq_len: int | None = None,
     draft: str | None = None,
-    num_speculative_tokens: int = 4,
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
     draft_length: str | None = None,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from brisklm import LLM, SamplingParams
+from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from langchain_brisklm._engines import default_model, get_engine, model_display_name
 
 # Per-call keyword arguments that override a field for one call, e.g. invoke(..., temperature=0).
@@ -44,7 +45,7 @@ class BriskSettings(BaseModel):
     draft: str | None = None
     """Speculative decoding: a draft model directory, "default" (the bundled draft) or "ngram".
     The output is the same as without it; only the speed changes."""
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     """Most tokens the draft proposes per step (with ``draft``)."""
     draft_length: str | None = None
     """"adaptive" (default with a draft model: shorter proposals after rejections) or "fixed"

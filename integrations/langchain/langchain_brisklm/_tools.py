@@ -23,11 +23,11 @@ from brisklm.tool_calls import (
     ContentDelta,
     ToolCallComplete,
     ToolCallDelta,
-    ToolCallStreamParser,
     ToolChoiceMode,
     new_tool_call_id,
     parse_tool_call_body,
 )
+from brisklm.tool_formats import ToolCallFormat
 
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
 ToolChoice = str | dict[str, Any] | bool | None
@@ -290,8 +290,8 @@ class ToolCallChunker:
     chunks with pieces of its arguments JSON; the pieces joined are the arguments exactly.
     """
 
-    def __init__(self) -> None:
-        self._parser = ToolCallStreamParser()
+    def __init__(self, tool_format: ToolCallFormat | None = None) -> None:
+        self._parser = (tool_format or ToolCallFormat()).stream_parser()
         self._calls: dict[int, _CallState] = {}
 
     def feed(self, text: str) -> tuple[str, list[ToolCallChunk]]:
@@ -345,9 +345,11 @@ class ToolCallChunker:
 
     @staticmethod
     def _complete(index: int, state: _CallState, call: Any) -> list[ToolCallChunk]:
-        if state.head_end is None:  # not in the grammar's layout: send the parsed call whole
+        if (
+            state.head_end is None
+        ):  # not streamed (another format, or another layout): send it whole
             args = json.dumps(call.arguments, ensure_ascii=False)
-            return [tool_call_chunk(name=call.name, args=args, id=state.id, index=index)]
+            return [tool_call_chunk(name=call.name, args=args, id=call.id, index=index)]
         body = state.raw.strip()
         arguments = body[state.head_end : -1].rstrip() if body.endswith("}") else ""
         rest = arguments[state.emitted :]

@@ -33,7 +33,8 @@ from brisklm import LLM
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
-from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
+from brisklm.tool_calls import parse_tool_calls
+from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._tools import (
@@ -62,6 +63,7 @@ class _Call:
     request: Request
     parse_tools: bool
     model_name: str
+    tool_format: ToolCallFormat
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
@@ -180,20 +182,24 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # Checked without tools too: a choice that requires a call cannot be met without one.
         choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
         constraint: dict[str, Any] = {}
-        parse_tools = False
         if response_format is not None:
             constraint["json_schema"] = self._response_json_schema(response_format)
-        elif tools:
+        llm = self._engine(model)  # loaded once the call's options are known to be valid
+        # Calls are decoded and parsed in the model's own format (read from its chat template).
+        tool_format = llm.tool_call_format()
+        parse_tools = False
+        if tools and response_format is None:
             mode, allowed = grammar_mode(tools, choice)
             single = choice not in ("auto", "required", "none") or parallel is False
-            constraint["grammar"] = tool_call_grammar(allowed, mode, parallel=not single)
+            constraint["grammar"] = tool_format.grammar(allowed, mode, parallel=not single)
             parse_tools = mode != "none"
-        llm = self._engine(model)  # loaded once the call's options are known to be valid
+            if parse_tools and tool_format.keeps_special_tokens:
+                constraint["skip_special_tokens"] = False  # the calls' tag is a special token
         prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         request = llm.make_request(prompt_ids, params)
         name = model if isinstance(model, str) else self.model_name
-        return _Call(llm, request, parse_tools, name)
+        return _Call(llm, request, parse_tools, name, tool_format)
 
     @staticmethod
     def _response_json_schema(response_format: Any) -> dict[str, Any]:
@@ -227,10 +233,12 @@ class ChatBrisk(BriskSettings, BaseChatModel):
 
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
         invalid = []
-        if call.parse_tools:
+        if call.parse_tools and call.tool_format.name == "hermes":
             text, cut = split_cut_call(output.text)
             content, calls = parse_tool_calls(text)
             invalid = [cut] if cut is not None else []
+        elif call.parse_tools:
+            content, calls = call.tool_format.parse(output.text)
         else:
             content, calls = output.text, []
         tool_calls = [
@@ -451,7 +459,7 @@ class _ChunkConverter:
 
     def __init__(self, call: _Call) -> None:
         self.call = call
-        self.chunker = ToolCallChunker() if call.parse_tools else None
+        self.chunker = ToolCallChunker(call.tool_format) if call.parse_tools else None
 
     def convert(self, chunk: StreamChunk) -> list[ChatGenerationChunk]:
         out: list[ChatGenerationChunk] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any
 
@@ -196,6 +196,17 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _as_bool(name, getattr(self, name))
 
+    def with_changes(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` applied, validated like a new instance. The resolved
+        ``constraint`` carries over (the options it came from are not repeated), unless
+        ``changes`` set a constraint option of their own."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(_NO_CONSTRAINT_OPTIONS)
+        if changes.keys() & {*_NO_CONSTRAINT_OPTIONS, "constraint"}:
+            values["constraint"] = None
+        values.update(changes)
+        return SamplingParams(**values)
+
     @classmethod
     def greedy(cls, **kwargs: Any) -> SamplingParams:
         """Greedy decoding (temperature 0) with any other fields given as keywords."""
@@ -250,6 +261,17 @@ class SamplingParams:
                     f"0 when stop_token_ids{'' if self.ignore_eos else ' and the eos tokens'} "
                     f"cover all {vocab_size} tokens (none would be left to sample)",
                 )
+
+
+# The constraint options unset: what with_changes passes so a resolved constraint is not given twice.
+_NO_CONSTRAINT_OPTIONS: dict[str, Any] = {
+    "json_schema": None,
+    "json_object": False,
+    "regex": None,
+    "choice": None,
+    "grammar": None,
+    "grammar_syntax": "lark",
+}
 
 
 def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:

@@ -1,7 +1,11 @@
 """Speculative decoding core: proposers (draft model, n-gram lookup) and the lossless rejection sampler."""
 
 from brisklm.speculative.draft import DraftModelProposer, check_compatible, make_draft_generator
-from brisklm.speculative.draft_length import SCHEDULES, DraftLengthSchedule
+from brisklm.speculative.draft_length import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    SCHEDULES,
+    DraftLengthSchedule,
+)
 from brisklm.speculative.ngram import NgramProposer
 from brisklm.speculative.proposer import DraftBatch, DraftRow, Proposal, Proposer, batch_proposals
 from brisklm.speculative.rejection import rejection_sample
@@ -13,6 +17,7 @@ from brisklm.speculative.verify import (
 )
 
 __all__ = [
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "SCHEDULES",
     "DraftBatch",
     "DraftLengthSchedule",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from brisklm.speculative.proposer import DraftRow, Proposal
 
 
@@ -26,7 +27,10 @@ class NgramProposer:
     """
 
     def __init__(
-        self, max_ngram: int = 3, min_ngram: int = 1, num_speculative_tokens: int = 4
+        self,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(

@@ -1,0 +1,239 @@
+"""How each model family writes its tool calls: detected from the chat template, parsed, enforced.
+
+- ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Hermes, Qwen2/2.5,
+  brisklm's bundled models; the default for templates that show no other format).
+- ``llama3_json``: Llama 3.1/3.2/3.3 JSON tool calling. The whole reply is one call,
+  ``{"name": ..., "parameters": {...}}``, possibly after the ``<|python_tag|>`` special token;
+  several calls are separated by ``;``.
+- ``mistral``: Mistral v0.3 / Nemo. Content, then the ``[TOOL_CALLS]`` special token and a JSON
+  array of ``{"name": ..., "arguments": {...}}``. Their templates require call ids of exactly 9
+  alphanumeric characters, so calls parsed in this format get such ids.
+
+The tag tokens are special tokens, which decoding drops by default: a chat turn with tools in a
+format with a tag is decoded with ``skip_special_tokens=False`` (``ToolCallFormat.keeps_special_tokens``).
+Grammars (``ToolCallFormat.grammar``) write each format as its templates show calls in the history,
+with the tag as its token (llguidance's ``<[id]>``), so the constrained output stays in distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from brisklm.tool_calls import (
+    ContentDelta,
+    ToolCall,
+    ToolCallComplete,
+    ToolCallEvent,
+    ToolCallStreamParser,
+    ToolChoiceMode,
+    call_alternatives,
+    check_tool_choice_mode,
+    new_tool_call_id,
+    parse_tool_calls,
+    partial_tag_length,
+    tool_call_from_json,
+    tool_call_grammar,
+)
+
+FORMAT_NAMES = ("hermes", "llama3_json", "mistral")
+MISTRAL_TAG = "[TOOL_CALLS]"
+LLAMA_TAG = "<|python_tag|>"
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_mistral_tool_call_id() -> str:
+    """9 random alphanumeric characters: the only ids Mistral's chat templates accept."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """One family's way of writing tool calls; ``tag_token_id`` is the tag's id in the model's vocabulary."""
+
+    name: str = "hermes"
+    tag_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in FORMAT_NAMES:
+            raise ValueError(
+                f"unknown tool-call format {self.name!r}; expected one of {', '.join(FORMAT_NAMES)}"
+            )
+
+    @property
+    def tag(self) -> str | None:
+        """The special token that opens the calls (None for hermes, whose tags are plain text)."""
+        return {"llama3_json": LLAMA_TAG, "mistral": MISTRAL_TAG}.get(self.name)
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether replies must be decoded with special tokens kept, so the tag reaches the parser."""
+        return self.tag_token_id is not None
+
+    def new_id(self) -> str:
+        return new_mistral_tool_call_id() if self.name == "mistral" else new_tool_call_id()
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """Split a reply into its content and its tool calls (as ``parse_tool_calls`` for hermes).
+
+        Calls that do not parse leave the reply as content, tags included.
+        """
+        if self.name == "hermes":
+            return parse_tool_calls(text)
+        if self.name == "mistral":
+            start = text.find(MISTRAL_TAG)
+            if start < 0:
+                return text.strip(), []
+            calls = _parse_json_calls(text[start + len(MISTRAL_TAG) :], self.new_id, array=True)
+            return (text[:start].strip(), calls) if calls else (text.strip(), [])
+        body = text.strip()
+        if body.startswith(LLAMA_TAG):
+            body = body[len(LLAMA_TAG) :]
+        if not body.lstrip().startswith("{"):
+            return text.strip(), []
+        calls = _parse_json_calls(body, self.new_id, array=False)
+        return ("", calls) if calls else (text.strip(), [])
+
+    def stream_parser(self) -> ToolCallStreamParser | TailCallStreamParser:
+        """An incremental parser whose events add up to ``parse`` of the whole reply."""
+        return ToolCallStreamParser() if self.name == "hermes" else TailCallStreamParser(self)
+
+    def grammar(
+        self, tools: Sequence[Any], mode: ToolChoiceMode = "auto", *, parallel: bool = True
+    ) -> str:
+        """A Lark grammar (llguidance) for one assistant turn that may call ``tools`` in this format.
+
+        Modes as ``tool_call_grammar``: "auto" (text, or calls), "required" (calls only), "none"
+        (text that does not start calls).
+        """
+        if self.name == "hermes":
+            return tool_call_grammar(tools, mode, parallel=parallel)
+        check_tool_choice_mode(mode)
+        lines = ["%llguidance {}"]
+        tag = f"<[{self.tag_token_id}]>" if self.tag_token_id is not None else None
+        if self.name == "mistral":
+            # Text cannot produce the special tag, so content and calls need no lazy split.
+            if mode == "none" or tag is None and mode == "auto":
+                lines.append("start: TEXT")
+            else:
+                if tag is None:
+                    raise ValueError(
+                        f"the {MISTRAL_TAG} tag is not one token of this tokenizer: the mistral "
+                        "tool-call format cannot be enforced"
+                    )
+                more = ' (", " call)*' if parallel else ""
+                calls = f'{tag} " "? "[" call{more} "]"'
+                lines.append(f"start: TEXT {calls}" if mode == "auto" else f"start: {calls}")
+            lines.append("TEXT: /(?s:.*)/")
+            key = "arguments"
+        else:
+            # A reply that starts with "{" (after blanks) is a call; text must not.
+            more = ' (";" " "? call)*' if parallel else ""
+            if mode == "none":
+                lines.append("start: TEXT")
+            elif mode == "auto":
+                lines.append(f"start: TEXT | call{more}")
+            else:
+                lines.append(f"start: call{more}")
+            lines.append(r"TEXT: /(?s:\s*|\s*[^\s{].*)/")
+            key = "parameters"
+        if mode != "none":
+            lines.extend(call_alternatives(tools, mode, key))
+        return "\n".join(lines) + "\n"
+
+
+def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list[ToolCall]:
+    """Calls written as JSON: an array of call objects (or one object) when ``array``, else call
+    objects separated by ";". Empty unless all of ``text`` parses into calls."""
+    decoder = json.JSONDecoder()
+    values: list[Any] = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return []
+        values.extend(value if array and isinstance(value, list) else [value])
+        position = end
+        rest = text[position:].lstrip()
+        if array:
+            if rest:
+                return []
+            break
+        if rest and not rest.startswith(";"):
+            return []
+        position = len(text) - len(rest[1:].lstrip()) if rest else len(text)
+    calls = []
+    for value in values:
+        call = tool_call_from_json(value)
+        if call is None:
+            return []
+        calls.append(ToolCall(call.name, call.arguments, id=new_id()))
+    return calls
+
+
+def detect_tool_call_format(
+    chat_template: str | None, token_id: Callable[[str], int | None]
+) -> ToolCallFormat:
+    """The format a chat template shows tool calls in; ``token_id`` maps a token's text to its id."""
+    template = chat_template or ""
+    if MISTRAL_TAG in template:
+        return ToolCallFormat("mistral", token_id(MISTRAL_TAG))
+    if LLAMA_TAG in template or ('"parameters"' in template and "<|start_header_id|>" in template):
+        return ToolCallFormat("llama3_json", token_id(LLAMA_TAG))
+    return ToolCallFormat("hermes")
+
+
+class TailCallStreamParser:
+    """Incremental ``ToolCallFormat.parse`` for formats whose calls end the reply (llama3_json,
+    mistral): content streams until the calls begin, the calls are parsed at the end.
+
+    Events: ``ContentDelta`` and, from ``finish``, ``ToolCallComplete``. Text that may still turn
+    out to begin the calls (a partial tag, a leading "{") is held back until it is decided.
+    """
+
+    def __init__(self, format: ToolCallFormat) -> None:
+        self._format = format
+        self._text = ""
+        self._emitted = ""
+        self._num_calls = 0
+
+    @property
+    def num_calls(self) -> int:
+        """Tool calls completed so far (all of them arrive with ``finish``)."""
+        return self._num_calls
+
+    def feed(self, delta: str) -> list[ToolCallEvent]:
+        self._text += delta
+        return self._emit(self._text[: self._safe_length()].strip())
+
+    def finish(self) -> list[ToolCallEvent]:
+        content, calls = self._format.parse(self._text)
+        events = self._emit(content)
+        for call in calls:
+            events.append(ToolCallComplete(self._num_calls, call))
+            self._num_calls += 1
+        return events
+
+    def _safe_length(self) -> int:
+        """How much of the text is content whatever comes next."""
+        text = self._text
+        if self._format.name == "mistral":
+            start = text.find(MISTRAL_TAG)
+            return start if start >= 0 else len(text) - partial_tag_length(text, MISTRAL_TAG)
+        head = text.lstrip()
+        if not head or head.startswith(("{", LLAMA_TAG)) or LLAMA_TAG.startswith(head):
+            return 0  # calls, or not yet known
+        return len(text)
+
+    def _emit(self, content: str) -> list[ToolCallEvent]:
+        if len(content) <= len(self._emitted):
+            return []
+        new = content[len(self._emitted) :]
+        self._emitted = content
+        return [ContentDelta(new)]

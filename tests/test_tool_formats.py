@@ -1,0 +1,286 @@
+"""Tool-call formats of Llama 3 and Mistral beside Hermes: detection, parsing, streaming, grammars,
+and chat turns end to end on tiny models whose templates show calls in each format."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from brisklm import LLM, SamplingParams
+from brisklm.tool_calls import ContentDelta, ToolCall, ToolCallComplete
+from brisklm.tool_formats import (
+    LLAMA_TAG,
+    MISTRAL_TAG,
+    ToolCallFormat,
+    detect_tool_call_format,
+)
+from tests.tiny import make_tiny_checkpoint
+
+# Compact templates in the two families' layouts (written for these tests).
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message.role == 'user' %}"
+    "{% if tools and loop.last %}[AVAILABLE_TOOLS] {{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST] {{ message.content }}[/INST]"
+    "{% elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS] ["
+    "{% for call in message.tool_calls %}"
+    "{% if call.id is not defined or call.id|length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+    "{% endif %}"
+    '{"name": {{ call.function.name|tojson }}, "arguments": {{ call.function.arguments|tojson }}, '
+    '"id": "{{ call.id }}"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}'
+    "{% elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}"
+    "{% elif message.role == 'tool' %}[TOOL_RESULTS] {{ message.content|tojson }}[/TOOL_RESULTS]"
+    "{% endif %}{% endfor %}"
+)
+LLAMA_TEMPLATE = (
+    "{% for message in messages %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n"
+    "{% if message.tool_calls %}{% set call = message.tool_calls[0].function %}"
+    '{"name": "{{ call.name }}", "parameters": {{ call.arguments|tojson }}}'
+    "{% elif message.content is mapping %}{{ message.content|tojson }}"
+    "{% else %}{{ message.content }}{% endif %}<|eot_id|>{% endfor %}"
+    "{% if tools %}Respond in the format "
+    '{"name": function name, "parameters": dictionary of argument name and its value}. '
+    "{{ tools|tojson }}{% endif %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n{% endif %}"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["unit"],
+        },
+    },
+}
+HERMES = ToolCallFormat("hermes")
+LLAMA = ToolCallFormat("llama3_json", 7)
+MISTRAL = ToolCallFormat("mistral", 9)
+
+
+def test_detection_from_the_template() -> None:
+    ids = {MISTRAL_TAG: 9, LLAMA_TAG: 7}.get
+    assert detect_tool_call_format(MISTRAL_TEMPLATE, ids) == MISTRAL
+    assert detect_tool_call_format(LLAMA_TEMPLATE, ids) == LLAMA
+    assert detect_tool_call_format("{{ '<tool_call>' }}", ids) == HERMES
+    assert detect_tool_call_format(None, ids) == HERMES
+    # A tag the vocabulary lacks: the format still parses, but decoding has nothing to keep.
+    assert not detect_tool_call_format(MISTRAL_TEMPLATE, lambda _: None).keeps_special_tokens
+    with pytest.raises(ValueError, match="unknown tool-call format 'json'"):
+        ToolCallFormat("json")
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ('{"name": "f", "parameters": {"x": 1}}', "", [("f", {"x": 1})]),
+        (LLAMA_TAG + '{"name": "f", "arguments": {}}', "", [("f", {})]),
+        (' {"name": "f", "parameters": {"x": 1}}; {"name": "g"}', "", [("f", {"x": 1}), ("g", {})]),
+        ("Paris is sunny.", "Paris is sunny.", []),
+        ('{"name": "f", "parameters": {"x": 1}} trailing', None, []),  # not a call: content
+        ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON that is not a call
+        ('{"name": "f", "parameters": {"x": ', None, []),  # cut off
+    ],
+)
+def test_llama3_json_parse(text: str, content: str | None, calls: list) -> None:
+    got_content, got = LLAMA.parse(text)
+    assert got_content == (text.strip() if content is None else content)
+    assert [(c.name, c.arguments) for c in got] == calls
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        (MISTRAL_TAG + ' [{"name": "f", "arguments": {"x": "é"}}]', "", [("f", {"x": "é"})]),
+        (
+            "Let me check." + MISTRAL_TAG + '[{"name": "f", "arguments": {}}, {"name": "g"}]',
+            "Let me check.",
+            [("f", {}), ("g", {})],
+        ),
+        (MISTRAL_TAG + '{"name": "f", "arguments": {"x": 2}}', "", [("f", {"x": 2})]),
+        ("No tools needed.", "No tools needed.", []),
+        (MISTRAL_TAG + ' [{"name": "f", "arguments": {"x"', None, []),
+        (MISTRAL_TAG + ' [{"oops": 1}]', None, []),
+    ],
+)
+def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
+    got_content, got = MISTRAL.parse(text)
+    assert got_content == (text.strip() if content is None else content)
+    assert [(c.name, c.arguments) for c in got] == calls
+    for call in got:  # Mistral's templates accept only 9 alphanumeric characters
+        assert len(call.id) == 9 and call.id.isalnum()
+
+
+@pytest.mark.parametrize("tool_format", [HERMES, LLAMA, MISTRAL], ids=lambda f: f.name)
+def test_stream_parser_adds_up_to_the_batch_parse(tool_format: ToolCallFormat) -> None:
+    texts = [
+        '{"name": "f", "parameters": {"x": 1}}',
+        ' \n{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
+        LLAMA_TAG + '{"name": "f", "parameters": {}}',
+        "<|python_tagline is text",
+        "Plain answer,\n with  spaces. ",
+        "Checking." + MISTRAL_TAG + ' [{"name": "f", "arguments": {"a": [1, 2]}}]',
+        "Checking. " + MISTRAL_TAG + " not json",
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+        "",
+    ]
+    rng = random.Random(5)
+    for text in texts:
+        for _ in range(20):
+            cuts = sorted(rng.sample(range(1, max(len(text), 2)), min(4, max(len(text) - 1, 0))))
+            pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+            parser = tool_format.stream_parser()
+            events = [e for piece in pieces for e in parser.feed(piece)] + parser.finish()
+            content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+            calls = [e.call for e in events if isinstance(e, ToolCallComplete)]
+            want_content, want_calls = tool_format.parse(text)
+            assert content == want_content, (tool_format.name, pieces)
+            assert [(c.name, c.arguments) for c in calls] == [
+                (c.name, c.arguments) for c in want_calls
+            ]
+            assert parser.num_calls == len(want_calls)
+
+
+def test_content_streams_before_the_calls_begin() -> None:
+    parser = MISTRAL.stream_parser()
+    assert parser.feed("Let me look ") == [ContentDelta("Let me look")]
+    assert parser.feed("that up. [TOOL") == [ContentDelta(" that up.")]
+    assert parser.feed('_CALLS] [{"name": "f"}]') == []
+    assert [type(e) for e in parser.finish()] == [ToolCallComplete]
+    parser = LLAMA.stream_parser()
+    assert parser.feed(" <|py") == []  # may be the tag
+    assert parser.feed("thon_tag|>{") == []
+    parser = LLAMA.stream_parser()
+    assert parser.feed("Sure") == [ContentDelta("Sure")]
+
+
+def test_tool_call_message_dict_is_the_openai_shape() -> None:
+    call = ToolCall("f", {"x": 1}, id="abc123XYZ")
+    assert call.to_message_dict() == {
+        "id": "abc123XYZ",
+        "type": "function",
+        "function": {"name": "f", "arguments": {"x": 1}},
+    }
+
+
+# ----------------------------------------------------------------- end to end on tiny models
+
+
+def _checkpoint(directory: Path, template: str) -> Path:
+    from tokenizers import AddedToken, Tokenizer
+
+    make_tiny_checkpoint(directory)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.add_special_tokens(
+        [AddedToken(MISTRAL_TAG, special=True), AddedToken(LLAMA_TAG, special=True)]
+    )
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {
+        name: _checkpoint(root / name, template)
+        for name, template in (("mistral", MISTRAL_TEMPLATE), ("llama3_json", LLAMA_TEMPLATE))
+    }
+
+
+@pytest.fixture(scope="module")
+def family_llms(family_dirs: dict[str, Path]):
+    llms = {
+        name: LLM.from_pretrained(path, max_batch_size=2) for name, path in family_dirs.items()
+    }
+    yield llms
+    for llm in llms.values():
+        llm.close()
+
+
+@pytest.mark.parametrize("family", ["mistral", "llama3_json"])
+def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> None:
+    llm = family_llms[family]
+    tool_format = llm.tool_call_format()
+    assert tool_format.name == family
+    assert tool_format.tag_token_id == llm.tokenizer.token_to_id(tool_format.tag)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    grammar = tool_format.grammar([WEATHER], "required", parallel=False)
+    params = SamplingParams(temperature=0.0, max_tokens=160, grammar=grammar)
+    reply = llm.chat(messages, params, tools=[WEATHER])
+    assert reply.finish_reason == "tool_calls", reply.output.text
+    assert [c.name for c in reply.tool_calls] == ["get_weather"]
+    assert reply.tool_calls[0].arguments["unit"] in ("celsius", "fahrenheit")
+    if family == "mistral":
+        assert reply.output.text.startswith(MISTRAL_TAG)  # the special tag is kept for parsing
+        assert len(reply.tool_calls[0].id) == 9
+    # The turn and a tool result go back into the history; the template reads the calls.
+    history = [
+        *messages,
+        reply.message(),
+        {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": {"temp": 21}},
+    ]
+    prompt = llm.tokenizer.decode(llm.chat_prompt_ids(history, tools=[WEATHER]), False)
+    assert "get_weather" in prompt and '{"temp": 21}' in prompt
+
+
+@pytest.mark.parametrize("family", ["mistral", "llama3_json"])
+def test_auto_and_none_grammars(family_llms, family: str) -> None:
+    llm = family_llms[family]
+    tool_format = llm.tool_call_format()
+    messages = [{"role": "user", "content": "Hello"}]
+    # The token that starts the calls: the special tag, or "{" for Llama's bare JSON.
+    if family == "mistral":
+        opener = tool_format.tag_token_id
+    else:
+        (opener,) = llm.tokenizer.encode("{", add_special_tokens=False)
+
+    def reply(mode: str, bias: float):
+        grammar = tool_format.grammar([WEATHER], mode, parallel=False)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=160, grammar=grammar, logit_bias={opener: bias}
+        )
+        return llm.chat(messages, params, tools=[WEATHER])
+
+    # "auto": a model that wants to call gets a valid call ...
+    called = reply("auto", 100.0)
+    assert [c.name for c in called.tool_calls] == ["get_weather"], called.output.text
+    # ... and one that does not writes text, which never starts a call.
+    text = reply("auto", -100.0)
+    assert not text.tool_calls and text.content
+    # "none": the calls' opener is refused however much the model wants it.
+    refused = reply("none", 100.0)
+    assert not refused.tool_calls
+    if family == "mistral":
+        assert MISTRAL_TAG not in refused.output.text
+    else:
+        assert not refused.output.text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("family", ["mistral", "llama3_json"])
+def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> None:
+    pytest.importorskip("langchain_brisklm")
+    from langchain_brisklm import ChatBrisk
+
+    chat = ChatBrisk(model=str(family_dirs[family]), temperature=0, max_tokens=160)
+    bound = chat.bind_tools([WEATHER], tool_choice="get_weather")
+    message = bound.invoke("Weather in Paris?")
+    assert [c["name"] for c in message.tool_calls] == ["get_weather"]
+    assert message.tool_calls[0]["args"]["unit"] in ("celsius", "fahrenheit")
+    streamed = None
+    for chunk in bound.stream("Weather in Paris?"):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed is not None
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [
+        (c["name"], c["args"]) for c in message.tool_calls
+    ]
+    if family == "mistral":
+        assert all(len(c["id"]) == 9 for c in streamed.tool_calls + message.tool_calls)
