@@ -198,6 +198,12 @@ def load_model(
                     "quantization config (config.json quantization_config or quantize_config.json) "
                     "is missing or leaves this module in float"
                 )
+            elif entry[1] == "weight" and (entry[0], "qweight", entry[2]) in expected:
+                hint = (
+                    "; the quantization config quantizes this module but the checkpoint stores "
+                    "it in float (check modules_to_not_convert, modules_in_block_to_quantize or "
+                    "dynamic in the quantization config)"
+                )
             raise CheckpointError(
                 f"{file}: unexpected tensor {name!r} (not part of a {config.architecture}{hint})"
             )

@@ -169,6 +169,39 @@ def test_unsupported_is_a_clear_error(override: dict, match: str) -> None:
         assert "supports GPTQ int4" in str(info.value)  # says what is supported
 
 
+def test_bitsandbytes_config_without_quant_method_is_refused() -> None:
+    # transformers reads load_in_4bit / load_in_8bit without a quant_method as bitsandbytes.
+    for flag in ("load_in_4bit", "load_in_8bit"):
+        with pytest.raises(ValueError, match="quant_method='bitsandbytes'"):
+            GPTQConfig.from_dict({flag: True, "bits": 4})
+
+
+def test_informational_fields_may_be_null() -> None:
+    cfg = GPTQConfig.from_dict(AUTO_GPTQ | {"damp_percent": None, "true_sequential": None})
+    assert cfg.damp_percent == 0.01
+    with pytest.raises(ValueError, match="damp_percent must be a number"):
+        GPTQConfig.from_dict(AUTO_GPTQ | {"damp_percent": "lots"})
+
+
+def test_modules_in_block_to_quantize() -> None:
+    groups = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["mlp.up_proj"]]
+    cfg = GPTQConfig.from_dict(TRANSFORMERS | {"modules_in_block_to_quantize": groups})
+    assert cfg.is_quantized("model.layers.0.self_attn.k_proj")
+    assert cfg.is_quantized("model.layers.11.mlp.up_proj")
+    assert not cfg.is_quantized("model.layers.0.self_attn.o_proj")
+    assert not cfg.is_quantized("model.layers.3.mlp.down_proj")
+    assert not cfg.is_quantized("lm_head")
+    again = GPTQConfig.from_dict(json.loads(json.dumps(cfg.to_quantize_config())))
+    assert again.modules_in_block_to_quantize == cfg.modules_in_block_to_quantize
+    assert GPTQConfig.from_dict(
+        TRANSFORMERS | {"modules_in_block_to_quantize": ["mlp.up_proj"]}
+    ).is_quantized("model.layers.2.mlp.up_proj")  # (TRANSFORMERS leaves layer 0's mlp in float)
+    with pytest.raises(ValueError, match="modules_in_block_to_quantize"):
+        GPTQConfig.from_dict(TRANSFORMERS | {"modules_in_block_to_quantize": "mlp.up_proj"})
+    with pytest.raises(ValueError, match="modules_in_block_to_quantize"):
+        GPTQConfig.from_dict(TRANSFORMERS | {"modules_in_block_to_quantize": [[3]]})
+
+
 def test_direct_construction_validates() -> None:
     with pytest.raises(ValueError, match="bits"):
         GPTQConfig(bits=8)
@@ -214,6 +247,20 @@ def test_from_pretrained_sources(tmp_path: Path) -> None:
     _write(tmp_path / "clash" / "quantize_config.json", AUTO_GPTQ | {"group_size": 32})
     with pytest.raises(ValueError, match="disagree.*group_size"):
         GPTQConfig.from_pretrained(tmp_path / "clash")
+
+    # Fields one file leaves out are not compared with its defaults: sym / desc_act do not change
+    # how tensors read, and a format only quantize_config.json states is taken from it.
+    (tmp_path / "partial").mkdir()
+    partial = {k: v for k, v in AUTO_GPTQ.items() if k not in ("desc_act", "sym")}
+    _write(
+        tmp_path / "partial" / "config.json",
+        plain | {"quantization_config": {**partial, "checkpoint_format": None}},
+    )
+    _write(
+        tmp_path / "partial" / "quantize_config.json",
+        AUTO_GPTQ | {"sym": False, "checkpoint_format": "gptq_v2"},
+    )
+    assert GPTQConfig.from_pretrained(tmp_path / "partial").checkpoint_format == "gptq_v2"
 
     (tmp_path / "awq").mkdir()
     _write(

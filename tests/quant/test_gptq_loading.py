@@ -194,6 +194,35 @@ def test_gptq_tensors_without_config_are_explained(hf_models, tmp_path):
         load_model(directory, device="cpu", show_progress=False)
 
 
+def test_modules_in_block_to_quantize_leaves_the_rest_in_float(hf_models, tmp_path):
+    """optimum / transformers describe a partly quantized layer by the modules that are quantized."""
+    directory = write_gptq_checkpoint(
+        hf_models["llama"], tmp_path / "q", group_size=32, modules_to_not_convert=("o_proj",)
+    )
+    config = json.loads((directory / "config.json").read_text())
+    quant = config["quantization_config"]
+    del quant["modules_to_not_convert"]
+    quant["modules_in_block_to_quantize"] = [
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        ["mlp.gate_proj", "mlp.up_proj"],
+        ["mlp.down_proj"],
+    ]
+    (directory / "config.json").write_text(json.dumps(config))
+    model = load_exact(directory)
+    assert isinstance(model.model.layers[0].self_attn.o_proj, Linear)
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, GPTQMergedLinear)
+    float_dir = write_dequantized_copy(directory, tmp_path / "float")
+    reference = all_logits(
+        load_model(float_dir, device="cpu", dtype="float32", show_progress=False)
+    )
+    assert_close(all_logits(model), reference, 1e-4)
+    # A config that says o_proj is quantized, while the file stores it in float, says so.
+    quant["modules_in_block_to_quantize"].append(["self_attn.o_proj"])
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="stores it in float"):
+        load_model(directory, device="cpu", show_progress=False)
+
+
 def test_missing_gptq_tensor_is_reported(hf_models, tmp_path):
     from safetensors.torch import load_file, save_file
 

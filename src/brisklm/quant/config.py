@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -20,8 +21,18 @@ SUPPORTED_MSG = (
     "checkpoint_format 'gptq' (v1) or 'gptq_v2', pack_dtype int32"
 )
 
-# Fields that change how the tensors must be read; quantize_config.json and config.json must agree on them.
-_FORMAT_FIELDS = ("bits", "group_size", "sym", "desc_act", "checkpoint_format", "lm_head")
+# Fields that change how the tensors must be read or which modules hold them; quantize_config.json
+# and config.json must agree on those both files state. (sym and desc_act do not matter: zero points
+# and g_idx are stored in the tensors.)
+_FORMAT_FIELDS = ("bits", "group_size", "checkpoint_format", "lm_head", "modules_in_block_to_quantize")
+# The config keys behind each field, to tell whether a file states it.
+_FIELD_KEYS = {
+    "bits": ("bits",),
+    "group_size": ("group_size",),
+    "checkpoint_format": ("format", "checkpoint_format"),
+    "lm_head": ("lm_head",),
+    "modules_in_block_to_quantize": ("modules_in_block_to_quantize",),
+}
 
 
 def _check_group_size(group_size: int) -> None:
@@ -41,7 +52,9 @@ class GPTQConfig:
 
     `lm_head` says whether the output projection is quantized too; `modules_to_not_convert` lists
     module names (or name fragments, matched as transformers does) left in float; `skip_patterns`
-    holds GPTQModel `dynamic` rules of the form ``-:regex`` (modules left in float). The remaining
+    holds GPTQModel `dynamic` rules of the form ``-:regex`` (modules left in float);
+    `modules_in_block_to_quantize` (transformers / optimum), when given, lists the modules of each
+    decoder layer that are quantized (``self_attn.q_proj``, ...), the others being float. The remaining
     fields (`damp_percent`, `true_sequential`, `static_groups`) only describe how the quantizer ran.
     """
 
@@ -53,6 +66,7 @@ class GPTQConfig:
     lm_head: bool = False
     modules_to_not_convert: tuple[str, ...] = ()
     skip_patterns: tuple[str, ...] = ()
+    modules_in_block_to_quantize: tuple[str, ...] = ()
     damp_percent: float = 0.01
     true_sequential: bool = True
     static_groups: bool = False
@@ -86,7 +100,10 @@ class GPTQConfig:
         cfg = {str(k).lower(): v for k, v in raw.items()}
         meta = cfg.get("meta") if isinstance(cfg.get("meta"), Mapping) else {}
 
-        method = cfg.get("quant_method", cfg.get("method", "gptq"))
+        method = cfg.get("quant_method", cfg.get("method"))
+        if method is None and (cfg.get("load_in_4bit") or cfg.get("load_in_8bit")):
+            method = "bitsandbytes"  # transformers' reading of a config without quant_method
+        method = "gptq" if method is None else method
         if not isinstance(method, str) or method.lower() != "gptq":
             raise ValueError(f"quant_method={method!r} is not supported. {SUPPORTED_MSG}")
         if cfg.get("is_marlin_format"):
@@ -118,7 +135,10 @@ class GPTQConfig:
             lm_head=bool(cfg.get("lm_head", False)),
             modules_to_not_convert=tuple(str(m) for m in not_convert),
             skip_patterns=skip,
-            damp_percent=float(cfg.get("damp_percent", meta.get("damp_percent", 0.01))),
+            modules_in_block_to_quantize=_read_block_modules(
+                cfg.get("modules_in_block_to_quantize")
+            ),
+            damp_percent=_informational_float(cfg, meta, "damp_percent", 0.01),
             true_sequential=bool(cfg.get("true_sequential", meta.get("true_sequential", True))),
             static_groups=bool(cfg.get("static_groups", meta.get("static_groups", False))),
             extra=dict(raw),
@@ -146,13 +166,22 @@ class GPTQConfig:
             diff = [
                 f"{name}: {getattr(from_config_json, name)!r} vs {getattr(from_quantize_json, name)!r}"
                 for name in _FORMAT_FIELDS
-                if getattr(from_config_json, name) != getattr(from_quantize_json, name)
+                if _states(from_config_json, name)
+                and _states(from_quantize_json, name)
+                and getattr(from_config_json, name) != getattr(from_quantize_json, name)
             ]
             if diff:
                 raise ValueError(
                     f"{model_dir}: config.json's quantization_config and {QUANTIZE_CONFIG_FILE} "
                     f"disagree ({'; '.join(diff)})"
                 )
+            # What only quantize_config.json states (e.g. checkpoint_format) is not a default.
+            stated = {
+                name: getattr(from_quantize_json, name)
+                for name in _FORMAT_FIELDS
+                if _states(from_quantize_json, name) and not _states(from_config_json, name)
+            }
+            return dataclasses.replace(from_config_json, **stated)
         return from_config_json if from_config_json is not None else from_quantize_json
 
     # ------------------------------------------------------------------ using
@@ -167,6 +196,10 @@ class GPTQConfig:
             return self.lm_head
         if any(key in module_name for key in self.modules_to_not_convert):
             return False
+        if self.modules_in_block_to_quantize:
+            in_block = _LAYER_PREFIX.sub("", module_name, count=1)
+            if in_block != module_name and in_block not in self.modules_in_block_to_quantize:
+                return False
         return not any(re.match(pattern, module_name) for pattern in self.skip_patterns)
 
     def to_quantize_config(self) -> dict[str, Any]:
@@ -188,7 +221,52 @@ class GPTQConfig:
             out["modules_to_not_convert"] = list(self.modules_to_not_convert)
         if self.skip_patterns:
             out["dynamic"] = {f"-:{p}": {} for p in self.skip_patterns}
+        if self.modules_in_block_to_quantize:
+            out["modules_in_block_to_quantize"] = [list(self.modules_in_block_to_quantize)]
         return out
+
+
+# Everything up to a decoder layer's own modules: "model.layers.3." in "model.layers.3.mlp.up_proj".
+_LAYER_PREFIX = re.compile(r"^(?:.*\.)?layers\.\d+\.")
+
+
+def _states(config: GPTQConfig, name: str) -> bool:
+    """Whether the file ``config`` was read from states field ``name`` (defaults are not compared)."""
+    keys = _FIELD_KEYS[name]
+    return any(str(k).lower() in keys and v is not None for k, v in config.extra.items())
+
+
+def _read_block_modules(value: Any) -> tuple[str, ...]:
+    """transformers' ``modules_in_block_to_quantize``: a list of lists (the quantizer's sequential
+    groups) or a flat list of module names within a decoder layer."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(
+            f"modules_in_block_to_quantize must be a list of lists of module names, got {value!r}"
+        )
+    names: list[str] = []
+    for item in value:
+        group = item if isinstance(item, list) else [item]
+        if not all(isinstance(name, str) and name for name in group):
+            raise ValueError(
+                f"modules_in_block_to_quantize must hold module names (str), got {item!r}"
+            )
+        names.extend(group)
+    return tuple(names)
+
+
+def _informational_float(
+    cfg: Mapping[str, Any], meta: Mapping[str, Any], name: str, default: float
+) -> float:
+    """A field that only describes how the quantizer ran: null or absent reads as the default."""
+    value = cfg.get(name, meta.get(name))
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisklm.models import packed_weights
+
 from . import triton_int4
 from .gptq import quantize_rtn
 from .gptq_format import (
@@ -303,10 +305,10 @@ class GPTQLinear(nn.Module):
         self.register_buffer(
             "_perm", layout.perm.to(device) if use_perm else None, persistent=False
         )
+        # Added in float32: Qwen2's q/k/v biases reach ~100 while the products are ~1, and a
+        # bfloat16 bias added to a bfloat16 product lost up to 0.8 (a float32 sum: 0.008).
         self.register_buffer(
-            "_bias",
-            None if self.bias is None else self.bias.to(self.compute_dtype or torch.float32),
-            persistent=False,
+            "_bias", None if self.bias is None else self.bias.float(), persistent=False
         )
         self.backend = chosen
         self._device = self.qweight.device  # concrete (cuda -> cuda:0), to compare with inputs
@@ -387,7 +389,14 @@ class GPTQLinear(nn.Module):
             self.g_idx,
             checkpoint_format=self.checkpoint_format,
         )
-        self.register_buffer("_dense_weight", weight.to(dtype), persistent=False)
+        weight = weight.to(dtype)
+        self._dense_packed = None
+        if weight.device.type == "cpu" and packed_weights.packing_supported(dtype):
+            # oneDNN's packed product gives each row the same bits whatever the row count (MKL's
+            # F.linear does not), which keeps seeded sampling independent of the batch.
+            self._dense_packed = packed_weights.pack(weight)
+            weight = None
+        self.register_buffer("_dense_weight", weight, persistent=False)
         self.compute_dtype = dtype
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
@@ -412,7 +421,12 @@ class GPTQLinear(nn.Module):
             raise ValueError(f"expected last dim {self.in_features}, got {tuple(x.shape)}")
         rows = x.reshape(-1, self.in_features)  # (M, K)
         if self.backend == "dense":
-            y = F.linear(rows.to(self.compute_dtype), self._dense_weight)
+            if self._dense_packed is not None:
+                y = packed_weights.packed_linear(
+                    rows.to(self.compute_dtype), self._dense_packed, None
+                )
+            else:
+                y = F.linear(rows.to(self.compute_dtype), self._dense_weight)
         elif self.backend == "triton":
             xk = (
                 rows
@@ -435,7 +449,7 @@ class GPTQLinear(nn.Module):
             if self._num_out_padded != self.out_features:
                 y = y[:, : self.out_features]
         if self._bias is not None:
-            y = y + self._bias.to(y.dtype)
+            y = y.float() + self._bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def _require_gptq_tensors(self, what: str) -> None:
