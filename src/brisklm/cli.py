@@ -47,14 +47,31 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_sampling_args(parser: argparse.ArgumentParser, default_temperature: float) -> None:
+# Sampling flags left unset take the model's generation_config.json value, else these.
+_MODEL_DEFAULTED = {
+    "max_tokens": 256,
+    "temperature": 0.7,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+}
+_FROM_MODEL = "(default: the model's generation_config.json, else {})"
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling")
-    group.add_argument("--max-tokens", type=int, default=256)
-    group.add_argument("--temperature", type=float, default=default_temperature, help="0 = greedy")
-    group.add_argument("--top-k", type=int, default=0, help="0 = disabled")
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--min-p", type=float, default=0.0)
-    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    defaults = {name: _FROM_MODEL.format(value) for name, value in _MODEL_DEFAULTED.items()}
+    group.add_argument("--max-tokens", type=int, default=None, help=defaults["max_tokens"])
+    group.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy " + defaults["temperature"]
+    )
+    group.add_argument("--top-k", type=int, default=None, help="0 = off " + defaults["top_k"])
+    group.add_argument("--top-p", type=float, default=None, help=defaults["top_p"])
+    group.add_argument("--min-p", type=float, default=None, help=defaults["min_p"])
+    group.add_argument(
+        "--repetition-penalty", type=float, default=None, help=defaults["repetition_penalty"]
+    )
     group.add_argument("--presence-penalty", type=float, default=0.0)
     group.add_argument("--frequency-penalty", type=float, default=0.0)
     group.add_argument("--seed", type=int, default=None)
@@ -86,14 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="complete a prompt, streaming to stdout")
     generate.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     _add_model_args(generate)
-    _add_sampling_args(generate, default_temperature=0.7)
+    _add_sampling_args(generate)
     generate.add_argument(
         "--usage", action="store_true", help="print token usage to stderr at the end"
     )
 
     chat = commands.add_parser("chat", help="interactive chat using the model's chat template")
     _add_model_args(chat)
-    _add_sampling_args(chat, default_temperature=0.7)
+    _add_sampling_args(chat)
     chat.add_argument("--system", default=None, help="system message")
 
     quantize = commands.add_parser(
@@ -184,16 +201,17 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _sampling_params(args: argparse.Namespace) -> Any:
+def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | None = None) -> Any:
+    """The flags' SamplingParams; unset flags take ``model_defaults`` (the checkpoint's
+    generation_config.json), then the CLI's own defaults. Called once before loading the model
+    (to refuse bad flags early) and once after."""
     from brisklm.sampling import SamplingParams
 
+    given = {name: getattr(args, name) for name in _MODEL_DEFAULTED}
+    chosen = {**_MODEL_DEFAULTED, **(model_defaults or {})}
+    chosen.update({name: value for name, value in given.items() if value is not None})
     return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
+        **chosen,
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
@@ -220,9 +238,9 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _run_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    params = _sampling_params(args)
+    _sampling_params(args)
     llm = _load(args)
-    request = llm.make_request(prompt, params)
+    request = llm.make_request(prompt, _sampling_params(args, llm.sampling_defaults))
     for chunk in llm.stream_request(request):
         if chunk.text:
             sys.stdout.write(chunk.text)
@@ -243,8 +261,9 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _run_chat(args: argparse.Namespace) -> int:
-    params = _sampling_params(args)
+    _sampling_params(args)
     llm = _load(args)
+    params = _sampling_params(args, llm.sampling_defaults)
     interactive = sys.stdin.isatty()
     messages: list[dict[str, str]] = []
     if args.system:

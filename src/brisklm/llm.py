@@ -20,6 +20,7 @@ from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
+from brisklm.sampling.generation_config import sampling_defaults
 from brisklm.speculative import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     DraftLengthSchedule,
@@ -130,6 +131,8 @@ class LLM:
         self.engine = engine
         self.tokenizer: Tokenizer = engine.tokenizer
         self.model_path = model_path
+        # The checkpoint's recommended sampling (generation_config.json), used when no params are given.
+        self.sampling_defaults: dict[str, Any] = sampling_defaults(model_path)
         self._loop = EngineLoop(engine)
         self._request_counter = itertools.count()
         self._id_prefix = uuid.uuid4().hex[:8]
@@ -215,6 +218,12 @@ class LLM:
         return cls(call_in_scratch_thread(build), directory)
 
     # ----------------------------------------------------------------- requests
+    def default_sampling_params(self, **changes: Any) -> SamplingParams:
+        """The SamplingParams used when a call passes none: brisklm's defaults, overridden by the
+        checkpoint's generation_config.json (``sampling_defaults``: temperature, top_k, top_p,
+        min_p, repetition_penalty, max_new_tokens as max_tokens), then by ``changes``."""
+        return SamplingParams(**{**self.sampling_defaults, **changes})
+
     @property
     def max_seq_len(self) -> int:
         return self.engine.max_seq_len
@@ -276,7 +285,7 @@ class LLM:
         if not prompts:
             raise ValueError("no prompts given: pass a prompt or a non-empty list of prompts")
         if params is None or isinstance(params, SamplingParams):
-            params_list = [params or SamplingParams()] * len(prompts)
+            params_list = [params or self.default_sampling_params()] * len(prompts)
         elif isinstance(params, list | tuple):
             params_list = list(params)
             if len(params_list) != len(prompts):
@@ -346,7 +355,7 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> Iterator[StreamChunk]:
         """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
-        request = self.make_request(prompt, params or SamplingParams())
+        request = self.make_request(prompt, params or self.default_sampling_params())
         self._check_open()
         return self.stream_request(request)
 
@@ -402,7 +411,7 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> AsyncIterator[StreamChunk]:
         """Async ``stream_chunks`` (use with ``async for``); bad input raises at the call."""
-        request = self.make_request(prompt, params or SamplingParams())
+        request = self.make_request(prompt, params or self.default_sampling_params())
         self._check_open()
         return self.astream_request(request)
 
@@ -498,7 +507,9 @@ class LLM:
             return None, params
         format = self.tool_call_format(template_kwargs.get("chat_template"))
         if format.keeps_special_tokens:
-            params = (params or SamplingParams()).with_changes(skip_special_tokens=False)
+            params = (params or self.default_sampling_params()).with_changes(
+                skip_special_tokens=False
+            )
         return format, params
 
     @staticmethod

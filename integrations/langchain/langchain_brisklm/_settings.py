@@ -52,7 +52,8 @@ class BriskSettings(BaseModel):
     (default with "ngram": always ``num_speculative_tokens``)."""
 
     temperature: float | None = None
-    """Sampling temperature; 0 is greedy. None: brisklm's default (1.0)."""
+    """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's
+    generation_config.json value, else brisklm's default (1.0)."""
     max_tokens: int | None = None
     """Most tokens to generate; None: until the model stops or the context is full."""
     top_p: float | None = None
@@ -122,6 +123,9 @@ class BriskSettings(BaseModel):
         values = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         values.update({k: v for k, v in overrides.items() if k in SAMPLING_FIELDS})
         options = {k: v for k, v in values.items() if v is not None}
+        # Unset fields take the checkpoint's generation_config.json sampling (not its length limit).
+        recommended = {k: v for k, v in llm.sampling_defaults.items() if k != "max_tokens"}
+        options = {**recommended, **options}
         # Without a limit, generate until the model stops; the engine also stops at the context's end.
         options.setdefault("max_tokens", max(1, llm.max_seq_len - num_prompt_tokens))
         stops = stop if stop is not None else self.stop
