@@ -33,7 +33,9 @@ MISTRAL_TEMPLATE = (
     '{"name": {{ call.function.name|tojson }}, "arguments": {{ call.function.arguments|tojson }}, '
     '"id": "{{ call.id }}"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}'
     "{% elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}"
-    "{% elif message.role == 'tool' %}[TOOL_RESULTS] {{ message.content|tojson }}[/TOOL_RESULTS]"
+    "{% elif message.role == 'tool' %}[TOOL_RESULTS] "
+    '{"content": {{ message.content|tojson }}, "call_id": "{{ message.tool_call_id }}"}'
+    "[/TOOL_RESULTS]"
     "{% endif %}{% endfor %}"
 )
 LLAMA_TEMPLATE = (
@@ -81,7 +83,12 @@ def test_detection_from_the_template() -> None:
     [
         ('{"name": "f", "parameters": {"x": 1}}', "", [("f", {"x": 1})]),
         (LLAMA_TAG + '{"name": "f", "arguments": {}}', "", [("f", {})]),
-        (' {"name": "f", "parameters": {"x": 1}}; {"name": "g"}', "", [("f", {"x": 1}), ("g", {})]),
+        (
+            ' {"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
+            "",
+            [("f", {"x": 1}), ("g", {})],
+        ),
+        ('{"name": "Ada", "age": 36}', '{"name": "Ada", "age": 36}', []),  # an answer, not a call
         ("Paris is sunny.", "Paris is sunny.", []),
         ('{"name": "f", "parameters": {"x": 1}} trailing', None, []),  # not a call: content
         ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON that is not a call
@@ -99,7 +106,9 @@ def test_llama3_json_parse(text: str, content: str | None, calls: list) -> None:
     [
         (MISTRAL_TAG + ' [{"name": "f", "arguments": {"x": "é"}}]', "", [("f", {"x": "é"})]),
         (
-            "Let me check." + MISTRAL_TAG + '[{"name": "f", "arguments": {}}, {"name": "g"}]',
+            "Let me check."
+            + MISTRAL_TAG
+            + '[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]',
             "Let me check.",
             [("f", {}), ("g", {})],
         ),
@@ -107,6 +116,7 @@ def test_llama3_json_parse(text: str, content: str | None, calls: list) -> None:
         ("No tools needed.", "No tools needed.", []),
         (MISTRAL_TAG + ' [{"name": "f", "arguments": {"x"', None, []),
         (MISTRAL_TAG + ' [{"oops": 1}]', None, []),
+        (MISTRAL_TAG + ' [{"name": "f"}]', None, []),  # a call names its arguments
     ],
 )
 def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
@@ -151,7 +161,7 @@ def test_content_streams_before_the_calls_begin() -> None:
     parser = MISTRAL.stream_parser()
     assert parser.feed("Let me look ") == [ContentDelta("Let me look")]
     assert parser.feed("that up. [TOOL") == [ContentDelta(" that up.")]
-    assert parser.feed('_CALLS] [{"name": "f"}]') == []
+    assert parser.feed('_CALLS] [{"name": "f", "arguments": {}}]') == []
     assert [type(e) for e in parser.finish()] == [ToolCallComplete]
     parser = LLAMA.stream_parser()
     assert parser.feed(" <|py") == []  # may be the tag
@@ -167,6 +177,30 @@ def test_tool_call_message_dict_is_the_openai_shape() -> None:
         "type": "function",
         "function": {"name": "f", "arguments": {"x": 1}},
     }
+
+
+def test_mistral_templates_get_nine_character_ids() -> None:
+    """Ids from elsewhere (OpenAI's "call_...", LangChain's) are mapped to the 9 characters
+    Mistral's templates demand, the same in the call and in the result that answers it."""
+    from brisklm.chat_template import render_chat_template
+
+    function = {"name": "get_weather", "arguments": {"unit": "celsius"}}
+    call = {"id": "call_0b62d4bd61ca4ba4a01005c2", "type": "function", "function": function}
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "21"},
+    ]
+    special = {"bos_token": "<s>", "eos_token": "</s>"}
+    rendered = render_chat_template(MISTRAL_TEMPLATE, history, [WEATHER], True, special)
+    mapped = rendered.split('"id": "')[1][:9]
+    assert mapped.isalnum() and rendered.split('"id": "')[1][9] == '"'
+    assert call["id"] not in rendered
+    assert f'"call_id": "{mapped}"' in rendered  # the result still answers its call
+    assert render_chat_template(MISTRAL_TEMPLATE, history, [WEATHER], True, special) == rendered
+    history[1] = {"role": "assistant", "tool_calls": [{**call, "id": "abc123XYZ"}]}
+    kept = render_chat_template(MISTRAL_TEMPLATE, history, None, True, special)
+    assert '"id": "abc123XYZ"' in kept
 
 
 # ----------------------------------------------------------------- end to end on tiny models
@@ -198,9 +232,7 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def family_llms(family_dirs: dict[str, Path]):
-    llms = {
-        name: LLM.from_pretrained(path, max_batch_size=2) for name, path in family_dirs.items()
-    }
+    llms = {name: LLM.from_pretrained(path, max_batch_size=2) for name, path in family_dirs.items()}
     yield llms
     for llm in llms.values():
         llm.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import string
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -263,6 +265,8 @@ def render_chat_template(
         raise ValueError(
             "cannot apply a chat template to an empty conversation; give at least one message"
         )
+    if _NINE_CHARACTER_IDS in template:
+        messages = _nine_character_ids(messages)
     compiled = compile_chat_template(template)
     tool_schemas = None if tools is None else [tool_json_schema(tool) for tool in tools]
     if tool_schemas is not None:
@@ -292,6 +296,43 @@ def render_chat_template(
     if final_content is not None:
         rendered = _cut_at_final_message(rendered, final_content)
     return rendered
+
+
+# Mistral's templates refuse any tool-call id that is not 9 characters long (the check reads
+# `tool_call.id|length != 9`), so a history from another source (OpenAI-style "call_..." ids, LangChain)
+# cannot be rendered as transformers would render it: it would raise. Such ids are mapped, as vLLM
+# does for Mistral models, to 9 alphanumeric characters derived from the id, the same in the
+# assistant's calls and the tool results that answer them.
+_NINE_CHARACTER_IDS = "length != 9"
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def _nine_character_id(call_id: str) -> str:
+    if len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest()[:8], "big")
+    digits = []
+    for _ in range(9):
+        number, index = divmod(number, len(_ID_ALPHABET))
+        digits.append(_ID_ALPHABET[index])
+    return "".join(digits)
+
+
+def _nine_character_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for message in messages:
+        message = dict(message)
+        if isinstance(message.get("tool_call_id"), str):
+            message["tool_call_id"] = _nine_character_id(message["tool_call_id"])
+        if isinstance(message.get("tool_calls"), list):
+            calls = []
+            for call in message["tool_calls"]:
+                if isinstance(call, dict) and isinstance(call.get("id"), str):
+                    call = {**call, "id": _nine_character_id(call["id"])}
+                calls.append(call)
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
 
 
 # A marker appended to the final message so its end can be found (and cut) in the rendered chat

@@ -170,6 +170,9 @@ def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list
         position = len(text) - len(rest[1:].lstrip()) if rest else len(text)
     calls = []
     for value in values:
+        # Unlike a tagged Hermes block, bare JSON may be an answer: a call names its arguments.
+        if not isinstance(value, dict) or not ({"arguments", "parameters"} & value.keys()):
+            return []
         call = tool_call_from_json(value)
         if call is None:
             return []
