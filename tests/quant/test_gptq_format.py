@@ -147,3 +147,21 @@ def test_format_functions_work_on_meta() -> None:
     packed = pack_qweight(q)
     assert packed.device.type == "meta" and packed.shape == (8, 16)
     assert unpack_qweight(packed).shape == (64, 16)
+
+
+def test_unstorable_v1_zero_is_warned_about_once(monkeypatch, caplog) -> None:
+    import logging
+
+    from brisklm.quant import gptq_format
+
+    monkeypatch.setattr(gptq_format, "_warned_unstorable_zeros", False)
+    fine = pack_qzeros(torch.randint(1, 16, (2, 8)), checkpoint_format="gptq")
+    with caplog.at_level(logging.WARNING):
+        unpack_qzeros(fine, checkpoint_format="gptq")
+        unpack_qzeros(fine ^ 0xF, checkpoint_format="gptq_v2")  # v2 stores 0 itself: fine
+    assert "zero point of 0" not in caplog.text
+    # auto-gptq's packer writes zero 0 as the nibble 0xF (zero - 1 = -1).
+    with caplog.at_level(logging.WARNING):
+        unpack_qzeros(fine | 0xF, checkpoint_format="gptq")
+        unpack_qzeros(fine | 0xF, checkpoint_format="gptq")
+    assert caplog.text.count("zero point of 0") == 1

@@ -16,9 +16,12 @@ one (it uses zeros 1..15 for v1), so files we write read the same in every loade
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 PACK_FACTOR = 8  # int4 values per int32
 _SHIFTS = tuple(range(0, 32, 4))
@@ -114,8 +117,29 @@ def unpack_qzeros(qzeros: torch.Tensor, *, checkpoint_format: str = "gptq") -> t
     """qzeros int32 [G, N/8] -> true zero points int32 [G, N] (0..15)."""
     _check_format(checkpoint_format)
     if checkpoint_format == "gptq":
+        _warn_on_unstorable_zeros(qzeros)
         qzeros = qzeros_v1_to_v2(qzeros)
     return unpack_int4(qzeros, dim=1)
+
+
+_warned_unstorable_zeros = False
+
+
+def _warn_on_unstorable_zeros(qzeros: torch.Tensor) -> None:
+    """Once per process: v1 qzeros holding a 0xF nibble (auto-gptq's packer writes one for a zero
+    point of 0, which v1 cannot store). Loaders read it differently (here and in GPTQModel the
+    word-wise +1 carries into the next nibble; auto-gptq's kernels read zero 16), so the weights
+    of those groups depend on the loader."""
+    global _warned_unstorable_zeros
+    if _warned_unstorable_zeros or qzeros.device.type == "meta":
+        return
+    if bool((unpack_int4(qzeros, dim=1) == 15).any()):
+        _warned_unstorable_zeros = True
+        logger.warning(
+            "this GPTQ v1 checkpoint stores a zero point of 0 (a 0xF nibble in qzeros), which v1 "
+            "cannot represent: loaders disagree on such groups (brisklm reads them as GPTQModel "
+            "does), so their weights may be off; a gptq_v2 (or symmetric) quantization avoids it"
+        )
 
 
 def qzeros_v1_to_v2(qzeros: torch.Tensor) -> torch.Tensor:
