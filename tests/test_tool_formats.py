@@ -254,6 +254,8 @@ def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> No
     if family == "mistral":
         assert reply.output.text.startswith(MISTRAL_TAG)  # the special tag is kept for parsing
         assert len(reply.tool_calls[0].id) == 9
+    streamed = "".join(llm.stream_chat(messages, params, tools=[WEATHER]))
+    assert streamed == reply.output.text
     # The turn and a tool result go back into the history; the template reads the calls.
     history = [
         *messages,

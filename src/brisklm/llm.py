@@ -483,8 +483,11 @@ class LLM:
         tools: Sequence[Any] | None = None,
         **template_kwargs: Any,
     ) -> Iterator[str]:
-        """Stream the assistant's reply text."""
-        return self.stream(self.chat_prompt_ids(messages, tools, **template_kwargs), params)
+        """Stream the assistant's reply text (with tools, decoded as ``chat`` decodes it: a
+        special-token tag that starts the model's calls is kept, so the text parses with
+        ``tool_call_format().parse`` or its ``stream_parser``)."""
+        ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
+        return self.stream(ids, self._chat_format(tools, params, template_kwargs)[1])
 
     def tool_call_format(self, chat_template: str | None = None) -> ToolCallFormat:
         """How the model writes tool calls (hermes, llama3_json or mistral), read from the chat
