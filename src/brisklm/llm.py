@@ -184,9 +184,12 @@ class LLM:
         )
         device_ = resolve_device(device)
         dtype_ = resolve_dtype(dtype, device_)
-        compute_dtype = (
-            None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
-        )
+        try:
+            compute_dtype = (
+                None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
+            )
+        except ValueError as error:
+            raise ValueError(f"int4_compute_dtype: {error}") from None
 
         def build() -> LLMEngine:
             make_linear = linear_factory_for(directory, device=device_, compute_dtype=compute_dtype)

@@ -202,6 +202,8 @@ def test_bad_device_and_dtype(tiny_dir):
         LLM.from_pretrained(tiny_dir, dtype="int8", show_progress=False)
     with pytest.raises(ValueError, match="device"):
         LLM.from_pretrained(tiny_dir, device="tpu", show_progress=False)
+    with pytest.raises(ValueError, match="int4_compute_dtype: unsupported dtype 'int8'"):
+        LLM.from_pretrained(tiny_dir, int4_compute_dtype="int8", show_progress=False)
 
 
 def test_context_past_the_models_positions_is_warned(tiny_dir, caplog):
