@@ -86,6 +86,19 @@ def test_nested_start_tag_makes_the_block_malformed() -> None:
     assert content == text
 
 
+# The grammar lets a string argument hold the end tag; it does not end the block.
+END_TAG_IN_STRING = (
+    '<tool_call>\n{"name": "note", "arguments": {"text": "a </tool_call> b \\" </tool_call>"}}'
+    "\n</tool_call> after"
+)
+
+
+def test_end_tag_inside_a_json_string_does_not_end_the_block() -> None:
+    content, calls = parse_tool_calls(END_TAG_IN_STRING)
+    assert content == "after"
+    assert _summary(calls) == [("note", {"text": 'a </tool_call> b " </tool_call>'})]
+
+
 def _stream(text: str, cuts: list[int]) -> tuple[str, list[ToolCall], list]:
     parser = ToolCallStreamParser()
     events = []
@@ -113,6 +126,7 @@ STREAM_TEXTS = [
     "",
     "   \n  ",
     f"{WEATHER}<",
+    END_TAG_IN_STRING,
 ]
 
 

@@ -277,10 +277,14 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
     else:
         (opener,) = llm.tokenizer.encode("{", add_special_tokens=False)
 
-    def reply(mode: str, bias: float):
+    def reply(mode: str, bias: float, end_bias: float = 0.0):
         grammar = tool_format.grammar([WEATHER], mode, parallel=False)
+        eos = llm.tokenizer.eos_token_ids[0]
         params = SamplingParams(
-            temperature=0.0, max_tokens=160, grammar=grammar, logit_bias={opener: bias}
+            temperature=0.0,
+            max_tokens=160,
+            grammar=grammar,
+            logit_bias={opener: bias, eos: end_bias},
         )
         return llm.chat(messages, params, tools=[WEATHER])
 
@@ -290,6 +294,10 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
     # ... and one that does not writes text, which never starts a call.
     text = reply("auto", -100.0)
     assert not text.tool_calls and text.content
+    # ... and may end its text reply whenever it wants (the calls are optional after text).
+    ended = reply("auto", -100.0, end_bias=100.0)
+    assert ended.finish_reason == "stop" and not ended.tool_calls
+    assert len(ended.output.token_ids) == 1
     # "none": the calls' opener is refused however much the model wants it.
     refused = reply("none", 100.0)
     assert not refused.tool_calls
@@ -297,6 +305,29 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
         assert MISTRAL_TAG not in refused.output.text
     else:
         assert not refused.output.text.lstrip().startswith("{")
+
+
+def test_llama_grammar_matches_what_parse_reads(family_llms) -> None:
+    """One call per turn (Llama 3's templates render no more), and text the grammar allows never
+    parses as a call: x1c-x1f are blanks to Python's strip, not to the grammar's backslash-s."""
+    from brisklm.constrained import Grammar, GrammarCompiler
+
+    llm = family_llms["llama3_json"]
+    compiler = GrammarCompiler(llm.tokenizer)
+
+    def accepts(grammar: str, text: str) -> bool:
+        matcher = compiler.compile(Grammar(grammar)).matcher()
+        tokens = llm.tokenizer.encode(text, add_special_tokens=False)
+        return matcher.accept_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    one = '{"name": "get_weather", "parameters": {"unit": "celsius"}}'
+    auto = LLAMA.grammar([WEATHER], "auto", parallel=True)
+    assert accepts(auto, one) and accepts(auto, "Sunny.")
+    assert not accepts(auto, one + "; " + one)
+    for blank in ("\x1c", "\x1f", " \n"):
+        assert LLAMA.parse(blank + one)[1]  # a call to the parser ...
+        assert not accepts(LLAMA.grammar([WEATHER], "none"), blank + one)  # ... so not text
+        assert not accepts(auto, blank + one)  # calls start at once: no unchecked call
 
 
 @pytest.mark.parametrize("family", ["mistral", "llama3_json"])

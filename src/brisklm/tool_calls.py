@@ -88,7 +88,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
             break
         content.append(text[position:start])
         body_start = start + len(TOOL_CALL_START)
-        end = text.find(TOOL_CALL_END, body_start)
+        end = find_unquoted(text, TOOL_CALL_END, body_start)
         block_end = len(text) if end < 0 else end + len(TOOL_CALL_END)
         call = parse_tool_call_body(text[body_start : len(text) if end < 0 else end])
         if call is None:
@@ -127,6 +127,37 @@ class ToolCallComplete:
 ToolCallEvent = ContentDelta | ToolCallDelta | ToolCallComplete
 
 
+def json_string_state(text: str, in_string: bool, escaped: bool) -> tuple[bool, bool]:
+    """Whether a JSON string is open (and a backslash pending) after ``text``, from a state."""
+    for char in text:
+        if not in_string:
+            in_string = char == '"'
+        elif escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            in_string = False
+    return in_string, escaped
+
+
+def find_unquoted(
+    text: str, tag: str, start: int = 0, in_string: bool = False, escaped: bool = False
+) -> int:
+    """The first ``tag`` in ``text[start:]`` outside JSON strings (-1 if none): a call's
+    arguments may hold "</tool_call>", which the grammar allows and which does not end the block."""
+    position = start
+    while True:
+        found = text.find(tag, position)
+        if found < 0:
+            return -1
+        in_string, escaped = json_string_state(text[position:found], in_string, escaped)
+        if not in_string:
+            return found
+        in_string, escaped = json_string_state(tag[:1], in_string, escaped)
+        position = found + 1
+
+
 def partial_tag_length(text: str, tag: str) -> int:
     """Length of the longest end of `text` that could be the start of `tag` (0 if none)."""
     for length in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -147,6 +178,7 @@ class ToolCallStreamParser:
         self._buffer = ""
         self._in_block = False
         self._block = ""
+        self._string_state = (False, False)  # (in a JSON string, after a backslash) in the block
         self._num_calls = 0
         self._content_started = False
         self._pending_whitespace = ""
@@ -162,7 +194,10 @@ class ToolCallStreamParser:
         self._buffer += delta
         while True:
             tag = TOOL_CALL_END if self._in_block else TOOL_CALL_START
-            found = self._buffer.find(tag)
+            if self._in_block:
+                found = find_unquoted(self._buffer, tag, 0, *self._string_state)
+            else:
+                found = self._buffer.find(tag)
             if found < 0:
                 settled = len(self._buffer) - partial_tag_length(self._buffer, tag)
                 self._take(self._buffer[:settled], events)
@@ -174,6 +209,7 @@ class ToolCallStreamParser:
                 self._close_block(events, closed=True)
             else:
                 self._in_block, self._block = True, ""
+                self._string_state = (False, False)
 
     def finish(self) -> list[ToolCallEvent]:
         """End of generation: settle held-back text and an unclosed final block."""
@@ -190,6 +226,7 @@ class ToolCallStreamParser:
             return
         if self._in_block:
             self._block += text
+            self._string_state = json_string_state(text, *self._string_state)
             events.append(ToolCallDelta(self._num_calls, text))
         else:
             self._content(text, events)

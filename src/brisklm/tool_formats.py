@@ -108,7 +108,8 @@ class ToolCallFormat:
         """A Lark grammar (llguidance) for one assistant turn that may call ``tools`` in this format.
 
         Modes as ``tool_call_grammar``: "auto" (text, or calls), "required" (calls only), "none"
-        (text that does not start calls).
+        (text that does not start calls). llama3_json allows one call per turn (its templates
+        cannot render more), whatever ``parallel`` says.
         """
         if self.name == "hermes":
             return tool_call_grammar(tools, mode, parallel=parallel)
@@ -127,19 +128,23 @@ class ToolCallFormat:
                     )
                 more = ' (", " call)*' if parallel else ""
                 calls = f'{tag} " "? "[" call{more} "]"'
-                lines.append(f"start: TEXT {calls}" if mode == "auto" else f"start: {calls}")
+                # "auto": text, which may end in the calls (or end the reply as it is).
+                lines.append(f"start: TEXT ({calls})?" if mode == "auto" else f"start: {calls}")
             lines.append("TEXT: /(?s:.*)/")
             key = "arguments"
         else:
-            # A reply that starts with "{" (after blanks) is a call; text must not.
-            more = ' (";" " "? call)*' if parallel else ""
+            # A reply that starts with "{" (after blanks) is a call; text must not. One call per
+            # turn whatever ``parallel`` says: Llama 3's templates refuse a turn with several
+            # ("This model only supports single tool-calls at once!"), so the history could not
+            # be rendered again.
             if mode == "none":
                 lines.append("start: TEXT")
             elif mode == "auto":
-                lines.append(f"start: TEXT | call{more}")
+                lines.append("start: TEXT | call")
             else:
-                lines.append(f"start: call{more}")
-            lines.append(r"TEXT: /(?s:\s*|\s*[^\s{].*)/")
+                lines.append("start: call")
+            # Blanks as Python's str.strip (what ``parse`` strips) sees them: \s plus \x1c-\x1f.
+            lines.append(r"TEXT: /(?s:[\s\x1c-\x1f]*|[\s\x1c-\x1f]*[^\s\x1c-\x1f{].*)/")
             key = "parameters"
         if mode != "none":
             lines.extend(call_alternatives(tools, mode, key))

@@ -196,6 +196,10 @@ def test_modules_in_block_to_quantize() -> None:
     assert GPTQConfig.from_dict(
         TRANSFORMERS | {"modules_in_block_to_quantize": ["mlp.up_proj"]}
     ).is_quantized("model.layers.2.mlp.up_proj")  # (TRANSFORMERS leaves layer 0's mlp in float)
+    bare = [["q_proj", "k_proj", "v_proj"], ["down_proj"]]  # optimum matches name endings
+    cfg = GPTQConfig.from_dict(AUTO_GPTQ | {"modules_in_block_to_quantize": bare})
+    assert cfg.is_quantized("model.layers.4.self_attn.v_proj")
+    assert not cfg.is_quantized("model.layers.4.self_attn.o_proj")
     with pytest.raises(ValueError, match="modules_in_block_to_quantize"):
         GPTQConfig.from_dict(TRANSFORMERS | {"modules_in_block_to_quantize": "mlp.up_proj"})
     with pytest.raises(ValueError, match="modules_in_block_to_quantize"):
@@ -261,6 +265,34 @@ def test_from_pretrained_sources(tmp_path: Path) -> None:
         AUTO_GPTQ | {"sym": False, "checkpoint_format": "gptq_v2"},
     )
     assert GPTQConfig.from_pretrained(tmp_path / "partial").checkpoint_format == "gptq_v2"
+
+    # Which modules are quantized is taken from whichever file says it; module lists compare as sets.
+    (tmp_path / "modules").mkdir()
+    blocks = [["self_attn.q_proj", "self_attn.k_proj"], ["mlp.up_proj"]]
+    _write(
+        tmp_path / "modules" / "config.json",
+        plain | {"quantization_config": AUTO_GPTQ | {"modules_in_block_to_quantize": blocks}},
+    )
+    _write(
+        tmp_path / "modules" / "quantize_config.json",
+        AUTO_GPTQ
+        | {
+            "modules_in_block_to_quantize": [
+                ["mlp.up_proj", "self_attn.k_proj"],
+                ["self_attn.q_proj"],
+            ],
+            "dynamic": {"-:model\\.layers\\.1\\..*": {}},
+            "modules_to_not_convert": ["down_proj"],
+        },
+    )
+    merged = GPTQConfig.from_pretrained(tmp_path / "modules")
+    assert merged.skip_patterns == ("model\\.layers\\.1\\..*",)
+    assert merged.modules_to_not_convert == ("down_proj",)
+    assert set(merged.modules_in_block_to_quantize) == {
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "mlp.up_proj",
+    }
 
     (tmp_path / "awq").mkdir()
     _write(

@@ -24,7 +24,15 @@ SUPPORTED_MSG = (
 # Fields that change how the tensors must be read or which modules hold them; quantize_config.json
 # and config.json must agree on those both files state. (sym and desc_act do not matter: zero points
 # and g_idx are stored in the tensors.)
-_FORMAT_FIELDS = ("bits", "group_size", "checkpoint_format", "lm_head", "modules_in_block_to_quantize")
+_FORMAT_FIELDS = (
+    "bits",
+    "group_size",
+    "checkpoint_format",
+    "lm_head",
+    "modules_in_block_to_quantize",
+    "modules_to_not_convert",
+    "skip_patterns",
+)
 # The config keys behind each field, to tell whether a file states it.
 _FIELD_KEYS = {
     "bits": ("bits",),
@@ -32,6 +40,8 @@ _FIELD_KEYS = {
     "checkpoint_format": ("format", "checkpoint_format"),
     "lm_head": ("lm_head",),
     "modules_in_block_to_quantize": ("modules_in_block_to_quantize",),
+    "modules_to_not_convert": ("modules_to_not_convert",),
+    "skip_patterns": ("dynamic",),
 }
 
 
@@ -168,7 +178,8 @@ class GPTQConfig:
                 for name in _FORMAT_FIELDS
                 if _states(from_config_json, name)
                 and _states(from_quantize_json, name)
-                and getattr(from_config_json, name) != getattr(from_quantize_json, name)
+                and _comparable(getattr(from_config_json, name))
+                != _comparable(getattr(from_quantize_json, name))
             ]
             if diff:
                 raise ValueError(
@@ -196,9 +207,10 @@ class GPTQConfig:
             return self.lm_head
         if any(key in module_name for key in self.modules_to_not_convert):
             return False
-        if self.modules_in_block_to_quantize:
-            in_block = _LAYER_PREFIX.sub("", module_name, count=1)
-            if in_block != module_name and in_block not in self.modules_in_block_to_quantize:
+        if self.modules_in_block_to_quantize and _LAYER_PREFIX.match(module_name):
+            # optimum's rule: a layer's module is quantized when its name ends with an entry
+            # ("self_attn.q_proj" or just "q_proj").
+            if not any(module_name.endswith(m) for m in self.modules_in_block_to_quantize):
                 return False
         return not any(re.match(pattern, module_name) for pattern in self.skip_patterns)
 
@@ -228,6 +240,11 @@ class GPTQConfig:
 
 # Everything up to a decoder layer's own modules: "model.layers.3." in "model.layers.3.mlp.up_proj".
 _LAYER_PREFIX = re.compile(r"^(?:.*\.)?layers\.\d+\.")
+
+
+def _comparable(value: Any) -> Any:
+    """Module lists compare as sets: their order carries no meaning."""
+    return frozenset(value) if isinstance(value, tuple) else value
 
 
 def _states(config: GPTQConfig, name: str) -> bool:
