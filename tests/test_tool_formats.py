@@ -38,6 +38,20 @@ MISTRAL_TEMPLATE = (
     "[/TOOL_RESULTS]"
     "{% endif %}{% endfor %}"
 )
+# Mistral v11+ (Mistral Small 3.x): [TOOL_CALLS]NAME[ARGS]{...} per call.
+MISTRAL_V11_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message.role == 'user' %}"
+    "{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST]{{ message.content }}[/INST]"
+    "{% elif message.role == 'assistant' and message.tool_calls %}"
+    "{% for call in message.tool_calls %}"
+    "[TOOL_CALLS]{{ call.function.name }}[ARGS]{{ call.function.arguments|tojson }}"
+    "{% endfor %}{{ eos_token }}"
+    "{% elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}"
+    "{% elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content|tojson }}[/TOOL_RESULTS]"
+    "{% endif %}{% endfor %}"
+)
 LLAMA_TEMPLATE = (
     "{% for message in messages %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n"
     "{% if message.tool_calls %}{% set call = message.tool_calls[0].function %}"
@@ -61,14 +75,16 @@ WEATHER = {
         },
     },
 }
+FAMILIES = ["mistral", "mistral_v11", "llama3_json"]
 HERMES = ToolCallFormat("hermes")
 LLAMA = ToolCallFormat("llama3_json", 7)
 MISTRAL = ToolCallFormat("mistral", 9)
 
 
 def test_detection_from_the_template() -> None:
-    ids = {MISTRAL_TAG: 9, LLAMA_TAG: 7}.get
+    ids = {MISTRAL_TAG: 9, LLAMA_TAG: 7, "[ARGS]": 11}.get
     assert detect_tool_call_format(MISTRAL_TEMPLATE, ids) == MISTRAL
+    assert detect_tool_call_format(MISTRAL_V11_TEMPLATE, ids) == ToolCallFormat("mistral", 9, 11)
     assert detect_tool_call_format(LLAMA_TEMPLATE, ids) == LLAMA
     assert detect_tool_call_format("{{ '<tool_call>' }}", ids) == HERMES
     assert detect_tool_call_format(None, ids) == HERMES
@@ -117,6 +133,16 @@ def test_llama3_json_parse(text: str, content: str | None, calls: list) -> None:
         (MISTRAL_TAG + ' [{"name": "f", "arguments": {"x"', None, []),
         (MISTRAL_TAG + ' [{"oops": 1}]', None, []),
         (MISTRAL_TAG + ' [{"name": "f"}]', None, []),  # a call names its arguments
+        # The v11+ layout: NAME, optionally [CALL_ID]ID, [ARGS], then the arguments.
+        ("Sure." + MISTRAL_TAG + 'f[ARGS]{"x": "é"}', "Sure.", [("f", {"x": "é"})]),
+        (
+            MISTRAL_TAG + "f[ARGS]{}" + MISTRAL_TAG + 'g[CALL_ID]a1b2c3d4e[ARGS]{"y": 1}',
+            "",
+            [("f", {}), ("g", {"y": 1})],
+        ),
+        (MISTRAL_TAG + 'f{"x": 2}', "", [("f", {"x": 2})]),
+        (MISTRAL_TAG + 'f[ARGS]{"x": 2', None, []),
+        (MISTRAL_TAG + "two words[ARGS]{}", None, []),
     ],
 )
 def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
@@ -137,6 +163,7 @@ def test_stream_parser_adds_up_to_the_batch_parse(tool_format: ToolCallFormat) -
         "Plain answer,\n with  spaces. ",
         "Checking." + MISTRAL_TAG + ' [{"name": "f", "arguments": {"a": [1, 2]}}]',
         "Checking. " + MISTRAL_TAG + " not json",
+        "Two: " + MISTRAL_TAG + 'f[ARGS]{"a": "[ARGS]"}' + MISTRAL_TAG + "g[ARGS]{}",
         '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
         "",
     ]
@@ -212,7 +239,7 @@ def _checkpoint(directory: Path, template: str) -> Path:
     make_tiny_checkpoint(directory)
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     tokenizer.add_special_tokens(
-        [AddedToken(MISTRAL_TAG, special=True), AddedToken(LLAMA_TAG, special=True)]
+        [AddedToken(tag, special=True) for tag in (MISTRAL_TAG, LLAMA_TAG, "[ARGS]")]
     )
     tokenizer.save(str(directory / "tokenizer.json"))
     config = json.loads((directory / "tokenizer_config.json").read_text())
@@ -224,10 +251,12 @@ def _checkpoint(directory: Path, template: str) -> Path:
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
-    return {
-        name: _checkpoint(root / name, template)
-        for name, template in (("mistral", MISTRAL_TEMPLATE), ("llama3_json", LLAMA_TEMPLATE))
+    templates = {
+        "mistral": MISTRAL_TEMPLATE,
+        "mistral_v11": MISTRAL_V11_TEMPLATE,
+        "llama3_json": LLAMA_TEMPLATE,
     }
+    return {name: _checkpoint(root / name, template) for name, template in templates.items()}
 
 
 @pytest.fixture(scope="module")
@@ -238,12 +267,13 @@ def family_llms(family_dirs: dict[str, Path]):
         llm.close()
 
 
-@pytest.mark.parametrize("family", ["mistral", "llama3_json"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> None:
     llm = family_llms[family]
     tool_format = llm.tool_call_format()
-    assert tool_format.name == family
+    assert tool_format.name == family.removesuffix("_v11")
     assert tool_format.tag_token_id == llm.tokenizer.token_to_id(tool_format.tag)
+    assert (tool_format.args_token_id is not None) == (family == "mistral_v11")
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     grammar = tool_format.grammar([WEATHER], "required", parallel=False)
     params = SamplingParams(temperature=0.0, max_tokens=160, grammar=grammar)
@@ -251,7 +281,7 @@ def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> No
     assert reply.finish_reason == "tool_calls", reply.output.text
     assert [c.name for c in reply.tool_calls] == ["get_weather"]
     assert reply.tool_calls[0].arguments["unit"] in ("celsius", "fahrenheit")
-    if family == "mistral":
+    if family.startswith("mistral"):
         assert reply.output.text.startswith(MISTRAL_TAG)  # the special tag is kept for parsing
         assert len(reply.tool_calls[0].id) == 9
     streamed = "".join(llm.stream_chat(messages, params, tools=[WEATHER]))
@@ -266,13 +296,13 @@ def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> No
     assert "get_weather" in prompt and '{"temp": 21}' in prompt
 
 
-@pytest.mark.parametrize("family", ["mistral", "llama3_json"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_auto_and_none_grammars(family_llms, family: str) -> None:
     llm = family_llms[family]
     tool_format = llm.tool_call_format()
     messages = [{"role": "user", "content": "Hello"}]
     # The token that starts the calls: the special tag, or "{" for Llama's bare JSON.
-    if family == "mistral":
+    if family.startswith("mistral"):
         opener = tool_format.tag_token_id
     else:
         (opener,) = llm.tokenizer.encode("{", add_special_tokens=False)
@@ -301,7 +331,7 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
     # "none": the calls' opener is refused however much the model wants it.
     refused = reply("none", 100.0)
     assert not refused.tool_calls
-    if family == "mistral":
+    if family.startswith("mistral"):
         assert MISTRAL_TAG not in refused.output.text
     else:
         assert not refused.output.text.lstrip().startswith("{")
@@ -330,7 +360,7 @@ def test_llama_grammar_matches_what_parse_reads(family_llms) -> None:
         assert not accepts(auto, blank + one)  # calls start at once: no unchecked call
 
 
-@pytest.mark.parametrize("family", ["mistral", "llama3_json"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> None:
     pytest.importorskip("langchain_brisklm")
     from langchain_brisklm import ChatBrisk
@@ -347,5 +377,5 @@ def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> 
     assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [
         (c["name"], c["args"]) for c in message.tool_calls
     ]
-    if family == "mistral":
+    if family.startswith("mistral"):
         assert all(len(c["id"]) == 9 for c in streamed.tool_calls + message.tool_calls)

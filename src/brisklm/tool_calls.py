@@ -294,10 +294,19 @@ def check_tool_choice_mode(mode: Any) -> None:
 
 
 def call_alternatives(
-    tools: Sequence[Any], mode: str, arguments_key: str, head: str = "", tail: str = ""
+    tools: Sequence[Any],
+    mode: str,
+    arguments_key: str,
+    head: str = "",
+    tail: str = "",
+    *,
+    name_then: str | None = None,
 ) -> list[str]:
     """Lark rules ``call`` (one alternative per tool: ``{"name": NAME, "<arguments_key>": ARGS}``
-    between ``head`` and ``tail``) and ``arguments_<k>`` (ARGS under the tool's parameters schema)."""
+    between ``head`` and ``tail``) and ``arguments_<k>`` (ARGS under the tool's parameters schema).
+
+    ``name_then`` (a Lark item, e.g. a token ``<[id]>``) writes a call as the bare name, that item,
+    then ARGS instead (Mistral's v11 layout)."""
     functions: list[dict[str, Any]] = []
     for tool in tools:
         function = _tool_function(tool)
@@ -307,6 +316,9 @@ def call_alternatives(
         raise ValueError(f"mode {mode!r} needs at least one tool")
     alternatives = []
     for k, function in enumerate(functions):
+        if name_then is not None:
+            alternatives.append(f"{_lark_literal(function['name'])} {name_then} arguments_{k}")
+            continue
         name = json.dumps(function["name"], ensure_ascii=False)
         start = f'{head}{{"name": {name}, "{arguments_key}": '
         alternatives.append(f"{_lark_literal(start)} arguments_{k} {_lark_literal('}' + tail)}")

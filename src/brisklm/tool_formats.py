@@ -7,7 +7,10 @@
   several calls are separated by ``;``.
 - ``mistral``: Mistral v0.3 / Nemo. Content, then the ``[TOOL_CALLS]`` special token and a JSON
   array of ``{"name": ..., "arguments": {...}}``. Their templates require call ids of exactly 9
-  alphanumeric characters, so calls parsed in this format get such ids.
+  alphanumeric characters, so calls parsed in this format get such ids. Newer Mistral models
+  (tokenizer v11+: Mistral Small 3.x) write each call as ``[TOOL_CALLS]NAME[ARGS]{...}``
+  (``[CALL_ID]ID`` may follow the name); both layouts parse, and a template that shows ``[ARGS]``
+  gets grammars in the newer one.
 
 The tag tokens are special tokens, which decoding drops by default: a chat turn with tools in a
 format with a tag is decoded with ``skip_special_tokens=False`` (``ToolCallFormat.keeps_special_tokens``).
@@ -18,6 +21,7 @@ with the tag as its token (llguidance's ``<[id]>``), so the constrained output s
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from collections.abc import Callable, Sequence
@@ -42,7 +46,10 @@ from brisklm.tool_calls import (
 
 FORMAT_NAMES = ("hermes", "llama3_json", "mistral")
 MISTRAL_TAG = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
 LLAMA_TAG = "<|python_tag|>"
+# Mistral v11+: NAME, optionally [CALL_ID]ID, then [ARGS] (or the arguments straight away).
+_V11_HEAD = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?\s*")
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -57,6 +64,8 @@ class ToolCallFormat:
 
     name: str = "hermes"
     tag_token_id: int | None = None
+    # Mistral v11+ layout ([TOOL_CALLS]NAME[ARGS]{...}): the id of its [ARGS] token.
+    args_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in FORMAT_NAMES:
@@ -88,7 +97,11 @@ class ToolCallFormat:
             start = text.find(MISTRAL_TAG)
             if start < 0:
                 return text.strip(), []
-            calls = _parse_json_calls(text[start + len(MISTRAL_TAG) :], self.new_id, array=True)
+            after = text[start + len(MISTRAL_TAG) :]
+            if after.lstrip().startswith(("[", "{")):
+                calls = _parse_json_calls(after, self.new_id, array=True)
+            else:
+                calls = _parse_v11_calls(after, self.new_id)
             return (text[:start].strip(), calls) if calls else (text.strip(), [])
         body = text.strip()
         if body.startswith(LLAMA_TAG):
@@ -126,8 +139,11 @@ class ToolCallFormat:
                         f"the {MISTRAL_TAG} tag is not one token of this tokenizer: the mistral "
                         "tool-call format cannot be enforced"
                     )
-                more = ' (", " call)*' if parallel else ""
-                calls = f'{tag} " "? "[" call{more} "]"'
+                if self.args_token_id is not None:  # v11+: [TOOL_CALLS]NAME[ARGS]{...} per call
+                    calls = f"({tag} call)+" if parallel else f"{tag} call"
+                else:
+                    more = ' (", " call)*' if parallel else ""
+                    calls = f'{tag} " "? "[" call{more} "]"'
                 # "auto": text, which may end in the calls (or end the reply as it is).
                 lines.append(f"start: TEXT ({calls})?" if mode == "auto" else f"start: {calls}")
             lines.append("TEXT: /(?s:.*)/")
@@ -147,7 +163,8 @@ class ToolCallFormat:
             lines.append(r"TEXT: /(?s:[\s\x1c-\x1f]*|[\s\x1c-\x1f]*[^\s\x1c-\x1f{].*)/")
             key = "parameters"
         if mode != "none":
-            lines.extend(call_alternatives(tools, mode, key))
+            args = None if self.args_token_id is None else f"<[{self.args_token_id}]>"
+            lines.extend(call_alternatives(tools, mode, key, name_then=args))
         return "\n".join(lines) + "\n"
 
 
@@ -185,13 +202,33 @@ def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list
     return calls
 
 
+def _parse_v11_calls(text: str, new_id: Callable[[], str]) -> list[ToolCall]:
+    """Mistral v11+ calls after the first [TOOL_CALLS]: NAME ([CALL_ID]ID)? [ARGS]? {...}, each
+    further call after another [TOOL_CALLS]. Empty unless all of it parses."""
+    decoder = json.JSONDecoder()
+    calls = []
+    for segment in text.split(MISTRAL_TAG):
+        head = _V11_HEAD.match(segment)
+        if head is None:
+            return []
+        try:
+            arguments, end = decoder.raw_decode(segment, head.end())
+        except json.JSONDecodeError:
+            return []
+        if not isinstance(arguments, dict) or segment[end:].strip():
+            return []
+        calls.append(ToolCall(head.group(1), arguments, id=head.group(2) or new_id()))
+    return calls
+
+
 def detect_tool_call_format(
     chat_template: str | None, token_id: Callable[[str], int | None]
 ) -> ToolCallFormat:
     """The format a chat template shows tool calls in; ``token_id`` maps a token's text to its id."""
     template = chat_template or ""
     if MISTRAL_TAG in template:
-        return ToolCallFormat("mistral", token_id(MISTRAL_TAG))
+        args = token_id(MISTRAL_ARGS) if MISTRAL_ARGS in template else None
+        return ToolCallFormat("mistral", token_id(MISTRAL_TAG), args)
     if LLAMA_TAG in template or ('"parameters"' in template and "<|start_header_id|>" in template):
         return ToolCallFormat("llama3_json", token_id(LLAMA_TAG))
     return ToolCallFormat("hermes")
