@@ -81,6 +81,7 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
         (["generate", "--model", "/nonexistent/model", "hi"], "does not exist"),
         (["generate", "--temperature", "-1", "--model", "/nonexistent", "hi"], "temperature"),
         (["generate", "--top-p", "0", "hi"], "top_p"),
+        (["generate", "--threads", "0", "hi"], "num_threads"),
     ],
 )
 def test_errors_are_one_line_without_traceback(argv, message):

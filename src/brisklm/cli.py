@@ -28,6 +28,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
     group.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: one per core; use fewer when other processes keep cores busy)",
+    )
+    group.add_argument(
         "--draft",
         default=None,
         help="speculative decoding: a draft model directory, 'default' (the bundled draft) or 'ngram'",
@@ -233,6 +239,7 @@ def _load(args: argparse.Namespace) -> Any:
         draft=args.draft,
         num_speculative_tokens=args.num_speculative_tokens,
         draft_length=args.draft_length,
+        num_threads=args.threads,
     )
 
 

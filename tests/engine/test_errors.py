@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.loader import CheckpointError
@@ -227,3 +228,20 @@ def test_streams_check_their_input_at_the_call(tiny_dir):
         llm.stream("Hello", GREEDY)
     with pytest.raises(RuntimeError, match="closed"):
         llm.astream_chunks("Hello", GREEDY)
+
+
+def test_num_threads(tiny_dir):
+    before = torch.get_num_threads()
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="num_threads must be None or an int >= 1"):
+            LLM.from_pretrained(tiny_dir, num_threads=bad, show_progress=False)
+    assert torch.get_num_threads() == before  # refused before anything changed
+    try:
+        with LLM.from_pretrained(tiny_dir, num_threads=1, show_progress=False) as llm:
+            assert torch.get_num_threads() == 1
+            assert (
+                len(llm.generate("Hi", SamplingParams(max_tokens=3, ignore_eos=True)).token_ids)
+                == 3
+            )
+    finally:
+        torch.set_num_threads(before)
