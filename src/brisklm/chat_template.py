@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import string
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -18,6 +16,7 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from brisklm.tool_call_ids import mistral_tool_call_id
 from brisklm.tool_schema import tool_json_schema
 
 # Names a message's reasoning may come under; templates read the first (transformers aliases them all)
@@ -304,18 +303,6 @@ def render_chat_template(
 # does for Mistral models, to 9 alphanumeric characters derived from the id, the same in the
 # assistant's calls and the tool results that answer them.
 _NINE_CHARACTER_IDS = "length != 9"
-_ID_ALPHABET = string.ascii_letters + string.digits
-
-
-def _nine_character_id(call_id: str) -> str:
-    if len(call_id) == 9 and call_id.isalnum():
-        return call_id
-    number = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest()[:8], "big")
-    digits = []
-    for _ in range(9):
-        number, index = divmod(number, len(_ID_ALPHABET))
-        digits.append(_ID_ALPHABET[index])
-    return "".join(digits)
 
 
 def _nine_character_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -323,12 +310,12 @@ def _nine_character_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for message in messages:
         message = dict(message)
         if isinstance(message.get("tool_call_id"), str):
-            message["tool_call_id"] = _nine_character_id(message["tool_call_id"])
+            message["tool_call_id"] = mistral_tool_call_id(message["tool_call_id"])
         if isinstance(message.get("tool_calls"), list):
             calls = []
             for call in message["tool_calls"]:
                 if isinstance(call, dict) and isinstance(call.get("id"), str):
-                    call = {**call, "id": _nine_character_id(call["id"])}
+                    call = {**call, "id": mistral_tool_call_id(call["id"])}
                 calls.append(call)
             message["tool_calls"] = calls
         out.append(message)

@@ -6,23 +6,18 @@ The other families' formats (Llama 3 JSON, Mistral) build on these pieces in ``b
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS, prepare_json_schema
+from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_schema import tool_json_schema
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 # Separators of json.dumps' defaults, as chat templates (`tojson`) write the calls in the history.
 ToolChoiceMode = Literal["auto", "required", "none"]
-
-
-def new_tool_call_id() -> str:
-    """A fresh id in the OpenAI style, `call_` and 24 hex digits."""
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass

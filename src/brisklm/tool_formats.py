@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
 from brisklm.tool_calls import (
     ContentDelta,
     ToolCall,
@@ -37,7 +36,6 @@ from brisklm.tool_calls import (
     ToolChoiceMode,
     call_alternatives,
     check_tool_choice_mode,
-    new_tool_call_id,
     parse_tool_calls,
     partial_tag_length,
     tool_call_from_json,
@@ -50,12 +48,6 @@ MISTRAL_ARGS = "[ARGS]"
 LLAMA_TAG = "<|python_tag|>"
 # Mistral v11+: NAME, optionally [CALL_ID]ID, then [ARGS] (or the arguments straight away).
 _V11_HEAD = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?\s*")
-_ID_ALPHABET = string.ascii_letters + string.digits
-
-
-def new_mistral_tool_call_id() -> str:
-    """9 random alphanumeric characters: the only ids Mistral's chat templates accept."""
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
 
 
 @dataclass(frozen=True)
@@ -84,7 +76,7 @@ class ToolCallFormat:
         return self.tag_token_id is not None
 
     def new_id(self) -> str:
-        return new_mistral_tool_call_id() if self.name == "mistral" else new_tool_call_id()
+        return mistral_tool_call_id() if self.name == "mistral" else new_tool_call_id()
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """Split a reply into its content and its tool calls (as ``parse_tool_calls`` for hermes).

@@ -17,6 +17,7 @@ from langchain_core.messages.tool import (
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_calls import (
     TOOL_CALL_END,
     TOOL_CALL_START,
@@ -24,7 +25,6 @@ from brisklm.tool_calls import (
     ToolCallComplete,
     ToolCallDelta,
     ToolChoiceMode,
-    new_tool_call_id,
     parse_tool_call_body,
 )
 from brisklm.tool_formats import ToolCallFormat
