@@ -11,3 +11,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def without_native_kernels(monkeypatch):
+    """Load and run models through torch's ops only, as where the native CPU kernels cannot build."""
+    from brisklm.kernels import native
+
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    native.library.cache_clear()
+    yield
+    monkeypatch.undo()
+    native.library.cache_clear()

@@ -70,7 +70,9 @@ def test_broken_shard_index_names_file(tmp_path):
         load_model(sharded, device="cpu", show_progress=False)
 
 
-def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(tmp_path, monkeypatch):
+def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(
+    tmp_path, monkeypatch, without_native_kernels
+):
     hf = build_hf_model("llama", tie_word_embeddings=True)
     model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
     qkv = model.model.layers[0].self_attn.qkv_proj
@@ -86,7 +88,26 @@ def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(tmp_path, monke
     assert torch.equal(model.lm_head.dense_weight(), table)
 
 
-def test_tied_head_is_not_relaid_out_when_not_packed(tmp_path, monkeypatch):
+def test_float32_weights_stay_row_major_for_the_native_kernels(tmp_path):
+    from brisklm.kernels import native
+
+    if not native.available():
+        pytest.skip("the native CPU kernels do not build here")
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert not qkv.is_packed and qkv.weight.is_contiguous()
+    expected = hf.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(qkv.weight[: expected.shape[0]], expected)
+    # Tied: the head reads the embedding table itself, no copy.
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    # bfloat16 models do not use the kernels: their weights are packed as before.
+    bf16 = load_model(tmp_path / "m", device="cpu", dtype="bfloat16", show_progress=False)
+    if packed_weights.packing_supported(torch.bfloat16):
+        assert bf16.model.layers[0].self_attn.qkv_proj.is_packed
+
+
+def test_tied_head_is_not_relaid_out_when_not_packed(tmp_path, monkeypatch, without_native_kernels):
     monkeypatch.setattr(packed_weights, "packing_supported", lambda dtype: False)
     hf = build_hf_model("llama", tie_word_embeddings=True)
     model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
@@ -95,7 +116,9 @@ def test_tied_head_is_not_relaid_out_when_not_packed(tmp_path, monkeypatch):
     assert model.model.embed_tokens.weight.is_contiguous()
 
 
-def test_cpu_weights_are_column_major_without_packing(tmp_path, monkeypatch):
+def test_cpu_weights_are_column_major_without_packing(
+    tmp_path, monkeypatch, without_native_kernels
+):
     monkeypatch.setattr(packed_weights, "packing_supported", lambda dtype: False)
     hf = build_hf_model("llama", tie_word_embeddings=True)
     directory = save_hf_model(hf, tmp_path / "m")

@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from brisklm.config import ModelConfig
+from brisklm.models import native_forward
 from brisklm.models.layers import LinearFactory
 from brisklm.models.llama import PACKED_MODULES, LlamaForCausalLM
 
@@ -218,6 +219,8 @@ def load_model(
         names = sorted(_describe(entry) for entry in missing)
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}")
+    if native_forward.supports(model):
+        native_forward.use_row_major_weights(model)
     for module in model.modules():
         finalize = getattr(module, "finalize", None)
         if callable(finalize) and module is not model:

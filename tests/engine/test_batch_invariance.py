@@ -1,9 +1,10 @@
 """A seeded request's tokens do not depend on what else is in its batch (CPU, dense weights).
 
 Its random numbers come from its own generator, and every step of its computation gives it the
-same bits alone as beside other rows: oneDNN's packed products are row-invariant, a batch holding
-a seeded request attends row by row over exactly each row's keys, and the sampler's cumulative
-sums run per row. Before, 1 in 40 seeded 30-token generations of the bundled model changed beside
+same bits alone as beside other rows: rows of up to 16 tokens run through the native CPU pass,
+which computes each token alike whatever else is in the call; through torch's ops, oneDNN's
+packed products are row-invariant and a batch holding a seeded request attends row by row over
+exactly each row's keys; and the sampler's cumulative sums run per row. Before, 1 in 40 seeded 30-token generations of the bundled model changed beside
 a greedy row.
 """
 
@@ -14,6 +15,7 @@ import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.kernels import native
 from brisklm.llm import default_model_path
 from brisklm.loader import load_model
 
@@ -50,12 +52,26 @@ def test_seeded_tokens_alone_equal_tokens_in_a_ragged_batch(bundled, bundled_dra
         assert batch[1].token_ids == alone, f"seed {seed}"
 
 
+@pytest.fixture(params=["native", "torch"])
+def kernels(request, monkeypatch):
+    """Both CPU paths: the native kernels (where they build) and torch's ops (oneDNN-packed)."""
+    if request.param == "native" and not native.available():
+        pytest.skip("the native CPU kernels do not build here")
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    native.library.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    native.library.cache_clear()
+
+
 @pytest.mark.parametrize("draft", [False, True], ids=["target", "draft"])
-def test_a_rows_logits_are_bitwise_the_same_in_any_batch(draft):
+def test_a_rows_logits_are_bitwise_the_same_in_any_batch(draft, kernels):
     model = load_model(
         default_model_path(draft), device="cpu", dtype=torch.float32, show_progress=False
     )
     runner = ModelRunner(model, num_slots=8, max_seq_len=256)
+    assert (runner.native is not None) == (kernels == "native")
     row = list(range(10, 60))
     others = [list(range(100 + 7 * i, 130 + 11 * i)) for i in range(7)]
 
@@ -76,9 +92,15 @@ def test_a_rows_logits_are_bitwise_the_same_in_any_batch(draft):
     for size in (2, 4, 5, 8):
         for got, expected in zip(run([row] + others[: size - 1]), alone):
             assert torch.equal(got, expected), f"batch of {size}"
-    # Without the flag the ragged batch attends in one padded call: close, not the same bits.
     padded = run([row] + others[:7], invariant=False)
-    assert not all(torch.equal(got, expected) for got, expected in zip(padded, alone))
+    if kernels == "native":
+        # Decode and verification rows (up to 16 tokens) run through the native pass, which
+        # computes every row alike with or without the flag.
+        for got, expected in zip(padded[1:], alone[1:]):
+            assert torch.equal(got, expected)
+    else:
+        # Without the flag torch's ragged batch attends in one padded call: close, not the same bits.
+        assert not all(torch.equal(got, expected) for got, expected in zip(padded, alone))
     for got, expected in zip(padded, alone):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 

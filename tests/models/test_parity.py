@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.kernels import native
 from brisklm.loader import load_model
-from brisklm.models.layers import Linear, strided_dense_linear
+from brisklm.models.layers import Linear, dense_linear, strided_dense_linear
 from tests.hf_models import build_hf_model, save_hf_model
 
 pytest.importorskip("transformers")
@@ -81,10 +82,13 @@ def packed_linear(in_features, out_features, bias, prefix):
 # weights and where packing is unavailable) sums the products in another order, which at this init moves logits by
 # up to ~1.6e-4, as much as transformers moves when its own weights are stored column-major
 # (1.45e-4): 2e-4 there is ~1e-5 of the logit scale, and bugs show as O(1).
+# The native CPU pass (brisklm.models.native_forward, float32 row-major weights: what the loader
+# gives a dense float32 model when the kernels build) sums its products in its own order too.
 LAYOUTS = {
     "checkpoint-rows": (row_major_linear, 1e-4),
     "column-major": (strided_dense_linear, 2e-4),
     "onednn-packed": (packed_linear, 2e-4),
+    "native": (dense_linear, 2e-4),
 }
 BATCH_TOLERANCE = 5e-4
 
@@ -133,6 +137,12 @@ def test_greedy_logits_match_transformers(checkpoint, backend, layout):
         directory, device="cpu", dtype="float32", make_linear=make_linear, show_progress=False
     )
     runner = ModelRunner(model, num_slots=2, max_seq_len=64, attention_backend=backend)
+    if layout == "native":
+        if backend != "sdpa" or not native.available():
+            pytest.skip("the native pass runs with the sdpa backend where the kernels build")
+        assert runner.native is not None
+    else:
+        runner.native = None  # the torch ops over this layout
     hf_tokens, hf_logits = hf_greedy(hf_model, PROMPT, NUM_STEPS)
     tokens, logits = brisk_greedy(runner, PROMPT, NUM_STEPS)
     for step, (ours, theirs) in enumerate(zip(logits, hf_logits)):

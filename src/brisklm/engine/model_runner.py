@@ -8,7 +8,9 @@ import torch
 
 from brisklm.attention import AttentionBackend, AttentionMetadata, select_backend
 from brisklm.cache.contiguous import KVCache
+from brisklm.kernels.native import MAX_TOKENS as NATIVE_MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
+from brisklm.models.native_forward import MAX_QUERY_LEN, NativeForward
 
 
 @dataclass
@@ -58,6 +60,13 @@ class ModelRunner:
             device=self.device,
         )
         self.backend: AttentionBackend = select_backend(attention_backend, self.device)
+        # Rows of up to MAX_QUERY_LEN tokens run through the native CPU kernels when the model
+        # qualifies (float32 on CPU, dense weights kept row-major by the loader); None otherwise.
+        # The native pass does its own attention, the SDPA backend's computation: not used when
+        # another backend was asked for.
+        self.native = (
+            NativeForward.create(model, self.kv_cache) if self.backend.name == "sdpa" else None
+        )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -69,12 +78,60 @@ class ModelRunner:
                     f"row of {length} tokens at position {start} does not fit the cache of "
                     f"{self.max_seq_len} positions"
                 )
+        if self.native is None:
+            return self._forward_torch(batch, query_lens)
+        # Each row's path depends on its own length only, so its logits do not depend on its batch.
+        short = [i for i, n in enumerate(query_lens) if n <= MAX_QUERY_LEN]
+        if len(short) == len(query_lens) and sum(query_lens) <= NATIVE_MAX_TOKENS:
+            return self.native.forward(
+                batch.token_ids, batch.slots, batch.start_positions, batch.num_logits
+            )
+        if not short:
+            return self._forward_torch(batch, query_lens)
+        return self._forward_in_parts(batch, short)
+
+    def _forward_in_parts(self, batch: ForwardBatch, short: list[int]) -> torch.Tensor:
+        """Short rows through the native pass (in calls of at most its token limit), the others
+        through torch's ops; logits merged back into batch order."""
+        limit = NATIVE_MAX_TOKENS
+        groups: list[list[int]] = []
+        size = limit + 1
+        for index in short:
+            length = len(batch.token_ids[index])
+            if size + length > limit:
+                groups.append([])
+                size = 0
+            groups[-1].append(index)
+            size += length
+        chosen = set(short)
+        long_rows = [i for i in range(len(batch.slots)) if i not in chosen]
+        if long_rows:
+            groups.append(long_rows)
+        per_row: dict[int, torch.Tensor] = {}
+        for group in groups:
+            part = ForwardBatch(
+                [batch.slots[i] for i in group],
+                [batch.start_positions[i] for i in group],
+                [batch.token_ids[i] for i in group],
+                [batch.num_logits[i] for i in group],
+                batch.row_invariant,
+            )
+            logits = self.forward(part)
+            for index, chunk in zip(group, logits.split(part.num_logits)):
+                per_row[index] = chunk
+        return torch.cat([per_row[i] for i in range(len(batch.slots))])
+
+    def _forward_torch(self, batch: ForwardBatch, query_lens: list[int]) -> torch.Tensor:
         meta = AttentionMetadata.build(
             batch.slots, batch.start_positions, query_lens, self.device, batch.row_invariant
         )
         ids = torch.tensor([t for tokens in batch.token_ids for t in tokens], dtype=torch.int64)
         hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (N, E)
-        return self.model.compute_logits(self._select(hidden, query_lens, batch.num_logits))
+        selected = self._select(hidden, query_lens, batch.num_logits)
+        if self.native is not None:
+            # The head as the native pass computes it, so a row's logits match whichever path ran.
+            return self.native.logits(selected)
+        return self.model.compute_logits(selected)
 
     @staticmethod
     def _select(hidden: torch.Tensor, query_lens: list[int], num_logits: list[int]) -> torch.Tensor:

@@ -67,6 +67,9 @@ class Linear(nn.Module):
         # Smallest weight packed; None: packed_weights' default for the dtype (0 packs every size).
         self.min_pack_bytes = min_pack_bytes
         self.is_packed = False
+        # A strided weight's product through oneDNN instead of F.linear (set for models that keep
+        # row-major weights for the native kernels: see brisklm.models.native_forward).
+        self.dense_onednn = False
         offsets = [0]
         for size in self.shard_sizes:
             offsets.append(offsets[-1] + size)
@@ -75,6 +78,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.is_packed:
             return packed_weights.packed_linear(x, self.weight, self.bias)
+        if self.dense_onednn:
+            return packed_weights.dense_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def __deepcopy__(self, memo: dict[int, object]) -> Linear:

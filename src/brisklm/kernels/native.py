@@ -1,0 +1,244 @@
+"""Builds and loads brisklm's native CPU kernels (``cpu_forward.c``) with the system C compiler.
+
+The library is compiled once per source, compiler and machine into a cache folder
+(``$BRISKLM_CACHE_DIR``, else ``$XDG_CACHE_HOME/brisklm``, else ``~/.cache/brisklm``) and loaded
+with ctypes: no torch headers, so a build takes about a second. Everything that uses it has a
+plain-torch path, taken when the library is unavailable: no C compiler, a failed build or probe,
+or ``BRISKLM_NATIVE_KERNELS=0`` in the environment. The reason is logged once.
+
+The library is built with ``-fopenmp`` and so links ``libgomp.so.1``; torch's wheel has already
+loaded its own copy under that name, which the dynamic linker reuses, so torch's ops and these
+kernels share one OpenMP thread pool (two pools on two cores make every parallel kernel wait for
+sleeping threads: see ``brisklm.engine.scratch_thread``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_forward.c")
+ENV_SWITCH = "BRISKLM_NATIVE_KERNELS"
+# Tokens one forward call may carry (MAX_TOKENS in the C source).
+MAX_TOKENS = 256
+# -mtune=generic: gcc 12 tunes unknown AMD CPUs as znver3 and then reloads the weight vectors
+# of a register tile for every token (1.5x slower products at 8-16 tokens).
+_FLAGS = [
+    "-O3",
+    "-march=native",
+    "-mtune=generic",
+    "-ffp-contract=fast",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+]
+
+# Every pointer field is a plain address (c_void_p): assigning an int costs less than a cast.
+_ptr = ctypes.c_void_p
+
+
+class ForwardArgs(ctypes.Structure):
+    """Mirror of ``brisk_forward_args`` in cpu_forward.c (field order and types must match)."""
+
+    _fields_ = [
+        *[
+            (name, ctypes.c_int)
+            for name in (
+                "n_tokens",
+                "n_layers",
+                "hidden",
+                "n_heads",
+                "n_kv_heads",
+                "head_dim",
+                "inter",
+                "vocab",
+                "n_logits",
+                "n_threads",
+            )
+        ],
+        ("max_seq_len", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("slots", _ptr),
+        ("positions", _ptr),
+        ("logit_tokens", _ptr),
+        ("cos", _ptr),
+        ("sin", _ptr),
+        *[
+            (name, _ptr)
+            for name in ("hidden_states", "xn", "qkv", "attn", "act", "scores", "normed")
+        ],
+        ("logits", _ptr),
+        *[
+            (name, _ptr)
+            for name in (
+                "in_norm",
+                "qkv_w",
+                "qkv_b",
+                "o_w",
+                "o_b",
+                "post_norm",
+                "gu_w",
+                "gu_b",
+                "down_w",
+                "down_b",
+                "k_cache",
+                "v_cache",
+            )
+        ],
+        ("window", _ptr),
+        ("final_norm", _ptr),
+        ("head_w", _ptr),
+    ]
+
+
+def enabled_by_environment() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("BRISKLM_CACHE_DIR")
+    if root:
+        return Path(root) / "native"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "brisklm" / "native"
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    return None
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
+    key = hashlib.sha256(
+        "\0".join(
+            [SOURCE.read_text(), compiler, version, " ".join(_FLAGS), platform.machine()]
+            + _cpu_flags()
+        ).encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"brisk_cpu_forward_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: another process may be building the same file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run(
+            [compiler, *_FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+        os.replace(built, target)
+    return target
+
+
+def _cpu_flags() -> list[str]:
+    # -march=native code is only valid on a CPU with the same features: key the cache on them.
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return [line]
+    except OSError:
+        pass
+    return [platform.processor()]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.brisk_forward_f32.argtypes = [ctypes.POINTER(ForwardArgs)]
+    lib.brisk_forward_f32.restype = ctypes.c_int
+    lib.brisk_linear_f32.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    lib.brisk_linear_f32.restype = ctypes.c_int
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (the reason logged once) where they cannot be used."""
+    if not enabled_by_environment():
+        logger.info("native CPU kernels disabled by %s", ENV_SWITCH)
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.info("no C compiler found (cc, gcc, clang or $CC): native CPU kernels not used")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+        _declare(lib)
+        _probe(lib)
+    except Exception as error:  # any failure means "not on this machine", never a crash
+        logger.warning("native CPU kernels unavailable (%s): using torch ops", error)
+        return None
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` for float32 CPU tensors (2-D x, row-major weight), each row's result
+    independent of the other rows. Requires ``library()``."""
+    lib = library()
+    assert lib is not None
+    x = x.contiguous()
+    rows, k = weight.shape
+    n = x.shape[0]
+    out = torch.empty(n, rows, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    status = lib.brisk_linear_f32(
+        x.data_ptr(),
+        n,
+        k,
+        weight.data_ptr(),
+        bias.data_ptr() if bias is not None else None,
+        rows,
+        out.data_ptr(),
+        threads,
+    )
+    if status != 0:
+        raise RuntimeError(f"native linear refused its arguments (status {status})")
+    return out
+
+
+def _probe(lib: ctypes.CDLL) -> None:
+    """Check the built library against torch on a small product with a tail, before any use."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(37, 75, generator=generator)
+    bias = torch.randn(37, generator=generator)
+    x = torch.randn(6, 75, generator=generator)
+    out = torch.empty(6, 37)
+    threads = torch.get_num_threads()
+    status = lib.brisk_linear_f32(
+        x.data_ptr(), 6, 75, weight.data_ptr(), bias.data_ptr(), 37, out.data_ptr(), threads
+    )
+    expected = torch.nn.functional.linear(x.double(), weight.double(), bias.double()).float()
+    if status != 0 or not torch.allclose(out, expected, atol=1e-4, rtol=0):
+        raise RuntimeError("the probe product disagrees with torch")

@@ -1,0 +1,262 @@
+"""The forward pass of a float32 Llama-family model on CPU through brisklm's native kernels.
+
+``brisklm.kernels.cpu_forward`` runs a whole forward pass (every layer, the final norm and the LM
+head) in one call and one OpenMP parallel region. It serves rows of up to ``MAX_QUERY_LEN`` tokens:
+decode steps, speculative verification and short prompts; longer rows (prefill) go through the
+model's torch ops, where oneDNN's products are faster at many rows. Which path a row takes depends
+only on its own length, and each path computes a row the same way whatever else is in the batch,
+so a row's logits do not depend on its batch (see ``ForwardBatch.row_invariant``).
+
+A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every weight float32, every linear
+layer dense, and the kernels build on this machine. Such a model keeps its linear weights in the
+checkpoint's row-major layout (``use_row_major_weights``, called by the loader before it lays the
+weights out), which the kernels read, instead of oneDNN's packed layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from brisklm.cache.contiguous import KVCache
+from brisklm.kernels import native
+from brisklm.models import packed_weights
+from brisklm.models.layers import GatedMLP, Linear, RMSNorm
+from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+
+# Longest row (in tokens) the native pass takes; longer rows run through torch's ops. The kernels
+# stream each weight once per pass and multiply it with every token, which beats oneDNN for a few
+# tokens (a decode step reads the weights at the bandwidth of one large read) and loses to its
+# blocked GEMM for a prefill of many.
+MAX_QUERY_LEN = 16
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether ``model`` can run through the native kernels (before or after its weights are laid out)."""
+    if type(model) is not LlamaForCausalLM:
+        return False
+    params = list(model.parameters())
+    if not params or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in params):
+        return False
+    for layer in model.model.layers:
+        if (
+            type(layer) is not LlamaDecoderLayer
+            or type(layer.self_attn) is not LlamaAttention
+            or type(layer.mlp) is not GatedMLP
+            or type(layer.input_layernorm) is not RMSNorm
+            or type(layer.post_attention_layernorm) is not RMSNorm
+        ):
+            return False
+    linears = _linears(model)
+    if any(type(linear) is not Linear for linear in linears):
+        return False
+    config = model.config
+    if config.num_attention_heads % config.num_key_value_heads != 0:
+        return False
+    return native.available()
+
+
+def use_row_major_weights(model: LlamaForCausalLM) -> None:
+    """Keep the linear weights strided and row-major when they are laid out (``Linear.finalize``).
+
+    The torch ops then run their products through oneDNN on the strided weight (as fast as the
+    packed weight at prefill sizes) where this torch build allows it, else ``F.linear``. Layers
+    built with an explicit layout (``Linear(pack_on_cpu=False)`` or ``min_pack_bytes``) keep it.
+    """
+    onednn = packed_weights.dense_onednn_supported()
+    for linear in _linears(model):
+        # Layers whose factory chose a layout (packed at any size, strided) keep it.
+        if isinstance(linear, Linear) and linear.pack_on_cpu and linear.min_pack_bytes is None:
+            linear.pack_on_cpu = False
+            linear.relayout_on_cpu = False
+            linear.dense_onednn = onednn
+
+
+def _linears(model: LlamaForCausalLM) -> list[torch.nn.Module]:
+    modules: list[torch.nn.Module] = [model.lm_head]
+    for layer in model.model.layers:
+        modules += [
+            layer.self_attn.qkv_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_up_proj,
+            layer.mlp.down_proj,
+        ]
+    return modules
+
+
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class NativeForward:
+    """Runs ``model`` over ``kv_cache`` through the native kernels; see ``forward``."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        config = model.config
+        self.lib = native.library()
+        assert self.lib is not None
+        layers = model.model.layers
+        eps = {m.eps for m in model.modules() if isinstance(m, RMSNorm)}
+        if len(eps) != 1:
+            raise ValueError("the native forward pass needs one RMSNorm eps for the whole model")
+
+        def pointers(tensors: list[torch.Tensor | None]) -> ctypes.Array:
+            return (ctypes.c_void_p * len(tensors))(*[_address(t) for t in tensors])
+
+        attn = [layer.self_attn for layer in layers]
+        mlp = [layer.mlp for layer in layers]
+        # Keep the tensors alive as long as their addresses are in use.
+        self._tensors = [p for p in model.parameters()]
+        self._tables = {
+            "in_norm": pointers([layer.input_layernorm.weight for layer in layers]),
+            "qkv_w": pointers([a.qkv_proj.weight for a in attn]),
+            "qkv_b": pointers([a.qkv_proj.bias for a in attn]),
+            "o_w": pointers([a.o_proj.weight for a in attn]),
+            "o_b": pointers([a.o_proj.bias for a in attn]),
+            "post_norm": pointers([layer.post_attention_layernorm.weight for layer in layers]),
+            "gu_w": pointers([m.gate_up_proj.weight for m in mlp]),
+            "gu_b": pointers([m.gate_up_proj.bias for m in mlp]),
+            "down_w": pointers([m.down_proj.weight for m in mlp]),
+            "down_b": pointers([m.down_proj.bias for m in mlp]),
+        }
+        self._windows = (ctypes.c_int * len(layers))(
+            *[w or 0 for w in config.sliding_windows] or [0] * len(layers)
+        )
+        self._cache_address = -1
+        self._workspaces: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+        # The shapes, as the C side reads them (also read back here: args.hidden, ...).
+        args = native.ForwardArgs(
+            n_layers=len(layers),
+            hidden=config.hidden_size,
+            n_heads=config.num_attention_heads,
+            n_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            inter=config.intermediate_size,
+            vocab=config.vocab_size,
+            max_seq_len=kv_cache.max_seq_len,
+            eps=float(eps.pop()),
+            scale=1.0 / math.sqrt(config.head_dim),
+        )
+        for name, table in self._tables.items():
+            setattr(args, name, ctypes.addressof(table))
+        args.window = ctypes.addressof(self._windows)
+        args.final_norm = model.model.norm.weight.data_ptr()
+        args.head_w = model.lm_head.weight.data_ptr()
+        self.args = args
+
+    @classmethod
+    def create(cls, model: torch.nn.Module, kv_cache: KVCache) -> NativeForward | None:
+        """A native forward pass for ``model`` when it qualifies (see ``supports``) and its linear
+        weights were kept row-major and contiguous, else None."""
+        if not isinstance(model, LlamaForCausalLM) or not supports(model):
+            return None
+        for linear in _linears(model):
+            weight = linear.weight
+            if linear.is_packed or not weight.is_contiguous() or weight.is_mkldnn:
+                return None
+            if linear.bias is not None and not linear.bias.is_contiguous():
+                return None
+        if kv_cache.keys.dtype != torch.float32 or not kv_cache.keys.is_contiguous():
+            return None
+        return cls(model, kv_cache)
+
+    def _cache_pointers(self) -> None:
+        keys, values = self.kv_cache.keys, self.kv_cache.values
+        if keys.data_ptr() == self._cache_address:
+            return
+        num_layers = keys.shape[0]
+        self._k_table = (ctypes.c_void_p * num_layers)(
+            *[keys[i].data_ptr() for i in range(num_layers)]
+        )
+        self._v_table = (ctypes.c_void_p * num_layers)(
+            *[values[i].data_ptr() for i in range(num_layers)]
+        )
+        self.args.k_cache = ctypes.addressof(self._k_table)
+        self.args.v_cache = ctypes.addressof(self._v_table)
+        self._cache_address = keys.data_ptr()
+
+    def _workspace(self, num_tokens: int, num_logits: int, threads: int) -> dict[str, torch.Tensor]:
+        key = (num_tokens, num_logits, threads)
+        space = self._workspaces.get(key)
+        if space is None:
+            if len(self._workspaces) > 64:
+                self._workspaces.clear()
+            a = self.args
+            empty = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
+            space = {
+                "xn": empty(num_tokens, a.hidden),
+                "qkv": empty(num_tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
+                "attn": empty(num_tokens, a.n_heads * a.head_dim),
+                "act": empty(num_tokens, a.inter),
+                "scores": empty(threads, a.max_seq_len),
+                "normed": empty(num_logits, a.hidden),
+            }
+            self._workspaces[key] = space
+        return space
+
+    def forward(
+        self,
+        token_ids: list[list[int]],
+        slots: list[int],
+        start_positions: list[int],
+        num_logits: list[int],
+    ) -> torch.Tensor:
+        """Float32 logits (sum(num_logits), V) for rows that each append ``token_ids[b]`` to cache
+        slot ``slots[b]`` at ``start_positions[b]``; the last ``num_logits[b]`` tokens of a row
+        get logits, rows in order. Rows may be ragged; at most ``native.MAX_TOKENS`` tokens."""
+        query_lens = [len(tokens) for tokens in token_ids]
+        num_tokens = sum(query_lens)
+        total_logits = sum(num_logits)
+        if num_tokens > native.MAX_TOKENS or total_logits > native.MAX_TOKENS:
+            raise ValueError(
+                f"a native forward pass takes at most {native.MAX_TOKENS} tokens, got {num_tokens}"
+            )
+        positions: list[int] = []
+        token_slots: list[int] = []
+        logit_tokens: list[int] = []
+        for slot, start, length, count in zip(slots, start_positions, query_lens, num_logits):
+            first = len(positions)
+            positions.extend(range(start, start + length))
+            token_slots.extend([slot] * length)
+            logit_tokens.extend(range(first + length - count, first + length))
+        ids = torch.tensor([t for tokens in token_ids for t in tokens], dtype=torch.int64)
+        position_tensor = torch.tensor(positions, dtype=torch.int64)
+        slot_tensor = torch.tensor(token_slots, dtype=torch.int64)
+        logit_tensor = torch.tensor(logit_tokens, dtype=torch.int64)
+        hidden = self.model.model.embed_tokens(ids).contiguous()
+        cos, sin = self.model.rotary(
+            position_tensor,
+            torch.float32,
+            query_lens,
+            [s + n - 1 for s, n in zip(start_positions, query_lens)],
+        )
+        cos, sin = cos.contiguous(), sin.contiguous()
+        threads = torch.get_num_threads()
+        space = self._workspace(num_tokens, total_logits, threads)
+        logits = torch.empty(total_logits, self.args.vocab, dtype=torch.float32)
+        self._cache_pointers()
+        args = self.args
+        args.n_tokens = num_tokens
+        args.n_logits = total_logits
+        args.n_threads = threads
+        args.slots = slot_tensor.data_ptr()
+        args.positions = position_tensor.data_ptr()
+        args.logit_tokens = logit_tensor.data_ptr()
+        args.cos = cos.data_ptr()
+        args.sin = sin.data_ptr()
+        args.hidden_states = hidden.data_ptr()
+        for name, tensor in space.items():
+            setattr(args, name, tensor.data_ptr())
+        args.logits = logits.data_ptr()
+        status = self.lib.brisk_forward_f32(ctypes.byref(args))
+        if status != 0:
+            raise RuntimeError(f"native forward pass refused its arguments (status {status})")
+        return logits
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final hidden states (M, E), each row as the native pass computes it."""
+        return native.linear(hidden, self.model.lm_head.weight, None)

@@ -1,0 +1,170 @@
+"""The native CPU kernels against plain torch: the product, and whole forward passes of each family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from brisklm import LLM, SamplingParams
+from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.kernels import native
+from brisklm.loader import load_model
+from brisklm.models.native_forward import MAX_QUERY_LEN
+from tests.hf_models import build_hf_model, save_hf_model
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels do not build here")
+
+
+@pytest.mark.parametrize("k", [1, 15, 16, 40, 75, 768])
+@pytest.mark.parametrize("rows", [1, 3, 4, 37])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_a_float64_reference_and_each_row_alone(k, rows, bias):
+    generator = torch.Generator().manual_seed(k * 100 + rows)
+    weight = torch.randn(rows, k, generator=generator)
+    b = torch.randn(rows, generator=generator) if bias else None
+    x = torch.randn(11, k, generator=generator)
+    got = native.linear(x, weight, b)
+    expected = torch.nn.functional.linear(
+        x.double(), weight.double(), None if b is None else b.double()
+    )
+    torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
+    for n in (1, 2, 5):  # a row's bits do not depend on the rows beside it
+        assert torch.equal(native.linear(x[3 : 3 + n], weight, b), got[3 : 3 + n])
+
+
+def test_linear_bits_do_not_depend_on_the_thread_count():
+    generator = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(70, 33, generator=generator), torch.randn(6, 33, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.linear(x, weight, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(native.linear(x, weight, None), one)
+
+
+CASES = {
+    "llama-gqa": ("llama", {}),
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "qwen2-bias": ("qwen2", {}),
+    "mistral-window": ("mistral", {"sliding_window": 5}),
+    "llama-head-dim-40": ("llama", {"hidden_size": 80, "num_attention_heads": 2, "head_dim": 40}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def checkpoint(request, tmp_path_factory):
+    family, overrides = CASES[request.param]
+    directory = save_hf_model(
+        build_hf_model(family, **overrides), tmp_path_factory.mktemp(request.param)
+    )
+    return request.param, directory
+
+
+def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
+    """Prefill (torch ops), then decode and verification rows at ragged positions in several
+    slots, each step run both ways on copies of the cache; sliding windows shorter than the rows."""
+    name, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=4, max_seq_len=64)
+    assert runner.native is not None, name
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (20, 30, 17)]
+    slots = [2, 0, 3]
+    runner.forward(ForwardBatch(slots, [0, 0, 0], prompts, [1, 1, 1]))
+    lengths = [len(p) for p in prompts]
+    native_pass = runner.native
+    for step, query in enumerate([[1, 1, 1], [3, 1, 2], [1, 4, 1], [MAX_QUERY_LEN, 1, 2]]):
+        tokens = [torch.randint(3, 150, (q,), generator=generator).tolist() for q in query]
+        batch = ForwardBatch(slots, list(lengths), tokens, list(query))
+        keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+        runner.native = None
+        expected = runner.forward(batch)
+        torch_keys = runner.kv_cache.keys.clone()
+        runner.kv_cache.keys.copy_(keys)
+        runner.kv_cache.values.copy_(values)
+        runner.native = native_pass
+        got = runner.forward(batch)
+        # Products summed in another order, at an init of 0.5 (logits ~16): ~1e-5 of the logit
+        # scale, as in test_parity; bugs show as O(1).
+        diff = (got - expected).abs().max().item()
+        assert diff <= 2e-4, f"{name} step {step}: max |logit diff| {diff}"
+        # The native pass wrote the same keys into the cache.
+        torch.testing.assert_close(runner.kv_cache.keys, torch_keys, atol=1e-4, rtol=1e-4)
+        lengths = [n + q for n, q in zip(lengths, query)]
+
+
+def test_a_batch_mixing_short_and_long_rows_runs_each_its_own_way(checkpoint):
+    _, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=3, max_seq_len=64)
+    long_row, short_row = list(range(3, 3 + MAX_QUERY_LEN + 5)), [5, 9, 11]
+    alone = [
+        runner.forward(ForwardBatch([0], [0], [long_row], [2])),
+        runner.forward(ForwardBatch([1], [0], [short_row], [3])),
+    ]
+    mixed = runner.forward(ForwardBatch([2, 1], [0, 0], [long_row, short_row], [2, 3], True))
+    assert torch.equal(mixed[:2], alone[0])
+    assert torch.equal(mixed[2:], alone[1])
+
+
+def test_engine_generates_the_same_text_with_and_without_the_kernels(tmp_path, monkeypatch):
+    directory = save_hf_model(build_hf_model("llama", vocab_size=300), tmp_path / "model")
+    from tests.tiny import train_tokenizer
+
+    train_tokenizer().save(str(directory / "tokenizer.json"))
+    prompts = [[1, 17, 93, 5], [1, 44, 120, 8, 61, 33, 150, 9, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    def generate() -> tuple[bool, list[list[int]]]:
+        llm = LLM.from_pretrained(directory, show_progress=False, max_seq_len=64)
+        try:
+            return llm.engine.runner.native is not None, [
+                o.token_ids for o in llm.generate(prompts, params)
+            ]
+        finally:
+            llm.close()
+
+    with_kernels = generate()
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    native.library.cache_clear()
+    try:
+        without = generate()
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+    assert with_kernels[0] and not without[0]
+    assert with_kernels[1] == without[1]
+
+
+def test_the_environment_switch_and_a_missing_compiler_fall_back(monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "off")
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+        monkeypatch.setenv(native.ENV_SWITCH, "1")
+        monkeypatch.setenv("CC", "")
+        monkeypatch.setattr(native.shutil, "which", lambda name: None)
+        native.library.cache_clear()
+        assert native.library() is None
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+    assert native.available()
+
+
+def test_a_failed_build_is_logged_and_falls_back(monkeypatch, tmp_path, caplog):
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C")
+    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setenv("BRISKLM_CACHE_DIR", str(tmp_path / "cache"))
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert native.library() is None
+        assert "native CPU kernels unavailable" in caplog.text
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+    assert native.available()
