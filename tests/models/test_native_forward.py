@@ -50,6 +50,25 @@ CASES = {
     "qwen2-bias": ("qwen2", {}),
     "mistral-window": ("mistral", {"sliding_window": 5}),
     "llama-head-dim-40": ("llama", {"hidden_size": 80, "num_attention_heads": 2, "head_dim": 40}),
+    # Rows run past the trained context of 24: cos/sin computed per row, not looked up.
+    "llama-dynamic-rope": (
+        "llama",
+        {
+            "max_position_embeddings": 24,
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+        },
+    ),
+    "llama-yarn-rope": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
 }
 
 

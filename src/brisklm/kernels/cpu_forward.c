@@ -165,8 +165,8 @@ typedef struct {
     int n_logits, n_threads;
     int64_t max_seq_len;
     float eps, scale;
-    const int64_t *slots, *positions, *logit_tokens;
-    const float *cos, *sin;
+    const int64_t *token_ids, *slots, *positions, *logit_tokens, *rope_rows;
+    const float *embed, *cos, *sin; /* cos/sin: rows of head_dim; token t uses row rope_rows[t] */
     float *hidden_states, *xn, *qkv, *attn, *act, *scores, *normed, *logits;
     const float **in_norm, **qkv_w, **qkv_b, **o_w, **o_b, **post_norm, **gu_w, **gu_b;
     const float **down_w, **down_b;
@@ -222,8 +222,9 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     for (int i = 0; i < d; i++) out[i] *= inv;
 }
 
-/* One forward pass of n_tokens tokens (each at its own slot and position, caches written for all
- * of them before any attends), then the final norm and LM head for the n_logits tokens listed. */
+/* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
+ * and position, caches written for all of them before any attends), then the final norm and LM
+ * head for the n_logits tokens listed. Token ids are checked by the caller. */
 int brisk_forward_f32(const brisk_forward_args *a) {
     const int n = a->n_tokens, e = a->hidden, hq = a->n_heads, hkv = a->n_kv_heads,
               d = a->head_dim, inter = a->inter;
@@ -234,6 +235,10 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     {
         const int tid = THREAD_NUM();
         float *scores = a->scores + (int64_t)tid * a->max_seq_len;
+#pragma omp for schedule(static)
+        for (int t = 0; t < n; t++)
+            memcpy(a->hidden_states + (int64_t)t * e, a->embed + a->token_ids[t] * e,
+                   sizeof(float) * e);
         for (int l = 0; l < a->n_layers; l++) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
@@ -243,7 +248,8 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
                 float *x = a->qkv + t * qkv_ld + (int64_t)h * d;
-                if (h < hq + hkv) rope(x, a->cos + (int64_t)t * d, a->sin + (int64_t)t * d, d);
+                const int64_t row = a->rope_rows[t] * d;
+                if (h < hq + hkv) rope(x, a->cos + row, a->sin + row, d);
                 if (h >= hq) {
                     int g = h < hq + hkv ? h - hq : h - hq - hkv;
                     float *cache = h < hq + hkv ? a->k_cache[l] : a->v_cache[l];

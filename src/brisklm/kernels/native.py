@@ -71,9 +71,11 @@ class ForwardArgs(ctypes.Structure):
         ("max_seq_len", ctypes.c_int64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
-        ("slots", _ptr),
-        ("positions", _ptr),
-        ("logit_tokens", _ptr),
+        *[
+            (name, _ptr)
+            for name in ("token_ids", "slots", "positions", "logit_tokens", "rope_rows")
+        ],
+        ("embed", _ptr),
         ("cos", _ptr),
         ("sin", _ptr),
         *[

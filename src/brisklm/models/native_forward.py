@@ -144,6 +144,7 @@ class NativeForward:
         for name, table in self._tables.items():
             setattr(args, name, ctypes.addressof(table))
         args.window = ctypes.addressof(self._windows)
+        args.embed = model.model.embed_tokens.weight.data_ptr()
         args.final_norm = model.model.norm.weight.data_ptr()
         args.head_w = model.lm_head.weight.data_ptr()
         self.args = args
@@ -160,6 +161,8 @@ class NativeForward:
                 return None
             if linear.bias is not None and not linear.bias.is_contiguous():
                 return None
+        if not model.model.embed_tokens.weight.is_contiguous():
+            return None
         if kv_cache.keys.dtype != torch.float32 or not kv_cache.keys.is_contiguous():
             return None
         return cls(model, kv_cache)
@@ -188,6 +191,7 @@ class NativeForward:
             a = self.args
             empty = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
             space = {
+                "hidden_states": empty(num_tokens, a.hidden),
                 "xn": empty(num_tokens, a.hidden),
                 "qkv": empty(num_tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
                 "attn": empty(num_tokens, a.n_heads * a.head_dim),
@@ -215,6 +219,9 @@ class NativeForward:
             raise ValueError(
                 f"a native forward pass takes at most {native.MAX_TOKENS} tokens, got {num_tokens}"
             )
+        ids = [t for tokens in token_ids for t in tokens]
+        if min(ids) < 0 or max(ids) >= self.args.vocab:
+            raise ValueError(f"token ids must be in [0, {self.args.vocab}), got {ids}")
         positions: list[int] = []
         token_slots: list[int] = []
         logit_tokens: list[int] = []
@@ -223,32 +230,38 @@ class NativeForward:
             positions.extend(range(start, start + length))
             token_slots.extend([slot] * length)
             logit_tokens.extend(range(first + length - count, first + length))
-        ids = torch.tensor([t for tokens in token_ids for t in tokens], dtype=torch.int64)
-        position_tensor = torch.tensor(positions, dtype=torch.int64)
-        slot_tensor = torch.tensor(token_slots, dtype=torch.int64)
-        logit_tensor = torch.tensor(logit_tokens, dtype=torch.int64)
-        hidden = self.model.model.embed_tokens(ids).contiguous()
-        cos, sin = self.model.rotary(
-            position_tensor,
-            torch.float32,
-            query_lens,
-            [s + n - 1 for s, n in zip(start_positions, query_lens)],
-        )
-        cos, sin = cos.contiguous(), sin.contiguous()
+        # Plain ctypes arrays, not tensors: at one token a step's Python work is what is left.
+        int64s = ctypes.c_int64 * num_tokens
+        position_array = int64s(*positions)
+        rope_rows = position_array
+        longest = max(s + n for s, n in zip(start_positions, query_lens))
+        tables = self.model.rotary.tables(torch.device("cpu"), torch.float32, longest)
+        if tables is None:  # computed per row: dynamic NTK scaling past the trained context
+            tables = self.model.rotary(
+                torch.tensor(positions),
+                torch.float32,
+                query_lens,
+                [s + n - 1 for s, n in zip(start_positions, query_lens)],
+            )
+            tables = (tables[0].contiguous(), tables[1].contiguous())
+            rope_rows = int64s(*range(num_tokens))
         threads = torch.get_num_threads()
         space = self._workspace(num_tokens, total_logits, threads)
         logits = torch.empty(total_logits, self.args.vocab, dtype=torch.float32)
         self._cache_pointers()
+        id_array, slot_array = int64s(*ids), int64s(*token_slots)
+        logit_array = (ctypes.c_int64 * total_logits)(*logit_tokens)
         args = self.args
         args.n_tokens = num_tokens
         args.n_logits = total_logits
         args.n_threads = threads
-        args.slots = slot_tensor.data_ptr()
-        args.positions = position_tensor.data_ptr()
-        args.logit_tokens = logit_tensor.data_ptr()
-        args.cos = cos.data_ptr()
-        args.sin = sin.data_ptr()
-        args.hidden_states = hidden.data_ptr()
+        args.token_ids = ctypes.addressof(id_array)
+        args.slots = ctypes.addressof(slot_array)
+        args.positions = ctypes.addressof(position_array)
+        args.logit_tokens = ctypes.addressof(logit_array)
+        args.rope_rows = ctypes.addressof(rope_rows)
+        args.cos = tables[0].data_ptr()
+        args.sin = tables[1].data_ptr()
         for name, tensor in space.items():
             setattr(args, name, tensor.data_ptr())
         args.logits = logits.data_ptr()

@@ -128,6 +128,16 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * scale, emb.sin() * scale
 
+    def tables(
+        self, device: torch.device, dtype: torch.dtype, longest: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (cos, sin) tables, (L, head_dim) indexed by position, that ``forward`` reads for
+        rows up to ``longest`` positions; None where it computes per row instead (dynamic NTK
+        scaling past the trained context)."""
+        if self.rope.rope_type == "dynamic" and longest > self.max_position_embeddings:
+            return None
+        return self._table(device, dtype, longest)
+
     def forward(
         self,
         positions: torch.Tensor,
