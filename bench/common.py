@@ -105,6 +105,17 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
     return results
 
 
+def sustained_bandwidth(weight: torch.Tensor, reads: int) -> float:
+    """Bytes/s of ``reads`` streaming sums of ``weight`` back to back: a mean over a stretch as long
+    as a decode run, the same statistic a decode run's tokens/s is (``memory_bandwidth`` keeps the
+    fastest of many short samples instead)."""
+    weight.sum()  # warm-up
+    start = now(weight.device)
+    for _ in range(reads):
+        weight.sum()
+    return reads * weight.numel() * weight.element_size() / (now(weight.device) - start)
+
+
 def now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -205,11 +205,17 @@ def available() -> bool:
     return library() is not None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
     """``F.linear`` for float32 CPU tensors (2-D x, row-major weight), each row's result
-    independent of the other rows. Requires ``library()``."""
-    lib = library()
-    assert lib is not None
+    independent of the other rows, through ``lib`` (default: ``library()``, which must load)."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the native CPU kernels are not available")
     x = x.contiguous()
     rows, k = weight.shape
     n = x.shape[0]

@@ -272,4 +272,4 @@ class NativeForward:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final hidden states (M, E), each row as the native pass computes it."""
-        return native.linear(hidden, self.model.lm_head.weight, None)
+        return native.linear(hidden, self.model.lm_head.weight, None, self.lib)
