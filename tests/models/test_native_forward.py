@@ -187,3 +187,15 @@ def test_a_failed_build_is_logged_and_falls_back(monkeypatch, tmp_path, caplog):
         monkeypatch.undo()
         native.library.cache_clear()
     assert native.available()
+
+
+def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRISKLM_CACHE_DIR", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None
+        built = list((tmp_path / "native").glob("brisk_cpu_forward_*.so"))
+        assert len(built) == 1
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
