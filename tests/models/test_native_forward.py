@@ -32,6 +32,16 @@ def test_linear_matches_a_float64_reference_and_each_row_alone(k, rows, bias):
         assert torch.equal(native.linear(x[3 : 3 + n], weight, b), got[3 : 3 + n])
 
 
+def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
+    _, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=2, max_seq_len=64)
+    long_row = list(range(3, 3 + MAX_QUERY_LEN + 3))
+    for slot, tokens in enumerate([long_row, [4, 5]]):
+        logits = runner.forward(ForwardBatch([slot], [0], [tokens], [0]))
+        assert logits.shape == (0, model.config.vocab_size)
+
+
 def test_linear_bits_do_not_depend_on_the_thread_count():
     generator = torch.Generator().manual_seed(0)
     weight, x = torch.randn(70, 33, generator=generator), torch.randn(6, 33, generator=generator)

@@ -220,6 +220,8 @@ def linear(
     rows, k = weight.shape
     n = x.shape[0]
     out = torch.empty(n, rows, dtype=torch.float32)
+    if n == 0:
+        return out
     threads = torch.get_num_threads()
     status = lib.brisk_linear_f32(
         x.data_ptr(),
