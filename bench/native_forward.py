@@ -46,13 +46,17 @@ def main() -> None:
         # Everything on one thread: one OpenMP pool (see brisklm.engine.scratch_thread).
         model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
         runners = {"native": ModelRunner(model, num_slots=8, max_seq_len=length)}
+        previous = os.environ.get(native.ENV_SWITCH)
         os.environ[native.ENV_SWITCH] = "0"
         native.library.cache_clear()
         try:
             packed = load_model(directory, device="cpu", dtype="float32", show_progress=False)
             runners["torch"] = ModelRunner(packed, num_slots=8, max_seq_len=length)
         finally:
-            del os.environ[native.ENV_SWITCH]
+            if previous is None:
+                del os.environ[native.ENV_SWITCH]
+            else:
+                os.environ[native.ENV_SWITCH] = previous
             native.library.cache_clear()
         assert runners["native"].native is not None and runners["torch"].native is None
         stream = torch.randn(16384, 4096)

@@ -183,20 +183,25 @@ def test_the_environment_switch_and_a_missing_compiler_fall_back(monkeypatch):
     assert native.available()
 
 
+def refused_library(monkeypatch, caplog) -> str:
+    """With the monkeypatched setting, the library is refused: the warning logged (then restored)."""
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert native.library() is None
+        return caplog.text
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+        assert native.available()
+
+
 def test_a_failed_build_is_logged_and_falls_back(monkeypatch, tmp_path, caplog):
     broken = tmp_path / "broken.c"
     broken.write_text("this is not C")
     monkeypatch.setattr(native, "SOURCE", broken)
     monkeypatch.setenv("BRISKLM_CACHE_DIR", str(tmp_path / "cache"))
-    native.library.cache_clear()
-    try:
-        with caplog.at_level("WARNING"):
-            assert native.library() is None
-        assert "native CPU kernels unavailable" in caplog.text
-    finally:
-        monkeypatch.undo()
-        native.library.cache_clear()
-    assert native.available()
+    assert "native CPU kernels unavailable" in refused_library(monkeypatch, caplog)
 
 
 def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):
@@ -209,3 +214,73 @@ def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         native.library.cache_clear()
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_bad_rows_are_refused_before_anything_is_written(checkpoint, path):
+    _, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=2, max_seq_len=64)
+    length = 3 if path == "native" else MAX_QUERY_LEN + 3
+    tokens = list(range(4, 4 + length))
+    before = runner.kv_cache.keys.clone()
+    bad = [
+        ForwardBatch([2], [0], [tokens], [1]),  # no such slot
+        ForwardBatch([-1], [0], [tokens], [1]),
+        ForwardBatch([0], [-2], [tokens], [1]),  # before the cache
+        ForwardBatch([0], [0], [tokens], [length + 1]),  # more logits than tokens
+        ForwardBatch([0, 1], [0], [tokens], [1]),  # lists of different lengths
+    ]
+    for batch in bad:
+        with pytest.raises(ValueError):
+            runner.forward(batch)
+    assert torch.equal(runner.kv_cache.keys, before)
+    assert runner.forward(ForwardBatch([1], [0], [tokens], [1])).shape[0] == 1
+
+
+def test_a_runner_with_another_backend_shares_the_model_with_a_native_one(checkpoint):
+    """A reference-backend runner runs torch's ops on the row-major weights (nothing repacked
+    under the native runner that shares the model)."""
+    _, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    fast = ModelRunner(model, num_slots=1, max_seq_len=64)
+    reference = ModelRunner(model, num_slots=1, max_seq_len=64, attention_backend="reference")
+    assert fast.native is not None and reference.native is None
+    long_row = list(range(3, 3 + MAX_QUERY_LEN + 4))
+
+    def run(runner: ModelRunner) -> torch.Tensor:
+        prefill = runner.forward(ForwardBatch([0], [0], [long_row], [1]))
+        step = runner.forward(ForwardBatch([0], [len(long_row)], [[9]], [1]))
+        return torch.cat([prefill, step])
+
+    before = run(fast)
+    by_reference = run(reference)
+    assert torch.equal(run(fast), before)
+    torch.testing.assert_close(by_reference, before, atol=2e-4, rtol=0)
+
+
+def test_a_replaced_cache_is_followed(checkpoint):
+    from brisklm.cache.contiguous import KVCache
+
+    _, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=1, max_seq_len=64)
+    tokens = [4, 5, 6, 7]
+    first = runner.forward(ForwardBatch([0], [0], [tokens], [1]))
+    config = model.config
+    runner.kv_cache = runner.native.kv_cache = KVCache(
+        config.num_hidden_layers, 2, 32, config.num_key_value_heads, config.head_dim,
+        torch.float32, "cpu",
+    )  # fmt: skip
+    runner.max_seq_len = 32
+    again = runner.forward(ForwardBatch([1], [0], [tokens], [1]))
+    assert torch.equal(again, first)
+    assert runner.kv_cache.keys[:, 1, :, :4].abs().sum() > 0
+
+
+def test_a_cache_folder_others_can_write_is_refused(monkeypatch, tmp_path, caplog):
+    shared = tmp_path / "shared"
+    (shared / "native").mkdir(parents=True)
+    (shared / "native").chmod(0o777)
+    monkeypatch.setenv("BRISKLM_CACHE_DIR", str(shared))
+    assert "not private" in refused_library(monkeypatch, caplog)

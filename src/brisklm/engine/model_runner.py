@@ -72,12 +72,25 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row."""
         query_lens = [len(t) for t in batch.token_ids]
-        for start, length in zip(batch.start_positions, query_lens):
-            if length < 1 or start + length > self.max_seq_len:
+        rows = len(batch.slots)
+        if not (
+            len(batch.start_positions) == len(batch.token_ids) == len(batch.num_logits) == rows
+        ):
+            raise ValueError(
+                "a forward batch needs one start position, token list and count per slot"
+            )
+        for slot, start, length, count in zip(
+            batch.slots, batch.start_positions, query_lens, batch.num_logits
+        ):
+            if length < 1 or start < 0 or start + length > self.max_seq_len:
                 raise ValueError(
                     f"row of {length} tokens at position {start} does not fit the cache of "
                     f"{self.max_seq_len} positions"
                 )
+            if not 0 <= slot < self.kv_cache.num_slots:
+                raise ValueError(f"slot {slot} is not one of the cache's {self.kv_cache.num_slots}")
+            if not 0 <= count <= length:
+                raise ValueError(f"a row of {length} tokens cannot give {count} logits")
         if self.native is None:
             return self._forward_torch(batch, query_lens)
         # Each row's path depends on its own length only, so its logits do not depend on its batch.
@@ -129,7 +142,8 @@ class ModelRunner:
         hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (N, E)
         selected = self._select(hidden, query_lens, batch.num_logits)
         if self.native is not None:
-            # The head as the native pass computes it, so a row's logits match whichever path ran.
+            # The native head gives a row the same bits at any row count (oneDNN's product on a
+            # strided weight does not at one row).
             return self.native.logits(selected)
         return self.model.compute_logits(selected)
 

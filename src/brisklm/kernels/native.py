@@ -136,9 +136,10 @@ def _build(compiler: str) -> Path:
         ).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"brisk_cpu_forward_{key}.so"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _check_private(target.parent)
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: another process may be building the same file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
@@ -152,6 +153,18 @@ def _build(compiler: str) -> Path:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
         os.replace(built, target)
     return target
+
+
+def _check_private(folder: Path) -> None:
+    """Refuse a cache folder that another user could write: its libraries are loaded as code."""
+    if not hasattr(os, "getuid"):
+        return
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise RuntimeError(
+            f"cache folder {str(folder)!r} is not private to this user (owner or group/other "
+            "write permission); set BRISKLM_CACHE_DIR to a folder only you can write"
+        )
 
 
 def _cpu_flags() -> list[str]:
@@ -192,7 +205,12 @@ def library() -> ctypes.CDLL | None:
         logger.info("no C compiler found (cc, gcc, clang or $CC): native CPU kernels not used")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(compiler)))
+        path = _build(compiler)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:  # a damaged file from an interrupted copy: build it again, once
+            path.unlink(missing_ok=True)
+            lib = ctypes.CDLL(str(_build(compiler)))
         _declare(lib)
         _probe(lib)
     except Exception as error:  # any failure means "not on this machine", never a crash
@@ -216,8 +234,17 @@ def linear(
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the native CPU kernels are not available")
-    x = x.contiguous()
     rows, k = weight.shape
+    tensors = [x, weight] + ([bias] if bias is not None else [])
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        raise ValueError("native.linear takes float32 CPU tensors")
+    if x.dim() != 2 or x.shape[1] != k or not weight.is_contiguous():
+        raise ValueError(
+            f"native.linear: x {tuple(x.shape)} against a weight {tuple(weight.shape)}"
+        )
+    if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
+        raise ValueError(f"native.linear: bias {tuple(bias.shape)} for {rows} rows")
+    x = x.contiguous()
     n = x.shape[0]
     out = torch.empty(n, rows, dtype=torch.float32)
     if n == 0:

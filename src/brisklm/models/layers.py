@@ -10,7 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisklm.kernels import native
 from brisklm.models import packed_weights
+
+# Most rows a row-major layer hands to the native product (the native pass's MAX_QUERY_LEN).
+NATIVE_MAX_ROWS = 16
 
 
 class RMSNorm(nn.Module):
@@ -79,6 +83,14 @@ class Linear(nn.Module):
         if self.is_packed:
             return packed_weights.packed_linear(x, self.weight, self.bias)
         if self.dense_onednn:
+            # Row-major weights kept for the native pass, run by torch's ops (longer rows, or
+            # another attention backend): a few rows through the native product, which gives each
+            # row the same bits at any count (oneDNN's differs at one row) and does not re-lay the
+            # weight out per call; more rows through oneDNN's blocked GEMM.
+            if x.dim() == 2 and x.shape[0] <= NATIVE_MAX_ROWS:
+                lib = native.library()
+                if lib is not None:
+                    return native.linear(x, self.weight, self.bias, lib)
             return packed_weights.dense_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

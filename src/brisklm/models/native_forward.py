@@ -91,7 +91,11 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 
 
 class NativeForward:
-    """Runs ``model`` over ``kv_cache`` through the native kernels; see ``forward``."""
+    """Runs ``model`` over ``kv_cache`` through the native kernels; see ``forward``.
+
+    Not thread-safe: one call at a time (its arguments and scratch buffers are shared between
+    calls), as the engine's single thread makes them.
+    """
 
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache) -> None:
         self.model = model
@@ -123,11 +127,15 @@ class NativeForward:
             "down_w": pointers([m.down_proj.weight for m in mlp]),
             "down_b": pointers([m.down_proj.bias for m in mlp]),
         }
+        # 0: no window (also for a window no shorter than the cache, which then never applies).
+        windows = list(config.sliding_windows) or [None] * len(layers)
         self._windows = (ctypes.c_int * len(layers))(
-            *[w or 0 for w in config.sliding_windows] or [0] * len(layers)
+            *[w if w is not None and 0 < w < kv_cache.max_seq_len else 0 for w in windows]
         )
-        self._cache_address = -1
-        self._workspaces: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+        self._cache_identity: tuple[int, int, int] | None = None
+        self._space: dict[str, torch.Tensor] = {}
+        self._space_size = (0, 0, 0)
+        self._space_addresses: dict[str, int] = {}
         # The shapes, as the C side reads them (also read back here: args.hidden, ...).
         args = native.ForwardArgs(
             n_layers=len(layers),
@@ -168,9 +176,13 @@ class NativeForward:
         return cls(model, kv_cache)
 
     def _cache_pointers(self) -> None:
+        """Point the C side at the cache's layers (again if the cache tensors were replaced)."""
         keys, values = self.kv_cache.keys, self.kv_cache.values
-        if keys.data_ptr() == self._cache_address:
+        identity = (keys.data_ptr(), values.data_ptr(), self.kv_cache.max_seq_len)
+        if identity == self._cache_identity:
             return
+        if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError("the native forward pass needs a contiguous float32 KV cache")
         num_layers = keys.shape[0]
         self._k_table = (ctypes.c_void_p * num_layers)(
             *[keys[i].data_ptr() for i in range(num_layers)]
@@ -180,27 +192,31 @@ class NativeForward:
         )
         self.args.k_cache = ctypes.addressof(self._k_table)
         self.args.v_cache = ctypes.addressof(self._v_table)
-        self._cache_address = keys.data_ptr()
+        self.args.max_seq_len = self.kv_cache.max_seq_len
+        self._cache_identity = identity
+        self._space = {}  # the scores buffer is sized by max_seq_len
 
-    def _workspace(self, num_tokens: int, num_logits: int, threads: int) -> dict[str, torch.Tensor]:
-        key = (num_tokens, num_logits, threads)
-        space = self._workspaces.get(key)
-        if space is None:
-            if len(self._workspaces) > 64:
-                self._workspaces.clear()
+    def _workspace(self, num_tokens: int, num_logits: int, threads: int) -> dict[str, int]:
+        """Addresses of scratch buffers for a call of ``num_tokens`` tokens: one set, grown to the
+        largest call seen (the C side indexes only the rows it is given)."""
+        need = (num_tokens, num_logits, threads)
+        have = self._space_size
+        if not self._space or any(n > h for n, h in zip(need, have)):
+            tokens, logits, threads = (max(n, h) for n, h in zip(need, have))
             a = self.args
             empty = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
-            space = {
-                "hidden_states": empty(num_tokens, a.hidden),
-                "xn": empty(num_tokens, a.hidden),
-                "qkv": empty(num_tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
-                "attn": empty(num_tokens, a.n_heads * a.head_dim),
-                "act": empty(num_tokens, a.inter),
+            self._space = {
+                "hidden_states": empty(tokens, a.hidden),
+                "xn": empty(tokens, a.hidden),
+                "qkv": empty(tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
+                "attn": empty(tokens, a.n_heads * a.head_dim),
+                "act": empty(tokens, a.inter),
                 "scores": empty(threads, a.max_seq_len),
-                "normed": empty(num_logits, a.hidden),
+                "normed": empty(max(logits, 1), a.hidden),
             }
-            self._workspaces[key] = space
-        return space
+            self._space_size = (tokens, logits, threads)
+            self._space_addresses = {k: t.data_ptr() for k, t in self._space.items()}
+        return self._space_addresses
 
     def forward(
         self,
@@ -246,9 +262,9 @@ class NativeForward:
             tables = (tables[0].contiguous(), tables[1].contiguous())
             rope_rows = int64s(*range(num_tokens))
         threads = torch.get_num_threads()
+        self._cache_pointers()
         space = self._workspace(num_tokens, total_logits, threads)
         logits = torch.empty(total_logits, self.args.vocab, dtype=torch.float32)
-        self._cache_pointers()
         id_array, slot_array = int64s(*ids), int64s(*token_slots)
         logit_array = (ctypes.c_int64 * total_logits)(*logit_tokens)
         args = self.args
@@ -262,8 +278,8 @@ class NativeForward:
         args.rope_rows = ctypes.addressof(rope_rows)
         args.cos = tables[0].data_ptr()
         args.sin = tables[1].data_ptr()
-        for name, tensor in space.items():
-            setattr(args, name, tensor.data_ptr())
+        for name, address in space.items():
+            setattr(args, name, address)
         args.logits = logits.data_ptr()
         status = self.lib.brisk_forward_f32(ctypes.byref(args))
         if status != 0:
