@@ -122,31 +122,6 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 
-/* act (n x inter) = silu(x @ gate.T + bg) * (x @ up.T + bu), gate rows [0, inter) of w, up rows
- * [inter, 2 * inter). */
-static void gated_team(const float *x, int64_t ldx, int n, int k, const float *w, const float *b,
-                       int inter, float *act) {
-#pragma omp for schedule(static)
-    for (int blk = 0; blk < (inter + RB - 1) / RB; blk++) {
-        const int o = blk * RB, nr = inter - o < RB ? inter - o : RB;
-        float gate[TB * RB], up[TB * RB];
-        for (int t0 = 0; t0 < n; t0 += TB) {
-            const int nt = n - t0 < TB ? n - t0 : TB;
-            tile(w + (int64_t)o * k, k, nr, x + t0 * ldx, ldx, nt, k, gate);
-            tile(w + (int64_t)(o + inter) * k, k, nr, x + t0 * ldx, ldx, nt, k, up);
-            for (int j = 0; j < nt; j++)
-                for (int r = 0; r < nr; r++) {
-                    float g = gate[j * RB + r], u = up[j * RB + r];
-                    if (b) {
-                        g += b[o + r];
-                        u += b[o + r + inter];
-                    }
-                    act[(int64_t)(t0 + j) * inter + o + r] = silu(g) * u;
-                }
-        }
-    }
-}
-
 static void rms_norm(const float *x, const float *w, int e, float eps, float *out) {
     vf acc = {0};
     int i = 0;
@@ -167,7 +142,7 @@ typedef struct {
     float eps, scale;
     const int64_t *token_ids, *slots, *positions, *logit_tokens, *rope_rows;
     const float *embed, *cos, *sin; /* cos/sin: rows of head_dim; token t uses row rope_rows[t] */
-    float *hidden_states, *xn, *qkv, *attn, *act, *scores, *normed, *logits;
+    float *hidden_states, *xn, *qkv, *attn, *gate_up, *act, *scores, *normed, *logits;
     const float **in_norm, **qkv_w, **qkv_b, **o_w, **o_b, **post_norm, **gu_w, **gu_b;
     const float **down_w, **down_b;
     float **k_cache, **v_cache;
@@ -264,7 +239,16 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->post_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            gated_team(a->xn, e, n, e, a->gu_w[l], a->gu_b[l], inter, a->act);
+            /* gate and up as one product over their 2 * inter contiguous rows: computing a
+             * gate row and its up row together reads two streams at once, measurably slower
+             * (53-55 against 58-62 GB/s for the products of a 125M model). */
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0);
+#pragma omp for schedule(static)
+            for (int t = 0; t < n; t++) {
+                const float *gate = a->gate_up + (int64_t)t * 2 * inter, *up = gate + inter;
+                float *act = a->act + (int64_t)t * inter;
+                for (int o = 0; o < inter; o++) act[o] = silu(gate[o]) * up[o];
+            }
             matmul_team(a->act, inter, n, inter, a->down_w[l], a->down_b[l], e, a->hidden_states, e, 1);
         }
 #pragma omp for schedule(static)

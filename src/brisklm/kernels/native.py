@@ -80,7 +80,7 @@ class ForwardArgs(ctypes.Structure):
         ("sin", _ptr),
         *[
             (name, _ptr)
-            for name in ("hidden_states", "xn", "qkv", "attn", "act", "scores", "normed")
+            for name in ("hidden_states", "xn", "qkv", "attn", "gate_up", "act", "scores", "normed")
         ],
         ("logits", _ptr),
         *[

@@ -210,6 +210,7 @@ class NativeForward:
                 "xn": empty(tokens, a.hidden),
                 "qkv": empty(tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
                 "attn": empty(tokens, a.n_heads * a.head_dim),
+                "gate_up": empty(tokens, 2 * a.inter),
                 "act": empty(tokens, a.inter),
                 "scores": empty(threads, a.max_seq_len),
                 "normed": empty(max(logits, 1), a.hidden),
