@@ -122,6 +122,32 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 
+/* exp(x) in float32 without branches or calls, so that loops over it vectorise (libm's expf is a
+ * call per element: at 2,000 keys it was the largest part of attention). Cephes' expf: x = n ln2
+ * + r with |r| <= ln2 / 2, a degree-6 polynomial for exp(r), 2^n through the exponent bits; about
+ * 1 ulp. For x <= 0 (softmax): below -87.3 it returns ~1e-38 instead of a denormal or 0. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float poly = 1.9875691500e-4f;
+    poly = poly * r + 1.3981999507e-3f;
+    poly = poly * r + 8.3334519073e-3f;
+    poly = poly * r + 4.1665795894e-2f;
+    poly = poly * r + 1.6666665459e-1f;
+    poly = poly * r + 5.0000001201e-1f;
+    const float y = poly * r * r + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)n + 127) << 23};
+    return y * scale.f;
+}
+
+/* Largest head_dim whose output row stays in registers during the weighted sum of values. */
+#define MAX_REG_DIM (8 * VW)
+
 static void rms_norm(const float *x, const float *w, int e, float eps, float *out) {
     vf acc = {0};
     int i = 0;
@@ -180,21 +206,32 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
             if (s > m) m = s;
         }
     }
+    const int64_t count = p + 1 - lo;
+    for (int64_t j = 0; j < count; j++) scores[j] = exp_nonpositive(scores[j] - m); /* vectorised */
     float total = 0.0f;
-    for (int64_t j = lo; j <= p; j++) {
-        float e = expf(scores[j - lo] - m);
-        scores[j - lo] = e;
-        total += e;
-    }
+    for (int64_t j = 0; j < count; j++) total += scores[j];
     float *out = a->attn + (int64_t)n * a->n_heads * d + (int64_t)h * d;
-    for (int i = 0; i < d; i++) out[i] = 0.0f;
-    for (int64_t j = lo; j <= p; j++) {
-        const float pj = scores[j - lo];
-        const float *v = values + j * d;
-        for (int i = 0; i < d; i++) out[i] += pj * v[i];
+    const float *v0 = values + lo * d;
+    /* out = sum_j p_j v_j, in chunks of up to MAX_REG_DIM floats kept in registers over all keys
+     * (accumulating in memory made every key wait for the previous key's store). */
+    for (int c0 = 0; c0 < d; c0 += MAX_REG_DIM) {
+        const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM, nv = width / VW;
+        vf acc[MAX_REG_DIM / VW];
+        float tail[VW] = {0};
+        for (int v = 0; v < MAX_REG_DIM / VW; v++) acc[v] = (vf){0};
+        for (int64_t j = 0; j < count; j++) {
+            const float pj = scores[j];
+            const float *row = v0 + j * d + c0;
+            for (int v = 0; v < nv; v++) acc[v] += pj * vload(row + v * VW);
+            for (int i = nv * VW; i < width; i++) tail[i - nv * VW] += pj * row[i];
+        }
+        const float inv = 1.0f / total;
+        for (int v = 0; v < nv; v++) {
+            const vf scaled = acc[v] * inv;
+            memcpy(out + c0 + v * VW, &scaled, sizeof scaled);
+        }
+        for (int i = nv * VW; i < width; i++) out[c0 + i] = tail[i - nv * VW] * inv;
     }
-    const float inv = 1.0f / total;
-    for (int i = 0; i < d; i++) out[i] *= inv;
 }
 
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
