@@ -1,7 +1,7 @@
 """A seeded request's tokens do not depend on what else is in its batch (CPU, dense weights).
 
 Its random numbers come from its own generator, and every step of its computation gives it the
-same bits alone as beside other rows: rows of up to 16 tokens run through the native CPU pass,
+same bits alone as beside other rows: rows of up to 32 tokens run through the native CPU pass,
 which computes each token alike whatever else is in the call; through torch's ops, oneDNN's
 packed products are row-invariant and a batch holding a seeded request attends row by row over
 exactly each row's keys; and the sampler's cumulative sums run per row. Before, 1 in 40 seeded 30-token generations of the bundled model changed beside
@@ -94,7 +94,7 @@ def test_a_rows_logits_are_bitwise_the_same_in_any_batch(draft, kernels):
             assert torch.equal(got, expected), f"batch of {size}"
     padded = run([row] + others[:7], invariant=False)
     if kernels == "native":
-        # Decode and verification rows (up to 16 tokens) run through the native pass, which
+        # Decode and verification rows (up to 32 tokens) run through the native pass, which
         # computes every row alike with or without the flag.
         for got, expected in zip(padded[1:], alone[1:]):
             assert torch.equal(got, expected)

@@ -14,7 +14,7 @@ from brisklm.kernels import native
 from brisklm.models import packed_weights
 
 # Most rows a row-major layer hands to the native product (the native pass's MAX_QUERY_LEN).
-NATIVE_MAX_ROWS = 16
+NATIVE_MAX_ROWS = 32
 
 
 class RMSNorm(nn.Module):

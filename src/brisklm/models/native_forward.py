@@ -29,8 +29,11 @@ from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCaus
 # Longest row (in tokens) the native pass takes; longer rows run through torch's ops. The kernels
 # stream each weight once per pass and multiply it with every token, which beats oneDNN for a few
 # tokens (a decode step reads the weights at the bandwidth of one large read) and loses to its
-# blocked GEMM for a prefill of many.
-MAX_QUERY_LEN = 16
+# blocked GEMM for a prefill of many. Measured crossover (one prompt, 2 threads): ~40 tokens on a
+# 125M model (native 13.7 / 21.0 / 29.5 ms at 17 / 32 / 48 tokens, oneDNN on the strided weights
+# 18.8 / 23.7 / 28.3), ~80 on the bundled 11M model.
+MAX_QUERY_LEN = 32
+assert MAX_QUERY_LEN <= native.MAX_TOKENS
 
 
 def supports(model: torch.nn.Module) -> bool:
