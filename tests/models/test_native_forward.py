@@ -115,10 +115,10 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
         runner.kv_cache.values.copy_(values)
         runner.native = native_pass
         got = runner.forward(batch)
-        # Products summed in another order, at an init of 0.5 (logits ~16): ~1e-5 of the logit
-        # scale, as in test_parity; bugs show as O(1).
+        # Products summed in another order, at an init of 0.5 (logits ~16): up to ~3e-5 of the
+        # logit scale over rows of up to 32 tokens, test_parity's batch tolerance; bugs show as O(1).
         diff = (got - expected).abs().max().item()
-        assert diff <= 2e-4, f"{name} step {step}: max |logit diff| {diff}"
+        assert diff <= 5e-4, f"{name} step {step}: max |logit diff| {diff}"
         # The native pass wrote the same keys into the cache.
         torch.testing.assert_close(runner.kv_cache.keys, torch_keys, atol=1e-4, rtol=1e-4)
         lengths = [n + q for n, q in zip(lengths, query)]
