@@ -52,7 +52,9 @@ def test_default_dtype_is_float32_on_cpu(tmp_path):
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
 
-def test_tied_head_shares_storage_and_ignores_saved_head(tmp_path, monkeypatch):
+def test_tied_head_shares_storage_and_ignores_saved_head(
+    tmp_path, monkeypatch, without_native_kernels
+):
     monkeypatch.setattr(packed_weights, "MIN_FLOAT32_BYTES", 1 << 40)  # strided: the tie itself
     hf = build_hf_model("llama", tie_word_embeddings=True)
     directory = save_hf_model(hf, tmp_path / "m")
@@ -88,7 +90,7 @@ def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(
     assert torch.equal(model.lm_head.dense_weight(), table)
 
 
-def test_float32_weights_stay_row_major_for_the_native_kernels(tmp_path):
+def test_float32_weights_are_packed_for_the_native_kernels(tmp_path):
     from brisklm.kernels import native
 
     if not native.available():
@@ -96,12 +98,13 @@ def test_float32_weights_stay_row_major_for_the_native_kernels(tmp_path):
     hf = build_hf_model("llama", tie_word_embeddings=True)
     model = load_model(save_hf_model(hf, tmp_path / "m"), device="cpu", show_progress=False)
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert not qkv.is_packed and qkv.weight.is_contiguous()
+    assert qkv.is_native_packed and not qkv.is_packed
     expected = hf.model.layers[0].self_attn.q_proj.weight
-    assert torch.equal(qkv.weight[: expected.shape[0]], expected)
-    # Tied: the head reads the embedding table itself, no copy.
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    # bfloat16 models do not use the kernels: their weights are packed as before.
+    assert torch.equal(qkv.dense_weight()[: expected.shape[0]], expected)
+    # Tied: the head is packed as a copy; the table keeps its rows for lookups.
+    table = model.model.embed_tokens.weight
+    assert model.lm_head.is_native_packed and torch.equal(model.lm_head.dense_weight(), table)
+    # bfloat16 models do not use the kernels: their weights are packed for oneDNN as before.
     bf16 = load_model(tmp_path / "m", device="cpu", dtype="bfloat16", show_progress=False)
     if packed_weights.packing_supported(torch.bfloat16):
         assert bf16.model.layers[0].self_attn.qkv_proj.is_packed

@@ -220,7 +220,7 @@ def load_model(
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}")
     if native_forward.supports(model):
-        native_forward.use_row_major_weights(model)
+        native_forward.use_native_layout(model)
     for module in model.modules():
         finalize = getattr(module, "finalize", None)
         if callable(finalize) and module is not model:

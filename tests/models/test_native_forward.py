@@ -14,28 +14,33 @@ from tests.hf_models import build_hf_model, save_hf_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels do not build here")
 
+# Cache positions for the model tests: rows just past MAX_QUERY_LEN fit, several times over.
+CACHE = 3 * MAX_QUERY_LEN
+
 
 @pytest.mark.parametrize("k", [1, 15, 16, 40, 75, 768])
-@pytest.mark.parametrize("rows", [1, 3, 4, 37])
+@pytest.mark.parametrize("rows", [1, 3, 32, 37, 70])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_a_float64_reference_and_each_row_alone(k, rows, bias):
     generator = torch.Generator().manual_seed(k * 100 + rows)
     weight = torch.randn(rows, k, generator=generator)
     b = torch.randn(rows, generator=generator) if bias else None
-    x = torch.randn(11, k, generator=generator)
-    got = native.linear(x, weight, b)
+    x = torch.randn(13, k, generator=generator)  # two 6-token tiles and one more
+    packed = native.pack(weight)
+    assert torch.equal(native.unpack(packed, rows), weight)
+    got = native.linear(x, packed, b, rows)
     expected = torch.nn.functional.linear(
         x.double(), weight.double(), None if b is None else b.double()
     )
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
     for n in (1, 2, 5):  # a row's bits do not depend on the rows beside it
-        assert torch.equal(native.linear(x[3 : 3 + n], weight, b), got[3 : 3 + n])
+        assert torch.equal(native.linear(x[3 : 3 + n], packed, b, rows), got[3 : 3 + n])
 
 
 def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=2, max_seq_len=64)
+    runner = ModelRunner(model, num_slots=2, max_seq_len=CACHE)
     long_row = list(range(3, 3 + MAX_QUERY_LEN + 3))
     for slot, tokens in enumerate([long_row, [4, 5]]):
         logits = runner.forward(ForwardBatch([slot], [0], [tokens], [0]))
@@ -45,13 +50,14 @@ def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
 def test_linear_bits_do_not_depend_on_the_thread_count():
     generator = torch.Generator().manual_seed(0)
     weight, x = torch.randn(70, 33, generator=generator), torch.randn(6, 33, generator=generator)
+    packed = native.pack(weight)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = native.linear(x, weight, None)
+        one = native.linear(x, packed, None, 70)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(native.linear(x, weight, None), one)
+    assert torch.equal(native.linear(x, packed, None, 70), one)
 
 
 CASES = {
@@ -96,7 +102,7 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
     slots, each step run both ways on copies of the cache; sliding windows shorter than the rows."""
     name, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=4, max_seq_len=64)
+    runner = ModelRunner(model, num_slots=4, max_seq_len=CACHE)
     assert runner.native is not None, name
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (20, 30, 17)]
@@ -127,7 +133,7 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
 def test_a_batch_mixing_short_and_long_rows_runs_each_its_own_way(checkpoint):
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=3, max_seq_len=64)
+    runner = ModelRunner(model, num_slots=3, max_seq_len=CACHE)
     long_row, short_row = list(range(3, 3 + MAX_QUERY_LEN + 5)), [5, 9, 11]
     alone = [
         runner.forward(ForwardBatch([0], [0], [long_row], [2])),
@@ -147,7 +153,7 @@ def test_engine_generates_the_same_text_with_and_without_the_kernels(tmp_path, m
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
     def generate() -> tuple[bool, list[list[int]]]:
-        llm = LLM.from_pretrained(directory, show_progress=False, max_seq_len=64)
+        llm = LLM.from_pretrained(directory, show_progress=False, max_seq_len=CACHE)
         try:
             return llm.engine.runner.native is not None, [
                 o.token_ids for o in llm.generate(prompts, params)
@@ -220,7 +226,7 @@ def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):
 def test_bad_rows_are_refused_before_anything_is_written(checkpoint, path):
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=2, max_seq_len=64)
+    runner = ModelRunner(model, num_slots=2, max_seq_len=CACHE)
     length = 3 if path == "native" else MAX_QUERY_LEN + 3
     tokens = list(range(4, 4 + length))
     before = runner.kv_cache.keys.clone()
@@ -243,8 +249,8 @@ def test_a_runner_with_another_backend_shares_the_model_with_a_native_one(checkp
     under the native runner that shares the model)."""
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    fast = ModelRunner(model, num_slots=1, max_seq_len=64)
-    reference = ModelRunner(model, num_slots=1, max_seq_len=64, attention_backend="reference")
+    fast = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
+    reference = ModelRunner(model, num_slots=1, max_seq_len=CACHE, attention_backend="reference")
     assert fast.native is not None and reference.native is None
     long_row = list(range(3, 3 + MAX_QUERY_LEN + 4))
 
@@ -264,7 +270,7 @@ def test_a_replaced_cache_is_followed(checkpoint):
 
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=1, max_seq_len=64)
+    runner = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
     tokens = [4, 5, 6, 7]
     first = runner.forward(ForwardBatch([0], [0], [tokens], [1]))
     config = model.config

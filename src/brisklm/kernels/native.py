@@ -223,24 +223,47 @@ def available() -> bool:
     return library() is not None
 
 
+PANEL = 32  # output rows per panel (NB in the C source)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The (out, in) float32 weight in the kernels' layout: panels of 32 output rows, each stored
+    k-major, the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous."""
+    rows, k = weight.shape
+    panels = -(-rows // PANEL)
+    padded = torch.zeros(panels * PANEL, k, dtype=torch.float32, device=weight.device)
+    padded[:rows] = weight
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+
+
+def unpack(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """The (rows, in) matrix of a weight made by ``pack`` (a copy)."""
+    panels, k, _ = packed.shape
+    return packed.transpose(1, 2).reshape(panels * PANEL, k)[:rows].contiguous()
+
+
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    packed: torch.Tensor,
     bias: torch.Tensor | None,
+    rows: int,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """``F.linear`` for float32 CPU tensors (2-D x, row-major weight), each row's result
-    independent of the other rows, through ``lib`` (default: ``library()``, which must load)."""
+    """``F.linear(x, weight, bias)`` for float32 CPU tensors, 2-D x and ``packed = pack(weight)``
+    of ``rows`` output rows; each row's result independent of the other rows. Through ``lib``
+    (default: ``library()``, which must load)."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the native CPU kernels are not available")
-    rows, k = weight.shape
-    tensors = [x, weight] + ([bias] if bias is not None else [])
+    tensors = [x, packed] + ([bias] if bias is not None else [])
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         raise ValueError("native.linear takes float32 CPU tensors")
-    if x.dim() != 2 or x.shape[1] != k or not weight.is_contiguous():
+    if packed.dim() != 3 or packed.shape[2] != PANEL or not packed.is_contiguous():
+        raise ValueError(f"native.linear: weight of shape {tuple(packed.shape)} is not packed")
+    k = packed.shape[1]
+    if x.dim() != 2 or x.shape[1] != k or not 0 < rows <= packed.shape[0] * PANEL:
         raise ValueError(
-            f"native.linear: x {tuple(x.shape)} against a weight {tuple(weight.shape)}"
+            f"native.linear: x {tuple(x.shape)} against a packed weight {tuple(packed.shape)}"
         )
     if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
         raise ValueError(f"native.linear: bias {tuple(bias.shape)} for {rows} rows")
@@ -254,7 +277,7 @@ def linear(
         x.data_ptr(),
         n,
         k,
-        weight.data_ptr(),
+        packed.data_ptr(),
         bias.data_ptr() if bias is not None else None,
         rows,
         out.data_ptr(),
@@ -266,16 +289,12 @@ def linear(
 
 
 def _probe(lib: ctypes.CDLL) -> None:
-    """Check the built library against torch on a small product with a tail, before any use."""
+    """Check the built library against torch on a small product with tails, before any use."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(37, 75, generator=generator)
     bias = torch.randn(37, generator=generator)
-    x = torch.randn(6, 75, generator=generator)
-    out = torch.empty(6, 37)
-    threads = torch.get_num_threads()
-    status = lib.brisk_linear_f32(
-        x.data_ptr(), 6, 75, weight.data_ptr(), bias.data_ptr(), 37, out.data_ptr(), threads
-    )
+    x = torch.randn(7, 75, generator=generator)
+    got = linear(x, pack(weight), bias, 37, lib)
     expected = torch.nn.functional.linear(x.double(), weight.double(), bias.double()).float()
-    if status != 0 or not torch.allclose(out, expected, atol=1e-4, rtol=0):
+    if not torch.allclose(got, expected, atol=1e-4, rtol=0):
         raise RuntimeError("the probe product disagrees with torch")

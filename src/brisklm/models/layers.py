@@ -13,9 +13,6 @@ from torch import nn
 from brisklm.kernels import native
 from brisklm.models import packed_weights
 
-# Most rows a row-major layer hands to the native product (the native pass's MAX_QUERY_LEN).
-NATIVE_MAX_ROWS = 32
-
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in float32, as transformers' LlamaRMSNorm does."""
@@ -71,9 +68,10 @@ class Linear(nn.Module):
         # Smallest weight packed; None: packed_weights' default for the dtype (0 packs every size).
         self.min_pack_bytes = min_pack_bytes
         self.is_packed = False
-        # A strided weight's product through oneDNN instead of F.linear (set for models that keep
-        # row-major weights for the native kernels: see brisklm.models.native_forward).
-        self.dense_onednn = False
+        # Packed at load into the native kernels' panel layout (set for models that run through
+        # them: see brisklm.models.native_forward); then every product runs there.
+        self.native_pack = False
+        self.is_native_packed = False
         offsets = [0]
         for size in self.shard_sizes:
             offsets.append(offsets[-1] + size)
@@ -82,16 +80,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.is_packed:
             return packed_weights.packed_linear(x, self.weight, self.bias)
-        if self.dense_onednn:
-            # Row-major weights kept for the native pass, run by torch's ops (longer rows, or
-            # another attention backend): a few rows through the native product, which gives each
-            # row the same bits at any count (oneDNN's differs at one row) and does not re-lay the
-            # weight out per call; more rows through oneDNN's blocked GEMM.
-            if x.dim() == 2 and x.shape[0] <= NATIVE_MAX_ROWS:
-                lib = native.library()
-                if lib is not None:
-                    return native.linear(x, self.weight, self.bias, lib)
-            return packed_weights.dense_linear(x, self.weight, self.bias)
+        if self.is_native_packed:
+            rows = x.reshape(-1, self.in_features)
+            out = native.linear(rows, self.weight, self.bias, self.out_features)
+            return out.reshape(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
     def __deepcopy__(self, memo: dict[int, object]) -> Linear:
@@ -117,6 +109,8 @@ class Linear(nn.Module):
 
     def dense_weight(self) -> torch.Tensor:
         """The (out, in) weight as a strided tensor, whatever layout ``finalize`` chose."""
+        if self.is_native_packed:
+            return native.unpack(self.weight, self.out_features)
         return packed_weights.unpack(self.weight) if self.is_packed else self.weight
 
     def shard_rows(self, shard: int | None) -> slice:
@@ -154,7 +148,12 @@ class Linear(nn.Module):
         ``dense_weight()`` gives the strided matrix back.
         """
         weight = self.weight
-        if weight.device.type != "cpu" or self.is_packed:
+        if weight.device.type != "cpu" or self.is_packed or self.is_native_packed:
+            return
+        if self.native_pack and weight.dtype == torch.float32:
+            # A head tied to the embedding table gets a packed copy, as with oneDNN below.
+            self.weight = nn.Parameter(native.pack(weight.data), requires_grad=False)
+            self.is_native_packed = True
             return
         if (
             self.pack_on_cpu

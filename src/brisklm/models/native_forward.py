@@ -3,14 +3,14 @@
 ``brisklm.kernels.cpu_forward`` runs a whole forward pass (every layer, the final norm and the LM
 head) in one call and one OpenMP parallel region. It serves rows of up to ``MAX_QUERY_LEN`` tokens:
 decode steps, speculative verification and short prompts; longer rows (prefill) go through the
-model's torch ops, where oneDNN's products are faster at many rows. Which path a row takes depends
-only on its own length, and each path computes a row the same way whatever else is in the batch,
-so a row's logits do not depend on its batch (see ``ForwardBatch.row_invariant``).
+model's torch ops (SDPA's attention), whose linear layers run the same native product. Which path
+a row takes depends only on its own length, and each path computes a row the same way whatever else
+is in the batch, so a row's logits do not depend on its batch (see ``ForwardBatch.row_invariant``).
 
 A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every weight float32, every linear
-layer dense, and the kernels build on this machine. Such a model keeps its linear weights in the
-checkpoint's row-major layout (``use_row_major_weights``, called by the loader before it lays the
-weights out), which the kernels read, instead of oneDNN's packed layout.
+layer dense, and the kernels build on this machine. Such a model's linear weights are packed at
+load into the kernels' panel layout (``use_native_layout``, called by the loader before it lays the
+weights out) instead of oneDNN's.
 """
 
 from __future__ import annotations
@@ -22,17 +22,15 @@ import torch
 
 from brisklm.cache.contiguous import KVCache
 from brisklm.kernels import native
-from brisklm.models import packed_weights
 from brisklm.models.layers import GatedMLP, Linear, RMSNorm
 from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
-# Longest row (in tokens) the native pass takes; longer rows run through torch's ops. The kernels
-# stream each weight once per pass and multiply it with every token, which beats oneDNN for a few
-# tokens (a decode step reads the weights at the bandwidth of one large read) and loses to its
-# blocked GEMM for a prefill of many. Measured crossover (one prompt, 2 threads): ~40 tokens on a
-# 125M model (native 13.7 / 21.0 / 29.5 ms at 17 / 32 / 48 tokens, oneDNN on the strided weights
-# 18.8 / 23.7 / 28.3), ~80 on the bundled 11M model.
-MAX_QUERY_LEN = 32
+# Longest row (in tokens) the native pass takes; longer rows run through torch's ops (SDPA's
+# attention; their products through the same native kernel). Measured (one prompt, 2 threads,
+# native pass against torch's ops): 125M model 11.0 / 17.4 / 30.7 / 43.0 / 58.2 ms against 13.2 /
+# 19.3 / 31.4 / 44.8 / 56.6 ms at 17 / 32 / 64 / 96 / 128 tokens; the bundled 11M model 1.4 /
+# 2.5 / 5.1 / 7.8 / 10.9 against 2.6 / 3.7 / 6.1 / 8.4 / 10.7 ms.
+MAX_QUERY_LEN = 64
 assert MAX_QUERY_LEN <= native.MAX_TOKENS
 
 
@@ -61,20 +59,15 @@ def supports(model: torch.nn.Module) -> bool:
     return native.available()
 
 
-def use_row_major_weights(model: LlamaForCausalLM) -> None:
-    """Keep the linear weights strided and row-major when they are laid out (``Linear.finalize``).
-
-    The torch ops then run their products through oneDNN on the strided weight (as fast as the
-    packed weight at prefill sizes) where this torch build allows it, else ``F.linear``. Layers
-    built with an explicit layout (``Linear(pack_on_cpu=False)`` or ``min_pack_bytes``) keep it.
-    """
-    onednn = packed_weights.dense_onednn_supported()
+def use_native_layout(model: LlamaForCausalLM) -> None:
+    """Have the linear layers packed into the native kernels' panel layout when they are laid out
+    (``Linear.finalize``): the native pass reads them, and torch's ops (rows longer than
+    ``MAX_QUERY_LEN``, other attention backends) run their products through the same kernel, as
+    fast as oneDNN's packed product. Layers built with an explicit layout
+    (``Linear(pack_on_cpu=False)`` or ``min_pack_bytes``) keep it."""
     for linear in _linears(model):
-        # Layers whose factory chose a layout (packed at any size, strided) keep it.
         if isinstance(linear, Linear) and linear.pack_on_cpu and linear.min_pack_bytes is None:
-            linear.pack_on_cpu = False
-            linear.relayout_on_cpu = False
-            linear.dense_onednn = onednn
+            linear.native_pack = True
 
 
 def _linears(model: LlamaForCausalLM) -> list[torch.nn.Module]:
@@ -163,12 +156,11 @@ class NativeForward:
     @classmethod
     def create(cls, model: torch.nn.Module, kv_cache: KVCache) -> NativeForward | None:
         """A native forward pass for ``model`` when it qualifies (see ``supports``) and its linear
-        weights were kept row-major and contiguous, else None."""
+        weights were packed for the kernels (``use_native_layout``), else None."""
         if not isinstance(model, LlamaForCausalLM) or not supports(model):
             return None
         for linear in _linears(model):
-            weight = linear.weight
-            if linear.is_packed or not weight.is_contiguous() or weight.is_mkldnn:
+            if not linear.is_native_packed:
                 return None
             if linear.bias is not None and not linear.bias.is_contiguous():
                 return None
@@ -292,4 +284,5 @@ class NativeForward:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final hidden states (M, E), each row as the native pass computes it."""
-        return native.linear(hidden, self.model.lm_head.weight, None, self.lib)
+        head = self.model.lm_head
+        return native.linear(hidden, head.weight, None, head.out_features, self.lib)

@@ -72,33 +72,6 @@ def packing_supported(dtype: torch.dtype) -> bool:
     return True
 
 
-@functools.cache
-def dense_onednn_supported() -> bool:
-    """Whether oneDNN's product takes a strided float32 weight here (``dense_linear``); probed once.
-
-    It reorders the weight on each call, which costs little at prefill sizes (within 5-10% of the
-    packed weight at 64-512 rows) and gives every row the same bits for any row count from 2 up.
-    """
-    if not _ops_available():
-        return False
-    try:
-        generator = torch.Generator().manual_seed(0)
-        weight = torch.randn(48, 40, generator=generator)
-        bias = torch.randn(48, generator=generator)
-        x = torch.randn(3, 40, generator=generator)
-        got = dense_linear(x, weight, bias)
-        expected = F.linear(x, weight, bias)
-    except Exception as error:  # any failure means "not on this machine", never a crash
-        logger.info("oneDNN product on strided weights failed (%s): F.linear used", error)
-        return False
-    return got.shape == expected.shape and torch.allclose(got, expected, atol=1e-4, rtol=0)
-
-
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` through oneDNN for a strided (out, in) weight (see ``dense_onednn_supported``)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
 def worth_packing(weight: torch.Tensor, min_bytes: int | None = None) -> bool:
     """Whether packing ``weight`` pays off (see ``MIN_FLOAT32_BYTES``); ``min_bytes`` overrides."""
     if min_bytes is None:
