@@ -1,12 +1,12 @@
-/* brisklm's native CPU kernels: the float32 forward pass of a Llama-family decoder for rows of a
- * few tokens (decode steps, speculative verification), in one OpenMP parallel region, and the
- * same row-invariant matrix product on its own.
+/* brisklm's native CPU kernels: the float32 forward pass of a Llama-family decoder for rows of up
+ * to 64 tokens (decode steps, speculative verification, short prompts), in one OpenMP parallel
+ * region, and the same row-invariant matrix product on its own (for every row count).
  *
  * Why: at batch 1 a decode step reads every weight once and should run at memory bandwidth. Run
  * as ~25 torch ops per layer, each parallel kernel forks and joins the thread pool and pays its
  * dispatch cost, and the small products stop short of the bandwidth of one large read (see
  * docs/benchmarks.md). Here every phase of every layer runs inside one parallel region, separated
- * by barriers, the products split by output rows across the threads.
+ * by barriers, the products split by panels of output rows across the threads.
  *
  * Every token is computed by the same instruction sequence whatever else is in the call (other
  * tokens, other rows, the thread count), so a row's result does not depend on its batch.
@@ -43,11 +43,10 @@ static inline float vsum(vf v) {
     return s;
 }
 
-/* out[j * RB + r] = w[r] . x[j] (length k) for nr <= RB weight rows spaced ldw apart and
- * nt <= TB tokens spaced ldx apart: a register tile of nr x nt accumulators, each weight vector
- * loaded once for all the tile's tokens. Each (row, token) pair gets its own accumulator and the
- * same operations in the same order whatever nr, nt and its place in the tile: that is the row
- * invariance. */
+/* out[j * RB + r] = w[r] . x[j] (length k) for nr <= RB rows spaced ldw apart and nt <= TB
+ * vectors spaced ldx apart: a register tile of nr x nt accumulators. Attention's scores use it
+ * (RB keys of a head against its query); each (row, vector) pair gets the same operations in the
+ * same order whatever nr, nt and its place in the tile. */
 static inline __attribute__((always_inline)) void micro(
     const float *w, int64_t ldw, int nr, const float *x, int64_t ldx, int nt, int k, float *out) {
     vf acc[TB][RB];

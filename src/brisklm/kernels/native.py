@@ -33,8 +33,8 @@ SOURCE = Path(__file__).with_name("cpu_forward.c")
 ENV_SWITCH = "BRISKLM_NATIVE_KERNELS"
 # Tokens one forward call may carry (MAX_TOKENS in the C source).
 MAX_TOKENS = 256
-# -mtune=generic: gcc 12 tunes unknown AMD CPUs as znver3 and then reloads the weight vectors
-# of a register tile for every token (1.5x slower products at 8-16 tokens).
+# -mtune=generic: gcc 12 tunes unknown AMD CPUs as znver3, which (measured with an earlier
+# row-dot product tile) reloaded a tile's weight vectors for every token: 1.5x slower.
 _FLAGS = [
     "-O3",
     "-march=native",
