@@ -98,21 +98,38 @@ static void tile(const float *w, int64_t ldw, int nr, const float *x, int64_t ld
 
 static inline __attribute__((always_inline)) void panel_tile(
     const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
-    vf a0[MB], a1[MB];
-    for (int m = 0; m < MB; m++) a0[m] = a1[m] = (vf){0};
-    for (int i = 0; i < k; i++) {
-        const vf b0 = vload(panel + (int64_t)i * NB), b1 = vload(panel + (int64_t)i * NB + VW);
-        /* The next panel's matching row, one panel ahead of the stream. */
-        __builtin_prefetch(panel + (int64_t)(k + i) * NB);
+    /* Two partial sums per output, over even and over odd k, added at the end: two FMA chains,
+     * so that a single token is not held to one FMA latency per k. */
+    vf a0[MB], a1[MB], c0[MB], c1[MB];
+    for (int m = 0; m < MB; m++) a0[m] = a1[m] = c0[m] = c1[m] = (vf){0};
+    int i = 0;
+    for (; i + 2 <= k; i += 2) {
+        const float *row = panel + (int64_t)i * NB;
+        const vf b0 = vload(row), b1 = vload(row + VW), d0 = vload(row + NB), d1 = vload(row + NB + VW);
+        /* The next panel's matching rows, one panel ahead of the stream. */
+        __builtin_prefetch(row + (int64_t)k * NB);
+        __builtin_prefetch(row + (int64_t)k * NB + NB);
         for (int m = 0; m < mt; m++) {
-            const vf xm = (vf){0} + x[m * ldx + i];
-            a0[m] += xm * b0;
-            a1[m] += xm * b1;
+            const vf xe = (vf){0} + x[m * ldx + i], xo = (vf){0} + x[m * ldx + i + 1];
+            a0[m] += xe * b0;
+            a1[m] += xe * b1;
+            c0[m] += xo * d0;
+            c1[m] += xo * d1;
+        }
+    }
+    if (i < k) {
+        const float *row = panel + (int64_t)i * NB;
+        const vf b0 = vload(row), b1 = vload(row + VW);
+        for (int m = 0; m < mt; m++) {
+            const vf xe = (vf){0} + x[m * ldx + i];
+            a0[m] += xe * b0;
+            a1[m] += xe * b1;
         }
     }
     for (int m = 0; m < mt; m++) {
-        memcpy(out + m * NB, &a0[m], sizeof(vf));
-        memcpy(out + m * NB + VW, &a1[m], sizeof(vf));
+        const vf s0 = a0[m] + c0[m], s1 = a1[m] + c1[m];
+        memcpy(out + m * NB, &s0, sizeof(vf));
+        memcpy(out + m * NB + VW, &s1, sizeof(vf));
     }
 }
 
