@@ -82,13 +82,15 @@ def packed_linear(in_features, out_features, bias, prefix):
 # weights and where packing is unavailable) sums the products in another order, which at this init moves logits by
 # up to ~1.6e-4, as much as transformers moves when its own weights are stored column-major
 # (1.45e-4): 2e-4 there is ~1e-5 of the logit scale, and bugs show as O(1).
-# The native CPU pass (brisklm.models.native_forward, float32 row-major weights: what the loader
-# gives a dense float32 model when the kernels build) sums its products in its own order too.
+# The native CPU pass (brisklm.models.native_forward, float32 panel-packed weights: what the loader
+# gives a dense float32 model when the kernels build) sums each output's terms in two sequential
+# chains (even and odd k), which rounds further from transformers' blocked sums: up to 3.4e-4 at
+# this init (~2e-5 of the logit scale), test_native_forward's and the batch tolerance here.
 LAYOUTS = {
     "checkpoint-rows": (row_major_linear, 1e-4),
     "column-major": (strided_dense_linear, 2e-4),
     "onednn-packed": (packed_linear, 2e-4),
-    "native": (dense_linear, 2e-4),
+    "native": (dense_linear, 5e-4),
 }
 BATCH_TOLERANCE = 5e-4
 
