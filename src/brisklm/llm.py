@@ -343,7 +343,7 @@ class LLM:
 
     def run_requests(self, requests: list[Request]) -> list[GenerationOutput]:
         """Submit prepared requests together and block until all finish."""
-        collector = SyncCollector()
+        collector = SyncCollector(final_only=True)
         self._loop.submit(requests, collector)
         pending = {r.request_id for r in requests}
         try:

@@ -149,14 +149,22 @@ class EngineLoop:
 
 
 class SyncCollector:
-    """A sink for blocking consumers: chunks go into a thread-safe queue."""
+    """A sink for blocking consumers: chunks go into a thread-safe queue.
 
-    def __init__(self) -> None:
+    ``final_only``: only a request's last chunk (or its error) is queued, for callers that wait for
+    whole outputs. Each queued chunk wakes the waiting thread, which then takes the GIL from the
+    engine thread between its steps; at ~1,000 tokens/s that is a wake-up a millisecond.
+    """
+
+    def __init__(self, final_only: bool = False) -> None:
+        self.final_only = final_only
         self.queue: queue.SimpleQueue[tuple[Request, StreamChunk | BaseException]] = (
             queue.SimpleQueue()
         )
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
+        if self.final_only and not isinstance(result, BaseException) and not result.finished:
+            return
         self.queue.put((request, result))
 
 
