@@ -164,3 +164,24 @@ def test_a_failed_step_gives_each_caller_its_own_exception(tiny_dir, monkeypatch
     assert all(e.__cause__ is shared for e in errors)
     assert len(llm.generate("Hello", GREEDY).token_ids) == 6
     llm.close()
+
+
+def test_a_final_only_collector_queues_finished_outputs_and_errors():
+    from types import SimpleNamespace
+
+    from brisklm.engine.loop import SyncCollector
+
+    collector = SyncCollector(final_only=True)
+    request = object()
+    partial, last, error = (
+        SimpleNamespace(finished=False),
+        SimpleNamespace(finished=True),
+        RuntimeError("x"),
+    )
+    for result in (partial, partial, last, error):
+        collector(request, result)  # type: ignore[arg-type]
+    queued = [collector.queue.get_nowait()[1] for _ in range(collector.queue.qsize())]
+    assert queued == [last, error]
+    everything = SyncCollector()
+    everything(request, partial)  # type: ignore[arg-type]
+    assert everything.queue.qsize() == 1
