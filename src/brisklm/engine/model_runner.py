@@ -61,7 +61,7 @@ class ModelRunner:
         )
         self.backend: AttentionBackend = select_backend(attention_backend, self.device)
         # Rows of up to MAX_QUERY_LEN tokens run through the native CPU kernels when the model
-        # qualifies (float32 on CPU, dense weights kept row-major by the loader); None otherwise.
+        # qualifies (float32 on CPU, dense weights packed for them by the loader); None otherwise.
         # The native pass does its own attention, the SDPA backend's computation: not used when
         # another backend was asked for.
         self.native = (
@@ -140,12 +140,7 @@ class ModelRunner:
         )
         ids = torch.tensor([t for tokens in batch.token_ids for t in tokens], dtype=torch.int64)
         hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (N, E)
-        selected = self._select(hidden, query_lens, batch.num_logits)
-        if self.native is not None:
-            # The native head gives a row the same bits at any row count (oneDNN's product on a
-            # strided weight does not at one row).
-            return self.native.logits(selected)
-        return self.model.compute_logits(selected)
+        return self.model.compute_logits(self._select(hidden, query_lens, batch.num_logits))
 
     @staticmethod
     def _select(hidden: torch.Tensor, query_lens: list[int], num_logits: list[int]) -> torch.Tensor:

@@ -281,8 +281,3 @@ class NativeForward:
         if status != 0:
             raise RuntimeError(f"native forward pass refused its arguments (status {status})")
         return logits
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head over final hidden states (M, E), each row as the native pass computes it."""
-        head = self.model.lm_head
-        return native.linear(hidden, head.weight, None, head.out_features, self.lib)
