@@ -28,6 +28,8 @@
 typedef float vf __attribute__((vector_size(64)));
 #define VW 16   /* floats per vector */
 #define MAX_TOKENS 256 /* tokens per forward call */
+/* Bytes: how far ahead of a stream (weights, keys, values) the loops prefetch into L2. */
+#define PREFETCH_AHEAD 4096
 
 static inline vf vload(const float *p) {
     vf v;
@@ -35,10 +37,27 @@ static inline vf vload(const float *p) {
     return v;
 }
 
+/* s in every lane. Written as a splat, not (vf){0} + s: that adds 0.0f first (it turns -0.0f into
+ * +0.0f, so the compiler must keep it), an extra dependent operation per broadcast. */
+static inline vf vsplat(float s) {
+    return (vf){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s};
+}
+
+/* The sum of v's lanes as a tree (halves added three times, then pairs): the compiler may not
+ * reorder a float sum, and summed lane by lane it is 16 dependent additions, which made every
+ * attention score wait ~60 cycles. */
 static inline float vsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < VW; i++) s += v[i];
-    return s;
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    const v8 s8 = lo + hi;
+    v4 a, b;
+    memcpy(&a, &s8, sizeof a);
+    memcpy(&b, (const char *)&s8 + sizeof a, sizeof b);
+    const v4 s4 = a + b;
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
 /* out[r] = keys[r] . q (length d) for nr <= KB keys spaced d apart: attention's scores, KB keys of
@@ -53,9 +72,10 @@ static inline __attribute__((always_inline)) void dot_keys(
         const vf qv = vload(q + i);
         for (int r = 0; r < nr; r++) {
             acc[r] += vload(keys + (int64_t)r * d + i) * qv;
-            /* The next KB keys: at 1,000 cached positions the bundled model's step takes
-             * 1.36-1.51 ms with this prefetch and 1.67-1.78 without. */
-            __builtin_prefetch(keys + (int64_t)(r + KB) * d + i);
+            /* Keys further on, PREFETCH_AHEAD bytes ahead (the keys are contiguous): at 1,000
+             * cached positions the bundled model's step took 1.36-1.51 ms prefetching the next
+             * KB keys and 1.67-1.78 without. */
+            __builtin_prefetch(keys + (int64_t)r * d + i + PREFETCH_AHEAD / 4, 0, 2);
         }
     }
     for (int r = 0; r < nr; r++) {
@@ -95,11 +115,17 @@ static inline __attribute__((always_inline)) void panel_tile(
     for (; i + 2 <= k; i += 2) {
         const float *row = panel + (int64_t)i * NB;
         const vf b0 = vload(row), b1 = vload(row + VW), d0 = vload(row + NB), d1 = vload(row + NB + VW);
-        /* The next panel's matching rows, one panel ahead of the stream. */
-        __builtin_prefetch(row + (int64_t)k * NB);
-        __builtin_prefetch(row + (int64_t)k * NB + NB);
+        /* The four cache lines PREFETCH_AHEAD bytes ahead in the stream, into L2 (panels are
+         * contiguous, so past a panel's end this is the next panel's start). Issued every
+         * iteration, this keeps loads in flight while a tile of several tokens computes: with the
+         * previous prefetch (two of the four lines, one whole panel ahead) a 6-token tile cost the
+         * products' compute on top of their memory time. */
+        __builtin_prefetch(row + PREFETCH_AHEAD / 4, 0, 2);
+        __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 16, 0, 2);
+        __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 32, 0, 2);
+        __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 48, 0, 2);
         for (int m = 0; m < mt; m++) {
-            const vf xe = (vf){0} + x[m * ldx + i], xo = (vf){0} + x[m * ldx + i + 1];
+            const vf xe = vsplat(x[m * ldx + i]), xo = vsplat(x[m * ldx + i + 1]);
             a0[m] += xe * b0;
             a1[m] += xe * b1;
             c0[m] += xo * d0;
@@ -110,7 +136,7 @@ static inline __attribute__((always_inline)) void panel_tile(
         const float *row = panel + (int64_t)i * NB;
         const vf b0 = vload(row), b1 = vload(row + VW);
         for (int m = 0; m < mt; m++) {
-            const vf xe = (vf){0} + x[m * ldx + i];
+            const vf xe = vsplat(x[m * ldx + i]);
             a0[m] += xe * b0;
             a1[m] += xe * b1;
         }
@@ -153,8 +179,6 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *
     }
 }
 
-static inline float silu(float g) { return g / (1.0f + expf(-g)); }
-
 /* exp(x) in float32 without branches or calls, so that loops over it vectorise (libm's expf is a
  * call per element: at 2,000 keys it was the largest part of attention). Cephes' expf: x = n ln2
  * + r with |r| <= ln2 / 2, a degree-6 polynomial for exp(r), 2^n through the exponent bits; about
@@ -176,6 +200,13 @@ static inline float exp_nonpositive(float x) {
         float f;
     } scale = {.i = ((int32_t)n + 127) << 23};
     return y * scale.f;
+}
+
+/* SiLU, g * sigmoid(g), through exp(-|g|) so that exp_nonpositive serves both signs and the loop
+ * vectorises (libm's expf is a call per element). */
+static inline float silu(float g) {
+    const float e = exp_nonpositive(g < 0.0f ? g : -g);
+    return (g < 0.0f ? g * e : g) / (1.0f + e);
 }
 
 /* Largest head_dim whose output row stays in registers during the weighted sum of values. */
@@ -241,18 +272,35 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     }
     const int64_t count = p + 1 - lo;
     for (int64_t j = 0; j < count; j++) scores[j] = exp_nonpositive(scores[j] - m); /* vectorised */
-    float total = 0.0f;
-    for (int64_t j = 0; j < count; j++) total += scores[j];
+    vf lanes = {0};
+    int64_t j = 0;
+    for (; j + VW <= count; j += VW) lanes += vload(scores + j);
+    float total = vsum(lanes);
+    for (; j < count; j++) total += scores[j];
     float *out = a->attn + (int64_t)n * a->n_heads * d + (int64_t)h * d;
     const float *v0 = values + lo * d;
     /* out = sum_j p_j v_j, in chunks of up to MAX_REG_DIM floats kept in registers over all keys
      * (accumulating in memory made every key wait for the previous key's store). */
     for (int c0 = 0; c0 < d; c0 += MAX_REG_DIM) {
         const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM, nv = width / VW;
-        vf acc[MAX_REG_DIM / VW];
+        /* Two sets of accumulators, even and odd keys: two FMA chains instead of one. */
+        vf acc[MAX_REG_DIM / VW], odd[MAX_REG_DIM / VW];
         float tail[VW] = {0};
-        for (int v = 0; v < MAX_REG_DIM / VW; v++) acc[v] = (vf){0};
-        for (int64_t j = 0; j < count; j++) {
+        for (int v = 0; v < MAX_REG_DIM / VW; v++) acc[v] = odd[v] = (vf){0};
+        int64_t j = 0;
+        for (; j + 2 <= count; j += 2) {
+            const float pj = scores[j], pk = scores[j + 1];
+            const float *row = v0 + j * d + c0, *next = row + d;
+            for (int v = 0; v < nv; v++) {
+                acc[v] += pj * vload(row + v * VW);
+                odd[v] += pk * vload(next + v * VW);
+                __builtin_prefetch(row + v * VW + PREFETCH_AHEAD / 4, 0, 2);
+                __builtin_prefetch(next + v * VW + PREFETCH_AHEAD / 4, 0, 2);
+            }
+            for (int i = nv * VW; i < width; i++)
+                tail[i - nv * VW] += pj * row[i] + pk * next[i];
+        }
+        if (j < count) {
             const float pj = scores[j];
             const float *row = v0 + j * d + c0;
             for (int v = 0; v < nv; v++) acc[v] += pj * vload(row + v * VW);
@@ -260,7 +308,7 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
         }
         const float inv = 1.0f / total;
         for (int v = 0; v < nv; v++) {
-            const vf scaled = acc[v] * inv;
+            const vf scaled = (acc[v] + odd[v]) * inv;
             memcpy(out + c0 + v * VW, &scaled, sizeof scaled);
         }
         for (int i = nv * VW; i < width; i++) out[c0 + i] = tail[i - nv * VW] * inv;
