@@ -10,11 +10,13 @@ from brisklm.speculative import (
     DraftRow,
     Proposal,
     batch_proposals,
+    greedy_verification,
     pad_positions,
     target_metadata,
     target_probs,
     verification_counts,
 )
+from brisklm.speculative.rejection import rejection_sample
 
 
 def test_draft_row_token_slices():
@@ -73,3 +75,57 @@ def test_pad_positions():
     ]
     with pytest.raises(ValueError, match="sum"):
         pad_positions(flat, [2, 2], 3)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams.greedy(),
+        SamplingParams.greedy(repetition_penalty=1.8, presence_penalty=0.5),
+        SamplingParams.greedy(logit_bias={3: 4.0}, frequency_penalty=1.0),
+    ],
+    ids=["plain", "penalties", "bias"],
+)
+def test_greedy_verification_matches_the_rejection_sampler(params):
+    """The all-greedy shortcut returns exactly what target_probs + rejection_sample return, over
+    random logits, proposal lengths and agreement; penalties see the proposals before each
+    position, so they can change which proposal the target accepts."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = 7
+    for _ in range(200):
+        batch = int(torch.randint(1, 5, (1,), generator=gen))
+        rows, proposals = [], []
+        for b in range(batch):
+            output = torch.randint(
+                vocab, (int(torch.randint(0, 4, (1,), generator=gen)),), generator=gen
+            )
+            rows.append(DraftRow(b, [0, 1], output.tolist(), 4, params))
+            length = int(torch.randint(0, 5, (1,), generator=gen))
+            proposals.append(Proposal(torch.randint(vocab, (length,), generator=gen).tolist()))
+        counts = verification_counts(proposals)
+        logits = torch.randn(sum(counts), vocab, generator=gen) * 2
+        # Make the proposals agree often: raise the proposed token at most positions.
+        offset = 0
+        for proposal in proposals:
+            for j, token in enumerate(proposal.token_ids):
+                if float(torch.rand(1, generator=gen)) < 0.7:
+                    logits[offset + j, token] += 6.0
+            offset += len(proposal) + 1
+        batched = batch_proposals(proposals, vocab, "cpu")
+        out, accepted = rejection_sample(
+            target_probs(logits, rows, proposals),
+            batched.token_ids,
+            batched.num_draft,
+            batched.probs,
+            [True] * batch,
+            [None] * batch,
+        )
+        got_rows, got_accepted = greedy_verification(logits, rows, proposals)
+        assert got_accepted == accepted.tolist()
+        assert got_rows == [out[b, : n + 1].tolist() for b, n in enumerate(got_accepted)]
+
+
+def test_greedy_verification_refuses_random_rows():
+    rows = [DraftRow(0, [0], [], 2, SamplingParams(temperature=1.0))]
+    with pytest.raises(ValueError, match="greedy"):
+        greedy_verification(torch.zeros(1, 4), rows, [Proposal([])])

@@ -17,6 +17,7 @@ from brisklm.speculative import (
     Proposal,
     Proposer,
     batch_proposals,
+    greedy_verification,
     rejection_sample,
     target_probs,
     verification_counts,
@@ -94,17 +95,20 @@ class Speculator:
         logits = engine.runner.forward(forward)  # (sum(counts), V)
         engine.mask_padding(logits)
         engine.structured.apply(pending_masks, logits)
-        probs = target_probs(logits, rows, proposals, engine.eos_token_ids)
-        batch = batch_proposals(proposals, logits.shape[1], logits.device)
-        out, num_accepted = rejection_sample(
-            probs,
-            batch.token_ids,
-            batch.num_draft,
-            batch.probs,
-            [r.params.is_greedy for r in requests],
-            [r.generator for r in requests],
-        )
-        out_rows, accepted = out.tolist(), num_accepted.tolist()
+        if all(r.params.is_greedy for r in requests):
+            out_rows, accepted = greedy_verification(logits, rows, proposals, engine.eos_token_ids)
+        else:
+            probs = target_probs(logits, rows, proposals, engine.eos_token_ids)
+            batch = batch_proposals(proposals, logits.shape[1], logits.device)
+            out, num_accepted = rejection_sample(
+                probs,
+                batch.token_ids,
+                batch.num_draft,
+                batch.probs,
+                [r.params.is_greedy for r in requests],
+                [r.generator for r in requests],
+            )
+            out_rows, accepted = out.tolist(), num_accepted.tolist()
         offsets = [sum(counts[:b]) for b in range(len(counts))]
         logprobs = self._logprobs(engine, requests, logits, out_rows, accepted, offsets)
         results: list[StepResult] = []

@@ -10,6 +10,7 @@ from brisklm.speculative.ngram import NgramProposer
 from brisklm.speculative.proposer import DraftBatch, DraftRow, Proposal, Proposer, batch_proposals
 from brisklm.speculative.rejection import rejection_sample
 from brisklm.speculative.verify import (
+    greedy_verification,
     pad_positions,
     target_metadata,
     target_probs,
@@ -28,6 +29,7 @@ __all__ = [
     "Proposer",
     "batch_proposals",
     "check_compatible",
+    "greedy_verification",
     "make_draft_generator",
     "pad_positions",
     "rejection_sample",

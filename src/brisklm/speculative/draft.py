@@ -11,7 +11,7 @@ import torch
 from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs
+from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs, sample
 from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
 from brisklm.speculative.proposer import DraftRow, Proposal
 
@@ -267,8 +267,7 @@ class DraftModelProposer:
         active = plans
         try:
             while True:
-                probs = self._draft_probs(logits, active)  # (A, V)
-                tokens = self._draw(probs, active).tolist()
+                tokens, probs = self._next_tokens(logits, active)  # (A,), (A, V)
                 still = []
                 for i, plan in enumerate(active):
                     plan.drafted.append(tokens[i])
@@ -334,8 +333,26 @@ class DraftModelProposer:
                 return False
         return True
 
-    def _draft_probs(self, logits: torch.Tensor, plans: list[_Plan]) -> torch.Tensor:
-        """The (A, V) distributions to draw from, processed like the target's."""
+    def _next_tokens(
+        self, logits: torch.Tensor, plans: list[_Plan]
+    ) -> tuple[list[int], torch.Tensor]:
+        """One token per row and the (A, V) distributions q they were drawn from, processed like
+        the target's. When every row is greedy, q is the one-hot of the argmax and is built from
+        the argmax directly (what drawing from the one-hot would return, with no draws)."""
+        logits, metadata = self._processing(logits, plans)
+        if metadata.all_greedy:
+            tokens = sample(logits, metadata)  # the argmax of the adjusted logits
+            probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+            probs.scatter_(1, tokens[:, None], 1.0)
+            return tokens.tolist(), probs
+        probs = processed_probs(logits, metadata)
+        return self._draw(probs, plans).tolist(), probs
+
+    def _processing(
+        self, logits: torch.Tensor, plans: list[_Plan]
+    ) -> tuple[torch.Tensor, SamplingMetadata]:
+        """The draft's logits in the target's width with the grammar masks applied, and the
+        sampling metadata of the rows (their own params, output plus the proposals so far)."""
         logits = self._fit_vocab(logits)
         matched = [i for i, plan in enumerate(plans) if plan.row.matcher is not None]
         if matched:
@@ -355,7 +372,7 @@ class DraftModelProposer:
             device=logits.device,
             eos_token_ids=self.eos_token_ids,
         )
-        return processed_probs(logits, metadata)
+        return logits, metadata
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits (A, V_draft) -> (A, V) in the target's width, non-tokens masked to -inf."""

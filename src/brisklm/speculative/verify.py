@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from brisklm.sampling import SamplingMetadata, processed_probs
+from brisklm.sampling import SamplingMetadata, processed_probs, sample
 from brisklm.speculative.proposer import DraftRow, Proposal
 
 
@@ -64,3 +64,33 @@ def target_probs(
     probs = processed_probs(logits, metadata)  # (N, V)
     counts = verification_counts(proposals)
     return pad_positions(probs, counts, max(counts))
+
+
+def greedy_verification(
+    logits: torch.Tensor,
+    rows: Sequence[DraftRow],
+    proposals: Sequence[Proposal],
+    eos_token_ids: Sequence[int] = (),
+) -> tuple[list[list[int]], list[int]]:
+    """What :func:`rejection_sample` returns when every row is greedy, without its tensors:
+    ``(output_token_ids, num_accepted)`` per row, the output being the accepted proposals then the
+    target's choice after them (no padding).
+
+    A greedy row accepts proposals while each equals the target's choice at its position (the
+    argmax after logit bias, min_tokens and penalties, exactly as plain decoding picks), then
+    appends the choice at the first mismatch, or the bonus position. It needs no probabilities, so
+    this skips the one-hot distributions, their (B, K+1, V) padding and the draft's q."""
+    metadata = target_metadata(rows, proposals, logits.shape[1], logits.device, eos_token_ids)
+    if not metadata.all_greedy:
+        raise ValueError("greedy_verification needs every row to be greedy")
+    choices = sample(logits, metadata).tolist()  # (sum(len(p) + 1),): argmax per position
+    outputs, accepted, offset = [], [], 0
+    for proposal in proposals:
+        tokens = proposal.token_ids
+        n = 0
+        while n < len(tokens) and tokens[n] == choices[offset + n]:
+            n += 1
+        outputs.append([*tokens[:n], choices[offset + n]])
+        accepted.append(n)
+        offset += len(tokens) + 1
+    return outputs, accepted
