@@ -130,6 +130,31 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
         lengths = [n + q for n, q in zip(lengths, query)]
 
 
+def test_a_row_gets_the_bits_of_its_tokens_fed_one_at_a_time(checkpoint):
+    """Each token of a row is computed as it would be alone (products, attention, everything): a
+    row of 11 tokens gives bit for bit the logits of the same tokens fed one per call."""
+    name, directory = checkpoint
+    if name == "llama-dynamic-rope":
+        pytest.skip("dynamic NTK scales rope by the row's last position: a longer row differs")
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=2, max_seq_len=CACHE)
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 150, (45,), generator=generator).tolist()
+    runner.forward(ForwardBatch([1], [0], [prompt], [1]))
+    row = torch.randint(3, 150, (11,), generator=generator).tolist()
+    keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    together = runner.forward(ForwardBatch([1], [len(prompt)], [row], [len(row)]))
+    runner.kv_cache.keys.copy_(keys)
+    runner.kv_cache.values.copy_(values)
+    alone = torch.cat(
+        [
+            runner.forward(ForwardBatch([1], [len(prompt) + i], [[token]], [1]))
+            for i, token in enumerate(row)
+        ]
+    )
+    assert torch.equal(together, alone), name
+
+
 def test_a_batch_mixing_short_and_long_rows_runs_each_its_own_way(checkpoint):
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
