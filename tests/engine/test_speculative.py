@@ -109,6 +109,14 @@ def test_adaptive_draft_length_proposes_less_to_a_disagreeing_draft(
     assert adaptive.num_proposed < 0.5 * fixed.num_proposed
 
 
+def test_adaptive_schedule_pauses_a_draft_that_keeps_failing(other_drafted, other_drafted_fixed):
+    """After a rejected one-token proposal the request decodes plainly for a while (no draft pass),
+    then tries again: fewer speculative steps than the fixed schedule's one per token or two."""
+    adaptive = other_drafted.generate("Hello", GREEDY).speculative
+    fixed = other_drafted_fixed.generate("Hello", GREEDY).speculative
+    assert 2 <= adaptive.num_steps < 0.5 * fixed.num_steps
+
+
 def test_adaptive_draft_length_keeps_the_maximum_while_everything_is_accepted(self_drafted):
     stats = self_drafted.generate("Hello", GREEDY).speculative
     # 39 tokens after prefill at 5 per step (4 accepted + bonus): 8 steps of 4 proposals, the

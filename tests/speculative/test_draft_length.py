@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from brisklm.speculative import SCHEDULES, DraftLengthSchedule
+from brisklm.speculative import SCHEDULES, DraftLength, DraftLengthSchedule
+from brisklm.speculative.draft_length import MAX_PAUSE, MIN_PAUSE
 
 
 def test_fixed_always_proposes_the_maximum():
@@ -42,6 +43,52 @@ def test_adaptive_walks_down_then_back_up():
         length = schedule.next(length, length, length if accepted_all else 0)
         seen.append(length)
     assert seen == [3, 2, 1, 1, 2, 3]
+
+
+def _run(schedule: DraftLengthSchedule, state: DraftLength, accepts: list[bool]) -> list[int]:
+    """Proposal sizes over steps where each proposal is accepted whole or rejected whole."""
+    sizes = []
+    for accept in accepts:
+        size = schedule.proposal_size(state)
+        sizes.append(size)
+        schedule.update(state, size, size if accept else 0)
+    return sizes
+
+
+def test_adaptive_pauses_after_a_rejected_single_token_then_backs_off():
+    schedule = DraftLengthSchedule(3, "adaptive")
+    state = schedule.start()
+    assert (state.tokens, state.paused) == (3, 0)
+    sizes = _run(schedule, state, [False] * (3 + MIN_PAUSE + 1 + 2 * MIN_PAUSE + 1))
+    # 3, 2, 1 rejected: a pause of MIN_PAUSE plain steps, one token again, rejected: twice as long.
+    assert sizes == [3, 2, 1] + [0] * MIN_PAUSE + [1] + [0] * (2 * MIN_PAUSE) + [1]
+    assert state.pause == 4 * MIN_PAUSE and state.paused == 4 * MIN_PAUSE
+
+
+def test_adaptive_pause_is_capped_and_an_accepted_proposal_ends_the_backoff():
+    schedule = DraftLengthSchedule(2, "adaptive")
+    state = DraftLength(tokens=1, pause=MAX_PAUSE)
+    schedule.update(state, 1, 0)
+    assert state.paused == MAX_PAUSE  # doubling stops at the cap
+    sizes = _run(schedule, state, [False] * MAX_PAUSE + [True, True, False])
+    assert sizes == [0] * MAX_PAUSE + [1, 2, 2]
+    assert state.pause == 0 and state.paused == 0  # accepted: the next failure pauses MIN_PAUSE
+    assert state.tokens == 1  # 2 rejected: shorter, but only a one-token failure pauses
+    schedule.update(state, 1, 0)
+    assert state.paused == MIN_PAUSE
+
+
+def test_a_proposal_cut_to_one_token_does_not_pause_a_longer_schedule():
+    schedule = DraftLengthSchedule(4, "adaptive")
+    state = DraftLength(tokens=3)
+    schedule.update(state, 1, 0)  # max_tokens left room for one token only
+    assert (state.tokens, state.paused) == (2, 0)
+
+
+def test_fixed_never_pauses():
+    schedule = DraftLengthSchedule(2, "fixed")
+    state = schedule.start()
+    assert _run(schedule, state, [False] * 10) == [2] * 10
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

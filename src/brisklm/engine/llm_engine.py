@@ -128,7 +128,7 @@ class LLMEngine:
             if self.speculator is not None and not batch.is_prefill:
                 results = self.speculator.step(self, requests)
             else:
-                results = self._decode(requests)
+                results = self.plain_step(requests)
         except Exception as exc:  # a failed step must not take other requests down with it
             logger.exception("engine step failed; failing its %d requests", len(requests))
             results = []
@@ -140,7 +140,9 @@ class LLMEngine:
                 self.release(request)
         return results
 
-    def _decode(self, requests: list[Request]) -> list[StepResult]:
+    def plain_step(self, requests: list[Request]) -> list[StepResult]:
+        """One forward pass without speculation (a prefill or a decode step): a token per
+        request, sampled from its logits."""
         forward = ForwardBatch(
             slots=[r.slot for r in requests],  # type: ignore[misc]
             start_positions=[r.num_cached for r in requests],

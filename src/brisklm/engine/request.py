@@ -20,6 +20,7 @@ from brisklm.outputs import (
 from brisklm.sampling import SamplingParams, StopStringMatcher
 
 if TYPE_CHECKING:
+    from brisklm.speculative.draft_length import DraftLength
     from brisklm.tokenizer import IncrementalDetokenizer
 
 
@@ -54,8 +55,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     speculative: SpeculativeStats | None = None
-    # Tokens to propose in the request's next speculative step (the Speculator's schedule sets it).
-    draft_length: int | None = None
+    # Where the request stands in the Speculator's draft length schedule (it sets this).
+    draft_length: DraftLength | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     stop_matcher: StopStringMatcher = field(init=False)

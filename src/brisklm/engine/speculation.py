@@ -12,6 +12,7 @@ from brisklm.engine.model_runner import ForwardBatch
 from brisklm.engine.request import Request
 from brisklm.outputs import SpeculativeStats, StreamChunk, TokenLogprob
 from brisklm.speculative import (
+    DraftLength,
     DraftLengthSchedule,
     DraftRow,
     Proposal,
@@ -41,11 +42,15 @@ class Speculator:
         if request.slot is not None:
             self.proposer.release(request.slot)
 
-    def _draft_length(self, request: Request) -> int:
-        """Tokens to propose for ``request`` this step, as its schedule stands."""
+    def _draft_length(self, request: Request) -> DraftLength:
+        """Where ``request`` stands in its draft length schedule."""
         if request.draft_length is None:
-            request.draft_length = self.schedule.initial()
+            request.draft_length = self.schedule.start()
         return request.draft_length
+
+    def _proposal_size(self, request: Request) -> int:
+        """Tokens to propose for ``request`` this step: 0 while its schedule pauses it."""
+        return self.schedule.proposal_size(self._draft_length(request))
 
     def _rows(self, requests: Sequence[Request]) -> list[DraftRow]:
         # Each step emits up to n + 1 tokens: never propose past max_tokens or the context.
@@ -54,7 +59,7 @@ class Speculator:
                 slot=r.slot,  # type: ignore[arg-type]
                 prompt_token_ids=r.prompt_token_ids,
                 output_token_ids=r.output_token_ids,
-                max_draft_tokens=max(0, min(self._draft_length(r), r.max_new_tokens - 1)),
+                max_draft_tokens=max(0, min(self._proposal_size(r), r.max_new_tokens - 1)),
                 params=r.params,
                 generator=r.draft_generator,
                 matcher=r.matcher,
@@ -80,6 +85,12 @@ class Speculator:
         return out
 
     def step(self, engine: LLMEngine, requests: list[Request]) -> list[StepResult]:
+        if not any(self._proposal_size(r) for r in requests):
+            # Every row is paused by its schedule: a plain decode step, no draft pass.
+            results = engine.plain_step(requests)
+            for request in requests:
+                self.schedule.update(self._draft_length(request), 0, 0)
+            return results
         rows = self._rows(requests)
         proposals = self._valid_for_grammar(requests, self.proposer.propose(rows))
         counts = verification_counts(proposals)
@@ -122,7 +133,7 @@ class Speculator:
             stats.num_steps += 1
             stats.num_proposed += len(proposal)
             stats.num_accepted += n
-            request.draft_length = self.schedule.next(self._draft_length(request), len(proposal), n)
+            self.schedule.update(self._draft_length(request), len(proposal), n)
             result = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )

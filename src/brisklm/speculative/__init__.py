@@ -4,6 +4,7 @@ from brisklm.speculative.draft import DraftModelProposer, check_compatible, make
 from brisklm.speculative.draft_length import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     SCHEDULES,
+    DraftLength,
     DraftLengthSchedule,
 )
 from brisklm.speculative.ngram import NgramProposer
@@ -21,6 +22,7 @@ __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "SCHEDULES",
     "DraftBatch",
+    "DraftLength",
     "DraftLengthSchedule",
     "DraftModelProposer",
     "DraftRow",
