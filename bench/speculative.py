@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import time
 
 import torch
@@ -203,7 +204,7 @@ def main() -> None:
         rows.append((config, name, rate, rate / base_rate, acceptance, per_step))
     for name, rates in alone_rates.items():
         if rates:
-            median = sorted(rates)[len(rates) // 2]
+            median = statistics.median(rates)
             rows.append(("target alone (median)", name, median, 1.0, float("nan"), float("nan")))
 
     print(

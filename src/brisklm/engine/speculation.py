@@ -90,6 +90,9 @@ class Speculator:
             results = engine.plain_step(requests)
             for request in requests:
                 self.schedule.update(self._draft_length(request), 0, 0)
+                # A target step like any other (a paused row in a speculative step counts too).
+                request.speculative = request.speculative or SpeculativeStats()
+                request.speculative.num_steps += 1
             return results
         rows = self._rows(requests)
         proposals = self._valid_for_grammar(requests, self.proposer.propose(rows))

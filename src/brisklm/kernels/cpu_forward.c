@@ -261,7 +261,8 @@ static inline float exp_nonpositive(float x) {
 /* SiLU, g * sigmoid(g), through exp(-|g|) so that exp_nonpositive serves both signs and the loop
  * vectorises (libm's expf is a call per element). */
 static inline float silu(float g) {
-    const float e = exp_nonpositive(g < 0.0f ? g : -g);
+    /* Below -87 exp_nonpositive stops at ~1e-38; the product would then grow with |g|. */
+    const float e = g < -87.0f ? 0.0f : exp_nonpositive(g < 0.0f ? g : -g);
     return (g < 0.0f ? g * e : g) / (1.0f + e);
 }
 
