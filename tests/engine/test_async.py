@@ -18,7 +18,16 @@ async def test_agenerate_matches_generate(llm):
     assert single.token_ids == expected[0].token_ids
 
 
-async def test_astream_matches_and_does_not_block_the_loop(llm):
+async def test_astream_matches_and_does_not_block_the_loop(llm, monkeypatch):
+    # Each engine step takes at least 2 ms, so the stream lasts ~50 ms whatever the kernels'
+    # speed: a tiny model can otherwise finish before the ticker first runs.
+    step = llm.engine.step
+
+    def slow_step():
+        time.sleep(0.002)
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", slow_step)
     ticks = 0
     done = asyncio.Event()
 

@@ -247,6 +247,27 @@ def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):
         native.library.cache_clear()
 
 
+def test_the_probe_runs_off_the_calling_thread(monkeypatch):
+    """Its parallel region must not leave an OpenMP pool on the caller's thread (with the engine's
+    pool, two pools make libgomp put idle workers to sleep)."""
+    import threading
+
+    probed_on = []
+    real_probe = native._probe
+    monkeypatch.setattr(
+        native,
+        "_probe",
+        lambda lib: (probed_on.append(threading.current_thread()), real_probe(lib)),
+    )
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None
+        assert len(probed_on) == 1 and probed_on[0] is not threading.current_thread()
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+
+
 @pytest.mark.parametrize("path", ["native", "torch"])
 def test_bad_rows_are_refused_before_anything_is_written(checkpoint, path):
     _, directory = checkpoint
