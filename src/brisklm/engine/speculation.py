@@ -84,15 +84,22 @@ class Speculator:
             out.append(proposal)
         return out
 
+    def _record(self, request: Request, num_proposed: int, num_accepted: int) -> None:
+        """Count a target step of ``request`` in its stats and advance its draft length."""
+        stats = request.speculative or SpeculativeStats()
+        request.speculative = stats
+        stats.num_steps += 1
+        stats.num_proposed += num_proposed
+        stats.num_accepted += num_accepted
+        self.schedule.update(self._draft_length(request), num_proposed, num_accepted)
+
     def step(self, engine: LLMEngine, requests: list[Request]) -> list[StepResult]:
         if not any(self._proposal_size(r) for r in requests):
             # Every row is paused by its schedule: a plain decode step, no draft pass.
             results = engine.plain_step(requests)
             for request in requests:
-                self.schedule.update(self._draft_length(request), 0, 0)
                 # A target step like any other (a paused row in a speculative step counts too).
-                request.speculative = request.speculative or SpeculativeStats()
-                request.speculative.num_steps += 1
+                self._record(request, 0, 0)
             return results
         rows = self._rows(requests)
         proposals = self._valid_for_grammar(requests, self.proposer.propose(rows))
@@ -131,12 +138,7 @@ class Speculator:
             # The cache now holds valid keys for the fed tokens and the n accepted proposals.
             request.num_cached = forward.start_positions[b] + len(feeds[b]) + n
             self.proposer.rollback(request.slot, len(proposal) - n)  # type: ignore[arg-type]
-            stats = request.speculative or SpeculativeStats()
-            request.speculative = stats
-            stats.num_steps += 1
-            stats.num_proposed += len(proposal)
-            stats.num_accepted += n
-            self.schedule.update(self._draft_length(request), len(proposal), n)
+            self._record(request, len(proposal), n)
             result = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )
