@@ -62,9 +62,12 @@ def apply_token_bitmask_reference(
 def _byte_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """(256, 8): +inf where bit j of byte value b is set (token allowed), else -inf. Built once per
     dtype and device (five small ops each time cost ~40 us a step); read only."""
-    values = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1)
-    bits = (values >> torch.arange(8, dtype=torch.int32, device=device)) & 1
-    return torch.where(bits.bool(), float("inf"), float("-inf")).to(dtype)
+    # A normal tensor even when first built under inference_mode, so later calls outside it can
+    # use it too.
+    with torch.inference_mode(False):
+        values = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1)
+        bits = (values >> torch.arange(8, dtype=torch.int32, device=device)) & 1
+        return torch.where(bits.bool(), float("inf"), float("-inf")).to(dtype)
 
 
 def apply_token_bitmask_(
