@@ -402,7 +402,7 @@ class LLM:
         return outputs[0] if single else outputs
 
     async def arun_requests(self, requests: list[Request]) -> list[GenerationOutput]:
-        collector = AsyncCollector()
+        collector = AsyncCollector(final_only=True)  # no wake-up of the event loop per token
         self._loop.submit(requests, collector)
         pending = {r.request_id for r in requests}
         try:

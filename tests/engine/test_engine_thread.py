@@ -166,18 +166,23 @@ def test_a_failed_step_gives_each_caller_its_own_exception(tiny_dir, monkeypatch
     llm.close()
 
 
-def test_a_final_only_collector_queues_finished_outputs_and_errors():
+def _final_only_cases():
     from types import SimpleNamespace
 
-    from brisklm.engine.loop import SyncCollector
-
-    collector = SyncCollector(final_only=True)
-    request = object()
     partial, last, error = (
         SimpleNamespace(finished=False),
         SimpleNamespace(finished=True),
         RuntimeError("x"),
     )
+    return partial, last, error
+
+
+def test_a_final_only_collector_queues_finished_outputs_and_errors():
+    from brisklm.engine.loop import SyncCollector
+
+    collector = SyncCollector(final_only=True)
+    request = object()
+    partial, last, error = _final_only_cases()
     for result in (partial, partial, last, error):
         collector(request, result)  # type: ignore[arg-type]
     queued = [collector.queue.get_nowait()[1] for _ in range(collector.queue.qsize())]
@@ -185,3 +190,21 @@ def test_a_final_only_collector_queues_finished_outputs_and_errors():
     everything = SyncCollector()
     everything(request, partial)  # type: ignore[arg-type]
     assert everything.queue.qsize() == 1
+
+
+async def test_a_final_only_async_collector_hands_over_finished_outputs_and_errors():
+    import asyncio
+
+    from brisklm.engine.loop import AsyncCollector
+
+    collector = AsyncCollector(final_only=True)
+    everything = AsyncCollector()
+    request = object()
+    partial, last, error = _final_only_cases()
+    for result in (partial, partial, last, error):
+        collector(request, result)  # type: ignore[arg-type]
+        everything(request, result)  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # call_soon_threadsafe hands them over on the next loop turn
+    queued = [collector.queue.get_nowait()[1] for _ in range(collector.queue.qsize())]
+    assert queued == [last, error]
+    assert everything.queue.qsize() == 4

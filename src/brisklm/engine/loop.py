@@ -148,6 +148,11 @@ class EngineLoop:
             logger.exception("delivering output of request %s failed", request.request_id)
 
 
+def _skipped(final_only: bool, result: StreamChunk | BaseException) -> bool:
+    """Whether a final-only collector drops ``result``: a chunk that does not end its request."""
+    return final_only and not isinstance(result, BaseException) and not result.finished
+
+
 class SyncCollector:
     """A sink for blocking consumers: chunks go into a thread-safe queue.
 
@@ -163,19 +168,25 @@ class SyncCollector:
         )
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
-        if self.final_only and not isinstance(result, BaseException) and not result.finished:
+        if _skipped(self.final_only, result):
             return
         self.queue.put((request, result))
 
 
 class AsyncCollector:
-    """A sink for asyncio consumers: chunks are handed to the event loop that made the collector."""
+    """A sink for asyncio consumers: chunks are handed to the event loop that made the collector.
 
-    def __init__(self) -> None:
+    ``final_only`` as for :class:`SyncCollector`: each handed chunk wakes the event loop's thread.
+    """
+
+    def __init__(self, final_only: bool = False) -> None:
+        self.final_only = final_only
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[Request, StreamChunk | BaseException]] = asyncio.Queue()
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
+        if _skipped(self.final_only, result):
+            return
         if self.loop.is_closed():
             # The consumer is gone (asyncio.run returned after a cancel or timeout); its request
             # was aborted, and what is still in flight has no one to go to.
