@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 
 from brisklm.constrained import Grammar, GrammarCompiler
+from brisklm.constrained.any_order import MAX_ANY_ORDER_PROPERTIES, any_order_object_rules
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
 from tests.tiny import train_tokenizer
@@ -156,3 +158,103 @@ def test_bad_input() -> None:
     not_object = {"name": "f", "parameters": {"type": "array"}}
     with pytest.raises(ValueError, match="object schema"):
         tool_call_grammar([not_object], "auto")
+
+
+def tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+BOOKING = tool(
+    "book",
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "nights": {"type": "integer", "minimum": 1},
+            "pets": {"type": "boolean"},
+            'größe "x"': {"type": "string"},
+        },
+        "required": ["city", "nights"],
+    },
+)
+
+
+def test_arguments_in_any_order_exactly_as_the_schema_allows(check: Checker) -> None:
+    """Every order of every subset of the properties: accepted iff the required ones are there."""
+    grammar = tool_call_grammar([BOOKING], "required")
+    values = {"city": "Zürich", "nights": 2, "pets": False, 'größe "x"': "L"}
+    names = list(values)
+    for size in range(len(names) + 1):
+        for keys in itertools.permutations(names, size):
+            text = call("book", {k: values[k] for k in keys})
+            expected = "complete" if {"city", "nights"} <= set(keys) else "rejected"
+            assert check(grammar, text) == expected, text
+    # Each value still under its own subschema, each key at most once, no unknown keys.
+    assert check(grammar, call("book", {"nights": 0, "city": "Rome"})) == "rejected"
+    assert check(grammar, call("book", {"pets": 1, "nights": 1, "city": "Rome"})) == "rejected"
+    twice = call("book", {"nights": 1, "city": "Rome"}).replace("}}", ', "nights": 2}}')
+    assert check(grammar, twice) == "rejected"
+    assert check(grammar, call("book", {"nights": 1, "city": "Rome", "x": 1})) == "rejected"
+    spaced = (
+        '<tool_call>\n{"name": "book", "arguments": {"nights": 1,"city": "Rome"}}\n</tool_call>'
+    )
+    assert check(grammar, spaced) == "rejected"
+
+
+def test_any_order_with_definitions(check: Checker) -> None:
+    """A pydantic model's nested model stays a `$ref` into `$defs`; it still resolves."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Address(pydantic.BaseModel):
+        street: str
+        number: int
+
+    class Parcel(pydantic.BaseModel):
+        """Send a parcel."""
+
+        to: Address
+        weight: float
+
+    grammar = tool_call_grammar([Parcel], "required")
+    address = {"street": "Main St", "number": 4}
+    assert check(grammar, call("Parcel", {"weight": 1.5, "to": address})) == "complete"
+    assert check(grammar, call("Parcel", {"to": address, "weight": 1.5})) == "complete"
+    bad_address = {"street": "Main St", "number": "4"}
+    assert check(grammar, call("Parcel", {"weight": 1.5, "to": bad_address})) == "rejected"
+    # Inside the nested object, properties keep the schema's order (llguidance's %json).
+    swapped = {"number": 4, "street": "Main St"}
+    assert check(grammar, call("Parcel", {"weight": 1.5, "to": swapped})) == "rejected"
+
+
+def test_large_or_complex_objects_keep_the_schema_order(check: Checker) -> None:
+    many = {f"p{i}": {"type": "integer"} for i in range(MAX_ANY_ORDER_PROPERTIES + 1)}
+    grammar = tool_call_grammar([tool("wide", {"type": "object", "properties": many})], "required")
+    in_order = {f"p{i}": i for i in range(MAX_ANY_ORDER_PROPERTIES + 1)}
+    assert check(grammar, call("wide", in_order)) == "complete"
+    assert check(grammar, call("wide", dict(reversed(in_order.items())))) == "rejected"
+
+
+def test_any_order_rules_apply_to_closed_flat_objects_only() -> None:
+    closed = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    assert any_order_object_rules("r", closed) is not None
+    cases = {
+        "open object": {**closed, "additionalProperties": True},
+        "no additionalProperties": {k: v for k, v in closed.items() if k != "additionalProperties"},
+        "one property": {**closed, "properties": {"a": {}}, "required": []},
+        "minProperties": {**closed, "minProperties": 2},
+        "anyOf": {**closed, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        "ref outside $defs": {**closed, "properties": {"a": {"$ref": "#/properties/b"}, "b": {}}},
+        "$id": {**closed, "properties": {"a": {"$id": "x"}, "b": {}}},
+        "flexible whitespace": {**closed, "x-guidance": {"whitespace_flexible": True}},
+        "compact separators": {**closed, "x-guidance": {"item_separator": ","}},
+        "unknown required": {**closed, "required": ["c"]},
+    }
+    for what, schema in cases.items():
+        assert any_order_object_rules("r", schema) is None, what
+    # A property whose subschema is false never appears; with one property left, nothing to order.
+    assert any_order_object_rules("r", {**closed, "properties": {"a": {}, "b": False}}) is None

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from brisklm.constrained.any_order import any_order_object_rules
 from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS, prepare_json_schema
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_schema import tool_json_schema
@@ -298,7 +299,8 @@ def call_alternatives(
     name_then: str | None = None,
 ) -> list[str]:
     """Lark rules ``call`` (one alternative per tool: ``{"name": NAME, "<arguments_key>": ARGS}``
-    between ``head`` and ``tail``) and ``arguments_<k>`` (ARGS under the tool's parameters schema).
+    between ``head`` and ``tail``) and ``arguments_<k>`` (ARGS under the tool's parameters schema;
+    the arguments of a small flat schema may come in any order, see ``constrained.any_order``).
 
     ``name_then`` (a Lark item, e.g. a token ``<[id]>``) writes a call as the bare name, that item,
     then ARGS instead (Mistral's v11 layout)."""
@@ -319,8 +321,12 @@ def call_alternatives(
         alternatives.append(f"{_lark_literal(start)} arguments_{k} {_lark_literal('}' + tail)}")
     lines = ["call: " + "\n    | ".join(alternatives)]
     for k, function in enumerate(functions):
-        schema = json.dumps(_arguments_schema(function), ensure_ascii=False)
-        lines.append(f"arguments_{k}: %json {schema}")
+        schema = _arguments_schema(function)
+        any_order = any_order_object_rules(f"arguments_{k}", schema)
+        if any_order is not None:
+            lines.extend(any_order)
+        else:
+            lines.append(f"arguments_{k}: %json {json.dumps(schema, ensure_ascii=False)}")
     return lines
 
 

@@ -1,0 +1,138 @@
+"""Lark rules (llguidance dialect) for a closed JSON object whose properties may come in any order.
+
+llguidance's JSON Schema compiler writes an object's properties in the order of `properties`.
+JSON Schema does not order them, and a model may write them in another order: the order a
+request mentions the values in, for one (the bundled model writes tool-call arguments that way).
+`any_order_object_rules` spells such an object out as one Lark rule per set of properties already
+written, each property value under its own subschema (`%json`). That is 2^n rules for n
+properties, so it applies to small, closed, flat objects only (`MAX_ANY_ORDER_PROPERTIES`); for
+any other schema it returns None and the caller keeps the ordered `%json` rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+MAX_ANY_ORDER_PROPERTIES = 6
+# Top-level keywords that constrain nothing beyond `properties`/`required`/`additionalProperties`.
+_PLAIN_OBJECT_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "title",
+        "description",
+        "$defs",
+        "definitions",
+        "$schema",
+        "$comment",
+        "examples",
+        "default",
+        "x-guidance",
+    }
+)
+_DEFINITION_MAPS = ("$defs", "definitions")
+# Keywords that would make a property's subschema mean something else once cut out of its document.
+_CONTEXT_KEYWORDS = frozenset(
+    {"$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"}
+)
+
+
+def _lark_literal(text: str) -> str:
+    return json.dumps(text)  # JSON string syntax is valid Lark string-literal syntax
+
+
+def _self_contained(node: Any) -> bool:
+    """True when every `$ref` under `node` points into the document's `$defs`/`definitions`,
+    so that the node, given those maps, means what it meant in the whole document."""
+    if isinstance(node, list):
+        return all(_self_contained(v) for v in node)
+    if not isinstance(node, Mapping):
+        return True
+    for key, value in node.items():
+        if key in _CONTEXT_KEYWORDS:
+            return False
+        if key == "$ref" and not (
+            isinstance(value, str) and value.startswith(("#/$defs/", "#/definitions/"))
+        ):
+            return False
+        if not _self_contained(value):
+            return False
+    return True
+
+
+def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | None:
+    """Lark lines defining `rule` as the objects `schema` accepts, properties in any order.
+
+    `schema` must already be prepared for llguidance (``prepare_json_schema``): its `x-guidance`
+    options (separators) carry over to every property value, and the keys and separators the
+    rules write themselves are `json.dumps`' (`"key": value, "key": value`), as
+    ``JSON_OPTIONS`` asks. None when the schema is not a closed (`additionalProperties: false`)
+    object of 2 to ``MAX_ANY_ORDER_PROPERTIES`` properties with only plain object keywords, or
+    when a property's subschema depends on the rest of the document beyond `$defs`.
+    """
+    if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
+        return None
+    if not set(schema) <= _PLAIN_OBJECT_KEYWORDS:
+        return None
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or not 2 <= len(properties) <= MAX_ANY_ORDER_PROPERTIES:
+        return None
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(
+        isinstance(name, str) and name in properties for name in required
+    ):
+        return None
+    options = schema.get("x-guidance")
+    if options is not None and (
+        not isinstance(options, Mapping)
+        or options.get("whitespace_flexible")
+        or options.get("item_separator", ", ") != ", "
+        or options.get("key_separator", ": ") != ": "
+    ):
+        return None  # the rules below write json.dumps' separators only
+    definitions = {k: schema[k] for k in _DEFINITION_MAPS if k in schema}
+    if not _self_contained(definitions) or not _self_contained(properties):
+        return None
+
+    names: list[str] = []
+    lines: list[str] = []
+    for name, subschema in properties.items():
+        if subschema is False:
+            continue  # the property can never appear (a required one: no object at all)
+        if subschema is True:
+            subschema = {}
+        if not isinstance(subschema, Mapping) or any(k in subschema for k in _DEFINITION_MAPS):
+            return None
+        value = {**definitions, **subschema}
+        if options is not None:
+            value["x-guidance"] = options
+        lines.append(f"{rule}_v{len(names)}: %json {json.dumps(value, ensure_ascii=False)}")
+        names.append(name)
+    if len(names) < 2 or any(name not in names for name in required):
+        return None
+    required_mask = sum(1 << i for i, name in enumerate(names) if name in required)
+    full = (1 << len(names)) - 1
+
+    def key(i: int) -> str:
+        return json.dumps(names[i], ensure_ascii=False) + ": "
+
+    def after(mask: int) -> str:
+        """The reference that continues from `mask` (nothing when no property can follow)."""
+        return "" if mask == full else f" {rule}_s{mask}"
+
+    for mask in range(full):  # the state after writing the properties in `mask`
+        lead = ", " if mask else ""
+        alternatives = [
+            f"{_lark_literal(lead + key(i))} {rule}_v{i}{after(mask | 1 << i)}"
+            for i in range(len(names))
+            if not mask & 1 << i
+        ]
+        body = " | ".join(alternatives)
+        closable = mask & required_mask == required_mask
+        lines.append(f"{rule}_s{mask}: ({body})" + ("?" if closable else ""))
+    lines.insert(0, f'{rule}: "{{" {rule}_s0 "}}"')
+    return lines
