@@ -1,6 +1,6 @@
 """training/generate_data.py: the first training set is pinned (the shipped models were trained on
-it, and training/build_all.sh must rebuild them), and the second set's extra phrasings keep every
-tool-call argument copyable from the request."""
+it, and training/build_all.sh must rebuild them), the second set's extra phrasings keep every
+tool-call argument copyable from the request, and request order reorders the arguments only."""
 
 from __future__ import annotations
 
@@ -9,16 +9,25 @@ import json
 
 from training.generate_data import dumps, generate
 
-# sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234`, the set the
-# shipped models were trained on; a change to the generator that moves it breaks the rebuild.
-FIRST_SET_300_SHA256 = "97cab22ac70c274e42859e4cd879579b7a8e7d4d9c5dd2f8922b351ac6691883"
+# sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234
+# --request-order`, the set the shipped models were trained on (training/build_all.sh); a change
+# to the generator that moves it breaks the rebuild. Without --request-order: the set the models
+# shipped before 2026-11-30's rebuild were trained on, which the flag must leave as it was.
+FIRST_SET_300_SHA256 = "cb717666a8df93e9b9446492c76fae72904408b1c94306bd46601c9a99bc828d"
+SCHEMA_ORDER_FIRST_SET_300_SHA256 = (
+    "97cab22ac70c274e42859e4cd879579b7a8e7d4d9c5dd2f8922b351ac6691883"
+)
 
 
 def test_first_training_set_is_unchanged() -> None:
-    h = hashlib.sha256()
-    for s in generate(300, 1234, "train"):
-        h.update((dumps(s) + "\n").encode())
-    assert h.hexdigest() == FIRST_SET_300_SHA256
+    for request_order, expected in (
+        (True, FIRST_SET_300_SHA256),
+        (False, SCHEMA_ORDER_FIRST_SET_300_SHA256),
+    ):
+        h = hashlib.sha256()
+        for s in generate(300, 1234, "train", request_order=request_order):
+            h.update((dumps(s) + "\n").encode())
+        assert h.hexdigest() == expected, request_order
 
 
 def user_and_calls(sample: dict) -> tuple[str, list[dict]]:
@@ -62,3 +71,32 @@ def test_more_phrasings_write_the_new_styles_and_keep_values_copyable() -> None:
         assert list(obj) == s["expected_keys"]
         for k in s["expected_keys"]:
             assert k in s["messages"][-2]["content"]
+
+
+def mention_position(user: str, name: str, value: object) -> int:
+    """Where the request states this argument: its name (spaced or not) or, failing that, its value."""
+    found = [user.find(n) for n in (name, name.replace("_", " ")) if user.find(n) >= 0]
+    if found:
+        return min(found)
+    text = value if isinstance(value, str) else json.dumps(value)
+    return user.find(text)
+
+
+def test_request_order_changes_only_the_order_of_the_arguments() -> None:
+    plain = generate(1500, 4321, "train", more_phrasings=True)
+    ordered = generate(1500, 4321, "train", more_phrasings=True, request_order=True)
+    reordered = 0
+    for a, b in zip(plain, ordered, strict=True):
+        if a["kind"] not in ("tool_call", "tool_loop"):
+            assert a == b
+            continue
+        assert a == b  # dicts compare regardless of key order: the same samples
+        user, calls = user_and_calls(b)
+        _, plain_calls = user_and_calls(a)
+        for f, g in zip(calls, plain_calls, strict=True):
+            reordered += list(f["arguments"]) != list(g["arguments"])
+            if f"{f['name']}(" in user or len(plain_calls) > 1:
+                continue  # call notation, or two calls in one request: positions are ambiguous
+            positions = [mention_position(user, k, v) for k, v in f["arguments"].items()]
+            assert positions == sorted(positions), (user, f)
+    assert reordered > 50

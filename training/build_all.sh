@@ -12,12 +12,12 @@ common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --se
         --long-seq-len 896 --threads 2)
 
 python -m training.generate_data --out "$OUT/data" --seed 1234 --num-train 150000 \
-    --num-easy 60000 --num-eval 200
+    --num-easy 60000 --num-eval 200 --request-order
 # The second training set: other seed, plus the request styles of --more-phrasings (call notation,
 # single quotes, "Use the tool.", schema bounds, ...). Its eval.json only feeds the training log;
 # training/evaluate.py scores on data/eval.json.
 python -m training.generate_data --out "$OUT/data2" --seed 4321 --num-train 150000 \
-    --num-eval 200 --more-phrasings
+    --num-eval 200 --more-phrasings --request-order
 python -m training.train_tokenizer --data "$OUT/data/train.jsonl" --out "$OUT/tokenizer" --vocab-size 4096
 
 # 1. The seed: the target's width in two layers, on copy drills only, until it copies from the

@@ -115,13 +115,19 @@ class Gen:
     call notation (``fn(3)``, ``fn(x=1)``), single-quoted values and keys, "Use the tool."
     suffixes, "a X named Y" requests with a trailing gloss, "City, ST" places, wider CJK strings,
     and JSON requests in other words ("Return the result as a JSON with 'a' and 'b' keys.").
+    ``request_order`` writes a call's arguments in the order the request mentions them instead of
+    the schema's order (``--request-order``); it draws no random numbers, so the samples are the
+    same but for that order.
     Off, the generator draws exactly what it always drew (the first set stays byte-identical).
     """
 
-    def __init__(self, seed: int, split: str, more_phrasings: bool = False) -> None:
+    def __init__(
+        self, seed: int, split: str, more_phrasings: bool = False, request_order: bool = False
+    ) -> None:
         self.r = random.Random(seed)
         self.p = Pools(split)
         self.more = more_phrasings
+        self.request_order = request_order
 
     # ---------------------------------------------------------------- small values
     def pseudo_word(self) -> str:
@@ -433,6 +439,8 @@ class Gen:
         mention = list(chosen)
         if r.random() < 0.3:
             r.shuffle(mention)
+        if self.request_order:
+            arguments = {a["name"]: arguments[a["name"]] for a in mention}
         parts = []
         for a in mention:
             phrase = a["name"].replace("_", " ") if r.random() < 0.6 else a["name"]
@@ -1239,14 +1247,23 @@ def value_str(v: Any) -> str:
 
 
 def generate(
-    n: int, seed: int, split: str, easy: bool = False, more_phrasings: bool = False
+    n: int,
+    seed: int,
+    split: str,
+    easy: bool = False,
+    more_phrasings: bool = False,
+    request_order: bool = False,
 ) -> list[dict[str, Any]]:
-    g = Gen(seed, split, more_phrasings)
+    g = Gen(seed, split, more_phrasings, request_order)
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
-def generate_eval(seed: int, n_per_task: int) -> dict[str, list[dict[str, Any]]]:
-    g = Gen(seed, "eval")
+def generate_eval(
+    seed: int, n_per_task: int, request_order: bool = False
+) -> dict[str, list[dict[str, Any]]]:
+    """Held-out samples per task. ``request_order`` changes only the order of the arguments in the
+    calls (``expected`` compares as a mapping) and so the perplexity samples' assistant turns."""
+    g = Gen(seed, "eval", request_order=request_order)
     out: dict[str, list[dict[str, Any]]] = {
         "tool_call": [],
         "extract": [],
@@ -1301,18 +1318,28 @@ def main() -> None:
         action="store_true",
         help="also write the request styles of the second training set (see Gen)",
     )
+    ap.add_argument(
+        "--request-order",
+        action="store_true",
+        help="write tool-call arguments in the order the request mentions them (see Gen)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    train = generate(args.num_train, args.seed, "train", more_phrasings=args.more_phrasings)
+    order = args.request_order
+    train = generate(
+        args.num_train, args.seed, "train", more_phrasings=args.more_phrasings, request_order=order
+    )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
             f.write(dumps(s) + "\n")
     if args.num_easy:
         with open(args.out / "easy.jsonl", "w", encoding="utf-8") as f:
-            for s in generate(args.num_easy, args.seed + 2, "train", easy=True):
+            for s in generate(
+                args.num_easy, args.seed + 2, "train", easy=True, request_order=order
+            ):
                 f.write(dumps(s) + "\n")
         print(f"wrote {args.num_easy} first-stage samples to {args.out}/easy.jsonl")
-    ev = generate_eval(args.seed + 1, args.num_eval)
+    ev = generate_eval(args.seed + 1, args.num_eval, request_order=order)
     with open(args.out / "eval.json", "w", encoding="utf-8") as f:
         json.dump(ev, f, ensure_ascii=False)
     counts: dict[str, int] = {}
