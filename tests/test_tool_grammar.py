@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from brisklm.constrained import Grammar, GrammarCompiler
+from brisklm.constrained import JSON_OPTIONS, Grammar, GrammarCompiler
 from brisklm.constrained.any_order import MAX_ANY_ORDER_PROPERTIES, any_order_object_rules
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
@@ -240,6 +240,7 @@ def test_any_order_rules_apply_to_closed_flat_objects_only() -> None:
         "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
         "required": ["a"],
         "additionalProperties": False,
+        "x-guidance": dict(JSON_OPTIONS),
     }
     assert any_order_object_rules("r", closed) is not None
     cases = {
@@ -251,7 +252,10 @@ def test_any_order_rules_apply_to_closed_flat_objects_only() -> None:
         "ref outside $defs": {**closed, "properties": {"a": {"$ref": "#/properties/b"}, "b": {}}},
         "$id": {**closed, "properties": {"a": {"$id": "x"}, "b": {}}},
         "flexible whitespace": {**closed, "x-guidance": {"whitespace_flexible": True}},
-        "compact separators": {**closed, "x-guidance": {"item_separator": ","}},
+        "compact separators": {**closed, "x-guidance": {**JSON_OPTIONS, "item_separator": ","}},
+        # llguidance's own separators differ from json.dumps': the options must say so explicitly.
+        "no options": {k: v for k, v in closed.items() if k != "x-guidance"},
+        "options without separators": {**closed, "x-guidance": {"whitespace_flexible": False}},
         "unknown required": {**closed, "required": ["c"]},
     }
     for what, schema in cases.items():

@@ -15,6 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from brisklm.constrained.json_schema import JSON_OPTIONS
+
 MAX_ANY_ORDER_PROPERTIES = 6
 # Top-level keywords that constrain nothing beyond `properties`/`required`/`additionalProperties`.
 _PLAIN_OBJECT_KEYWORDS = frozenset(
@@ -67,11 +69,12 @@ def _self_contained(node: Any) -> bool:
 def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | None:
     """Lark lines defining `rule` as the objects `schema` accepts, properties in any order.
 
-    `schema` must already be prepared for llguidance (``prepare_json_schema``): its `x-guidance`
-    options (separators) carry over to every property value, and the keys and separators the
-    rules write themselves are `json.dumps`' (`"key": value, "key": value`), as
-    ``JSON_OPTIONS`` asks. None when the schema is not a closed (`additionalProperties: false`)
-    object of 2 to ``MAX_ANY_ORDER_PROPERTIES`` properties with only plain object keywords, or
+    `schema` must already be prepared for llguidance (``prepare_json_schema``) and carry
+    ``JSON_OPTIONS`` in its `x-guidance` (as tool-call schemas do): those options carry over to
+    every property value, and the keys and separators the rules write themselves are
+    `json.dumps`' (`"key": value, "key": value`). None without those options, or when the schema
+    is not a closed (`additionalProperties: false`) object of 2 to ``MAX_ANY_ORDER_PROPERTIES``
+    properties with only plain object keywords, or
     when a property's subschema depends on the rest of the document beyond `$defs`.
     """
     if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
@@ -87,13 +90,13 @@ def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | 
     ):
         return None
     options = schema.get("x-guidance")
-    if options is not None and (
-        not isinstance(options, Mapping)
-        or options.get("whitespace_flexible")
-        or options.get("item_separator", ", ") != ", "
-        or options.get("key_separator", ": ") != ": "
+    if not isinstance(options, Mapping) or any(
+        options.get(k, not v) != v for k, v in JSON_OPTIONS.items()
     ):
-        return None  # the rules below write json.dumps' separators only
+        # The rules write json.dumps' separators between the properties; the values must be
+        # written alike, which only options that say so explicitly guarantee (llguidance's own
+        # defaults differ).
+        return None
     definitions = {k: schema[k] for k in _DEFINITION_MAPS if k in schema}
     if not _self_contained(definitions) or not _self_contained(properties):
         return None
