@@ -262,3 +262,43 @@ def test_any_order_rules_apply_to_closed_flat_objects_only() -> None:
         assert any_order_object_rules("r", schema) is None, what
     # A property whose subschema is false never appears; with one property left, nothing to order.
     assert any_order_object_rules("r", {**closed, "properties": {"a": {}, "b": False}}) is None
+
+
+def test_each_value_carries_only_the_definitions_it_reaches(check: Checker) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "to": {"$ref": "#/$defs/Address"},
+            "size": {"$ref": "#/definitions/Size"},
+            "note": {"type": "string"},
+        },
+        "required": ["to"],
+        "additionalProperties": False,
+        "$defs": {
+            "Address": {
+                "type": "object",
+                "properties": {"street": {"type": "string"}, "city": {"$ref": "#/$defs/City"}},
+                "required": ["street", "city"],
+                "additionalProperties": False,
+            },
+            "City": {"enum": ["Rome", "Oslo"]},
+            "Unused": {"type": "integer"},
+        },
+        "definitions": {"Size": {"enum": ["S", "L"]}},
+        "x-guidance": dict(JSON_OPTIONS),
+    }
+    rules = any_order_object_rules("r", schema)
+    assert rules is not None
+    values = {
+        line.split(":", 1)[0]: json.loads(line.split("%json ", 1)[1])
+        for line in rules
+        if "%json" in line
+    }
+    assert values["r_v0"]["$defs"].keys() == {"Address", "City"}  # City through Address
+    assert "definitions" not in values["r_v0"]
+    assert values["r_v1"]["definitions"].keys() == {"Size"} and "$defs" not in values["r_v1"]
+    assert "$defs" not in values["r_v2"] and "definitions" not in values["r_v2"]
+    grammar = tool_call_grammar([tool("ship", schema)], "required")
+    to = {"street": "Via Roma", "city": "Rome"}
+    assert check(grammar, call("ship", {"size": "L", "to": to})) == "complete"
+    assert check(grammar, call("ship", {"note": "x", "to": {**to, "city": "Paris"}})) == "rejected"

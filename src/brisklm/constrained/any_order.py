@@ -4,7 +4,8 @@ llguidance's JSON Schema compiler writes an object's properties in the order of 
 JSON Schema does not order them, and a model may write them in another order: the order a
 request mentions the values in, for one (the bundled model writes tool-call arguments that way).
 `any_order_object_rules` spells such an object out as one Lark rule per set of properties already
-written, each property value under its own subschema (`%json`). That is 2^n rules for n
+written, each property value under its own subschema (`%json`, with the `$defs` it reaches
+through `$ref`). That is 2^n rules for n
 properties, so it applies to small, closed, flat objects only (`MAX_ANY_ORDER_PROPERTIES`); for
 any other schema it returns None and the caller keeps the ordered `%json` rule.
 """
@@ -66,6 +67,35 @@ def _self_contained(node: Any) -> bool:
     return True
 
 
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    if not isinstance(node, Mapping):
+        return []
+    own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+    return own + [r for v in node.values() for r in _refs(v)]
+
+
+def _definitions_used(node: Any, definitions: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of `definitions` ({"$defs": {...}, "definitions": {...}}) that `node` reaches
+    through `$ref`, directly or through other definitions; all of them for a ref that names its
+    definition with JSON-pointer or percent escapes."""
+    used: dict[str, dict[str, Any]] = {}
+    pending = _refs(node)
+    while pending:
+        ref = pending.pop()
+        where, _, rest = ref[2:].partition("/")
+        name = rest.split("/", 1)[0]
+        table = definitions.get(where)
+        if not isinstance(table, Mapping) or any(c in name for c in "~%"):
+            return dict(definitions)
+        if name in used.setdefault(where, {}) or name not in table:
+            continue  # a dangling ref stays dangling: llguidance reports it as before
+        used[where][name] = table[name]
+        pending.extend(_refs(table[name]))
+    return {where: found for where, found in used.items() if found}
+
+
 def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | None:
     """Lark lines defining `rule` as the objects `schema` accepts, properties in any order.
 
@@ -110,7 +140,7 @@ def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | 
             subschema = {}
         if not isinstance(subschema, Mapping) or any(k in subschema for k in _DEFINITION_MAPS):
             return None
-        value = {**definitions, **subschema}
+        value = {**_definitions_used(subschema, definitions), **subschema}
         if options is not None:
             value["x-guidance"] = options
         lines.append(f"{rule}_v{len(names)}: %json {json.dumps(value, ensure_ascii=False)}")
