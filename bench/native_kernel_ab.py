@@ -51,7 +51,7 @@ def build(text: str, directory: Path, name: str) -> ctypes.CDLL:
         raise SystemExit("no C compiler (cc, gcc, clang or $CC) found")
     source, library = directory / f"{name}.c", directory / f"{name}.so"
     source.write_text(text)
-    subprocess.run([compiler, *native._FLAGS, str(source), "-o", str(library), "-lm"], check=True)
+    native.compile_library(compiler, source, library)
     loaded = ctypes.CDLL(str(library))
     native._declare(loaded)
     return loaded

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from brisklm.constrained.any_order import any_order_object_rules
 from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS, prepare_json_schema
+from brisklm.constrained.spec import lark_literal
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_schema import tool_json_schema
 
@@ -250,11 +251,6 @@ class ToolCallStreamParser:
         self._content_started = True
 
 
-def _lark_literal(text: str) -> str:
-    # JSON string syntax is valid Lark string-literal syntax, escapes included.
-    return json.dumps(text)
-
-
 def _tool_function(tool: Any) -> dict[str, Any]:
     schema = tool_json_schema(tool)
     function = schema.get("function", schema)
@@ -314,11 +310,11 @@ def call_alternatives(
     alternatives = []
     for k, function in enumerate(functions):
         if name_then is not None:
-            alternatives.append(f"{_lark_literal(function['name'])} {name_then} arguments_{k}")
+            alternatives.append(f"{lark_literal(function['name'])} {name_then} arguments_{k}")
             continue
         name = json.dumps(function["name"], ensure_ascii=False)
         start = f'{head}{{"name": {name}, "{arguments_key}": '
-        alternatives.append(f"{_lark_literal(start)} arguments_{k} {_lark_literal('}' + tail)}")
+        alternatives.append(f"{lark_literal(start)} arguments_{k} {lark_literal('}' + tail)}")
     lines = ["call: " + "\n    | ".join(alternatives)]
     for k, function in enumerate(functions):
         schema = _arguments_schema(function)
@@ -358,12 +354,12 @@ def tool_call_grammar(
         lines.append(f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/")
         return "\n".join(lines) + "\n"
     rules = call_alternatives(tools, mode, "arguments", head="\n", tail="\n" + TOOL_CALL_END)
-    more = f" ({_lark_literal(chr(10) + TOOL_CALL_START)} call)*" if parallel else ""
+    more = f" ({lark_literal(chr(10) + TOOL_CALL_START)} call)*" if parallel else ""
     if mode == "auto":
         lines.append(f"start: TEXT | text_then_call call{more}")
-        lines.append(f"text_then_call[lazy]: TEXT {_lark_literal(TOOL_CALL_START)}")
+        lines.append(f"text_then_call[lazy]: TEXT {lark_literal(TOOL_CALL_START)}")
         lines.append("TEXT: /(?s:.*)/")
     else:
-        lines.append(f"start: {_lark_literal(TOOL_CALL_START)} call{more}")
+        lines.append(f"start: {lark_literal(TOOL_CALL_START)} call{more}")
     lines.extend(rules)
     return "\n".join(lines) + "\n"

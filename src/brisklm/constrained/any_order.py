@@ -13,10 +13,11 @@ any other schema it returns None and the caller keeps the ordered `%json` rule.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from brisklm.constrained.json_schema import JSON_OPTIONS
+from brisklm.constrained.spec import lark_literal
 
 MAX_ANY_ORDER_PROPERTIES = 6
 # Top-level keywords that constrain nothing beyond `properties`/`required`/`additionalProperties`.
@@ -44,36 +45,32 @@ _CONTEXT_KEYWORDS = frozenset(
 )
 
 
-def _lark_literal(text: str) -> str:
-    return json.dumps(text)  # JSON string syntax is valid Lark string-literal syntax
+def _entries(node: Any) -> Iterator[tuple[str, Any]]:
+    """Every (key, value) of every mapping in a JSON document, depth first."""
+    if isinstance(node, list):
+        for value in node:
+            yield from _entries(value)
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield key, value
+            yield from _entries(value)
+
+
+def _refs(node: Any) -> list[str]:
+    return [value for key, value in _entries(node) if key == "$ref" and isinstance(value, str)]
 
 
 def _self_contained(node: Any) -> bool:
     """True when every `$ref` under `node` points into the document's `$defs`/`definitions`,
     so that the node, given those maps, means what it meant in the whole document."""
-    if isinstance(node, list):
-        return all(_self_contained(v) for v in node)
-    if not isinstance(node, Mapping):
-        return True
-    for key, value in node.items():
-        if key in _CONTEXT_KEYWORDS:
-            return False
-        if key == "$ref" and not (
-            isinstance(value, str) and value.startswith(("#/$defs/", "#/definitions/"))
-        ):
-            return False
-        if not _self_contained(value):
-            return False
-    return True
-
-
-def _refs(node: Any) -> list[str]:
-    if isinstance(node, list):
-        return [r for v in node for r in _refs(v)]
-    if not isinstance(node, Mapping):
-        return []
-    own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
-    return own + [r for v in node.values() for r in _refs(v)]
+    return all(
+        key not in _CONTEXT_KEYWORDS
+        and (
+            key != "$ref"
+            or (isinstance(value, str) and value.startswith(("#/$defs/", "#/definitions/")))
+        )
+        for key, value in _entries(node)
+    )
 
 
 def _definitions_used(node: Any, definitions: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,9 +137,7 @@ def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | 
             subschema = {}
         if not isinstance(subschema, Mapping) or any(k in subschema for k in _DEFINITION_MAPS):
             return None
-        value = {**_definitions_used(subschema, definitions), **subschema}
-        if options is not None:
-            value["x-guidance"] = options
+        value = {**_definitions_used(subschema, definitions), **subschema, "x-guidance": options}
         lines.append(f"{rule}_v{len(names)}: %json {json.dumps(value, ensure_ascii=False)}")
         names.append(name)
     if len(names) < 2 or any(name not in names for name in required):
@@ -160,7 +155,7 @@ def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | 
     for mask in range(full):  # the state after writing the properties in `mask`
         lead = ", " if mask else ""
         alternatives = [
-            f"{_lark_literal(lead + key(i))} {rule}_v{i}{after(mask | 1 << i)}"
+            f"{lark_literal(lead + key(i))} {rule}_v{i}{after(mask | 1 << i)}"
             for i in range(len(names))
             if not mask & 1 << i
         ]

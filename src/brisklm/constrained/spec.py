@@ -13,6 +13,13 @@ from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.gbnf import gbnf_to_lark
 from brisklm.constrained.json_schema import json_schema_to_llguidance
 
+
+def lark_literal(text: str) -> str:
+    """`text` as a Lark string literal (JSON string syntax is valid Lark string-literal syntax,
+    escapes included)."""
+    return json.dumps(text)
+
+
 GrammarSyntax = Literal["lark", "gbnf"]
 GRAMMAR_SYNTAXES: tuple[str, ...] = ("lark", "gbnf")
 
@@ -135,8 +142,7 @@ class Choice:
 
     def to_llguidance(self) -> str:
         """llguidance grammar text."""
-        # JSON string syntax is valid Lark string-literal syntax, escapes included.
-        lark = "start: " + " | ".join(json.dumps(o) for o in self.options)
+        lark = "start: " + " | ".join(lark_literal(o) for o in self.options)
         return LLMatcher.grammar_from_lark(lark)
 
 

@@ -145,16 +145,22 @@ def _build(compiler: str) -> Path:
     # Build beside the target and rename: another process may be building the same file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        result = subprocess.run(
-            [compiler, *_FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+        compile_library(compiler, SOURCE, built)
         os.replace(built, target)
     return target
+
+
+def compile_library(compiler: str, source: Path, output: Path) -> None:
+    """Compile a version of cpu_forward.c into a shared library with brisklm's flags (also used by
+    bench/native_kernel_ab.py); RuntimeError with the compiler's message if it fails."""
+    result = subprocess.run(
+        [compiler, *_FLAGS, str(source), "-o", str(output), "-lm"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
 
 
 def _check_private(folder: Path) -> None:
