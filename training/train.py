@@ -11,6 +11,9 @@ assistant turns (each assistant turn's content through its ``<|im_end|>``) weigh
 tokens (system, tools, user, tool results) weigh ``--prompt-loss-weight``: predicting the second
 occurrence of a made-up name in a prompt trains the same copying that tool calls need.
 
+Optimizer: AdamW, or with ``--optimizer muon`` Muon for the hidden weight matrices and AdamW for the
+embedding and norm gains (``training/muon.py``; the target is trained this way).
+
 Distillation (``--teacher DIR``): the loss becomes (1 - w) x cross entropy + w x KL(teacher ||
 student) on the weighted positions; the draft is distilled from the target this way.
 
@@ -40,6 +43,7 @@ from training.chat_format import (
     render,
 )
 from training.model import Shape, TrainLlama
+from training.muon import Muon, Optimizers
 
 # ~11M parameters.
 TARGET_SHAPE = dict(
@@ -483,6 +487,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument(
+        "--optimizer",
+        choices=("adamw", "muon"),
+        default="adamw",
+        help="muon: Muon for the hidden weight matrices, AdamW for the rest (training/muon.py)",
+    )
+    ap.add_argument(
         "--prompt-loss-weight",
         type=float,
         default=0.5,
@@ -588,9 +598,13 @@ def main() -> None:
             flush=True,
         )
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
+    # Muon takes the hidden weight matrices; the tied embedding/output head and the norm gains stay
+    # with AdamW (muon.py).
+    hidden = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
+    muon_ids = {id(p) for p in hidden} if args.optimizer == "muon" else set()
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in muon_ids]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
+    adamw = torch.optim.AdamW(
         [
             {"params": decay, "weight_decay": args.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
@@ -598,6 +612,11 @@ def main() -> None:
         lr=args.lr,
         betas=(0.9, 0.95),
         eps=1e-8,
+    )
+    opt = (
+        Optimizers(Muon(hidden, lr=args.lr, weight_decay=args.weight_decay), adamw)
+        if args.optimizer == "muon"
+        else Optimizers(adamw)
     )
 
     def lr_at(step: int) -> float:
@@ -714,6 +733,7 @@ def main() -> None:
         "seq_len": args.seq_len,
         "long_seq_len": args.long_seq_len,
         "lr": args.lr,
+        "optimizer": args.optimizer,
         "prompt_loss_weight": args.prompt_loss_weight,
         "teacher": str(args.teacher) if args.teacher else None,
         "train_loss_ema": ema,
