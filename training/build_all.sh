@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild brisk's bundled models end to end: data -> tokenizer -> seed -> target -> draft -> assets.
-# About 90 minutes on 2 idle CPU cores (see training/README.md). Run from the repository root:
+# About 94 minutes on 2 idle CPU cores (see training/README.md). Run from the repository root:
 #   bash training/build_all.sh            # then: python -m training.evaluate --out training/eval_results.json
 # These are exactly the runs that made the shipped weights. Environment overrides: OUT (work dir).
 set -euo pipefail
@@ -30,16 +30,17 @@ python -m training.train --preset seed "${common[@]}" --out "$OUT/seed2" --init 
 python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" --init "$OUT/seed2/model" \
     --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 --min-lr-ratio 0.5
 
-# 2. The target: the seed's two layers plus six new ones (output projections zeroed), easy samples
-#    first, then the full mix, with copy drills throughout; then 2500 more steps at half the
+# 2. The target, with Muon for its weight matrices (training/muon.py): the seed's two layers plus
+#    six new ones (output projections zeroed), easy samples first, then the full mix, with copy
+#    drills throughout; then 2200 more steps at half the
 #    learning rate on the second set, 30% of them drills of three kinds (copy, repeated-alphabet
 #    "digits" copies, key-value recall; see copy_drills in train.py).
 python -m training.train --preset target "${common[@]}" --out "$OUT/brisk-chat1" \
-    --grow-from "$OUT/seed/model" --steps 4000 --easy-steps 600 --drill-frac 0.1 \
-    --lr 2e-3 --warmup 50 --eval-every 1000
+    --grow-from "$OUT/seed/model" --steps 3500 --easy-steps 600 --drill-frac 0.1 \
+    --lr 2e-3 --warmup 50 --eval-every 500 --optimizer muon
 python -m training.train --preset target "${common[@]}" --data "$OUT/data2" --out "$OUT/brisk-chat" \
-    --init "$OUT/brisk-chat1/model" --seed 1 --steps 2500 --drill-frac 0.3 \
-    --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 --eval-every 500
+    --init "$OUT/brisk-chat1/model" --seed 1 --steps 2200 --drill-frac 0.3 \
+    --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 --eval-every 500 --optimizer muon
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 python -m training.train --preset draft "${common[@]}" --out "$OUT/brisk-draft" --steps 2000 \
