@@ -600,9 +600,13 @@ def main() -> None:
 
     # Muon takes the hidden weight matrices; the tied embedding/output head and the norm gains stay
     # with AdamW (muon.py).
-    hidden = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
-    muon_ids = {id(p) for p in hidden} if args.optimizer == "muon" else set()
-    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in muon_ids]
+    hidden = (
+        [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
+        if args.optimizer == "muon"
+        else []
+    )
+    in_muon = {id(p) for p in hidden}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in in_muon]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     adamw = torch.optim.AdamW(
         [
@@ -613,10 +617,8 @@ def main() -> None:
         betas=(0.9, 0.95),
         eps=1e-8,
     )
-    opt = (
-        Optimizers(Muon(hidden, lr=args.lr, weight_decay=args.weight_decay), adamw)
-        if args.optimizer == "muon"
-        else Optimizers(adamw)
+    opt = Optimizers(
+        *([Muon(hidden, lr=args.lr, weight_decay=args.weight_decay)] if hidden else []), adamw
     )
 
     def lr_at(step: int) -> float:
