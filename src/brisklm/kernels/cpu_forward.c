@@ -152,8 +152,15 @@ static inline vf vmax(vf a, vf b) {
  * vector loads of the panel and one broadcast per token: no horizontal sums, the weights read as
  * one sequential stream, and each output summed over k in the same order (two chains, even and odd
  * k) whatever the number of tokens, the tile a token lands in or the thread: the row invariance. As fast
- * as oneDNN's packed product from 1 to 512 rows on this project's VM (docs/benchmarks.md). */
+ * as oneDNN's packed product from 1 to 512 rows on this project's AVX-512 VM (docs/benchmarks.md).
+ *
+ * The tile is sized to the vector registers. With AVX-512 (32 registers of 16 floats) it is
+ * 6 tokens x 2 vectors x 2 chains = 24 accumulators. An AVX2 CPU (16 registers of 8 floats) would
+ * need 48 registers for that tile and spills it to the stack: the products ran at 7-10 GFLOPS on
+ * a Zen 3 against 14-85 for MKL's. There the tile is 3 tokens x 4 vectors x 1 chain
+ * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
 #define NB 32 /* outputs per panel */
+#if defined(__AVX512F__)
 #define MB 6  /* tokens per register tile */
 
 static inline __attribute__((always_inline)) void panel_tile(
@@ -203,11 +210,53 @@ static inline __attribute__((always_inline)) void panel_tile(
     }
 }
 
+#else
+/* AVX2: 3 tokens x 4 vectors of 8 floats, one chain (k in order): 12 accumulators. */
+typedef float pv __attribute__((vector_size(32)));
+#define PW 8
+#define MB 3
+#define NV (NB / PW) /* product vectors per panel row */
+
+static inline pv pload(const float *p) {
+    pv v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void panel_tile(
+    const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
+    pv acc[MB][NV];
+    for (int m = 0; m < MB; m++)
+        for (int v = 0; v < NV; v++) acc[m][v] = (pv){0};
+    for (int i = 0; i < k; i++) {
+        const float *row = panel + (int64_t)i * NB;
+        pv w[NV];
+        for (int v = 0; v < NV; v++) w[v] = pload(row + v * PW);
+        if (mt > 1) { /* as above: the stream's lines PREFETCH_AHEAD bytes ahead, into L2 */
+            __builtin_prefetch(row + PREFETCH_AHEAD / 4, 0, 2);
+            __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 16, 0, 2);
+        }
+        for (int m = 0; m < mt; m++) {
+            const float xm = x[m * ldx + i];
+            const pv xs = {xm, xm, xm, xm, xm, xm, xm, xm};
+            for (int v = 0; v < NV; v++) acc[m][v] += xs * w[v];
+        }
+    }
+    for (int m = 0; m < mt; m++) memcpy(out + m * NB, acc[m], sizeof acc[m]);
+}
+#endif
+
 #define PANEL_CASE(T) \
     case T: panel_tile(x, ldx, T, panel, k, out); break;
 
 static void panel_tokens(const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
+#if MB == 6
     switch (mt) { PANEL_CASE(1) PANEL_CASE(2) PANEL_CASE(3) PANEL_CASE(4) PANEL_CASE(5) PANEL_CASE(6) default: break; }
+#elif MB == 3
+    switch (mt) { PANEL_CASE(1) PANEL_CASE(2) PANEL_CASE(3) default: break; }
+#else
+#error "panel_tokens: no cases for this MB"
+#endif
 }
 
 /* Outputs [0, rows) of y (n x rows, row stride ldy) = x (n x k) @ W.T (+ b) for W packed in

@@ -150,11 +150,14 @@ def _build(compiler: str) -> Path:
     return target
 
 
-def compile_library(compiler: str, source: Path, output: Path) -> None:
-    """Compile a version of cpu_forward.c into a shared library with brisklm's flags (also used by
-    bench/native_kernel_ab.py); RuntimeError with the compiler's message if it fails."""
+def compile_library(
+    compiler: str, source: Path, output: Path, extra_flags: tuple[str, ...] = ()
+) -> None:
+    """Compile a version of cpu_forward.c into a shared library with brisklm's flags and then
+    ``extra_flags`` (also used by bench/native_kernel_ab.py, and by the tests to build the AVX2
+    variant on an AVX-512 machine); RuntimeError with the compiler's message if it fails."""
     result = subprocess.run(
-        [compiler, *_FLAGS, str(source), "-o", str(output), "-lm"],
+        [compiler, *_FLAGS, *extra_flags, str(source), "-o", str(output), "-lm"],
         capture_output=True,
         text=True,
         timeout=300,
