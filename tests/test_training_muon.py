@@ -12,10 +12,15 @@ import torch
 from training.muon import Muon, Optimizers, orthogonalize
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(32, 32), (48, 16), (16, 48)])
-def test_orthogonalize_approximates_the_polar_factor(shape: tuple[int, int]) -> None:
+def test_orthogonalize_approximates_the_polar_factor(
+    shape: tuple[int, int], dtype: torch.dtype
+) -> None:
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
-    x = orthogonalize(g).float()
+    x = orthogonalize(g, dtype=dtype)
+    assert x.dtype == dtype
+    x = x.float()
     assert x.shape == g.shape
     u, _, vh = torch.linalg.svd(g, full_matrices=False)
     polar = u @ vh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild brisk's bundled models end to end: data -> tokenizer -> seed -> target -> draft -> assets.
-# About 94 minutes on 2 idle CPU cores (see training/README.md). Run from the repository root:
+# About 94 minutes on 2 idle AVX-512 CPU cores (see training/README.md; an AVX2-only CPU trains in
+# float32, --precision auto, about six times slower). Run from the repository root:
 #   bash training/build_all.sh            # then: python -m training.evaluate --out training/eval_results.json
 # These are exactly the runs that made the shipped weights. Environment overrides: OUT (work dir).
 set -euo pipefail

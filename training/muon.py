@@ -22,10 +22,13 @@ import torch
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """An approximately semi-orthogonal matrix with ``g``'s singular vectors (bfloat16)."""
+def orthogonalize(
+    g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """An approximately semi-orthogonal matrix with ``g``'s singular vectors, computed in ``dtype``
+    (bfloat16 where the CPU multiplies it natively; float32 elsewhere, see ``train.py --precision``)."""
     a, b, c = NS_COEFFS
-    x = g.to(torch.bfloat16)
+    x = g.to(dtype)
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
@@ -46,10 +49,12 @@ class Muon(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         momentum: float = 0.95,
         ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__(
             params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps)
         )
+        self.ns_dtype = ns_dtype
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -66,7 +71,7 @@ class Muon(torch.optim.Optimizer):
                     continue
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
                 buf.lerp_(p.grad, 1 - beta)
-                update = orthogonalize(p.grad.lerp(buf, beta), group["ns_steps"])
+                update = orthogonalize(p.grad.lerp(buf, beta), group["ns_steps"], self.ns_dtype)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update.to(p.dtype), alpha=-group["lr"] * 0.2 * max(p.shape) ** 0.5)
 

@@ -417,16 +417,26 @@ def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: 
     return loss_fn
 
 
+def resolve_precision(choice: str) -> str:
+    """``--precision auto``: bfloat16 where oneDNN multiplies it natively (AVX-512 and newer);
+    an AVX2-only CPU emulates bfloat16 matmuls (measured 46x slower than float32 on a Zen 3)."""
+    if choice != "auto":
+        return choice
+    return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
+
+
 @torch.no_grad()
-def evaluate_loss(model: TrainLlama, data: list[Packed], rows: int) -> float:
-    """Mean cross entropy on the weight-1 targets of held-out rows."""
+def evaluate_loss(
+    model: TrainLlama, data: list[Packed], rows: int, dtype: torch.dtype = torch.bfloat16
+) -> float:
+    """Mean cross entropy on the weight-1 targets of held-out rows (computed in ``dtype``)."""
     model.eval()
     total, count = 0.0, 0.0
     for packed in data:
         for i in range(0, len(packed), rows):
             ids, w = packed.ids[i : i + rows], packed.weights[i : i + rows, 1:]
             w = (w >= 1.0).float()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
                 logits = model.lm_head(
                     model.hidden(
                         ids[:, :-1], packed.pos[i : i + rows, :-1], packed.doc[i : i + rows, :-1]
@@ -502,6 +512,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument(
+        "--precision",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="compute dtype over float32 master weights (autocast and Muon's Newton-Schulz); auto: "
+        "bfloat16 where the CPU multiplies it natively (AVX-512), else float32 (an AVX2 CPU "
+        "emulates bfloat16 matmuls ~40x slower than float32 ones)",
+    )
+    ap.add_argument(
         "--init", type=Path, default=None, help="HF dir to start from (continued training)"
     )
     ap.add_argument(
@@ -518,6 +536,7 @@ def main() -> None:
         help="print the held-out loss (assistant turns and prose) every this many steps",
     )
     args = ap.parse_args()
+    args.precision = resolve_precision(args.precision)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -586,6 +605,8 @@ def main() -> None:
         )
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{args.preset}] {n_params / 1e6:.2f}M parameters: {PRESETS[args.preset]}", flush=True)
+    compute_dtype = getattr(torch, args.precision)
+    print(f"[{args.preset}] computing in {args.precision} (--precision)", flush=True)
 
     teacher = None
     if args.teacher is not None:
@@ -618,7 +639,12 @@ def main() -> None:
         eps=1e-8,
     )
     opt = Optimizers(
-        *([Muon(hidden, lr=args.lr, weight_decay=args.weight_decay)] if hidden else []), adamw
+        *(
+            [Muon(hidden, lr=args.lr, weight_decay=args.weight_decay, ns_dtype=compute_dtype)]
+            if hidden
+            else []
+        ),
+        adamw,
     )
 
     def lr_at(step: int) -> float:
@@ -691,7 +717,7 @@ def main() -> None:
             cursors[b] += n_rows
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=compute_dtype, enabled=compute_dtype != torch.float32):
             loss, ce = loss_fn(
                 packed.ids[idx], packed.weights[idx], packed.pos[idx], packed.doc[idx]
             )
@@ -713,7 +739,9 @@ def main() -> None:
                 flush=True,
             )
         if args.eval_every and (step + 1) % args.eval_every == 0:
-            held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len))
+            held = evaluate_loss(
+                model, eval_data, max(1, args.batch_tokens // args.seq_len), compute_dtype
+            )
             print(f"[{args.preset}] step {step + 1} held-out loss {held:.4f}", flush=True)
         if (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             torch.save(
@@ -726,7 +754,7 @@ def main() -> None:
                 ckpt_path,
             )
 
-    held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len))
+    held = evaluate_loss(model, eval_data, max(1, args.batch_tokens // args.seq_len), compute_dtype)
     final = {
         "preset": args.preset,
         "parameters": n_params,
@@ -736,6 +764,7 @@ def main() -> None:
         "long_seq_len": args.long_seq_len,
         "lr": args.lr,
         "optimizer": args.optimizer,
+        "precision": args.precision,
         "prompt_loss_weight": args.prompt_loss_weight,
         "teacher": str(args.teacher) if args.teacher else None,
         "train_loss_ema": ema,
