@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from training.generate_data import dumps, generate
+from training.generate_data import FREE_TEXT_ARG_NAMES, dumps, generate, generate_eval
 
 # sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234
 # --request-order`, the set the shipped models were trained on (training/build_all.sh); a change
@@ -17,6 +17,9 @@ FIRST_SET_300_SHA256 = "cb717666a8df93e9b9446492c76fae72904408b1c94306bd46601c9a
 SCHEMA_ORDER_FIRST_SET_300_SHA256 = (
     "97cab22ac70c274e42859e4cd879579b7a8e7d4d9c5dd2f8922b351ac6691883"
 )
+# sha256 of generate_eval(1235, 20, request_order=True) before the free-text set was added: the
+# held-out sets the figures in the README were measured on.
+EVAL_SET_20_SHA256 = "911d43976cd6d4c44c88e25ac24c7a35508b45feed5231b44f1e439005480265"
 
 
 def test_first_training_set_is_unchanged() -> None:
@@ -100,3 +103,46 @@ def test_request_order_changes_only_the_order_of_the_arguments() -> None:
             positions = [mention_position(user, k, v) for k, v in f["arguments"].items()]
             assert positions == sorted(positions), (user, f)
     assert reordered > 50
+
+
+def test_free_text_args_are_stated_as_phrases_and_copied_whole() -> None:
+    samples = generate(
+        3000, 4321, "train", more_phrasings=True, request_order=True, free_text_args=True
+    )
+    free_calls = named_dash = 0
+    for s in samples:
+        if not s.get("free_text_args"):
+            continue
+        user, calls = user_and_calls(s)
+        props = {
+            t["function"]["name"]: t["function"]["parameters"]["properties"] for t in s["tools"]
+        }
+        for f, free in zip(calls, s["free_text_args"], strict=True):
+            for name in free:
+                v = f["arguments"][name]
+                free_calls += 1
+                assert name in FREE_TEXT_ARG_NAMES and props[f["name"]][name]["type"] == "string"
+                # Copied whole, and the request shows where the phrase ends: at the request's end,
+                # a quote or punctuation, never running on into other words.
+                at = user.find(v)
+                assert at >= 0, (user, f)
+                assert user[at + len(v) : at + len(v) + 1] in ("", ".", ",", '"', "'", ")"), user
+                named_dash += " named " in user and f" - {v}" in user
+    assert free_calls > 150
+    assert named_dash > 5
+    plain = generate(500, 4321, "train", more_phrasings=True, request_order=True)
+    assert not any("free_text_args" in s for s in plain)
+    for s in plain:
+        for tool in s.get("tools") or []:
+            props = tool["function"]["parameters"]["properties"]
+            assert not any(p.get("description") == "Free text." for p in props.values())
+
+
+def test_held_out_free_text_calls_leave_the_other_eval_sets_as_they_were() -> None:
+    ev = generate_eval(1235, 20, request_order=True)
+    assert len(ev["tool_call_free_text"]) == 20
+    for s in ev["tool_call_free_text"]:
+        assert s["prompt_messages"][-1]["role"] == "user"
+        assert any(s["free_text_args"])
+    h = hashlib.sha256(dumps({k: v for k, v in ev.items() if k != "tool_call_free_text"}).encode())
+    assert h.hexdigest() == EVAL_SET_20_SHA256

@@ -3,7 +3,8 @@
 Every prompt's function names, argument names, people and places come from the held-out pools of
 ``training/pools.py`` (or are made up), so the models must copy them from the prompt. Reports:
 - tool calls (``tool_call_grammar(tools, "auto")`` constrained, and unconstrained): exact match
-  (parsed calls equal the expected names and arguments, in order), name match, parsed share;
+  (parsed calls equal the expected names and arguments, in order), name match, parsed share; and
+  the same for calls with a free-text argument stated as a phrase ("... named X - a small bakery");
 - JSON extraction (``json_schema`` constrained, and unconstrained): field accuracy (share of schema
   fields whose value equals the expected one), whole-object exact match and valid-JSON share, for
   person sentences and for labelled records;
@@ -337,9 +338,12 @@ def main() -> None:
     t: dict[str, Any] = {}
     for constrained in (True, False):
         tag = "constrained" if constrained else "unconstrained"
-        m, f = eval_tool_calls(run, ev["tool_call"][:lim], constrained)
-        t[f"tool_call_{tag}"] = m
-        failures[f"tool_call_{tag}"] = f[:8]
+        for task in ("tool_call", "tool_call_free_text"):
+            if task not in ev:  # eval.json written before the free-text set existed
+                continue
+            m, f = eval_tool_calls(run, ev[task][:lim], constrained)
+            t[f"{task}_{tag}"] = m
+            failures[f"{task}_{tag}"] = f[:8]
         for task in ("extract", "extract_labelled"):
             m, f = eval_extraction(run, ev[task][:lim], constrained)
             t[f"{task}_{tag}"] = m

@@ -79,6 +79,73 @@ CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "t", "k", "nd", "rt", "st", "x
 ACCENTS = {"a": "áàäâ", "e": "éèë", "i": "íï", "o": "öóô", "u": "üú", "n": "ñ", "c": "ç", "s": "ş"}
 CJK = "山川田中木林森花月日星海空雲雨雪風光明水火土金石竹松梅桜春夏秋冬東西南北"
 CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+# Free-text arguments (``--free-text-args``): a phrase the request states in prose, copied whole.
+FREE_TEXT_ARG_NAMES = [
+    "description",
+    "notes",
+    "note",
+    "comment",
+    "summary",
+    "message",
+    "reason",
+    "details",
+    "remarks",
+    "about",
+    "bio",
+    "caption",
+    "memo",
+    "instructions",
+]
+FREE_TEXT_ADJECTIVES = [
+    "small",
+    "large",
+    "new",
+    "local",
+    "family",
+    "friendly",
+    "busy",
+    "quiet",
+    "old",
+    "young",
+    "online",
+    "Chinese",
+    "Japanese",
+    "German",
+    "French",
+    "Spanish",
+    "Indian",
+    "Brazilian",
+    "Korean",
+    "Italian",
+]
+FREE_TEXT_FIELDS = [
+    "technology",
+    "software",
+    "food",
+    "travel",
+    "music",
+    "design",
+    "shipping",
+    "energy",
+    "fashion",
+    "games",
+]
+FREE_TEXT_NOUNS = [
+    "company",
+    "startup",
+    "shop",
+    "bakery",
+    "team",
+    "client",
+    "store",
+    "school",
+    "restaurant",
+    "customer",
+    "supplier",
+    "group",
+    "studio",
+    "club",
+]
 # Held-out words and syllables no made-up training word may contain or equal.
 HELDOUT_WORDS = {
     w.lower()
@@ -118,16 +185,25 @@ class Gen:
     ``request_order`` writes a call's arguments in the order the request mentions them instead of
     the schema's order (``--request-order``); it draws no random numbers, so the samples are the
     same but for that order.
+    ``free_text_args`` gives some tools a free-text argument (``description``, ``notes``, ...)
+    whose value the request states as a phrase, often without naming it ("Create a customer named
+    X - a small bakery"); the call copies the phrase whole (``--free-text-args``).
     Off, the generator draws exactly what it always drew (the first set stays byte-identical).
     """
 
     def __init__(
-        self, seed: int, split: str, more_phrasings: bool = False, request_order: bool = False
+        self,
+        seed: int,
+        split: str,
+        more_phrasings: bool = False,
+        request_order: bool = False,
+        free_text_args: bool = False,
     ) -> None:
         self.r = random.Random(seed)
         self.p = Pools(split)
         self.more = more_phrasings
         self.request_order = request_order
+        self.free_text = free_text_args
 
     # ---------------------------------------------------------------- small values
     def pseudo_word(self) -> str:
@@ -330,6 +406,8 @@ class Gen:
                 spec["description"] = f"The {an.replace('_', ' ')}."
             props[an] = spec
             args.append({"name": an, "type": typ, "spec": spec})
+        if self.free_text and nargs < 4 and r.random() < 0.2:
+            self.add_free_text_arg(topic, used, props, args)
         required = [a["name"] for a in args if r.random() < 0.8]
         params = {"type": "object", "properties": props, "required": required}
         desc = f"{verb_phrase.capitalize()} the {topic}."
@@ -350,7 +428,77 @@ class Gen:
             "required": set(required),
         }
 
+    def add_free_text_arg(
+        self, topic: str, used: set[str], props: dict[str, Any], args: list[dict[str, Any]]
+    ) -> None:
+        """One free-text string argument, mostly last (as LangChain tools put ``description``)."""
+        r = self.r
+        an = r.choice([n for n in FREE_TEXT_ARG_NAMES if n not in used])
+        used.add(an)
+        spec: dict[str, Any] = {"type": "string"}
+        if r.random() < 0.5:
+            spec["description"] = r.choice(
+                [f"Description of the {topic}.", f"A short note about the {topic}.", "Free text."]
+            )
+        at = len(args) if r.random() < 0.7 else r.randint(0, len(args))
+        args.insert(at, {"name": an, "type": "string", "spec": spec, "free": True})
+        # the schema lists properties in the same order as the arguments
+        items = list(props.items())
+        items.insert(at, (an, spec))
+        props.clear()
+        props.update(items)
+
+    def free_text_value(self) -> str:
+        """A phrase of 2-9 words: no commas or quotes, so where it ends is where the request ends."""
+        r = self.r
+        k = r.random()
+        if k < 0.35:
+            adjective = r.choice(FREE_TEXT_ADJECTIVES)
+            words = ["an" if adjective[0] in "AEIOUaeiou" else "a", adjective]
+            if r.random() < 0.6:
+                words.append(r.choice(FREE_TEXT_FIELDS))
+            words.append(r.choice(FREE_TEXT_NOUNS))
+            if r.random() < 0.3:
+                words += ["in", self.place()]
+            return " ".join(words)
+        if k < 0.55:
+            return r.choice(
+                [
+                    f"{r.choice(pools.JOBS)} from {self.place()}",
+                    f"likes the {r.choice(pools.COLORS)} {r.choice(pools.PRODUCTS)}",
+                    f"call back after {r.randint(1, 11)} pm",
+                    f"the {r.choice(pools.PRODUCTS)} arrived broken",
+                    f"needs {r.randint(2, 40)} more boxes by Friday",
+                    f"met at the {r.choice(pools.WORDS)} event",
+                    f"order for {self.person()}",
+                ]
+            )
+        n = r.randint(2, 6)
+        words = [self.made_up_word() for _ in range(n)]
+        if r.random() < 0.5:
+            words.insert(r.randint(0, n), r.choice(["the", "a", "for", "with", "and", "of"]))
+        return " ".join(words)
+
+    def with_free_text(self, text: str, arg: dict[str, Any], value: str) -> str:
+        """The request with a free-text argument's phrase added after it."""
+        r = self.r
+        p = arg["name"].replace("_", " ")
+        base = text.rstrip(".?")
+        return r.choice(
+            [
+                f"{base} - {value}",
+                f"{base} - {value}",
+                f"{base}. {p.capitalize()}: {value}",
+                f"{base}, {p}: {value}.",
+                f'{base} with the {p} "{value}".',
+                f"{base}. The {p} is: {value}.",
+                f"{base}. Add the {p}: {value}",
+            ]
+        )
+
     def value_for(self, arg: dict[str, Any]) -> Any:
+        if arg.get("free"):
+            return self.free_text_value()
         typ = arg["type"]
         if typ == "string":
             return self.string_value()
@@ -427,6 +575,8 @@ class Gen:
         """A user request that asks for one call of this tool, and the call's arguments."""
         text, arguments = self.plain_request_for(spec)
         if self.more and self.r.random() < 0.15:
+            if self.free_text and text[-1] not in ".?!":
+                text += "."  # a free-text phrase may end the request: the hint must not extend it
             text += self.tool_hint(spec)
         return text, arguments
 
@@ -436,6 +586,44 @@ class Gen:
         arguments = {a["name"]: self.value_for(a) for a in chosen}
         if self.more and r.random() < 0.15:
             return self.call_notation(spec, arguments), arguments
+        free = next((a for a in chosen if a.get("free")), None)
+        if free is not None and r.random() < 0.65:
+            return self.free_text_request(spec, chosen, arguments, free)
+        return self.request_text(spec, chosen, arguments)
+
+    def free_text_request(
+        self,
+        spec: dict[str, Any],
+        chosen: list[dict[str, Any]],
+        arguments: dict[str, Any],
+        free: dict[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """A request that states the free-text argument last, as a phrase after the rest."""
+        r = self.r
+        value = arguments[free["name"]]
+        rest = [a for a in chosen if a is not free]
+        if len(rest) == 1 and rest[0]["type"] == "string" and r.random() < 0.5:
+            # "Create a customer named 'X' (Hello Group) - a Chinese technology company"
+            a = rest[0]
+            words = " ".join(self.made_up_word() for _ in range(r.randint(1, 2)))
+            gloss = f" ({words.capitalize()})" if r.random() < 0.5 else ""
+            named = self.value_text(arguments[a["name"]])
+            text = f"{spec['verb'].capitalize()} a {spec['topic']} named {named}{gloss} - {value}"
+            if self.request_order:
+                arguments = {a["name"]: arguments[a["name"]], free["name"]: value}
+        else:
+            rest_args = {a["name"]: arguments[a["name"]] for a in rest}
+            text, rest_args = self.request_text(spec, rest, rest_args)
+            text = self.with_free_text(text, free, value)
+            if self.request_order:
+                arguments = {**rest_args, free["name"]: value}
+        return text, arguments
+
+    def request_text(
+        self, spec: dict[str, Any], chosen: list[dict[str, Any]], arguments: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """The request for these arguments (``arguments`` reordered under ``request_order``)."""
+        r = self.r
         mention = list(chosen)
         if r.random() < 0.3:
             r.shuffle(mention)
@@ -458,7 +646,9 @@ class Gen:
             ]
             text = r.choice(templates)
             return text.format(V=verb.capitalize(), v=verb, t=topic), arguments
-        if self.more and len(parts) == 1 and r.random() < 0.15:
+        # "a X named Y - gloss" leaves the gloss out of the call: not for tools that take free text
+        has_free = any(a.get("free") for a in spec["args"])
+        if self.more and len(parts) == 1 and not has_free and r.random() < 0.15:
             v = parts[0][1]
             text = r.choice(
                 [
@@ -609,26 +799,46 @@ class Gen:
             user = texts[0]
         else:
             second = texts[1][0].lower() + texts[1][1:]
-            user = (
-                texts[0].rstrip(".?")
-                + r.choice([", and also ", ". Then ", ". Also, ", " and "])
-                + second
-            )
+            joins = [", and also ", ". Then ", ". Also, ", " and "]
+            first_spec, first_args = calls[0]
+            if any(a.get("free") and a["name"] in first_args for a in first_spec["args"]):
+                joins.pop()  # a free-text phrase may end the first request: " and" would extend it
+            user = texts[0].rstrip(".?") + r.choice(joins) + second
         messages.append({"role": "user", "content": user})
         tool_calls = [
             {"type": "function", "function": {"name": s["name"], "arguments": a}} for s, a in calls
         ]
         messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         expected = [{"name": s["name"], "arguments": a} for s, a in calls]
+        extra = {}
+        if self.free_text:  # which calls' arguments are free text: [[call 0's], [call 1's]]
+            extra["free_text_args"] = [
+                [a["name"] for a in s["args"] if a.get("free") and a["name"] in args]
+                for s, args in calls
+            ]
+            if not any(extra["free_text_args"]):
+                extra = {}
         if kind_roll < 0.45:
-            return {"kind": "tool_call", "messages": messages, "tools": tools, "expected": expected}
+            return {
+                "kind": "tool_call",
+                "messages": messages,
+                "tools": tools,
+                "expected": expected,
+                **extra,
+            }
         answers = []
         for s, _ in calls:
             res = self.tool_result()
             messages.append({"role": "tool", "content": dumps(res)})
             answers.append(self.answer_from_result(s, res))
         messages.append({"role": "assistant", "content": " ".join(answers)})
-        return {"kind": "tool_loop", "messages": messages, "tools": tools, "expected": expected}
+        return {
+            "kind": "tool_loop",
+            "messages": messages,
+            "tools": tools,
+            "expected": expected,
+            **extra,
+        }
 
     # ---------------------------------------------------------------- extraction
     def person_facts(self) -> tuple[str, list[tuple[str, Any]]]:
@@ -1253,8 +1463,9 @@ def generate(
     easy: bool = False,
     more_phrasings: bool = False,
     request_order: bool = False,
+    free_text_args: bool = False,
 ) -> list[dict[str, Any]]:
-    g = Gen(seed, split, more_phrasings, request_order)
+    g = Gen(seed, split, more_phrasings, request_order, free_text_args)
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
@@ -1296,6 +1507,15 @@ def generate_eval(
             }
         )
     out["ppl"] = [g.sample() for _ in range(2 * n_per_task)]
+    # Calls with a free-text argument stated as a phrase (``--free-text-args``), from a generator
+    # of their own so that the sets above stay as they were.
+    g = Gen(seed + 7, "eval", request_order=request_order, free_text_args=True)
+    out["tool_call_free_text"] = []
+    while len(out["tool_call_free_text"]) < n_per_task:
+        s = g.tool_sample()
+        if s.get("free_text_args"):
+            cut = next(i for i, m in enumerate(s["messages"]) if m["role"] == "assistant")
+            out["tool_call_free_text"].append({**s, "prompt_messages": s["messages"][:cut]})
     return out
 
 
@@ -1323,11 +1543,21 @@ def main() -> None:
         action="store_true",
         help="write tool-call arguments in the order the request mentions them (see Gen)",
     )
+    ap.add_argument(
+        "--free-text-args",
+        action="store_true",
+        help="give some tools a free-text argument stated as a phrase (see Gen)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
     train = generate(
-        args.num_train, args.seed, "train", more_phrasings=args.more_phrasings, request_order=order
+        args.num_train,
+        args.seed,
+        "train",
+        more_phrasings=args.more_phrasings,
+        request_order=order,
+        free_text_args=args.free_text_args,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
