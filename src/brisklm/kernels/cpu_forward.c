@@ -375,7 +375,10 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     const float *keys = a->k_cache[layer] + head_off, *values = a->v_cache[layer] + head_off;
     float m = -INFINITY;
     int64_t j = lo;
-#ifdef HAVE_SHUFFLEVECTOR
+    /* 16 keys at a time where their 16 accumulators fit the registers (AVX-512). With AVX2 they
+     * take 32 registers and spill: 4 at a time (the same sums, the same bits) took the bundled
+     * model's one-token step at 3,000 positions from 12.9 to 9.2 ms on a Zen 3. */
+#if defined(HAVE_SHUFFLEVECTOR) && defined(__AVX512F__)
     if (d % VW == 0 && p + 1 - lo >= 16) {
         vf top = vsplat(-INFINITY);
         for (; j + 16 <= p + 1; j += 16) {
