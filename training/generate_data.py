@@ -486,7 +486,7 @@ class Gen:
         base = text.rstrip(".?")
         return r.choice(
             [
-                f"{base} - {value}",
+                f"{base} - {value}",  # twice: LangChain's form, the most common
                 f"{base} - {value}",
                 f"{base}. {p.capitalize()}: {value}",
                 f"{base}, {p}: {value}.",
@@ -810,14 +810,12 @@ class Gen:
         ]
         messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         expected = [{"name": s["name"], "arguments": a} for s, a in calls]
-        extra = {}
-        if self.free_text:  # which calls' arguments are free text: [[call 0's], [call 1's]]
-            extra["free_text_args"] = [
-                [a["name"] for a in s["args"] if a.get("free") and a["name"] in args]
-                for s, args in calls
-            ]
-            if not any(extra["free_text_args"]):
-                extra = {}
+        # Which calls' arguments are free text ([[call 0's], [call 1's]]), where any are.
+        free = [
+            [a["name"] for a in s["args"] if a.get("free") and a["name"] in args]
+            for s, args in calls
+        ]
+        extra = {"free_text_args": free} if any(free) else {}
         if kind_roll < 0.45:
             return {
                 "kind": "tool_call",

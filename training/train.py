@@ -417,6 +417,11 @@ def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: 
     return loss_fn
 
 
+def autocast(dtype: torch.dtype) -> torch.autocast:
+    """Autocast to the compute dtype over float32 master weights (off for float32)."""
+    return torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+
+
 def resolve_precision(choice: str) -> str:
     """``--precision auto``: bfloat16 where oneDNN multiplies it natively (AVX-512 and newer);
     an AVX2-only CPU emulates bfloat16 matmuls (measured 46x slower than float32 on a Zen 3)."""
@@ -436,7 +441,7 @@ def evaluate_loss(
         for i in range(0, len(packed), rows):
             ids, w = packed.ids[i : i + rows], packed.weights[i : i + rows, 1:]
             w = (w >= 1.0).float()
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            with autocast(dtype):
                 logits = model.lm_head(
                     model.hidden(
                         ids[:, :-1], packed.pos[i : i + rows, :-1], packed.doc[i : i + rows, :-1]
@@ -717,7 +722,7 @@ def main() -> None:
             cursors[b] += n_rows
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=compute_dtype, enabled=compute_dtype != torch.float32):
+        with autocast(compute_dtype):
             loss, ce = loss_fn(
                 packed.ids[idx], packed.weights[idx], packed.pos[idx], packed.doc[idx]
             )

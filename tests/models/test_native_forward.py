@@ -21,47 +21,38 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels d
 CACHE = 3 * MAX_QUERY_LEN
 
 
+@pytest.fixture(scope="module")
+def avx2_library(tmp_path_factory):
+    """cpu_forward.c built with AVX-512 turned off, whatever this CPU has: its product tile is sized
+    to the vector registers (6 tokens x 2 k-chains with AVX-512, 3 tokens x 1 chain with AVX2)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 flags")
+    output = tmp_path_factory.mktemp("native") / "avx2.so"
+    native.compile_library(native._compiler(), native.SOURCE, output, ("-mno-avx512f",))
+    lib = ctypes.CDLL(str(output))
+    native._declare(lib)
+    return lib
+
+
+@pytest.mark.parametrize("build", ["default", "avx2"])
 @pytest.mark.parametrize("k", [1, 15, 16, 40, 75, 768])
 @pytest.mark.parametrize("rows", [1, 3, 32, 37, 70])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_a_float64_reference_and_each_row_alone(k, rows, bias):
+def test_linear_matches_a_float64_reference_and_each_row_alone(request, build, k, rows, bias):
+    lib = request.getfixturevalue("avx2_library") if build == "avx2" else None
     generator = torch.Generator().manual_seed(k * 100 + rows)
     weight = torch.randn(rows, k, generator=generator)
     b = torch.randn(rows, generator=generator) if bias else None
-    x = torch.randn(13, k, generator=generator)  # two 6-token tiles and one more
+    x = torch.randn(13, k, generator=generator)  # 6-token tiles 6+6+1, 3-token tiles 3+3+3+3+1
     packed = native.pack(weight)
     assert torch.equal(native.unpack(packed, rows), weight)
-    got = native.linear(x, packed, b, rows)
+    got = native.linear(x, packed, b, rows, lib=lib)
     expected = torch.nn.functional.linear(
         x.double(), weight.double(), None if b is None else b.double()
     )
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
     for n in (1, 2, 5):  # a row's bits do not depend on the rows beside it
-        assert torch.equal(native.linear(x[3 : 3 + n], packed, b, rows), got[3 : 3 + n])
-
-
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 flags")
-def test_the_avx2_register_tile_where_avx512_is_turned_off(tmp_path):
-    # cpu_forward.c sizes its product tile to the vector registers: 6 tokens x 2 k-chains with
-    # AVX-512, 3 tokens x 1 chain with AVX2 only. Build the AVX2 variant here whatever this CPU
-    # has, and check it as the default build is checked above.
-    output = tmp_path / "avx2.so"
-    native.compile_library(native._compiler(), native.SOURCE, output, ("-mno-avx512f",))
-    lib = ctypes.CDLL(str(output))
-    native._declare(lib)
-    generator = torch.Generator().manual_seed(1)
-    for k, rows in ((1, 3), (75, 37), (768, 70)):
-        weight = torch.randn(rows, k, generator=generator)
-        b = torch.randn(rows, generator=generator)
-        x = torch.randn(13, k, generator=generator)  # four 3-token tiles and one more
-        packed = native.pack(weight)
-        got = native.linear(x, packed, b, rows, lib=lib)
-        expected = torch.nn.functional.linear(x.double(), weight.double(), b.double())
-        torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
-        for n in (1, 2, 4):
-            assert torch.equal(
-                native.linear(x[3 : 3 + n], packed, b, rows, lib=lib), got[3 : 3 + n]
-            )
+        assert torch.equal(native.linear(x[3 : 3 + n], packed, b, rows, lib=lib), got[3 : 3 + n])
 
 
 def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
