@@ -84,6 +84,10 @@ CASES = {
     "qwen2-bias": ("qwen2", {}),
     "mistral-window": ("mistral", {"sliding_window": 5}),
     "llama-head-dim-40": ("llama", {"hidden_size": 80, "num_attention_heads": 2, "head_dim": 40}),
+    # Head sizes for the AVX2 attention's paths: not a multiple of 8 (4-key scores), and two
+    # 64-float blocks of values plus a remainder.
+    "llama-head-dim-20": ("llama", {"hidden_size": 40, "num_attention_heads": 2, "head_dim": 20}),
+    "llama-head-dim-136": ("llama", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 136}),
     # Rows run past the trained context of 24: cos/sin computed per row, not looked up.
     "llama-dynamic-rope": (
         "llama",
@@ -115,13 +119,22 @@ def checkpoint(request, tmp_path_factory):
     return request.param, directory
 
 
-def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
+def runner_on_build(request, build, model, **kwargs) -> ModelRunner:
+    """A ModelRunner whose native pass calls the default build of the kernels, or the AVX2 one."""
+    runner = ModelRunner(model, **kwargs)
+    assert runner.native is not None
+    if build == "avx2":
+        runner.native.lib = request.getfixturevalue("avx2_library")
+    return runner
+
+
+@pytest.mark.parametrize("build", ["default", "avx2"])
+def test_native_pass_matches_torch_ops_on_ragged_rows(request, build, checkpoint):
     """Prefill (torch ops), then decode and verification rows at ragged positions in several
     slots, each step run both ways on copies of the cache; sliding windows shorter than the rows."""
     name, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=4, max_seq_len=CACHE)
-    assert runner.native is not None, name
+    runner = runner_on_build(request, build, model, num_slots=4, max_seq_len=CACHE)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (20, 30, 17)]
     slots = [2, 0, 3]
@@ -148,14 +161,15 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(checkpoint):
         lengths = [n + q for n, q in zip(lengths, query)]
 
 
-def test_a_row_gets_the_bits_of_its_tokens_fed_one_at_a_time(checkpoint):
+@pytest.mark.parametrize("build", ["default", "avx2"])
+def test_a_row_gets_the_bits_of_its_tokens_fed_one_at_a_time(request, build, checkpoint):
     """Each token of a row is computed as it would be alone (products, attention, everything): a
     row of 11 tokens gives bit for bit the logits of the same tokens fed one per call."""
     name, directory = checkpoint
     if name == "llama-dynamic-rope":
         pytest.skip("dynamic NTK scales rope by the row's last position: a longer row differs")
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
-    runner = ModelRunner(model, num_slots=2, max_seq_len=CACHE)
+    runner = runner_on_build(request, build, model, num_slots=2, max_seq_len=CACHE)
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(3, 150, (45,), generator=generator).tolist()
     runner.forward(ForwardBatch([1], [0], [prompt], [1]))
