@@ -3,14 +3,18 @@
 # About 94 minutes on 2 idle AVX-512 CPU cores (see training/README.md; an AVX2-only CPU trains in
 # float32, --precision auto, about six times slower). Run from the repository root:
 #   bash training/build_all.sh            # then: python -m training.evaluate --out training/eval_results.json
-# These are exactly the runs that made the shipped weights. Environment overrides: OUT (work dir).
+# These are exactly the runs that made the shipped weights (on the CPU). Environment overrides:
+# OUT (work dir); DEVICE: auto (default: a CUDA GPU where torch sees one, else the CPU), cpu or
+# cuda. A GPU computes in bfloat16 as an AVX-512 CPU does, but not bit for bit the same: a GPU
+# build is another model, to be evaluated before it ships. Each training set is encoded and packed
+# once (train.py keeps the packing beside the data; five runs share the first set's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-training/out}
 ASSETS=src/brisklm/assets
 start=$(date +%s)
 common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
-        --long-seq-len 896 --threads 2)
+        --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}")
 
 python -m training.generate_data --out "$OUT/data" --seed 1234 --num-train 150000 \
     --num-easy 60000 --num-eval 200 --request-order

@@ -2,7 +2,8 @@
 
 The network is ``training/model.py`` (transformers' Llama architecture and parameter names, with
 per-sample attention masks in packed rows), compiled with ``torch.compile`` and run under bfloat16
-autocast over float32 master weights; the export is a bfloat16 ``LlamaForCausalLM`` checkpoint.
+autocast over float32 master weights (``--precision``), on the CPU or a CUDA GPU (``--device``);
+the export is a bfloat16 ``LlamaForCausalLM`` checkpoint.
 
 Data: whole samples (never split) are packed into rows of two lengths (``--seq-len`` for short
 samples, ``--long-seq-len`` for the rest), each sample attending only to itself from position 0,
@@ -24,8 +25,11 @@ student) on the weighted positions; the draft is distilled from the target this 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -198,6 +202,78 @@ def pack_buckets(
         pack(long, long_seq_len + 1, seed + 1) if long else None,
         dropped,
     )
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """The narrowest integer dtype that holds ``t``'s values (int16 or int32)."""
+    if t.numel() == 0:
+        return t.to(torch.int16)
+    small = int(t.min()) >= -(2**15) and int(t.max()) < 2**15
+    return t.to(torch.int16 if small else torch.int32)
+
+
+def load_packed_buckets(
+    path: Path,
+    tokenizer_dir: Path,
+    prompt_weight: float,
+    seq_len: int,
+    long_seq_len: int,
+    seed: int,
+) -> tuple[Packed, Packed | None, int, int]:
+    """``pack_buckets(encode_samples(load_jsonl(path), ...))`` and the number of samples, kept in a
+    file beside ``path`` for the next run with the same inputs.
+
+    Encoding and packing 150,000 samples takes ~2 minutes on the CPU, and build_all.sh trains five
+    models on the same set. The file's name is a hash of everything the result depends on: the
+    data and tokenizer files, the arguments, and the source of the functions that compute it (and
+    of the chat format), so a changed input or a changed packer never reads an old file."""
+    key = hashlib.sha256()
+    for file in (path, tokenizer_dir / "tokenizer.json"):
+        key.update(hashlib.sha256(file.read_bytes()).digest())
+    code = [inspect.getsource(f) for f in (encode_samples, pack, pack_buckets, load_jsonl)]
+    code.append(Path(render.__code__.co_filename).read_text(encoding="utf-8"))
+    key.update(json.dumps([code, prompt_weight, seq_len, long_seq_len, seed]).encode())
+    cache = path.with_name(f"{path.stem}.packed-{key.hexdigest()[:20]}.pt")
+    if cache.exists():
+        try:
+            saved = torch.load(cache, weights_only=True)
+            buckets = [
+                None
+                if b is None
+                else Packed(
+                    b["ids"].long(),
+                    b["weight_values"][b["weight_codes"].long()],
+                    b["pos"].long(),
+                    b["doc"].long(),
+                )
+                for b in saved["buckets"]
+            ]
+            return buckets[0], buckets[1], saved["dropped"], saved["samples"]
+        except Exception as error:  # a damaged file: packed again and rewritten below
+            print(f"ignoring {cache} ({error}); packing again", flush=True)
+    samples = load_jsonl(path)
+    short, long, dropped = pack_buckets(
+        encode_samples(samples, tokenizer_dir, prompt_weight), seq_len, long_seq_len, seed
+    )
+    stored = []
+    for b in (short, long):
+        if b is None:
+            stored.append(None)
+            continue
+        values, codes = torch.unique(b.weights, return_inverse=True)
+        stored.append(
+            {
+                "ids": _compact(b.ids),
+                "weight_values": values,
+                "weight_codes": _compact(codes),
+                "pos": _compact(b.pos),
+                "doc": _compact(b.doc),
+            }
+        )
+    partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+    torch.save({"buckets": stored, "dropped": dropped, "samples": len(samples)}, partial)
+    partial.replace(cache)  # whole or not at all, also with two runs at once
+    return short, long, dropped, len(samples)
 
 
 class DrillTokens:
@@ -417,16 +493,33 @@ def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: 
     return loss_fn
 
 
-def autocast(dtype: torch.dtype) -> torch.autocast:
+CPU = torch.device("cpu")
+
+
+def autocast(dtype: torch.dtype, device: torch.device = CPU) -> torch.autocast:
     """Autocast to the compute dtype over float32 master weights (off for float32)."""
-    return torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
-def resolve_precision(choice: str) -> str:
-    """``--precision auto``: bfloat16 where oneDNN multiplies it natively (AVX-512 and newer);
-    an AVX2-only CPU emulates bfloat16 matmuls (measured 46x slower than float32 on a Zen 3)."""
+def resolve_device(choice: str) -> torch.device:
+    """``--device``: ``auto`` takes the first CUDA device where torch sees one, else the CPU."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {choice!r}")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device here (use cpu or auto)")
+    return torch.device(choice)
+
+
+def resolve_precision(choice: str, device: torch.device = CPU) -> str:
+    """``--precision auto``: bfloat16 where the device multiplies it natively: a GPU that supports
+    it, a CPU where oneDNN does (AVX-512 and newer); an AVX2-only CPU emulates bfloat16 matmuls
+    (measured 46x slower than float32 on a Zen 3)."""
     if choice != "auto":
         return choice
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
@@ -434,19 +527,20 @@ def resolve_precision(choice: str) -> str:
 def evaluate_loss(
     model: TrainLlama, data: list[Packed], rows: int, dtype: torch.dtype = torch.bfloat16
 ) -> float:
-    """Mean cross entropy on the weight-1 targets of held-out rows (computed in ``dtype``)."""
+    """Mean cross entropy on the weight-1 targets of held-out rows (computed in ``dtype`` on the
+    model's device)."""
     model.eval()
+    device = model.inv_freq.device
     total, count = 0.0, 0.0
     for packed in data:
         for i in range(0, len(packed), rows):
-            ids, w = packed.ids[i : i + rows], packed.weights[i : i + rows, 1:]
-            w = (w >= 1.0).float()
-            with autocast(dtype):
-                logits = model.lm_head(
-                    model.hidden(
-                        ids[:, :-1], packed.pos[i : i + rows, :-1], packed.doc[i : i + rows, :-1]
-                    )
-                ).float()
+            ids, pos, doc, w = (
+                t[i : i + rows].to(device)
+                for t in (packed.ids, packed.pos, packed.doc, packed.weights)
+            )
+            w = (w[:, 1:] >= 1.0).float()
+            with autocast(dtype, device):
+                logits = model.lm_head(model.hidden(ids[:, :-1], pos[:, :-1], doc[:, :-1])).float()
             ce = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
             total += float((ce * w.flatten()).sum())
             count += float(w.sum())
@@ -514,7 +608,12 @@ def main() -> None:
         help="loss weight of non-assistant chat tokens (assistant turns and prose: 1)",
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads (compute on a CPU, data)")
+    ap.add_argument(
+        "--device",
+        default="auto",
+        help="auto (the first CUDA device where torch sees one, else the CPU), cpu or cuda",
+    )
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument(
         "--precision",
@@ -541,24 +640,29 @@ def main() -> None:
         help="print the held-out loss (assistant turns and prose) every this many steps",
     )
     args = ap.parse_args()
-    args.precision = resolve_precision(args.precision)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        ap.error(str(error))
+    args.precision = resolve_precision(args.precision, device)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
-    samples = load_jsonl(args.data / "train.jsonl")
-    short, long, dropped = pack_buckets(
-        encode_samples(samples, args.tokenizer, args.prompt_loss_weight),
+    short, long, dropped, num_samples = load_packed_buckets(
+        args.data / "train.jsonl",
+        args.tokenizer,
+        args.prompt_loss_weight,
         args.seq_len,
         args.long_seq_len,
         args.seed,
     )
     easy: list[Packed] = []
     if args.easy_steps:
-        e1, e2, _ = pack_buckets(
-            encode_samples(
-                load_jsonl(args.data / "easy.jsonl"), args.tokenizer, args.prompt_loss_weight
-            ),
+        e1, e2, _, _ = load_packed_buckets(
+            args.data / "easy.jsonl",
+            args.tokenizer,
+            args.prompt_loss_weight,
             args.seq_len,
             args.long_seq_len,
             args.seed + 7,
@@ -580,14 +684,13 @@ def main() -> None:
     tokens = [int((p.ids != 0).sum()) for p in buckets]
     n_tok = sum(tokens[: len(main_buckets)])
     print(
-        f"[{args.preset}] {len(samples)} samples ({dropped} too long, dropped) -> "
+        f"[{args.preset}] {num_samples} samples ({dropped} too long, dropped) -> "
         f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in buckets)}; {n_tok / 1e6:.2f}M tokens, "
         f"{float(sum((p.weights >= 1).sum() for p in buckets)) / 1e6:.2f}M at weight 1; "
         f"{args.steps} steps x ~{args.batch_tokens} tokens = {args.steps * args.batch_tokens / n_tok:.2f} epochs; "
         f"data {time.time() - t0:.0f}s",
         flush=True,
     )
-    del samples
 
     drill_toks = DrillTokens(args.tokenizer)
     vocab_size = drill_toks.vocab_size
@@ -608,17 +711,18 @@ def main() -> None:
             f"{shape.num_hidden_layers - seed_shape.num_hidden_layers} new",
             flush=True,
         )
+    model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{args.preset}] {n_params / 1e6:.2f}M parameters: {PRESETS[args.preset]}", flush=True)
     compute_dtype = getattr(torch, args.precision)
-    print(f"[{args.preset}] computing in {args.precision} (--precision)", flush=True)
+    print(f"[{args.preset}] computing in {args.precision} on {device}", flush=True)
 
     teacher = None
     if args.teacher is not None:
         t_shape, t_state = load_hf_weights(args.teacher)
         teacher = TrainLlama(t_shape)
         teacher.load_state_dict(t_state)
-        teacher.eval().requires_grad_(False)
+        teacher.to(device).eval().requires_grad_(False)
         print(
             f"[{args.preset}] distilling from {args.teacher} (weight {args.distill_weight})",
             flush=True,
@@ -665,7 +769,7 @@ def main() -> None:
     start_step = 0
     elapsed_before = 0.0
     if args.resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         start_step = ck["step"]
@@ -722,15 +826,17 @@ def main() -> None:
             cursors[b] += n_rows
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        with autocast(compute_dtype):
-            loss, ce = loss_fn(
-                packed.ids[idx], packed.weights[idx], packed.pos[idx], packed.doc[idx]
-            )
+        batch = [
+            t[idx].to(device, non_blocking=True)
+            for t in (packed.ids, packed.weights, packed.pos, packed.doc)
+        ]
+        with autocast(compute_dtype, device):
+            loss, ce = loss_fn(*batch)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        tokens_seen += packed.ids[idx].numel()
+        tokens_seen += batch[0].numel()
         steps_done = step + 1
         ema = ce.item() if ema is None else 0.95 * ema + 0.05 * ce.item()
         if (step + 1) % args.log_every == 0 or step == start_step:
@@ -770,6 +876,7 @@ def main() -> None:
         "lr": args.lr,
         "optimizer": args.optimizer,
         "precision": args.precision,
+        "device": str(device),
         "prompt_loss_weight": args.prompt_loss_weight,
         "teacher": str(args.teacher) if args.teacher else None,
         "train_loss_ema": ema,

@@ -87,7 +87,10 @@ CASES = {
     # Head sizes for the AVX2 attention's paths: not a multiple of 8 (4-key scores), and two
     # 64-float blocks of values plus a remainder.
     "llama-head-dim-20": ("llama", {"hidden_size": 40, "num_attention_heads": 2, "head_dim": 20}),
-    "llama-head-dim-136": ("llama", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 136}),
+    "llama-head-dim-136": (
+        "llama",
+        {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 136},
+    ),
     # Rows run past the trained context of 24: cos/sin computed per row, not looked up.
     "llama-dynamic-rope": (
         "llama",

@@ -1,0 +1,165 @@
+"""training/build_all.sh's chain in miniature: generate data, train a tokenizer, train a few steps,
+export; the export loads in brisklm and generates. And train.py's device choice, whose CUDA path
+runs the same code on another device."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training import generate_data, train, train_tokenizer
+from training.train import resolve_device, resolve_precision
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, main, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["prog", *args])
+    main()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny data set and tokenizer (root/data, root/tokenizer), then 3 Muon steps of the draft
+    preset, exported (root/draft)."""
+    root = tmp_path_factory.mktemp("build")
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_main(
+            monkeypatch,
+            generate_data.main,
+            "--out",
+            str(root / "data"),
+            "--seed",
+            "5",
+            "--num-train",
+            "300",
+            "--num-easy",
+            "40",
+            "--num-eval",
+            "10",
+            "--request-order",
+        )
+        run_main(
+            monkeypatch,
+            train_tokenizer.main,
+            "--data",
+            str(root / "data" / "train.jsonl"),
+            "--out",
+            str(root / "tokenizer"),
+            "--vocab-size",
+            "1024",
+        )
+        run_main(
+            monkeypatch,
+            train.main,
+            "--preset",
+            "draft",
+            "--data",
+            str(root / "data"),
+            "--tokenizer",
+            str(root / "tokenizer"),
+            "--out",
+            str(root / "draft"),
+            "--steps",
+            "3",
+            "--easy-steps",
+            "1",
+            "--warmup",
+            "1",
+            "--batch-tokens",
+            "1024",
+            "--optimizer",
+            "muon",
+            "--no-compile",
+            "--device",
+            "cpu",
+            "--eval-every",
+            "2",
+            "--log-every",
+            "1",
+            "--threads",
+            str(threads),
+        )
+    torch.set_num_threads(threads)
+    return root
+
+
+def test_the_export_loads_and_generates(root: Path) -> None:
+    from brisklm import LLM, SamplingParams
+
+    built = root / "draft"
+    summary = json.loads((built / "train_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["device"] == "cpu"
+    assert summary["optimizer"] == "muon" and summary["heldout_ppl"] > 1.0
+    assert not (built / "checkpoint.pt").exists()
+    llm = LLM.from_pretrained(built / "model", show_progress=False)
+    try:
+        out = llm.generate(["Hello"], SamplingParams(max_tokens=4, temperature=0.0))[0]
+        assert len(out.token_ids) >= 1
+        config = json.loads((built / "model" / "config.json").read_text())
+        assert config["vocab_size"] == 1024 and config["num_hidden_layers"] == 2
+    finally:
+        llm.close()
+
+
+def test_device_auto_takes_the_cpu_where_torch_sees_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_auto_precision_on_a_gpu_follows_its_bfloat16_support(
+    monkeypatch: pytest.MonkeyPatch, bf16: bool
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    expected = "bfloat16" if bf16 else "float32"
+    assert resolve_precision("auto", torch.device("cuda")) == expected
+    assert resolve_precision("float32", torch.device("cuda")) == "float32"
+
+
+def test_an_unusable_device_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(
+            monkeypatch, train.main, "--preset", "draft", "--out", str(tmp_path), "--device", "cuda"
+        )
+    assert exit_info.value.code == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_packed_data_is_kept_for_the_next_run_and_matches_a_fresh_packing(root: Path) -> None:
+    data, tokenizer = root / "data" / "train.jsonl", root / "tokenizer"
+    # The training run above left its packing beside the data: this call reads it.
+    cached = list(data.parent.glob("train.packed-*.pt"))
+    assert len(cached) == 1
+    short, long, dropped, count = train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0)
+    expected = train.pack_buckets(
+        train.encode_samples(train.load_jsonl(data), tokenizer, 0.5), 384, 896, 0
+    )
+    assert count == 300 and dropped == expected[2]
+    for got, want in zip((short, long), expected[:2], strict=True):
+        for name in ("ids", "weights", "pos", "doc"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+            assert getattr(got, name).dtype == getattr(want, name).dtype
+    # Other arguments are another file; a damaged file is packed again and replaced.
+    other = train.load_packed_buckets(data, tokenizer, 0.25, 384, 896, 0)
+    assert len(list(data.parent.glob("train.packed-*.pt"))) == 2
+    assert not torch.equal(other[0].weights, short.weights)
+    cached[0].write_bytes(b"not a torch file")
+    again = train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0)
+    assert torch.equal(again[0].ids, short.ids)
+    assert torch.equal(
+        train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0)[0].ids, short.ids
+    )
