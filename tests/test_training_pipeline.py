@@ -1,6 +1,6 @@
 """training/build_all.sh's chain in miniature: generate data, train a tokenizer, train a few steps,
 export; the export loads in brisklm and generates. And train.py's device choice, whose CUDA path
-runs the same code on another device."""
+runs the same code on another device (its precision: tests/test_training_precision.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from training import generate_data, train, train_tokenizer
-from training.train import resolve_device, resolve_precision
+from training.train import resolve_device
 
 
 def run_main(monkeypatch: pytest.MonkeyPatch, main, *args: str) -> None:
@@ -115,16 +115,6 @@ def test_device_auto_takes_the_cpu_where_torch_sees_no_gpu(monkeypatch: pytest.M
         resolve_device("tpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == torch.device("cuda")
-
-
-@pytest.mark.parametrize("bf16", [True, False])
-def test_auto_precision_on_a_gpu_follows_its_bfloat16_support(
-    monkeypatch: pytest.MonkeyPatch, bf16: bool
-) -> None:
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
-    expected = "bfloat16" if bf16 else "float32"
-    assert resolve_precision("auto", torch.device("cuda")) == expected
-    assert resolve_precision("float32", torch.device("cuda")) == "float32"
 
 
 def test_an_unusable_device_is_one_clear_error(

@@ -815,28 +815,18 @@ class Gen:
             [a["name"] for a in s["args"] if a.get("free") and a["name"] in args]
             for s, args in calls
         ]
-        extra = {"free_text_args": free} if any(free) else {}
+        sample = {"messages": messages, "tools": tools, "expected": expected}
+        if any(free):
+            sample["free_text_args"] = free
         if kind_roll < 0.45:
-            return {
-                "kind": "tool_call",
-                "messages": messages,
-                "tools": tools,
-                "expected": expected,
-                **extra,
-            }
+            return {"kind": "tool_call", **sample}
         answers = []
         for s, _ in calls:
             res = self.tool_result()
             messages.append({"role": "tool", "content": dumps(res)})
             answers.append(self.answer_from_result(s, res))
         messages.append({"role": "assistant", "content": " ".join(answers)})
-        return {
-            "kind": "tool_loop",
-            "messages": messages,
-            "tools": tools,
-            "expected": expected,
-            **extra,
-        }
+        return {"kind": "tool_loop", **sample}
 
     # ---------------------------------------------------------------- extraction
     def person_facts(self) -> tuple[str, list[tuple[str, Any]]]:
@@ -1467,6 +1457,12 @@ def generate(
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
+def call_prompt(sample: dict[str, Any]) -> dict[str, Any]:
+    """A tool sample cut after the user's turn: the model must produce the calls."""
+    cut = next(i for i, m in enumerate(sample["messages"]) if m["role"] == "assistant")
+    return {**sample, "prompt_messages": sample["messages"][:cut]}
+
+
 def generate_eval(
     seed: int, n_per_task: int, request_order: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
@@ -1485,9 +1481,7 @@ def generate_eval(
     ):
         s = g.tool_sample()
         if s["kind"] in ("tool_call", "tool_loop") and len(out["tool_call"]) < n_per_task:
-            # Cut after the user's turn: the model must produce the calls.
-            cut = next(i for i, m in enumerate(s["messages"]) if m["role"] == "assistant")
-            out["tool_call"].append({**s, "prompt_messages": s["messages"][:cut]})
+            out["tool_call"].append(call_prompt(s))
         e = g.extraction_sample()
         if len(out[e["kind"]]) < n_per_task:
             out[e["kind"]].append({**e, "prompt_messages": e["messages"][:-1]})
@@ -1512,8 +1506,7 @@ def generate_eval(
     while len(out["tool_call_free_text"]) < n_per_task:
         s = g.tool_sample()
         if s.get("free_text_args"):
-            cut = next(i for i, m in enumerate(s["messages"]) if m["role"] == "assistant")
-            out["tool_call_free_text"].append({**s, "prompt_messages": s["messages"][:cut]})
+            out["tool_call_free_text"].append(call_prompt(s))
     return out
 
 

@@ -223,6 +223,10 @@ static inline pv pload(const float *p) {
     return v;
 }
 
+static inline pv psplat(float s) {
+    return (pv){s, s, s, s, s, s, s, s};
+}
+
 static inline __attribute__((always_inline)) void panel_tile(
     const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
     pv acc[MB][NV];
@@ -237,8 +241,7 @@ static inline __attribute__((always_inline)) void panel_tile(
             __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 16, 0, 2);
         }
         for (int m = 0; m < mt; m++) {
-            const float xm = x[m * ldx + i];
-            const pv xs = {xm, xm, xm, xm, xm, xm, xm, xm};
+            const pv xs = psplat(x[m * ldx + i]);
             for (int v = 0; v < NV; v++) acc[m][v] += xs * w[v];
         }
     }
@@ -363,7 +366,7 @@ static void rope(float *x, const float *c, const float *s, int d) {
     }
 }
 
-#if !defined(__AVX512F__) && (defined(__clang__) || __GNUC__ >= 12)
+#if defined(HAVE_SHUFFLEVECTOR) && !defined(__AVX512F__)
 /* Attention with AVX2 (16 registers of 8 floats), where the 16-float vectors above take two
  * registers each: the 4-key scores kept each key's 16-float accumulator on the stack and summed
  * its lanes through stores and reloads (store-forwarding stalls: most of attention's samples in
@@ -376,7 +379,6 @@ static void rope(float *x, const float *c, const float *s, int d) {
  * a Zen 3, 125M model: one token 22.2 -> 21.5 ms at 160 positions, 29.2 -> 25.2 at 1,000; six
  * tokens 35.6 -> 31.6 and 67.1 -> 40.6 ms; bundled model at 3,000: 9.4 -> 7.8 ms (one token). */
 #define AVX2_ATTENTION 1
-#define SHUF8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #define VALUE_BLOCK 64 /* outputs per pass over the values */
 
 /* The lane sums of 8 vectors as one vector (lane r: v[r]'s lanes summed as
@@ -384,14 +386,14 @@ static void rope(float *x, const float *c, const float *s, int d) {
 static inline pv lane_sums8(const pv v[8]) {
     pv w[4], x[2];
     for (int k = 0; k < 4; k++)
-        w[k] = SHUF8(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-               SHUF8(v[2 * k], v[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+        w[k] = SHUF(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               SHUF(v[2 * k], v[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15);
     for (int k = 0; k < 2; k++) /* lanes: keys 4k, 4k + 2, 4k + 1, 4k + 3, two partial sums each */
-        x[k] = SHUF8(w[2 * k], w[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               SHUF8(w[2 * k], w[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    const pv z = SHUF8(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-                 SHUF8(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15); /* keys 0 2 1 3 4 6 5 7 */
-    return SHUF8(z, z, 0, 2, 1, 3, 4, 6, 5, 7);
+        x[k] = SHUF(w[2 * k], w[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUF(w[2 * k], w[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    const pv z = SHUF(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                 SHUF(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15); /* keys 0 2 1 3 4 6 5 7 */
+    return SHUF(z, z, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 
 static inline pv pv_max(pv a, pv b) {
@@ -421,8 +423,7 @@ static inline void weighted_values64(const float *p, const float *v, int64_t cou
     pv acc[VALUE_BLOCK / PW];
     for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] = (pv){0};
     for (int64_t j = 0; j < count; j++) {
-        const float pj = p[j];
-        const pv ps = {pj, pj, pj, pj, pj, pj, pj, pj};
+        const pv ps = psplat(p[j]);
         const float *row = v + j * d;
         for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] += ps * pload(row + c * PW);
     }
@@ -445,9 +446,9 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     const float *keys = a->k_cache[layer] + head_off, *values = a->v_cache[layer] + head_off;
     float m = -INFINITY;
     int64_t j = lo;
-    /* 16 keys at a time where their 16 accumulators fit the registers (AVX-512). With AVX2 they
-     * take 32 registers and spill: 4 at a time (the same sums, the same bits) took the bundled
-     * model's one-token step at 3,000 positions from 12.9 to 9.2 ms on a Zen 3. */
+    /* 16 keys at a time where their 16 accumulators fit the registers (AVX-512); with AVX2, 8 at a
+     * time (dot8_keys, above); 4 at a time for the rest (other head sizes, keys after the last
+     * 16-key block). */
 #if defined(HAVE_SHUFFLEVECTOR) && defined(__AVX512F__)
     if (d % VW == 0 && p + 1 - lo >= 16) {
         vf top = vsplat(-INFINITY);
@@ -461,7 +462,7 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
 #endif
 #if defined(AVX2_ATTENTION)
     if (d % PW == 0) {
-        pv top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        pv top = psplat(-INFINITY);
         for (; j <= p; j += 8) {
             const int valid = p + 1 - j < 8 ? (int)(p + 1 - j) : 8;
             const pv s = dot8_keys(keys + j * d, valid, q, d) * a->scale;
