@@ -17,16 +17,6 @@ from tests.integrations.langchain.bundled import model_under_test, model_under_t
 
 pytestmark = pytest.mark.bundled_model
 
-# Known failures of the bundled brisk-chat (the 2026-11-30 night rebuild; the previous model passed
-# both): model quality on requests unlike its training data, not adapter bugs. Listed in the
-# README's "Not done yet"; another model (BRISKLM_LANGCHAIN_TEST_MODEL) runs them unmarked.
-bundled_model_misses = pytest.mark.xfail(
-    model_under_test() is None,
-    reason="the bundled 11M model gets this request wrong (see the test's comment)",
-    strict=False,
-)
-
-
 class TestChatBriskIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_class(self) -> type[ChatBrisk]:
@@ -52,19 +42,3 @@ class TestChatBriskIntegration(ChatModelIntegrationTests):
         # A per-call model= names a checkpoint directory; the same model by its path is a real
         # override of the name (and loads no second copy: engines are shared by resolved path).
         return model_under_test_path()
-
-    @bundled_model_misses
-    def test_json_mode(self, model: BaseChatModel) -> None:
-        # JSON mode leaves the keys to the model: it writes {"setup": "...", "punchline it met a
-        # sheep.": "..."}, a miscopied key, so the Joke does not parse.
-        super().test_json_mode(model)
-
-    @bundled_model_misses
-    def test_unicode_tool_call_integration(
-        self, model: BaseChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
-    ) -> None:
-        # It copies customer_name '你好啊集团' right, but the free-text description (the request's
-        # "a Chinese technology company" is not phrased as a value) runs on to max_tokens.
-        super().test_unicode_tool_call_integration(
-            model, tool_choice=tool_choice, force_tool_call=force_tool_call
-        )
