@@ -17,6 +17,16 @@ from tests.integrations.langchain.bundled import model_under_test, model_under_t
 
 pytestmark = pytest.mark.bundled_model
 
+# A known failure of the bundled brisk-chat (2026-12-01): model quality on a request unlike its
+# training data, not an adapter bug. Listed in the README's "Not done yet"; another model
+# (BRISKLM_LANGCHAIN_TEST_MODEL) runs it unmarked.
+bundled_model_misses = pytest.mark.xfail(
+    model_under_test() is None,
+    reason="the bundled 11M model gets this request wrong (see the test's comment)",
+    strict=False,
+)
+
+
 class TestChatBriskIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_class(self) -> type[ChatBrisk]:
@@ -42,3 +52,14 @@ class TestChatBriskIntegration(ChatModelIntegrationTests):
         # A per-call model= names a checkpoint directory; the same model by its path is a real
         # override of the name (and loads no second copy: engines are shared by resolved path).
         return model_under_test_path()
+
+    @bundled_model_misses
+    def test_unicode_tool_call_integration(
+        self, model: BaseChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
+    ) -> None:
+        # It swaps the two values: customer_name "Chinese technology company", description
+        # '你好啊集团'. The request gives the description as a phrase after a dash, not as a value,
+        # and no shipped model was trained on such free-text arguments.
+        super().test_unicode_tool_call_integration(
+            model, tool_choice=tool_choice, force_tool_call=force_tool_call
+        )
