@@ -3,8 +3,9 @@
 Muon (Keller Jordan et al., 2024) replaces the update of a 2-D hidden weight by the nearest
 semi-orthogonal matrix to its Nesterov momentum (``U V^T`` of its SVD, approximated by five
 Newton-Schulz iterations in bfloat16, or float32 where the CPU has no native bfloat16), which
-spreads the step over all of the matrix's directions instead of the few that dominate the gradient. Embeddings, the (tied) output head and the norm
-gains are not hidden matrices and stay with AdamW.
+spreads the step over all of the matrix's directions instead of the few that dominate the
+gradient. Embeddings, the (tied) output head and the norm gains are not hidden matrices and stay
+with AdamW.
 
 The update is scaled by ``0.2 * sqrt(max(rows, cols))`` (Moonlight, Liu et al., 2025), which makes
 its RMS match a typical AdamW update's, so the same learning rate and weight decay serve both.
