@@ -153,3 +153,116 @@ def test_packed_data_is_kept_for_the_next_run_and_matches_a_fresh_packing(root: 
     assert torch.equal(
         train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0)[0].ids, short.ids
     )
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped right after its first checkpoint and run again with --resume, a run with data and
+    drill steps ends with the weights, loss and summary of the run that was never stopped."""
+    from safetensors.torch import load_file
+
+    threads = torch.get_num_threads()
+
+    def run(out: Path, *extra: str) -> None:
+        run_main(
+            monkeypatch,
+            train.main,
+            *("--preset", "draft", "--data", str(root / "data"), "--tokenizer"),
+            *(str(root / "tokenizer"), "--out", str(out), "--steps", "6", "--warmup", "1"),
+            *("--batch-tokens", "1024", "--drill-frac", "0.5", "--optimizer", "muon"),
+            *("--checkpoint-every", "2", "--eval-every", "0", "--no-compile", "--device", "cpu"),
+            *("--threads", str(threads), *extra),
+        )
+
+    run(tmp_path / "whole")
+    save = torch.save
+
+    class Stopped(Exception):
+        pass
+
+    def save_then_stop(obj, path, *args, **kwargs):
+        save(obj, path, *args, **kwargs)
+        raise Stopped
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", save_then_stop)
+        with pytest.raises(Stopped):
+            run(tmp_path / "cut", "--resume")
+    assert (tmp_path / "cut" / "checkpoint.pt").exists()
+    run(tmp_path / "cut", "--resume")
+    torch.set_num_threads(threads)
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists()
+    whole = load_file(str(tmp_path / "whole" / "model" / "model.safetensors"))
+    cut = load_file(str(tmp_path / "cut" / "model" / "model.safetensors"))
+    assert whole.keys() == cut.keys()
+    for name in whole:
+        assert torch.equal(whole[name], cut[name]), name
+    summaries = [
+        json.loads((tmp_path / d / "train_summary.json").read_text()) for d in ("whole", "cut")
+    ]
+    for key in ("steps", "train_loss_ema", "heldout_loss"):
+        assert summaries[0][key] == summaries[1][key], key
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for python in build_all.sh: logs the command, writes a model where --out points.
+echo "$*" >> "$LOG"
+out=""
+prev=""
+for a in "$@"; do
+    [[ $prev == --out ]] && out=$a
+    prev=$a
+done
+mkdir -p "$out/model"
+echo weights > "$out/model/model.safetensors"
+if [[ -n ${FAIL_ON:-} && "$* " == *"--out $FAIL_ON "* ]]; then exit 3; fi
+"""
+
+
+def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
+    """training/build_all.sh, its commands replaced by a stand-in: a failed step stops the chain;
+    the next call skips the steps that finished, runs the rest (training with --resume) and only
+    then fills ASSETS."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "training" / "build_all.sh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    out, assets, log = tmp_path / "out", tmp_path / "assets", tmp_path / "log"
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "OUT": str(out),
+        "ASSETS": str(assets),
+        "LOG": str(log),
+    }
+
+    def build(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script)], env={**env, **extra}, capture_output=True, text=True
+        )
+
+    first = build(FAIL_ON=f"{out}/brisk-chat2")
+    assert first.returncode == 3, first.stderr
+    ran = log.read_text().splitlines()
+    names = ["data", "data2", "tokenizer", "seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"]
+    assert [line.split("--out ")[1].split()[0] for line in ran] == [f"{out}/{n}" for n in names]
+    assert not assets.exists()
+    assert not (out / "brisk-chat2" / ".built").exists()
+
+    second = build()
+    assert second.returncode == 0, second.stderr
+    again = log.read_text().splitlines()[len(ran) :]
+    assert [line.split("--out ")[1].split()[0] for line in again] == [
+        f"{out}/{n}" for n in ("brisk-chat2", "brisk-chat", "brisk-draft")
+    ]
+    assert all("-m training.train " in line and "--resume" in line for line in again)
+    assert second.stdout.count("was built by an earlier run, skipped") == 7
+    for name in ("brisk-chat", "brisk-draft"):
+        assert (assets / name / "model.safetensors").read_text() == "weights\n"
+
+    third = build()
+    assert third.returncode == 0 and third.stdout.count("skipped") == 10
+    assert len(log.read_text().splitlines()) == len(ran) + 3

@@ -3,38 +3,58 @@
 # The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the seventh (float32) 59
 # minutes on an AVX2 Zen 3 (see training/README.md; an AVX2-only CPU trains in float32,
 # --precision auto, about six times slower than bfloat16 on AVX-512). Run from the repository root:
-#   bash training/build_all.sh            # then: python -m training.evaluate --out training/eval_results.json
+#   bash training/build_all.sh
+#   python -m training.evaluate --out training/eval_results.json   # then score them
 # These are exactly the runs that made the shipped weights (on CPUs). Environment overrides:
-# OUT (work dir); DEVICE: auto (default: a CUDA GPU where torch sees one, else the CPU), cpu or
-# cuda. A GPU computes in bfloat16 as an AVX-512 CPU does, but not bit for bit the same: a GPU
-# build is another model, to be evaluated before it ships. Each training set is encoded and packed
-# once (train.py keeps the packing beside the data; five runs share the first set's).
+# OUT (work dir); ASSETS (where the two models go, default src/brisklm/assets: point it elsewhere
+# to evaluate a build before it replaces the shipped models); DEVICE: auto (default: a CUDA GPU
+# where torch sees one, else the CPU), cpu or cuda. A GPU computes in bfloat16 as an AVX-512 CPU
+# does, but not bit for bit the same: a GPU build is another model, to be evaluated before it
+# ships. Each training set is encoded and packed once (train.py keeps the packing beside the data;
+# five runs share the first set's).
+# Interrupted, it resumes: run it again with the same OUT. A step that finished left
+# OUT/<dir>/.built and is skipped; a training run continues from its last checkpoint (every 500
+# steps) with the batches, drills and optimizer state it would have had: on the same machine it ends
+# with the same weights. To rebuild from the start, remove OUT or use another one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-training/out}
-ASSETS=src/brisklm/assets
+ASSETS=${ASSETS:-src/brisklm/assets}
 start=$(date +%s)
 common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
-        --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}")
+        --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}" --resume)
 
-python -m training.generate_data --out "$OUT/data" --seed 1234 --num-train 150000 \
-    --num-easy 60000 --num-eval 200 --request-order
+# step DIR COMMAND...: run COMMAND unless DIR holds an earlier finished run's mark; then mark it.
+step() {
+    local dir=$1
+    shift
+    if [[ -e "$dir/.built" ]]; then
+        echo "build_all: $dir was built by an earlier run, skipped"
+        return
+    fi
+    "$@"
+    touch "$dir/.built"
+}
+
+step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
+    --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
 # The second training set: other seed, plus the request styles of --more-phrasings (call notation,
 # single quotes, "Use the tool.", schema bounds, ...). Its eval.json only feeds the training log;
 # training/evaluate.py scores on data/eval.json.
-python -m training.generate_data --out "$OUT/data2" --seed 4321 --num-train 150000 \
-    --num-eval 200 --more-phrasings --request-order
-python -m training.train_tokenizer --data "$OUT/data/train.jsonl" --out "$OUT/tokenizer" --vocab-size 4096
+step "$OUT/data2" python -m training.generate_data --out "$OUT/data2" --seed 4321 \
+    --num-train 150000 --num-eval 200 --more-phrasings --request-order
+step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
+    --out "$OUT/tokenizer" --vocab-size 4096
 
 # 1. The seed: the target's width in two layers, on copy drills only, until it copies from the
 #    context (an induction circuit forms around drill step 1900; eight layers from scratch had not
 #    formed one after 800). Three runs: the first run's schedule decayed before the circuit formed.
-python -m training.train --preset seed "${common[@]}" --out "$OUT/seed1" --steps 700 \
-    --drill-frac 1.0 --lr 3e-3 --warmup 30
-python -m training.train --preset seed "${common[@]}" --out "$OUT/seed2" --init "$OUT/seed1/model" \
-    --steps 800 --drill-frac 1.0 --lr 2e-3 --warmup 20
-python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" --init "$OUT/seed2/model" \
-    --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 --min-lr-ratio 0.5
+step "$OUT/seed1" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed1" \
+    --steps 700 --drill-frac 1.0 --lr 3e-3 --warmup 30
+step "$OUT/seed2" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed2" \
+    --init "$OUT/seed1/model" --steps 800 --drill-frac 1.0 --lr 2e-3 --warmup 20
+step "$OUT/seed" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" \
+    --init "$OUT/seed2/model" --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 --min-lr-ratio 0.5
 
 # 2. The target, with Muon for its weight matrices (training/muon.py): the seed's two layers plus
 #    six new ones (output projections zeroed), easy samples first, then the full mix, with copy
@@ -42,26 +62,29 @@ python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" --init "
 #    them drills of three kinds (copy, repeated-alphabet "digits" copies, key-value recall; see
 #    copy_drills in train.py); then 800 more at 30% of it (added 2026-12-01: on 1,000 fresh
 #    held-out tool calls 82.8% -> 85.6%; see training/README.md).
-python -m training.train --preset target "${common[@]}" --out "$OUT/brisk-chat1" \
-    --grow-from "$OUT/seed/model" --steps 3500 --easy-steps 600 --drill-frac 0.1 \
-    --lr 2e-3 --warmup 50 --eval-every 500 --optimizer muon
-python -m training.train --preset target "${common[@]}" --data "$OUT/data2" --out "$OUT/brisk-chat2" \
-    --init "$OUT/brisk-chat1/model" --seed 1 --steps 2200 --drill-frac 0.3 \
-    --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 --eval-every 500 --optimizer muon
+step "$OUT/brisk-chat1" python -m training.train --preset target "${common[@]}" \
+    --out "$OUT/brisk-chat1" --grow-from "$OUT/seed/model" --steps 3500 --easy-steps 600 \
+    --drill-frac 0.1 --lr 2e-3 --warmup 50 --eval-every 500 --optimizer muon
+step "$OUT/brisk-chat2" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data2" --out "$OUT/brisk-chat2" --init "$OUT/brisk-chat1/model" --seed 1 \
+    --steps 2200 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 \
+    --eval-every 500 --optimizer muon
 # The 800 steps: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on an
 # AVX-512 CPU, where the runs above computed in bfloat16).
-python -m training.train --preset target "${common[@]}" --data "$OUT/data2" --out "$OUT/brisk-chat" \
-    --init "$OUT/brisk-chat2/model" --seed 3 --steps 800 --drill-frac 0.3 \
-    --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --eval-every 400 --optimizer muon \
-    --precision float32
+step "$OUT/brisk-chat" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data2" --out "$OUT/brisk-chat" --init "$OUT/brisk-chat2/model" --seed 3 \
+    --steps 800 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
+    --eval-every 400 --optimizer muon --precision float32
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
-python -m training.train --preset draft "${common[@]}" --out "$OUT/brisk-draft" --steps 2000 \
-    --drill-steps 500 --easy-steps 300 --drill-frac 0.1 --lr 3e-3 --warmup 50
+step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
+    --out "$OUT/brisk-draft" --steps 2000 --drill-steps 500 --easy-steps 300 --drill-frac 0.1 \
+    --lr 3e-3 --warmup 50
 
 for name in brisk-chat brisk-draft; do
     rm -rf "${ASSETS:?}/$name"
     mkdir -p "$ASSETS/$name"
     cp "$OUT/$name/model/"* "$ASSETS/$name/"
 done
-echo "build_all: done in $(( ($(date +%s) - start) / 60 )) min; models in $ASSETS/brisk-chat and $ASSETS/brisk-draft"
+echo "build_all: done in $(( ($(date +%s) - start) / 60 )) min;" \
+    "models in $ASSETS/brisk-chat and $ASSETS/brisk-draft"

@@ -768,12 +768,13 @@ def main() -> None:
     ckpt_path = args.out / "checkpoint.pt"
     start_step = 0
     elapsed_before = 0.0
+    resumed: dict[str, Any] = {}
     if args.resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        start_step = ck["step"]
-        elapsed_before = ck.get("elapsed_s", 0.0)
+        resumed = torch.load(ckpt_path, map_location=device, weights_only=False)
+        model.load_state_dict(resumed["model"])
+        opt.load_state_dict(resumed["opt"])
+        start_step = resumed["step"]
+        elapsed_before = resumed.get("elapsed_s", 0.0)
         print(
             f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)",
             flush=True,
@@ -782,7 +783,8 @@ def main() -> None:
     loss_fn = make_loss_fn(model, teacher, args.distill_weight)
     if not args.no_compile:
         loss_fn = torch.compile(loss_fn, dynamic=False)
-    # The batch plan is a pure function of the seed, so a resumed run sees the same batches.
+    # The batch plan is a pure function of the seed, and the drill generator's state is in the
+    # checkpoint: a resumed run sees the same batches and drills, and ends with the same weights.
     g = torch.Generator().manual_seed(args.seed)
     orders = [torch.randperm(len(p), generator=g) for p in buckets]
     cursors = [0] * len(buckets)
@@ -806,11 +808,14 @@ def main() -> None:
     for step in range(start_step):  # advance the cursors past finished steps
         if not drill_plan[step]:
             cursors[plan[step]] += rows_per_batch[plan[step]]
+    if "drill_rng" in resumed:
+        drill_rng.setstate(resumed["drill_rng"])
 
     model.train()
     t_train = time.time()
     tokens_seen = 0
-    ema = None
+    ema = resumed.get("ema")
+    del resumed
     steps_done = start_step
     for step in range(start_step, args.steps):
         b = plan[step]
@@ -861,6 +866,8 @@ def main() -> None:
                     "opt": opt.state_dict(),
                     "step": step + 1,
                     "elapsed_s": elapsed_before + time.time() - t_train,
+                    "drill_rng": drill_rng.getstate(),
+                    "ema": ema,
                 },
                 ckpt_path,
             )
