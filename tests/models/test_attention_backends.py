@@ -22,17 +22,17 @@ CASES = {
 }
 
 
-def run(backend, slots, starts, lens, window, seed=0):
+def run(backend, slots, starts, lens, window, seed=0, device="cpu"):
     generator = torch.Generator().manual_seed(seed)
     shape = (NUM_SLOTS, NUM_KV_HEADS, MAX_LEN, HEAD_DIM)
     # Prior cache contents are random: every row attends to keys written before this pass.
-    k_cache = torch.randn(shape, generator=generator)
-    v_cache = torch.randn(shape, generator=generator)
+    k_cache = torch.randn(shape, generator=generator).to(device)
+    v_cache = torch.randn(shape, generator=generator).to(device)
     num_tokens = sum(lens)
-    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=generator)
-    k = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=generator)
-    v = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=generator)
-    meta = AttentionMetadata.build(slots, starts, lens, "cpu")
+    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=generator).to(device)
+    k = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=generator).to(device)
+    v = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=generator).to(device)
+    meta = AttentionMetadata.build(slots, starts, lens, device)
     out = backend.forward(q, k, v, k_cache, v_cache, meta, window)
     return out, k_cache, v_cache
 
@@ -46,6 +46,23 @@ def test_sdpa_matches_reference(case, window):
     assert got.shape == (sum(lens), NUM_HEADS * HEAD_DIM)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(k_sdpa, k_ref) and torch.equal(v_sdpa, v_ref)  # identical cache writes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sdpa", "xformers"])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cuda_backends_match_the_reference(case, window, name):
+    """On a CUDA device in float32, SDPA and xformers against the reference run on the CPU."""
+    backend = select_backend(name, torch.device("cuda"))
+    if backend.name != name:
+        pytest.skip(f"{name} does not run on this machine (SDPA was chosen instead)")
+    slots, starts, lens = CASES[case]
+    expected, k_ref, v_ref = run(ReferenceAttention(), slots, starts, lens, window)
+    got, k_cuda, v_cuda = run(backend, slots, starts, lens, window, device="cuda")
+    assert got.device.type == "cuda" and got.shape == (sum(lens), NUM_HEADS * HEAD_DIM)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    assert torch.equal(k_cuda.cpu(), k_ref) and torch.equal(v_cuda.cpu(), v_ref)
 
 
 def test_reference_is_plain_softmax_attention():

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every check that needs a CUDA GPU, in one pass, for a session that is lent one (no GPU has been
+# yet): the GPU-marked tests (int4 kernels, sampling, grammar masks, SDPA and xformers against the
+# reference, model parity with transformers in float32 and bfloat16, the engine end to end) and
+# the engine-vs-transformers benchmark on CUDA in bfloat16 (issue 2). About 3-5 minutes on an H200.
+#
+#   bash bench/device_checks.sh [LOG_DIR]      # from the repository root; logs to LOG_DIR
+#
+# The machine needs torch, transformers, tokenizers, safetensors, sentencepiece, jinja2, tqdm,
+# numpy and pytest (the lent H200 has them) plus what brisklm adds. Where pip cannot reach PyPI,
+# download those as wheels into .whl/ first (git-ignored), on a machine that can:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+#       -d .whl llguidance pydantic pydantic-core annotated-types typing-inspection
+# (xformers is optional: without it the xformers cases skip and say so). This script installs
+# .whl/*.whl into a scratch folder when the folder is there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${1:-/tmp/brisklm-device-checks}
+mkdir -p "$logs"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/brisklm-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/brisklm-site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:$PWD:${PYTHONPATH:-}
+status=0
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} 2>&1 | tee "$logs/machine.txt"
+# Only these files hold GPU-marked tests; naming them keeps collection off test modules whose
+# imports (langchain, jsonschema, ...) a bare GPU machine lacks.
+python3 -m pytest -q -m gpu -rs -p no:cacheprovider \
+    tests/quant/test_int4_linear.py tests/sampling/test_sampling_sampler.py \
+    tests/constrained/test_apply.py tests/models/test_attention_backends.py \
+    tests/models/test_parity.py tests/engine/test_cuda.py 2>&1 | tee "$logs/gpu_tests.log" || status=1
+python3 bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --repeats 5 2>&1 \
+    | tee "$logs/engine_vs_transformers_cuda_bf16.log" || status=1
+echo "device checks: logs in $logs (status $status)"
+exit $status
