@@ -223,7 +223,7 @@ if [[ -n ${FAIL_ON:-} && "$* " == *"--out $FAIL_ON "* ]]; then exit 3; fi
 def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     """training/build_all.sh, its commands replaced by a stand-in: a failed step stops the chain;
     the next call skips the steps that finished, runs the rest (training with --resume) and only
-    then fills ASSETS."""
+    then fills ASSETS; a third call has nothing left to run."""
     import subprocess
 
     script = Path(__file__).resolve().parents[1] / "training" / "build_all.sh"
@@ -256,7 +256,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     again = log.read_text().splitlines()[len(ran) :]
     assert [line.split("--out ")[1].split()[0] for line in again] == [
-        f"{out}/{n}" for n in ("brisk-chat2", "brisk-chat", "brisk-draft")
+        f"{out}/{n}" for n in ("brisk-chat2", "brisk-chat3", "brisk-chat", "brisk-draft")
     ]
     assert all("-m training.train " in line and "--resume" in line for line in again)
     assert second.stdout.count("was built by an earlier run, skipped") == 7
@@ -264,5 +264,5 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 10
-    assert len(log.read_text().splitlines()) == len(ran) + 3
+    assert third.returncode == 0 and third.stdout.count("skipped") == 11
+    assert len(log.read_text().splitlines()) == len(ran) + 4
