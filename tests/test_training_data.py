@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from training.generate_data import FREE_TEXT_ARG_NAMES, dumps, generate, generate_eval
 
 # sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234
@@ -146,3 +148,31 @@ def test_held_out_free_text_calls_leave_the_other_eval_sets_as_they_were() -> No
         assert any(s["free_text_args"])
     h = hashlib.sha256(dumps({k: v for k, v in ev.items() if k != "tool_call_free_text"}).encode())
     assert h.hexdigest() == EVAL_SET_20_SHA256
+
+
+def test_tool_share_sets_the_tool_samples_share_and_keeps_the_other_kinds_proportions() -> None:
+    n = 6000
+    kinds: dict[float, dict[str, int]] = {}
+    for share in (0.4, 0.7):
+        counts: dict[str, int] = {}
+        for s in generate(n, 77, "train", tool_share=share):
+            counts[s["kind"]] = counts.get(s["kind"], 0) + 1
+        kinds[share] = counts
+
+    def tools(c: dict[str, int]) -> int:
+        return c.get("tool_call", 0) + c.get("tool_loop", 0) + c.get("tool_none", 0)
+
+    # Binomial standard error at n = 6000 is ~0.6 points: 3 points is five of them.
+    assert abs(tools(kinds[0.4]) / n - 0.40) < 0.03
+    assert abs(tools(kinds[0.7]) / n - 0.70) < 0.03
+    # Among the rest, extraction keeps its share (0.18 of 0.60 by default).
+    for counts in kinds.values():
+        rest = n - tools(counts)
+        extraction = counts.get("extract", 0) + counts.get("extract_labelled", 0)
+        assert abs(extraction / rest - 0.30) < 0.04
+    # The default share is the generator's old mix, draw for draw.
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", tool_share=0.40)
+    ]
+    with pytest.raises(ValueError, match="tool_share must be in"):
+        generate(1, 1, "train", tool_share=1.5)

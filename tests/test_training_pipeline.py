@@ -214,8 +214,10 @@ for a in "$@"; do
     [[ $prev == --out ]] && out=$a
     prev=$a
 done
-mkdir -p "$out/model"
-echo weights > "$out/model/model.safetensors"
+# training.average's --out is the model directory itself; the others' is the run's.
+[[ $2 == training.average ]] || out=$out/model
+mkdir -p "$out"
+echo weights > "$out/model.safetensors"
 if [[ -n ${FAIL_ON:-} && "$* " == *"--out $FAIL_ON "* ]]; then exit 3; fi
 """
 
@@ -254,7 +256,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert first.returncode == 3, first.stderr
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
-        *("data", "data2", "tokenizer", "seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2")
+        *("data", "data2", "data3", "tokenizer", "seed1", "seed2", "seed", "brisk-chat1"),
+        "brisk-chat2",
     ]
     assert not assets.exists()
     assert not (out / "brisk-chat2" / ".built").exists()
@@ -262,12 +265,19 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     second = build()
     assert second.returncode == 0, second.stderr
     again = log.read_text().splitlines()[len(ran) :]
-    assert built_dirs(again) == ["brisk-chat2", "brisk-chat3", "brisk-chat", "brisk-draft"]
-    assert all("-m training.train " in line and "--resume" in line for line in again)
-    assert second.stdout.count("was built by an earlier run, skipped") == 7
+    assert built_dirs(again) == [
+        *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat/model"),
+        "brisk-draft",
+    ]
+    trained = [line for line in again if "-m training.train " in line]
+    assert len(trained) == 5 and all("--resume" in line for line in trained)
+    # The shipped target is the mean of the last two target runs.
+    assert again[4].startswith(f"-m training.average --out {out}/brisk-chat/model ")
+    assert again[4].split()[-2:] == [f"{out}/brisk-chat4/model", f"{out}/brisk-chat5/model"]
+    assert second.stdout.count("was built by an earlier run, skipped") == 8
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 11
-    assert len(log.read_text().splitlines()) == len(ran) + 4
+    assert third.returncode == 0 and third.stdout.count("skipped") == 14
+    assert len(log.read_text().splitlines()) == len(ran) + 6

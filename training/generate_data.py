@@ -160,6 +160,23 @@ HELDOUT_WORDS |= {
 HELDOUT_WORDS |= {v for v, _ in pools.HELDOUT_VERBS}
 
 
+# Gen.sample's mix: cumulative upper bounds of tools, extraction, JSON keys, chat and drills (prose
+# takes the rest).
+DEFAULT_TOOL_SHARE = 0.40
+DEFAULT_MIX = (DEFAULT_TOOL_SHARE, 0.58, 0.67, 0.78, 0.86)
+
+
+def mix_thresholds(tool_share: float) -> tuple[float, ...]:
+    """DEFAULT_MIX with the tools' share set to ``tool_share`` and the other kinds scaled to the
+    rest; the default share returns DEFAULT_MIX itself, so those draws never change."""
+    if tool_share == DEFAULT_TOOL_SHARE:
+        return DEFAULT_MIX
+    scale = (1.0 - tool_share) / (1.0 - DEFAULT_TOOL_SHARE)
+    return (tool_share,) + tuple(
+        tool_share + (t - DEFAULT_TOOL_SHARE) * scale for t in DEFAULT_MIX[1:]
+    )
+
+
 class Pools:
     """The pools one split draws from."""
 
@@ -188,6 +205,9 @@ class Gen:
     ``free_text_args`` gives some tools a free-text argument (``description``, ``notes``, ...)
     whose value the request states as a phrase, often without naming it ("Create a customer named
     X - a small bakery"); the call copies the phrase whole (``--free-text-args``).
+    ``tool_share`` is the share of samples that offer tools (``--tool-share``, default 0.40); the
+    other kinds keep their proportions among the rest. At the default the draws are the ones the
+    generator always made.
     Off, the generator draws exactly what it always drew (the first set stays byte-identical).
     """
 
@@ -198,8 +218,12 @@ class Gen:
         more_phrasings: bool = False,
         request_order: bool = False,
         free_text_args: bool = False,
+        tool_share: float = DEFAULT_TOOL_SHARE,
     ) -> None:
+        if not 0.0 <= tool_share <= 1.0:
+            raise ValueError(f"tool_share must be in [0, 1], got {tool_share}")
         self.r = random.Random(seed)
+        self.thresholds = mix_thresholds(tool_share)
         self.p = Pools(split)
         self.more = more_phrasings
         self.request_order = request_order
@@ -1349,15 +1373,16 @@ class Gen:
     # ---------------------------------------------------------------- mix
     def sample(self) -> dict[str, Any]:
         k = self.r.random()
-        if k < 0.40:
+        tools, extraction, json_keys, chat, drill = self.thresholds
+        if k < tools:
             return self.tool_sample()
-        if k < 0.58:
+        if k < extraction:
             return self.extraction_sample()
-        if k < 0.67:
+        if k < json_keys:
             return self.json_keys_sample()
-        if k < 0.78:
+        if k < chat:
             return self.chat_sample()
-        if k < 0.86:
+        if k < drill:
             return self.drill_sample()
         return self.prose_sample()
 
@@ -1452,8 +1477,9 @@ def generate(
     more_phrasings: bool = False,
     request_order: bool = False,
     free_text_args: bool = False,
+    tool_share: float = DEFAULT_TOOL_SHARE,
 ) -> list[dict[str, Any]]:
-    g = Gen(seed, split, more_phrasings, request_order, free_text_args)
+    g = Gen(seed, split, more_phrasings, request_order, free_text_args, tool_share)
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
@@ -1539,7 +1565,15 @@ def main() -> None:
         action="store_true",
         help="give some tools a free-text argument stated as a phrase (see Gen)",
     )
+    ap.add_argument(
+        "--tool-share",
+        type=float,
+        default=DEFAULT_TOOL_SHARE,
+        help="share of training samples that offer tools (the other kinds keep their proportions)",
+    )
     args = ap.parse_args()
+    if not 0.0 <= args.tool_share <= 1.0:
+        ap.error(f"--tool-share must be in [0, 1], got {args.tool_share}")
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
     train = generate(
@@ -1549,6 +1583,7 @@ def main() -> None:
         more_phrasings=args.more_phrasings,
         request_order=order,
         free_text_args=args.free_text_args,
+        tool_share=args.tool_share,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:

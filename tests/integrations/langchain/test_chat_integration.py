@@ -57,7 +57,7 @@ class TestChatBriskIntegration(ChatModelIntegrationTests):
     def test_unicode_tool_call_integration(
         self, model: BaseChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
     ) -> None:
-        # It swaps the two values: customer_name "Chinese technology company was old.",
+        # It swaps the two values: customer_name "Chinese technology company was born.",
         # description '你好啊集团'. The request gives the description as a phrase after a dash,
         # not as a value, and no shipped model was trained on such free-text arguments.
         super().test_unicode_tool_call_integration(
