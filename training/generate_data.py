@@ -205,10 +205,10 @@ class Gen:
     ``free_text_args`` gives some tools a free-text argument (``description``, ``notes``, ...)
     whose value the request states as a phrase, often without naming it ("Create a customer named
     X - a small bakery"); the call copies the phrase whole (``--free-text-args``).
+    Off, the generator draws exactly what it always drew (the first set stays byte-identical).
     ``tool_share`` is the share of samples that offer tools (``--tool-share``, default 0.40); the
     other kinds keep their proportions among the rest. At the default the draws are the ones the
     generator always made.
-    Off, the generator draws exactly what it always drew (the first set stays byte-identical).
     """
 
     def __init__(
