@@ -169,6 +169,8 @@ DEFAULT_MIX = (DEFAULT_TOOL_SHARE, 0.58, 0.67, 0.78, 0.86)
 def mix_thresholds(tool_share: float) -> tuple[float, ...]:
     """DEFAULT_MIX with the tools' share set to ``tool_share`` and the other kinds scaled to the
     rest; the default share returns DEFAULT_MIX itself, so those draws never change."""
+    if not 0.0 <= tool_share <= 1.0:
+        raise ValueError(f"tool_share must be in [0, 1], got {tool_share}")
     if tool_share == DEFAULT_TOOL_SHARE:
         return DEFAULT_MIX
     scale = (1.0 - tool_share) / (1.0 - DEFAULT_TOOL_SHARE)
@@ -220,8 +222,6 @@ class Gen:
         free_text_args: bool = False,
         tool_share: float = DEFAULT_TOOL_SHARE,
     ) -> None:
-        if not 0.0 <= tool_share <= 1.0:
-            raise ValueError(f"tool_share must be in [0, 1], got {tool_share}")
         self.r = random.Random(seed)
         self.thresholds = mix_thresholds(tool_share)
         self.p = Pools(split)
@@ -1536,6 +1536,16 @@ def generate_eval(
     return out
 
 
+def tool_share_arg(text: str) -> float:
+    """--tool-share's type: a float that mix_thresholds accepts."""
+    try:
+        share = float(text)
+        mix_thresholds(share)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return share
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1567,13 +1577,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--tool-share",
-        type=float,
+        type=tool_share_arg,
         default=DEFAULT_TOOL_SHARE,
         help="share of training samples that offer tools (the other kinds keep their proportions)",
     )
     args = ap.parse_args()
-    if not 0.0 <= args.tool_share <= 1.0:
-        ap.error(f"--tool-share must be in [0, 1], got {args.tool_share}")
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
     train = generate(

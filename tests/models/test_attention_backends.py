@@ -26,12 +26,11 @@ def run(backend, slots, starts, lens, window, seed=0, device="cpu"):
     generator = torch.Generator().manual_seed(seed)
     shape = (NUM_SLOTS, NUM_KV_HEADS, MAX_LEN, HEAD_DIM)
     # Prior cache contents are random: every row attends to keys written before this pass.
-    k_cache = torch.randn(shape, generator=generator).to(device)
-    v_cache = torch.randn(shape, generator=generator).to(device)
-    num_tokens = sum(lens)
-    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=generator).to(device)
-    k = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=generator).to(device)
-    v = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=generator).to(device)
+    # Drawn on the CPU whatever the device, so that every device gets the same numbers.
+    shapes = [shape, shape, (sum(lens), NUM_HEADS, HEAD_DIM)] + 2 * [
+        (sum(lens), NUM_KV_HEADS, HEAD_DIM)
+    ]
+    k_cache, v_cache, q, k, v = (torch.randn(s, generator=generator).to(device) for s in shapes)
     meta = AttentionMetadata.build(slots, starts, lens, device)
     out = backend.forward(q, k, v, k_cache, v_cache, meta, window)
     return out, k_cache, v_cache
