@@ -3,8 +3,10 @@
 Every prompt's function names, argument names, people and places come from the held-out pools of
 ``training/pools.py`` (or are made up), so the models must copy them from the prompt. Reports:
 - tool calls (``tool_call_grammar(tools, "auto")`` constrained, and unconstrained): exact match
-  (parsed calls equal the expected names and arguments, in order), name match, parsed share; and
-  the same for calls with a free-text argument stated as a phrase ("... named X - a small bakery");
+  (parsed calls equal the expected names and arguments, in order), name match, parsed share, the
+  misses by kind (number of calls, function name, argument names, a value) and the exact match by
+  prompt length in tokens; and the same for calls with a free-text argument stated as a phrase
+  ("... named X - a small bakery");
 - JSON extraction (``json_schema`` constrained, and unconstrained): field accuracy (share of schema
   fields whose value equals the expected one), whole-object exact match and valid-JSON share, for
   person sentences and for labelled records;
@@ -89,7 +91,40 @@ def greedy(max_tokens: int, **constraint: Any) -> Any:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **constraint)
 
 
+def call_miss(got: list[dict], expected: list[dict]) -> str | None:
+    """Why parsed calls miss the expected ones, or None when they match. The first that applies,
+    in this order: ``count`` (another number of calls), ``name`` (a call to another function),
+    ``keys`` (other argument names), ``value`` (an argument's value)."""
+    if len(got) != len(expected):
+        return "count"
+    if [g["name"] for g in got] != [e["name"] for e in expected]:
+        return "name"
+    if any(g["arguments"].keys() != e["arguments"].keys() for g, e in zip(got, expected)):
+        return "keys"
+    if not all(same_value(g["arguments"], e["arguments"]) for g, e in zip(got, expected)):
+        return "value"
+    return None
+
+
+LENGTH_BUCKET = 100  # prompt tokens per bucket of the exact match by prompt length
+
+
+def by_length(lengths: list[int], ok: list[bool]) -> dict[str, dict[str, float]]:
+    """Exact match by prompt length, in buckets of LENGTH_BUCKET tokens ("200-299": share, n)."""
+    buckets: dict[int, list[int]] = {}
+    for n_tok, good in zip(lengths, ok, strict=True):
+        b = buckets.setdefault(n_tok // LENGTH_BUCKET, [0, 0])
+        b[0] += good
+        b[1] += 1
+    return {
+        f"{k * LENGTH_BUCKET}-{(k + 1) * LENGTH_BUCKET - 1}": {"exact_match": a / n, "n": n}
+        for k, (a, n) in sorted(buckets.items())
+    }
+
+
 def eval_tool_calls(run: Runner, items: list[dict], constrained: bool) -> tuple[dict, list]:
+    """Exact match, name match and parsed share; the misses counted by kind (``call_miss``) and
+    the exact match by prompt length."""
     from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
 
     prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
@@ -97,28 +132,40 @@ def eval_tool_calls(run: Runner, items: list[dict], constrained: bool) -> tuple[
         greedy(200, grammar=tool_call_grammar(s["tools"], "auto")) if constrained else greedy(200)
         for s in items
     ]
-    exact = name_ok = parsed = 0
+    name_ok = parsed = 0
+    misses = {"count": 0, "name": 0, "keys": 0, "value": 0}
+    ok_list = []
     failures = []
     for s, text in zip(items, run.generate(prompts, params), strict=True):
         _, calls = parse_tool_calls(text)
         got = [{"name": c.name, "arguments": c.arguments} for c in calls]
-        ok = len(got) == len(s["expected"]) and all(
-            g["name"] == e["name"] and same_value(g["arguments"], e["arguments"])
-            for g, e in zip(got, s["expected"], strict=False)
-        )
-        exact += ok
+        miss = call_miss(got, s["expected"])
+        ok_list.append(miss is None)
         parsed += bool(got)
         name_ok += [g["name"] for g in got] == [e["name"] for e in s["expected"]]
-        if not ok:
+        if miss is not None:
+            misses[miss] += 1
             failures.append(
                 {
+                    "miss": miss,
                     "request": s["prompt_messages"][-1]["content"],
                     "expected": s["expected"],
                     "got": text,
                 }
             )
     n = len(items)
-    return {"exact_match": exact / n, "name_match": name_ok / n, "parsed": parsed / n}, failures
+    return {
+        "exact_match": sum(ok_list) / n,
+        "name_match": name_ok / n,
+        "parsed": parsed / n,
+        "misses": misses,
+        "exact_by_prompt_tokens": by_length([len(p) for p in prompts], ok_list),
+    }, failures
+
+
+def brief(metrics: dict) -> dict:
+    """A task's figures for the progress line: without the exact match by prompt length."""
+    return {k: v for k, v in metrics.items() if k != "exact_by_prompt_tokens"}
 
 
 def eval_extraction(run: Runner, items: list[dict], constrained: bool) -> tuple[dict, list]:
@@ -349,7 +396,7 @@ def main() -> None:
             t[f"{task}_{tag}"] = m
             failures[f"{task}_{tag}"] = f[:8]
         print(
-            f"target {tag}: " + json.dumps({k: v for k, v in t.items() if k.endswith(tag)}),
+            f"target {tag}: " + json.dumps({k: brief(v) for k, v in t.items() if k.endswith(tag)}),
             flush=True,
         )
     for json_mode in (False, True):
