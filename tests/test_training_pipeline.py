@@ -256,8 +256,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert first.returncode == 3, first.stderr
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
-        *("data", "data2", "data3", "tokenizer", "seed1", "seed2", "seed", "brisk-chat1"),
-        "brisk-chat2",
+        *("data", "data2", "data3", "data4", "tokenizer", "seed1", "seed2", "seed"),
+        *("brisk-chat1", "brisk-chat2"),
     ]
     assert not assets.exists()
     assert not (out / "brisk-chat2" / ".built").exists()
@@ -266,18 +266,23 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     again = log.read_text().splitlines()[len(ran) :]
     assert built_dirs(again) == [
-        *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat/model"),
-        "brisk-draft",
+        *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat45/model"),
+        *("brisk-chat6", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 5 and all("--resume" in line for line in trained)
-    # The shipped target is the mean of the last two target runs.
-    assert again[4].startswith(f"-m training.average --out {out}/brisk-chat/model ")
-    assert again[4].split()[-2:] == [f"{out}/brisk-chat4/model", f"{out}/brisk-chat5/model"]
-    assert second.stdout.count("was built by an earlier run, skipped") == 8
+    assert len(trained) == 6 and all("--resume" in line for line in trained)
+    # The sixth run starts from the mean of the fourth and fifth; the shipped target is the mean
+    # of the last three.
+    runs = [f"{out}/brisk-chat{i}/model" for i in (4, 5, 6)]
+    assert again[4].startswith(f"-m training.average --out {out}/brisk-chat45/model ")
+    assert again[4].split()[-2:] == runs[:2]
+    assert f"--init {out}/brisk-chat45/model " in again[5]
+    assert again[6].startswith(f"-m training.average --out {out}/brisk-chat/model ")
+    assert again[6].split()[-3:] == runs
+    assert second.stdout.count("was built by an earlier run, skipped") == 9
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 14
-    assert len(log.read_text().splitlines()) == len(ran) + 6
+    assert third.returncode == 0 and third.stdout.count("skipped") == 17
+    assert len(log.read_text().splitlines()) == len(ran) + 8
