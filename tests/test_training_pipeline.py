@@ -271,8 +271,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     ]
     trained = [line for line in again if "-m training.train " in line]
     assert len(trained) == 6 and all("--resume" in line for line in trained)
-    # The sixth run starts from the mean of the fourth and fifth; the shipped target is the mean
-    # of the last three.
+    # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; the shipped target is the
+    # mean of all three.
     runs = [f"{out}/brisk-chat{i}/model" for i in (4, 5, 6)]
     assert again[4].startswith(f"-m training.average --out {out}/brisk-chat45/model ")
     assert again[4].split()[-2:] == runs[:2]
