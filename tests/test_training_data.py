@@ -176,3 +176,20 @@ def test_tool_share_sets_the_tool_samples_share_and_keeps_the_other_kinds_propor
     ]
     with pytest.raises(ValueError, match="tool_share must be in"):
         generate(1, 1, "train", tool_share=1.5)
+
+
+def test_many_tools_offers_three_to_five_tools_more_often() -> None:
+    def tool_counts(many: bool) -> list[int]:
+        samples = generate(3000, 91, "train", tool_share=0.7, many_tools=many)
+        return [len(s["tools"]) for s in samples if s["kind"] in ("tool_call", "tool_loop")]
+
+    default, many = tool_counts(False), tool_counts(True)
+    assert max(default) == max(many) == 5 and min(many) == 1
+    # Weights 22/26/24/16/12 against 8/16/24/26/26: 52% and 76% of samples offer 3-5 tools
+    # (~2,000 tool samples each, binomial error ~1 point).
+    assert abs(sum(n >= 3 for n in default) / len(default) - 0.52) < 0.05
+    assert abs(sum(n >= 3 for n in many) / len(many) - 0.76) < 0.05
+    # Off, the draws are the generator's old ones.
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", many_tools=False)
+    ]

@@ -165,6 +165,11 @@ HELDOUT_WORDS |= {v for v, _ in pools.HELDOUT_VERBS}
 DEFAULT_TOOL_SHARE = 0.40
 DEFAULT_MIX = (DEFAULT_TOOL_SHARE, 0.58, 0.67, 0.78, 0.86)
 
+# How many tools a (not easy) tool sample offers: 1-5, weighted. ``--many-tools`` shifts the weight
+# to 3-5 tools, where the choice of tool goes wrong most (the held-out sets keep the default).
+TOOL_COUNT_WEIGHTS = (22, 26, 24, 16, 12)
+MANY_TOOL_COUNT_WEIGHTS = (8, 16, 24, 26, 26)
+
 
 def mix_thresholds(tool_share: float) -> tuple[float, ...]:
     """DEFAULT_MIX with the tools' share set to ``tool_share`` and the other kinds scaled to the
@@ -211,6 +216,8 @@ class Gen:
     ``tool_share`` is the share of samples that offer tools (``--tool-share``, default 0.40); the
     other kinds keep their proportions among the rest. At the default the draws are the ones the
     generator always made.
+    ``many_tools`` offers 3-5 tools more often (``--many-tools``, MANY_TOOL_COUNT_WEIGHTS); off,
+    the draws are the ones the generator always made.
     """
 
     def __init__(
@@ -221,8 +228,10 @@ class Gen:
         request_order: bool = False,
         free_text_args: bool = False,
         tool_share: float = DEFAULT_TOOL_SHARE,
+        many_tools: bool = False,
     ) -> None:
         self.r = random.Random(seed)
+        self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
         self.thresholds = mix_thresholds(tool_share)
         self.p = Pools(split)
         self.more = more_phrasings
@@ -798,7 +807,7 @@ class Gen:
             n_tools = r.choice([1, 1, 2])
             specs = self.toolset(n_tools, max_args=2)
         else:
-            n_tools = r.choices([1, 2, 3, 4, 5], weights=[22, 26, 24, 16, 12])[0]
+            n_tools = r.choices([1, 2, 3, 4, 5], weights=self.tool_count_weights)[0]
             specs = self.toolset(n_tools)
         tools = [s["tool"] for s in specs]
         if r.random() < 0.3:
@@ -1478,8 +1487,9 @@ def generate(
     request_order: bool = False,
     free_text_args: bool = False,
     tool_share: float = DEFAULT_TOOL_SHARE,
+    many_tools: bool = False,
 ) -> list[dict[str, Any]]:
-    g = Gen(seed, split, more_phrasings, request_order, free_text_args, tool_share)
+    g = Gen(seed, split, more_phrasings, request_order, free_text_args, tool_share, many_tools)
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
@@ -1581,6 +1591,11 @@ def main() -> None:
         default=DEFAULT_TOOL_SHARE,
         help="share of training samples that offer tools (the other kinds keep their proportions)",
     )
+    ap.add_argument(
+        "--many-tools",
+        action="store_true",
+        help="offer 3-5 tools more often in the training samples (see Gen)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
@@ -1592,6 +1607,7 @@ def main() -> None:
         request_order=order,
         free_text_args=args.free_text_args,
         tool_share=args.tool_share,
+        many_tools=args.many_tools,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
