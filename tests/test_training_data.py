@@ -189,7 +189,4 @@ def test_many_tools_offers_three_to_five_tools_more_often() -> None:
     # (~2,000 tool samples each, binomial error ~1 point).
     assert abs(sum(n >= 3 for n in default) / len(default) - 0.52) < 0.05
     assert abs(sum(n >= 3 for n in many) / len(many) - 0.76) < 0.05
-    # Off, the draws are the generator's old ones.
-    assert [dumps(s) for s in generate(200, 1234, "train")] == [
-        dumps(s) for s in generate(200, 1234, "train", many_tools=False)
-    ]
+    # Off (the default), the draws are the generator's old ones: the pinned first set above.
