@@ -286,3 +286,43 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     third = build()
     assert third.returncode == 0 and third.stdout.count("skipped") == 17
     assert len(log.read_text().splitlines()) == len(ran) + 8
+
+
+def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(
+    root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--grow-from with --layers: the trained two-layer draft in a three-layer model; one step with
+    --new-layer-lr-mult 1 and one with 10. The first step is the same in both (the new layer is the
+    identity), so the old layers end equal and the new layer's output projection, zero before the
+    step, ten times as far from zero (Muon's orthogonalised step scales with the rate alone)."""
+    from safetensors.torch import load_file
+
+    threads = torch.get_num_threads()
+    common = [
+        *("--preset", "draft", "--layers", "3", "--grow-from", str(root / "draft" / "model")),
+        *("--data", str(root / "data"), "--tokenizer", str(root / "tokenizer")),
+        *("--steps", "1", "--warmup", "1", "--batch-tokens", "1024", "--optimizer", "muon"),
+        *("--no-compile", "--device", "cpu", "--threads", str(threads)),
+    ]
+    weights = {}
+    for mult in ("1", "10"):
+        run_main(
+            monkeypatch, train.main, *common, "--out", str(tmp_path / mult),
+            "--new-layer-lr-mult", mult,
+        )  # fmt: skip
+        weights[mult] = load_file(tmp_path / mult / "model" / "model.safetensors")
+    torch.set_num_threads(threads)
+    config = json.loads((tmp_path / "10" / "model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3
+    old = "model.layers.1.self_attn.o_proj.weight"
+    assert torch.equal(weights["1"][old], weights["10"][old])
+    new = "model.layers.2.self_attn.o_proj.weight"
+    norms = [weights[m][new].float().norm().item() for m in ("1", "10")]
+    assert norms[0] > 0 and norms[1] / norms[0] == pytest.approx(10, rel=0.02)
+    with pytest.raises(SystemExit):  # the rate of new layers means nothing without --grow-from
+        run_main(monkeypatch, train.main, "--preset", "draft", "--out", str(tmp_path / "x"),
+                 "--new-layer-lr-mult", "3")  # fmt: skip
+    assert "--new-layer-lr-mult needs --grow-from" in capsys.readouterr().err
