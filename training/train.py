@@ -744,8 +744,8 @@ def main() -> None:
         grown_from = seed_shape.num_hidden_layers
         grow(model, state, grown_from)
         print(
-            f"[{args.preset}] layers 1-{seed_shape.num_hidden_layers} from {args.grow_from}, "
-            f"{shape.num_hidden_layers - seed_shape.num_hidden_layers} new",
+            f"[{args.preset}] layers 1-{grown_from} from {args.grow_from}, "
+            f"{shape.num_hidden_layers - grown_from} new",
             flush=True,
         )
     model.to(device)
@@ -776,9 +776,9 @@ def main() -> None:
         else []
     )
     in_muon = {id(p) for p in hidden}
-    muon_groups = (
+    muon_groups = (  # a multiplier other than 1 comes with --grow-from (checked above)
         grown_layer_groups(model, hidden, grown_from, args.new_layer_lr_mult)
-        if args.grow_from is not None and args.new_layer_lr_mult != 1.0
+        if args.new_layer_lr_mult != 1.0
         else [{"params": hidden}]
     )
     decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in in_muon]
