@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import platform
 
@@ -65,17 +66,41 @@ def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
         assert logits.shape == (0, model.config.vocab_size)
 
 
-def test_linear_bits_do_not_depend_on_the_thread_count():
-    generator = torch.Generator().manual_seed(0)
-    weight, x = torch.randn(70, 33, generator=generator), torch.randn(6, 33, generator=generator)
-    packed = native.pack(weight)
+@contextlib.contextmanager
+def thread_setup(count: int, idle_share: int = -1):
+    """torch's thread count (the kernels' team size) set to ``count``, and the kernels' test hook
+    ``brisk_test_idle_share``: that thread leaves its own share of each product's panels to the
+    others, so that taking panels from another thread's share runs whatever the timing."""
     threads = torch.get_num_threads()
+    hook = ctypes.c_int.in_dll(native.library(), "brisk_test_idle_share")
+    torch.set_num_threads(count)
+    hook.value = idle_share
     try:
-        torch.set_num_threads(1)
-        one = native.linear(x, packed, None, 70)
+        yield
     finally:
+        hook.value = -1
         torch.set_num_threads(threads)
-    assert torch.equal(native.linear(x, packed, None, 70), one)
+
+
+@pytest.mark.parametrize("rows", [70, 1000])
+def test_linear_bits_do_not_depend_on_the_thread_count(rows):
+    """Each thread takes panels of 32 outputs from its own share, then from the back of the
+    others' (more threads than panels at 70 rows): every output is computed once, the same way,
+    also where one thread leaves its whole share to the others."""
+    generator = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(rows, 33, generator=generator), torch.randn(6, 33, generator=generator)
+    packed = native.pack(weight)
+    results = {}
+    for count, idle in [(1, -1), (2, -1), (3, -1), (5, -1), (8, -1), (1, 0), (2, 0), (3, 1)]:
+        with thread_setup(count, idle):
+            results[count, idle] = [native.linear(x, packed, None, rows) for _ in range(3)]
+    one = results[1, -1][0]
+    torch.testing.assert_close(
+        one.double(), torch.nn.functional.linear(x.double(), weight.double()), atol=1e-4, rtol=0
+    )
+    for setup, outs in results.items():
+        for out in outs:
+            assert torch.equal(out, one), setup
 
 
 CASES = {
@@ -188,6 +213,25 @@ def test_a_row_gets_the_bits_of_its_tokens_fed_one_at_a_time(request, build, che
         ]
     )
     assert torch.equal(together, alone), name
+
+
+def test_the_forward_pass_bits_do_not_depend_on_the_thread_count(checkpoint):
+    """Whole passes (products that store and products that add into the residual stream) at 1, 2,
+    3 and 5 threads, and with one thread leaving its panels to the others, give the same logits."""
+    name, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
+    prompt = torch.randint(3, 150, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    runner.forward(ForwardBatch([0], [0], [prompt], [1]))
+    keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    results = {}
+    for count, idle in [(1, -1), (2, -1), (3, -1), (5, -1), (2, 0), (2, 1), (3, 2)]:
+        with thread_setup(count, idle):
+            runner.kv_cache.keys.copy_(keys)
+            runner.kv_cache.values.copy_(values)
+            results[count, idle] = runner.forward(ForwardBatch([0], [20], [[7, 8, 9]], [3]))
+    for setup, logits in results.items():
+        assert torch.equal(logits, results[1, -1]), f"{name}: {setup}"
 
 
 def test_a_batch_mixing_short_and_long_rows_runs_each_its_own_way(checkpoint):

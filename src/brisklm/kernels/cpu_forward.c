@@ -6,7 +6,8 @@
  * as ~25 torch ops per layer, each parallel kernel forks and joins the thread pool and pays its
  * dispatch cost, and the small products stop short of the bandwidth of one large read (see
  * docs/benchmarks.md). Here every phase of every layer runs inside one parallel region, separated
- * by barriers, the products split by panels of output rows across the threads.
+ * by barriers, the products split by panels of output rows across the threads (each thread its
+ * share, then what is left of the others': matmul_team).
  *
  * Every token is computed by the same instruction sequence whatever else is in the call (other
  * tokens, other rows, the thread count), so a row's result does not depend on its batch.
@@ -262,28 +263,78 @@ static void panel_tokens(const float *x, int64_t ldx, int mt, const float *panel
 #endif
 }
 
-/* Outputs [0, rows) of y (n x rows, row stride ldy) = x (n x k) @ W.T (+ b) for W packed in
- * panels, split across the team by panels; accumulate: add to y instead of storing. Must be
- * called by every thread of the team. */
-static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *packed,
-                        const float *b, int rows, float *y, int64_t ldy, int accumulate) {
-#pragma omp for schedule(static)
-    for (int p = 0; p < (rows + NB - 1) / NB; p++) {
-        const float *panel = packed + (int64_t)p * k * NB;
-        const int o = p * NB, width = rows - o < NB ? rows - o : NB;
-        float out[MB * NB];
-        for (int m0 = 0; m0 < n; m0 += MB) {
-            const int mt = n - m0 < MB ? n - m0 : MB;
-            panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out);
-            for (int m = 0; m < mt; m++) {
-                float *dst = y + (m0 + m) * ldy + o;
-                for (int c = 0; c < width; c++) {
-                    const float v = b ? out[m * NB + c] + b[o + c] : out[m * NB + c];
-                    dst[c] = accumulate ? dst[c] + v : v;
-                }
+#ifdef _OPENMP
+#define TEAM_SIZE() omp_get_num_threads()
+#else
+#define TEAM_SIZE() 1
+#endif
+#define MAX_TEAM 256 /* threads a parallel region is given at most (one team_slot each) */
+
+/* One thread's share of a product's panels: [next, end) in one word (next << 32 | end), on a
+ * cache line of its own. The owner takes panels from the front; a thread done with its own share
+ * takes them from the back of another's. A static split left the two threads of the AVX2 Zen 3
+ * 5-6% apart in product time (the second streamed slower, as on the AVX-512 VM in session 16), and
+ * the first waited at every product's barrier; with the panels shared out this way both finish
+ * together. Which thread computes a panel does not change its bits. */
+typedef struct {
+    uint64_t range;
+} __attribute__((aligned(64))) team_slot;
+
+static inline int take_panel(team_slot *s, int from_back) {
+    uint64_t cur = __atomic_load_n(&s->range, __ATOMIC_ACQUIRE);
+    for (;;) {
+        const uint32_t next = (uint32_t)(cur >> 32), end = (uint32_t)cur;
+        if (next >= end) return -1;
+        const uint64_t want = from_back ? ((uint64_t)next << 32) | (end - 1)
+                                        : ((uint64_t)(next + 1) << 32) | end;
+        if (__atomic_compare_exchange_n(&s->range, &cur, want, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return (int)(from_back ? end - 1 : next);
+    }
+}
+
+/* Outputs [o, o + NB) of y for panel p (see matmul_team). */
+static void matmul_panel(const float *x, int64_t ldx, int n, int k, const float *packed,
+                         const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
+    const float *panel = packed + (int64_t)p * k * NB;
+    const int o = p * NB, width = rows - o < NB ? rows - o : NB;
+    float out[MB * NB];
+    for (int m0 = 0; m0 < n; m0 += MB) {
+        const int mt = n - m0 < MB ? n - m0 : MB;
+        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out);
+        for (int m = 0; m < mt; m++) {
+            float *dst = y + (m0 + m) * ldy + o;
+            for (int c = 0; c < width; c++) {
+                const float v = b ? out[m * NB + c] + b[o + c] : out[m * NB + c];
+                dst[c] = accumulate ? dst[c] + v : v;
             }
         }
     }
+}
+
+/* Tests only: the thread of this number leaves its own share to the others (so that taking from
+ * the back of a share is exercised whatever the timing). -1: none. */
+int brisk_test_idle_share = -1;
+
+/* Outputs [0, rows) of y (n x rows, row stride ldy) = x (n x k) @ W.T (+ b) for W packed in
+ * panels, the panels shared out across the team (slots: one per thread, zeroed before the
+ * parallel region); accumulate: add to y instead of storing. Must be called by every thread of
+ * the team; ends with a barrier, so a slot is never reset while another thread still takes from
+ * it. A thread that looks at a slot its owner has not yet reset for this product finds it empty
+ * (every product empties all of them) and leaves those panels to the owner. */
+static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *packed,
+                        const float *b, int rows, float *y, int64_t ldy, int accumulate,
+                        team_slot *slots) {
+    const int panels = (rows + NB - 1) / NB, team = TEAM_SIZE(), tid = THREAD_NUM();
+    const uint64_t lo = (uint64_t)panels * tid / team, hi = (uint64_t)panels * (tid + 1) / team;
+    __atomic_store_n(&slots[tid].range, lo << 32 | hi, __ATOMIC_RELEASE);
+    int p;
+    while (tid != brisk_test_idle_share && (p = take_panel(&slots[tid], 0)) >= 0)
+        matmul_panel(x, ldx, n, k, packed, b, rows, y, ldy, accumulate, p);
+    for (int j = 1; j <= team; j++) /* the others', then anything left of its own */
+        while ((p = take_panel(&slots[(tid + j) % team], 1)) >= 0)
+            matmul_panel(x, ldx, n, k, packed, b, rows, y, ldy, accumulate, p);
+#pragma omp barrier
 }
 
 /* exp(x) in float32 without branches or calls, so that loops over it vectorise (libm's expf is a
@@ -547,7 +598,8 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
     const int silu_chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
-#pragma omp parallel num_threads(a->n_threads)
+    team_slot slots[MAX_TEAM] = {{0}};
+#pragma omp parallel num_threads(a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM)
     {
         const int tid = THREAD_NUM();
         float *scores = a->scores + (int64_t)tid * a->max_seq_len;
@@ -559,7 +611,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0);
+            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots);
 #pragma omp for schedule(static)
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
@@ -576,14 +628,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int item = 0; item < n * hq; item++) attend(a, l, item / hq, item % hq, scores);
             matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->o_b[l], e, a->hidden_states, e,
-                        1);
+                        1, slots);
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->post_norm[l], e, a->eps, a->xn + (int64_t)t * e);
             /* gate and up as one product over their 2 * inter contiguous rows: computing a
              * gate row and its up row together reads two streams at once, measurably slower
              * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0);
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots);
             /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
              * the threads too. */
 #pragma omp for schedule(static)
@@ -593,14 +645,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
                          inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
             }
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->down_b[l], e, a->hidden_states, e, 1);
+            matmul_team(a->act, inter, n, inter, a->down_w[l], a->down_b[l], e, a->hidden_states, e, 1, slots);
         }
 #pragma omp for schedule(static)
         for (int r = 0; r < a->n_logits; r++)
             rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
                      a->normed + (int64_t)r * e);
         if (a->head_w)
-            matmul_team(a->normed, e, a->n_logits, e, a->head_w, 0, a->vocab, a->logits, a->vocab, 0);
+            matmul_team(a->normed, e, a->n_logits, e, a->head_w, 0, a->vocab, a->logits, a->vocab, 0, slots);
     }
     return 0;
 }
@@ -610,7 +662,8 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 int brisk_linear_f32(const float *x, int n, int k, const float *w, const float *b, int rows,
                      float *y, int n_threads) {
     if (n < 1) return 1;
-#pragma omp parallel num_threads(n_threads)
-    matmul_team(x, k, n, k, w, b, rows, y, rows, 0);
+    team_slot slots[MAX_TEAM] = {{0}};
+#pragma omp parallel num_threads(n_threads < MAX_TEAM ? n_threads : MAX_TEAM)
+    matmul_team(x, k, n, k, w, b, rows, y, rows, 0, slots);
     return 0;
 }
