@@ -147,6 +147,9 @@ def test_packed_data_is_kept_for_the_next_run_and_matches_a_fresh_packing(root: 
     other = train.load_packed_buckets(data, tokenizer, 0.25, 384, 896, 0)
     assert len(list(data.parent.glob("train.packed-*.pt"))) == 2
     assert not torch.equal(other[0].weights, short.weights)
+    named = train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0, name_weight=4.0)
+    assert len(list(data.parent.glob("train.packed-*.pt"))) == 3
+    assert torch.equal(named[0].ids, short.ids) and (named[0].weights == 4.0).any()
     cached[0].write_bytes(b"not a torch file")
     again = train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0)
     assert torch.equal(again[0].ids, short.ids)
@@ -326,3 +329,38 @@ def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(
         run_main(monkeypatch, train.main, "--preset", "draft", "--out", str(tmp_path / "x"),
                  "--new-layer-lr-mult", "3")  # fmt: skip
     assert "--new-layer-lr-mult needs --grow-from" in capsys.readouterr().err
+
+
+def test_name_loss_weight_falls_on_the_called_functions_names_only() -> None:
+    """``--name-loss-weight``: the tokens of each called function's name (and nothing else) take
+    the weight; the ids and every other weight are those of the default encoding."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Path(__file__).resolve().parents[1] / "src" / "brisklm" / "assets" / "brisk-chat"
+    tool = {"type": "function", "function": {"name": "calculateMeteorShower", "parameters": {}}}
+    calls = [
+        {"type": "function", "function": {"name": "calculateMeteorShower", "arguments": {"n": 3}}},
+        {"type": "function", "function": {"name": "do_x_2", "arguments": {}}},
+    ]
+    samples = [
+        {
+            "kind": "chat",
+            "tools": [tool],
+            "messages": [
+                {"role": "user", "content": 'name "calculateMeteorShower" twice, n 3'},
+                {"role": "assistant", "tool_calls": calls},
+                {"role": "tool", "content": '{"name": "not_a_call"}'},
+                {"role": "assistant", "content": "Done: calculateMeteorShower."},
+            ],
+        },
+        {"kind": "prose", "text": '<tool_call>\n{"name": "prose_only"} text'},
+    ]
+    plain = train.encode_samples(samples, tokenizer, 0.5)
+    weighted = train.encode_samples(samples, tokenizer, 0.5, name_weight=4.0)
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    (ids, weights), (prose_ids, prose_weights) = weighted
+    assert ids == plain[0][0] and prose_ids == plain[1][0] and prose_weights == plain[1][1]
+    named = [i for i, w in enumerate(weights) if w == 4.0]
+    assert tok.decode([ids[i] for i in named]) == "calculateMeteorShowerdo_x_2"
+    assert all(weights[i] == plain[0][1][i] for i in range(len(ids)) if i not in named)
+    assert all(plain[0][1][i] == 1.0 for i in named)  # assistant tokens before

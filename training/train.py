@@ -44,6 +44,7 @@ from training.chat_format import (
     ASSISTANT_HEADER,
     IM_END,
     SPECIAL_TOKENS,
+    TOOL_CALL_START,
     render,
 )
 from training.model import Shape, TrainLlama
@@ -83,19 +84,36 @@ def load_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+TOOL_CALL_NAME_PREFIX = TOOL_CALL_START + '\n{"name": "'
+
+
+def tool_name_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Character spans of the function names in the tool calls of ``text[start:end]`` (an
+    assistant turn): what follows ``<tool_call>\n{"name": "`` up to the closing quote."""
+    spans = []
+    while (i := text.find(TOOL_CALL_NAME_PREFIX, start, end)) >= 0:
+        a = i + len(TOOL_CALL_NAME_PREFIX)
+        b = text.index('"', a)
+        spans.append((a, b))
+        start = b
+    return spans
+
+
 def encode_samples(
-    samples: list[dict], tokenizer_dir: Path, prompt_weight: float = 0.0
+    samples: list[dict], tokenizer_dir: Path, prompt_weight: float = 0.0, name_weight: float = 1.0
 ) -> list[tuple[list[int], list[float]]]:
     """Tokenize samples to (ids, per-token loss weight), each led by ``<|endoftext|>``.
 
     A token's weight is the weight of the target it is (the next-token loss at position i uses
-    the weight of token i + 1). Prose and assistant turns weigh 1, other chat text ``prompt_weight``.
+    the weight of token i + 1). Prose and assistant turns weigh 1, other chat text ``prompt_weight``;
+    tokens of a called function's name (any part of it) ``name_weight``.
     """
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    texts, spans_list = [], []
+    texts, spans_list, names_list = [], [], []
     for s in samples:
+        names: list[tuple[int, int]] = []
         if s["kind"] == "prose":
             text = s["text"] + "<|endoftext|>"
             spans = [(0, len(text))]
@@ -107,20 +125,25 @@ def encode_samples(
                 a = i + len(ASSISTANT_HEADER)
                 e = text.index(IM_END, a) + len(IM_END)
                 spans.append((a, e))
+                names.extend(tool_name_spans(text, a, e))
                 start = e
         texts.append(text)
         spans_list.append(spans)
+        names_list.append(names)
     out = []
-    for enc, spans in zip(
-        tok.encode_batch(texts, add_special_tokens=False), spans_list, strict=True
+    for enc, spans, names in zip(
+        tok.encode_batch(texts, add_special_tokens=False), spans_list, names_list, strict=True
     ):
         weights = []
-        k = 0
+        k = j = 0
         for s, e in enc.offsets:
             while k < len(spans) and spans[k][1] <= s:
                 k += 1
+            while j < len(names) and names[j][1] <= s:
+                j += 1
             inside = k < len(spans) and spans[k][0] <= s and e <= spans[k][1]
-            weights.append(1.0 if inside else prompt_weight)
+            in_name = j < len(names) and names[j][0] < e
+            weights.append(name_weight if in_name else 1.0 if inside else prompt_weight)
         # The leading <|endoftext|> is never a target.
         out.append(([0] + enc.ids, [0.0] + weights))
     return out
@@ -219,6 +242,7 @@ def load_packed_buckets(
     seq_len: int,
     long_seq_len: int,
     seed: int,
+    name_weight: float = 1.0,
 ) -> tuple[Packed, Packed | None, int, int]:
     """``pack_buckets(encode_samples(load_jsonl(path), ...))`` and the number of samples, kept in a
     file beside ``path`` for the next run with the same inputs.
@@ -232,7 +256,7 @@ def load_packed_buckets(
         key.update(hashlib.sha256(file.read_bytes()).digest())
     code = [inspect.getsource(f) for f in (encode_samples, pack, pack_buckets, load_jsonl)]
     code.append(Path(render.__code__.co_filename).read_text(encoding="utf-8"))
-    key.update(json.dumps([code, prompt_weight, seq_len, long_seq_len, seed]).encode())
+    key.update(json.dumps([code, prompt_weight, seq_len, long_seq_len, seed, name_weight]).encode())
     cache = path.with_name(f"{path.stem}.packed-{key.hexdigest()[:20]}.pt")
     if cache.exists():
         try:
@@ -253,7 +277,10 @@ def load_packed_buckets(
             print(f"ignoring {cache} ({error}); packing again", flush=True)
     samples = load_jsonl(path)
     short, long, dropped = pack_buckets(
-        encode_samples(samples, tokenizer_dir, prompt_weight), seq_len, long_seq_len, seed
+        encode_samples(samples, tokenizer_dir, prompt_weight, name_weight),
+        seq_len,
+        long_seq_len,
+        seed,
     )
     stored = []
     for b in (short, long):
@@ -639,6 +666,12 @@ def main() -> None:
         default=0.5,
         help="loss weight of non-assistant chat tokens (assistant turns and prose: 1)",
     )
+    ap.add_argument(
+        "--name-loss-weight",
+        type=float,
+        default=1.0,
+        help="loss weight of the tokens of a called function's name in assistant tool calls",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (compute on a CPU, data)")
     ap.add_argument(
@@ -692,6 +725,7 @@ def main() -> None:
         args.seq_len,
         args.long_seq_len,
         args.seed,
+        args.name_loss_weight,
     )
     easy: list[Packed] = []
     if args.easy_steps:
@@ -702,6 +736,7 @@ def main() -> None:
             args.seq_len,
             args.long_seq_len,
             args.seed + 7,
+            args.name_loss_weight,
         )
         easy = [p for p in (e1, e2) if p is not None]
         print(
@@ -930,6 +965,7 @@ def main() -> None:
         "precision": args.precision,
         "device": str(device),
         "prompt_loss_weight": args.prompt_loss_weight,
+        "name_loss_weight": args.name_loss_weight,
         "teacher": str(args.teacher) if args.teacher else None,
         "train_loss_ema": ema,
         "heldout_loss": held,

@@ -272,10 +272,10 @@ static void panel_tokens(const float *x, int64_t ldx, int mt, const float *panel
 
 /* One thread's share of a product's panels: [next, end) in one word (next << 32 | end), on a
  * cache line of its own. The owner takes panels from the front; a thread done with its own share
- * takes them from the back of another's. A static split left the two threads of the AVX2 Zen 3
- * 5-6% apart in product time (the second streamed slower, as on the AVX-512 VM in session 16), and
- * the first waited at every product's barrier; with the panels shared out this way both finish
- * together. Which thread computes a panel does not change its bits. */
+ * takes them from the back of another's. With a static split, a core that streamed slower (5-6%
+ * in some runs on the AVX2 Zen 3, as on the AVX-512 VM in session 16) held the other at every
+ * product's barrier; shared out this way, the threads finish together. Which thread computes a
+ * panel does not change its bits. */
 typedef struct {
     uint64_t range;
 } __attribute__((aligned(64))) team_slot;
