@@ -22,8 +22,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #define THREAD_NUM() omp_get_thread_num()
+#define TEAM_SIZE() omp_get_num_threads()
 #else
 #define THREAD_NUM() 0
+#define TEAM_SIZE() 1
 #endif
 
 typedef float vf __attribute__((vector_size(64)));
@@ -263,11 +265,6 @@ static void panel_tokens(const float *x, int64_t ldx, int mt, const float *panel
 #endif
 }
 
-#ifdef _OPENMP
-#define TEAM_SIZE() omp_get_num_threads()
-#else
-#define TEAM_SIZE() 1
-#endif
 #define MAX_TEAM 256 /* threads a parallel region is given at most (one team_slot each) */
 
 /* One thread's share of a product's panels: [next, end) in one word (next << 32 | end), on a
@@ -328,8 +325,9 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *
     const int panels = (rows + NB - 1) / NB, team = TEAM_SIZE(), tid = THREAD_NUM();
     const uint64_t lo = (uint64_t)panels * tid / team, hi = (uint64_t)panels * (tid + 1) / team;
     __atomic_store_n(&slots[tid].range, lo << 32 | hi, __ATOMIC_RELEASE);
+    const int takes_own = tid != brisk_test_idle_share; /* read once, not per panel */
     int p;
-    while (tid != brisk_test_idle_share && (p = take_panel(&slots[tid], 0)) >= 0)
+    while (takes_own && (p = take_panel(&slots[tid], 0)) >= 0)
         matmul_panel(x, ldx, n, k, packed, b, rows, y, ldy, accumulate, p);
     for (int j = 1; j <= team; j++) /* the others', then anything left of its own */
         while ((p = take_panel(&slots[(tid + j) % team], 1)) >= 0)
