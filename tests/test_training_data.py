@@ -9,7 +9,14 @@ import json
 
 import pytest
 
-from training.generate_data import FREE_TEXT_ARG_NAMES, dumps, generate, generate_eval
+from training import pools
+from training.generate_data import (
+    FREE_TEXT_ARG_NAMES,
+    HELDOUT_WORDS,
+    dumps,
+    generate,
+    generate_eval,
+)
 
 # sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234
 # --request-order`, the set the shipped models were trained on (training/build_all.sh); a change
@@ -190,3 +197,48 @@ def test_many_tools_offers_three_to_five_tools_more_often() -> None:
     assert abs(sum(n >= 3 for n in default) / len(default) - 0.52) < 0.05
     assert abs(sum(n >= 3 for n in many) / len(many) - 0.76) < 0.05
     # Off (the default), the draws are the generator's old ones: the pinned first set above.
+
+
+def test_open_verbs_draw_the_verb_of_a_tool_name_from_an_open_set() -> None:
+    verbs = {phrase.split()[0] for _, phrase in pools.VERBS}
+    extra = set(pools.EXTRA_VERBS)
+    held_out = {v for v, _ in pools.HELDOUT_VERBS}
+    assert not extra & (verbs | held_out | HELDOUT_WORDS)
+    kinds = {"closed": 0, "extra": 0, "made_up": 0}
+    stated = [0, 0]
+    samples = generate(3000, 92, "train", tool_share=0.7, more_phrasings=True, open_verbs=0.5)
+    for s in samples:
+        for tool in s.get("tools") or []:
+            fn = tool["function"]
+            # The description starts with the verb phrase: "Megous the payment."
+            verb = fn["description"].split()[0].lower()
+            kind = "closed" if verb in verbs else "extra" if verb in extra else "made_up"
+            kinds[kind] += 1
+            assert verb not in held_out
+            if kind != "closed":
+                assert verb not in HELDOUT_WORDS
+                assert verb in fn["name"].lower(), (verb, fn["name"])
+        if s["kind"] in ("tool_call", "tool_loop"):
+            # The called function's verb is in the request, to be copied from there (but for the
+            # styles that name no verb: "Tell me the linhal entry of Sydney.").
+            user, calls = user_and_calls(s)
+            descriptions = {t["function"]["name"]: t["function"]["description"] for t in s["tools"]}
+            for call in calls:
+                verb = descriptions[call["name"]].split()[0].lower()
+                stated[verb in user.lower() or call["name"] in user] += 1
+    assert stated[1] > 0.9 * sum(stated), stated
+    total = sum(kinds.values())
+    # Half the verbs stay the closed set's, a quarter each from EXTRA_VERBS and made-up words
+    # (several thousand tools: binomial errors under a point).
+    assert abs(kinds["closed"] / total - 0.50) < 0.04
+    assert abs(kinds["extra"] / total - 0.25) < 0.04
+    assert abs(kinds["made_up"] / total - 0.25) < 0.04
+    # Off (the default), the draws are the generator's old ones; the held-out split ignores it.
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", open_verbs=0.0)
+    ]
+    assert [dumps(s) for s in generate(50, 5, "eval")] == [
+        dumps(s) for s in generate(50, 5, "eval", open_verbs=0.5)
+    ]
+    with pytest.raises(ValueError, match="open_verbs must be in"):
+        generate(1, 1, "train", open_verbs=1.5)

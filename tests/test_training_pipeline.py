@@ -259,7 +259,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert first.returncode == 3, first.stderr
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
-        *("data", "data2", "data3", "data4", "tokenizer", "seed1", "seed2", "seed"),
+        *("data", "data2", "data3", "data4", "data5", "tokenizer", "seed1", "seed2", "seed"),
         *("brisk-chat1", "brisk-chat2"),
     ]
     assert not assets.exists()
@@ -270,25 +270,27 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     again = log.read_text().splitlines()[len(ran) :]
     assert built_dirs(again) == [
         *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat45/model"),
-        *("brisk-chat6", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat6", "brisk-chat456/model", "brisk-chat", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 6 and all("--resume" in line for line in trained)
-    # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; the shipped target is the
-    # mean of all three.
+    assert len(trained) == 7 and all("--resume" in line for line in trained)
+    # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; the shipped target is trained
+    # on the fifth set from the mean of all three.
     runs = [f"{out}/brisk-chat{i}/model" for i in (4, 5, 6)]
     assert again[4].startswith(f"-m training.average --out {out}/brisk-chat45/model ")
     assert again[4].split()[-2:] == runs[:2]
     assert f"--init {out}/brisk-chat45/model " in again[5]
-    assert again[6].startswith(f"-m training.average --out {out}/brisk-chat/model ")
+    assert again[6].startswith(f"-m training.average --out {out}/brisk-chat456/model ")
     assert again[6].split()[-3:] == runs
-    assert second.stdout.count("was built by an earlier run, skipped") == 9
+    assert f"--init {out}/brisk-chat456/model " in again[7]
+    assert f"--data {out}/data5 " in again[7] and f"--out {out}/brisk-chat " in again[7]
+    assert second.stdout.count("was built by an earlier run, skipped") == 10
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 17
-    assert len(log.read_text().splitlines()) == len(ran) + 8
+    assert third.returncode == 0 and third.stdout.count("skipped") == 19
+    assert len(log.read_text().splitlines()) == len(ran) + 9
 
 
 def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(

@@ -51,6 +51,11 @@ step "$OUT/data3" python -m training.generate_data --out "$OUT/data3" --seed 567
 # The fourth: the third's recipe with another seed.
 step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 9012 \
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6
+# The fifth: the fourth's recipe with another seed, 3-5 tools offered more often, and half the tools'
+# verbs drawn from an open set (English verbs and made-up words) instead of the 50 of pools.VERBS.
+step "$OUT/data5" python -m training.generate_data --out "$OUT/data5" --seed 6790 \
+    --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
+    --many-tools --open-verbs 0.5
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
 
@@ -102,8 +107,14 @@ step "$OUT/brisk-chat6" python -m training.train --preset target "${common[@]}" 
     --data "$OUT/data4" --out "$OUT/brisk-chat6" --init "$OUT/brisk-chat45/model" --seed 6 \
     --steps 1000 --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
     --eval-every 500 --optimizer muon --precision float32
-step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
+step "$OUT/brisk-chat456" python -m training.average --out "$OUT/brisk-chat456/model" \
     "$OUT/brisk-chat4/model" "$OUT/brisk-chat5/model" "$OUT/brisk-chat6/model"
+# The last run (2026-12-01): 700 steps from that mean on the fifth set, whose open verbs teach the
+# model to copy a function name's verb from the request instead of choosing among the 50 it knew.
+step "$OUT/brisk-chat" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data5" --out "$OUT/brisk-chat" --init "$OUT/brisk-chat456/model" --seed 8 \
+    --steps 700 --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
+    --eval-every 350 --optimizer muon --precision float32
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \

@@ -218,6 +218,10 @@ class Gen:
     generator always made.
     ``many_tools`` offers 3-5 tools more often (``--many-tools``, MANY_TOOL_COUNT_WEIGHTS); off,
     the draws are the ones the generator always made.
+    ``open_verbs`` is the share of training tools whose verb comes from an open set instead of
+    ``pools.VERBS`` (``--open-verbs``): half of them an English verb of ``pools.EXTRA_VERBS``, half a
+    made-up word, so that the verb of a function name is copied from the request, not recalled from
+    50. At 0 (the default) no extra random numbers are drawn; the held-out split ignores it.
     """
 
     def __init__(
@@ -229,8 +233,12 @@ class Gen:
         free_text_args: bool = False,
         tool_share: float = DEFAULT_TOOL_SHARE,
         many_tools: bool = False,
+        open_verbs: float = 0.0,
     ) -> None:
+        if not 0.0 <= open_verbs <= 1.0:
+            raise ValueError(f"open_verbs must be in [0, 1], got {open_verbs}")
         self.r = random.Random(seed)
+        self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
         self.thresholds = mix_thresholds(tool_share)
         self.p = Pools(split)
@@ -402,7 +410,11 @@ class Gen:
 
     def make_tool(self, avoid_topics: set[str], max_args: int = 4) -> dict[str, Any]:
         r = self.r
-        verb, verb_phrase = r.choice(self.p.verbs)
+        if self.open_verbs and r.random() < self.open_verbs:
+            verb = r.choice(pools.EXTRA_VERBS) if r.random() < 0.5 else self.made_up_word()
+            verb_phrase = verb
+        else:
+            verb, verb_phrase = r.choice(self.p.verbs)
         topic = self.topic(avoid_topics)
         name = self.func_name(verb, topic)
         nargs = r.choices(
@@ -1488,8 +1500,18 @@ def generate(
     free_text_args: bool = False,
     tool_share: float = DEFAULT_TOOL_SHARE,
     many_tools: bool = False,
+    open_verbs: float = 0.0,
 ) -> list[dict[str, Any]]:
-    g = Gen(seed, split, more_phrasings, request_order, free_text_args, tool_share, many_tools)
+    g = Gen(
+        seed,
+        split,
+        more_phrasings,
+        request_order,
+        free_text_args,
+        tool_share,
+        many_tools,
+        open_verbs,
+    )
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
@@ -1556,6 +1578,17 @@ def tool_share_arg(text: str) -> float:
     return share
 
 
+def open_verbs_arg(text: str) -> float:
+    """--open-verbs' type: a share in [0, 1]."""
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"--open-verbs must be in [0, 1], got {share}")
+    return share
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1596,6 +1629,12 @@ def main() -> None:
         action="store_true",
         help="offer 3-5 tools more often in the training samples (see Gen)",
     )
+    ap.add_argument(
+        "--open-verbs",
+        type=open_verbs_arg,
+        default=0.0,
+        help="share of training tools whose verb is drawn from an open set (see Gen)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
@@ -1608,6 +1647,7 @@ def main() -> None:
         free_text_args=args.free_text_args,
         tool_share=args.tool_share,
         many_tools=args.many_tools,
+        open_verbs=args.open_verbs,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
