@@ -270,12 +270,13 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     again = log.read_text().splitlines()[len(ran) :]
     assert built_dirs(again) == [
         *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat45/model"),
-        *("brisk-chat6", "brisk-chat456/model", "brisk-chat", "brisk-draft"),
+        *("brisk-chat6", "brisk-chat456/model", "brisk-chat7", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
     assert len(trained) == 7 and all("--resume" in line for line in trained)
-    # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; the shipped target is trained
-    # on the fifth set from the mean of all three.
+    # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
+    # fifth set from the mean of all three, and the shipped target is the mean of that mean and
+    # brisk-chat7.
     runs = [f"{out}/brisk-chat{i}/model" for i in (4, 5, 6)]
     assert again[4].startswith(f"-m training.average --out {out}/brisk-chat45/model ")
     assert again[4].split()[-2:] == runs[:2]
@@ -283,14 +284,16 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert again[6].startswith(f"-m training.average --out {out}/brisk-chat456/model ")
     assert again[6].split()[-3:] == runs
     assert f"--init {out}/brisk-chat456/model " in again[7]
-    assert f"--data {out}/data5 " in again[7] and f"--out {out}/brisk-chat " in again[7]
+    assert f"--data {out}/data5 " in again[7] and f"--out {out}/brisk-chat7 " in again[7]
+    assert again[8].startswith(f"-m training.average --out {out}/brisk-chat/model ")
+    assert again[8].split()[-2:] == [f"{out}/brisk-chat456/model", f"{out}/brisk-chat7/model"]
     assert second.stdout.count("was built by an earlier run, skipped") == 10
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 19
-    assert len(log.read_text().splitlines()) == len(ran) + 9
+    assert third.returncode == 0 and third.stdout.count("skipped") == 20
+    assert len(log.read_text().splitlines()) == len(ran) + 10
 
 
 def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(

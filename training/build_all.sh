@@ -110,11 +110,16 @@ step "$OUT/brisk-chat6" python -m training.train --preset target "${common[@]}" 
 step "$OUT/brisk-chat456" python -m training.average --out "$OUT/brisk-chat456/model" \
     "$OUT/brisk-chat4/model" "$OUT/brisk-chat5/model" "$OUT/brisk-chat6/model"
 # The last run (2026-12-01): 700 steps from that mean on the fifth set, whose open verbs teach the
-# model to copy a function name's verb from the request instead of choosing among the 50 it knew.
-step "$OUT/brisk-chat" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data5" --out "$OUT/brisk-chat" --init "$OUT/brisk-chat456/model" --seed 8 \
+# model to copy a function name's verb from the request instead of choosing among the 50 it knew;
+# the shipped target is the mean of that run's weights and the mean it started from (on three
+# held-out sets of 1,000 tool calls: 88.3-90.6%; the run alone 87.6-90.0%, the mean before it
+# 86.5-87.6%).
+step "$OUT/brisk-chat7" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data5" --out "$OUT/brisk-chat7" --init "$OUT/brisk-chat456/model" --seed 8 \
     --steps 700 --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
     --eval-every 350 --optimizer muon --precision float32
+step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
+    "$OUT/brisk-chat456/model" "$OUT/brisk-chat7/model"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
