@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Rebuild brisk's bundled models end to end: data -> tokenizer -> seed -> target -> draft -> assets.
-# The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the last four (float32)
-# 59, 94, 64 and 79 minutes on an AVX2 Zen 3 (see training/README.md; an AVX2-only CPU trains in
-# float32, --precision auto, about six times slower than bfloat16 on AVX-512), with two averages.
+# The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the last five (float32)
+# 59, 94, 64, 79 and 64 minutes on an AVX2 Zen 3 (see training/README.md; an AVX2-only CPU trains in
+# float32, --precision auto, about six times slower than bfloat16 on AVX-512), with three averages.
 # Run from the repository root:
 #   bash training/build_all.sh
 #   python -m training.evaluate --out training/eval_results.json   # then score them
@@ -51,8 +51,9 @@ step "$OUT/data3" python -m training.generate_data --out "$OUT/data3" --seed 567
 # The fourth: the third's recipe with another seed.
 step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 9012 \
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6
-# The fifth: the fourth's recipe with another seed, 3-5 tools offered more often, and half the tools'
-# verbs drawn from an open set (English verbs and made-up words) instead of the 50 of pools.VERBS.
+# The fifth: the fourth's recipe with another seed, 3-5 tools offered more often, and half the
+# tools' verbs drawn from an open set (English verbs and made-up words) instead of the 50 of
+# pools.VERBS.
 step "$OUT/data5" python -m training.generate_data --out "$OUT/data5" --seed 6790 \
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
     --many-tools --open-verbs 0.5
@@ -83,7 +84,7 @@ step "$OUT/brisk-chat2" python -m training.train --preset target "${common[@]}" 
     --data "$OUT/data2" --out "$OUT/brisk-chat2" --init "$OUT/brisk-chat1/model" --seed 1 \
     --steps 2200 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 \
     --eval-every 500 --optimizer muon
-# The last four runs: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on
+# The last five runs: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on
 # an AVX-512 CPU, where the runs above computed in bfloat16).
 step "$OUT/brisk-chat3" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data2" --out "$OUT/brisk-chat3" --init "$OUT/brisk-chat2/model" --seed 3 \
