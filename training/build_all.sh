@@ -85,29 +85,29 @@ step "$OUT/brisk-chat2" python -m training.train --preset target "${common[@]}" 
     --steps 2200 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 \
     --eval-every 500 --optimizer muon
 # The last five runs: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on
-# an AVX-512 CPU, where the runs above computed in bfloat16).
+# an AVX-512 CPU, where the runs above computed in bfloat16), all at 30% of the second run's rate
+# with the same drills.
+late=(--drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --optimizer muon
+      --precision float32)
 step "$OUT/brisk-chat3" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data2" --out "$OUT/brisk-chat3" --init "$OUT/brisk-chat2/model" --seed 3 \
-    --steps 800 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
-    --eval-every 400 --optimizer muon --precision float32
+    --steps 800 --drill-frac 0.3 --eval-every 400 "${late[@]}"
 step "$OUT/brisk-chat4" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data2" --out "$OUT/brisk-chat4" --init "$OUT/brisk-chat3/model" --seed 4 \
-    --steps 1200 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
-    --eval-every 400 --optimizer muon --precision float32
+    --steps 1200 --drill-frac 0.3 --eval-every 400 "${late[@]}"
 # Then 1000 steps on the third set (60% tool samples, 20% drill steps); the mean of the last two
 # runs' weights (training/average.py); 1000 steps from that mean on the fourth set; and the shipped
-# target is the mean of the last three runs' weights (on three held-out sets of 1,000 tool calls:
-# 86.5-87.6%; the mean of two 86.0-86.8%, each run alone 85.0-86.2%; see training/README.md).
+# target was the mean of the last three runs' weights (on three held-out sets of 1,000 tool calls:
+# 86.5-87.6%; the mean of two 86.0-86.8%, each run alone 85.0-86.2%; see training/README.md) until
+# the last run started from it.
 step "$OUT/brisk-chat5" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data3" --out "$OUT/brisk-chat5" --init "$OUT/brisk-chat4/model" --seed 5 \
-    --steps 1000 --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
-    --eval-every 500 --optimizer muon --precision float32
+    --steps 1000 --drill-frac 0.2 --eval-every 500 "${late[@]}"
 step "$OUT/brisk-chat45" python -m training.average --out "$OUT/brisk-chat45/model" \
     "$OUT/brisk-chat4/model" "$OUT/brisk-chat5/model"
 step "$OUT/brisk-chat6" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data4" --out "$OUT/brisk-chat6" --init "$OUT/brisk-chat45/model" --seed 6 \
-    --steps 1000 --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
-    --eval-every 500 --optimizer muon --precision float32
+    --steps 1000 --drill-frac 0.2 --eval-every 500 "${late[@]}"
 step "$OUT/brisk-chat456" python -m training.average --out "$OUT/brisk-chat456/model" \
     "$OUT/brisk-chat4/model" "$OUT/brisk-chat5/model" "$OUT/brisk-chat6/model"
 # The last run (2026-12-01): 700 steps from that mean on the fifth set, whose open verbs teach the
@@ -117,8 +117,7 @@ step "$OUT/brisk-chat456" python -m training.average --out "$OUT/brisk-chat456/m
 # 86.5-87.6%).
 step "$OUT/brisk-chat7" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data5" --out "$OUT/brisk-chat7" --init "$OUT/brisk-chat456/model" --seed 8 \
-    --steps 700 --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 \
-    --eval-every 350 --optimizer muon --precision float32
+    --steps 700 --drill-frac 0.2 --eval-every 350 "${late[@]}"
 step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
     "$OUT/brisk-chat456/model" "$OUT/brisk-chat7/model"
 

@@ -16,6 +16,7 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,11 +172,17 @@ TOOL_COUNT_WEIGHTS = (22, 26, 24, 16, 12)
 MANY_TOOL_COUNT_WEIGHTS = (8, 16, 24, 26, 26)
 
 
+def check_share(name: str, value: float) -> float:
+    """``value`` if it is a share in [0, 1], else a ValueError naming ``name``."""
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return value
+
+
 def mix_thresholds(tool_share: float) -> tuple[float, ...]:
     """DEFAULT_MIX with the tools' share set to ``tool_share`` and the other kinds scaled to the
     rest; the default share returns DEFAULT_MIX itself, so those draws never change."""
-    if not 0.0 <= tool_share <= 1.0:
-        raise ValueError(f"tool_share must be in [0, 1], got {tool_share}")
+    check_share("tool_share", tool_share)
     if tool_share == DEFAULT_TOOL_SHARE:
         return DEFAULT_MIX
     scale = (1.0 - tool_share) / (1.0 - DEFAULT_TOOL_SHARE)
@@ -235,9 +242,8 @@ class Gen:
         many_tools: bool = False,
         open_verbs: float = 0.0,
     ) -> None:
-        if not 0.0 <= open_verbs <= 1.0:
-            raise ValueError(f"open_verbs must be in [0, 1], got {open_verbs}")
         self.r = random.Random(seed)
+        check_share("open_verbs", open_verbs)
         self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
         self.thresholds = mix_thresholds(tool_share)
@@ -1568,25 +1574,16 @@ def generate_eval(
     return out
 
 
-def tool_share_arg(text: str) -> float:
-    """--tool-share's type: a float that mix_thresholds accepts."""
-    try:
-        share = float(text)
-        mix_thresholds(share)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return share
+def share_arg(name: str) -> Callable[[str], float]:
+    """An argparse type: a float in [0, 1] (``check_share`` under ``name``)."""
 
+    def parse(text: str) -> float:
+        try:
+            return check_share(name, float(text))
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
 
-def open_verbs_arg(text: str) -> float:
-    """--open-verbs' type: a share in [0, 1]."""
-    try:
-        share = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= share <= 1.0:
-        raise argparse.ArgumentTypeError(f"--open-verbs must be in [0, 1], got {share}")
-    return share
+    return parse
 
 
 def main() -> None:
@@ -1620,7 +1617,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--tool-share",
-        type=tool_share_arg,
+        type=share_arg("--tool-share"),
         default=DEFAULT_TOOL_SHARE,
         help="share of training samples that offer tools (the other kinds keep their proportions)",
     )
@@ -1631,7 +1628,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--open-verbs",
-        type=open_verbs_arg,
+        type=share_arg("--open-verbs"),
         default=0.0,
         help="share of training tools whose verb is drawn from an open set (see Gen)",
     )
