@@ -558,6 +558,26 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+def non_finite_message(
+    args: argparse.Namespace, step: int, loss: float, gnorm: float, checkpointed: bool
+) -> str:
+    """The error that stops a run whose loss or gradients stopped being finite, before the optimizer
+    step could write NaN into the weights."""
+    kept = "its last checkpoint is kept" if checkpointed else "no checkpoint was written yet"
+    hint = "a lower --lr"
+    if args.precision != "float32":
+        hint += " or --precision float32"
+        if not args.no_compile:
+            # Seen 2026-12-02: torch 2.13's compiled bfloat16 backward on an AMX Xeon gave NaN
+            # gradients from the first step; the same step in eager mode was finite.
+            hint = "--no-compile (a compiled bfloat16 backward has given NaN gradients), " + hint
+    return (
+        f"[{args.preset}] step {step}: the loss ({loss}) or the gradient norm ({gnorm}) is not "
+        f"finite; stopped before the optimizer step ({kept}, nothing exported). Computing in "
+        f"{args.precision}{'' if args.no_compile else ' under torch.compile'}: try {hint}."
+    )
+
+
 def resolve_precision(choice: str, device: torch.device = CPU) -> str:
     """``--precision auto``: bfloat16 where the device multiplies it natively: a GPU that supports
     it, a CPU where oneDNN does (AVX-512 and newer); an AVX2-only CPU emulates bfloat16 matmuls
@@ -919,6 +939,10 @@ def main() -> None:
             loss, ce = loss_fn(*batch)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not (math.isfinite(loss.item()) and math.isfinite(gnorm.item())):
+            raise SystemExit(
+                non_finite_message(args, step + 1, loss.item(), gnorm.item(), ckpt_path.exists())
+            )
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens_seen += batch[0].numel()

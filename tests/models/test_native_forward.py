@@ -181,11 +181,15 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(request, build, checkpoint
         runner.native = native_pass
         got = runner.forward(batch)
         # Products summed in another order, at an init of 0.5 (logits ~16): up to ~3e-5 of the
-        # logit scale over rows of up to 32 tokens, test_parity's batch tolerance; bugs show as O(1).
+        # logit scale over rows of up to 32 tokens, test_parity's batch tolerance; 3.6e-5 with
+        # 136-wide heads on an AVX-512 Xeon with AMX (2026-12-02). Bugs show as O(1).
         diff = (got - expected).abs().max().item()
-        assert diff <= 5e-4, f"{name} step {step}: max |logit diff| {diff}"
-        # The native pass wrote the same keys into the cache.
-        torch.testing.assert_close(runner.kv_cache.keys, torch_keys, atol=1e-4, rtol=1e-4)
+        scale = expected.abs().max().item()
+        assert diff <= 5e-5 * scale, f"{name} step {step}: max |logit diff| {diff} of {scale}"
+        # The native pass wrote the same keys into the cache: the deeper layers' keys carry the
+        # rounding of the layers below (one of 208,896 off by 3e-4 with 136-wide heads on the
+        # AMX Xeon, 2026-12-02); a bug moves many, by O(1).
+        torch.testing.assert_close(runner.kv_cache.keys, torch_keys, atol=5e-4, rtol=5e-4)
         lengths = [n + q for n, q in zip(lengths, query)]
 
 
