@@ -129,6 +129,32 @@ def test_an_unusable_device_is_one_clear_error(
     assert "no CUDA device" in capsys.readouterr().err
 
 
+def test_a_run_whose_loss_stops_being_finite_stops_with_one_clear_error(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An absurd learning rate sends the weights to infinity after the first step: the second
+    step's gradients are NaN, and the run stops there, naming the step, instead of training on NaN
+    and exporting it."""
+    threads = torch.get_num_threads()
+    out = tmp_path / "blown"
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(
+            monkeypatch,
+            train.main,
+            *("--preset", "draft", "--data", str(root / "data")),
+            *("--tokenizer", str(root / "tokenizer"), "--out", str(out)),
+            *("--steps", "4", "--warmup", "1", "--lr", "1e30", "--batch-tokens", "1024"),
+            *("--no-compile", "--device", "cpu", "--precision", "float32", "--log-every", "1"),
+            *("--threads", str(threads)),
+        )
+    torch.set_num_threads(threads)
+    message = str(exit_info.value.code)
+    assert message.startswith("[draft] step 2: the loss ("), message
+    assert "the gradient norm (nan) is not finite" in message
+    assert "nothing exported" in message and "try a lower --lr." in message
+    assert not (out / "model").exists() and not (out / "train_summary.json").exists()
+
+
 def test_packed_data_is_kept_for_the_next_run_and_matches_a_fresh_packing(root: Path) -> None:
     data, tokenizer = root / "data" / "train.jsonl", root / "tokenizer"
     # The training run above left its packing beside the data: this call reads it.
@@ -259,8 +285,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert first.returncode == 3, first.stderr
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
-        *("data", "data2", "data3", "data4", "data5", "tokenizer", "seed1", "seed2", "seed"),
-        *("brisk-chat1", "brisk-chat2"),
+        *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "tokenizer"),
+        *("seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"),
     ]
     assert not assets.exists()
     assert not (out / "brisk-chat2" / ".built").exists()
@@ -270,30 +296,58 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     again = log.read_text().splitlines()[len(ran) :]
     assert built_dirs(again) == [
         *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat45/model"),
-        *("brisk-chat6", "brisk-chat456/model", "brisk-chat7", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat6", "brisk-chat456/model", "brisk-chat7", "brisk-chat47/model"),
+        *("brisk-chat8", "brisk-chat47-8/model", "brisk-chat9", "brisk-chat47-8-9/model"),
+        *("brisk-chat10", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 7 and all("--resume" in line for line in trained)
+    assert len(trained) == 10 and all("--resume" in line for line in trained)
+
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
-    # fifth set from the mean of all three, and the shipped target is the mean of that mean and
-    # brisk-chat7.
-    runs = [f"{out}/brisk-chat{i}/model" for i in (4, 5, 6)]
-    assert again[4].startswith(f"-m training.average --out {out}/brisk-chat45/model ")
-    assert again[4].split()[-2:] == runs[:2]
-    assert f"--init {out}/brisk-chat45/model " in again[5]
-    assert again[6].startswith(f"-m training.average --out {out}/brisk-chat456/model ")
-    assert again[6].split()[-3:] == runs
-    assert f"--init {out}/brisk-chat456/model " in again[7]
-    assert f"--data {out}/data5 " in again[7] and f"--out {out}/brisk-chat7 " in again[7]
-    assert again[8].startswith(f"-m training.average --out {out}/brisk-chat/model ")
-    assert again[8].split()[-2:] == [f"{out}/brisk-chat456/model", f"{out}/brisk-chat7/model"]
-    assert second.stdout.count("was built by an earlier run, skipped") == 10
+    # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
+    # mean of brisk-chat456 and brisk-chat7) and the runs after it, and the shipped target is the
+    # mean of brisk-chat47 and the last three runs.
+    def model(name: str) -> str:
+        return f"{out}/{name}/model"
+
+    def averaged(i: int, name: str, *inputs: str) -> None:
+        assert again[i].startswith(f"-m training.average --out {model(name)} "), again[i]
+        assert again[i].split()[-len(inputs) :] == [model(x) for x in inputs]
+
+    def trained_from(i: int, name: str, start: str, data: str) -> None:
+        assert f"--out {out}/{name} " in again[i] and f"--init {model(start)} " in again[i]
+        assert f"--data {out}/{data} " in again[i]
+
+    averaged(4, "brisk-chat45", "brisk-chat4", "brisk-chat5")
+    trained_from(5, "brisk-chat6", "brisk-chat45", "data4")
+    averaged(6, "brisk-chat456", "brisk-chat4", "brisk-chat5", "brisk-chat6")
+    trained_from(7, "brisk-chat7", "brisk-chat456", "data5")
+    averaged(8, "brisk-chat47", "brisk-chat456", "brisk-chat7")
+    trained_from(9, "brisk-chat8", "brisk-chat47", "data6")
+    averaged(10, "brisk-chat47-8", "brisk-chat47", "brisk-chat8")
+    trained_from(11, "brisk-chat9", "brisk-chat47-8", "data7")
+    averaged(12, "brisk-chat47-8-9", "brisk-chat47", "brisk-chat8", "brisk-chat9")
+    trained_from(13, "brisk-chat10", "brisk-chat47-8-9", "data8")
+    averaged(14, "brisk-chat", "brisk-chat47", "brisk-chat8", "brisk-chat9", "brisk-chat10")
+    for line in again[9:14:2]:  # the last three runs compute in bfloat16, eagerly
+        assert "--precision bfloat16 --no-compile" in line
+    assert second.stdout.count("was built by an earlier run, skipped") == 13
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 20
-    assert len(log.read_text().splitlines()) == len(ran) + 10
+    assert third.returncode == 0 and third.stdout.count("skipped") == 29
+    assert len(log.read_text().splitlines()) == len(ran) + 16
+
+    # EAGER=1, into another OUT: every training run without torch.compile (above, only the last
+    # three ask for it).
+    assert "--no-compile" not in again[0]
+    eager = build(EAGER="1", OUT=str(tmp_path / "eager"), ASSETS=str(tmp_path / "eager-assets"))
+    assert eager.returncode == 0, eager.stderr
+    runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
+    trained = [line for line in runs if "-m training.train " in line]
+    assert len(runs) == 29 and len(trained) == 14
+    assert all("--no-compile" in line for line in trained)
 
 
 def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Rebuild brisk's bundled models end to end: data -> tokenizer -> seed -> target -> draft -> assets.
-# The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the last five (float32)
+# The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the next five (float32)
 # 59, 94, 64, 79 and 64 minutes on an AVX2 Zen 3 (see training/README.md; an AVX2-only CPU trains in
-# float32, --precision auto, about six times slower than bfloat16 on AVX-512), with three averages.
+# float32, --precision auto, about six times slower than bfloat16 on AVX-512), the last three
+# (bfloat16, eager) about 23 minutes each on an AVX-512 Xeon with AMX, with six averages.
 # Run from the repository root:
 #   bash training/build_all.sh
 #   python -m training.evaluate --out training/eval_results.json   # then score them
-# These are exactly the runs that made the shipped weights (on CPUs). Environment overrides:
-# OUT (work dir); ASSETS (where the two models go, default src/brisklm/assets: point it elsewhere
-# to evaluate a build before it replaces the shipped models); DEVICE: auto (default: a CUDA GPU
-# where torch sees one, else the CPU), cpu or cuda. A GPU computes in bfloat16 as an AVX-512 CPU
-# does, but not bit for bit the same: a GPU build is another model, to be evaluated before it
+# These are exactly the runs that made the shipped weights (on CPUs). Environment overrides: OUT
+# (work dir); ASSETS (where the two models go, default src/brisklm/assets: point it elsewhere to
+# evaluate a build before it replaces the shipped models); DEVICE: auto (default: a CUDA GPU where
+# torch sees one, else the CPU), cpu or cuda; EAGER=1 trains every run without torch.compile (on an
+# AVX-512 Xeon with AMX, torch 2.13's compiled bfloat16 backward gave NaN gradients: a run stops at
+# the first such step, and EAGER=1 is the way around it). A GPU computes in bfloat16 as an AVX-512
+# CPU does, but not bit for bit the same: a GPU build is another model, to be evaluated before it
 # ships. Each training set is encoded and packed once (train.py keeps the packing beside the data;
 # five runs share the first set's).
 # Interrupted, it resumes: run it again with the same OUT. A step that finished left
@@ -24,6 +27,9 @@ ASSETS=${ASSETS:-src/brisklm/assets}
 start=$(date +%s)
 common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
         --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}" --resume)
+if [[ ${EAGER:-0} == 1 ]]; then
+    common+=(--no-compile)
+fi
 
 # step DIR COMMAND...: run COMMAND unless DIR holds an earlier finished run's mark; then mark it.
 step() {
@@ -57,6 +63,13 @@ step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 901
 step "$OUT/data5" python -m training.generate_data --out "$OUT/data5" --seed 6790 \
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
     --many-tools --open-verbs 0.5
+# The sixth, seventh and eighth: the fifth's recipe with other seeds.
+for spec in "data6 7391" "data7 8513" "data8 9631"; do
+    read -r name seed <<< "$spec"
+    step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
+        --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
+        --many-tools --open-verbs 0.5
+done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
 
@@ -84,7 +97,7 @@ step "$OUT/brisk-chat2" python -m training.train --preset target "${common[@]}" 
     --data "$OUT/data2" --out "$OUT/brisk-chat2" --init "$OUT/brisk-chat1/model" --seed 1 \
     --steps 2200 --drill-frac 0.3 --drill-kinds copy,digits,digits,recall --lr 1e-3 --warmup 50 \
     --eval-every 500 --optimizer muon
-# The last five runs: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on
+# The next five runs: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on
 # an AVX-512 CPU, where the runs above computed in bfloat16), all at 30% of the second run's rate
 # with the same drills.
 late=(--drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --optimizer muon
@@ -110,16 +123,38 @@ step "$OUT/brisk-chat6" python -m training.train --preset target "${common[@]}" 
     --steps 1000 --drill-frac 0.2 --eval-every 500 "${late[@]}"
 step "$OUT/brisk-chat456" python -m training.average --out "$OUT/brisk-chat456/model" \
     "$OUT/brisk-chat4/model" "$OUT/brisk-chat5/model" "$OUT/brisk-chat6/model"
-# The last run (2026-12-01): 700 steps from that mean on the fifth set, whose open verbs teach the
-# model to copy a function name's verb from the request instead of choosing among the 50 it knew;
-# the shipped target is the mean of that run's weights and the mean it started from (on three
-# held-out sets of 1,000 tool calls: 88.3-90.6%; the run alone 87.6-90.0%, the mean before it
-# 86.5-87.6%).
+# Then (2026-12-01) 700 steps from that mean on the fifth set, whose open verbs teach the model to
+# copy a function name's verb from the request instead of choosing among the 50 it knew, and the
+# mean of that run's weights and the mean it started from (on three held-out sets of 1,000 tool
+# calls: 88.3-90.6%; the run alone 87.6-90.0%, the mean before it 86.5-87.6%).
 step "$OUT/brisk-chat7" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data5" --out "$OUT/brisk-chat7" --init "$OUT/brisk-chat456/model" --seed 8 \
     --steps 700 --drill-frac 0.2 --eval-every 350 "${late[@]}"
-step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
+step "$OUT/brisk-chat47" python -m training.average --out "$OUT/brisk-chat47/model" \
     "$OUT/brisk-chat456/model" "$OUT/brisk-chat7/model"
+# The last three runs (2026-12-02): the same recipe on the sixth, seventh and eighth sets, each
+# from a mean of the runs before it; computed in bfloat16 without torch.compile, as they were made
+# on an AVX-512 CPU with AMX, where the compiled bfloat16 backward gave NaN gradients (see
+# training/README.md; an AVX2-only CPU emulates bfloat16 products, dozens of times slower). The
+# shipped target is the mean of those three runs' weights and brisk-chat47's.
+recent=(--drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --optimizer muon
+        --precision bfloat16 --no-compile --steps 700 --drill-frac 0.2 --eval-every 350)
+step "$OUT/brisk-chat8" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data6" --out "$OUT/brisk-chat8" --init "$OUT/brisk-chat47/model" --seed 9 \
+    "${recent[@]}"
+step "$OUT/brisk-chat47-8" python -m training.average --out "$OUT/brisk-chat47-8/model" \
+    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model"
+step "$OUT/brisk-chat9" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data7" --out "$OUT/brisk-chat9" --init "$OUT/brisk-chat47-8/model" --seed 10 \
+    "${recent[@]}"
+step "$OUT/brisk-chat47-8-9" python -m training.average --out "$OUT/brisk-chat47-8-9/model" \
+    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model"
+step "$OUT/brisk-chat10" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data8" --out "$OUT/brisk-chat10" --init "$OUT/brisk-chat47-8-9/model" \
+    --seed 11 "${recent[@]}"
+step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
+    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
+    "$OUT/brisk-chat10/model"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
