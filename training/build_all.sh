@@ -59,12 +59,8 @@ step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 901
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6
 # The fifth: the fourth's recipe with another seed, 3-5 tools offered more often, and half the
 # tools' verbs drawn from an open set (English verbs and made-up words) instead of the 50 of
-# pools.VERBS.
-step "$OUT/data5" python -m training.generate_data --out "$OUT/data5" --seed 6790 \
-    --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
-    --many-tools --open-verbs 0.5
-# The sixth, seventh and eighth: the fifth's recipe with other seeds.
-for spec in "data6 7391" "data7 8513" "data8 9631"; do
+# pools.VERBS; the sixth, seventh and eighth: the fifth's recipe with other seeds.
+for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631"; do
     read -r name seed <<< "$spec"
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
         --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
@@ -100,8 +96,8 @@ step "$OUT/brisk-chat2" python -m training.train --preset target "${common[@]}" 
 # The next five runs: in float32, as they were made on an AVX2 CPU (`auto` would take bfloat16 on
 # an AVX-512 CPU, where the runs above computed in bfloat16), all at 30% of the second run's rate
 # with the same drills.
-late=(--drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --optimizer muon
-      --precision float32)
+continued=(--drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --optimizer muon)
+late=("${continued[@]}" --precision float32)
 step "$OUT/brisk-chat3" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data2" --out "$OUT/brisk-chat3" --init "$OUT/brisk-chat2/model" --seed 3 \
     --steps 800 --drill-frac 0.3 --eval-every 400 "${late[@]}"
@@ -137,8 +133,8 @@ step "$OUT/brisk-chat47" python -m training.average --out "$OUT/brisk-chat47/mod
 # on an AVX-512 CPU with AMX, where the compiled bfloat16 backward gave NaN gradients (see
 # training/README.md; an AVX2-only CPU emulates bfloat16 products, dozens of times slower). The
 # shipped target is the mean of those three runs' weights and brisk-chat47's.
-recent=(--drill-kinds copy,digits,digits,recall --lr 3e-4 --warmup 30 --optimizer muon
-        --precision bfloat16 --no-compile --steps 700 --drill-frac 0.2 --eval-every 350)
+recent=("${continued[@]}" --precision bfloat16 --no-compile --steps 700 --drill-frac 0.2
+        --eval-every 350)
 step "$OUT/brisk-chat8" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data6" --out "$OUT/brisk-chat8" --init "$OUT/brisk-chat47/model" --seed 9 \
     "${recent[@]}"

@@ -939,9 +939,10 @@ def main() -> None:
             loss, ce = loss_fn(*batch)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if not (math.isfinite(loss.item()) and math.isfinite(gnorm.item())):
+        loss_value, gnorm_value = loss.item(), gnorm.item()
+        if not (math.isfinite(loss_value) and math.isfinite(gnorm_value)):
             raise SystemExit(
-                non_finite_message(args, step + 1, loss.item(), gnorm.item(), ckpt_path.exists())
+                non_finite_message(args, step + 1, loss_value, gnorm_value, ckpt_path.exists())
             )
         opt.step()
         opt.zero_grad(set_to_none=True)
