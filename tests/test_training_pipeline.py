@@ -285,7 +285,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert first.returncode == 3, first.stderr
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
-        *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "tokenizer"),
+        *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "data9"),
+        *("data10", "data11", "tokenizer"),
         *("seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"),
     ]
     assert not assets.exists()
@@ -298,15 +299,17 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat2", "brisk-chat3", "brisk-chat4", "brisk-chat5", "brisk-chat45/model"),
         *("brisk-chat6", "brisk-chat456/model", "brisk-chat7", "brisk-chat47/model"),
         *("brisk-chat8", "brisk-chat47-8/model", "brisk-chat9", "brisk-chat47-8-9/model"),
-        *("brisk-chat10", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat10", "brisk-chat47-10/model", "brisk-chat11", "brisk-chat47-11/model"),
+        *("brisk-chat12", "brisk-chat47-12/model", "brisk-chat13", "brisk-chat/model"),
+        "brisk-draft",
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 10 and all("--resume" in line for line in trained)
+    assert len(trained) == 13 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
     # mean of brisk-chat456 and brisk-chat7) and the runs after it, and the shipped target is the
-    # mean of brisk-chat47 and the last three runs.
+    # mean of brisk-chat47 and the last six runs.
     def model(name: str) -> str:
         return f"{out}/{name}/model"
 
@@ -328,25 +331,36 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     trained_from(11, "brisk-chat9", "brisk-chat47-8", "data7")
     averaged(12, "brisk-chat47-8-9", "brisk-chat47", "brisk-chat8", "brisk-chat9")
     trained_from(13, "brisk-chat10", "brisk-chat47-8-9", "data8")
-    averaged(14, "brisk-chat", "brisk-chat47", "brisk-chat8", "brisk-chat9", "brisk-chat10")
-    for line in again[9:14:2]:  # the last three runs compute in bfloat16, eagerly
+    since_47 = ("brisk-chat47", "brisk-chat8", "brisk-chat9", "brisk-chat10")
+    averaged(14, "brisk-chat47-10", *since_47)
+    trained_from(15, "brisk-chat11", "brisk-chat47-10", "data9")
+    averaged(16, "brisk-chat47-11", *since_47, "brisk-chat11")
+    trained_from(17, "brisk-chat12", "brisk-chat47-11", "data10")
+    averaged(18, "brisk-chat47-12", *since_47, "brisk-chat11", "brisk-chat12")
+    trained_from(19, "brisk-chat13", "brisk-chat47-12", "data11")
+    averaged(20, "brisk-chat", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
+    for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
-    assert second.stdout.count("was built by an earlier run, skipped") == 13
+    for line in again[15:20:2]:  # the last three in bfloat16, compiled
+        assert "--precision bfloat16" in line and "--no-compile" not in line
+    assert again[17].split("--lr ")[-1].split()[0] == "3e-4"
+    assert again[19].split("--lr ")[-1].split()[0] == "6e-4"  # the last one wins in argparse
+    assert second.stdout.count("was built by an earlier run, skipped") == 16
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 29
-    assert len(log.read_text().splitlines()) == len(ran) + 16
+    assert third.returncode == 0 and third.stdout.count("skipped") == 38
+    assert len(log.read_text().splitlines()) == len(ran) + 22
 
-    # EAGER=1, into another OUT: every training run without torch.compile (above, only the last
-    # three ask for it).
+    # EAGER=1, into another OUT: every training run without torch.compile (above, only three of
+    # them ask for it).
     assert "--no-compile" not in again[0]
     eager = build(EAGER="1", OUT=str(tmp_path / "eager"), ASSETS=str(tmp_path / "eager-assets"))
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 29 and len(trained) == 14
+    assert len(runs) == 38 and len(trained) == 17
     assert all("--no-compile" in line for line in trained)
 
 

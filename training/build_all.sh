@@ -3,7 +3,8 @@
 # The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the next five (float32)
 # 59, 94, 64, 79 and 64 minutes on an AVX2 Zen 3 (see training/README.md; an AVX2-only CPU trains in
 # float32, --precision auto, about six times slower than bfloat16 on AVX-512), the last three
-# (bfloat16, eager) about 23 minutes each on an AVX-512 Xeon with AMX, with six averages.
+# (bfloat16, eager) about 23 minutes each on an AVX-512 Xeon with AMX, three more (bfloat16,
+# compiled) 21-23 minutes each on an AVX-512 Zen 4, with nine averages.
 # Run from the repository root:
 #   bash training/build_all.sh
 #   python -m training.evaluate --out training/eval_results.json   # then score them
@@ -59,8 +60,9 @@ step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 901
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6
 # The fifth: the fourth's recipe with another seed, 3-5 tools offered more often, and half the
 # tools' verbs drawn from an open set (English verbs and made-up words) instead of the 50 of
-# pools.VERBS; the sixth, seventh and eighth: the fifth's recipe with other seeds.
-for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631"; do
+# pools.VERBS; the sixth to eleventh: the fifth's recipe with other seeds.
+for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631" "data9 2741" "data10 3852" \
+    "data11 4913"; do
     read -r name seed <<< "$spec"
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
         --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
@@ -128,11 +130,10 @@ step "$OUT/brisk-chat7" python -m training.train --preset target "${common[@]}" 
     --steps 700 --drill-frac 0.2 --eval-every 350 "${late[@]}"
 step "$OUT/brisk-chat47" python -m training.average --out "$OUT/brisk-chat47/model" \
     "$OUT/brisk-chat456/model" "$OUT/brisk-chat7/model"
-# The last three runs (2026-12-02): the same recipe on the sixth, seventh and eighth sets, each
+# Three runs (2026-12-02, session 29): the same recipe on the sixth, seventh and eighth sets, each
 # from a mean of the runs before it; computed in bfloat16 without torch.compile, as they were made
 # on an AVX-512 CPU with AMX, where the compiled bfloat16 backward gave NaN gradients (see
-# training/README.md; an AVX2-only CPU emulates bfloat16 products, dozens of times slower). The
-# shipped target is the mean of those three runs' weights and brisk-chat47's.
+# training/README.md; an AVX2-only CPU emulates bfloat16 products, dozens of times slower).
 recent=("${continued[@]}" --precision bfloat16 --no-compile --steps 700 --drill-frac 0.2
         --eval-every 350)
 step "$OUT/brisk-chat8" python -m training.train --preset target "${common[@]}" \
@@ -148,9 +149,33 @@ step "$OUT/brisk-chat47-8-9" python -m training.average --out "$OUT/brisk-chat47
 step "$OUT/brisk-chat10" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data8" --out "$OUT/brisk-chat10" --init "$OUT/brisk-chat47-8-9/model" \
     --seed 11 "${recent[@]}"
-step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
+step "$OUT/brisk-chat47-10" python -m training.average --out "$OUT/brisk-chat47-10/model" \
     "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
     "$OUT/brisk-chat10/model"
+# Three more (2026-12-02, session 30) on the ninth to eleventh sets, each from the mean of
+# brisk-chat47 and every run after it, computed in bfloat16 with torch.compile (an AVX-512 Zen 4
+# without AMX, where the compiled backward is finite); the last at twice the learning rate. The
+# shipped target is the mean of brisk-chat47 and the six runs after it.
+zen4=("${continued[@]}" --precision bfloat16 --steps 700 --drill-frac 0.2 --eval-every 350)
+step "$OUT/brisk-chat11" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data9" --out "$OUT/brisk-chat11" --init "$OUT/brisk-chat47-10/model" \
+    --seed 12 "${zen4[@]}"
+step "$OUT/brisk-chat47-11" python -m training.average --out "$OUT/brisk-chat47-11/model" \
+    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
+    "$OUT/brisk-chat10/model" "$OUT/brisk-chat11/model"
+step "$OUT/brisk-chat12" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data10" --out "$OUT/brisk-chat12" --init "$OUT/brisk-chat47-11/model" \
+    --seed 13 "${zen4[@]}"
+step "$OUT/brisk-chat47-12" python -m training.average --out "$OUT/brisk-chat47-12/model" \
+    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
+    "$OUT/brisk-chat10/model" "$OUT/brisk-chat11/model" "$OUT/brisk-chat12/model"
+step "$OUT/brisk-chat13" python -m training.train --preset target "${common[@]}" \
+    --data "$OUT/data11" --out "$OUT/brisk-chat13" --init "$OUT/brisk-chat47-12/model" \
+    --seed 14 "${zen4[@]}" --lr 6e-4
+step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
+    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
+    "$OUT/brisk-chat10/model" "$OUT/brisk-chat11/model" "$OUT/brisk-chat12/model" \
+    "$OUT/brisk-chat13/model"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
