@@ -13,6 +13,7 @@ from training import pools
 from training.generate_data import (
     FREE_TEXT_ARG_NAMES,
     HELDOUT_WORDS,
+    OTHER_SCRIPTS,
     dumps,
     generate,
     generate_eval,
@@ -242,3 +243,51 @@ def test_open_verbs_draw_the_verb_of_a_tool_name_from_an_open_set() -> None:
     ]
     with pytest.raises(ValueError, match="open_verbs must be in"):
         generate(1, 1, "train", open_verbs=1.5)
+
+
+def test_other_scripts_write_cyrillic_and_greek_values_that_the_calls_copy() -> None:
+    letters = {c: i for i, script in enumerate(OTHER_SCRIPTS) for c in script + script.upper()}
+
+    def script_of(value: object) -> int | None:
+        """0 (Cyrillic) or 1 (Greek) for a value written in one of them, else None."""
+        kinds = {letters.get(c) for c in str(value) if c != " "}
+        return kinds.pop() if kinds in ({0}, {1}) else None
+
+    def strings(samples: list[dict]) -> list[object]:
+        return [
+            v
+            for s in samples
+            if s["kind"] in ("tool_call", "tool_loop")
+            for f in user_and_calls(s)[1]
+            for v in f["arguments"].values()
+            if isinstance(v, str)
+        ]
+
+    def shares(samples: list[dict]) -> tuple[float, float]:
+        found = [script_of(v) for v in strings(samples)]
+        return found.count(0) / len(found), found.count(1) / len(found)
+
+    samples = generate(2000, 77, "train", tool_share=0.7, other_scripts=0.3)
+    # 30% of the values string_value draws, half in each script; some string arguments come from
+    # elsewhere (dates, enums), so a quarter of the calls' strings (thousands: errors ~1 point).
+    cyrillic, greek = shares(samples)
+    assert 0.09 < cyrillic < 0.16 and 0.09 < greek < 0.16, (cyrillic, greek)
+    cyrillic, greek = shares(generate(2000, 77, "train", tool_share=0.7))
+    assert cyrillic < 0.01 and greek < 0.01, (cyrillic, greek)  # Москва and Αθήνα alone
+    # Each such value is copied from the request: it is in the user's words.
+    for s in samples:
+        if s["kind"] == "tool_call":
+            user, functions = user_and_calls(s)
+            for f in functions:
+                for v in f["arguments"].values():
+                    if isinstance(v, str) and script_of(v) is not None:
+                        assert v in user, (v, user)
+    # Off (the default), the draws are the generator's old ones; the held-out split ignores it.
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", other_scripts=0.0)
+    ]
+    assert [dumps(s) for s in generate(50, 5, "eval")] == [
+        dumps(s) for s in generate(50, 5, "eval", other_scripts=0.5)
+    ]
+    with pytest.raises(ValueError, match="other_scripts must be in"):
+        generate(1, 1, "train", other_scripts=-0.1)

@@ -80,6 +80,10 @@ CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "t", "k", "nd", "rt", "st", "x
 ACCENTS = {"a": "áàäâ", "e": "éèë", "i": "íï", "o": "öóô", "u": "üú", "n": "ñ", "c": "ç", "s": "ş"}
 CJK = "山川田中木林森花月日星海空雲雨雪風光明水火土金石竹松梅桜春夏秋冬東西南北"
 CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+# Letters of the made-up words of --other-scripts: two UTF-8 bytes each, which the byte-level
+# tokenizer splits into tokens alternating lead and continuation bytes (a held-out Cyrillic place
+# of 11 letters is 16 tokens, while the training places' two Cyrillic names are one token each).
+OTHER_SCRIPTS = ("абвгдежзийклмнопрстуфхцчшщыэюяё", "αβγδεζηθικλμνξοπρστυφχψωάέήίόύώ")
 # Free-text arguments (``--free-text-args``): a phrase the request states in prose, copied whole.
 FREE_TEXT_ARG_NAMES = [
     "description",
@@ -229,6 +233,9 @@ class Gen:
     ``pools.VERBS`` (``--open-verbs``): half of them an English verb of ``pools.EXTRA_VERBS``, half a
     made-up word, so that the verb of a function name is copied from the request, not recalled from
     50. At 0 (the default) no extra random numbers are drawn; the held-out split ignores it.
+    ``other_scripts`` is the share of training string values written as one or two made-up words in
+    Cyrillic or Greek letters (``--other-scripts``), so that copying such bytes is practised. At 0
+    (the default) no extra random numbers are drawn; the held-out split ignores it.
     """
 
     def __init__(
@@ -241,10 +248,13 @@ class Gen:
         tool_share: float = DEFAULT_TOOL_SHARE,
         many_tools: bool = False,
         open_verbs: float = 0.0,
+        other_scripts: float = 0.0,
     ) -> None:
         self.r = random.Random(seed)
         check_share("open_verbs", open_verbs)
+        check_share("other_scripts", other_scripts)
         self.open_verbs = 0.0 if split == "eval" else open_verbs
+        self.other_scripts = 0.0 if split == "eval" else other_scripts
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
         self.thresholds = mix_thresholds(tool_share)
         self.p = Pools(split)
@@ -328,8 +338,19 @@ class Gen:
             if v != int(v):
                 return v
 
+    def other_script_words(self) -> str:
+        r = self.r
+        letters = r.choice(OTHER_SCRIPTS)
+        words = (
+            "".join(r.choice(letters) for _ in range(r.randint(4, 11))).capitalize()
+            for _ in range(r.choice([1, 1, 2]))
+        )
+        return " ".join(words)
+
     def string_value(self) -> str:
         r = self.r
+        if self.other_scripts and r.random() < self.other_scripts:
+            return self.other_script_words()
         if self.more and r.random() < 0.1:
             if r.random() < 0.5:
                 return f"{self.place()}, {''.join(r.choice(CODE_LETTERS) for _ in range(2))}"
@@ -1507,6 +1528,7 @@ def generate(
     tool_share: float = DEFAULT_TOOL_SHARE,
     many_tools: bool = False,
     open_verbs: float = 0.0,
+    other_scripts: float = 0.0,
 ) -> list[dict[str, Any]]:
     g = Gen(
         seed,
@@ -1517,6 +1539,7 @@ def generate(
         tool_share,
         many_tools,
         open_verbs,
+        other_scripts,
     )
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
@@ -1632,6 +1655,12 @@ def main() -> None:
         default=0.0,
         help="share of training tools whose verb is drawn from an open set (see Gen)",
     )
+    ap.add_argument(
+        "--other-scripts",
+        type=share_arg("--other-scripts"),
+        default=0.0,
+        help="share of training string values written in Cyrillic or Greek letters (see Gen)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
@@ -1645,6 +1674,7 @@ def main() -> None:
         tool_share=args.tool_share,
         many_tools=args.many_tools,
         open_verbs=args.open_verbs,
+        other_scripts=args.other_scripts,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:
