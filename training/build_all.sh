@@ -136,22 +136,26 @@ step "$OUT/brisk-chat47" python -m training.average --out "$OUT/brisk-chat47/mod
 # training/README.md; an AVX2-only CPU emulates bfloat16 products, dozens of times slower).
 recent=("${continued[@]}" --precision bfloat16 --no-compile --steps 700 --drill-frac 0.2
         --eval-every 350)
+# since47: brisk-chat47 and every run after it, the inputs of each mean below.
+since47=("$OUT/brisk-chat47/model")
 step "$OUT/brisk-chat8" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data6" --out "$OUT/brisk-chat8" --init "$OUT/brisk-chat47/model" --seed 9 \
     "${recent[@]}"
+since47+=("$OUT/brisk-chat8/model")
 step "$OUT/brisk-chat47-8" python -m training.average --out "$OUT/brisk-chat47-8/model" \
-    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model"
+    "${since47[@]}"
 step "$OUT/brisk-chat9" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data7" --out "$OUT/brisk-chat9" --init "$OUT/brisk-chat47-8/model" --seed 10 \
     "${recent[@]}"
+since47+=("$OUT/brisk-chat9/model")
 step "$OUT/brisk-chat47-8-9" python -m training.average --out "$OUT/brisk-chat47-8-9/model" \
-    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model"
+    "${since47[@]}"
 step "$OUT/brisk-chat10" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data8" --out "$OUT/brisk-chat10" --init "$OUT/brisk-chat47-8-9/model" \
     --seed 11 "${recent[@]}"
+since47+=("$OUT/brisk-chat10/model")
 step "$OUT/brisk-chat47-10" python -m training.average --out "$OUT/brisk-chat47-10/model" \
-    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
-    "$OUT/brisk-chat10/model"
+    "${since47[@]}"
 # Three more (2026-12-02, session 30) on the ninth to eleventh sets, each from the mean of
 # brisk-chat47 and every run after it, computed in bfloat16 with torch.compile (an AVX-512 Zen 4
 # without AMX, where the compiled backward is finite); the last at twice the learning rate. The
@@ -160,22 +164,20 @@ zen4=("${continued[@]}" --precision bfloat16 --steps 700 --drill-frac 0.2 --eval
 step "$OUT/brisk-chat11" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data9" --out "$OUT/brisk-chat11" --init "$OUT/brisk-chat47-10/model" \
     --seed 12 "${zen4[@]}"
+since47+=("$OUT/brisk-chat11/model")
 step "$OUT/brisk-chat47-11" python -m training.average --out "$OUT/brisk-chat47-11/model" \
-    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
-    "$OUT/brisk-chat10/model" "$OUT/brisk-chat11/model"
+    "${since47[@]}"
 step "$OUT/brisk-chat12" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data10" --out "$OUT/brisk-chat12" --init "$OUT/brisk-chat47-11/model" \
     --seed 13 "${zen4[@]}"
+since47+=("$OUT/brisk-chat12/model")
 step "$OUT/brisk-chat47-12" python -m training.average --out "$OUT/brisk-chat47-12/model" \
-    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
-    "$OUT/brisk-chat10/model" "$OUT/brisk-chat11/model" "$OUT/brisk-chat12/model"
+    "${since47[@]}"
 step "$OUT/brisk-chat13" python -m training.train --preset target "${common[@]}" \
     --data "$OUT/data11" --out "$OUT/brisk-chat13" --init "$OUT/brisk-chat47-12/model" \
     --seed 14 "${zen4[@]}" --lr 6e-4
-step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
-    "$OUT/brisk-chat47/model" "$OUT/brisk-chat8/model" "$OUT/brisk-chat9/model" \
-    "$OUT/brisk-chat10/model" "$OUT/brisk-chat11/model" "$OUT/brisk-chat12/model" \
-    "$OUT/brisk-chat13/model"
+since47+=("$OUT/brisk-chat13/model")
+step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" "${since47[@]}"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \

@@ -948,14 +948,15 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         tokens_seen += batch[0].numel()
         steps_done = step + 1
-        ema = ce.item() if ema is None else 0.95 * ema + 0.05 * ce.item()
+        ce_value = ce.item()
+        ema = ce_value if ema is None else 0.95 * ema + 0.05 * ce_value
         if (step + 1) % args.log_every == 0 or step == start_step:
             el = time.time() - t_train
             rate = tokens_seen / el
             eta = (args.steps - step - 1) * args.batch_tokens / rate
             print(
-                f"[{args.preset}] step {step + 1}/{args.steps} loss {ce.item():.4f} (ema {ema:.4f}) "
-                f"lr {lr_at(step):.2e} gnorm {gnorm:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
+                f"[{args.preset}] step {step + 1}/{args.steps} loss {ce_value:.4f} (ema {ema:.4f}) "
+                f"lr {lr_at(step):.2e} gnorm {gnorm_value:.2f} {rate:.0f} tok/s elapsed {el / 60:.1f}m "
                 f"eta {eta / 60:.1f}m",
                 flush=True,
             )
