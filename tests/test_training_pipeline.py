@@ -286,11 +286,13 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
         *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "data9"),
-        *("data10", "data11", "tokenizer"),
+        *("data10", "data11", "data12", "data13", "data14", "tokenizer"),
         *("seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"),
     ]
     assert not assets.exists()
     assert not (out / "brisk-chat2" / ".built").exists()
+    # the last three sets (data12-14) write a tenth of their values in Cyrillic or Greek letters
+    assert ["--other-scripts 0.1" in line for line in ran[:14]] == [False] * 11 + [True] * 3
 
     second = build()
     assert second.returncode == 0, second.stderr
@@ -300,16 +302,17 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat6", "brisk-chat456/model", "brisk-chat7", "brisk-chat47/model"),
         *("brisk-chat8", "brisk-chat47-8/model", "brisk-chat9", "brisk-chat47-8-9/model"),
         *("brisk-chat10", "brisk-chat47-10/model", "brisk-chat11", "brisk-chat47-11/model"),
-        *("brisk-chat12", "brisk-chat47-12/model", "brisk-chat13", "brisk-chat/model"),
-        "brisk-draft",
+        *("brisk-chat12", "brisk-chat47-12/model", "brisk-chat13", "brisk-chat47-13/model"),
+        *("brisk-chat14", "brisk-chat15", "brisk-chat16", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 13 and all("--resume" in line for line in trained)
+    assert len(trained) == 16 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
-    # mean of brisk-chat456 and brisk-chat7) and the runs after it, and the shipped target is the
-    # mean of brisk-chat47 and the last six runs.
+    # mean of brisk-chat456 and brisk-chat7) and the runs after it, up to the mean of brisk-chat47
+    # and six runs; three runs start from that mean, and the shipped target is the mean of it and
+    # those three.
     def model(name: str) -> str:
         return f"{out}/{name}/model"
 
@@ -338,20 +341,25 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     trained_from(17, "brisk-chat12", "brisk-chat47-11", "data10")
     averaged(18, "brisk-chat47-12", *since_47, "brisk-chat11", "brisk-chat12")
     trained_from(19, "brisk-chat13", "brisk-chat47-12", "data11")
-    averaged(20, "brisk-chat", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
+    averaged(20, "brisk-chat47-13", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
+    for i, (name, data) in enumerate(zip(("14", "15", "16"), ("12", "13", "14"), strict=True)):
+        trained_from(21 + i, f"brisk-chat{name}", "brisk-chat47-13", f"data{data}")
+    averaged(24, "brisk-chat", "brisk-chat47-13", "brisk-chat14", "brisk-chat15", "brisk-chat16")
     for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
-    for line in again[15:20:2]:  # the last three in bfloat16, compiled
+    for line in [*again[15:20:2], *again[21:24]]:  # the last six in bfloat16, compiled
         assert "--precision bfloat16" in line and "--no-compile" not in line
+        assert "--steps 700 " in line and "--drill-frac 0.2 " in line
+    assert [again[i].split("--seed ")[1].split()[0] for i in range(21, 24)] == ["15", "16", "17"]
     assert again[17].split("--lr ")[-1].split()[0] == "3e-4"
     assert again[19].split("--lr ")[-1].split()[0] == "6e-4"  # the last one wins in argparse
-    assert second.stdout.count("was built by an earlier run, skipped") == 16
+    assert second.stdout.count("was built by an earlier run, skipped") == 19
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 38
-    assert len(log.read_text().splitlines()) == len(ran) + 22
+    assert third.returncode == 0 and third.stdout.count("skipped") == 45
+    assert len(log.read_text().splitlines()) == len(ran) + 26
 
     # EAGER=1, into another OUT: every training run without torch.compile (above, only three of
     # them ask for it).
@@ -360,7 +368,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 38 and len(trained) == 17
+    assert len(runs) == 45 and len(trained) == 20
     assert all("--no-compile" in line for line in trained)
 
 
