@@ -60,22 +60,16 @@ step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 901
     --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6
 # The fifth: the fourth's recipe with another seed, 3-5 tools offered more often, and half the
 # tools' verbs drawn from an open set (English verbs and made-up words) instead of the 50 of
-# pools.VERBS; the sixth to eleventh: the fifth's recipe with other seeds.
+# pools.VERBS; the sixth to eleventh: the fifth's recipe with other seeds; the twelfth to
+# fourteenth: the same, with a tenth of the string values written as made-up Cyrillic or Greek words
+# (--other-scripts 0.1, the spec's third field), which the tokenizer splits into alternating lead
+# and continuation bytes.
 for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631" "data9 2741" "data10 3852" \
-    "data11 4913"; do
-    read -r name seed <<< "$spec"
+    "data11 4913" "data12 5802 0.1" "data13 6913 0.1" "data14 8024 0.1"; do
+    read -r name seed other <<< "$spec"
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
         --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
-        --many-tools --open-verbs 0.5
-done
-# The twelfth to fourteenth: the fifth's recipe with other seeds, and a tenth of the string values
-# written as made-up Cyrillic or Greek words (--other-scripts 0.1), which the tokenizer splits into
-# alternating lead and continuation bytes.
-for spec in "data12 5802" "data13 6913" "data14 8024"; do
-    read -r name seed <<< "$spec"
-    step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
-        --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
-        --many-tools --open-verbs 0.5 --other-scripts 0.1
+        --many-tools --open-verbs 0.5 ${other:+--other-scripts "$other"}
 done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
@@ -145,48 +139,30 @@ step "$OUT/brisk-chat47" python -m training.average --out "$OUT/brisk-chat47/mod
 # training/README.md; an AVX2-only CPU emulates bfloat16 products, dozens of times slower).
 recent=("${continued[@]}" --precision bfloat16 --no-compile --steps 700 --drill-frac 0.2
         --eval-every 350)
-# since47: brisk-chat47 and every run after it, the inputs of each mean below.
+# since47: brisk-chat47 and every run after it, the inputs of each mean below; mean: the latest.
 since47=("$OUT/brisk-chat47/model")
-step "$OUT/brisk-chat8" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data6" --out "$OUT/brisk-chat8" --init "$OUT/brisk-chat47/model" --seed 9 \
-    "${recent[@]}"
-since47+=("$OUT/brisk-chat8/model")
-step "$OUT/brisk-chat47-8" python -m training.average --out "$OUT/brisk-chat47-8/model" \
-    "${since47[@]}"
-step "$OUT/brisk-chat9" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data7" --out "$OUT/brisk-chat9" --init "$OUT/brisk-chat47-8/model" --seed 10 \
-    "${recent[@]}"
-since47+=("$OUT/brisk-chat9/model")
-step "$OUT/brisk-chat47-8-9" python -m training.average --out "$OUT/brisk-chat47-8-9/model" \
-    "${since47[@]}"
-step "$OUT/brisk-chat10" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data8" --out "$OUT/brisk-chat10" --init "$OUT/brisk-chat47-8-9/model" \
-    --seed 11 "${recent[@]}"
-since47+=("$OUT/brisk-chat10/model")
-step "$OUT/brisk-chat47-10" python -m training.average --out "$OUT/brisk-chat47-10/model" \
-    "${since47[@]}"
-# Three more (2026-12-02, session 30) on the ninth to eleventh sets, each from the mean of
-# brisk-chat47 and every run after it, computed in bfloat16 with torch.compile (an AVX-512 Zen 4
-# without AMX, where the compiled backward is finite); the last at twice the learning rate.
+mean="$OUT/brisk-chat47/model"
+# chained RUN DATA SEED MEAN ARGS...: a target run RUN on DATA from the latest mean, then MEAN = the
+# mean of since47 with RUN added, now the latest; ARGS end the run's arguments.
+chained() {
+    local run=$1 data=$2 seed=$3 next=$4
+    shift 4
+    step "$OUT/$run" python -m training.train --preset target "${common[@]}" \
+        --data "$OUT/$data" --out "$OUT/$run" --init "$mean" --seed "$seed" "$@"
+    since47+=("$OUT/$run/model")
+    step "$OUT/$next" python -m training.average --out "$OUT/$next/model" "${since47[@]}"
+    mean="$OUT/$next/model"
+}
+chained brisk-chat8 data6 9 brisk-chat47-8 "${recent[@]}"
+chained brisk-chat9 data7 10 brisk-chat47-8-9 "${recent[@]}"
+chained brisk-chat10 data8 11 brisk-chat47-10 "${recent[@]}"
+# Three more (2026-12-02, session 30) on the ninth to eleventh sets, the same way, computed in
+# bfloat16 with torch.compile (an AVX-512 Zen 4 without AMX, where the compiled backward is
+# finite); the last at twice the learning rate.
 zen4=("${continued[@]}" --precision bfloat16 --steps 700 --drill-frac 0.2 --eval-every 350)
-step "$OUT/brisk-chat11" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data9" --out "$OUT/brisk-chat11" --init "$OUT/brisk-chat47-10/model" \
-    --seed 12 "${zen4[@]}"
-since47+=("$OUT/brisk-chat11/model")
-step "$OUT/brisk-chat47-11" python -m training.average --out "$OUT/brisk-chat47-11/model" \
-    "${since47[@]}"
-step "$OUT/brisk-chat12" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data10" --out "$OUT/brisk-chat12" --init "$OUT/brisk-chat47-11/model" \
-    --seed 13 "${zen4[@]}"
-since47+=("$OUT/brisk-chat12/model")
-step "$OUT/brisk-chat47-12" python -m training.average --out "$OUT/brisk-chat47-12/model" \
-    "${since47[@]}"
-step "$OUT/brisk-chat13" python -m training.train --preset target "${common[@]}" \
-    --data "$OUT/data11" --out "$OUT/brisk-chat13" --init "$OUT/brisk-chat47-12/model" \
-    --seed 14 "${zen4[@]}" --lr 6e-4
-since47+=("$OUT/brisk-chat13/model")
-step "$OUT/brisk-chat47-13" python -m training.average --out "$OUT/brisk-chat47-13/model" \
-    "${since47[@]}"
+chained brisk-chat11 data9 12 brisk-chat47-11 "${zen4[@]}"
+chained brisk-chat12 data10 13 brisk-chat47-12 "${zen4[@]}"
+chained brisk-chat13 data11 14 brisk-chat47-13 "${zen4[@]}" --lr 6e-4
 # Three more (2026-12-02, session 31), each from that mean (the target shipped in session 30) on
 # one of the sets with Cyrillic and Greek values, in bfloat16 with torch.compile on the Zen 4. That
 # mean repeated the syllables of a held-out Cyrillic place until the token limit in 20 of the 33
@@ -196,12 +172,10 @@ step "$OUT/brisk-chat47-13" python -m training.average --out "$OUT/brisk-chat47-
 for spec in "brisk-chat14 data12 15" "brisk-chat15 data13 16" "brisk-chat16 data14 17"; do
     read -r name data seed <<< "$spec"
     step "$OUT/$name" python -m training.train --preset target "${common[@]}" \
-        --data "$OUT/$data" --out "$OUT/$name" --init "$OUT/brisk-chat47-13/model" \
-        --seed "$seed" "${zen4[@]}"
+        --data "$OUT/$data" --out "$OUT/$name" --init "$mean" --seed "$seed" "${zen4[@]}"
 done
-step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
-    "$OUT/brisk-chat47-13/model" "$OUT/brisk-chat14/model" "$OUT/brisk-chat15/model" \
-    "$OUT/brisk-chat16/model"
+step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" "$mean" \
+    "$OUT/brisk-chat14/model" "$OUT/brisk-chat15/model" "$OUT/brisk-chat16/model"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
