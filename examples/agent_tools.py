@@ -6,7 +6,7 @@ built from the tools' schemas.
 
 The bundled 11M model reads a request by its phrasing as much as by its meaning: "Get the
 weather for Paris." calls get_weather, "What is the weather in Paris?" calls
-celsius_to_fahrenheit with a made-up value (its held-out tool-name accuracy is 96-98%;
+celsius_to_fahrenheit with a made-up value (its held-out tool-name accuracy is 95-98%;
 training/README.md).
 """
 

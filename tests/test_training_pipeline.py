@@ -286,13 +286,16 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     ran = log.read_text().splitlines()
     assert built_dirs(ran) == [
         *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "data9"),
-        *("data10", "data11", "data12", "data13", "data14", "tokenizer"),
+        *("data10", "data11", "data12", "data13", "data14", "data15", "data16", "data17"),
+        "tokenizer",
         *("seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"),
     ]
     assert not assets.exists()
     assert not (out / "brisk-chat2" / ".built").exists()
-    # the last three sets (data12-14) write a tenth of their values in Cyrillic or Greek letters
-    assert ["--other-scripts 0.1" in line for line in ran[:14]] == [False] * 11 + [True] * 3
+    # the last six sets (data12-17) write a tenth of their values in Cyrillic or Greek letters, and
+    # the last three of them (data15-17) give a fifth of the tools a free-text argument
+    assert ["--other-scripts 0.1" in line for line in ran[:17]] == [False] * 11 + [True] * 6
+    assert ["--free-text-args" in line for line in ran[:17]] == [False] * 14 + [True] * 3
 
     second = build()
     assert second.returncode == 0, second.stderr
@@ -303,16 +306,18 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat8", "brisk-chat47-8/model", "brisk-chat9", "brisk-chat47-8-9/model"),
         *("brisk-chat10", "brisk-chat47-10/model", "brisk-chat11", "brisk-chat47-11/model"),
         *("brisk-chat12", "brisk-chat47-12/model", "brisk-chat13", "brisk-chat47-13/model"),
-        *("brisk-chat14", "brisk-chat15", "brisk-chat16", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat14", "brisk-chat15", "brisk-chat16", "brisk-chat47-16/model"),
+        *("brisk-chat17", "brisk-chat18", "brisk-chat19", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 16 and all("--resume" in line for line in trained)
+    assert len(trained) == 19 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
     # mean of brisk-chat456 and brisk-chat7) and the runs after it, up to the mean of brisk-chat47
-    # and six runs; three runs start from that mean, and the shipped target is the mean of it and
-    # those three.
+    # and six runs; three runs start from that mean, then brisk-chat47-16 is the mean of it and
+    # those three; three more start from brisk-chat47-16, and the shipped target is the mean of it
+    # and those three.
     def model(name: str) -> str:
         return f"{out}/{name}/model"
 
@@ -344,22 +349,26 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     averaged(20, "brisk-chat47-13", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
     for i, (name, data) in enumerate(zip(("14", "15", "16"), ("12", "13", "14"), strict=True)):
         trained_from(21 + i, f"brisk-chat{name}", "brisk-chat47-13", f"data{data}")
-    averaged(24, "brisk-chat", "brisk-chat47-13", "brisk-chat14", "brisk-chat15", "brisk-chat16")
+    averaged(24, "brisk-chat47-16", "brisk-chat47-13", *(f"brisk-chat{n}" for n in (14, 15, 16)))
+    for i, (name, data) in enumerate(zip(("17", "18", "19"), ("15", "16", "17"), strict=True)):
+        trained_from(25 + i, f"brisk-chat{name}", "brisk-chat47-16", f"data{data}")
+    averaged(28, "brisk-chat", "brisk-chat47-16", *(f"brisk-chat{n}" for n in (17, 18, 19)))
     for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
-    for line in [*again[15:20:2], *again[21:24]]:  # the last six in bfloat16, compiled
+    for line in [*again[15:20:2], *again[21:24], *again[25:28]]:  # the last nine: compiled
         assert "--precision bfloat16" in line and "--no-compile" not in line
         assert "--steps 700 " in line and "--drill-frac 0.2 " in line
-    assert [again[i].split("--seed ")[1].split()[0] for i in range(21, 24)] == ["15", "16", "17"]
+    seeds = [again[i].split("--seed ")[1].split()[0] for i in (*range(21, 24), *range(25, 28))]
+    assert seeds == ["15", "16", "17", "18", "19", "20"]
     assert again[17].split("--lr ")[-1].split()[0] == "3e-4"
     assert again[19].split("--lr ")[-1].split()[0] == "6e-4"  # the last one wins in argparse
-    assert second.stdout.count("was built by an earlier run, skipped") == 19
+    assert second.stdout.count("was built by an earlier run, skipped") == 22
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 45
-    assert len(log.read_text().splitlines()) == len(ran) + 26
+    assert third.returncode == 0 and third.stdout.count("skipped") == 52
+    assert len(log.read_text().splitlines()) == len(ran) + 30
 
     # EAGER=1, into another OUT: every training run without torch.compile (above, only three of
     # them ask for it).
@@ -368,7 +377,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 45 and len(trained) == 20
+    assert len(runs) == 52 and len(trained) == 23
     assert all("--no-compile" in line for line in trained)
 
 
