@@ -57,9 +57,10 @@ class TestChatBriskIntegration(ChatModelIntegrationTests):
     def test_unicode_tool_call_integration(
         self, model: BaseChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
     ) -> None:
-        # It swaps the two values: customer_name "Chinese technology company was born.",
-        # description '你好啊集团'. The request gives the description as a phrase after a dash,
-        # not as a value, and no shipped model was trained on such free-text arguments.
+        # It swaps the two values: description '你好啊集团', customer_name "Chinese technology
+        # company". The request gives the description as a phrase after a dash, not as a value;
+        # the target shipped in session 32, the first trained on such free-text arguments, gets
+        # about half of its held-out ones right and still swaps these (training/README.md).
         super().test_unicode_tool_call_integration(
             model, tool_choice=tool_choice, force_tool_call=force_tool_call
         )
