@@ -347,12 +347,13 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     averaged(18, "brisk-chat47-12", *since_47, "brisk-chat11", "brisk-chat12")
     trained_from(19, "brisk-chat13", "brisk-chat47-12", "data11")
     averaged(20, "brisk-chat47-13", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
-    for i, (name, data) in enumerate(zip(("14", "15", "16"), ("12", "13", "14"), strict=True)):
-        trained_from(21 + i, f"brisk-chat{name}", "brisk-chat47-13", f"data{data}")
-    averaged(24, "brisk-chat47-16", "brisk-chat47-13", *(f"brisk-chat{n}" for n in (14, 15, 16)))
-    for i, (name, data) in enumerate(zip(("17", "18", "19"), ("15", "16", "17"), strict=True)):
-        trained_from(25 + i, f"brisk-chat{name}", "brisk-chat47-16", f"data{data}")
-    averaged(28, "brisk-chat", "brisk-chat47-16", *(f"brisk-chat{n}" for n in (17, 18, 19)))
+    # two fan-outs: three runs from a mean (on data 12-14, then 15-17), then the mean of it and them
+    for i, start, first, mean in ((21, "brisk-chat47-13", 14, "brisk-chat47-16"),
+                                  (25, "brisk-chat47-16", 17, "brisk-chat")):  # fmt: skip
+        runs = [f"brisk-chat{first + j}" for j in range(3)]
+        for j, name in enumerate(runs):
+            trained_from(i + j, name, start, f"data{first - 2 + j}")
+        averaged(i + 3, mean, start, *runs)
     for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
     for line in [*again[15:20:2], *again[21:24], *again[25:28]]:  # the last nine: compiled

@@ -145,13 +145,20 @@ recent=("${continued[@]}" --precision bfloat16 --no-compile --steps 700 --drill-
 # since47: brisk-chat47 and every run after it, the inputs of each mean below; mean: the latest.
 since47=("$OUT/brisk-chat47/model")
 mean="$OUT/brisk-chat47/model"
-# chained RUN DATA SEED MEAN ARGS...: a target run RUN on DATA from the latest mean, then MEAN = the
-# mean of since47 with RUN added, now the latest; ARGS end the run's arguments.
+# from_mean RUN DATA SEED ARGS...: a target run RUN on DATA from the latest mean; ARGS end its
+# arguments.
+from_mean() {
+    local run=$1 data=$2 seed=$3
+    shift 3
+    step "$OUT/$run" python -m training.train --preset target "${common[@]}" \
+        --data "$OUT/$data" --out "$OUT/$run" --init "$mean" --seed "$seed" "$@"
+}
+# chained RUN DATA SEED MEAN ARGS...: RUN from the latest mean, then MEAN = the mean of since47
+# with RUN added, now the latest.
 chained() {
     local run=$1 data=$2 seed=$3 next=$4
     shift 4
-    step "$OUT/$run" python -m training.train --preset target "${common[@]}" \
-        --data "$OUT/$data" --out "$OUT/$run" --init "$mean" --seed "$seed" "$@"
+    from_mean "$run" "$data" "$seed" "$@"
     since47+=("$OUT/$run/model")
     step "$OUT/$next" python -m training.average --out "$OUT/$next/model" "${since47[@]}"
     mean="$OUT/$next/model"
@@ -174,8 +181,7 @@ fanned() {
     local inputs=("$mean")
     for spec in "$@"; do
         read -r name data seed <<< "$spec"
-        step "$OUT/$name" python -m training.train --preset target "${common[@]}" \
-            --data "$OUT/$data" --out "$OUT/$name" --init "$mean" --seed "$seed" "${zen4[@]}"
+        from_mean "$name" "$data" "$seed" "${zen4[@]}"
         inputs+=("$OUT/$name/model")
     done
     step "$OUT/$next" python -m training.average --out "$OUT/$next/model" "${inputs[@]}"

@@ -78,6 +78,10 @@ class Runner:
     def prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.llm.chat_prompt_ids(messages, tools)
 
+    def close(self) -> None:
+        """Stop the engine's thread (a thread left running into interpreter exit can abort it)."""
+        self.llm.close()
+
     def generate(self, prompts: list[list[int]], params: list[Any]) -> list[str]:
         outs = self.llm.generate(prompts, params)
         for p, o in zip(prompts, outs, strict=True):
@@ -193,6 +197,15 @@ def eval_extraction(run: Runner, items: list[dict], constrained: bool) -> tuple[
         "object_exact": whole / n,
         "valid_json": valid / n,
     }, failures
+
+
+# The tasks scored with and without their grammar: eval.json's key -> its scoring function.
+GRAMMAR_TASKS = {
+    "tool_call": eval_tool_calls,
+    "tool_call_free_text": eval_tool_calls,
+    "extract": eval_extraction,
+    "extract_labelled": eval_extraction,
+}
 
 
 def eval_json_keys(run: Runner, items: list[dict], json_mode: bool) -> tuple[dict, list]:
@@ -385,14 +398,10 @@ def main() -> None:
     t: dict[str, Any] = {}
     for constrained in (True, False):
         tag = "constrained" if constrained else "unconstrained"
-        for task in ("tool_call", "tool_call_free_text"):
+        for task, scorer in GRAMMAR_TASKS.items():
             if task not in ev:  # eval.json written before the free-text set existed
                 continue
-            m, f = eval_tool_calls(run, ev[task][:lim], constrained)
-            t[f"{task}_{tag}"] = m
-            failures[f"{task}_{tag}"] = f[:8]
-        for task in ("extract", "extract_labelled"):
-            m, f = eval_extraction(run, ev[task][:lim], constrained)
+            m, f = scorer(run, ev[task][:lim], constrained)
             t[f"{task}_{tag}"] = m
             failures[f"{task}_{tag}"] = f[:8]
         print(

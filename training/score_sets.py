@@ -23,24 +23,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
-# the task's key in eval.json -> the figure reported for it
-TASKS = {
-    "tool_call": "exact_match",
-    "tool_call_free_text": "exact_match",
-    "extract": "field_accuracy",
-    "extract_labelled": "field_accuracy",
-}
-
-
-def score_items(run: Any, task: str, items: list[dict], constrained: bool) -> tuple[dict, list]:
-    """``evaluate.py``'s scoring of one task's items."""
-    from training.evaluate import eval_extraction, eval_tool_calls
-
-    if task.startswith("tool_call"):
-        return eval_tool_calls(run, items, constrained)
-    return eval_extraction(run, items, constrained)
+from training.evaluate import GRAMMAR_TASKS, Runner
 
 
 def miss_key(failure: dict) -> str:
@@ -60,17 +44,23 @@ def load_items(set_dir: Path, task: str, limit: int) -> list[dict]:
 
 
 def score(args: argparse.Namespace) -> None:
-    from training.evaluate import Runner
-
     items_by_set = {d: load_items(d, args.task, args.limit) for d in args.sets}
     run = Runner(args.model, args.batch_size)
+    try:
+        score_with(run, args, items_by_set)
+    finally:
+        run.close()
+
+
+def score_with(run: Runner, args: argparse.Namespace, items_by_set: dict[Path, list[dict]]) -> None:
+    """Score each set's items, write its record, print its line and then the mean."""
     out = args.out_dir / args.tag
     out.mkdir(parents=True, exist_ok=True)
-    figure = TASKS[args.task]
     total = weighted = 0.0
     for set_dir, items in items_by_set.items():
         start = time.time()
-        metrics, failures = score_items(run, args.task, items, not args.unconstrained)
+        metrics, failures = GRAMMAR_TASKS[args.task](run, items, not args.unconstrained)
+        figure = "exact_match" if "exact_match" in metrics else "field_accuracy"
         record = {
             "model": str(args.model),
             "set": str(set_dir),
@@ -128,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     sp.add_argument("--model", type=Path, required=True)
     sp.add_argument("--tag", required=True, help="a name for this model's scores")
     sp.add_argument("--out-dir", type=Path, required=True)
-    sp.add_argument("--task", choices=sorted(TASKS), default="tool_call")
+    sp.add_argument("--task", choices=sorted(GRAMMAR_TASKS), default="tool_call")
     sp.add_argument("--limit", type=int, default=1000, help="the first N items of each set")
     sp.add_argument("--batch-size", type=int, default=16)
     sp.add_argument("--unconstrained", action="store_true", help="decode without the grammar")
@@ -136,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     cp.add_argument("a")
     cp.add_argument("b")
     cp.add_argument("--out-dir", type=Path, required=True)
-    cp.add_argument("--task", choices=sorted(TASKS), default="tool_call")
+    cp.add_argument("--task", choices=sorted(GRAMMAR_TASKS), default="tool_call")
     args = ap.parse_args(argv)
     if args.command == "score":
         if args.limit < 1:
