@@ -72,11 +72,14 @@ def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
 def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
     """Bytes/s that each way of reading a 256 MB (float32) weight reaches on ``device``.
 
-    Four readers of the same (16384, 4096) weight: F.linear with a (1, 4096) row on the row-major
+    Five readers of the same (16384, 4096) weight: F.linear with a (1, 4096) row on the row-major
     weight (transformers' layout) and on its column-major copy, oneDNN's packed-weight product
-    (brisklm's CPU layout, where this machine supports it), and a plain streaming ``sum``. The
-    roofline of a decode step is its weight bytes over the fastest of them.
+    (brisklm's CPU layout, where this machine supports it), a plain streaming ``sum``, and the
+    same ``sum`` of a copy on huge pages where the machine gives them (where brisklm's native
+    kernels keep their weights: ``brisklm.kernels.huge_pages``; 4 KB pages read 5-10% slower on
+    this project's VMs). The roofline of a decode step is its weight bytes over the fastest.
     """
+    from brisklm.kernels import huge_pages
     from brisklm.models import packed_weights
 
     weight = torch.randn(16384, 4096, device=device, dtype=dtype)
@@ -94,6 +97,9 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
         if packed_weights.packing_supported(dtype):
             packed = packed_weights.pack(weight)
             readers["oneDNN packed weight"] = lambda: packed_weights.packed_linear(x, packed, None)
+        if huge_pages.available():
+            on_huge_pages = huge_pages.empty(tuple(weight.shape), dtype).copy_(weight)
+            readers["streaming sum, huge pages"] = lambda: on_huge_pages.sum()
     for name, read in readers.items():
         best = float("inf")
         for _ in range(15):

@@ -2,9 +2,9 @@
 
 Prints prefill tokens/s, decode tokens/s at batch 1 and 8, their ratios, and the memory roofline
 (weight bytes read per decode step over the best memory bandwidth measured in this same run: F.linear
-on row- and column-major weights, oneDNN's packed weights, a streaming sum). Then brisklm's batch-1
-decode again, each run right after a streaming read of the same length (mean against mean), as
-the share of that adjacent roofline.
+on row- and column-major weights, oneDNN's packed weights, a streaming sum on 4 KB pages and on huge
+pages). Then brisklm's batch-1 decode again, each run right after a streaming read of the same
+length on huge pages (mean against mean), as the share of that adjacent roofline.
 
     python bench/engine_vs_transformers.py                       # ~125M params, float32, CPU
     python bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --preset llama3-8b
@@ -84,6 +84,7 @@ def main() -> None:
 
     from brisklm import LLM
     from brisklm.engine.scratch_thread import call_in_scratch_thread
+    from brisklm.kernels import huge_pages
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -111,8 +112,13 @@ def main() -> None:
         about as long (this VM's bandwidth drifts between regimes within minutes, so a roofline
         sampled elsewhere in the run can belong to another regime); both are means over their
         stretch."""
+        # On huge pages where the machine gives them, as brisklm's native weights are.
         stream = call_in_scratch_thread(
-            lambda: torch.randn(16384, 4096, device=device, dtype=dtype)
+            lambda: (
+                torch.randn(16384, 4096, device=device, dtype=dtype)
+                if device.type != "cpu"
+                else huge_pages.empty((16384, 4096), dtype).normal_()
+            )
         )
         reads = max(8, int(args.new_tokens * step_bytes / (stream.numel() * stream.element_size())))
         ratios = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from brisklm.kernels import huge_pages
+
 
 class KVCache:
     """Keys and values of every layer for ``num_slots`` sequences of up to ``max_seq_len`` tokens.
@@ -27,9 +29,14 @@ class KVCache:
         self.max_seq_len = max_seq_len
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         # Zeros, not empty: a reference attention multiplies masked-out values by zero weights, and
-        # uninitialised memory can hold NaN.
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        # uninitialised memory can hold NaN. On CPU on huge pages where the machine gives them:
+        # attention streams a sequence's keys and values at every step.
+        if torch.device(device).type == "cpu":
+            self.keys = huge_pages.zeros(shape, dtype)
+            self.values = huge_pages.zeros(shape, dtype)
+        else:
+            self.keys = torch.zeros(shape, dtype=dtype, device=device)
+            self.values = torch.zeros(shape, dtype=dtype, device=device)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]

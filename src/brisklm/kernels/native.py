@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from brisklm.engine.scratch_thread import call_in_scratch_thread
+from brisklm.kernels import huge_pages
 
 logger = logging.getLogger(__name__)
 
@@ -243,12 +244,17 @@ PANEL = 32  # output rows per panel (NB in the C source)
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """The (out, in) float32 weight in the kernels' layout: panels of 32 output rows, each stored
-    k-major, the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous."""
+    k-major, the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous. On CPU on huge
+    pages where the machine gives them (``huge_pages``): every decode step streams these."""
     rows, k = weight.shape
     panels = -(-rows // PANEL)
     padded = torch.zeros(panels * PANEL, k, dtype=torch.float32, device=weight.device)
     padded[:rows] = weight
-    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+    panel_major = padded.view(panels, PANEL, k).transpose(1, 2)
+    if weight.device.type != "cpu":
+        return panel_major.contiguous()
+    out = huge_pages.empty((panels, k, PANEL), torch.float32)
+    return out.copy_(panel_major)
 
 
 def unpack(packed: torch.Tensor, rows: int) -> torch.Tensor:
