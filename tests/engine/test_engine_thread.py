@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -208,3 +210,53 @@ async def test_a_final_only_async_collector_hands_over_finished_outputs_and_erro
     queued = [collector.queue.get_nowait()[1] for _ in range(collector.queue.qsize())]
     assert queued == [last, error]
     assert everything.queue.qsize() == 4
+
+
+EXIT_SCRIPT = """
+import atexit, sys, threading, time
+
+def report():  # registered before brisklm's own exit handler, so it runs after it
+    alive = [t for t in threading.enumerate() if t.name == "brisklm-engine" and t.is_alive()]
+    print("engine threads alive at exit:", len(alive), flush=True)
+
+atexit.register(report)
+from brisklm import LLM, SamplingParams
+
+llm = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=512, show_progress=False)
+params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+if sys.argv[2] == "stream":
+    for index, _ in enumerate(llm.stream("a b c", params)):
+        if index == 2:
+            break  # the stream is left open: its request is still running
+else:  # a caller on a daemon thread still waiting for its output
+    threading.Thread(target=lambda: llm.generate(["a b c"] * 4, params), daemon=True).start()
+    time.sleep(0.3)
+print("leaving", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["stream", "daemon"])
+def test_exiting_with_a_request_running_stops_the_engine_thread_first(tiny_dir, tmp_path, how):
+    # Before the engine closed its loops at exit, such a process could abort after its last line
+    # (exit status 134, "terminate called without an active exception"): its engine thread was
+    # still in a forward pass while the runtime tore down.
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_dir), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == ["leaving", "engine threads alive at exit: 0"]
+    assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
+
+
+def test_a_closed_loop_is_not_closed_again_at_exit(tiny_dir):
+    from brisklm.engine import loop as loop_module
+
+    llm = LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=64, show_progress=False)
+    assert llm._loop in loop_module._open_loops
+    llm.close()
+    assert llm._loop not in loop_module._open_loops

@@ -7,9 +7,11 @@ different callers share forward passes: that is what batches concurrent LangChai
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 
 from brisklm.engine.llm_engine import LLMEngine, own_exception
@@ -19,6 +21,9 @@ from brisklm.outputs import StreamChunk
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[Request, "StreamChunk | BaseException"], None]
+
+# Seconds interpreter exit waits for an engine thread to finish the step it is in.
+EXIT_JOIN_S = 10.0
 
 
 class EngineLoop:
@@ -40,6 +45,10 @@ class EngineLoop:
         self._start_lock = threading.Lock()
         self._fail_lock = threading.Lock()
         self._closed = False
+        # False once the interpreter is exiting: requests still open then are dropped, not
+        # failed (their callers, daemon threads by then, end with the process as they would have).
+        self._fail_on_close = True
+        _open_loops.add(self)
 
     def submit(self, requests: list[Request], sink: Sink) -> None:
         """Queue requests (admitted together, so they can share a prefill); ``sink`` gets their chunks."""
@@ -58,14 +67,16 @@ class EngineLoop:
         self._inbox.put(("abort", request_id, None))
         self._wakeup.set()
 
-    def close(self) -> None:
-        """Stop the engine thread; every request still queued or running fails with an error."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread (waiting up to ``timeout`` seconds for the step it is in); every
+        request still queued or running fails with an error."""
         with self._start_lock:
             self._closed = True
             thread = self._thread
+        _open_loops.discard(self)
         self._wakeup.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)
+            thread.join(timeout=timeout)
         if thread is None or not thread.is_alive():
             self._fail_pending()  # what the thread did not get to (or there was no thread)
 
@@ -93,6 +104,8 @@ class EngineLoop:
 
     def _fail_pending(self) -> None:
         """After close: fail every queued and running request, and tell each one's consumer."""
+        if not self._fail_on_close:
+            return
         with self._fail_lock:
             self._drain_inbox()  # requests still queued join the engine's, to fail with them
             for request, result in self._fail_everything(RuntimeError("the engine was closed")):
@@ -196,3 +209,21 @@ class AsyncCollector:
         except RuntimeError:
             if not self.loop.is_closed():  # closed between the check and the call: same as above
                 raise
+
+
+# Every loop not yet closed. At interpreter exit its thread, a daemon, could still be inside a
+# forward pass (torch's or the native kernels' OpenMP region) while the runtime tears down, and the
+# process then aborted ("terminate called without an active exception", exit status 134) after
+# the program's own work had finished: seen for scripts that exit with a stream still open or a
+# request running. Closing the loops first lets each thread finish its step and return.
+_open_loops: weakref.WeakSet[EngineLoop] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loops() -> None:
+    for loop in list(_open_loops):
+        loop._fail_on_close = False
+        try:
+            loop.close(timeout=EXIT_JOIN_S)
+        except Exception:  # exit goes on whatever one engine does
+            logger.exception("closing an engine at exit failed")
