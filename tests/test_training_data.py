@@ -148,6 +148,37 @@ def test_free_text_args_are_stated_as_phrases_and_copied_whole() -> None:
             assert not any(p.get("description") == "Free text." for p in props.values())
 
 
+def test_free_text_share_sets_how_many_tools_get_a_free_text_argument() -> None:
+    def tools_with_free_text(share: float | None) -> tuple[int, int]:
+        extra = {} if share is None else {"free_text_share": share}
+        samples = generate(2000, 4321, "train", request_order=True, free_text_args=True, **extra)
+        free = offered = 0
+        for s in samples:
+            for tool in s.get("tools") or []:
+                props = tool["function"]["parameters"]["properties"]
+                offered += 1
+                free += any(p.get("description") == "Free text." for p in props.values())
+        return free, offered
+
+    default, offered = tools_with_free_text(None)
+    assert tools_with_free_text(0.2) == (default, offered)  # the default, draw for draw
+    doubled, _ = tools_with_free_text(0.4)
+    none, _ = tools_with_free_text(0.0)
+    assert none == 0 and 1.6 < doubled / default < 2.4
+    with pytest.raises(ValueError, match="free_text_share"):
+        generate(1, 1, "train", free_text_args=True, free_text_share=1.5)
+
+
+def test_free_text_share_without_free_text_args_is_refused(tmp_path, capsys, monkeypatch) -> None:
+    from training import generate_data
+
+    argv = ["generate_data", "--out", str(tmp_path), "--num-train", "1", "--free-text-share", "0.4"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit):
+        generate_data.main()
+    assert "--free-text-share needs --free-text-args" in capsys.readouterr().err
+
+
 def test_held_out_free_text_calls_leave_the_other_eval_sets_as_they_were() -> None:
     ev = generate_eval(1235, 20, request_order=True)
     assert len(ev["tool_call_free_text"]) == 20

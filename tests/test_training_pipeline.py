@@ -182,6 +182,61 @@ def test_packed_data_is_kept_for_the_next_run_and_matches_a_fresh_packing(root: 
     assert torch.equal(
         train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0)[0].ids, short.ids
     )
+    filled = train.load_packed_buckets(data, tokenizer, 0.5, 384, 896, 0, fill_long_rows=True)
+    assert len(list(data.parent.glob("train.packed-*.pt"))) == 4
+    assert int((filled[0].ids != 0).sum()) + int((filled[1].ids != 0).sum()) == int(
+        (short.ids != 0).sum()
+    ) + int((long.ids != 0).sum())
+
+
+def sample_segments(packed: train.Packed) -> list[tuple[int, int]]:
+    """(marker, length) of every sample in ``packed``'s rows, padding left out (samples made by
+    ``marked_samples``: every token of sample i is i + 1, so a segment names its sample)."""
+    found = []
+    for ids, doc in zip(packed.ids.tolist(), packed.doc.tolist(), strict=True):
+        for d in sorted(set(doc)):
+            tokens = [t for t, k in zip(ids, doc, strict=True) if k == d]
+            if tokens[0] != 0:
+                assert len(set(tokens)) == 1  # one sample per segment, whole
+                found.append((tokens[0], len(tokens)))
+    return found
+
+
+def marked_samples(count: int, seed: int) -> list[tuple[list[int], list[float]]]:
+    rng = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(20, 897, (count,), generator=rng).tolist()
+    return [([i + 1] * n, [1.0] * n) for i, n in enumerate(lengths)]
+
+
+def test_every_sample_is_packed_once_and_filling_leaves_less_padding() -> None:
+    samples = marked_samples(400, 5)
+    padding = {}
+    for fill in (False, True):
+        short, long, dropped = train.pack_buckets(samples, 384, 896, 0, fill_long_rows=fill)
+        assert dropped == 0 and short.ids.shape[1] == 385 and long.ids.shape[1] == 897
+        segments = sample_segments(short) + sample_segments(long)
+        # Each sample once, whole or without its first token.
+        assert sorted(marker for marker, _ in segments) == list(range(1, 401))
+        for marker, length in segments:
+            assert length in (len(samples[marker - 1][0]), len(samples[marker - 1][0]) - 1)
+        # Short rows hold short samples only, long rows every long one, and with filling some
+        # short ones too.
+        assert all(len(samples[m - 1][0]) <= 385 for m, _ in sample_segments(short))
+        in_long = {m for m, _ in sample_segments(long)}
+        assert {i + 1 for i, (ids, _) in enumerate(samples) if len(ids) > 385} <= in_long
+        assert any(len(samples[m - 1][0]) <= 385 for m in in_long) == fill
+        padding[fill] = float((long.ids == 0).float().mean())
+    # Half the samples here are long, too few short ones to fill every gap.
+    assert padding[False] > 0.15 and padding[True] < padding[False] / 2
+
+
+def test_a_filler_pool_gives_the_longest_sample_that_fits() -> None:
+    samples = [([7] * n, [1.0] * n) for n in (30, 50, 50, 80)]
+    pool = train.FillerPool(samples, __import__("random").Random(0))
+    assert len(pool.take(79)[0]) == 50 and len(pool.take(100)[0]) == 80
+    assert len(pool.take(60)[0]) == 50 and pool.take(29) is None
+    assert [len(ids) for ids, _ in pool.remaining()] == [30]
+    assert len(pool.take(30)[0]) == 30 and pool.take(1000) is None and pool.remaining() == []
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(

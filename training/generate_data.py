@@ -85,6 +85,8 @@ CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 # of 11 letters is 16 tokens, while the training places' two Cyrillic names are one token each).
 OTHER_SCRIPTS = ("абвгдежзийклмнопрстуфхцчшщыэюяё", "αβγδεζηθικλμνξοπρστυφχψωάέήίόύώ")
 # Free-text arguments (``--free-text-args``): a phrase the request states in prose, copied whole.
+# By default a fifth of the tools with fewer than four arguments get one (``--free-text-share``).
+FREE_TEXT_SHARE = 0.2
 FREE_TEXT_ARG_NAMES = [
     "description",
     "notes",
@@ -249,10 +251,12 @@ class Gen:
         many_tools: bool = False,
         open_verbs: float = 0.0,
         other_scripts: float = 0.0,
+        free_text_share: float = FREE_TEXT_SHARE,
     ) -> None:
         self.r = random.Random(seed)
         check_share("open_verbs", open_verbs)
         check_share("other_scripts", other_scripts)
+        check_share("free_text_share", free_text_share)
         self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.other_scripts = 0.0 if split == "eval" else other_scripts
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
@@ -261,6 +265,7 @@ class Gen:
         self.more = more_phrasings
         self.request_order = request_order
         self.free_text = free_text_args
+        self.free_text_share = free_text_share
 
     # ---------------------------------------------------------------- small values
     def pseudo_word(self) -> str:
@@ -478,7 +483,7 @@ class Gen:
                 spec["description"] = f"The {an.replace('_', ' ')}."
             props[an] = spec
             args.append({"name": an, "type": typ, "spec": spec})
-        if self.free_text and nargs < 4 and r.random() < 0.2:
+        if self.free_text and nargs < 4 and r.random() < self.free_text_share:
             self.add_free_text_arg(topic, used, props, args)
         required = [a["name"] for a in args if r.random() < 0.8]
         params = {"type": "object", "properties": props, "required": required}
@@ -1529,6 +1534,7 @@ def generate(
     many_tools: bool = False,
     open_verbs: float = 0.0,
     other_scripts: float = 0.0,
+    free_text_share: float = FREE_TEXT_SHARE,
 ) -> list[dict[str, Any]]:
     g = Gen(
         seed,
@@ -1540,6 +1546,7 @@ def generate(
         many_tools,
         open_verbs,
         other_scripts,
+        free_text_share,
     )
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
@@ -1639,6 +1646,12 @@ def main() -> None:
         help="give some tools a free-text argument stated as a phrase (see Gen)",
     )
     ap.add_argument(
+        "--free-text-share",
+        type=share_arg("--free-text-share"),
+        default=FREE_TEXT_SHARE,
+        help="with --free-text-args: share of tools with fewer than four arguments that get one",
+    )
+    ap.add_argument(
         "--tool-share",
         type=share_arg("--tool-share"),
         default=DEFAULT_TOOL_SHARE,
@@ -1662,6 +1675,8 @@ def main() -> None:
         help="share of training string values written in Cyrillic or Greek letters (see Gen)",
     )
     args = ap.parse_args()
+    if args.free_text_share != FREE_TEXT_SHARE and not args.free_text_args:
+        ap.error("--free-text-share needs --free-text-args")
     args.out.mkdir(parents=True, exist_ok=True)
     order = args.request_order
     train = generate(
@@ -1675,6 +1690,7 @@ def main() -> None:
         many_tools=args.many_tools,
         open_verbs=args.open_verbs,
         other_scripts=args.other_scripts,
+        free_text_share=args.free_text_share,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:

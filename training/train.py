@@ -161,12 +161,63 @@ class Packed:
         return len(self.ids)
 
 
+class FillerPool:
+    """Samples to fill the room other samples leave in a row: ``take(room)`` gives the longest
+    that fits (of equal lengths, in an order shuffled by ``rng``) and removes it from the pool."""
+
+    def __init__(self, encoded: list[tuple[list[int], list[float]]], rng: random.Random) -> None:
+        self.encoded = encoded
+        self.taken = [False] * len(encoded)
+        self.by_length: dict[int, list[int]] = {}
+        for index, item in enumerate(encoded):
+            self.by_length.setdefault(len(item[0]), []).append(index)
+        for indices in self.by_length.values():
+            rng.shuffle(indices)
+        self.longest = max(self.by_length, default=0)
+
+    def take(self, room: int) -> tuple[list[int], list[float]] | None:
+        for length in range(min(room, self.longest), 0, -1):
+            indices = self.by_length.get(length)
+            if indices:
+                index = indices.pop()
+                self.taken[index] = True
+                return self.encoded[index]
+        return None
+
+    def remaining(self) -> list[tuple[list[int], list[float]]]:
+        """The samples not taken, in their original order."""
+        return [item for item, taken in zip(self.encoded, self.taken) if not taken]
+
+
+def _place(
+    row: tuple[list[int], list[float], list[int], list[int]],
+    doc: int,
+    sample: tuple[list[int], list[float]],
+    rng: random.Random,
+) -> None:
+    """Append ``sample`` to a row's ids, weights, positions and sample indices, keeping its leading
+    ``<|endoftext|>`` half of the time (inference prompts have none)."""
+    ids, wts, poss, docs = row
+    skip = 1 if rng.random() < 0.5 else 0
+    n = len(sample[0]) - skip
+    ids.extend(sample[0][skip:])
+    wts.extend(sample[1][skip:])
+    poss.extend(range(n))
+    docs.extend([doc] * n)
+
+
 def pack(
-    encoded: list[tuple[list[int], list[float]]], row_len: int, seed: int, window: int = 512
+    encoded: list[tuple[list[int], list[float]]],
+    row_len: int,
+    seed: int,
+    window: int = 512,
+    fillers: FillerPool | None = None,
 ) -> Packed:
     """Best-fit whole samples into rows of ``row_len`` tokens; padding (id 0) has weight 0.
 
     Each sample keeps its leading ``<|endoftext|>`` half of the time (inference prompts have none).
+    ``fillers``: shorter samples that fill the room a row's own samples leave (longest first),
+    before any padding.
     """
     rng = random.Random(seed)
     items = list(encoded)
@@ -183,6 +234,7 @@ def pack(
         poss: list[int] = []
         docs: list[int] = []
         n_docs = 0
+        row = (ids, wts, poss, docs)
         while pending:
             room = row_len - len(ids)
             best = -1
@@ -193,38 +245,46 @@ def pack(
                         break
             if best < 0:
                 break
-            it = pending.pop(best)
-            skip = 1 if rng.random() < 0.5 else 0
-            n = len(it[0]) - skip
-            ids += it[0][skip:]
-            wts += it[1][skip:]
-            poss += list(range(n))
-            docs += [n_docs] * n
+            _place(row, n_docs, pending.pop(best), rng)
+            n_docs += 1
+        while fillers is not None and (filler := fillers.take(row_len - len(ids))) is not None:
+            _place(row, n_docs, filler, rng)
             n_docs += 1
         pad = row_len - len(ids)
         rows.append(
             (ids + [0] * pad, wts + [0.0] * pad, poss + list(range(pad)), docs + [n_docs] * pad)
         )
-    return Packed(
-        torch.tensor([r[0] for r in rows], dtype=torch.long),
-        torch.tensor([r[1] for r in rows], dtype=torch.float32),
-        torch.tensor([r[2] for r in rows], dtype=torch.long),
-        torch.tensor([r[3] for r in rows], dtype=torch.long),
+    return Packed(  # (rows, row_len) also for no rows (every sample taken to fill other rows)
+        torch.tensor([r[0] for r in rows], dtype=torch.long).reshape(-1, row_len),
+        torch.tensor([r[1] for r in rows], dtype=torch.float32).reshape(-1, row_len),
+        torch.tensor([r[2] for r in rows], dtype=torch.long).reshape(-1, row_len),
+        torch.tensor([r[3] for r in rows], dtype=torch.long).reshape(-1, row_len),
     )
 
 
 def pack_buckets(
-    encoded: list[tuple[list[int], list[float]]], seq_len: int, long_seq_len: int, seed: int
+    encoded: list[tuple[list[int], list[float]]],
+    seq_len: int,
+    long_seq_len: int,
+    seed: int,
+    fill_long_rows: bool = False,
 ) -> tuple[Packed, Packed | None, int]:
-    """Short samples into rows of ``seq_len + 1``, longer ones into ``long_seq_len + 1``; drops longer."""
+    """Short samples into rows of ``seq_len + 1``, longer ones into ``long_seq_len + 1``; drops longer.
+
+    ``fill_long_rows``: the room the long samples leave in their rows (a quarter of the long rows'
+    tokens on the tool-heavy sets) is filled with short samples, which then leave the short rows.
+    """
     short = [x for x in encoded if len(x[0]) <= seq_len + 1]
     long = [x for x in encoded if seq_len + 1 < len(x[0]) <= long_seq_len + 1]
     dropped = len(encoded) - len(short) - len(long)
-    return (
-        pack(short, seq_len + 1, seed),
-        pack(long, long_seq_len + 1, seed + 1) if long else None,
-        dropped,
-    )
+    long_rows = None
+    if long and fill_long_rows:
+        pool = FillerPool(short, random.Random(seed + 2))
+        long_rows = pack(long, long_seq_len + 1, seed + 1, fillers=pool)
+        short = pool.remaining()
+    elif long:
+        long_rows = pack(long, long_seq_len + 1, seed + 1)
+    return pack(short, seq_len + 1, seed), long_rows, dropped
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -243,6 +303,7 @@ def load_packed_buckets(
     long_seq_len: int,
     seed: int,
     name_weight: float = 1.0,
+    fill_long_rows: bool = False,
 ) -> tuple[Packed, Packed | None, int, int]:
     """``pack_buckets(encode_samples(load_jsonl(path), ...))`` and the number of samples, kept in a
     file beside ``path`` for the next run with the same inputs.
@@ -254,9 +315,11 @@ def load_packed_buckets(
     key = hashlib.sha256()
     for file in (path, tokenizer_dir / "tokenizer.json"):
         key.update(hashlib.sha256(file.read_bytes()).digest())
-    code = [inspect.getsource(f) for f in (encode_samples, pack, pack_buckets, load_jsonl)]
+    functions = (encode_samples, FillerPool, _place, pack, pack_buckets, load_jsonl)
+    code = [inspect.getsource(f) for f in functions]
     code.append(Path(render.__code__.co_filename).read_text(encoding="utf-8"))
-    key.update(json.dumps([code, prompt_weight, seq_len, long_seq_len, seed, name_weight]).encode())
+    settings = [prompt_weight, seq_len, long_seq_len, seed, name_weight, fill_long_rows]
+    key.update(json.dumps([code, *settings]).encode())
     cache = path.with_name(f"{path.stem}.packed-{key.hexdigest()[:20]}.pt")
     if cache.exists():
         try:
@@ -281,6 +344,7 @@ def load_packed_buckets(
         seq_len,
         long_seq_len,
         seed,
+        fill_long_rows,
     )
     stored = []
     for b in (short, long):
@@ -625,6 +689,11 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=384, help="row length for short samples")
     ap.add_argument("--long-seq-len", type=int, default=896, help="row length for long samples")
     ap.add_argument(
+        "--fill-long-rows",
+        action="store_true",
+        help="fill the room long samples leave in their rows with short samples (less padding)",
+    )
+    ap.add_argument(
         "--batch-tokens", type=int, default=7680, help="tokens per batch (both row kinds)"
     )
     ap.add_argument("--steps", type=int, default=3000)
@@ -746,6 +815,7 @@ def main() -> None:
         args.long_seq_len,
         args.seed,
         args.name_loss_weight,
+        args.fill_long_rows,
     )
     easy: list[Packed] = []
     if args.easy_steps:
@@ -986,6 +1056,7 @@ def main() -> None:
         "batch_tokens": args.batch_tokens,
         "seq_len": args.seq_len,
         "long_seq_len": args.long_seq_len,
+        "fill_long_rows": args.fill_long_rows,
         "lr": args.lr,
         "optimizer": args.optimizer,
         "precision": args.precision,
