@@ -3,8 +3,8 @@
 # The first six runs took about 94 minutes on 2 idle AVX-512 CPU cores, the next five (float32)
 # 59, 94, 64, 79 and 64 minutes on an AVX2 Zen 3 (see training/README.md; an AVX2-only CPU trains in
 # float32, --precision auto, about six times slower than bfloat16 on AVX-512), three more
-# (bfloat16, eager) about 23 minutes each on an AVX-512 Xeon with AMX and the last nine (bfloat16,
-# compiled) 21-23 minutes each on an AVX-512 Zen 4, with eleven averages.
+# (bfloat16, eager) about 23 minutes each on an AVX-512 Xeon with AMX and the last twelve (bfloat16,
+# compiled) 21-25 minutes each on an AVX-512 Zen 4, with twelve averages.
 # Run from the repository root:
 #   bash training/build_all.sh
 #   python -m training.evaluate --out training/eval_results.json   # then score them
@@ -65,14 +65,17 @@ step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 901
 # (--other-scripts 0.1, the spec's third field), which the tokenizer splits into alternating lead
 # and continuation bytes; the fifteenth to seventeenth: the same again, and a fifth of the tools
 # take a free-text argument (description, notes, ...) that the request states as a phrase
-# (--free-text-args, the spec's fourth field).
+# (--free-text-args, the spec's fourth field); the eighteenth to twentieth: the same with two fifths
+# of the tools taking one (--free-text-share 0.4, the fifth field).
 for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631" "data9 2741" "data10 3852" \
     "data11 4913" "data12 5802 0.1" "data13 6913 0.1" "data14 8024 0.1" \
-    "data15 9146 0.1 free" "data16 1258 0.1 free" "data17 3370 0.1 free"; do
-    read -r name seed other free <<< "$spec"
+    "data15 9146 0.1 free" "data16 1258 0.1 free" "data17 3370 0.1 free" \
+    "data18 4024 0.1 free 0.4" "data19 5135 0.1 free 0.4" "data20 6246 0.1 free 0.4"; do
+    read -r name seed other free share <<< "$spec"
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
         --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
-        --many-tools --open-verbs 0.5 ${other:+--other-scripts "$other"} ${free:+--free-text-args}
+        --many-tools --open-verbs 0.5 ${other:+--other-scripts "$other"} ${free:+--free-text-args} \
+        ${share:+--free-text-share "$share"}
 done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
@@ -173,15 +176,16 @@ zen4=("${continued[@]}" --precision bfloat16 --steps 700 --drill-frac 0.2 --eval
 chained brisk-chat11 data9 12 brisk-chat47-11 "${zen4[@]}"
 chained brisk-chat12 data10 13 brisk-chat47-12 "${zen4[@]}"
 chained brisk-chat13 data11 14 brisk-chat47-13 "${zen4[@]}" --lr 6e-4
-# fanned NEXT "RUN DATA SEED"...: each RUN trained on DATA from the latest mean, then NEXT = the
-# mean of that mean and the runs, now the latest.
+# fanned NEXT "RUN DATA SEED [ARGS]"...: each RUN trained on DATA from the latest mean (ARGS, if
+# any, added to its command), then NEXT = the mean of that mean and the runs, now the latest.
 fanned() {
-    local next=$1 spec name data seed
+    local next=$1 spec name data seed extra
     shift
     local inputs=("$mean")
     for spec in "$@"; do
-        read -r name data seed <<< "$spec"
-        from_mean "$name" "$data" "$seed" "${zen4[@]}"
+        read -r name data seed extra <<< "$spec"
+        # shellcheck disable=SC2086  # ARGS split into words
+        from_mean "$name" "$data" "$seed" "${zen4[@]}" $extra
         inputs+=("$OUT/$name/model")
     done
     step "$OUT/$next" python -m training.average --out "$OUT/$next/model" "${inputs[@]}"
@@ -198,7 +202,14 @@ fanned brisk-chat47-16 "brisk-chat14 data12 15" "brisk-chat15 data13 16" "brisk-
 # arguments. That mean wrote a free-text argument right in 27-29% of held-out calls with one, the
 # mean of it and the three runs in 54-55%; tool calls on seven held-out sets of 1,000 90.2-91.9%
 # (before 89.8-91.9%; see training/README.md).
-fanned brisk-chat "brisk-chat17 data15 18" "brisk-chat18 data16 19" "brisk-chat19 data17 20"
+fanned brisk-chat47-19 "brisk-chat17 data15 18" "brisk-chat18 data16 19" "brisk-chat19 data17 20"
+# Three more (2026-12-02, session 33), the same way from that mean, on sets where two fifths of the
+# tools take a free-text argument (was a fifth), the last with its long rows filled with short
+# samples (--fill-long-rows). That mean wrote a free-text argument right in 54-55% of held-out
+# calls with one, the mean of it and the three runs in 68-70%; tool calls on eight held-out sets of
+# 1,000 90.9-92.3% (before 90.2-91.9% on seven of them; see training/README.md).
+fanned brisk-chat "brisk-chat20 data18 21" "brisk-chat21 data19 22" \
+    "brisk-chat22 data20 23 --fill-long-rows"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
