@@ -114,11 +114,7 @@ def main() -> None:
         stretch."""
         # On huge pages where the machine gives them, as brisklm's native weights are.
         stream = call_in_scratch_thread(
-            lambda: (
-                torch.randn(16384, 4096, device=device, dtype=dtype)
-                if device.type != "cpu"
-                else huge_pages.empty((16384, 4096), dtype).normal_()
-            )
+            lambda: huge_pages.empty((16384, 4096), dtype, device).normal_()
         )
         reads = max(8, int(args.new_tokens * step_bytes / (stream.numel() * stream.element_size())))
         ratios = []

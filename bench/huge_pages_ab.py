@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from common import PRESETS, write_checkpoint
@@ -50,17 +51,10 @@ def main() -> None:
         )
 
     def load(directory: Path, kind: str) -> tuple[ModelRunner, torch.Tensor]:
-        previous = os.environ.get(huge_pages.ENV_SWITCH)
-        os.environ[huge_pages.ENV_SWITCH] = "1" if kind == "huge" else "0"
-        try:
+        with mock.patch.dict(os.environ, {huge_pages.ENV_SWITCH: "1" if kind == "huge" else "0"}):
             model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
             runner = ModelRunner(model, num_slots=8, max_seq_len=args.position + args.steps + 8)
             stream = huge_pages.empty((16384, 4096), torch.float32).normal_()
-        finally:
-            if previous is None:
-                del os.environ[huge_pages.ENV_SWITCH]
-            else:
-                os.environ[huge_pages.ENV_SWITCH] = previous
         if runner.native is None:
             raise SystemExit("this model does not run through the native kernels")
         return runner, stream

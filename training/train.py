@@ -277,13 +277,10 @@ def pack_buckets(
     short = [x for x in encoded if len(x[0]) <= seq_len + 1]
     long = [x for x in encoded if seq_len + 1 < len(x[0]) <= long_seq_len + 1]
     dropped = len(encoded) - len(short) - len(long)
-    long_rows = None
-    if long and fill_long_rows:
-        pool = FillerPool(short, random.Random(seed + 2))
-        long_rows = pack(long, long_seq_len + 1, seed + 1, fillers=pool)
+    pool = FillerPool(short, random.Random(seed + 2)) if long and fill_long_rows else None
+    long_rows = pack(long, long_seq_len + 1, seed + 1, fillers=pool) if long else None
+    if pool is not None:
         short = pool.remaining()
-    elif long:
-        long_rows = pack(long, long_seq_len + 1, seed + 1)
     return pack(short, seq_len + 1, seed), long_rows, dropped
 
 

@@ -31,12 +31,8 @@ class KVCache:
         # Zeros, not empty: a reference attention multiplies masked-out values by zero weights, and
         # uninitialised memory can hold NaN. On CPU on huge pages where the machine gives them:
         # attention streams a sequence's keys and values at every step.
-        if torch.device(device).type == "cpu":
-            self.keys = huge_pages.zeros(shape, dtype)
-            self.values = huge_pages.zeros(shape, dtype)
-        else:
-            self.keys = torch.zeros(shape, dtype=dtype, device=device)
-            self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = huge_pages.zeros(shape, dtype, device)
+        self.values = huge_pages.zeros(shape, dtype, device)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]

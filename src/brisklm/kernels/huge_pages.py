@@ -57,16 +57,19 @@ def available() -> bool:
     return enabled_by_environment() and _kernel_offers_them()
 
 
-def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised contiguous CPU tensor, on huge pages where ``available()`` (its mapping
-    starts on a huge-page boundary and is marked before any page is touched), else torch's.
+def empty(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """An uninitialised contiguous tensor; on the CPU on huge pages where ``available()`` (its
+    mapping starts on a huge-page boundary and is marked before any page is touched), else (and on
+    other devices) torch's.
 
     The mapping is anonymous, so its pages read as zeros until written, and it lives as long as
     the tensor (and any view of it) does.
     """
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    if nbytes < MIN_BYTES or not available():
-        return torch.empty(shape, dtype=dtype)
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    if torch.device(device).type != "cpu" or nbytes < MIN_BYTES or not available():
+        return torch.empty(shape, dtype=dtype, device=device)
     try:
         region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError as error:
@@ -86,9 +89,11 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return whole[offset : offset + nbytes].view(dtype).view(shape)
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def zeros(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Like ``empty``, filled with zeros."""
-    tensor = empty(shape, dtype)
+    tensor = empty(shape, dtype, device)
     # A fresh anonymous mapping already reads as zeros, but torch's fallback memory does not;
     # writing them also faults the pages in now, not in the first decode step.
     return tensor.zero_()

@@ -250,11 +250,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     panels = -(-rows // PANEL)
     padded = torch.zeros(panels * PANEL, k, dtype=torch.float32, device=weight.device)
     padded[:rows] = weight
-    panel_major = padded.view(panels, PANEL, k).transpose(1, 2)
-    if weight.device.type != "cpu":
-        return panel_major.contiguous()
-    out = huge_pages.empty((panels, k, PANEL), torch.float32)
-    return out.copy_(panel_major)
+    out = huge_pages.empty((panels, k, PANEL), torch.float32, weight.device)
+    return out.copy_(padded.view(panels, PANEL, k).transpose(1, 2))
 
 
 def unpack(packed: torch.Tensor, rows: int) -> torch.Tensor:
