@@ -77,16 +77,20 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
     (brisklm's CPU layout, where this machine supports it), a plain streaming ``sum``, and the
     same ``sum`` of a copy on huge pages where the machine gives them (where brisklm's native
     kernels keep their weights: ``brisklm.kernels.huge_pages``; 4 KB pages read 5-10% slower on
-    this project's VMs). The roofline of a decode step is its weight bytes over the fastest.
+    this project's VMs). The sums read float32 of the same bytes whatever ``dtype`` is: torch's
+    bfloat16 sum on an AVX2 CPU reads at three quarters of its float32 sum's rate, and the
+    machine's bandwidth does not depend on the dtype. The roofline of a decode step is its weight
+    bytes over the fastest.
     """
     from brisklm.kernels import huge_pages
     from brisklm.models import packed_weights
 
     weight = torch.randn(16384, 4096, device=device, dtype=dtype)
     x = torch.randn(1, 4096, device=device, dtype=dtype)
+    stream = weight if dtype == torch.float32 else float32_stream(weight.nbytes, device)
     readers = {
         "F.linear, row-major weight": lambda: torch.nn.functional.linear(x, weight),
-        "streaming sum": lambda: weight.sum(),
+        "streaming sum": lambda: stream.sum(),
     }
     results: dict[str, float] = {}
     if device.type == "cpu":
@@ -98,7 +102,7 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
             packed = packed_weights.pack(weight)
             readers["oneDNN packed weight"] = lambda: packed_weights.packed_linear(x, packed, None)
         if huge_pages.available():
-            on_huge_pages = huge_pages.empty(tuple(weight.shape), dtype).copy_(weight)
+            on_huge_pages = huge_pages.empty(tuple(stream.shape), torch.float32).copy_(stream)
             readers["streaming sum, huge pages"] = lambda: on_huge_pages.sum()
     for name, read in readers.items():
         best = float("inf")
@@ -109,6 +113,16 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
             best = min(best, (now(device) - start) / 5)
         results[name] = weight.numel() * weight.element_size() / best
     return results
+
+
+def float32_stream(nbytes: int, device: torch.device, on_huge_pages: bool = False) -> torch.Tensor:
+    """A float32 tensor of ``nbytes`` bytes to time streaming reads with (see ``memory_bandwidth``)."""
+    from brisklm.kernels import huge_pages
+
+    shape = (nbytes // 4 // 4096, 4096)
+    if on_huge_pages:
+        return huge_pages.empty(shape, torch.float32, device).normal_()
+    return torch.randn(shape, device=device)
 
 
 def sustained_bandwidth(weight: torch.Tensor, reads: int) -> float:

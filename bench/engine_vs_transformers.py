@@ -18,7 +18,14 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import PRESETS, memory_bandwidth, now, sustained_bandwidth, write_checkpoint
+from common import (
+    PRESETS,
+    float32_stream,
+    memory_bandwidth,
+    now,
+    sustained_bandwidth,
+    write_checkpoint,
+)
 
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
@@ -84,7 +91,6 @@ def main() -> None:
 
     from brisklm import LLM
     from brisklm.engine.scratch_thread import call_in_scratch_thread
-    from brisklm.kernels import huge_pages
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,9 +118,10 @@ def main() -> None:
         about as long (this VM's bandwidth drifts between regimes within minutes, so a roofline
         sampled elsewhere in the run can belong to another regime); both are means over their
         stretch."""
-        # On huge pages where the machine gives them, as brisklm's native weights are.
+        # On huge pages where the machine gives them, as brisklm's native weights are; float32
+        # whatever the model's dtype (see memory_bandwidth).
         stream = call_in_scratch_thread(
-            lambda: huge_pages.empty((16384, 4096), dtype, device).normal_()
+            lambda: float32_stream(16384 * 4096 * dtype.itemsize, device, on_huge_pages=True)
         )
         reads = max(8, int(args.new_tokens * step_bytes / (stream.numel() * stream.element_size())))
         ratios = []

@@ -70,6 +70,12 @@ def main() -> None:
     parser.add_argument("--rows", default="1,6,8", help="tokens per call, comma-separated")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the model's dtype: bfloat16 keeps its weights in bfloat16 (arithmetic in float32)",
+    )
+    parser.add_argument(
         "--calls", type=int, default=None, help="per round and length (default: ~50 ms of them)"
     )
     args = parser.parse_args()
@@ -86,7 +92,7 @@ def main() -> None:
 
     def run(directory: Path, libraries: dict[str, ctypes.CDLL]) -> None:
         # Everything on one thread: one OpenMP pool (see brisklm.engine.scratch_thread).
-        model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+        model = load_model(directory, device="cpu", dtype=args.dtype, show_progress=False)
         runner = ModelRunner(model, 1, args.position + max(lengths) + 8)
         if runner.native is None:
             raise SystemExit("this model does not run through the native kernels")

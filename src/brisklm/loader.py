@@ -219,6 +219,9 @@ def load_model(
         names = sorted(_describe(entry) for entry in missing)
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}")
+    if dtype_ == torch.bfloat16 and device_.type == "cpu":
+        # bfloat16 weights, float32 arithmetic through the native kernels, where they run it.
+        native_forward.compute_in_float32(model)
     if native_forward.supports(model):
         native_forward.use_native_layout(model)
     for module in model.modules():

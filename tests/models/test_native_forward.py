@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import platform
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from brisklm.kernels import native
 from brisklm.loader import load_model
 from brisklm.models.native_forward import MAX_QUERY_LEN
 from tests.hf_models import build_hf_model, save_hf_model
+from tests.models.conftest import BUILDS
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels do not build here")
 
@@ -22,25 +22,12 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels d
 CACHE = 3 * MAX_QUERY_LEN
 
 
-@pytest.fixture(scope="module")
-def avx2_library(tmp_path_factory):
-    """cpu_forward.c built with AVX-512 turned off, whatever this CPU has: its product tile is sized
-    to the vector registers (6 tokens x 2 k-chains with AVX-512, 3 tokens x 1 chain with AVX2)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 flags")
-    output = tmp_path_factory.mktemp("native") / "avx2.so"
-    native.compile_library(native._compiler(), native.SOURCE, output, ("-mno-avx512f",))
-    lib = ctypes.CDLL(str(output))
-    native._declare(lib)
-    return lib
-
-
-@pytest.mark.parametrize("build", ["default", "avx2"])
+@pytest.mark.parametrize("build", sorted(BUILDS))
 @pytest.mark.parametrize("k", [1, 15, 16, 40, 75, 768])
 @pytest.mark.parametrize("rows", [1, 3, 32, 37, 70])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_a_float64_reference_and_each_row_alone(request, build, k, rows, bias):
-    lib = request.getfixturevalue("avx2_library") if build == "avx2" else None
+    lib = request.getfixturevalue("native_build")(build)
     generator = torch.Generator().manual_seed(k * 100 + rows)
     weight = torch.randn(rows, k, generator=generator)
     b = torch.randn(rows, generator=generator) if bias else None
@@ -148,15 +135,14 @@ def checkpoint(request, tmp_path_factory):
 
 
 def runner_on_build(request, build, model, **kwargs) -> ModelRunner:
-    """A ModelRunner whose native pass calls the default build of the kernels, or the AVX2 one."""
+    """A ModelRunner whose native pass calls the given build of the kernels (conftest.BUILDS)."""
     runner = ModelRunner(model, **kwargs)
     assert runner.native is not None
-    if build == "avx2":
-        runner.native.lib = request.getfixturevalue("avx2_library")
+    runner.native.lib = request.getfixturevalue("native_build")(build)
     return runner
 
 
-@pytest.mark.parametrize("build", ["default", "avx2"])
+@pytest.mark.parametrize("build", sorted(BUILDS))
 def test_native_pass_matches_torch_ops_on_ragged_rows(request, build, checkpoint):
     """Prefill (torch ops), then decode and verification rows at ragged positions in several
     slots, each step run both ways on copies of the cache; sliding windows shorter than the rows."""
@@ -193,7 +179,7 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(request, build, checkpoint
         lengths = [n + q for n, q in zip(lengths, query)]
 
 
-@pytest.mark.parametrize("build", ["default", "avx2"])
+@pytest.mark.parametrize("build", sorted(BUILDS))
 def test_a_row_gets_the_bits_of_its_tokens_fed_one_at_a_time(request, build, checkpoint):
     """Each token of a row is computed as it would be alone (products, attention, everything): a
     row of 11 tokens gives bit for bit the logits of the same tokens fed one per call."""

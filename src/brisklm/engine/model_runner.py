@@ -48,7 +48,7 @@ class ModelRunner:
         config = model.config
         first_param = next(model.parameters())
         self.device = first_param.device
-        self.dtype = model.model.embed_tokens.weight.dtype
+        self.dtype = model.activation_dtype
         self.max_seq_len = max_seq_len
         self.kv_cache = KVCache(
             num_layers=config.num_hidden_layers,

@@ -1,6 +1,8 @@
 /* brisklm's native CPU kernels: the float32 forward pass of a Llama-family decoder for rows of up
  * to 64 tokens (decode steps, speculative verification, short prompts), in one OpenMP parallel
- * region, and the same row-invariant matrix product on its own (for every row count).
+ * region, and the same row-invariant matrix product on its own (for every row count). Weights
+ * (the products' and the embedding table) are float32 or bfloat16 (WT_BF16, below); everything
+ * else, and all arithmetic, is float32.
  *
  * Why: at batch 1 a decode step reads every weight once and should run at memory bandwidth. Run
  * as ~25 torch ops per layer, each parallel kernel forks and joins the thread pool and pays its
@@ -163,31 +165,66 @@ static inline vf vmax(vf a, vf b) {
  * a Zen 3 against 14-85 for MKL's. There the tile is 3 tokens x 4 vectors x 1 chain
  * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
 #define NB 32 /* outputs per panel */
+
+/* Element types of packed weights. bfloat16 weights are widened to float32 as they are loaded
+ * (exactly: a bfloat16 is the top half of a float32) and then multiplied as float32 weights are,
+ * in the same order: a product over bfloat16 weights gives the bits the float32 product gives over
+ * the same values, and reads half the bytes.
+ *
+ * A bfloat16 panel row holds its 32 outputs paired: 32-bit word w holds output w in its low half
+ * and output w + 16 in its high half (native.pack). Two operations per word then widen both, with
+ * no shuffles: the word shifted left by 16 is output w as a float32, the word with its low half
+ * cleared is output w + 16. (gcc turned a plain 16-to-32-bit conversion into four shuffles per
+ * eight weights, and one token's product over bfloat16 weights ran at 18 GB/s against 28 for
+ * float32 on the Zen 3.) */
+#define WT_F32 0
+#define WT_BF16 1
+#define WT_SIZE(wt) ((wt) == WT_BF16 ? 2 : 4)
+#define HIGH_HALF 0xFFFF0000u
+
+typedef uint32_t vu __attribute__((vector_size(64)));
+
+/* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31. */
+static inline __attribute__((always_inline)) void wrow(const void *panel, int64_t at, int wt,
+                                                       vf *lo, vf *hi) {
+    if (wt == WT_BF16) {
+        vu u;
+        memcpy(&u, (const uint16_t *)panel + at, sizeof u);
+        *lo = (vf)(u << 16);
+        *hi = (vf)(u & HIGH_HALF);
+    } else {
+        *lo = vload((const float *)panel + at);
+        *hi = vload((const float *)panel + at + VW);
+    }
+}
+
 #if defined(__AVX512F__)
 #define MB 6  /* tokens per register tile */
 
 static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
+    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
     /* Two partial sums per output, over even and over odd k, added at the end: two FMA chains,
      * so that a single token is not held to one FMA latency per k. */
     vf a0[MB], a1[MB], c0[MB], c1[MB];
     for (int m = 0; m < MB; m++) a0[m] = a1[m] = c0[m] = c1[m] = (vf){0};
     int i = 0;
     for (; i + 2 <= k; i += 2) {
-        const float *row = panel + (int64_t)i * NB;
-        const vf b0 = vload(row), b1 = vload(row + VW), d0 = vload(row + NB), d1 = vload(row + NB + VW);
+        const int64_t at = (int64_t)i * NB;
+        const char *row = (const char *)panel + at * WT_SIZE(wt);
+        vf b0, b1, d0, d1;
+        wrow(panel, at, wt, &b0, &b1);
+        wrow(panel, at + NB, wt, &d0, &d1);
         /* With two or more tokens, the four cache lines PREFETCH_AHEAD bytes ahead in the stream,
          * into L2 (panels are contiguous, so past a panel's end this is the next panel's start):
          * this keeps loads in flight while a tile of several tokens computes. With the earlier
          * prefetch (two of the four lines, one whole panel ahead) a 6-token tile cost the
          * products' compute on top of their memory time. A single token's loop waits on memory
          * only, and the hardware prefetchers serve it better alone: the bundled model's step
-         * 0.54-0.60 ms with these prefetches, 0.46-0.52 without. */
-        if (mt > 1) {
-            __builtin_prefetch(row + PREFETCH_AHEAD / 4, 0, 2);
-            __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 16, 0, 2);
-            __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 32, 0, 2);
-            __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 48, 0, 2);
+         * 0.54-0.60 ms with these prefetches, 0.46-0.52 without (float32). bfloat16 rows are
+         * prefetched for a single token too: see the AVX2 tile below (measured there only). */
+        if (mt > 1 || wt == WT_BF16) { /* the two rows' lines: four of float32, two of bfloat16 */
+            for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
+                __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
         for (int m = 0; m < mt; m++) {
             const vf xe = vsplat(x[m * ldx + i]), xo = vsplat(x[m * ldx + i + 1]);
@@ -198,8 +235,9 @@ static inline __attribute__((always_inline)) void panel_tile(
         }
     }
     if (i < k) {
-        const float *row = panel + (int64_t)i * NB;
-        const vf b0 = vload(row), b1 = vload(row + VW);
+        const int64_t at = (int64_t)i * NB;
+        vf b0, b1;
+        wrow(panel, at, wt, &b0, &b1);
         for (int m = 0; m < mt; m++) {
             const vf xe = vsplat(x[m * ldx + i]);
             a0[m] += xe * b0;
@@ -230,18 +268,42 @@ static inline pv psplat(float s) {
     return (pv){s, s, s, s, s, s, s, s};
 }
 
+typedef uint32_t pu __attribute__((vector_size(32)));
+
+/* The 32 weights of panel row element at as float32, outputs 0-7, 8-15, 16-23, 24-31 (see wrow:
+ * the low halves of the row's first eight words are outputs 0-7, their high halves 16-23). */
+static inline __attribute__((always_inline)) void wrow8(const void *panel, int64_t at, int wt,
+                                                        pv w[NV]) {
+    if (wt == WT_BF16) {
+        pu a, b;
+        memcpy(&a, (const uint16_t *)panel + at, sizeof a);
+        memcpy(&b, (const uint16_t *)panel + at + 2 * PW, sizeof b);
+        w[0] = (pv)(a << 16);
+        w[1] = (pv)(b << 16);
+        w[2] = (pv)(a & HIGH_HALF);
+        w[3] = (pv)(b & HIGH_HALF);
+    } else {
+        for (int v = 0; v < NV; v++) w[v] = pload((const float *)panel + at + v * PW);
+    }
+}
+
 static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
+    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
     pv acc[MB][NV];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < NV; v++) acc[m][v] = (pv){0};
     for (int i = 0; i < k; i++) {
-        const float *row = panel + (int64_t)i * NB;
+        const int64_t at = (int64_t)i * NB;
+        const char *row = (const char *)panel + at * WT_SIZE(wt);
         pv w[NV];
-        for (int v = 0; v < NV; v++) w[v] = pload(row + v * PW);
-        if (mt > 1) { /* as above: the stream's lines PREFETCH_AHEAD bytes ahead, into L2 */
-            __builtin_prefetch(row + PREFETCH_AHEAD / 4, 0, 2);
-            __builtin_prefetch(row + PREFETCH_AHEAD / 4 + 16, 0, 2);
+        wrow8(panel, at, wt, w);
+        /* As above: the row's lines PREFETCH_AHEAD bytes ahead, into L2. bfloat16 rows also for
+         * a single token: the loop's iterations each read half the bytes, and the 125M model's
+         * step took 0.93x the time with these prefetches (Zen 3, bench/native_kernel_ab.py
+         * --dtype bfloat16; twice the distance: 0.98x of that, level within this VM's noise). */
+        if (mt > 1 || wt == WT_BF16) {
+            for (int line = 0; line < NB * WT_SIZE(wt) / 64; line++)
+                __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
         for (int m = 0; m < mt; m++) {
             const pv xs = psplat(x[m * ldx + i]);
@@ -252,17 +314,29 @@ static inline __attribute__((always_inline)) void panel_tile(
 }
 #endif
 
-#define PANEL_CASE(T) \
-    case T: panel_tile(x, ldx, T, panel, k, out); break;
+#define PANEL_CASE(T, WT) \
+    case T: panel_tile(x, ldx, T, panel, k, out, WT); break;
 
-static void panel_tokens(const float *x, int64_t ldx, int mt, const float *panel, int k, float *out) {
 #if MB == 6
-    switch (mt) { PANEL_CASE(1) PANEL_CASE(2) PANEL_CASE(3) PANEL_CASE(4) PANEL_CASE(5) PANEL_CASE(6) default: break; }
+#define PANEL_SWITCH(WT)                                                                          \
+    switch (mt) {                                                                                 \
+        PANEL_CASE(1, WT) PANEL_CASE(2, WT) PANEL_CASE(3, WT) PANEL_CASE(4, WT) PANEL_CASE(5, WT) \
+        PANEL_CASE(6, WT) default: break;                                                         \
+    }
 #elif MB == 3
-    switch (mt) { PANEL_CASE(1) PANEL_CASE(2) PANEL_CASE(3) default: break; }
+#define PANEL_SWITCH(WT) \
+    switch (mt) { PANEL_CASE(1, WT) PANEL_CASE(2, WT) PANEL_CASE(3, WT) default: break; }
 #else
 #error "panel_tokens: no cases for this MB"
 #endif
+
+static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel, int k, float *out,
+                         int wt) {
+    if (wt == WT_BF16) {
+        PANEL_SWITCH(WT_BF16)
+    } else {
+        PANEL_SWITCH(WT_F32)
+    }
 }
 
 #define MAX_TEAM 256 /* threads a parallel region is given at most (one team_slot each) */
@@ -291,14 +365,14 @@ static inline int take_panel(team_slot *s, int from_back) {
 }
 
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
-static void matmul_panel(const float *x, int64_t ldx, int n, int k, const float *packed,
+static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
-    const float *panel = packed + (int64_t)p * k * NB;
+    const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
     const int o = p * NB, width = rows - o < NB ? rows - o : NB;
     float out[MB * NB];
     for (int m0 = 0; m0 < n; m0 += MB) {
         const int mt = n - m0 < MB ? n - m0 : MB;
-        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out);
+        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt);
         for (int m = 0; m < mt; m++) {
             float *dst = y + (m0 + m) * ldy + o;
             for (int c = 0; c < width; c++) {
@@ -319,7 +393,7 @@ int brisk_test_idle_share = -1;
  * the team; ends with a barrier, so a slot is never reset while another thread still takes from
  * it. A thread that looks at a slot its owner has not yet reset for this product finds it empty
  * (every product empties all of them) and leaves those panels to the owner. */
-static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *packed,
+static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                         const float *b, int rows, float *y, int64_t ldy, int accumulate,
                         team_slot *slots) {
     const int panels = (rows + NB - 1) / NB, team = TEAM_SIZE(), tid = THREAD_NUM();
@@ -328,10 +402,10 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const float *
     const int takes_own = tid != brisk_test_idle_share; /* read once, not per panel */
     int p;
     while (takes_own && (p = take_panel(&slots[tid], 0)) >= 0)
-        matmul_panel(x, ldx, n, k, packed, b, rows, y, ldy, accumulate, p);
+        matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p);
     for (int j = 1; j <= team; j++) /* the others', then anything left of its own */
         while ((p = take_panel(&slots[(tid + j) % team], 1)) >= 0)
-            matmul_panel(x, ldx, n, k, packed, b, rows, y, ldy, accumulate, p);
+            matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p);
 #pragma omp barrier
 }
 
@@ -397,13 +471,25 @@ typedef struct {
     int64_t max_seq_len;
     float eps, scale;
     const int64_t *token_ids, *slots, *positions, *logit_tokens, *rope_rows;
-    const float *embed, *cos, *sin; /* cos/sin: rows of head_dim; token t uses row rope_rows[t] */
+    const void *embed;       /* the embedding table, of weight_type */
+    const float *cos, *sin; /* rows of head_dim; token t uses row rope_rows[t] */
     float *hidden_states, *xn, *qkv, *attn, *gate_up, *act, *scores, *normed, *logits;
-    const float **in_norm, **qkv_w, **qkv_b, **o_w, **o_b, **post_norm, **gu_w, **gu_b;
-    const float **down_w, **down_b;
+    /* In this order (native.ForwardArgs mirrors it); the products' weights packed, of
+     * weight_type. */
+    const float **in_norm;
+    const void **qkv_w;
+    const float **qkv_b;
+    const void **o_w;
+    const float **o_b, **post_norm;
+    const void **gu_w;
+    const float **gu_b;
+    const void **down_w;
+    const float **down_b;
     float **k_cache, **v_cache;
     const int *window;
-    const float *final_norm, *head_w;
+    const float *final_norm;
+    const void *head_w; /* packed, of weight_type */
+    int weight_type;    /* WT_F32 or WT_BF16: the packed weights' elements */
 } brisk_forward_args;
 
 static void rope(float *x, const float *c, const float *s, int d) {
@@ -592,6 +678,7 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
 int brisk_forward_f32(const brisk_forward_args *a) {
     const int n = a->n_tokens, e = a->hidden, hq = a->n_heads, hkv = a->n_kv_heads,
               d = a->head_dim, inter = a->inter;
+    if (a->weight_type != WT_F32 && a->weight_type != WT_BF16) return 1;
     if (n < 1 || n > MAX_TOKENS || a->n_logits > MAX_TOKENS || hq % hkv != 0 || d % 2 != 0) return 1;
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
@@ -602,14 +689,23 @@ int brisk_forward_f32(const brisk_forward_args *a) {
         const int tid = THREAD_NUM();
         float *scores = a->scores + (int64_t)tid * a->max_seq_len;
 #pragma omp for schedule(static)
-        for (int t = 0; t < n; t++)
-            memcpy(a->hidden_states + (int64_t)t * e, a->embed + a->token_ids[t] * e,
-                   sizeof(float) * e);
+        for (int t = 0; t < n; t++) {
+            float *row = a->hidden_states + (int64_t)t * e;
+            if (a->weight_type == WT_BF16) {
+                const uint16_t *src = (const uint16_t *)a->embed + a->token_ids[t] * e;
+                for (int i = 0; i < e; i++) {
+                    const uint32_t bits = (uint32_t)src[i] << 16;
+                    memcpy(row + i, &bits, sizeof(float));
+                }
+            } else {
+                memcpy(row, (const float *)a->embed + a->token_ids[t] * e, sizeof(float) * e);
+            }
+        }
         for (int l = 0; l < a->n_layers; l++) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots);
+            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->weight_type, a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots);
 #pragma omp for schedule(static)
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
@@ -625,7 +721,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             }
 #pragma omp for schedule(static)
             for (int item = 0; item < n * hq; item++) attend(a, l, item / hq, item % hq, scores);
-            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->o_b[l], e, a->hidden_states, e,
+            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->weight_type, a->o_b[l], e, a->hidden_states, e,
                         1, slots);
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
@@ -633,7 +729,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             /* gate and up as one product over their 2 * inter contiguous rows: computing a
              * gate row and its up row together reads two streams at once, measurably slower
              * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots);
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->weight_type, a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots);
             /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
              * the threads too. */
 #pragma omp for schedule(static)
@@ -643,25 +739,35 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
                          inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
             }
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->down_b[l], e, a->hidden_states, e, 1, slots);
+            matmul_team(a->act, inter, n, inter, a->down_w[l], a->weight_type, a->down_b[l], e, a->hidden_states, e, 1, slots);
         }
 #pragma omp for schedule(static)
         for (int r = 0; r < a->n_logits; r++)
             rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
                      a->normed + (int64_t)r * e);
         if (a->head_w)
-            matmul_team(a->normed, e, a->n_logits, e, a->head_w, 0, a->vocab, a->logits, a->vocab, 0, slots);
+            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->weight_type, 0, a->vocab, a->logits, a->vocab, 0, slots);
     }
     return 0;
 }
 
-/* y (n x rows) = x (n x k) @ W.T (+ b), W packed in panels: the products above, on their own
- * (same bits per row). */
-int brisk_linear_f32(const float *x, int n, int k, const float *w, const float *b, int rows,
-                     float *y, int n_threads) {
+/* y (n x rows) = x (n x k) @ W.T (+ b), W packed in panels of float32 (brisk_linear_f32) or
+ * bfloat16 (brisk_linear_bf16): the products above, on their own (same bits per row). */
+static int linear_team(const float *x, int n, int k, const void *w, int wt, const float *b,
+                       int rows, float *y, int n_threads) {
     if (n < 1) return 1;
     team_slot slots[MAX_TEAM] = {{0}};
 #pragma omp parallel num_threads(n_threads < MAX_TEAM ? n_threads : MAX_TEAM)
-    matmul_team(x, k, n, k, w, b, rows, y, rows, 0, slots);
+    matmul_team(x, k, n, k, w, wt, b, rows, y, rows, 0, slots);
     return 0;
+}
+
+int brisk_linear_f32(const float *x, int n, int k, const float *w, const float *b, int rows,
+                     float *y, int n_threads) {
+    return linear_team(x, n, k, w, WT_F32, b, rows, y, n_threads);
+}
+
+int brisk_linear_bf16(const float *x, int n, int k, const uint16_t *w, const float *b, int rows,
+                      float *y, int n_threads) {
+    return linear_team(x, n, k, w, WT_BF16, b, rows, y, n_threads);
 }

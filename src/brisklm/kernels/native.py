@@ -106,7 +106,13 @@ class ForwardArgs(ctypes.Structure):
         ("window", _ptr),
         ("final_norm", _ptr),
         ("head_w", _ptr),
+        ("weight_type", ctypes.c_int),
     ]
+
+
+# Element types of packed weights and their codes on the C side (WT_F32, WT_BF16): bfloat16
+# weights are widened to float32 as they are read, and every product computes in float32.
+WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def enabled_by_environment() -> bool:
@@ -193,17 +199,21 @@ def _cpu_flags() -> list[str]:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_forward_f32.argtypes = [ctypes.POINTER(ForwardArgs)]
     lib.brisk_forward_f32.restype = ctypes.c_int
-    lib.brisk_linear_f32.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_int,
-    ]
-    lib.brisk_linear_f32.restype = ctypes.c_int
+    for name in ("brisk_linear_f32", "brisk_linear_bf16"):
+        function = getattr(lib, name, None)
+        if function is None:  # a source from before bfloat16 weights (bench/native_kernel_ab.py)
+            continue
+        function.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
+        function.restype = ctypes.c_int
 
 
 @functools.cache
@@ -243,20 +253,34 @@ PANEL = 32  # output rows per panel (NB in the C source)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The (out, in) float32 weight in the kernels' layout: panels of 32 output rows, each stored
-    k-major, the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous. On CPU on huge
-    pages where the machine gives them (``huge_pages``): every decode step streams these."""
+    """The (out, in) float32 or bfloat16 weight in the kernels' layout, in its own dtype: panels of
+    32 output rows, each stored k-major (a bfloat16 row's 32 outputs paired, in the order
+    ``_BF16_ORDER``), the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous. On CPU on huge pages where the machine gives them (``huge_pages``): every decode
+    step streams these."""
+    if weight.dtype not in WEIGHT_TYPES:
+        raise ValueError(f"native.pack takes float32 or bfloat16 weights, got {weight.dtype}")
     rows, k = weight.shape
     panels = -(-rows // PANEL)
-    padded = torch.zeros(panels * PANEL, k, dtype=torch.float32, device=weight.device)
+    padded = torch.zeros(panels * PANEL, k, dtype=weight.dtype, device=weight.device)
     padded[:rows] = weight
-    out = huge_pages.empty((panels, k, PANEL), torch.float32, weight.device)
-    return out.copy_(padded.view(panels, PANEL, k).transpose(1, 2))
+    grouped = padded.view(panels, PANEL, k)
+    if weight.dtype == torch.bfloat16:
+        grouped = grouped[:, _BF16_ORDER.to(weight.device)]
+    out = huge_pages.empty((panels, k, PANEL), weight.dtype, weight.device)
+    return out.copy_(grouped.transpose(1, 2))
+
+
+# A bfloat16 panel row's outputs in memory order: 0, 16, 1, 17, ..., 15, 31 (each 32-bit word
+# holds output w and output w + 16: see cpu_forward.c's wrow), and back.
+_BF16_ORDER = torch.arange(PANEL).view(2, PANEL // 2).t().reshape(-1)
+_BF16_INVERSE = torch.argsort(_BF16_ORDER)
 
 
 def unpack(packed: torch.Tensor, rows: int) -> torch.Tensor:
     """The (rows, in) matrix of a weight made by ``pack`` (a copy)."""
     panels, k, _ = packed.shape
+    if packed.dtype == torch.bfloat16:
+        packed = packed[:, :, _BF16_INVERSE.to(packed.device)]
     return packed.transpose(1, 2).reshape(panels * PANEL, k)[:rows].contiguous()
 
 
@@ -268,14 +292,17 @@ def linear(
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for float32 CPU tensors, 2-D x and ``packed = pack(weight)``
-    of ``rows`` output rows; each row's result independent of the other rows. Through ``lib``
-    (default: ``library()``, which must load)."""
+    of ``rows`` output rows, computed in float32 (a bfloat16 weight widened as it is read: the bits
+    of the product over the same values stored in float32); each row's result independent of the
+    other rows. Through ``lib`` (default: ``library()``, which must load)."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the native CPU kernels are not available")
     tensors = [x, packed] + ([bias] if bias is not None else [])
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        raise ValueError("native.linear takes float32 CPU tensors")
+    if any(t.device.type != "cpu" for t in tensors) or packed.dtype not in WEIGHT_TYPES:
+        raise ValueError("native.linear takes CPU tensors and a float32 or bfloat16 weight")
+    if any(t.dtype != torch.float32 for t in tensors if t is not packed):
+        raise ValueError("native.linear takes float32 inputs and bias")
     if packed.dim() != 3 or packed.shape[2] != PANEL or not packed.is_contiguous():
         raise ValueError(f"native.linear: weight of shape {tuple(packed.shape)} is not packed")
     k = packed.shape[1]
@@ -291,7 +318,8 @@ def linear(
     if n == 0:
         return out
     threads = torch.get_num_threads()
-    status = lib.brisk_linear_f32(
+    product = lib.brisk_linear_bf16 if packed.dtype == torch.bfloat16 else lib.brisk_linear_f32
+    status = product(
         x.data_ptr(),
         n,
         k,
@@ -316,3 +344,9 @@ def _probe(lib: ctypes.CDLL) -> None:
     expected = torch.nn.functional.linear(x.double(), weight.double(), bias.double()).float()
     if not torch.allclose(got, expected, atol=1e-4, rtol=0):
         raise RuntimeError("the probe product disagrees with torch")
+    # bfloat16 weights: the float32 product's bits over the same values.
+    rounded = weight.bfloat16()
+    if not torch.equal(
+        linear(x, pack(rounded), bias, 37, lib), linear(x, pack(rounded.float()), bias, 37, lib)
+    ):
+        raise RuntimeError("the bfloat16 probe product disagrees with the float32 one")

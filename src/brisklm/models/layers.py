@@ -150,7 +150,7 @@ class Linear(nn.Module):
         weight = self.weight
         if weight.device.type != "cpu" or self.is_packed or self.is_native_packed:
             return
-        if self.native_pack and weight.dtype == torch.float32:
+        if self.native_pack and weight.dtype in native.WEIGHT_TYPES:
             # A head tied to the embedding table gets a packed copy, as with oneDNN below.
             self.weight = nn.Parameter(native.pack(weight.data), requires_grad=False)
             self.is_native_packed = True

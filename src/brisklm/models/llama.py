@@ -117,6 +117,15 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, make_linear)
         self.lm_head = make_linear(config.hidden_size, [config.vocab_size], False, "lm_head")
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        # The dtype hidden states are computed in; None: the embedding table's. The loader sets
+        # float32 for a bfloat16 model on CPU that runs through the native kernels (weights stored
+        # in bfloat16, arithmetic in float32: see brisklm.models.native_forward).
+        self.compute_dtype: torch.dtype | None = None
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype of the hidden states and of the KV cache."""
+        return self.compute_dtype or self.model.embed_tokens.weight.dtype
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head (call after materialising parameters).
@@ -138,7 +147,7 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Hidden states (N, E) for the packed input_ids (N,) placed as ``meta`` describes."""
-        hidden = self.model.embed_tokens(input_ids)
+        hidden = self.model.embed_tokens(input_ids).to(self.activation_dtype)
         cos, sin = self.rotary(
             meta.positions, hidden.dtype, meta.query_lens, meta.row_max_positions
         )

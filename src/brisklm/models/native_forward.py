@@ -1,4 +1,5 @@
-"""The forward pass of a float32 Llama-family model on CPU through brisklm's native kernels.
+"""The forward pass of a Llama-family model on CPU (float32, or bfloat16 weights) through the
+native kernels.
 
 ``brisklm.kernels.cpu_forward`` runs a whole forward pass (every layer, the final norm and the LM
 head) in one call and one OpenMP parallel region. It serves rows of up to ``MAX_QUERY_LEN`` tokens:
@@ -7,10 +8,21 @@ model's torch ops (SDPA's attention), whose linear layers run the same native pr
 a row takes depends only on its own length, and each path computes a row the same way whatever else
 is in the batch, so a row's logits do not depend on its batch (see ``ForwardBatch.row_invariant``).
 
-A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every weight float32, every linear
-layer dense, and the kernels build on this machine. Such a model's linear weights are packed at
-load into the kernels' panel layout (``use_native_layout``, called by the loader before it lays the
-weights out) instead of oneDNN's.
+A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every linear layer dense, and the
+kernels build on this machine, in one of two forms:
+
+- float32: every parameter float32;
+- bfloat16 weights, float32 arithmetic: the embedding table and the linear weights bfloat16, the
+  norms and biases float32, hidden states and KV cache float32 (``compute_dtype``). The loader
+  gives a bfloat16 model on CPU this form (``compute_in_float32``): the kernels widen each weight
+  as they read it, so a decode step reads half the bytes of a float32 one, and a row's logits are
+  the bits the float32 form computes from the same (bfloat16) values. On an AVX2 CPU, which
+  emulates bfloat16 arithmetic, torch's bfloat16 ops had run the 125M benchmark model at 34.5
+  tokens/s at batch 1 and prefilled 102 tokens/s, against 87-90 and 375-400 this way
+  (docs/benchmarks.md).
+
+Such a model's linear weights are packed at load into the kernels' panel layout
+(``use_native_layout``, called by the loader before it lays the weights out) instead of oneDNN's.
 """
 
 from __future__ import annotations
@@ -36,10 +48,46 @@ assert MAX_QUERY_LEN <= native.MAX_TOKENS
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether ``model`` can run through the native kernels (before or after its weights are laid out)."""
+    if not _supports_structure(model):
+        return False
+    assert isinstance(model, LlamaForCausalLM)
+    weights = [model.model.embed_tokens.weight] + [linear.weight for linear in _linears(model)]
+    weight_dtype = weights[0].dtype
+    if weight_dtype not in native.WEIGHT_TYPES or any(w.dtype != weight_dtype for w in weights):
+        return False
+    ids = {id(w) for w in weights}
+    others = [p for p in model.parameters() if id(p) not in ids]
+    if any(p.dtype != torch.float32 for p in others) or model.activation_dtype != torch.float32:
+        return False
+    return native.available()
+
+
+def compute_in_float32(model: torch.nn.Module) -> bool:
+    """Give a loaded bfloat16 CPU model the native kernels' bfloat16 form (see the module's
+    docstring): norms and biases to float32, ``compute_dtype`` float32, the embedding table and
+    linear weights left in bfloat16. Returns whether it did; a model the kernels cannot run (or
+    whose linear layers would not be packed for them) is left as it is."""
+    if not _supports_structure(model) or not native.available():
+        return False
+    assert isinstance(model, LlamaForCausalLM)
+    params = list(model.parameters())
+    if any(p.dtype != torch.bfloat16 for p in params):
+        return False
+    if not all(linear.pack_on_cpu and linear.min_pack_bytes is None for linear in _linears(model)):
+        return False
+    weights = {id(model.model.embed_tokens.weight)} | {id(lin.weight) for lin in _linears(model)}
+    for param in params:
+        if id(param) not in weights:
+            param.data = param.data.float()
+    model.compute_dtype = torch.float32
+    return True
+
+
+def _supports_structure(model: torch.nn.Module) -> bool:
     if type(model) is not LlamaForCausalLM:
         return False
     params = list(model.parameters())
-    if not params or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in params):
+    if not params or any(p.device.type != "cpu" for p in params):
         return False
     for layer in model.model.layers:
         if (
@@ -54,9 +102,7 @@ def supports(model: torch.nn.Module) -> bool:
     if any(type(linear) is not Linear for linear in linears):
         return False
     config = model.config
-    if config.num_attention_heads % config.num_key_value_heads != 0:
-        return False
-    return native.available()
+    return config.num_attention_heads % config.num_key_value_heads == 0
 
 
 def use_native_layout(model: LlamaForCausalLM) -> None:
@@ -151,6 +197,7 @@ class NativeForward:
         args.embed = model.model.embed_tokens.weight.data_ptr()
         args.final_norm = model.model.norm.weight.data_ptr()
         args.head_w = model.lm_head.weight.data_ptr()
+        args.weight_type = native.WEIGHT_TYPES[model.model.embed_tokens.weight.dtype]
         self.args = args
 
     @classmethod
