@@ -32,7 +32,7 @@ def test_bfloat16_product_has_the_bits_of_the_float32_one_over_the_same_values(
     generator = torch.Generator().manual_seed(k * 7 + rows)
     weight = torch.randn(rows, k, generator=generator).bfloat16()
     bias = torch.randn(rows, generator=generator)
-    x = torch.randn(13, k, generator=generator)
+    x = torch.randn(40, k, generator=generator)  # from 16 tokens AVX2 widens each panel first
     packed = native.pack(weight)
     assert (
         packed.dtype == torch.bfloat16 and packed.nbytes == native.pack(weight.float()).nbytes // 2
@@ -42,7 +42,7 @@ def test_bfloat16_product_has_the_bits_of_the_float32_one_over_the_same_values(
     assert torch.equal(got, native.linear(x, native.pack(weight.float()), bias, rows, lib=lib))
     expected = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
-    for n in (1, 4):  # a row's bits do not depend on the rows beside it
+    for n in (1, 4, 17):  # a row's bits do not depend on the rows beside it (or their number)
         assert torch.equal(native.linear(x[5 : 5 + n], packed, bias, rows, lib=lib), got[5 : 5 + n])
 
 
@@ -116,7 +116,7 @@ def test_bfloat16_logits_are_the_float32_logits_bit_for_bit(request, build, roun
     prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (70, 9)]
     steps = [ForwardBatch([0, 1], [0, 0], prompts, [2, 1])]
     lengths = [len(p) for p in prompts]
-    for query in ([1, 1], [5, 1], [1, 3]):
+    for query in ([1, 1], [5, 1], [1, 3], [20, 1]):  # 21 tokens: AVX2 widens the panels
         tokens = [torch.randint(3, 150, (q,), generator=generator).tolist() for q in query]
         steps.append(ForwardBatch([0, 1], list(lengths), tokens, list(query)))
         lengths = [n + q for n, q in zip(lengths, query)]

@@ -20,6 +20,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -200,6 +201,9 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
 
 #if defined(__AVX512F__)
 #define MB 6  /* tokens per register tile */
+/* Calls of this many tokens or more widen each bfloat16 panel once (matmul_panel); 0: never. The
+ * AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand). */
+#define WIDEN_FROM 0
 
 static inline __attribute__((always_inline)) void panel_tile(
     const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
@@ -256,6 +260,10 @@ static inline __attribute__((always_inline)) void panel_tile(
 typedef float pv __attribute__((vector_size(32)));
 #define PW 8
 #define MB 3
+/* See matmul_panel: from 16 tokens the widened panel was faster on the Zen 3 (6144x768 weight, 2
+ * threads: 72 against 66 GFLOPS at 16 tokens, 90-92 against 67 at 24-32, 120-138 against 69-74 at
+ * 64-512), below it slower (55-65 against 71-80 at 4-12). */
+#define WIDEN_FROM 16
 #define NV (NB / PW) /* product vectors per panel row */
 
 static inline pv pload(const float *p) {
@@ -365,9 +373,46 @@ static inline int take_panel(team_slot *s, int from_back) {
 }
 
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
+/* Each thread's buffer for a widened bfloat16 panel (grown as needed, kept for the next call). */
+static __thread float *wide_buffer = NULL;
+static __thread size_t wide_floats = 0;
+
+/* The bfloat16 panel of k rows as a float32 panel (outputs in order, as pack lays out float32)
+ * in this thread's buffer; NULL if it cannot be allocated. */
+static const float *widened_panel(const uint16_t *panel, int k) {
+    const size_t need = (size_t)k * NB;
+    if (need > wide_floats) {
+        free(wide_buffer);
+        wide_buffer = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
+        wide_floats = wide_buffer ? need : 0;
+        if (!wide_buffer) return NULL;
+    }
+    for (int i = 0; i < k; i++) {
+        vf lo, hi;
+        wrow(panel, (int64_t)i * NB, WT_BF16, &lo, &hi);
+        memcpy(wide_buffer + (int64_t)i * NB, &lo, sizeof lo);
+        memcpy(wide_buffer + (int64_t)i * NB + VW, &hi, sizeof hi);
+    }
+    return wide_buffer;
+}
+
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
     const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
+    /* Many tokens (WIDEN_FROM): widen the bfloat16 panel once and run every tile over the float32
+     * copy, as a float32 weight. Widening in the tile costs registers the AVX2 tile has no room
+     * for (a widened row cannot be the products' memory operand, and beside 12 accumulators it
+     * needs 17 of the 16 registers: gcc kept an accumulator on the stack, and 64 or 512 tokens
+     * ran at 69-75 GFLOPS against float32's 110-140 on the Zen 3). Same products, same order:
+     * the bits of the tile over the bfloat16 panel, so a row's result does not depend on which
+     * way its call went. */
+    if (WIDEN_FROM > 0 && wt == WT_BF16 && n >= WIDEN_FROM) {
+        const float *wide = widened_panel((const uint16_t *)panel, k);
+        if (wide) {
+            panel = wide;
+            wt = WT_F32;
+        }
+    }
     const int o = p * NB, width = rows - o < NB ? rows - o : NB;
     float out[MB * NB];
     for (int m0 = 0; m0 < n; m0 += MB) {
