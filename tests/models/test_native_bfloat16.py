@@ -6,6 +6,8 @@ verification rows) and on torch's ops (rows longer than MAX_QUERY_LEN)."""
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -168,3 +170,39 @@ def test_without_the_kernels_a_bfloat16_model_computes_in_bfloat16(
     runner = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
     assert runner.native is None and runner.kv_cache.keys.dtype == torch.bfloat16
     assert runner.forward(ForwardBatch([0], [0], [[3, 4, 5]], [1])).isfinite().all()
+
+
+def resident_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="reads /proc/self/statm")
+def test_widened_panel_buffers_are_freed_with_their_threads(native_build):
+    """Each thread widens bfloat16 panels into a buffer of its own (AVX2, from 16 tokens); OpenMP's
+    workers end with the thread that started them, as the engine's thread does when idle. 24
+    short-lived callers of a product whose buffer is 16 MB a thread must not keep them (before the
+    buffers were freed with their threads, 12 callers kept 192 MB; since, the allocator holds
+    16-48 MB however many callers come)."""
+    import threading
+
+    lib = native_build("avx2")
+    k = 131072  # one panel of 32 outputs: 131072 x 32 floats widened = 16 MB
+    packed = native.pack(torch.ones(32, k, dtype=torch.bfloat16))
+    x = torch.ones(16, k)
+
+    def call() -> None:
+        assert native.linear(x, packed, None, 32, lib=lib)[0, 0].item() == k
+
+    for _ in range(2):  # the allocator's own high-water mark first
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join()
+    before = resident_bytes()
+    for _ in range(24):
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join()
+    assert resident_bytes() - before < 128 * 2**20

@@ -19,6 +19,7 @@
  * both share one thread pool. Shapes and layouts are checked on the Python side.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,9 +374,18 @@ static inline int take_panel(team_slot *s, int from_back) {
 }
 
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
-/* Each thread's buffer for a widened bfloat16 panel (grown as needed, kept for the next call). */
+/* Each thread's buffer for a widened bfloat16 panel (grown as needed, kept for the next call),
+ * freed when the thread exits (a pthread key's destructor): OpenMP's worker threads end with the
+ * thread that started their pool, and the engine's thread exits whenever it has been idle for a
+ * second, so buffers kept only in thread-local variables would leak at every restart. */
 static __thread float *wide_buffer = NULL;
 static __thread size_t wide_floats = 0;
+static pthread_key_t wide_key;
+static pthread_once_t wide_key_once = PTHREAD_ONCE_INIT;
+
+static void wide_key_create(void) {
+    pthread_key_create(&wide_key, free);
+}
 
 /* The bfloat16 panel of k rows as a float32 panel (outputs in order, as pack lays out float32)
  * in this thread's buffer; NULL if it cannot be allocated. */
@@ -385,6 +395,8 @@ static const float *widened_panel(const uint16_t *panel, int k) {
         free(wide_buffer);
         wide_buffer = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
         wide_floats = wide_buffer ? need : 0;
+        pthread_once(&wide_key_once, wide_key_create);
+        pthread_setspecific(wide_key, wide_buffer);
         if (!wide_buffer) return NULL;
     }
     for (int i = 0; i < k; i++) {
