@@ -34,7 +34,7 @@ def test_bfloat16_product_has_the_bits_of_the_float32_one_over_the_same_values(
     generator = torch.Generator().manual_seed(k * 7 + rows)
     weight = torch.randn(rows, k, generator=generator).bfloat16()
     bias = torch.randn(rows, generator=generator)
-    x = torch.randn(40, k, generator=generator)  # from 16 tokens AVX2 widens each panel first
+    x = torch.randn(70, k, generator=generator)  # from 64 tokens AVX2 widens each panel first
     packed = native.pack(weight)
     assert (
         packed.dtype == torch.bfloat16 and packed.nbytes == native.pack(weight.float()).nbytes // 2
@@ -118,7 +118,7 @@ def test_bfloat16_logits_are_the_float32_logits_bit_for_bit(request, build, roun
     prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (70, 9)]
     steps = [ForwardBatch([0, 1], [0, 0], prompts, [2, 1])]
     lengths = [len(p) for p in prompts]
-    for query in ([1, 1], [5, 1], [1, 3], [20, 1]):  # 21 tokens: AVX2 widens the panels
+    for query in ([1, 1], [5, 1], [1, 3], [MAX_QUERY_LEN, 1]):  # 65 tokens: AVX2 widens
         tokens = [torch.randint(3, 150, (q,), generator=generator).tolist() for q in query]
         steps.append(ForwardBatch([0, 1], list(lengths), tokens, list(query)))
         lengths = [n + q for n, q in zip(lengths, query)]
@@ -181,7 +181,7 @@ def resident_bytes() -> int:
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="reads /proc/self/statm")
 def test_widened_panel_buffers_are_freed_with_their_threads(native_build):
-    """Each thread widens bfloat16 panels into a buffer of its own (AVX2, from 16 tokens); OpenMP's
+    """Each thread widens bfloat16 panels into a buffer of its own (AVX2, from 64 tokens); OpenMP's
     workers end with the thread that started them, as the engine's thread does when idle. 24
     short-lived callers of a product whose buffer is 16 MB a thread must not keep them (before the
     buffers were freed with their threads, 12 callers kept 192 MB; since, the allocator holds
@@ -191,7 +191,7 @@ def test_widened_panel_buffers_are_freed_with_their_threads(native_build):
     lib = native_build("avx2")
     k = 131072  # one panel of 32 outputs: 131072 x 32 floats widened = 16 MB
     packed = native.pack(torch.ones(32, k, dtype=torch.bfloat16))
-    x = torch.ones(16, k)
+    x = torch.ones(64, k)
 
     def call() -> None:
         assert native.linear(x, packed, None, 32, lib=lib)[0, 0].item() == k

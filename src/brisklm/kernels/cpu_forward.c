@@ -203,8 +203,10 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
 #if defined(__AVX512F__)
 #define MB 6  /* tokens per register tile */
 /* Calls of this many tokens or more widen each bfloat16 panel once (matmul_panel); 0: never. The
- * AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand). */
+ * AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand), so it
+ * also takes MB tokens a tile over bfloat16 weights. */
 #define WIDEN_FROM 0
+#define MB_BF16 MB
 
 static inline __attribute__((always_inline)) void panel_tile(
     const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
@@ -261,10 +263,14 @@ static inline __attribute__((always_inline)) void panel_tile(
 typedef float pv __attribute__((vector_size(32)));
 #define PW 8
 #define MB 3
-/* See matmul_panel: from 16 tokens the widened panel was faster on the Zen 3 (6144x768 weight, 2
- * threads: 72 against 66 GFLOPS at 16 tokens, 90-92 against 67 at 24-32, 120-138 against 69-74 at
- * 64-512), below it slower (55-65 against 71-80 at 4-12). */
-#define WIDEN_FROM 16
+/* Over bfloat16 weights widened in the tile, 2 tokens a tile: 8 accumulators beside the widened
+ * row fit the registers, where 3 tokens need 17 of 16 and gcc kept an accumulator on the stack
+ * (6144x768 weight, 2 threads, Zen 3: 90-119 GFLOPS at 3-12 tokens against 68-79 with 3-token
+ * tiles). From 64 tokens the panel is widened once instead (matmul_panel) and the float32 tile
+ * runs over it: 117-157 GFLOPS at 64-512 tokens against 102-132 for the 2-token tiles, which were
+ * faster below (100-145 against 77-112 at 16-32). */
+#define MB_BF16 2
+#define WIDEN_FROM 64
 #define NV (NB / PW) /* product vectors per panel row */
 
 static inline pv pload(const float *p) {
@@ -412,12 +418,10 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
     const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
     /* Many tokens (WIDEN_FROM): widen the bfloat16 panel once and run every tile over the float32
-     * copy, as a float32 weight. Widening in the tile costs registers the AVX2 tile has no room
-     * for (a widened row cannot be the products' memory operand, and beside 12 accumulators it
-     * needs 17 of the 16 registers: gcc kept an accumulator on the stack, and 64 or 512 tokens
-     * ran at 69-75 GFLOPS against float32's 110-140 on the Zen 3). Same products, same order:
-     * the bits of the tile over the bfloat16 panel, so a row's result does not depend on which
-     * way its call went. */
+     * copy, as a float32 weight, instead of widening it again in every tile (the AVX2 tile over
+     * bfloat16 weights also takes only MB_BF16 tokens: see its definition). Same products, same
+     * order: the bits of the tile over the bfloat16 panel, so a row's result does not depend on
+     * which way its call went. */
     if (WIDEN_FROM > 0 && wt == WT_BF16 && n >= WIDEN_FROM) {
         const float *wide = widened_panel((const uint16_t *)panel, k);
         if (wide) {
@@ -427,8 +431,9 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     }
     const int o = p * NB, width = rows - o < NB ? rows - o : NB;
     float out[MB * NB];
-    for (int m0 = 0; m0 < n; m0 += MB) {
-        const int mt = n - m0 < MB ? n - m0 : MB;
+    const int tile = wt == WT_BF16 ? MB_BF16 : MB;
+    for (int m0 = 0; m0 < n; m0 += tile) {
+        const int mt = n - m0 < tile ? n - m0 : tile;
         panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt);
         for (int m = 0; m < mt; m++) {
             float *dst = y + (m0 + m) * ldy + o;
