@@ -387,10 +387,11 @@ static inline int take_panel(team_slot *s, int from_back) {
 static __thread float *wide_buffer = NULL;
 static __thread size_t wide_floats = 0;
 static pthread_key_t wide_key;
+static int wide_key_made = 0; /* 0 if the process had no key left: the buffers then stay */
 static pthread_once_t wide_key_once = PTHREAD_ONCE_INIT;
 
 static void wide_key_create(void) {
-    pthread_key_create(&wide_key, free);
+    wide_key_made = pthread_key_create(&wide_key, free) == 0;
 }
 
 /* The bfloat16 panel of k rows as a float32 panel (outputs in order, as pack lays out float32)
@@ -402,7 +403,7 @@ static const float *widened_panel(const uint16_t *panel, int k) {
         wide_buffer = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
         wide_floats = wide_buffer ? need : 0;
         pthread_once(&wide_key_once, wide_key_create);
-        pthread_setspecific(wide_key, wide_buffer);
+        if (wide_key_made) pthread_setspecific(wide_key, wide_buffer);
         if (!wide_buffer) return NULL;
     }
     for (int i = 0; i < k; i++) {

@@ -344,9 +344,11 @@ def _probe(lib: ctypes.CDLL) -> None:
     expected = torch.nn.functional.linear(x.double(), weight.double(), bias.double()).float()
     if not torch.allclose(got, expected, atol=1e-4, rtol=0):
         raise RuntimeError("the probe product disagrees with torch")
-    # bfloat16 weights: the float32 product's bits over the same values.
+    # bfloat16 weights: the float32 product's bits over the same values, in tiles and (from 64
+    # rows with AVX2) over a widened panel.
     rounded = weight.bfloat16()
-    if not torch.equal(
-        linear(x, pack(rounded), bias, 37, lib), linear(x, pack(rounded.float()), bias, 37, lib)
-    ):
-        raise RuntimeError("the bfloat16 probe product disagrees with the float32 one")
+    many = torch.randn(70, 75, generator=generator)
+    for rows in (x, many):
+        got = linear(rows, pack(rounded), bias, 37, lib)
+        if not torch.equal(got, linear(rows, pack(rounded.float()), bias, 37, lib)):
+            raise RuntimeError("the bfloat16 probe product disagrees with the float32 one")
