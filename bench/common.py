@@ -102,7 +102,7 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
             packed = packed_weights.pack(weight)
             readers["oneDNN packed weight"] = lambda: packed_weights.packed_linear(x, packed, None)
         if huge_pages.available():
-            on_huge_pages = huge_pages.empty(tuple(stream.shape), torch.float32).copy_(stream)
+            on_huge_pages = float32_stream(weight.nbytes, device, on_huge_pages=True)
             readers["streaming sum, huge pages"] = lambda: on_huge_pages.sum()
     for name, read in readers.items():
         best = float("inf")

@@ -379,7 +379,6 @@ static inline int take_panel(team_slot *s, int from_back) {
     }
 }
 
-/* Outputs [o, o + NB) of y for panel p (see matmul_team). */
 /* Each thread's buffer for a widened bfloat16 panel (grown as needed, kept for the next call),
  * freed when the thread exits (a pthread key's destructor): OpenMP's worker threads end with the
  * thread that started their pool, and the engine's thread exits whenever it has been idle for a
@@ -415,6 +414,7 @@ static const float *widened_panel(const uint16_t *panel, int k) {
     return wide_buffer;
 }
 
+/* Outputs [o, o + NB) of y for panel p (see matmul_team). */
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
     const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);

@@ -255,8 +255,8 @@ PANEL = 32  # output rows per panel (NB in the C source)
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """The (out, in) float32 or bfloat16 weight in the kernels' layout, in its own dtype: panels of
     32 output rows, each stored k-major (a bfloat16 row's 32 outputs paired, in the order
-    ``_BF16_ORDER``), the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous. On CPU on huge pages where the machine gives them (``huge_pages``): every decode
-    step streams these."""
+    ``_BF16_ORDER``), the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous. On CPU
+    on huge pages where the machine gives them (``huge_pages``): every decode step streams these."""
     if weight.dtype not in WEIGHT_TYPES:
         raise ValueError(f"native.pack takes float32 or bfloat16 weights, got {weight.dtype}")
     rows, k = weight.shape

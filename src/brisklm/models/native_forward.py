@@ -51,15 +51,13 @@ def supports(model: torch.nn.Module) -> bool:
     if not _supports_structure(model):
         return False
     assert isinstance(model, LlamaForCausalLM)
-    weights = [model.model.embed_tokens.weight] + [linear.weight for linear in _linears(model)]
+    weights = _weights(model)
     weight_dtype = weights[0].dtype
     if weight_dtype not in native.WEIGHT_TYPES or any(w.dtype != weight_dtype for w in weights):
         return False
-    ids = {id(w) for w in weights}
-    others = [p for p in model.parameters() if id(p) not in ids]
-    if any(p.dtype != torch.float32 for p in others) or model.activation_dtype != torch.float32:
+    if any(p.dtype != torch.float32 for p in _other_parameters(model)):
         return False
-    return native.available()
+    return model.activation_dtype == torch.float32 and native.available()
 
 
 def compute_in_float32(model: torch.nn.Module) -> bool:
@@ -70,17 +68,31 @@ def compute_in_float32(model: torch.nn.Module) -> bool:
     if not _supports_structure(model) or not native.available():
         return False
     assert isinstance(model, LlamaForCausalLM)
-    params = list(model.parameters())
-    if any(p.dtype != torch.bfloat16 for p in params):
+    if any(p.dtype != torch.bfloat16 for p in model.parameters()):
         return False
-    if not all(linear.pack_on_cpu and linear.min_pack_bytes is None for linear in _linears(model)):
+    if not all(_packs_natively(linear) for linear in _linears(model)):
         return False
-    weights = {id(model.model.embed_tokens.weight)} | {id(lin.weight) for lin in _linears(model)}
-    for param in params:
-        if id(param) not in weights:
-            param.data = param.data.float()
+    for param in _other_parameters(model):
+        param.data = param.data.float()
     model.compute_dtype = torch.float32
     return True
+
+
+def _weights(model: LlamaForCausalLM) -> list[torch.Tensor]:
+    """The tensors the kernels read as weights (of ``native.WEIGHT_TYPES``): the embedding
+    table and the linear layers' weights."""
+    return [model.model.embed_tokens.weight] + [linear.weight for linear in _linears(model)]
+
+
+def _other_parameters(model: LlamaForCausalLM) -> list[torch.nn.Parameter]:
+    """Every other parameter (norms, biases): float32 for the kernels."""
+    weights = {id(w) for w in _weights(model)}
+    return [p for p in model.parameters() if id(p) not in weights]
+
+
+def _packs_natively(linear: torch.nn.Module) -> bool:
+    """Whether ``use_native_layout`` packs this layer (one built with an explicit layout keeps it)."""
+    return isinstance(linear, Linear) and linear.pack_on_cpu and linear.min_pack_bytes is None
 
 
 def _supports_structure(model: torch.nn.Module) -> bool:
@@ -112,7 +124,7 @@ def use_native_layout(model: LlamaForCausalLM) -> None:
     fast as oneDNN's packed product. Layers built with an explicit layout
     (``Linear(pack_on_cpu=False)`` or ``min_pack_bytes``) keep it."""
     for linear in _linears(model):
-        if isinstance(linear, Linear) and linear.pack_on_cpu and linear.min_pack_bytes is None:
+        if _packs_natively(linear):
             linear.native_pack = True
 
 
