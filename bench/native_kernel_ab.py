@@ -71,9 +71,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "float16"],
         default="float32",
-        help="the model's dtype: bfloat16 keeps its weights in bfloat16 (arithmetic in float32)",
+        help="the model's dtype (bfloat16 and float16 weights: arithmetic in float32)",
     )
     parser.add_argument(
         "--calls", type=int, default=None, help="per round and length (default: ~50 ms of them)"

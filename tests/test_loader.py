@@ -104,7 +104,7 @@ def test_float32_weights_are_packed_for_the_native_kernels(tmp_path):
     # Tied: the head is packed as a copy; the table keeps its rows for lookups.
     table = model.model.embed_tokens.weight
     assert model.lm_head.is_native_packed and torch.equal(model.lm_head.dense_weight(), table)
-    # bfloat16 models use them too, with bfloat16 panels (tests/models/test_native_bfloat16.py).
+    # bfloat16 models use them too, with bfloat16 panels (tests/models/test_native_half_weights.py).
     bf16 = load_model(tmp_path / "m", device="cpu", dtype="bfloat16", show_progress=False)
     bf16_qkv = bf16.model.layers[0].self_attn.qkv_proj
     assert bf16_qkv.is_native_packed and bf16_qkv.weight.dtype == torch.bfloat16

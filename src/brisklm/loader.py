@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from brisklm.config import ModelConfig
+from brisklm.kernels import native
 from brisklm.models import native_forward
 from brisklm.models.layers import LinearFactory
 from brisklm.models.llama import PACKED_MODULES, LlamaForCausalLM
@@ -219,8 +220,8 @@ def load_model(
         names = sorted(_describe(entry) for entry in missing)
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}")
-    if dtype_ == torch.bfloat16 and device_.type == "cpu":
-        # bfloat16 weights, float32 arithmetic through the native kernels, where they run it.
+    if dtype_ in native.HALF_TYPES and device_.type == "cpu":
+        # Half-precision weights, float32 arithmetic through the native kernels, where they run it.
         native_forward.compute_in_float32(model)
     if native_forward.supports(model):
         native_forward.use_native_layout(model)

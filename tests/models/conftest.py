@@ -13,6 +13,9 @@ import pytest
 # "avx2" turns AVX-512 off, and "avx512-code" compiles the AVX-512 paths (plain C vector
 # extensions, no intrinsics) into AVX2 instructions where the CPU has no AVX-512.
 BUILDS = {"default": None, "avx2": ("-mno-avx512f",), "avx512-code": ("-D__AVX512F__",)}
+# A build without F16C: float16 weights widened lane by lane (CPUs without the instruction).
+F16C_FALLBACK = "no-f16c"
+_ALL_BUILDS = {**BUILDS, F16C_FALLBACK: ("-mno-f16c",)}
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +26,7 @@ def native_build(tmp_path_factory):
     built: dict[str, ctypes.CDLL] = {}
 
     def get(name: str) -> ctypes.CDLL:
-        flags = BUILDS[name]
+        flags = _ALL_BUILDS[name]
         if flags is None:
             lib = native.library()
             assert lib is not None

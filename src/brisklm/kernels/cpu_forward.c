@@ -1,8 +1,8 @@
 /* brisklm's native CPU kernels: the float32 forward pass of a Llama-family decoder for rows of up
  * to 64 tokens (decode steps, speculative verification, short prompts), in one OpenMP parallel
  * region, and the same row-invariant matrix product on its own (for every row count). Weights
- * (the products' and the embedding table) are float32 or bfloat16 (WT_BF16, below); everything
- * else, and all arithmetic, is float32.
+ * (the products' and the embedding table) are float32, bfloat16 or float16 (WT_BF16, WT_F16,
+ * below); everything else, and all arithmetic, is float32.
  *
  * Why: at batch 1 a decode step reads every weight once and should run at memory bandwidth. Run
  * as ~25 torch ops per layer, each parallel kernel forks and joins the thread pool and pays its
@@ -168,10 +168,11 @@ static inline vf vmax(vf a, vf b) {
  * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
 #define NB 32 /* outputs per panel */
 
-/* Element types of packed weights. bfloat16 weights are widened to float32 as they are loaded
- * (exactly: a bfloat16 is the top half of a float32) and then multiplied as float32 weights are,
- * in the same order: a product over bfloat16 weights gives the bits the float32 product gives over
- * the same values, and reads half the bytes.
+/* Element types of packed weights. Half-precision weights (bfloat16, float16) are widened to
+ * float32 as they are loaded (exactly: a bfloat16 is the top half of a float32, and every float16
+ * is a float32 too) and then multiplied as float32 weights are, in the same order: a product over
+ * half-precision weights gives the bits the float32 product gives over the same values, and reads
+ * half the bytes.
  *
  * A bfloat16 panel row holds its 32 outputs paired: 32-bit word w holds output w in its low half
  * and output w + 16 in its high half (native.pack). Two operations per word then widen both, with
@@ -181,10 +182,49 @@ static inline vf vmax(vf a, vf b) {
  * float32 on the Zen 3.) */
 #define WT_F32 0
 #define WT_BF16 1
-#define WT_SIZE(wt) ((wt) == WT_BF16 ? 2 : 4)
+#define WT_F16 2
+#define WT_SIZE(wt) ((wt) == WT_F32 ? 4 : 2)
 #define HIGH_HALF 0xFFFF0000u
 
 typedef uint32_t vu __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+
+/* A float16 as a float32 (exact; a NaN comes back quiet, as F16C's conversion returns it). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu,
+                   mantissa = h & 0x3FFu;
+    uint32_t bits;
+    if (exponent == 0x1F) { /* infinity, NaN */
+        bits = sign | 0x7F800000u | (mantissa ? mantissa << 13 | 0x400000u : 0);
+    } else if (exponent) {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    } else { /* zero or subnormal: mantissa * 2^-24, exact in float32 */
+        const float value = (float)mantissa * 5.9604644775390625e-8f;
+        memcpy(&bits, &value, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* Eight float16 weights as float32: one F16C instruction where the CPU has it (the builtin, not
+ * immintrin.h's intrinsic, so that the "avx512-code" test build, which defines __AVX512F__ on an
+ * AVX2 CPU, compiles; gcc 12 turned __builtin_convertvector of _Float16 vectors into eight scalar
+ * conversions), else half_to_float lane by lane. A float16 panel row keeps its outputs in order:
+ * the conversion widens eight neighbours at once. */
+static inline __attribute__((always_inline)) v8f half8(const uint16_t *p) {
+#if defined(__F16C__)
+    typedef short v8h __attribute__((vector_size(16)));
+    v8h h;
+    memcpy(&h, p, sizeof h);
+    return (v8f)__builtin_ia32_vcvtph2ps256(h);
+#else
+    v8f v;
+    for (int i = 0; i < 8; i++) v[i] = half_to_float(p[i]);
+    return v;
+#endif
+}
 
 /* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31. */
 static inline __attribute__((always_inline)) void wrow(const void *panel, int64_t at, int wt,
@@ -194,6 +234,11 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
         memcpy(&u, (const uint16_t *)panel + at, sizeof u);
         *lo = (vf)(u << 16);
         *hi = (vf)(u & HIGH_HALF);
+    } else if (wt == WT_F16) {
+        v8f part[4];
+        for (int q = 0; q < 4; q++) part[q] = half8((const uint16_t *)panel + at + 8 * q);
+        memcpy(lo, part, sizeof *lo);
+        memcpy(hi, part + 2, sizeof *hi);
     } else {
         *lo = vload((const float *)panel + at);
         *hi = vload((const float *)panel + at + VW);
@@ -202,11 +247,11 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
 
 #if defined(__AVX512F__)
 #define MB 6  /* tokens per register tile */
-/* Calls of this many tokens or more widen each bfloat16 panel once (matmul_panel); 0: never. The
- * AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand), so it
- * also takes MB tokens a tile over bfloat16 weights. */
+/* Calls of this many tokens or more widen each half-precision panel once (matmul_panel); 0: never.
+ * The AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand), so it
+ * also takes MB tokens a tile over half-precision weights. */
 #define WIDEN_FROM 0
-#define MB_BF16 MB
+#define MB_HALF MB
 
 static inline __attribute__((always_inline)) void panel_tile(
     const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
@@ -227,9 +272,9 @@ static inline __attribute__((always_inline)) void panel_tile(
          * prefetch (two of the four lines, one whole panel ahead) a 6-token tile cost the
          * products' compute on top of their memory time. A single token's loop waits on memory
          * only, and the hardware prefetchers serve it better alone: the bundled model's step
-         * 0.54-0.60 ms with these prefetches, 0.46-0.52 without (float32). bfloat16 rows are
-         * prefetched for a single token too: see the AVX2 tile below (measured there only). */
-        if (mt > 1 || wt == WT_BF16) { /* the two rows' lines: four of float32, two of bfloat16 */
+         * 0.54-0.60 ms with these prefetches, 0.46-0.52 without (float32). Half-precision rows
+         * are prefetched for a single token too: see the AVX2 tile below (measured there only). */
+        if (mt > 1 || wt != WT_F32) { /* the two rows' lines: four of float32, two of halves */
             for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -263,13 +308,14 @@ static inline __attribute__((always_inline)) void panel_tile(
 typedef float pv __attribute__((vector_size(32)));
 #define PW 8
 #define MB 3
-/* Over bfloat16 weights widened in the tile, 2 tokens a tile: 8 accumulators beside the widened
- * row fit the registers, where 3 tokens need 17 of 16 and gcc kept an accumulator on the stack
- * (6144x768 weight, 2 threads, Zen 3: 90-119 GFLOPS at 3-12 tokens against 68-79 with 3-token
+/* Over half-precision weights widened in the tile, 2 tokens a tile: 8 accumulators beside the
+ * widened row fit the registers, where 3 tokens need 17 of 16 and gcc kept an accumulator on the
+ * stack (measured with bfloat16 weights
+ * 6144x768 weight, 2 threads, Zen 3: 90-119 GFLOPS at 3-12 tokens against 68-79 with 3-token
  * tiles). From 64 tokens the panel is widened once instead (matmul_panel) and the float32 tile
  * runs over it: 117-157 GFLOPS at 64-512 tokens against 102-132 for the 2-token tiles, which were
  * faster below (100-145 against 77-112 at 16-32). */
-#define MB_BF16 2
+#define MB_HALF 2
 #define WIDEN_FROM 64
 #define NV (NB / PW) /* product vectors per panel row */
 
@@ -286,7 +332,8 @@ static inline pv psplat(float s) {
 typedef uint32_t pu __attribute__((vector_size(32)));
 
 /* The 32 weights of panel row element at as float32, outputs 0-7, 8-15, 16-23, 24-31 (see wrow:
- * the low halves of the row's first eight words are outputs 0-7, their high halves 16-23). */
+ * the low halves of a bfloat16 row's first eight words are outputs 0-7, their high halves
+ * 16-23). */
 static inline __attribute__((always_inline)) void wrow8(const void *panel, int64_t at, int wt,
                                                         pv w[NV]) {
     if (wt == WT_BF16) {
@@ -297,6 +344,8 @@ static inline __attribute__((always_inline)) void wrow8(const void *panel, int64
         w[1] = (pv)(b << 16);
         w[2] = (pv)(a & HIGH_HALF);
         w[3] = (pv)(b & HIGH_HALF);
+    } else if (wt == WT_F16) {
+        for (int v = 0; v < NV; v++) w[v] = half8((const uint16_t *)panel + at + v * PW);
     } else {
         for (int v = 0; v < NV; v++) w[v] = pload((const float *)panel + at + v * PW);
     }
@@ -312,11 +361,11 @@ static inline __attribute__((always_inline)) void panel_tile(
         const char *row = (const char *)panel + at * WT_SIZE(wt);
         pv w[NV];
         wrow8(panel, at, wt, w);
-        /* As above: the row's lines PREFETCH_AHEAD bytes ahead, into L2. bfloat16 rows also for
-         * a single token: the loop's iterations each read half the bytes, and the 125M model's
+        /* As above: the row's lines PREFETCH_AHEAD bytes ahead, into L2. Half-precision rows also
+         * for a single token: the loop's iterations each read half the bytes, and the 125M model's
          * step took 0.93x the time with these prefetches (Zen 3, bench/native_kernel_ab.py
          * --dtype bfloat16; twice the distance: 0.98x of that, level within this VM's noise). */
-        if (mt > 1 || wt == WT_BF16) {
+        if (mt > 1 || wt != WT_F32) {
             for (int line = 0; line < NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -349,6 +398,8 @@ static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel,
                          int wt) {
     if (wt == WT_BF16) {
         PANEL_SWITCH(WT_BF16)
+    } else if (wt == WT_F16) {
+        PANEL_SWITCH(WT_F16)
     } else {
         PANEL_SWITCH(WT_F32)
     }
@@ -379,10 +430,10 @@ static inline int take_panel(team_slot *s, int from_back) {
     }
 }
 
-/* Each thread's buffer for a widened bfloat16 panel (grown as needed, kept for the next call),
- * freed when the thread exits (a pthread key's destructor): OpenMP's worker threads end with the
- * thread that started their pool, and the engine's thread exits whenever it has been idle for a
- * second, so buffers kept only in thread-local variables would leak at every restart. */
+/* Each thread's buffer for a widened half-precision panel (grown as needed, kept for the next
+ * call), freed when the thread exits (a pthread key's destructor): OpenMP's worker threads end
+ * with the thread that started their pool, and the engine's thread exits whenever it has been idle
+ * for a second, so buffers kept only in thread-local variables would leak at every restart. */
 static __thread float *wide_buffer = NULL;
 static __thread size_t wide_floats = 0;
 static pthread_key_t wide_key;
@@ -393,9 +444,9 @@ static void wide_key_create(void) {
     wide_key_made = pthread_key_create(&wide_key, free) == 0;
 }
 
-/* The bfloat16 panel of k rows as a float32 panel (outputs in order, as pack lays out float32)
- * in this thread's buffer; NULL if it cannot be allocated. */
-static const float *widened_panel(const uint16_t *panel, int k) {
+/* The half-precision panel (of type wt) of k rows as a float32 panel (outputs in order, as pack
+ * lays out float32) in this thread's buffer; NULL if it cannot be allocated. */
+static const float *widened_panel(const uint16_t *panel, int k, int wt) {
     const size_t need = (size_t)k * NB;
     if (need > wide_floats) {
         free(wide_buffer);
@@ -407,7 +458,10 @@ static const float *widened_panel(const uint16_t *panel, int k) {
     }
     for (int i = 0; i < k; i++) {
         vf lo, hi;
-        wrow(panel, (int64_t)i * NB, WT_BF16, &lo, &hi);
+        if (wt == WT_F16)
+            wrow(panel, (int64_t)i * NB, WT_F16, &lo, &hi);
+        else
+            wrow(panel, (int64_t)i * NB, WT_BF16, &lo, &hi);
         memcpy(wide_buffer + (int64_t)i * NB, &lo, sizeof lo);
         memcpy(wide_buffer + (int64_t)i * NB + VW, &hi, sizeof hi);
     }
@@ -418,13 +472,13 @@ static const float *widened_panel(const uint16_t *panel, int k) {
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
     const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
-    /* Many tokens (WIDEN_FROM): widen the bfloat16 panel once and run every tile over the float32
-     * copy, as a float32 weight, instead of widening it again in every tile (the AVX2 tile over
-     * bfloat16 weights also takes only MB_BF16 tokens: see its definition). Same products, same
-     * order: the bits of the tile over the bfloat16 panel, so a row's result does not depend on
-     * which way its call went. */
-    if (WIDEN_FROM > 0 && wt == WT_BF16 && n >= WIDEN_FROM) {
-        const float *wide = widened_panel((const uint16_t *)panel, k);
+    /* Many tokens (WIDEN_FROM): widen the half-precision panel once and run every tile over the
+     * float32 copy, as a float32 weight, instead of widening it again in every tile (the AVX2 tile
+     * over half-precision weights also takes only MB_HALF tokens: see its definition). Same
+     * products, same order: the bits of the tile over the half-precision panel, so a row's result
+     * does not depend on which way its call went. */
+    if (WIDEN_FROM > 0 && wt != WT_F32 && n >= WIDEN_FROM) {
+        const float *wide = widened_panel((const uint16_t *)panel, k, wt);
         if (wide) {
             panel = wide;
             wt = WT_F32;
@@ -432,7 +486,7 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     }
     const int o = p * NB, width = rows - o < NB ? rows - o : NB;
     float out[MB * NB];
-    const int tile = wt == WT_BF16 ? MB_BF16 : MB;
+    const int tile = wt == WT_F32 ? MB : MB_HALF;
     for (int m0 = 0; m0 < n; m0 += tile) {
         const int mt = n - m0 < tile ? n - m0 : tile;
         panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt);
@@ -552,8 +606,33 @@ typedef struct {
     const int *window;
     const float *final_norm;
     const void *head_w; /* packed, of weight_type */
-    int weight_type;    /* WT_F32 or WT_BF16: the packed weights' elements */
+    int weight_type;    /* WT_F32, WT_BF16 or WT_F16: the packed weights' elements */
 } brisk_forward_args;
+
+/* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
+ * widening loops stay out of the forward pass's parallel region (inlined, they grew its code by a
+ * third and changed its register allocation; a once-per-token copy gains nothing from inlining). */
+static __attribute__((noinline)) void embedding_row(const void *table, int wt, int64_t id, int e,
+                                                    float *row) {
+    if (wt == WT_F32) {
+        memcpy(row, (const float *)table + id * e, sizeof(float) * e);
+        return;
+    }
+    const uint16_t *src = (const uint16_t *)table + id * e;
+    int i = 0;
+    if (wt == WT_F16) {
+        for (; i + 8 <= e; i += 8) {
+            const v8f wide = half8(src + i);
+            memcpy(row + i, &wide, sizeof wide);
+        }
+        for (; i < e; i++) row[i] = half_to_float(src[i]);
+    } else {
+        for (; i < e; i++) {
+            const uint32_t bits = (uint32_t)src[i] << 16;
+            memcpy(row + i, &bits, sizeof(float));
+        }
+    }
+}
 
 static void rope(float *x, const float *c, const float *s, int d) {
     int half = d / 2;
@@ -741,7 +820,8 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
 int brisk_forward_f32(const brisk_forward_args *a) {
     const int n = a->n_tokens, e = a->hidden, hq = a->n_heads, hkv = a->n_kv_heads,
               d = a->head_dim, inter = a->inter;
-    if (a->weight_type != WT_F32 && a->weight_type != WT_BF16) return 1;
+    if (a->weight_type != WT_F32 && a->weight_type != WT_BF16 && a->weight_type != WT_F16)
+        return 1;
     if (n < 1 || n > MAX_TOKENS || a->n_logits > MAX_TOKENS || hq % hkv != 0 || d % 2 != 0) return 1;
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
@@ -753,16 +833,8 @@ int brisk_forward_f32(const brisk_forward_args *a) {
         float *scores = a->scores + (int64_t)tid * a->max_seq_len;
 #pragma omp for schedule(static)
         for (int t = 0; t < n; t++) {
-            float *row = a->hidden_states + (int64_t)t * e;
-            if (a->weight_type == WT_BF16) {
-                const uint16_t *src = (const uint16_t *)a->embed + a->token_ids[t] * e;
-                for (int i = 0; i < e; i++) {
-                    const uint32_t bits = (uint32_t)src[i] << 16;
-                    memcpy(row + i, &bits, sizeof(float));
-                }
-            } else {
-                memcpy(row, (const float *)a->embed + a->token_ids[t] * e, sizeof(float) * e);
-            }
+            embedding_row(a->embed, a->weight_type, a->token_ids[t], e,
+                          a->hidden_states + (int64_t)t * e);
         }
         for (int l = 0; l < a->n_layers; l++) {
 #pragma omp for schedule(static)
@@ -814,8 +886,9 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     return 0;
 }
 
-/* y (n x rows) = x (n x k) @ W.T (+ b), W packed in panels of float32 (brisk_linear_f32) or
- * bfloat16 (brisk_linear_bf16): the products above, on their own (same bits per row). */
+/* y (n x rows) = x (n x k) @ W.T (+ b), W packed in panels of float32 (brisk_linear_f32),
+ * bfloat16 (brisk_linear_bf16) or float16 (brisk_linear_f16): the products above, on their own
+ * (same bits per row). */
 static int linear_team(const float *x, int n, int k, const void *w, int wt, const float *b,
                        int rows, float *y, int n_threads) {
     if (n < 1) return 1;
@@ -833,4 +906,9 @@ int brisk_linear_f32(const float *x, int n, int k, const float *w, const float *
 int brisk_linear_bf16(const float *x, int n, int k, const uint16_t *w, const float *b, int rows,
                       float *y, int n_threads) {
     return linear_team(x, n, k, w, WT_BF16, b, rows, y, n_threads);
+}
+
+int brisk_linear_f16(const float *x, int n, int k, const uint16_t *w, const float *b, int rows,
+                     float *y, int n_threads) {
+    return linear_team(x, n, k, w, WT_F16, b, rows, y, n_threads);
 }

@@ -110,9 +110,18 @@ class ForwardArgs(ctypes.Structure):
     ]
 
 
-# Element types of packed weights and their codes on the C side (WT_F32, WT_BF16): bfloat16
-# weights are widened to float32 as they are read, and every product computes in float32.
-WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1}
+# Element types of packed weights and their codes on the C side (WT_F32, WT_BF16, WT_F16):
+# half-precision weights are widened to float32 as they are read (exactly), and every product
+# computes in float32.
+WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+HALF_TYPES = (torch.bfloat16, torch.float16)
+# The C function of each weight type's product on its own.
+_PRODUCTS = {
+    torch.float32: "brisk_linear_f32",
+    torch.bfloat16: "brisk_linear_bf16",
+    torch.float16: "brisk_linear_f16",
+}
+_ALLOWED = "float32, bfloat16 or float16"
 
 
 def enabled_by_environment() -> bool:
@@ -199,9 +208,9 @@ def _cpu_flags() -> list[str]:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_forward_f32.argtypes = [ctypes.POINTER(ForwardArgs)]
     lib.brisk_forward_f32.restype = ctypes.c_int
-    for name in ("brisk_linear_f32", "brisk_linear_bf16"):
+    for name in _PRODUCTS.values():
         function = getattr(lib, name, None)
-        if function is None:  # a source from before bfloat16 weights (bench/native_kernel_ab.py)
+        if function is None:  # a source from before half-precision weights (native_kernel_ab.py)
             continue
         function.argtypes = [
             ctypes.c_void_p,
@@ -253,12 +262,13 @@ PANEL = 32  # output rows per panel (NB in the C source)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The (out, in) float32 or bfloat16 weight in the kernels' layout, in its own dtype: panels of
-    32 output rows, each stored k-major (a bfloat16 row's 32 outputs paired, in the order
-    ``_BF16_ORDER``), the last one zero-padded; shape (ceil(out / 32), in, 32), contiguous. On CPU
-    on huge pages where the machine gives them (``huge_pages``): every decode step streams these."""
+    """The (out, in) float32, bfloat16 or float16 weight in the kernels' layout, in its own dtype:
+    panels of 32 output rows, each stored k-major (a bfloat16 row's 32 outputs paired, in the order
+    ``_BF16_ORDER``; float32 and float16 rows in order), the last one zero-padded; shape
+    (ceil(out / 32), in, 32), contiguous. On CPU on huge pages where the machine gives them
+    (``huge_pages``): every decode step streams these."""
     if weight.dtype not in WEIGHT_TYPES:
-        raise ValueError(f"native.pack takes float32 or bfloat16 weights, got {weight.dtype}")
+        raise ValueError(f"native.pack takes {_ALLOWED} weights, got {weight.dtype}")
     rows, k = weight.shape
     panels = -(-rows // PANEL)
     padded = torch.zeros(panels * PANEL, k, dtype=weight.dtype, device=weight.device)
@@ -292,15 +302,15 @@ def linear(
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for float32 CPU tensors, 2-D x and ``packed = pack(weight)``
-    of ``rows`` output rows, computed in float32 (a bfloat16 weight widened as it is read: the bits
-    of the product over the same values stored in float32); each row's result independent of the
-    other rows. Through ``lib`` (default: ``library()``, which must load)."""
+    of ``rows`` output rows, computed in float32 (a bfloat16 or float16 weight widened as it is
+    read: the bits of the product over the same values stored in float32); each row's result
+    independent of the other rows. Through ``lib`` (default: ``library()``, which must load)."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the native CPU kernels are not available")
     tensors = [x, packed] + ([bias] if bias is not None else [])
     if any(t.device.type != "cpu" for t in tensors) or packed.dtype not in WEIGHT_TYPES:
-        raise ValueError("native.linear takes CPU tensors and a float32 or bfloat16 weight")
+        raise ValueError(f"native.linear takes CPU tensors and a {_ALLOWED} weight")
     if any(t.dtype != torch.float32 for t in tensors if t is not packed):
         raise ValueError("native.linear takes float32 inputs and bias")
     if packed.dim() != 3 or packed.shape[2] != PANEL or not packed.is_contiguous():
@@ -318,7 +328,7 @@ def linear(
     if n == 0:
         return out
     threads = torch.get_num_threads()
-    product = lib.brisk_linear_bf16 if packed.dtype == torch.bfloat16 else lib.brisk_linear_f32
+    product = getattr(lib, _PRODUCTS[packed.dtype])
     status = product(
         x.data_ptr(),
         n,
@@ -344,11 +354,12 @@ def _probe(lib: ctypes.CDLL) -> None:
     expected = torch.nn.functional.linear(x.double(), weight.double(), bias.double()).float()
     if not torch.allclose(got, expected, atol=1e-4, rtol=0):
         raise RuntimeError("the probe product disagrees with torch")
-    # bfloat16 weights: the float32 product's bits over the same values, in tiles and (from 64
-    # rows with AVX2) over a widened panel.
-    rounded = weight.bfloat16()
+    # Half-precision weights: the float32 product's bits over the same values, in tiles and (from
+    # 64 rows with AVX2) over a widened panel.
     many = torch.randn(70, 75, generator=generator)
-    for rows in (x, many):
-        got = linear(rows, pack(rounded), bias, 37, lib)
-        if not torch.equal(got, linear(rows, pack(rounded.float()), bias, 37, lib)):
-            raise RuntimeError("the bfloat16 probe product disagrees with the float32 one")
+    for dtype in HALF_TYPES:
+        rounded = weight.to(dtype)
+        for rows in (x, many):
+            got = linear(rows, pack(rounded), bias, 37, lib)
+            if not torch.equal(got, linear(rows, pack(rounded.float()), bias, 37, lib)):
+                raise RuntimeError(f"the {dtype} probe product disagrees with the float32 one")

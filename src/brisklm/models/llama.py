@@ -118,8 +118,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = make_linear(config.hidden_size, [config.vocab_size], False, "lm_head")
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         # The dtype hidden states are computed in; None: the embedding table's. The loader sets
-        # float32 for a bfloat16 model on CPU that runs through the native kernels (weights stored
-        # in bfloat16, arithmetic in float32: see brisklm.models.native_forward).
+        # float32 for a bfloat16 or float16 model on CPU that runs through the native kernels
+        # (weights stored in half precision, arithmetic in float32: see
+        # brisklm.models.native_forward).
         self.compute_dtype: torch.dtype | None = None
 
     @property

@@ -1,5 +1,5 @@
-"""The forward pass of a Llama-family model on CPU (float32, or bfloat16 weights) through the
-native kernels.
+"""The forward pass of a Llama-family model on CPU (float32, or bfloat16 or float16 weights)
+through the native kernels.
 
 ``brisklm.kernels.cpu_forward`` runs a whole forward pass (every layer, the final norm and the LM
 head) in one call and one OpenMP parallel region. It serves rows of up to ``MAX_QUERY_LEN`` tokens:
@@ -12,13 +12,14 @@ A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every linear lay
 kernels build on this machine, in one of two forms:
 
 - float32: every parameter float32;
-- bfloat16 weights, float32 arithmetic: the embedding table and the linear weights bfloat16, the
-  norms and biases float32, hidden states and KV cache float32 (``compute_dtype``). The loader
-  gives a bfloat16 model on CPU this form (``compute_in_float32``): the kernels widen each weight
-  as they read it, so a decode step reads half the bytes of a float32 one, and a row's logits are
-  the bits the float32 form computes from the same (bfloat16) values. On an AVX2 CPU, which
-  emulates bfloat16 arithmetic, torch's bfloat16 ops had run the 125M benchmark model at 34.5
-  tokens/s at batch 1 and prefilled 102 tokens/s, against 87-90 and 375-400 this way
+- half-precision weights, float32 arithmetic: the embedding table and the linear weights
+  bfloat16 or float16, the norms and biases float32, hidden states and KV cache float32
+  (``compute_dtype``). The loader gives a bfloat16 or float16 model on CPU this form
+  (``compute_in_float32``): the kernels widen each weight as they read it, so a decode step reads
+  half the bytes of a float32 one, and a row's logits are the bits the float32 form computes from
+  the same (half-precision) values. On an AVX2 CPU, which emulates bfloat16 arithmetic, torch's
+  bfloat16 ops had run the 125M benchmark model at 34.5 tokens/s at batch 1 and prefilled 102
+  tokens/s, against 87-90 and 375-400 this way; float16 ops at 55.8 and 152, against 126 and 753
   (docs/benchmarks.md).
 
 Such a model's linear weights are packed at load into the kernels' panel layout
@@ -61,14 +62,15 @@ def supports(model: torch.nn.Module) -> bool:
 
 
 def compute_in_float32(model: torch.nn.Module) -> bool:
-    """Give a loaded bfloat16 CPU model the native kernels' bfloat16 form (see the module's
-    docstring): norms and biases to float32, ``compute_dtype`` float32, the embedding table and
-    linear weights left in bfloat16. Returns whether it did; a model the kernels cannot run (or
-    whose linear layers would not be packed for them) is left as it is."""
+    """Give a loaded bfloat16 or float16 CPU model the native kernels' half-precision form (see the
+    module's docstring): norms and biases to float32, ``compute_dtype`` float32, the embedding
+    table and linear weights left as they are. Returns whether it did; a model the kernels cannot
+    run (or whose linear layers would not be packed for them) is left as it is."""
     if not _supports_structure(model) or not native.available():
         return False
     assert isinstance(model, LlamaForCausalLM)
-    if any(p.dtype != torch.bfloat16 for p in model.parameters()):
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) != 1 or dtypes.pop() not in native.HALF_TYPES:
         return False
     if not all(_packs_natively(linear) for linear in _linears(model)):
         return False
