@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.cli import main
@@ -193,6 +194,10 @@ def test_bad_constraint_is_one_line(model_dir, capsys):
         ),
         (["generate", "--dtype", "int8", "x"], "argument --dtype: invalid choice: 'int8'"),
         (
+            ["generate", "--kv-cache-dtype", "int8", "x"],
+            "argument --kv-cache-dtype: invalid choice: 'int8'",
+        ),
+        (
             ["generate", "--draft-length", "sometimes", "x"],
             "argument --draft-length: invalid choice",
         ),
@@ -234,3 +239,21 @@ def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, c
     assert "dropped" in captured.err
     assert "this message alone does not fit the context of 64 tokens" in captured.err
     assert captured.out.count("\n") == 7  # a reply to every turn but the oversized one
+
+
+def test_kv_cache_dtype_flag_reaches_the_engine(model_dir, capsys, monkeypatch):
+    from brisklm.llm import LLM
+
+    seen = {}
+    original = LLM.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        llm = original(cls, *args, **kwargs)
+        seen["cache"] = llm.engine.runner.kv_cache.keys.dtype
+        return llm
+
+    monkeypatch.setattr(LLM, "from_pretrained", classmethod(spy))
+    argv = ["generate", "--model", str(model_dir), "--kv-cache-dtype", "bfloat16"]
+    code = main([*argv, "--temperature", "0", "--max-tokens", "3", "--ignore-eos", "hi"])
+    assert code == 0 and seen["cache"] == torch.bfloat16
+    assert capsys.readouterr().out  # the completion streamed

@@ -26,6 +26,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weights dtype"
     )
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="KV cache dtype (default: the model's)",
+    )
     group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
     group.add_argument(
         "--threads",
@@ -234,6 +240,7 @@ def _load(args: argparse.Namespace) -> Any:
         args.model,
         device=args.device,
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_batch_size=1,
         max_seq_len=args.max_seq_len,
         draft=args.draft,

@@ -153,11 +153,16 @@ class LLM:
         show_progress: bool = True,
         int4_compute_dtype: str | torch.dtype | None = None,
         num_threads: int | None = None,
+        kv_cache_dtype: str | torch.dtype | None = None,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
         ``device``: "cpu" or "cuda" (default: cuda when available); ``dtype``: "float32",
-        "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA).
+        "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA). ``kv_cache_dtype``:
+        the KV cache's elements, one of the same three (default: the model's; a bfloat16 or
+        float16 model on CPU computes in float32 and keeps its cache in its own dtype). A
+        half-precision cache holds keys and values rounded to nearest even and takes half the
+        memory of a float32 one; attention widens them back to its own dtype.
         ``draft`` turns on speculative decoding: a draft model directory sharing the target's
         tokenizer, "default" for the bundled draft model, or "ngram" for prompt lookup; each step
         proposes up to ``num_speculative_tokens`` tokens. ``draft_length="adaptive"`` (the default
@@ -199,6 +204,10 @@ class LLM:
             )
         except ValueError as error:
             raise ValueError(f"int4_compute_dtype: {error}") from None
+        try:
+            cache_dtype = None if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype, device_)
+        except ValueError as error:
+            raise ValueError(f"kv_cache_dtype: {error}") from None
         if num_threads is not None:
             torch.set_num_threads(num_threads)
 
@@ -212,6 +221,8 @@ class LLM:
                 make_linear=make_linear,
                 show_progress=show_progress,
             )
+            if cache_dtype is not None:
+                model.kv_cache_dtype = cache_dtype
             speculator = None
             if draft is not None:
                 speculator = build_speculator(

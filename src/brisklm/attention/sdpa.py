@@ -74,11 +74,14 @@ class SdpaAttention(AttentionBackend):
             is_causal = True
         else:
             mask = meta.allowed_keys(num_keys, sliding_window)
-        if is_causal:  # rows starting at 0: the new keys are all there is
+        if is_causal and k_cache.dtype == k.dtype:  # rows at 0: the new keys are all there is
             keys, values = meta.to_rows(k).transpose(1, 2), meta.to_rows(v).transpose(1, 2)
         else:
-            keys = self.cached_rows(k_cache, meta, first_key, num_keys - first_key)
-            values = self.cached_rows(v_cache, meta, first_key, num_keys - first_key)
+            # A cache of another dtype than the arithmetic (half-precision elements for float32
+            # attention, brisklm.models.native_forward) is read back widened: attention then sees
+            # the keys as they are stored, as the native pass does.
+            keys = self.cached_rows(k_cache, meta, first_key, num_keys - first_key).to(q.dtype)
+            values = self.cached_rows(v_cache, meta, first_key, num_keys - first_key).to(q.dtype)
         out = F.scaled_dot_product_attention(
             meta.to_rows(q).transpose(1, 2),
             keys,

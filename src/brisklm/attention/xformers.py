@@ -57,8 +57,9 @@ class XformersAttention(AttentionBackend):
         num_tokens, num_heads, head_dim = q.shape
         batch, num_queries = meta.batch_size, meta.max_query_len
         num_keys = meta.max_kv_len
-        keys = self.cached_rows(k_cache, meta, 0, num_keys).transpose(1, 2)  # (B, S, Hkv, D)
-        values = self.cached_rows(v_cache, meta, 0, num_keys).transpose(1, 2)
+        # (B, S, Hkv, D), widened to q's dtype if the cache holds another (kv_cache_dtype)
+        keys = self.cached_rows(k_cache, meta, 0, num_keys).transpose(1, 2).to(q.dtype)
+        values = self.cached_rows(v_cache, meta, 0, num_keys).transpose(1, 2).to(q.dtype)
         num_kv_heads = keys.shape[2]
         groups = num_heads // num_kv_heads
         # (B, M, G, H/G, D): queries grouped by the kv head they share; keys broadcast over the group.

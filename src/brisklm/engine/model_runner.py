@@ -56,7 +56,7 @@ class ModelRunner:
             max_seq_len=max_seq_len,
             num_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim,
-            dtype=self.dtype,
+            dtype=model.cache_dtype,
             device=self.device,
         )
         self.backend: AttentionBackend = select_backend(attention_backend, self.device)

@@ -72,102 +72,6 @@ static inline float vsum(vf v) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-/* out[r] = keys[r] . q (length d) for nr <= KB keys spaced d apart: attention's scores, KB keys of
- * a head at a time, each with its own accumulator. */
-#define KB 4
-static inline __attribute__((always_inline)) void dot_keys(
-    const float *keys, int nr, const float *q, int d, float *out) {
-    vf acc[KB];
-    for (int r = 0; r < KB; r++) acc[r] = (vf){0};
-    int i = 0;
-    for (; i + VW <= d; i += VW) {
-        const vf qv = vload(q + i);
-        for (int r = 0; r < nr; r++) {
-            acc[r] += vload(keys + (int64_t)r * d + i) * qv;
-            /* Keys further on, PREFETCH_AHEAD bytes ahead (the keys are contiguous). Measured
-             * when this served every key (it now serves the keys after the last 16-key block, and
-             * head sizes that are not a multiple of 16): at 1,000 cached positions the bundled
-             * model's step took 1.36-1.51 ms prefetching the next KB keys and 1.67-1.78 without. */
-            __builtin_prefetch(keys + (int64_t)r * d + i + PREFETCH_AHEAD / 4, 0, 2);
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        float s = vsum(acc[r]);
-        for (int c = i; c < d; c++) s += keys[(int64_t)r * d + c] * q[c];
-        out[r] = s;
-    }
-}
-
-static void key_scores(const float *keys, int nr, const float *q, int d, float *out) {
-    switch (nr) {
-        case 4: dot_keys(keys, 4, q, d, out); break;
-        case 3: dot_keys(keys, 3, q, d, out); break;
-        case 2: dot_keys(keys, 2, q, d, out); break;
-        case 1: dot_keys(keys, 1, q, d, out); break;
-        default: break;
-    }
-}
-
-#if defined(__clang__) || __GNUC__ >= 12
-#define HAVE_SHUFFLEVECTOR 1
-typedef int32_t vi __attribute__((vector_size(64)));
-#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-
-/* The lane sums of 16 vectors as one vector (lane r: the sum of v[r]'s lanes), by exactly vsum's
- * tree for each: halves, then quarters, then (0 + 2) + (1 + 3). Four levels of pairwise
- * shuffles and adds (2.9 operations per vector instead of vsum's ~8), then the lanes back in key
- * order (the tree leaves them bit-reversed). */
-static inline vf lane_sums16(const vf v[16]) {
-    vf w[8], x[4], y[2];
-    for (int k = 0; k < 8; k++)
-        w[k] = SHUF(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               SHUF(v[2 * k], v[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int k = 0; k < 4; k++)
-        x[k] = SHUF(w[2 * k], w[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
-               SHUF(w[2 * k], w[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    for (int k = 0; k < 2; k++)
-        y[k] = SHUF(x[2 * k], x[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-               SHUF(x[2 * k], x[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    const vf z = SHUF(y[0], y[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
-                 SHUF(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-    return SHUF(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
-}
-
-/* keys[r] . q for 16 keys spaced d apart (d a multiple of VW): each key summed exactly as
- * dot_keys sums it, the 16 results in one vector. */
-static inline vf dot16_keys(const float *keys, const float *q, int d) {
-    vf acc[16];
-    for (int r = 0; r < 16; r++) acc[r] = (vf){0};
-    for (int i = 0; i + VW <= d; i += VW) {
-        const vf qv = vload(q + i);
-        for (int r = 0; r < 16; r++) {
-            acc[r] += vload(keys + (int64_t)r * d + i) * qv; /* no prefetch: see PREFETCH_AHEAD */
-        }
-    }
-    return lane_sums16(acc);
-}
-
-static inline vf vmax(vf a, vf b) {
-    const vi take_a = (vi)(a > b);
-    return (vf)(((vi)a & take_a) | ((vi)b & ~take_a));
-}
-#endif
-
-/* The products' weights are packed once at load (brisklm/kernels/native.py: pack) into panels of
- * NB output rows stored k-major: panel p holds rows [p * NB, p * NB + NB) as k x NB floats, the
- * last panel zero-padded. A register tile of MB tokens x NB outputs then takes, for each k, two
- * vector loads of the panel and one broadcast per token: no horizontal sums, the weights read as
- * one sequential stream, and each output summed over k in the same order (two chains, even and odd
- * k) whatever the number of tokens, the tile a token lands in or the thread: the row invariance. As fast
- * as oneDNN's packed product from 1 to 512 rows on this project's AVX-512 VM (docs/benchmarks.md).
- *
- * The tile is sized to the vector registers. With AVX-512 (32 registers of 16 floats) it is
- * 6 tokens x 2 vectors x 2 chains = 24 accumulators. An AVX2 CPU (16 registers of 8 floats) would
- * need 48 registers for that tile and spills it to the stack: the products ran at 7-10 GFLOPS on
- * a Zen 3 against 14-85 for MKL's. There the tile is 3 tokens x 4 vectors x 1 chain
- * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
-#define NB 32 /* outputs per panel */
-
 /* Element types of packed weights. Half-precision weights (bfloat16, float16) are widened to
  * float32 as they are loaded (exactly: a bfloat16 is the top half of a float32, and every float16
  * is a float32 too) and then multiplied as float32 weights are, in the same order: a product over
@@ -225,6 +129,190 @@ static inline __attribute__((always_inline)) v8f half8(const uint16_t *p) {
     return v;
 #endif
 }
+
+/* KV caches hold float32, bfloat16 or float16 elements (the codes of the weight types: the
+ * cache's type, ct below). A half-precision cache is written rounded to nearest even, as torch's
+ * conversions round, and read widened exactly; attention computes in float32 either way. */
+#define CACHE_AT(base, i, ct) ((const char *)(base) + (int64_t)(i) * WT_SIZE(ct))
+
+static inline __attribute__((always_inline)) float cload1(const void *base, int64_t i, int ct) {
+    if (ct == WT_BF16) {
+        const uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+        float out;
+        memcpy(&out, &bits, sizeof out);
+        return out;
+    }
+    if (ct == WT_F16) return half_to_float(((const uint16_t *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+/* Sixteen cache elements from element i as float32. */
+static inline __attribute__((always_inline)) vf cload16(const void *base, int64_t i, int ct) {
+    if (ct == WT_BF16) {
+        typedef uint16_t v16u16 __attribute__((vector_size(32)));
+        v16u16 h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        return (vf)(__builtin_convertvector(h, vu) << 16);
+    }
+    if (ct == WT_F16) {
+        const v8f part[2] = {half8((const uint16_t *)base + i), half8((const uint16_t *)base + i + 8)};
+        vf v;
+        memcpy(&v, part, sizeof v);
+        return v;
+    }
+    return vload((const float *)base + i);
+}
+
+/* float32 to bfloat16, to nearest even (a NaN becomes 0x7FC0), as torch converts. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* float32 to float16, to nearest even (overflow to infinity, NaNs quiet), as F16C's conversion
+ * with rounding mode 0 and torch's convert. */
+static inline uint16_t float_to_half(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    const uint32_t mag = bits & 0x7FFFFFFFu;
+    if (mag > 0x7F800000u) return sign | 0x7E00u | (uint16_t)((mag >> 13) & 0x3FFu);
+    if (mag >= 0x477FF000u) return sign | 0x7C00u; /* 65520 and up: infinity */
+    if (mag < 0x38800000u) { /* below 2^-14: a subnormal float16 (or zero), mag * 2^24 rounded */
+        float scaled;
+        memcpy(&scaled, &mag, sizeof scaled);
+        scaled = (scaled * 16777216.0f + 8388608.0f) - 8388608.0f; /* exact product, one rounding */
+        return sign | (uint16_t)scaled;
+    }
+    uint32_t h = (mag - 0x38000000u) >> 13; /* exponent rebiased, mantissa's top ten bits */
+    const uint32_t rest = mag & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++; /* a carry rounds up the exponent */
+    return sign | (uint16_t)h;
+}
+
+/* Row x of d floats into the cache at element i (of type ct). */
+static void cstore_row(void *base, int64_t i, const float *x, int d, int ct) {
+    if (ct == WT_BF16) {
+        uint16_t *out = (uint16_t *)base + i;
+        for (int c = 0; c < d; c++) out[c] = float_to_bf16(x[c]);
+    } else if (ct == WT_F16) {
+        uint16_t *out = (uint16_t *)base + i;
+        int c = 0;
+#if defined(__F16C__)
+        typedef short v8h __attribute__((vector_size(16)));
+        for (; c + 8 <= d; c += 8) {
+            v8f v;
+            memcpy(&v, x + c, sizeof v);
+            const v8h h = __builtin_ia32_vcvtps2ph256(v, 0); /* 0: to nearest even */
+            memcpy(out + c, &h, sizeof h);
+        }
+#endif
+        for (; c < d; c++) out[c] = float_to_half(x[c]);
+    } else {
+        memcpy((float *)base + i, x, sizeof(float) * d);
+    }
+}
+
+/* out[r] = keys[r] . q (length d) for nr <= KB keys spaced d apart: attention's scores, KB keys of
+ * a head at a time, each with its own accumulator. */
+#define KB 4
+static inline __attribute__((always_inline)) void dot_keys(
+    const void *keys, int nr, const float *q, int d, float *out, int ct) {
+    vf acc[KB];
+    for (int r = 0; r < KB; r++) acc[r] = (vf){0};
+    int i = 0;
+    for (; i + VW <= d; i += VW) {
+        const vf qv = vload(q + i);
+        for (int r = 0; r < nr; r++) {
+            acc[r] += cload16(keys, (int64_t)r * d + i, ct) * qv;
+            /* Keys further on, PREFETCH_AHEAD bytes ahead (the keys are contiguous). Measured
+             * when this served every key (it now serves the keys after the last 16-key block, and
+             * head sizes that are not a multiple of 16): at 1,000 cached positions the bundled
+             * model's step took 1.36-1.51 ms prefetching the next KB keys and 1.67-1.78 without. */
+            __builtin_prefetch(CACHE_AT(keys, (int64_t)r * d + i, ct) + PREFETCH_AHEAD, 0, 2);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float s = vsum(acc[r]);
+        for (int c = i; c < d; c++) s += cload1(keys, (int64_t)r * d + c, ct) * q[c];
+        out[r] = s;
+    }
+}
+
+static inline __attribute__((always_inline)) void key_scores(const void *keys, int nr,
+                                                             const float *q, int d, float *out,
+                                                             int ct) {
+    switch (nr) {
+        case 4: dot_keys(keys, 4, q, d, out, ct); break;
+        case 3: dot_keys(keys, 3, q, d, out, ct); break;
+        case 2: dot_keys(keys, 2, q, d, out, ct); break;
+        case 1: dot_keys(keys, 1, q, d, out, ct); break;
+        default: break;
+    }
+}
+
+#if defined(__clang__) || __GNUC__ >= 12
+#define HAVE_SHUFFLEVECTOR 1
+typedef int32_t vi __attribute__((vector_size(64)));
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+
+/* The lane sums of 16 vectors as one vector (lane r: the sum of v[r]'s lanes), by exactly vsum's
+ * tree for each: halves, then quarters, then (0 + 2) + (1 + 3). Four levels of pairwise
+ * shuffles and adds (2.9 operations per vector instead of vsum's ~8), then the lanes back in key
+ * order (the tree leaves them bit-reversed). */
+static inline vf lane_sums16(const vf v[16]) {
+    vf w[8], x[4], y[2];
+    for (int k = 0; k < 8; k++)
+        w[k] = SHUF(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               SHUF(v[2 * k], v[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int k = 0; k < 4; k++)
+        x[k] = SHUF(w[2 * k], w[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+               SHUF(w[2 * k], w[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int k = 0; k < 2; k++)
+        y[k] = SHUF(x[2 * k], x[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+               SHUF(x[2 * k], x[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    const vf z = SHUF(y[0], y[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+                 SHUF(y[0], y[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    return SHUF(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+}
+
+/* keys[r] . q for 16 keys spaced d apart (d a multiple of VW): each key summed exactly as
+ * dot_keys sums it, the 16 results in one vector. */
+static inline __attribute__((always_inline)) vf dot16_keys(const void *keys, const float *q, int d,
+                                                           int ct) {
+    vf acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = (vf){0};
+    for (int i = 0; i + VW <= d; i += VW) {
+        const vf qv = vload(q + i);
+        for (int r = 0; r < 16; r++) {
+            acc[r] += cload16(keys, (int64_t)r * d + i, ct) * qv; /* no prefetch: PREFETCH_AHEAD */
+        }
+    }
+    return lane_sums16(acc);
+}
+
+static inline vf vmax(vf a, vf b) {
+    const vi take_a = (vi)(a > b);
+    return (vf)(((vi)a & take_a) | ((vi)b & ~take_a));
+}
+#endif
+
+/* The products' weights are packed once at load (brisklm/kernels/native.py: pack) into panels of
+ * NB output rows stored k-major: panel p holds rows [p * NB, p * NB + NB) as k x NB floats, the
+ * last panel zero-padded. A register tile of MB tokens x NB outputs then takes, for each k, two
+ * vector loads of the panel and one broadcast per token: no horizontal sums, the weights read as
+ * one sequential stream, and each output summed over k in the same order (two chains, even and odd
+ * k) whatever the number of tokens, the tile a token lands in or the thread: the row invariance. As fast
+ * as oneDNN's packed product from 1 to 512 rows on this project's AVX-512 VM (docs/benchmarks.md).
+ *
+ * The tile is sized to the vector registers. With AVX-512 (32 registers of 16 floats) it is
+ * 6 tokens x 2 vectors x 2 chains = 24 accumulators. An AVX2 CPU (16 registers of 8 floats) would
+ * need 48 registers for that tile and spills it to the stack: the products ran at 7-10 GFLOPS on
+ * a Zen 3 against 14-85 for MKL's. There the tile is 3 tokens x 4 vectors x 1 chain
+ * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
+#define NB 32 /* outputs per panel */
 
 /* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31. */
 static inline __attribute__((always_inline)) void wrow(const void *panel, int64_t at, int wt,
@@ -602,11 +690,12 @@ typedef struct {
     const float **gu_b;
     const void **down_w;
     const float **down_b;
-    float **k_cache, **v_cache;
+    void **k_cache, **v_cache; /* of cache_type */
     const int *window;
     const float *final_norm;
     const void *head_w; /* packed, of weight_type */
     int weight_type;    /* WT_F32, WT_BF16 or WT_F16: the packed weights' elements */
+    int cache_type;     /* the same codes: the KV cache's elements */
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -681,28 +770,40 @@ static inline pv pv_max(pv a, pv b) {
 
 /* keys[r] . q for the 8 keys r < 8 spaced d apart (d a multiple of PW); keys at r >= valid are
  * not read: key valid - 1 is computed in their place. */
-static inline pv dot8_keys(const float *keys, int valid, const float *q, int d) {
-    const float *k[8];
-    for (int r = 0; r < 8; r++) k[r] = keys + (int64_t)(r < valid ? r : valid - 1) * d;
+/* Eight cache elements from element i as float32. */
+static inline __attribute__((always_inline)) pv cload8(const void *base, int64_t i, int ct) {
+    if (ct == WT_BF16) {
+        typedef uint16_t v8u16 __attribute__((vector_size(16)));
+        v8u16 h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        return (pv)(__builtin_convertvector(h, pu) << 16);
+    }
+    if (ct == WT_F16) return half8((const uint16_t *)base + i);
+    return pload((const float *)base + i);
+}
+
+static inline __attribute__((always_inline)) pv dot8_keys(const void *keys, int valid,
+                                                          const float *q, int d, int ct) {
+    int64_t k[8];
+    for (int r = 0; r < 8; r++) k[r] = (int64_t)(r < valid ? r : valid - 1) * d;
     pv acc[8];
     for (int r = 0; r < 8; r++) acc[r] = (pv){0};
     for (int i = 0; i < d; i += PW) {
         const pv qv = pload(q + i);
-        for (int r = 0; r < 8; r++) acc[r] += pload(k[r] + i) * qv;
+        for (int r = 0; r < 8; r++) acc[r] += cload8(keys, k[r] + i, ct) * qv;
     }
     return lane_sums8(acc);
 }
 
 /* out[0, VALUE_BLOCK) = inv * sum_j p[j] v_j[0, VALUE_BLOCK) over count rows v_j spaced d apart,
  * in key order. */
-static inline void weighted_values64(const float *p, const float *v, int64_t count, int d, float inv,
-                                     float *out) {
+static inline __attribute__((always_inline)) void weighted_values64(
+    const float *p, const void *v, int64_t count, int d, float inv, float *out, int ct) {
     pv acc[VALUE_BLOCK / PW];
     for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] = (pv){0};
     for (int64_t j = 0; j < count; j++) {
         const pv ps = psplat(p[j]);
-        const float *row = v + j * d;
-        for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] += ps * pload(row + c * PW);
+        for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] += ps * cload8(v, j * d + c * PW, ct);
     }
     for (int c = 0; c < VALUE_BLOCK / PW; c++) {
         const pv scaled = acc[c] * inv;
@@ -711,7 +812,8 @@ static inline void weighted_values64(const float *p, const float *v, int64_t cou
 }
 #endif
 
-static void attend(const brisk_forward_args *a, int layer, int n, int h, float *scores) {
+static inline __attribute__((always_inline)) void attend_cache(
+    const brisk_forward_args *a, int layer, int n, int h, float *scores, int ct) {
     const int d = a->head_dim, hkv = a->n_kv_heads;
     const int64_t qkv_ld = (int64_t)(a->n_heads + 2 * hkv) * d;
     const float *q = a->qkv + n * qkv_ld + (int64_t)h * d;
@@ -720,7 +822,8 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     int64_t lo = 0;
     if (a->window[layer] > 0 && p - a->window[layer] + 1 > 0) lo = p - a->window[layer] + 1;
     const int64_t head_off = ((a->slots[n] * hkv) + g) * a->max_seq_len * d;
-    const float *keys = a->k_cache[layer] + head_off, *values = a->v_cache[layer] + head_off;
+    const void *keys = CACHE_AT(a->k_cache[layer], head_off, ct),
+               *values = CACHE_AT(a->v_cache[layer], head_off, ct);
     float m = -INFINITY;
     int64_t j = lo;
     /* 16 keys at a time where their 16 accumulators fit the registers (AVX-512); with AVX2, 8 at a
@@ -730,7 +833,7 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     if (d % VW == 0 && p + 1 - lo >= 16) {
         vf top = vsplat(-INFINITY);
         for (; j + 16 <= p + 1; j += 16) {
-            const vf s = dot16_keys(keys + j * d, q, d) * a->scale;
+            const vf s = dot16_keys(CACHE_AT(keys, j * d, ct), q, d, ct) * a->scale;
             memcpy(scores + (j - lo), &s, sizeof s);
             top = vmax(top, s);
         }
@@ -742,7 +845,7 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
         pv top = psplat(-INFINITY);
         for (; j <= p; j += 8) {
             const int valid = p + 1 - j < 8 ? (int)(p + 1 - j) : 8;
-            const pv s = dot8_keys(keys + j * d, valid, q, d) * a->scale;
+            const pv s = dot8_keys(CACHE_AT(keys, j * d, ct), valid, q, d, ct) * a->scale;
             if (valid == 8) {
                 memcpy(scores + (j - lo), &s, sizeof s);
                 top = pv_max(top, s);
@@ -759,7 +862,7 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     for (; j <= p; j += KB) {
         const int nr = p + 1 - j < KB ? (int)(p + 1 - j) : KB;
         float out[KB] = {0};
-        key_scores(keys + j * d, nr, q, d, out);
+        key_scores(CACHE_AT(keys, j * d, ct), nr, q, d, out, ct);
         for (int r = 0; r < nr; r++) {
             const float s = out[r] * a->scale;
             scores[j - lo + r] = s;
@@ -774,13 +877,13 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
     float total = vsum(lanes);
     for (; j < count; j++) total += scores[j];
     float *out = a->attn + (int64_t)n * a->n_heads * d + (int64_t)h * d;
-    const float *v0 = values + lo * d;
+    const void *v0 = CACHE_AT(values, lo * d, ct);
     /* out = sum_j p_j v_j, in chunks of up to MAX_REG_DIM floats kept in registers over all keys
      * (accumulating in memory made every key wait for the previous key's store). */
     int c0 = 0;
 #if defined(AVX2_ATTENTION)
     for (; c0 + VALUE_BLOCK <= d; c0 += VALUE_BLOCK)
-        weighted_values64(scores, v0 + c0, count, d, 1.0f / total, out + c0);
+        weighted_values64(scores, CACHE_AT(v0, c0, ct), count, d, 1.0f / total, out + c0, ct);
 #endif
     for (; c0 < d; c0 += MAX_REG_DIM) {
         const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM, nv = width / VW;
@@ -791,19 +894,19 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
         int64_t j = 0;
         for (; j + 2 <= count; j += 2) {
             const float pj = scores[j], pk = scores[j + 1];
-            const float *row = v0 + j * d + c0, *next = row + d;
+            const int64_t row = j * d + c0, next = row + d;
             for (int v = 0; v < nv; v++) {
-                acc[v] += pj * vload(row + v * VW);
-                odd[v] += pk * vload(next + v * VW);
+                acc[v] += pj * cload16(v0, row + v * VW, ct);
+                odd[v] += pk * cload16(v0, next + v * VW, ct);
             }
             for (int i = nv * VW; i < width; i++)
-                tail[i - nv * VW] += pj * row[i] + pk * next[i];
+                tail[i - nv * VW] += pj * cload1(v0, row + i, ct) + pk * cload1(v0, next + i, ct);
         }
         if (j < count) {
             const float pj = scores[j];
-            const float *row = v0 + j * d + c0;
-            for (int v = 0; v < nv; v++) acc[v] += pj * vload(row + v * VW);
-            for (int i = nv * VW; i < width; i++) tail[i - nv * VW] += pj * row[i];
+            const int64_t row = j * d + c0;
+            for (int v = 0; v < nv; v++) acc[v] += pj * cload16(v0, row + v * VW, ct);
+            for (int i = nv * VW; i < width; i++) tail[i - nv * VW] += pj * cload1(v0, row + i, ct);
         }
         const float inv = 1.0f / total;
         for (int v = 0; v < nv; v++) {
@@ -811,6 +914,15 @@ static void attend(const brisk_forward_args *a, int layer, int n, int h, float *
             memcpy(out + c0 + v * VW, &scaled, sizeof scaled);
         }
         for (int i = nv * VW; i < width; i++) out[c0 + i] = tail[i - nv * VW] * inv;
+    }
+}
+
+/* Attention of token n's head h over its cache: attend_cache compiled for the cache's type. */
+static void attend(const brisk_forward_args *a, int layer, int n, int h, float *scores) {
+    switch (a->cache_type) {
+        case WT_BF16: attend_cache(a, layer, n, h, scores, WT_BF16); break;
+        case WT_F16: attend_cache(a, layer, n, h, scores, WT_F16); break;
+        default: attend_cache(a, layer, n, h, scores, WT_F32); break;
     }
 }
 
@@ -822,6 +934,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
               d = a->head_dim, inter = a->inter;
     if (a->weight_type != WT_F32 && a->weight_type != WT_BF16 && a->weight_type != WT_F16)
         return 1;
+    if (a->cache_type != WT_F32 && a->cache_type != WT_BF16 && a->cache_type != WT_F16) return 1;
     if (n < 1 || n > MAX_TOKENS || a->n_logits > MAX_TOKENS || hq % hkv != 0 || d % 2 != 0) return 1;
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
@@ -849,9 +962,9 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 if (h < hq + hkv) rope(x, a->cos + row, a->sin + row, d);
                 if (h >= hq) {
                     int g = h < hq + hkv ? h - hq : h - hq - hkv;
-                    float *cache = h < hq + hkv ? a->k_cache[l] : a->v_cache[l];
-                    memcpy(cache + ((a->slots[t] * hkv + g) * a->max_seq_len + a->positions[t]) * d,
-                           x, sizeof(float) * d);
+                    void *cache = h < hq + hkv ? a->k_cache[l] : a->v_cache[l];
+                    cstore_row(cache, ((a->slots[t] * hkv + g) * a->max_seq_len + a->positions[t]) * d,
+                               x, d, a->cache_type);
                 }
             }
 #pragma omp for schedule(static)
@@ -911,4 +1024,10 @@ int brisk_linear_bf16(const float *x, int n, int k, const uint16_t *w, const flo
 int brisk_linear_f16(const float *x, int n, int k, const uint16_t *w, const float *b, int rows,
                      float *y, int n_threads) {
     return linear_team(x, n, k, w, WT_F16, b, rows, y, n_threads);
+}
+
+/* Tests only: n floats rounded into cache elements of type ct (as the forward pass writes keys and
+ * values). */
+void brisk_test_cache_store(const float *x, int n, void *out, int ct) {
+    cstore_row(out, 0, x, n, ct);
 }

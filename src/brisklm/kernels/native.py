@@ -107,12 +107,13 @@ class ForwardArgs(ctypes.Structure):
         ("final_norm", _ptr),
         ("head_w", _ptr),
         ("weight_type", ctypes.c_int),
+        ("cache_type", ctypes.c_int),
     ]
 
 
-# Element types of packed weights and their codes on the C side (WT_F32, WT_BF16, WT_F16):
-# half-precision weights are widened to float32 as they are read (exactly), and every product
-# computes in float32.
+# Element types of packed weights and KV caches and their codes on the C side (WT_F32, WT_BF16,
+# WT_F16): half-precision elements are widened to float32 as they are read (exactly), and every
+# product computes in float32.
 WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 HALF_TYPES = (torch.bfloat16, torch.float16)
 # The C function of each weight type's product on its own.

@@ -122,11 +122,19 @@ class LlamaForCausalLM(nn.Module):
         # (weights stored in half precision, arithmetic in float32: see
         # brisklm.models.native_forward).
         self.compute_dtype: torch.dtype | None = None
+        # The KV cache's element type; None: activation_dtype. Such a half-precision model keeps
+        # its cache in its own dtype (rounded as it is written, widened as it is read).
+        self.kv_cache_dtype: torch.dtype | None = None
 
     @property
     def activation_dtype(self) -> torch.dtype:
-        """The dtype of the hidden states and of the KV cache."""
+        """The dtype of the hidden states (and of attention's arithmetic)."""
         return self.compute_dtype or self.model.embed_tokens.weight.dtype
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype of the KV cache's elements."""
+        return self.kv_cache_dtype or self.activation_dtype
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head (call after materialising parameters).

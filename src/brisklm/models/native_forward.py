@@ -13,8 +13,9 @@ kernels build on this machine, in one of two forms:
 
 - float32: every parameter float32;
 - half-precision weights, float32 arithmetic: the embedding table and the linear weights
-  bfloat16 or float16, the norms and biases float32, hidden states and KV cache float32
-  (``compute_dtype``). The loader gives a bfloat16 or float16 model on CPU this form
+  bfloat16 or float16, the norms, biases and hidden states float32 (``compute_dtype``), the KV
+  cache in the weights' dtype (``kv_cache_dtype``: rounded to nearest even as it is written,
+  widened as it is read). The loader gives a bfloat16 or float16 model on CPU this form
   (``compute_in_float32``): the kernels widen each weight as they read it, so a decode step reads
   half the bytes of a float32 one, and a row's logits are the bits the float32 form computes from
   the same (half-precision) values. On an AVX2 CPU, which emulates bfloat16 arithmetic, torch's
@@ -74,9 +75,11 @@ def compute_in_float32(model: torch.nn.Module) -> bool:
         return False
     if not all(_packs_natively(linear) for linear in _linears(model)):
         return False
+    half = model.model.embed_tokens.weight.dtype
     for param in _other_parameters(model):
         param.data = param.data.float()
     model.compute_dtype = torch.float32
+    model.kv_cache_dtype = half
     return True
 
 
@@ -212,6 +215,7 @@ class NativeForward:
         args.final_norm = model.model.norm.weight.data_ptr()
         args.head_w = model.lm_head.weight.data_ptr()
         args.weight_type = native.WEIGHT_TYPES[model.model.embed_tokens.weight.dtype]
+        args.cache_type = native.WEIGHT_TYPES[kv_cache.keys.dtype]
         self.args = args
 
     @classmethod
@@ -227,7 +231,7 @@ class NativeForward:
                 return None
         if not model.model.embed_tokens.weight.is_contiguous():
             return None
-        if kv_cache.keys.dtype != torch.float32 or not kv_cache.keys.is_contiguous():
+        if kv_cache.keys.dtype not in native.WEIGHT_TYPES or not kv_cache.keys.is_contiguous():
             return None
         return cls(model, kv_cache)
 
@@ -237,8 +241,12 @@ class NativeForward:
         identity = (keys.data_ptr(), values.data_ptr(), self.kv_cache.max_seq_len)
         if identity == self._cache_identity:
             return
-        if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
-            raise ValueError("the native forward pass needs a contiguous float32 KV cache")
+        if native.WEIGHT_TYPES.get(keys.dtype) != self.args.cache_type or not (
+            keys.is_contiguous() and values.is_contiguous() and values.dtype == keys.dtype
+        ):
+            raise ValueError(
+                "the native forward pass needs a contiguous KV cache of the dtype it was made for"
+            )
         num_layers = keys.shape[0]
         self._k_table = (ctypes.c_void_p * num_layers)(
             *[keys[i].data_ptr() for i in range(num_layers)]
