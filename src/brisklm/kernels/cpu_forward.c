@@ -810,6 +810,67 @@ static inline __attribute__((always_inline)) void weighted_values64(
         memcpy(out + c * PW, &scaled, sizeof scaled);
     }
 }
+
+/* A bfloat16 cache read in pairs: 16 elements as eight 32-bit words, each word's low half an even
+ * element and its high half the odd one after it, so that a shift and a mask widen 16 elements
+ * where zero extension and a shift (cload8) take two operations for every 8. At 3,000 positions
+ * six-token rows over a bfloat16 cache had taken 1.15-1.22x the time over a float32 one
+ * (docs/benchmarks.md). Heads of a multiple of 16 elements, up to PAIRED_DIM. */
+#define PAIRED_DIM 512
+
+/* q's elements in the order the paired keys are widened: for each 16, the 8 even ones then the 8
+ * odd ones. */
+static inline void pair_query(const float *q, int d, float *qp) {
+    for (int i = 0; i < d; i += 16)
+        for (int m = 0; m < 8; m++) {
+            qp[i + m] = q[i + 2 * m];
+            qp[i + 8 + m] = q[i + 2 * m + 1];
+        }
+}
+
+/* dot8_keys over a bfloat16 cache, q paired (pair_query): per 16 elements the even products,
+ * then the odd ones, into each key's accumulator. */
+static inline __attribute__((always_inline)) pv dot8_keys_paired(const void *keys, int valid,
+                                                                 const float *qp, int d) {
+    int64_t k[8];
+    for (int r = 0; r < 8; r++) k[r] = (int64_t)(r < valid ? r : valid - 1) * d;
+    pv acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = (pv){0};
+    for (int i = 0; i < d; i += 16) {
+        const pv qe = pload(qp + i), qo = pload(qp + i + 8);
+        for (int r = 0; r < 8; r++) {
+            pu w;
+            memcpy(&w, (const uint16_t *)keys + k[r] + i, sizeof w);
+            acc[r] += (pv)(w << 16) * qe;
+            acc[r] += (pv)(w & HIGH_HALF) * qo;
+        }
+    }
+    return lane_sums8(acc);
+}
+
+/* weighted_values64 over a bfloat16 cache read in pairs: each output is the same sum, in the same
+ * order (the bits of weighted_values64), kept as even and odd outputs and interleaved at the
+ * end. */
+static inline void weighted_values64_paired(const float *p, const void *v, int64_t count, int d,
+                                            float inv, float *out) {
+    pv even[VALUE_BLOCK / 16], odd[VALUE_BLOCK / 16];
+    for (int c = 0; c < VALUE_BLOCK / 16; c++) even[c] = odd[c] = (pv){0};
+    for (int64_t j = 0; j < count; j++) {
+        const pv ps = psplat(p[j]);
+        for (int c = 0; c < VALUE_BLOCK / 16; c++) {
+            pu w;
+            memcpy(&w, (const uint16_t *)v + j * d + c * 16, sizeof w);
+            even[c] += ps * (pv)(w << 16);
+            odd[c] += ps * (pv)(w & HIGH_HALF);
+        }
+    }
+    for (int c = 0; c < VALUE_BLOCK / 16; c++) {
+        const pv e = even[c] * inv, o = odd[c] * inv;
+        const pv lo = SHUF(e, o, 0, 8, 1, 9, 2, 10, 3, 11), hi = SHUF(e, o, 4, 12, 5, 13, 6, 14, 7, 15);
+        memcpy(out + c * 16, &lo, sizeof lo);
+        memcpy(out + c * 16 + PW, &hi, sizeof hi);
+    }
+}
 #endif
 
 static inline __attribute__((always_inline)) void attend_cache(
@@ -841,11 +902,17 @@ static inline __attribute__((always_inline)) void attend_cache(
     }
 #endif
 #if defined(AVX2_ATTENTION)
+    const int paired = ct == WT_BF16 && d % 16 == 0 && d <= PAIRED_DIM;
+    float qp[PAIRED_DIM];
+    if (paired) pair_query(q, d, qp);
     if (d % PW == 0) {
         pv top = psplat(-INFINITY);
         for (; j <= p; j += 8) {
             const int valid = p + 1 - j < 8 ? (int)(p + 1 - j) : 8;
-            const pv s = dot8_keys(CACHE_AT(keys, j * d, ct), valid, q, d, ct) * a->scale;
+            const void *block = CACHE_AT(keys, j * d, ct);
+            const pv s = (paired ? dot8_keys_paired(block, valid, qp, d)
+                                 : dot8_keys(block, valid, q, d, ct)) *
+                         a->scale;
             if (valid == 8) {
                 memcpy(scores + (j - lo), &s, sizeof s);
                 top = pv_max(top, s);
@@ -882,8 +949,12 @@ static inline __attribute__((always_inline)) void attend_cache(
      * (accumulating in memory made every key wait for the previous key's store). */
     int c0 = 0;
 #if defined(AVX2_ATTENTION)
-    for (; c0 + VALUE_BLOCK <= d; c0 += VALUE_BLOCK)
-        weighted_values64(scores, CACHE_AT(v0, c0, ct), count, d, 1.0f / total, out + c0, ct);
+    for (; c0 + VALUE_BLOCK <= d; c0 += VALUE_BLOCK) {
+        if (paired)
+            weighted_values64_paired(scores, CACHE_AT(v0, c0, ct), count, d, 1.0f / total, out + c0);
+        else
+            weighted_values64(scores, CACHE_AT(v0, c0, ct), count, d, 1.0f / total, out + c0, ct);
+    }
 #endif
     for (; c0 < d; c0 += MAX_REG_DIM) {
         const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM, nv = width / VW;
