@@ -140,10 +140,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        libraries = {
-            name: build(source_text(spec), scratch, name)
-            for name, spec in (("a", args.a), ("b", args.b))
-        }
+        texts = {name: source_text(spec) for name, spec in (("a", args.a), ("b", args.b))}
+        for name, text in texts.items():
+            # Before the cache_type field a build reads every cache as float32, and a bfloat16 or
+            # float16 model keeps a half-precision one.
+            if args.dtype != "float32" and "cache_type" not in text:
+                raise SystemExit(
+                    f"--{name}: a source from before half-precision KV caches (commit 6e46f64) "
+                    f"cannot run a {args.dtype} model; use --dtype float32"
+                )
+        libraries = {name: build(text, scratch, name) for name, text in texts.items()}
         if args.preset:
             directory = scratch / "model"
             call_in_scratch_thread(lambda: write_checkpoint(directory, args.preset, torch.float32))

@@ -96,9 +96,11 @@ def build_speculator(
     dtype: torch.dtype,
     show_progress: bool = True,
     draft_length: str | None = None,
+    kv_cache_dtype: torch.dtype | None = None,
 ) -> Speculator:
     """A proposer for ``draft``: "ngram" (prompt lookup), "default" (the bundled draft) or a model
-    directory; ``draft_length`` is the schedule of tokens proposed per step (:func:`draft_schedule`)."""
+    directory; ``draft_length`` is the schedule of tokens proposed per step (:func:`draft_schedule`);
+    ``kv_cache_dtype``: the draft's cache dtype (None: the draft model's own)."""
     schedule = draft_schedule(draft, num_speculative_tokens, draft_length)
     if str(draft) == "ngram":
         return Speculator(
@@ -108,6 +110,8 @@ def build_speculator(
         )
     directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
     draft_model = load_model(directory, device=device, dtype=dtype, show_progress=show_progress)
+    if kv_cache_dtype is not None:
+        draft_model.kv_cache_dtype = kv_cache_dtype
     has_tokenizer = any(
         (directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
     )
@@ -159,8 +163,9 @@ class LLM:
 
         ``device``: "cpu" or "cuda" (default: cuda when available); ``dtype``: "float32",
         "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA). ``kv_cache_dtype``:
-        the KV cache's elements, one of the same three (default: the model's; a bfloat16 or
-        float16 model on CPU computes in float32 and keeps its cache in its own dtype). A
+        the KV cache's elements, one of the same three (default, or "auto": the model's; a bfloat16
+        or float16 model on CPU computes in float32 and keeps its cache in its own dtype), for the
+        draft model's cache too. A
         half-precision cache holds keys and values rounded to nearest even and takes half the
         memory of a float32 one; attention widens them back to its own dtype.
         ``draft`` turns on speculative decoding: a draft model directory sharing the target's
@@ -205,7 +210,11 @@ class LLM:
         except ValueError as error:
             raise ValueError(f"int4_compute_dtype: {error}") from None
         try:
-            cache_dtype = None if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype, device_)
+            cache_dtype = (
+                None
+                if kv_cache_dtype is None or kv_cache_dtype == "auto"
+                else resolve_dtype(kv_cache_dtype, device_)
+            )
         except ValueError as error:
             raise ValueError(f"kv_cache_dtype: {error}") from None
         if num_threads is not None:
@@ -235,6 +244,7 @@ class LLM:
                     dtype_,
                     show_progress,
                     draft_length,
+                    cache_dtype,
                 )
             return LLMEngine(model, tokenizer, config, speculator)
 

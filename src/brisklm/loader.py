@@ -48,7 +48,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         if dtype not in SUPPORTED_DTYPES.values():
             raise ValueError(f"unsupported dtype {dtype}; supported: {', '.join(SUPPORTED_DTYPES)}")
         return dtype
-    if dtype not in SUPPORTED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
     return SUPPORTED_DTYPES[dtype]
 

@@ -32,8 +32,10 @@ class AttentionBackend(ABC):
             k_cache[slot, :, start : start + length] = k.transpose(0, 1)
             v_cache[slot, :, start : start + length] = v.transpose(0, 1)
             return
-        k_cache[meta.token_slots, :, meta.positions] = k  # (N, Hkv, D) scattered
-        v_cache[meta.token_slots, :, meta.positions] = v
+        # (N, Hkv, D) scattered; index_put needs the cache's dtype (a half cache under a float32
+        # model), where the slice assignment above converts by itself.
+        k_cache[meta.token_slots, :, meta.positions] = k.to(k_cache.dtype)
+        v_cache[meta.token_slots, :, meta.positions] = v.to(v_cache.dtype)
 
     @staticmethod
     def cached_rows(
