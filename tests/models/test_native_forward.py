@@ -103,6 +103,13 @@ CASES = {
         "llama",
         {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 136},
     ),
+    # 18 query heads on one KV head: more than attention's 16 queries a unit, so a group's heads
+    # are split between units; 72-wide heads: a 64-float block of values and a remainder, in tiles
+    # of 48 keys (float32) that the rows cross.
+    "llama-18-heads-one-kv": (
+        "llama",
+        {"hidden_size": 72, "num_attention_heads": 18, "num_key_value_heads": 1, "head_dim": 72},
+    ),
     # Rows run past the trained context of 24: cos/sin computed per row, not looked up.
     "llama-dynamic-rope": (
         "llama",

@@ -163,7 +163,8 @@ static inline __attribute__((always_inline)) vf cload16(const void *base, int64_
     return vload((const float *)base + i);
 }
 
-/* float32 to bfloat16, to nearest even (a NaN becomes 0x7FC0), as torch converts. */
+/* float32 to bfloat16, to nearest even, as torch converts (a NaN becomes 0x7FC0, where torch 2.13
+ * gives 0xFFFF: another NaN either way). */
 static inline uint16_t float_to_bf16(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
@@ -614,44 +615,80 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *p
 #pragma omp barrier
 }
 
-/* exp(x) in float32 without branches or calls, so that loops over it vectorise (libm's expf is a
- * call per element: at 2,000 keys it was the largest part of attention). Cephes' expf: x = n ln2
- * + r with |r| <= ln2 / 2, a degree-6 polynomial for exp(r), 2^n through the exponent bits; about
- * 1 ulp. For x <= 0 (softmax): below -87.3 it returns ~1e-38 instead of a denormal or 0. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    /* n = x / ln2 rounded to the nearest integer by adding and subtracting 1.5 * 2^23 (floorf
-     * would keep the loops that call this from vectorising: gcc does not vectorise it). */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f;
+/* exp(x) in float32 for 16 lanes, without branches or calls (libm's expf is a call per element:
+ * at 2,000 keys it was the largest part of attention). Cephes' expf: x = n ln2 + r with |r| <=
+ * ln2 / 2, a degree-6 polynomial for exp(r), 2^n through the exponent bits; about 1 ulp. For x <= 0
+ * (softmax): below -87.3 it returns ~1e-38 instead of a denormal or 0. Written on vectors: the same
+ * function on scalars, in a loop, was left scalar by gcc 12 (it copied the code after the clamp
+ * into the clamped branch, where it folds to constants, and then found control flow in the loop),
+ * and attention's softmax took 14% of a six-token step at 3,000 positions. */
+/* Vectors of the registers' width for these: gcc lowers comparisons of vectors wider than the
+ * registers lane by lane (with branches), so with AVX2 they take 8 floats, not vf's 16. */
+#if defined(__AVX512F__)
+#define EW 16
+#else
+#define EW 8
+#endif
+typedef float ev __attribute__((vector_size(EW * 4)));
+typedef int32_t evi __attribute__((vector_size(EW * 4))); /* ev's lanes as integers, or masks */
+
+static inline ev ev_splat(float s) {
+    ev v;
+    for (int i = 0; i < EW; i++) v[i] = s;
+    return v;
+}
+
+static inline ev ev_load(const float *p) {
+    ev v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline ev ev_select(evi mask, ev a, ev b) { /* a where mask, else b */
+    return (ev)(((evi)a & mask) | ((evi)b & ~mask));
+}
+
+static inline ev vexp_nonpositive(ev x) {
+    x = ev_select((evi)(x < ev_splat(-87.0f)), ev_splat(-87.0f), x);
+    /* n = x / ln2 rounded to the nearest integer by adding and subtracting 1.5 * 2^23. */
+    const ev n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    ev r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
-    float poly = 1.9875691500e-4f;
+    ev poly = ev_splat(1.9875691500e-4f);
     poly = poly * r + 1.3981999507e-3f;
     poly = poly * r + 8.3334519073e-3f;
     poly = poly * r + 4.1665795894e-2f;
     poly = poly * r + 1.6666665459e-1f;
     poly = poly * r + 5.0000001201e-1f;
-    const float y = poly * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
-    return y * scale.f;
+    const ev y = poly * r * r + r + 1.0f;
+    return y * (ev)((__builtin_convertvector(n, evi) + 127) << 23);
 }
 
-/* SiLU, g * sigmoid(g), through exp(-|g|) so that exp_nonpositive serves both signs and the loop
- * vectorises (libm's expf is a call per element). */
-static inline float silu(float g) {
-    /* Below -87 exp_nonpositive stops at ~1e-38; the product would then grow with |g|. */
-    const float e = g < -87.0f ? 0.0f : exp_nonpositive(g < 0.0f ? g : -g);
-    return (g < 0.0f ? g * e : g) / (1.0f + e);
+/* SiLU, g * sigmoid(g), through exp(-|g|) so that vexp_nonpositive serves both signs. */
+static inline ev vsilu(ev g) {
+    const evi negative = (evi)(g < ev_splat(0.0f));
+    /* Below -87 vexp_nonpositive stops at ~1e-38; the product would then grow with |g|. */
+    const ev e = (ev)((evi)vexp_nonpositive(ev_select(negative, g, -g)) &
+                      ~(evi)(g < ev_splat(-87.0f)));
+    return ev_select(negative, g * e, g) / (1.0f + e);
 }
 
-/* act = silu(gate) * up over n outputs (vectorised: the arrays do not overlap). */
+/* act = silu(gate) * up over n outputs, EW at a time (the last ones in a padded vector). */
 #define SILU_CHUNK 512
 static void silu_mul(const float *restrict gate, const float *restrict up, float *restrict act,
                      int n) {
-    for (int o = 0; o < n; o++) act[o] = silu(gate[o]) * up[o];
+    int o = 0;
+    for (; o + EW <= n; o += EW) {
+        const ev out = vsilu(ev_load(gate + o)) * ev_load(up + o);
+        memcpy(act + o, &out, sizeof out);
+    }
+    if (o < n) {
+        ev g = {0}, u = {0};
+        memcpy(&g, gate + o, sizeof(float) * (n - o));
+        memcpy(&u, up + o, sizeof(float) * (n - o));
+        const ev out = vsilu(g) * u;
+        memcpy(act + o, &out, sizeof(float) * (n - o));
+    }
 }
 
 /* Largest head_dim whose output row stays in registers during the weighted sum of values. */
@@ -795,20 +832,17 @@ static inline __attribute__((always_inline)) pv dot8_keys(const void *keys, int 
     return lane_sums8(acc);
 }
 
-/* out[0, VALUE_BLOCK) = inv * sum_j p[j] v_j[0, VALUE_BLOCK) over count rows v_j spaced d apart,
- * in key order. */
+/* acc[0, VALUE_BLOCK) += sum_j p[j] v_j over count rows v_j spaced d apart, in key order, the sums
+ * kept in registers over the rows (acc holds the sums of the keys before: 0 at first). */
 static inline __attribute__((always_inline)) void weighted_values64(
-    const float *p, const void *v, int64_t count, int d, float inv, float *out, int ct) {
+    const float *p, const void *v, int64_t count, int d, float *acc_mem, int ct) {
     pv acc[VALUE_BLOCK / PW];
-    for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] = (pv){0};
+    for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] = pload(acc_mem + c * PW);
     for (int64_t j = 0; j < count; j++) {
         const pv ps = psplat(p[j]);
         for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] += ps * cload8(v, j * d + c * PW, ct);
     }
-    for (int c = 0; c < VALUE_BLOCK / PW; c++) {
-        const pv scaled = acc[c] * inv;
-        memcpy(out + c * PW, &scaled, sizeof scaled);
-    }
+    for (int c = 0; c < VALUE_BLOCK / PW; c++) memcpy(acc_mem + c * PW, &acc[c], sizeof acc[c]);
 }
 
 /* A bfloat16 cache read in pairs: 16 elements as eight 32-bit words, each word's low half an even
@@ -849,12 +883,15 @@ static inline __attribute__((always_inline)) pv dot8_keys_paired(const void *key
 }
 
 /* weighted_values64 over a bfloat16 cache read in pairs: each output is the same sum, in the same
- * order (the bits of weighted_values64), kept as even and odd outputs and interleaved at the
- * end. */
+ * order (the bits of weighted_values64), kept as even and odd outputs: for each 16 outputs, the 8
+ * even ones' sums then the 8 odd ones' in acc (finish_query interleaves them). */
 static inline void weighted_values64_paired(const float *p, const void *v, int64_t count, int d,
-                                            float inv, float *out) {
+                                            float *acc_mem) {
     pv even[VALUE_BLOCK / 16], odd[VALUE_BLOCK / 16];
-    for (int c = 0; c < VALUE_BLOCK / 16; c++) even[c] = odd[c] = (pv){0};
+    for (int c = 0; c < VALUE_BLOCK / 16; c++) {
+        even[c] = pload(acc_mem + c * 16);
+        odd[c] = pload(acc_mem + c * 16 + PW);
+    }
     for (int64_t j = 0; j < count; j++) {
         const pv ps = psplat(p[j]);
         for (int c = 0; c < VALUE_BLOCK / 16; c++) {
@@ -865,136 +902,340 @@ static inline void weighted_values64_paired(const float *p, const void *v, int64
         }
     }
     for (int c = 0; c < VALUE_BLOCK / 16; c++) {
-        const pv e = even[c] * inv, o = odd[c] * inv;
-        const pv lo = SHUF(e, o, 0, 8, 1, 9, 2, 10, 3, 11), hi = SHUF(e, o, 4, 12, 5, 13, 6, 14, 7, 15);
-        memcpy(out + c * 16, &lo, sizeof lo);
-        memcpy(out + c * 16 + PW, &hi, sizeof hi);
+        memcpy(acc_mem + c * 16, &even[c], sizeof even[c]);
+        memcpy(acc_mem + c * 16 + PW, &odd[c], sizeof odd[c]);
     }
 }
 #endif
 
-static inline __attribute__((always_inline)) void attend_cache(
-    const brisk_forward_args *a, int layer, int n, int h, float *scores, int ct) {
-    const int d = a->head_dim, hkv = a->n_kv_heads;
-    const int64_t qkv_ld = (int64_t)(a->n_heads + 2 * hkv) * d;
-    const float *q = a->qkv + n * qkv_ld + (int64_t)h * d;
-    const int g = h / (a->n_heads / hkv);
-    const int64_t p = a->positions[n];
-    int64_t lo = 0;
-    if (a->window[layer] > 0 && p - a->window[layer] + 1 > 0) lo = p - a->window[layer] + 1;
-    const int64_t head_off = ((a->slots[n] * hkv) + g) * a->max_seq_len * d;
-    const void *keys = CACHE_AT(a->k_cache[layer], head_off, ct),
-               *values = CACHE_AT(a->v_cache[layer], head_off, ct);
-    float m = -INFINITY;
-    int64_t j = lo;
-    /* 16 keys at a time where their 16 accumulators fit the registers (AVX-512); with AVX2, 8 at a
-     * time (dot8_keys, above); 4 at a time for the rest (other head sizes, keys after the last
-     * 16-key block). */
+/* Attention runs in units: the queries of one KV group that read the same keys (heads h0 to h1 of
+ * the group, for tokens t0 to t1 of one row at one cache slot: a multi-token row's tokens, and the
+ * heads that share a KV head) are computed together, a tile of keys at a time. The first query
+ * reads a tile from memory and the others from L1, where attending query by query read every key
+ * and value once per query (six tokens of a GQA 12/4 model: 18 times). Each query's scores, its
+ * softmax and its weighted sums are computed by the instructions, and in the order, that it takes
+ * alone: a query's result does not depend on its unit, the tiles or the thread. */
+#define UNIT_QUERIES 16  /* queries per unit at most (native.ATTENTION_QUERIES) */
+#define TILE_BYTES 16384 /* of keys (then values) per tile: half of a Zen 3's or Skylake's L1 */
+
+typedef struct {
+    int t0, t1, h0, h1;
+} attn_unit;
+
+/* Floats of the scratch space per query: scores over the whole cache, then d + VW floats that
+ * hold the paired query (while scoring) and the value sums' second chain and tail (while
+ * summing). A thread's space is UNIT_QUERIES of these. */
+#define QUERY_SPACE(a) ((a)->max_seq_len + (a)->head_dim + VW)
+
 #if defined(HAVE_SHUFFLEVECTOR) && defined(__AVX512F__)
-    if (d % VW == 0 && p + 1 - lo >= 16) {
-        vf top = vsplat(-INFINITY);
-        for (; j + 16 <= p + 1; j += 16) {
-            const vf s = dot16_keys(CACHE_AT(keys, j * d, ct), q, d, ct) * a->scale;
-            memcpy(scores + (j - lo), &s, sizeof s);
-            top = vmax(top, s);
-        }
-        for (int r = 0; r < VW; r++) m = top[r] > m ? top[r] : m;
+#define AVX512_ATTENTION 1
+typedef vf top_vec;
+#define TOP_INIT vsplat(-INFINITY)
+#define TOP_MAX vmax
+#elif defined(AVX2_ATTENTION)
+typedef pv top_vec;
+#define TOP_INIT psplat(-INFINITY)
+#define TOP_MAX pv_max
+#endif
+
+/* One query of a unit: token n's head h. */
+typedef struct {
+    const float *q; /* paired (pair_query) where the cache is read in pairs */
+    float *scores;  /* scores[j - lo]: key j's score, then its softmax weight (unnormalised) */
+    float *extra;   /* the d + VW floats after the scores */
+    float *out;     /* the output row; the sums (or paired sums) accumulate in it */
+    int64_t lo, p;  /* the keys it attends, lo to p */
+    int64_t next;   /* the next key to score */
+    int64_t pair;   /* the next key (from lo) of the generic value sums' pairs */
+    float m, total;
+#if defined(AVX512_ATTENTION) || defined(AVX2_ATTENTION)
+    top_vec top; /* the maximum of the full blocks' scores, lane by lane */
+#endif
+} attn_query;
+
+/* Scores the block of keys at j (16 keys with AVX-512, 8 with AVX2, KB for the rest: other head
+ * sizes, the keys after the last 16-key block), keeping the query's maximum; the next key. */
+static inline __attribute__((always_inline)) int64_t score_block(const brisk_forward_args *a,
+                                                                 const void *keys, attn_query *y,
+                                                                 int64_t j, int paired, int ct) {
+    const int d = a->head_dim;
+    const int64_t p = y->p;
+    (void)paired;
+#if defined(AVX512_ATTENTION)
+    if (d % VW == 0 && j + 16 <= p + 1) {
+        const vf s = dot16_keys(CACHE_AT(keys, j * d, ct), y->q, d, ct) * a->scale;
+        memcpy(y->scores + (j - y->lo), &s, sizeof s);
+        y->top = vmax(y->top, s);
+        return j + 16;
     }
 #endif
 #if defined(AVX2_ATTENTION)
-    const int paired = ct == WT_BF16 && d % 16 == 0 && d <= PAIRED_DIM;
-    float qp[PAIRED_DIM];
-    if (paired) pair_query(q, d, qp);
     if (d % PW == 0) {
-        pv top = psplat(-INFINITY);
-        for (; j <= p; j += 8) {
-            const int valid = p + 1 - j < 8 ? (int)(p + 1 - j) : 8;
-            const void *block = CACHE_AT(keys, j * d, ct);
-            const pv s = (paired ? dot8_keys_paired(block, valid, qp, d)
-                                 : dot8_keys(block, valid, q, d, ct)) *
-                         a->scale;
-            if (valid == 8) {
-                memcpy(scores + (j - lo), &s, sizeof s);
-                top = pv_max(top, s);
-            } else {
-                for (int r = 0; r < valid; r++) {
-                    scores[j - lo + r] = s[r];
-                    m = s[r] > m ? s[r] : m;
-                }
+        const int valid = p + 1 - j < 8 ? (int)(p + 1 - j) : 8;
+        const void *block = CACHE_AT(keys, j * d, ct);
+        const pv s = (paired ? dot8_keys_paired(block, valid, y->q, d)
+                             : dot8_keys(block, valid, y->q, d, ct)) *
+                     a->scale;
+        if (valid == 8) {
+            memcpy(y->scores + (j - y->lo), &s, sizeof s);
+            y->top = pv_max(y->top, s);
+        } else {
+            for (int r = 0; r < valid; r++) {
+                y->scores[j - y->lo + r] = s[r];
+                y->m = s[r] > y->m ? s[r] : y->m;
             }
         }
-        for (int r = 0; r < PW; r++) m = top[r] > m ? top[r] : m;
+        return j + 8;
     }
 #endif
-    for (; j <= p; j += KB) {
-        const int nr = p + 1 - j < KB ? (int)(p + 1 - j) : KB;
-        float out[KB] = {0};
-        key_scores(CACHE_AT(keys, j * d, ct), nr, q, d, out, ct);
-        for (int r = 0; r < nr; r++) {
-            const float s = out[r] * a->scale;
-            scores[j - lo + r] = s;
-            if (s > m) m = s;
-        }
+    const int nr = p + 1 - j < KB ? (int)(p + 1 - j) : KB;
+    float out[KB] = {0};
+    key_scores(CACHE_AT(keys, j * d, ct), nr, y->q, d, out, ct);
+    for (int r = 0; r < nr; r++) {
+        const float s = out[r] * a->scale;
+        y->scores[j - y->lo + r] = s;
+        if (s > y->m) y->m = s;
     }
-    const int64_t count = p + 1 - lo;
-    for (j = 0; j < count; j++) scores[j] = exp_nonpositive(scores[j] - m); /* vectorised */
+    return j + nr;
+}
+
+/* The query's scores as softmax weights exp(s - max), their total in y->total; its sums zeroed. */
+static void softmax_weights(attn_query *y, int d) {
+#if defined(AVX512_ATTENTION) || defined(AVX2_ATTENTION)
+    for (int r = 0; r < (int)(sizeof(top_vec) / sizeof(float)); r++)
+        y->m = y->top[r] > y->m ? y->top[r] : y->m;
+#endif
+    const int64_t count = y->p + 1 - y->lo;
+    float *scores = y->scores;
+    const float m = y->m;
+    int64_t j = 0;
+    for (; j + EW <= count; j += EW) {
+        const ev w = vexp_nonpositive(ev_load(scores + j) - m);
+        memcpy(scores + j, &w, sizeof w);
+    }
+    if (j < count) { /* the last ones in a padded vector */
+        ev x = {0};
+        memcpy(&x, scores + j, sizeof(float) * (count - j));
+        const ev w = vexp_nonpositive(x - m);
+        memcpy(scores + j, &w, sizeof(float) * (count - j));
+    }
     vf lanes = {0};
-    j = 0;
-    for (; j + VW <= count; j += VW) lanes += vload(scores + j);
+    for (j = 0; j + VW <= count; j += VW) lanes += vload(scores + j);
     float total = vsum(lanes);
     for (; j < count; j++) total += scores[j];
-    float *out = a->attn + (int64_t)n * a->n_heads * d + (int64_t)h * d;
+    y->total = total;
+    memset(y->out, 0, sizeof(float) * d);
+    memset(y->extra, 0, sizeof(float) * (d + VW));
+}
+
+#if defined(AVX2_ATTENTION)
+/* Output columns summed VALUE_BLOCK at a time, the sums in registers over a tile's keys. */
+#define VALUE_COLUMNS(d) ((d) / VALUE_BLOCK * VALUE_BLOCK)
+#else
+#define VALUE_COLUMNS(d) 0
+#endif
+
+/* Columns [c0, c0 + width) of the generic sums (width <= MAX_REG_DIM) over the pairs of keys from
+ * key `from` (from lo; even) to `to`, then key `to` alone if `single`: the sums of the even and
+ * the odd keys (two FMA chains) in acc_mem and odd_mem, the columns after the last full vector in
+ * tail_mem (one chain). */
+static inline __attribute__((always_inline)) void generic_values_add(
+    const float *p, const void *v0, int64_t from, int64_t to, int single, int d, int c0, int width,
+    float *acc_mem, float *odd_mem, float *tail_mem, int ct) {
+    const int nv = width / VW;
+    vf acc[MAX_REG_DIM / VW], odd[MAX_REG_DIM / VW];
+    float tail[VW];
+    for (int v = 0; v < nv; v++) {
+        acc[v] = vload(acc_mem + v * VW);
+        odd[v] = vload(odd_mem + v * VW);
+    }
+    for (int i = nv * VW; i < width; i++) tail[i - nv * VW] = tail_mem[i - nv * VW];
+    for (int64_t j = from; j < to; j += 2) {
+        const float pj = p[j], pk = p[j + 1];
+        const int64_t row = j * d + c0, next = row + d;
+        for (int v = 0; v < nv; v++) {
+            acc[v] += pj * cload16(v0, row + v * VW, ct);
+            odd[v] += pk * cload16(v0, next + v * VW, ct);
+        }
+        for (int i = nv * VW; i < width; i++)
+            tail[i - nv * VW] += pj * cload1(v0, row + i, ct) + pk * cload1(v0, next + i, ct);
+    }
+    if (single) {
+        const float pj = p[to];
+        const int64_t row = to * d + c0;
+        for (int v = 0; v < nv; v++) acc[v] += pj * cload16(v0, row + v * VW, ct);
+        for (int i = nv * VW; i < width; i++) tail[i - nv * VW] += pj * cload1(v0, row + i, ct);
+    }
+    for (int v = 0; v < nv; v++) {
+        memcpy(acc_mem + v * VW, &acc[v], sizeof(vf));
+        memcpy(odd_mem + v * VW, &odd[v], sizeof(vf));
+    }
+    for (int i = nv * VW; i < width; i++) tail_mem[i - nv * VW] = tail[i - nv * VW];
+}
+
+/* The query's weighted sums over the values of keys t0 to t1 (those it attends), continued from
+ * the tiles before. */
+static inline __attribute__((always_inline)) void values_tile(const brisk_forward_args *a,
+                                                              const void *values, attn_query *y,
+                                                              int64_t t0, int64_t t1, int paired,
+                                                              int ct) {
+    const int d = a->head_dim;
+    const int64_t lo = y->lo, count = y->p + 1 - lo;
     const void *v0 = CACHE_AT(values, lo * d, ct);
-    /* out = sum_j p_j v_j, in chunks of up to MAX_REG_DIM floats kept in registers over all keys
-     * (accumulating in memory made every key wait for the previous key's store). */
+    (void)paired, (void)t0;
+#if defined(AVX2_ATTENTION)
+    const int64_t from = t0 > lo ? t0 - lo : 0, to = t1 - lo < count ? t1 - lo : count;
+    if (from < to) {
+        for (int c0 = 0; c0 < VALUE_COLUMNS(d); c0 += VALUE_BLOCK) {
+            const void *v = CACHE_AT(v0, from * d + c0, ct);
+            if (paired)
+                weighted_values64_paired(y->scores + from, v, to - from, d, y->out + c0);
+            else
+                weighted_values64(y->scores + from, v, to - from, d, y->out + c0, ct);
+        }
+    }
+#endif
+    if (VALUE_COLUMNS(d) == d) return;
+    /* The generic sums' pairs of keys from lo: those that start before t1. */
+    const int64_t limit = t1 - lo < count ? t1 - lo : count, from_pair = y->pair;
+    int64_t to_pair = from_pair;
+    while (to_pair + 2 <= count && to_pair < limit) to_pair += 2;
+    const int single = to_pair < count && to_pair < limit; /* the last key, of an odd count */
+    for (int c0 = VALUE_COLUMNS(d); c0 < d; c0 += MAX_REG_DIM) {
+        const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM;
+        generic_values_add(y->scores, v0, from_pair, to_pair, single, d, c0, width, y->out + c0,
+                           y->extra + c0, y->extra + d, ct);
+    }
+    y->pair = to_pair + single;
+}
+
+/* The query's output: its sums over the total of its weights. */
+static void finish_query(const attn_query *y, int d, int paired) {
+    const float inv = 1.0f / y->total;
+    float *out = y->out;
     int c0 = 0;
 #if defined(AVX2_ATTENTION)
-    for (; c0 + VALUE_BLOCK <= d; c0 += VALUE_BLOCK) {
-        if (paired)
-            weighted_values64_paired(scores, CACHE_AT(v0, c0, ct), count, d, 1.0f / total, out + c0);
-        else
-            weighted_values64(scores, CACHE_AT(v0, c0, ct), count, d, 1.0f / total, out + c0, ct);
+    for (; c0 < VALUE_COLUMNS(d); c0 += 16) {
+        const pv e = pload(out + c0) * inv, o = pload(out + c0 + PW) * inv;
+        if (paired) { /* even and odd outputs, interleaved */
+            const pv lo = SHUF(e, o, 0, 8, 1, 9, 2, 10, 3, 11), hi = SHUF(e, o, 4, 12, 5, 13, 6, 14, 7, 15);
+            memcpy(out + c0, &lo, sizeof lo);
+            memcpy(out + c0 + PW, &hi, sizeof hi);
+        } else {
+            memcpy(out + c0, &e, sizeof e);
+            memcpy(out + c0 + PW, &o, sizeof o);
+        }
     }
+#else
+    (void)paired;
 #endif
     for (; c0 < d; c0 += MAX_REG_DIM) {
         const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM, nv = width / VW;
-        /* Two sets of accumulators, even and odd keys: two FMA chains instead of one. */
-        vf acc[MAX_REG_DIM / VW], odd[MAX_REG_DIM / VW];
-        float tail[VW] = {0};
-        for (int v = 0; v < MAX_REG_DIM / VW; v++) acc[v] = odd[v] = (vf){0};
-        int64_t j = 0;
-        for (; j + 2 <= count; j += 2) {
-            const float pj = scores[j], pk = scores[j + 1];
-            const int64_t row = j * d + c0, next = row + d;
-            for (int v = 0; v < nv; v++) {
-                acc[v] += pj * cload16(v0, row + v * VW, ct);
-                odd[v] += pk * cload16(v0, next + v * VW, ct);
-            }
-            for (int i = nv * VW; i < width; i++)
-                tail[i - nv * VW] += pj * cload1(v0, row + i, ct) + pk * cload1(v0, next + i, ct);
-        }
-        if (j < count) {
-            const float pj = scores[j];
-            const int64_t row = j * d + c0;
-            for (int v = 0; v < nv; v++) acc[v] += pj * cload16(v0, row + v * VW, ct);
-            for (int i = nv * VW; i < width; i++) tail[i - nv * VW] += pj * cload1(v0, row + i, ct);
-        }
-        const float inv = 1.0f / total;
         for (int v = 0; v < nv; v++) {
-            const vf scaled = (acc[v] + odd[v]) * inv;
+            const vf scaled = (vload(out + c0 + v * VW) + vload(y->extra + c0 + v * VW)) * inv;
             memcpy(out + c0 + v * VW, &scaled, sizeof scaled);
         }
-        for (int i = nv * VW; i < width; i++) out[c0 + i] = tail[i - nv * VW] * inv;
+        for (int i = nv * VW; i < width; i++) out[c0 + i] = y->extra[d + i - nv * VW] * inv;
     }
 }
 
-/* Attention of token n's head h over its cache: attend_cache compiled for the cache's type. */
-static void attend(const brisk_forward_args *a, int layer, int n, int h, float *scores) {
-    switch (a->cache_type) {
-        case WT_BF16: attend_cache(a, layer, n, h, scores, WT_BF16); break;
-        case WT_F16: attend_cache(a, layer, n, h, scores, WT_F16); break;
-        default: attend_cache(a, layer, n, h, scores, WT_F32); break;
+/* Attention of a unit's queries over their cache slot's keys and values (space: the thread's
+ * UNIT_QUERIES * QUERY_SPACE floats). */
+static inline __attribute__((always_inline)) void attend_unit(const brisk_forward_args *a,
+                                                              int layer, const attn_unit *u,
+                                                              float *space, int ct) {
+    const int d = a->head_dim, hkv = a->n_kv_heads, nh = u->h1 - u->h0;
+    const int nq = (u->t1 - u->t0) * nh;
+    const int64_t qkv_ld = (int64_t)(a->n_heads + 2 * hkv) * d, stride = QUERY_SPACE(a);
+    const int g = u->h0 / (a->n_heads / hkv);
+    const int64_t head_off = ((a->slots[u->t0] * hkv) + g) * a->max_seq_len * d;
+    const void *keys = CACHE_AT(a->k_cache[layer], head_off, ct),
+               *values = CACHE_AT(a->v_cache[layer], head_off, ct);
+#if defined(AVX2_ATTENTION)
+    const int paired = ct == WT_BF16 && d % 16 == 0 && d <= PAIRED_DIM;
+#else
+    const int paired = 0;
+#endif
+    attn_query x[UNIT_QUERIES];
+    int64_t first = INT64_MAX, last = -1;
+    for (int i = 0; i < nq; i++) {
+        const int n = u->t0 + i / nh, h = u->h0 + i % nh;
+        attn_query *y = &x[i];
+        y->scores = space + i * stride;
+        y->extra = y->scores + a->max_seq_len;
+        y->out = a->attn + (int64_t)n * a->n_heads * d + (int64_t)h * d;
+        y->q = a->qkv + n * qkv_ld + (int64_t)h * d;
+#if defined(AVX2_ATTENTION)
+        if (paired) {
+            pair_query(y->q, d, y->extra);
+            y->q = y->extra;
+        }
+#endif
+        y->p = a->positions[n];
+        y->lo = 0;
+        if (a->window[layer] > 0 && y->p - a->window[layer] + 1 > 0)
+            y->lo = y->p - a->window[layer] + 1;
+        y->next = y->lo;
+        y->pair = 0;
+        y->m = -INFINITY;
+#if defined(AVX512_ATTENTION) || defined(AVX2_ATTENTION)
+        y->top = TOP_INIT;
+#endif
+        first = y->lo < first ? y->lo : first;
+        last = y->p > last ? y->p : last;
     }
+    int64_t tile = TILE_BYTES / ((int64_t)d * WT_SIZE(ct)) / 16 * 16;
+    if (tile < 16) tile = 16;
+    for (int64_t t0 = first; t0 <= last; t0 += tile) {
+        for (int i = 0; i < nq; i++) {
+            attn_query *y = &x[i];
+            while (y->next <= y->p && y->next < t0 + tile)
+                y->next = score_block(a, keys, y, y->next, paired, ct);
+        }
+    }
+    for (int i = 0; i < nq; i++) softmax_weights(&x[i], d);
+    for (int64_t t0 = first; t0 <= last; t0 += tile) {
+        for (int i = 0; i < nq; i++) values_tile(a, values, &x[i], t0, t0 + tile, paired, ct);
+    }
+    for (int i = 0; i < nq; i++) finish_query(&x[i], d, paired);
+}
+
+/* attend_unit compiled for the cache's type. */
+static void attend(const brisk_forward_args *a, int layer, const attn_unit *u, float *space) {
+    switch (a->cache_type) {
+        case WT_BF16: attend_unit(a, layer, u, space, WT_BF16); break;
+        case WT_F16: attend_unit(a, layer, u, space, WT_F16); break;
+        default: attend_unit(a, layer, u, space, WT_F32); break;
+    }
+}
+
+/* A call's attention units into units (room for n_tokens * n_heads); their number. Each row's
+ * tokens (a run of tokens at one slot) and each group's heads are split into as few units of at
+ * most UNIT_QUERIES queries as they fit, of near-equal sizes, in group-major order (so that a
+ * thread's share of a row reads few groups). Where that leaves fewer units than threads, each
+ * query is a unit of its own (as many as the threads can share). */
+static int attention_units(const brisk_forward_args *a, attn_unit *units) {
+    const int n = a->n_tokens, hq = a->n_heads, group = hq / a->n_kv_heads;
+    const int head_parts = (group + UNIT_QUERIES - 1) / UNIT_QUERIES;
+    const int heads_max = (group + head_parts - 1) / head_parts,
+              tokens_max = UNIT_QUERIES / heads_max;
+    int count = 0;
+    for (int t0 = 0, t1; t0 < n; t0 = t1) {
+        for (t1 = t0 + 1; t1 < n && a->slots[t1] == a->slots[t0];) t1++;
+        const int run = t1 - t0, token_parts = (run + tokens_max - 1) / tokens_max;
+        for (int g = 0; g < a->n_kv_heads; g++)
+            for (int hp = 0; hp < head_parts; hp++)
+                for (int tp = 0; tp < token_parts; tp++)
+                    units[count++] = (attn_unit){t0 + run * tp / token_parts,
+                                                 t0 + run * (tp + 1) / token_parts,
+                                                 g * group + group * hp / head_parts,
+                                                 g * group + group * (hp + 1) / head_parts};
+    }
+    if (count >= a->n_threads) return count;
+    count = 0;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < hq; h++) units[count++] = (attn_unit){t, t + 1, h, h + 1};
+    return count;
 }
 
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
@@ -1010,11 +1251,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
     const int silu_chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
+    attn_unit *units = malloc(sizeof(attn_unit) * n * hq);
+    if (!units) return 1;
+    const int n_units = attention_units(a, units);
     team_slot slots[MAX_TEAM] = {{0}};
 #pragma omp parallel num_threads(a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM)
     {
         const int tid = THREAD_NUM();
-        float *scores = a->scores + (int64_t)tid * a->max_seq_len;
+        float *space = a->scores + (int64_t)tid * UNIT_QUERIES * QUERY_SPACE(a);
 #pragma omp for schedule(static)
         for (int t = 0; t < n; t++) {
             embedding_row(a->embed, a->weight_type, a->token_ids[t], e,
@@ -1039,7 +1283,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 }
             }
 #pragma omp for schedule(static)
-            for (int item = 0; item < n * hq; item++) attend(a, l, item / hq, item % hq, scores);
+            for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
             matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->weight_type, a->o_b[l], e, a->hidden_states, e,
                         1, slots);
 #pragma omp for schedule(static)
@@ -1067,6 +1311,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
         if (a->head_w)
             matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->weight_type, 0, a->vocab, a->logits, a->vocab, 0, slots);
     }
+    free(units);
     return 0;
 }
 
@@ -1101,4 +1346,24 @@ int brisk_linear_f16(const float *x, int n, int k, const uint16_t *w, const floa
  * values). */
 void brisk_test_cache_store(const float *x, int n, void *out, int ct) {
     cstore_row(out, 0, x, n, ct);
+}
+
+/* Tests only: the forward pass's attention phase on its own, for layer 0: the queries in a->qkv
+ * (rows of (n_heads + 2 * n_kv_heads) * head_dim) over the caches, into a->attn, in the units and
+ * with the scratch space (a->scores) the forward pass uses. */
+int brisk_test_attention(const brisk_forward_args *a) {
+    const int n = a->n_tokens, hq = a->n_heads;
+    if (n < 1 || n > MAX_TOKENS || hq % a->n_kv_heads != 0) return 1;
+    if (a->cache_type != WT_F32 && a->cache_type != WT_BF16 && a->cache_type != WT_F16) return 1;
+    attn_unit *units = malloc(sizeof(attn_unit) * n * hq);
+    if (!units) return 1;
+    const int n_units = attention_units(a, units);
+#pragma omp parallel num_threads(a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM)
+    {
+        float *space = a->scores + (int64_t)THREAD_NUM() * UNIT_QUERIES * QUERY_SPACE(a);
+#pragma omp for schedule(static)
+        for (int u = 0; u < n_units; u++) attend(a, 0, &units[u], space);
+    }
+    free(units);
+    return 0;
 }

@@ -36,6 +36,16 @@ SOURCE = Path(__file__).with_name("cpu_forward.c")
 ENV_SWITCH = "BRISKLM_NATIVE_KERNELS"
 # Tokens one forward call may carry (MAX_TOKENS in the C source).
 MAX_TOKENS = 256
+# Queries that attention computes together at most (UNIT_QUERIES in the C source).
+ATTENTION_QUERIES = 16
+
+
+def attention_space(max_seq_len: int, head_dim: int) -> int:
+    """Floats of attention scratch one thread of the forward pass uses (UNIT_QUERIES *
+    QUERY_SPACE in the C source: each query's scores over the cache, then head_dim + 16 more)."""
+    return ATTENTION_QUERIES * (max_seq_len + head_dim + 16)
+
+
 # -mtune=generic: gcc 12 tunes unknown AMD CPUs as znver3, which (measured with an earlier
 # row-dot product tile) reloaded a tile's weight vectors for every token: 1.5x slower.
 _FLAGS = [

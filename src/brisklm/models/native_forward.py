@@ -276,7 +276,7 @@ class NativeForward:
                 "attn": empty(tokens, a.n_heads * a.head_dim),
                 "gate_up": empty(tokens, 2 * a.inter),
                 "act": empty(tokens, a.inter),
-                "scores": empty(threads, a.max_seq_len),
+                "scores": empty(threads, native.attention_space(a.max_seq_len, a.head_dim)),
                 "normed": empty(max(logits, 1), a.hidden),
             }
             self._space_size = (tokens, logits, threads)
