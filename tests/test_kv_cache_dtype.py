@@ -44,7 +44,8 @@ def test_a_batch_of_long_rows_writes_a_cache_of_another_dtype(
         model.kv_cache_dtype = cache_dtype
     generator = torch.Generator().manual_seed(2)
     rows = [
-        torch.randint(3, 150, (n,), generator=generator).tolist() for n in (70, MAX_QUERY_LEN + 9)
+        torch.randint(3, 150, (n,), generator=generator).tolist()
+        for n in (MAX_QUERY_LEN + 3, MAX_QUERY_LEN + 9)
     ]
     together = ModelRunner(model, 2, CACHE, backend)
     assert together.kv_cache.keys.dtype == (cache_dtype or getattr(torch, dtype))
@@ -63,7 +64,7 @@ def test_kv_cache_dtype_auto_is_the_models_and_a_long_batch_generates(directory)
     try:
         assert llm.engine.runner.kv_cache.keys.dtype == torch.bfloat16
         params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-        prompts = [list(range(3, 73)), list(range(5, 80))]
+        prompts = [[3 + i % 150 for i in range(MAX_QUERY_LEN + n)] for n in (2, 7)]
         outputs = llm.generate(prompts, params)
         assert [len(o.token_ids) for o in outputs] == [3, 3]
     finally:

@@ -47,7 +47,7 @@ def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
     runner = ModelRunner(model, num_slots=2, max_seq_len=CACHE)
-    long_row = list(range(3, 3 + MAX_QUERY_LEN + 3))
+    long_row = [3 + i % 150 for i in range(MAX_QUERY_LEN + 3)]
     for slot, tokens in enumerate([long_row, [4, 5]]):
         logits = runner.forward(ForwardBatch([slot], [0], [tokens], [0]))
         assert logits.shape == (0, model.config.vocab_size)
@@ -175,10 +175,12 @@ def test_native_pass_matches_torch_ops_on_ragged_rows(request, build, checkpoint
         got = runner.forward(batch)
         # Products summed in another order, at an init of 0.5 (logits ~16): up to ~3e-5 of the
         # logit scale over rows of up to 32 tokens, test_parity's batch tolerance; 3.6e-5 with
-        # 136-wide heads on an AVX-512 Xeon with AMX (2026-12-02). Bugs show as O(1).
+        # 136-wide heads on an AVX-512 Xeon with AMX (2026-12-02); 5.7e-5 over a 256-token row
+        # with 40-wide heads (session 36), where against transformers in float64 the native
+        # pass's largest error was 3.3e-4 and torch's ops' 4.8e-4. Bugs show as O(1).
         diff = (got - expected).abs().max().item()
         scale = expected.abs().max().item()
-        assert diff <= 5e-5 * scale, f"{name} step {step}: max |logit diff| {diff} of {scale}"
+        assert diff <= 1e-4 * scale, f"{name} step {step}: max |logit diff| {diff} of {scale}"
         # The native pass wrote the same keys into the cache: the deeper layers' keys carry the
         # rounding of the layers below (one of 208,896 off by 3e-4 with 136-wide heads on the
         # AMX Xeon, 2026-12-02); a bug moves many, by O(1).
@@ -235,7 +237,7 @@ def test_a_batch_mixing_short_and_long_rows_runs_each_its_own_way(checkpoint):
     _, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
     runner = ModelRunner(model, num_slots=3, max_seq_len=CACHE)
-    long_row, short_row = list(range(3, 3 + MAX_QUERY_LEN + 5)), [5, 9, 11]
+    long_row, short_row = [3 + i % 150 for i in range(MAX_QUERY_LEN + 5)], [5, 9, 11]
     alone = [
         runner.forward(ForwardBatch([0], [0], [long_row], [2])),
         runner.forward(ForwardBatch([1], [0], [short_row], [3])),
@@ -350,7 +352,7 @@ def test_bad_rows_are_refused_before_anything_is_written(checkpoint, path):
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
     runner = ModelRunner(model, num_slots=2, max_seq_len=CACHE)
     length = 3 if path == "native" else MAX_QUERY_LEN + 3
-    tokens = list(range(4, 4 + length))
+    tokens = [4 + i % 150 for i in range(length)]
     before = runner.kv_cache.keys.clone()
     bad = [
         ForwardBatch([2], [0], [tokens], [1]),  # no such slot
@@ -374,7 +376,7 @@ def test_a_runner_with_another_backend_shares_the_model_with_a_native_one(checkp
     fast = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
     reference = ModelRunner(model, num_slots=1, max_seq_len=CACHE, attention_backend="reference")
     assert fast.native is not None and reference.native is None
-    long_row = list(range(3, 3 + MAX_QUERY_LEN + 4))
+    long_row = [3 + i % 150 for i in range(MAX_QUERY_LEN + 4)]
 
     def run(runner: ModelRunner) -> torch.Tensor:
         prefill = runner.forward(ForwardBatch([0], [0], [long_row], [1]))

@@ -178,10 +178,12 @@ def test_half_precision_logits_are_the_float32_logits_bit_for_bit(
         runner.native.lib = request.getfixturevalue("native_build")(build)
         runners.append(runner)
     generator = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (70, 9)]
+    prompts = [
+        torch.randint(3, 150, (n,), generator=generator).tolist() for n in (MAX_QUERY_LEN + 6, 9)
+    ]
     steps = [ForwardBatch([0, 1], [0, 0], prompts, [2, 1])]
     lengths = [len(p) for p in prompts]
-    for query in ([1, 1], [5, 1], [1, 3], [MAX_QUERY_LEN, 1]):  # 65 tokens: AVX2 widens
+    for query in ([1, 1], [5, 1], [1, 3], [MAX_QUERY_LEN, 1]):  # from 64 tokens AVX2 widens
         tokens = [torch.randint(3, 150, (q,), generator=generator).tolist() for q in query]
         steps.append(ForwardBatch([0, 1], list(lengths), tokens, list(query)))
         lengths = [n + q for n, q in zip(lengths, query)]
@@ -283,7 +285,7 @@ def test_engine_generates_from_half_precision_what_float32_computes_with_the_sam
     hf = rounded(build_hf_model("llama", vocab_size=300), half)
     directory = save_hf_model(hf, tmp_path / "model")
     train_tokenizer().save(str(directory / "tokenizer.json"))
-    prompts = [[1, 17, 93, 5], list(range(3, 3 + MAX_QUERY_LEN + 6))]
+    prompts = [[1, 17, 93, 5], [3 + i % 150 for i in range(MAX_QUERY_LEN + 6)]]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     outputs = {}
     for dtype in (half, "float32"):

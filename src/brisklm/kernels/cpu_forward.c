@@ -1,5 +1,5 @@
 /* brisklm's native CPU kernels: the float32 forward pass of a Llama-family decoder for rows of up
- * to 64 tokens (decode steps, speculative verification, short prompts), in one OpenMP parallel
+ * to 256 tokens (decode steps, speculative verification, prompts), in one OpenMP parallel
  * region, and the same row-invariant matrix product on its own (for every row count). Weights
  * (the products' and the embedding table) are float32, bfloat16 or float16 (WT_BF16, WT_F16,
  * below); everything else, and all arithmetic, is float32.

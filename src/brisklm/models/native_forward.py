@@ -40,11 +40,13 @@ from brisklm.models.layers import GatedMLP, Linear, RMSNorm
 from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 # Longest row (in tokens) the native pass takes; longer rows run through torch's ops (SDPA's
-# attention; their products through the same native kernel). Measured (one prompt, 2 threads,
-# native pass against torch's ops): 125M model 11.0 / 17.4 / 30.7 / 43.0 / 58.2 ms against 13.2 /
-# 19.3 / 31.4 / 44.8 / 56.6 ms at 17 / 32 / 64 / 96 / 128 tokens; the bundled 11M model 1.4 /
-# 2.5 / 5.1 / 7.8 / 10.9 against 2.6 / 3.7 / 6.1 / 8.4 / 10.7 ms.
-MAX_QUERY_LEN = 64
+# attention; their products through the same native kernel). With attention reading shared keys
+# together (session 36) the native pass is the faster at every length it takes (one prompt, 2
+# threads, AVX2 Zen 3, native pass against torch's ops): 125M model 0.86x / 0.87x / 0.89x / 0.91x
+# at 64 / 128 / 192 / 256 tokens from position 0, 0.90-0.96x from position 512; the bundled 11M
+# model 0.67-0.82x and 0.75-0.90x. (Before, torch's ops overtook it from about 128 tokens, and the
+# limit was 64.)
+MAX_QUERY_LEN = 256
 assert MAX_QUERY_LEN <= native.MAX_TOKENS
 
 
