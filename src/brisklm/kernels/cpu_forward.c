@@ -1,5 +1,5 @@
 /* brisklm's native CPU kernels: the float32 forward pass of a Llama-family decoder for rows of up
- * to 256 tokens (decode steps, speculative verification, prompts), in one OpenMP parallel
+ * to 512 tokens (decode steps, speculative verification, prompts), in one OpenMP parallel
  * region, and the same row-invariant matrix product on its own (for every row count). Weights
  * (the products' and the embedding table) are float32, bfloat16 or float16 (WT_BF16, WT_F16,
  * below); everything else, and all arithmetic, is float32.
@@ -34,7 +34,7 @@
 
 typedef float vf __attribute__((vector_size(64)));
 #define VW 16   /* floats per vector */
-#define MAX_TOKENS 256 /* tokens per forward call */
+#define MAX_TOKENS 512 /* tokens per forward call */
 /* Bytes: how far ahead of a stream the loops prefetch into L2: the weights in the products of
  * several tokens (and keys in dot_keys); 8 KB was 2-5% faster than 4 KB at 2-16 tokens.
  * Attention's 16-key scores and its values are read without: with software prefetches there, a

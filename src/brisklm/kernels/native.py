@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_forward.c")
 ENV_SWITCH = "BRISKLM_NATIVE_KERNELS"
 # Tokens one forward call may carry (MAX_TOKENS in the C source).
-MAX_TOKENS = 256
+MAX_TOKENS = 512
 # Queries that attention computes together at most (UNIT_QUERIES in the C source).
 ATTENTION_QUERIES = 16
 

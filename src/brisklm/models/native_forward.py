@@ -41,12 +41,13 @@ from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCaus
 
 # Longest row (in tokens) the native pass takes; longer rows run through torch's ops (SDPA's
 # attention; their products through the same native kernel). With attention reading shared keys
-# together (session 36) the native pass is the faster at every length it takes (one prompt, 2
-# threads, AVX2 Zen 3, native pass against torch's ops): 125M model 0.86x / 0.87x / 0.89x / 0.91x
-# at 64 / 128 / 192 / 256 tokens from position 0, 0.90-0.96x from position 512; the bundled 11M
-# model 0.67-0.82x and 0.75-0.90x. (Before, torch's ops overtook it from about 128 tokens, and the
-# limit was 64.)
-MAX_QUERY_LEN = 256
+# together (session 36) the native pass is the faster up to 512 tokens but for long rows late in
+# a long context (one prompt, 2 threads, AVX2 Zen 3, native pass against torch's ops): 125M model
+# 0.86x / 0.87x / 0.90x / 0.91x at 64 / 128 / 256 / 512 tokens from position 0, 0.90x / 0.96x /
+# 0.96x at 64 / 256 / 512 from position 512, 0.97x / 1.02x at 128 / 512 from position 1,024; the
+# bundled 11M model 0.67-0.83x from position 0 and 0.75-0.89x from 500. (Before, torch's ops
+# overtook it from about 128 tokens, and the limit was 64.)
+MAX_QUERY_LEN = 512
 assert MAX_QUERY_LEN <= native.MAX_TOKENS
 
 
