@@ -29,8 +29,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kv-cache-dtype",
         default=None,
-        choices=["float32", "bfloat16", "float16"],
-        help="KV cache dtype (default: the model's)",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="KV cache dtype (default, auto: the model's)",
     )
     group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
     group.add_argument(

@@ -21,7 +21,7 @@ MAX_SEQ_LEN = 300
 # KV head, three, and 18 (more than a unit's 16 queries).
 SHAPES = [(20, 4, 4), (36, 6, 2), (64, 6, 2), (72, 18, 1), (136, 2, 1)]
 # (slot, first position, tokens) of the rows of the batch.
-ROWS = [(2, 150, 6), (0, 40, 1), (1, 100, 40)]
+ROWS = [(2, 150, 6), (0, 40, 1), (1, 100, 40), (3, 0, 2)]
 
 
 def reference(queries, keys, values, positions, slots, window, scale):
@@ -39,24 +39,12 @@ def reference(queries, keys, values, positions, slots, window, scale):
     return out
 
 
-@pytest.mark.parametrize("build", sorted(BUILDS))
-@pytest.mark.parametrize(
-    "cache_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda t: str(t)[6:]
-)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"d{s[0]}-{s[1]}q-{s[2]}kv")
-@pytest.mark.parametrize("window", [0, 37])
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_attention_matches_a_float64_reference(request, build, cache_dtype, shape, window, threads):
-    lib = request.getfixturevalue("native_build")(build)
-    d, heads, kv_heads = shape
-    generator = torch.Generator().manual_seed(d * 7 + heads)
-    cache_shape = (3, kv_heads, MAX_SEQ_LEN, d)
-    keys = (torch.randn(cache_shape, generator=generator) * 2).to(cache_dtype)
-    values = torch.randn(cache_shape, generator=generator).to(cache_dtype)
+def attend(lib, keys, values, qkv, heads, window, threads) -> torch.Tensor:
+    """(tokens, heads * d) attention of ROWS' tokens through ``lib``'s brisk_test_attention."""
+    kv_heads, d = keys.shape[1], keys.shape[-1]
     slots = [slot for slot, _, n in ROWS for _ in range(n)]
     positions = [start + i for _, start, n in ROWS for i in range(n)]
     tokens = len(slots)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
     attn = torch.full((tokens, heads * d), float("nan"))
     scratch = torch.empty(threads, native.attention_space(MAX_SEQ_LEN, d))
     slots_t, positions_t = torch.tensor(slots), torch.tensor(positions)
@@ -69,11 +57,62 @@ def test_attention_matches_a_float64_reference(request, build, cache_dtype, shap
     args.slots, args.positions = slots_t.data_ptr(), positions_t.data_ptr()
     args.qkv, args.attn, args.scores = qkv.data_ptr(), attn.data_ptr(), scratch.data_ptr()
     args.k_cache, args.v_cache = ctypes.addressof(k_table), ctypes.addressof(v_table)
-    args.window, args.cache_type = window_t.data_ptr(), native.WEIGHT_TYPES[cache_dtype]
+    args.window, args.cache_type = window_t.data_ptr(), native.WEIGHT_TYPES[keys.dtype]
     lib.brisk_test_attention.argtypes = [ctypes.POINTER(native.ForwardArgs)]
     assert lib.brisk_test_attention(ctypes.byref(args)) == 0
-    queries = qkv[:, : heads * d].view(tokens, heads, d)
+    return attn
+
+
+def inputs(shape, cache_dtype):
+    d, heads, kv_heads = shape
+    generator = torch.Generator().manual_seed(d * 7 + heads)
+    cache_shape = (4, kv_heads, MAX_SEQ_LEN, d)
+    keys = (torch.randn(cache_shape, generator=generator) * 2).to(cache_dtype)
+    values = torch.randn(cache_shape, generator=generator).to(cache_dtype)
+    tokens = sum(n for _, _, n in ROWS)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
+    return keys, values, qkv
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+@pytest.mark.parametrize(
+    "cache_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda t: str(t)[6:]
+)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"d{s[0]}-{s[1]}q-{s[2]}kv")
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_attention_matches_a_float64_reference(request, build, cache_dtype, shape, window, threads):
+    lib = request.getfixturevalue("native_build")(build)
+    d, heads, _ = shape
+    keys, values, qkv = inputs(shape, cache_dtype)
+    attn = attend(lib, keys, values, qkv, heads, window, threads)
+    slots = [slot for slot, _, n in ROWS for _ in range(n)]
+    positions = [start + i for _, start, n in ROWS for i in range(n)]
+    queries = qkv[:, : heads * d].view(len(slots), heads, d)
     expected = reference(queries, keys, values, positions, slots, window, d**-0.5)
     # float32 sums over up to 190 keys of values ~1: ~1e-6; a wrong key, weight or order of
     # outputs moves them by O(0.1), a slightly wrong scale of some outputs by 1e-4 and more.
-    torch.testing.assert_close(attn.view(tokens, heads, d).double(), expected, atol=2e-5, rtol=0)
+    torch.testing.assert_close(
+        attn.view(len(slots), heads, d).double(), expected, atol=2e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+@pytest.mark.parametrize("shape", [(64, 6, 2), (72, 18, 1)], ids=lambda s: f"d{s[0]}-{s[1]}q")
+def test_attention_bits_do_not_depend_on_the_threads_or_the_units(request, build, shape):
+    """1-3 threads, and 64: for the 6/2 heads more threads than units (24), so that every query
+    is a unit of its own; the 18 heads on one KV head split between units (98)."""
+    lib = request.getfixturevalue("native_build")(build)
+    keys, values, qkv = inputs(shape, torch.bfloat16)
+    one = attend(lib, keys, values, qkv, shape[1], 37, 1)
+    for threads in (2, 3, 64):
+        assert torch.equal(attend(lib, keys, values, qkv, shape[1], 37, threads), one), threads
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_the_scratch_size_is_the_kernels(request, build):
+    lib = request.getfixturevalue("native_build")(build)
+    lib.brisk_attention_floats.restype = ctypes.c_int64
+    lib.brisk_attention_floats.argtypes = [ctypes.c_int64, ctypes.c_int]
+    for max_seq_len, d in [(1, 2), (300, 64), (131072, 136)]:
+        assert lib.brisk_attention_floats(max_seq_len, d) == native.attention_space(max_seq_len, d)

@@ -1348,6 +1348,12 @@ void brisk_test_cache_store(const float *x, int n, void *out, int ct) {
     cstore_row(out, 0, x, n, ct);
 }
 
+/* Floats of attention scratch (a->scores) the forward pass needs per thread: native.attention_space
+ * mirrors this, and the tests check that the two agree. */
+int64_t brisk_attention_floats(int64_t max_seq_len, int head_dim) {
+    return (int64_t)UNIT_QUERIES * (max_seq_len + head_dim + VW);
+}
+
 /* Tests only: the forward pass's attention phase on its own, for layer 0: the queries in a->qkv
  * (rows of (n_heads + 2 * n_kv_heads) * head_dim) over the caches, into a->attn, in the units and
  * with the scratch space (a->scores) the forward pass uses. */

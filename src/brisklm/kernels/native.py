@@ -42,7 +42,8 @@ ATTENTION_QUERIES = 16
 
 def attention_space(max_seq_len: int, head_dim: int) -> int:
     """Floats of attention scratch one thread of the forward pass uses (UNIT_QUERIES *
-    QUERY_SPACE in the C source: each query's scores over the cache, then head_dim + 16 more)."""
+    QUERY_SPACE in the C source: each query's scores over the cache, then head_dim + 16 more; the
+    library's ``brisk_attention_floats``, which the tests compare with this)."""
     return ATTENTION_QUERIES * (max_seq_len + head_dim + 16)
 
 
