@@ -22,6 +22,8 @@ MAX_SEQ_LEN = 300
 SHAPES = [(20, 4, 4), (36, 6, 2), (64, 6, 2), (72, 18, 1), (136, 2, 1)]
 # (slot, first position, tokens) of the rows of the batch.
 ROWS = [(2, 150, 6), (0, 40, 1), (1, 100, 40), (3, 0, 2)]
+SLOTS = [slot for slot, _, n in ROWS for _ in range(n)]
+POSITIONS = [start + i for _, start, n in ROWS for i in range(n)]
 
 
 def reference(queries, keys, values, positions, slots, window, scale):
@@ -42,12 +44,10 @@ def reference(queries, keys, values, positions, slots, window, scale):
 def attend(lib, keys, values, qkv, heads, window, threads) -> torch.Tensor:
     """(tokens, heads * d) attention of ROWS' tokens through ``lib``'s brisk_test_attention."""
     kv_heads, d = keys.shape[1], keys.shape[-1]
-    slots = [slot for slot, _, n in ROWS for _ in range(n)]
-    positions = [start + i for _, start, n in ROWS for i in range(n)]
-    tokens = len(slots)
+    tokens = len(SLOTS)
     attn = torch.full((tokens, heads * d), float("nan"))
     scratch = torch.empty(threads, native.attention_space(MAX_SEQ_LEN, d))
-    slots_t, positions_t = torch.tensor(slots), torch.tensor(positions)
+    slots_t, positions_t = torch.tensor(SLOTS), torch.tensor(POSITIONS)
     window_t = torch.tensor([window], dtype=torch.int32)
     k_table = (ctypes.c_void_p * 1)(keys.data_ptr())
     v_table = (ctypes.c_void_p * 1)(values.data_ptr())
@@ -69,8 +69,7 @@ def inputs(shape, cache_dtype):
     cache_shape = (4, kv_heads, MAX_SEQ_LEN, d)
     keys = (torch.randn(cache_shape, generator=generator) * 2).to(cache_dtype)
     values = torch.randn(cache_shape, generator=generator).to(cache_dtype)
-    tokens = sum(n for _, _, n in ROWS)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
+    qkv = torch.randn(len(SLOTS), (heads + 2 * kv_heads) * d, generator=generator)
     return keys, values, qkv
 
 
@@ -86,14 +85,12 @@ def test_attention_matches_a_float64_reference(request, build, cache_dtype, shap
     d, heads, _ = shape
     keys, values, qkv = inputs(shape, cache_dtype)
     attn = attend(lib, keys, values, qkv, heads, window, threads)
-    slots = [slot for slot, _, n in ROWS for _ in range(n)]
-    positions = [start + i for _, start, n in ROWS for i in range(n)]
-    queries = qkv[:, : heads * d].view(len(slots), heads, d)
-    expected = reference(queries, keys, values, positions, slots, window, d**-0.5)
+    queries = qkv[:, : heads * d].view(len(SLOTS), heads, d)
+    expected = reference(queries, keys, values, POSITIONS, SLOTS, window, d**-0.5)
     # float32 sums over up to 190 keys of values ~1: ~1e-6; a wrong key, weight or order of
     # outputs moves them by O(0.1), a slightly wrong scale of some outputs by 1e-4 and more.
     torch.testing.assert_close(
-        attn.view(len(slots), heads, d).double(), expected, atol=2e-5, rtol=0
+        attn.view(len(SLOTS), heads, d).double(), expected, atol=2e-5, rtol=0
     )
 
 
@@ -112,7 +109,5 @@ def test_attention_bits_do_not_depend_on_the_threads_or_the_units(request, build
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_the_scratch_size_is_the_kernels(request, build):
     lib = request.getfixturevalue("native_build")(build)
-    lib.brisk_attention_floats.restype = ctypes.c_int64
-    lib.brisk_attention_floats.argtypes = [ctypes.c_int64, ctypes.c_int]
     for max_seq_len, d in [(1, 2), (300, 64), (131072, 136)]:
         assert lib.brisk_attention_floats(max_seq_len, d) == native.attention_space(max_seq_len, d)

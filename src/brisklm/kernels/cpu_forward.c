@@ -915,7 +915,7 @@ static inline void weighted_values64_paired(const float *p, const void *v, int64
  * and value once per query (six tokens of a GQA 12/4 model: 18 times). Each query's scores, its
  * softmax and its weighted sums are computed by the instructions, and in the order, that it takes
  * alone: a query's result does not depend on its unit, the tiles or the thread. */
-#define UNIT_QUERIES 16  /* queries per unit at most (native.ATTENTION_QUERIES) */
+#define UNIT_QUERIES 16  /* queries per unit at most */
 #define TILE_BYTES 16384 /* of keys (then values) per tile: half of a Zen 3's or Skylake's L1 */
 
 typedef struct {
@@ -924,18 +924,21 @@ typedef struct {
 
 /* Floats of the scratch space per query: scores over the whole cache, then d + VW floats that
  * hold the paired query (while scoring) and the value sums' second chain and tail (while
- * summing). A thread's space is UNIT_QUERIES of these. */
+ * summing). A thread's space is UNIT_QUERIES of these (brisk_attention_floats). */
 #define QUERY_SPACE(a) ((a)->max_seq_len + (a)->head_dim + VW)
+
+/* Thread tid's attention scratch in a->scores. */
+static float *thread_space(const brisk_forward_args *a, int tid) {
+    return a->scores + (int64_t)tid * UNIT_QUERIES * QUERY_SPACE(a);
+}
 
 #if defined(HAVE_SHUFFLEVECTOR) && defined(__AVX512F__)
 #define AVX512_ATTENTION 1
 typedef vf top_vec;
 #define TOP_INIT vsplat(-INFINITY)
-#define TOP_MAX vmax
 #elif defined(AVX2_ATTENTION)
 typedef pv top_vec;
 #define TOP_INIT psplat(-INFINITY)
-#define TOP_MAX pv_max
 #endif
 
 /* One query of a unit: token n's head h. */
@@ -1238,6 +1241,13 @@ static int attention_units(const brisk_forward_args *a, attn_unit *units) {
     return count;
 }
 
+/* The call's attention units (attention_units), allocated (NULL if out of memory; free it). */
+static attn_unit *new_attention_units(const brisk_forward_args *a, int *count) {
+    attn_unit *units = malloc(sizeof(attn_unit) * a->n_tokens * a->n_heads);
+    if (units) *count = attention_units(a, units);
+    return units;
+}
+
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
  * and position, caches written for all of them before any attends), then the final norm and LM
  * head for the n_logits tokens listed. Token ids are checked by the caller. */
@@ -1251,14 +1261,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
     const int silu_chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
-    attn_unit *units = malloc(sizeof(attn_unit) * n * hq);
+    int n_units = 0;
+    attn_unit *units = new_attention_units(a, &n_units);
     if (!units) return 1;
-    const int n_units = attention_units(a, units);
     team_slot slots[MAX_TEAM] = {{0}};
 #pragma omp parallel num_threads(a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM)
     {
         const int tid = THREAD_NUM();
-        float *space = a->scores + (int64_t)tid * UNIT_QUERIES * QUERY_SPACE(a);
+        float *space = thread_space(a, tid);
 #pragma omp for schedule(static)
         for (int t = 0; t < n; t++) {
             embedding_row(a->embed, a->weight_type, a->token_ids[t], e,
@@ -1348,25 +1358,25 @@ void brisk_test_cache_store(const float *x, int n, void *out, int ct) {
     cstore_row(out, 0, x, n, ct);
 }
 
-/* Floats of attention scratch (a->scores) the forward pass needs per thread: native.attention_space
- * mirrors this, and the tests check that the two agree. */
+/* Floats of attention scratch (a->scores) the forward pass needs per thread (native.py sizes the
+ * buffer by this). */
 int64_t brisk_attention_floats(int64_t max_seq_len, int head_dim) {
-    return (int64_t)UNIT_QUERIES * (max_seq_len + head_dim + VW);
+    const brisk_forward_args shape = {.max_seq_len = max_seq_len, .head_dim = head_dim};
+    return (int64_t)UNIT_QUERIES * QUERY_SPACE(&shape);
 }
 
 /* Tests only: the forward pass's attention phase on its own, for layer 0: the queries in a->qkv
  * (rows of (n_heads + 2 * n_kv_heads) * head_dim) over the caches, into a->attn, in the units and
  * with the scratch space (a->scores) the forward pass uses. */
 int brisk_test_attention(const brisk_forward_args *a) {
-    const int n = a->n_tokens, hq = a->n_heads;
-    if (n < 1 || n > MAX_TOKENS || hq % a->n_kv_heads != 0) return 1;
+    if (a->n_tokens < 1 || a->n_tokens > MAX_TOKENS || a->n_heads % a->n_kv_heads != 0) return 1;
     if (a->cache_type != WT_F32 && a->cache_type != WT_BF16 && a->cache_type != WT_F16) return 1;
-    attn_unit *units = malloc(sizeof(attn_unit) * n * hq);
+    int n_units = 0;
+    attn_unit *units = new_attention_units(a, &n_units);
     if (!units) return 1;
-    const int n_units = attention_units(a, units);
 #pragma omp parallel num_threads(a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM)
     {
-        float *space = a->scores + (int64_t)THREAD_NUM() * UNIT_QUERIES * QUERY_SPACE(a);
+        float *space = thread_space(a, THREAD_NUM());
 #pragma omp for schedule(static)
         for (int u = 0; u < n_units; u++) attend(a, 0, &units[u], space);
     }

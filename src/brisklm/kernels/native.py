@@ -36,15 +36,16 @@ SOURCE = Path(__file__).with_name("cpu_forward.c")
 ENV_SWITCH = "BRISKLM_NATIVE_KERNELS"
 # Tokens one forward call may carry (MAX_TOKENS in the C source).
 MAX_TOKENS = 512
-# Queries that attention computes together at most (UNIT_QUERIES in the C source).
-ATTENTION_QUERIES = 16
 
 
 def attention_space(max_seq_len: int, head_dim: int) -> int:
-    """Floats of attention scratch one thread of the forward pass uses (UNIT_QUERIES *
-    QUERY_SPACE in the C source: each query's scores over the cache, then head_dim + 16 more; the
-    library's ``brisk_attention_floats``, which the tests compare with this)."""
-    return ATTENTION_QUERIES * (max_seq_len + head_dim + 16)
+    """Floats of attention scratch one thread of the forward pass uses: the library's
+    ``brisk_attention_floats`` (each of up to 16 queries' scores over the cache, then
+    head_dim + 16 more)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native kernels are not available")
+    return int(lib.brisk_attention_floats(max_seq_len, head_dim))
 
 
 # -mtune=generic: gcc 12 tunes unknown AMD CPUs as znver3, which (measured with an earlier
@@ -220,6 +221,10 @@ def _cpu_flags() -> list[str]:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_forward_f32.argtypes = [ctypes.POINTER(ForwardArgs)]
     lib.brisk_forward_f32.restype = ctypes.c_int
+    floats = getattr(lib, "brisk_attention_floats", None)
+    if floats is not None:  # a source from before it (native_kernel_ab.py)
+        floats.argtypes = [ctypes.c_int64, ctypes.c_int]
+        floats.restype = ctypes.c_int64
     for name in _PRODUCTS.values():
         function = getattr(lib, name, None)
         if function is None:  # a source from before half-precision weights (native_kernel_ab.py)
