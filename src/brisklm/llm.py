@@ -158,6 +158,8 @@ class LLM:
         int4_compute_dtype: str | torch.dtype | None = None,
         num_threads: int | None = None,
         kv_cache_dtype: str | torch.dtype | None = None,
+        prefill_chunk_size: int | None = None,
+        max_prefill_tokens: int = 8192,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -183,6 +185,11 @@ class LLM:
         default: torch's, one per core). On CPU, leave one core free of other busy processes per
         thread: with one of two cores taken by another process, two threads decoded the bundled
         model at 99 tokens/s and one thread at 342 (OpenMP workers wait on each other's time slices).
+        ``prefill_chunk_size``: the most prompt tokens a request feeds per forward pass (default:
+        512 on CPU, 2048 on CUDA). A longer prompt enters the cache over several passes, each of
+        which also carries every other running request's next token, so a long prompt does not
+        stall the requests decoding beside it. ``max_prefill_tokens``: the most prompt tokens of
+        all requests together per pass (at least one chunk runs).
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -199,7 +206,9 @@ class LLM:
         config = EngineConfig(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
+            max_prefill_tokens=max_prefill_tokens,
             attention_backend=attention_backend,
+            prefill_chunk_size=prefill_chunk_size,
         )
         device_ = resolve_device(device)
         dtype_ = resolve_dtype(dtype, device_)

@@ -1,10 +1,11 @@
-"""Engine fixtures: one tiny checkpoint and one loaded LLM shared by the module's tests."""
+"""Engine fixtures: a tiny checkpoint, an LLM the tests share, and both CPU kernel paths."""
 
 from __future__ import annotations
 
 import pytest
 
 from brisklm import LLM
+from brisklm.kernels import native
 from tests.tiny import make_tiny_checkpoint
 
 
@@ -20,3 +21,16 @@ def llm(tiny_dir):
     )
     yield model
     model.close()
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernels(request, monkeypatch):
+    """Both CPU paths: the native kernels (where they build) and torch's ops (oneDNN-packed)."""
+    if request.param == "native" and not native.available():
+        pytest.skip("the native CPU kernels do not build here")
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    native.library.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    native.library.cache_clear()

@@ -15,7 +15,6 @@ import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
-from brisklm.kernels import native
 from brisklm.llm import default_model_path
 from brisklm.loader import load_model
 
@@ -50,19 +49,6 @@ def test_seeded_tokens_alone_equal_tokens_in_a_ragged_batch(bundled, bundled_dra
             [greedy, params, SamplingParams(temperature=0.7, seed=seed + 100), greedy],
         )
         assert batch[1].token_ids == alone, f"seed {seed}"
-
-
-@pytest.fixture(params=["native", "torch"])
-def kernels(request, monkeypatch):
-    """Both CPU paths: the native kernels (where they build) and torch's ops (oneDNN-packed)."""
-    if request.param == "native" and not native.available():
-        pytest.skip("the native CPU kernels do not build here")
-    if request.param == "torch":
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-    native.library.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    native.library.cache_clear()
 
 
 @pytest.mark.parametrize("draft", [False, True], ids=["target", "draft"])

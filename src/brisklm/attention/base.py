@@ -47,6 +47,28 @@ class AttentionBackend(ABC):
             return cache[span[0] : span[1], :, first_key : first_key + num_keys]
         return cache[meta.slots, :, first_key : first_key + num_keys]
 
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        """``forward``, with a batch of decoding rows and prompt chunks run as two calls (one per
+        group, ``AttentionMetadata.split_single_token_rows``) so that no row is padded to a chunk."""
+        parts = meta.split_single_token_rows()
+        if parts is None:
+            return self.forward(q, k, v, k_cache, v_cache, meta, sliding_window)
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+        for part, index in parts:
+            out[index] = self.forward(
+                q[index], k[index], v[index], k_cache, v_cache, part, sliding_window
+            )
+        return out
+
     @abstractmethod
     def forward(
         self,

@@ -124,6 +124,41 @@ class AttentionMetadata:
             self.cache["rows"] = rows
         return rows  # type: ignore[return-value]
 
+    def split_single_token_rows(
+        self,
+    ) -> list[tuple[AttentionMetadata, slice | torch.Tensor]] | None:
+        """A batch mixing one-token rows (decoding requests) with longer ones (prompt chunks) as
+        those two groups: each group's metadata and where its tokens sit in the packed layout (a
+        slice when they are contiguous). None for any other batch.
+
+        Attention over the ragged whole would pad every one-token row to the longest row: with a
+        512-token chunk beside eight decoding rows, 4,096 padded queries for 520 real ones.
+        """
+        if "split" not in self.cache:
+            single = [b for b, n in enumerate(self.query_lens) if n == 1]
+            parts = None
+            if single and len(single) < self.batch_size:
+                chosen = set(single)
+                longer = [b for b in range(self.batch_size) if b not in chosen]
+                ranges = self.row_token_ranges()
+                device = self.positions.device
+                parts = []
+                for rows in (single, longer):
+                    tokens = [t for b in rows for t in range(*ranges[b])]
+                    index: slice | torch.Tensor = slice(tokens[0], tokens[-1] + 1)
+                    if len(tokens) != tokens[-1] + 1 - tokens[0]:
+                        index = torch.tensor(tokens, dtype=torch.int64).to(device)
+                    sub = AttentionMetadata.build(
+                        [self.slot_list[b] for b in rows],
+                        [self.start_positions[b] for b in rows],
+                        [self.query_lens[b] for b in rows],
+                        device,
+                        self.row_invariant,
+                    )
+                    parts.append((sub, index))
+            self.cache["split"] = parts
+        return self.cache["split"]  # type: ignore[return-value]
+
     def row_token_ranges(self) -> list[tuple[int, int]]:
         """(start, end) of each row's tokens in the packed (N, ...) layout."""
         ranges, start = [], 0

@@ -42,23 +42,46 @@ def _check_int(name: str, value: object, minimum: int, also: str = "") -> None:
         raise ValueError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
 
 
+# Prompt tokens a request feeds per pass when EngineConfig.prefill_chunk_size is None. On CPU,
+# the native pass's most tokens per row (brisklm.models.native_forward.MAX_QUERY_LEN): chunks of
+# 512 prefilled the 125M benchmark model's 1,024-4,000-token prompts as fast as one pass of
+# torch's ops (0.98-1.10x), and a request decoding beside a 2,048-token prompt waited at most ~1 s
+# for a token instead of ~3.5 s; chunks of 256 halve that wait (bench/chunked_prefill.py,
+# docs/benchmarks.md). On CUDA, a pass of 2,048 tokens keeps the GPU busy.
+DEFAULT_PREFILL_CHUNK = {"cpu": 512, "cuda": 2048}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Capacity and kernel choices of an engine. ``max_seq_len`` None = the model's, capped at 4096."""
+    """Capacity and kernel choices of an engine. ``max_seq_len`` None = the model's, capped at 4096.
+
+    ``prefill_chunk_size``: the most prompt tokens one request feeds per forward pass (None: 512
+    on CPU, 2048 on CUDA); longer prompts enter the cache over several passes, each of which also
+    carries every decoding request's next token. ``max_prefill_tokens``: the most prompt tokens
+    of all requests together per pass (at least one chunk always runs).
+    """
 
     max_batch_size: int = 8
     max_seq_len: int | None = None
     max_prefill_tokens: int = 8192
     attention_backend: str = "auto"
+    prefill_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)
         if self.max_seq_len is not None:
             _check_int("max_seq_len", self.max_seq_len, 2, " or None (the model's)")
         _check_int("max_prefill_tokens", self.max_prefill_tokens, 1)
+        if self.prefill_chunk_size is not None:
+            _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, " or None (by device)")
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
+
+    def resolved_prefill_chunk_size(self, device: torch.device) -> int:
+        if self.prefill_chunk_size is not None:
+            return self.prefill_chunk_size
+        return DEFAULT_PREFILL_CHUNK.get(device.type, DEFAULT_PREFILL_CHUNK["cuda"])
 
 
 class LLMEngine:
@@ -88,8 +111,11 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, config.max_batch_size, self.max_seq_len, config.attention_backend
         )
-        self.scheduler = Scheduler(config.max_batch_size, config.max_prefill_tokens)
         self.device = self.runner.device
+        self.prefill_chunk_size = config.resolved_prefill_chunk_size(self.device)
+        self.scheduler = Scheduler(
+            config.max_batch_size, config.max_prefill_tokens, self.prefill_chunk_size
+        )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
         self.eos_token_ids = tuple(tokenizer.eos_token_ids)
@@ -119,16 +145,24 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[StepResult]:
-        """Run one forward pass: a prefill, a decode step, or a speculative verification step."""
+        """Run one forward pass: decode steps with prompt chunks, or a speculative verification
+        step (when no prompt is being fed)."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
         requests = batch.requests
         try:
-            if self.speculator is not None and not batch.is_prefill:
-                results = self.speculator.step(self, requests)
+            if self.speculator is None:
+                results = self.plain_step(requests, batch.prefill_lens)
+            elif batch.has_prefill:
+                # Prompt chunks run with plain decode steps (one token per decoding request):
+                # speculation resumes once no prompt is being fed.
+                results = self.plain_step(requests, batch.prefill_lens)
+                self.speculator.record_plain_step(
+                    [r for r, n in zip(requests, batch.prefill_lens) if not n]
+                )
             else:
-                results = self.plain_step(requests)
+                results = self.speculator.step(self, requests)
         except Exception as exc:  # a failed step must not take other requests down with it
             logger.exception("engine step failed; failing its %d requests", len(requests))
             results = []
@@ -140,18 +174,37 @@ class LLMEngine:
                 self.release(request)
         return results
 
-    def plain_step(self, requests: list[Request]) -> list[StepResult]:
-        """One forward pass without speculation (a prefill or a decode step): a token per
-        request, sampled from its logits."""
+    def plain_step(
+        self, requests: list[Request], prefill_lens: list[int] | None = None
+    ) -> list[StepResult]:
+        """One forward pass without speculation: ``prefill_lens[i]`` prompt tokens of request i
+        (0: it decodes; None: every request decodes). A token is sampled for each request whose
+        prompt is then all in the cache; the others only fill the cache."""
+        if prefill_lens is None:
+            prefill_lens = [0] * len(requests)
+        feeds = [
+            r.prompt_token_ids[r.num_cached : r.num_cached + n] if n else r.uncached_token_ids
+            for r, n in zip(requests, prefill_lens)
+        ]
+        num_logits = [
+            int(not n or r.num_cached + n == r.num_prompt_tokens)
+            for r, n in zip(requests, prefill_lens)
+        ]
         forward = ForwardBatch(
             slots=[r.slot for r in requests],  # type: ignore[misc]
             start_positions=[r.num_cached for r in requests],
-            token_ids=[r.uncached_token_ids for r in requests],
-            num_logits=[1] * len(requests),
+            token_ids=feeds,
+            num_logits=num_logits,
             row_invariant=any(r.params.is_seeded for r in requests),
         )
+        fed = requests
+        requests = [r for r, n in zip(fed, num_logits) if n]
         pending_masks = self.structured.start_masks(requests)
         logits = self.runner.forward(forward)
+        for request, feed in zip(fed, feeds):
+            request.num_cached += len(feed)
+        if not requests:
+            return []
         self.mask_padding(logits)
         self.structured.apply(pending_masks, logits)
         metadata = SamplingMetadata.build(
@@ -169,7 +222,6 @@ class LLMEngine:
             logprobs = self.token_logprobs(requests, logits, tokens)
         results: list[StepResult] = []
         for row, (request, token) in enumerate(zip(requests, tokens.tolist())):
-            request.num_cached = forward.start_positions[row] + len(forward.token_ids[row])
             results.append(
                 (request, self.update_request(request, token, logprobs[row] if logprobs else None))
             )

@@ -85,6 +85,17 @@ class Request:
         return self.output_token_ids[self.num_cached - num_prompt :]
 
     @property
+    def is_prefilling(self) -> bool:
+        """Part of the prompt is not in the cache yet."""
+        return self.num_cached < len(self.prompt_token_ids)
+
+    def next_prompt_chunk(self, chunk_size: int) -> int:
+        """Prompt tokens the next pass feeds: up to the next multiple of ``chunk_size`` (counted
+        from the prompt's start) or the prompt's end."""
+        end = (self.num_cached // chunk_size + 1) * chunk_size
+        return min(end, len(self.prompt_token_ids)) - self.num_cached
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 

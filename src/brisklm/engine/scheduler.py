@@ -1,4 +1,4 @@
-"""Decides what the next forward pass runs: a prefill of newly admitted requests or a decode step."""
+"""Decides what the next forward pass runs: every decoding request's next token, plus prompt chunks."""
 
 from __future__ import annotations
 
@@ -11,25 +11,41 @@ from brisklm.engine.request import Request, RequestStatus
 
 @dataclass
 class ScheduledBatch:
-    """Requests for one step. ``is_prefill``: their prompts enter the cache; else each decodes one token."""
+    """Requests for one forward pass, in slot order.
+
+    ``prefill_lens[i]`` is how many prompt tokens request i feeds (the next chunk of its prompt),
+    0 for a request past its prompt, which decodes.
+    """
 
     requests: list[Request]
-    is_prefill: bool
+    prefill_lens: list[int]
+
+    @property
+    def has_prefill(self) -> bool:
+        return any(self.prefill_lens)
 
 
 class Scheduler:
-    """Admits waiting requests into free cache slots; otherwise steps every running request.
+    """Admits waiting requests into free cache slots and builds each pass from the running ones.
 
-    Prefill and decode run as separate passes: padding a decode row to a prompt's length would
-    waste T times its compute. New requests are admitted as soon as a slot frees up (continuous
-    batching), bounded by ``max_prefill_tokens`` per pass.
+    Prompts enter the cache in chunks of at most ``prefill_chunk_size`` tokens, cut at multiples of
+    it from the prompt's start (so where a prompt is cut does not depend on what else is running),
+    one chunk per request per pass. A pass carries every decoding request's next token together
+    with chunks, first admitted first, up to ``max_prefill_tokens`` prompt tokens: a chunk that
+    does not fit is passed over for later ones that do, and the first always runs. A long prompt
+    therefore delays the requests decoding beside it by one chunk's compute per token, not by its
+    whole prefill. Rows of different lengths in one pass are packed, not padded (see
+    ``AttentionMetadata.split_single_token_rows`` for attention).
     """
 
-    def __init__(self, num_slots: int, max_prefill_tokens: int) -> None:
+    def __init__(self, num_slots: int, max_prefill_tokens: int, prefill_chunk_size: int) -> None:
         self.slots = SlotAllocator(num_slots)
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_chunk_size = prefill_chunk_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Running requests still feeding their prompt, first admitted first.
+        self.prefilling: list[Request] = []
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -39,29 +55,36 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch | None:
-        admitted: list[Request] = []
-        num_tokens = 0
+        admitted = False
         while self.waiting and self.slots.num_free:
-            request = self.waiting[0]
-            if admitted and num_tokens + request.num_prompt_tokens > self.max_prefill_tokens:
-                break
-            self.waiting.popleft()
+            request = self.waiting.popleft()
             request.slot = self.slots.allocate()
             request.status = RequestStatus.RUNNING
-            admitted.append(request)
-            num_tokens += request.num_prompt_tokens
+            self.running.append(request)
+            self.prefilling.append(request)
+            admitted = True
         if admitted:
-            self.running.extend(admitted)
             self.running.sort(key=lambda r: r.slot if r.slot is not None else -1)
-            return ScheduledBatch(admitted, is_prefill=True)
-        if self.running:
-            return ScheduledBatch(list(self.running), is_prefill=False)
-        return None
+        if not self.running:
+            return None
+        self.prefilling = [r for r in self.prefilling if r.is_prefilling]
+        chunks: dict[int, int] = {}
+        budget = self.max_prefill_tokens
+        for request in self.prefilling:
+            size = request.next_prompt_chunk(self.prefill_chunk_size)
+            if chunks and size > budget:
+                continue  # a later, shorter chunk may still fit
+            chunks[id(request)] = size
+            budget -= size
+        requests = [r for r in self.running if id(r) in chunks or not r.is_prefilling]
+        return ScheduledBatch(requests, [chunks.get(id(r), 0) for r in requests])
 
     def finish(self, request: Request) -> None:
         """Release a finished or aborted request's slot (whether it was waiting or running)."""
         if request in self.running:
             self.running.remove(request)
+            if request in self.prefilling:
+                self.prefilling.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         if request.slot is not None:

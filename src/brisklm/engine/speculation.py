@@ -93,13 +93,17 @@ class Speculator:
         stats.num_accepted += num_accepted
         self.schedule.update(self._draft_length(request), num_proposed, num_accepted)
 
+    def record_plain_step(self, requests: Sequence[Request]) -> None:
+        """Count a plain decode step of ``requests`` (paused by their schedule, or run beside
+        prompt chunks): a target step like any other, one that proposed nothing."""
+        for request in requests:
+            self._record(request, 0, 0)
+
     def step(self, engine: LLMEngine, requests: list[Request]) -> list[StepResult]:
         if not any(self._proposal_size(r) for r in requests):
             # Every row is paused by its schedule: a plain decode step, no draft pass.
             results = engine.plain_step(requests)
-            for request in requests:
-                # A target step like any other (a paused row in a speculative step counts too).
-                self._record(request, 0, 0)
+            self.record_plain_step(requests)
             return results
         rows = self._rows(requests)
         proposals = self._valid_for_grammar(requests, self.proposer.propose(rows))

@@ -63,7 +63,7 @@ class LlamaAttention(nn.Module):
         qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.num_heads + self.num_kv_heads :]
-        out = backend.forward(q, k, v, kv[0], kv[1], meta, self.sliding_window)  # (N, H * D)
+        out = backend.attend(q, k, v, kv[0], kv[1], meta, self.sliding_window)  # (N, H * D)
         return self.o_proj(out)
 
 
