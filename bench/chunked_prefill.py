@@ -13,6 +13,7 @@ long prompt is fed (its worst inter-token gap), the tokens it gained meanwhile, 
 prompt's time to its first token.
 
     python bench/chunked_prefill.py                        # ~125M params, float32, CPU
+    python bench/chunked_prefill.py --device cuda --dtype bfloat16 --chunk 1024 --preset 245m
     python bench/chunked_prefill.py --lengths 1024,2048 --arriving 2048 --repeats 2
 """
 
@@ -34,13 +35,13 @@ def prompt(length: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(5, vocab, (length,), generator=generator).tolist()
 
 
-def load(directory: Path, chunk: int, max_seq_len: int):
+def load(directory: Path, chunk: int, max_seq_len: int, device: str, dtype: str):
     from brisklm import LLM
 
     return LLM.from_pretrained(
         directory,
-        device="cpu",
-        dtype="float32",
+        device=device,
+        dtype=dtype,
         max_batch_size=2,
         max_seq_len=max_seq_len,
         prefill_chunk_size=chunk,
@@ -62,7 +63,7 @@ def first_token_seconds(llm, ids: list[int]) -> float:
 
 def hf_first_token_seconds(model, ids: list[int]) -> float:
     """transformers' generate of one token after the prompt."""
-    tensor = torch.tensor([ids])
+    tensor = torch.tensor([ids], device=model.device)
     start = time.perf_counter()
     with torch.inference_mode():
         model.generate(
@@ -72,6 +73,8 @@ def hf_first_token_seconds(model, ids: list[int]) -> float:
             do_sample=False,
             pad_token_id=0,
         )
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
     return time.perf_counter() - start
 
 
@@ -119,20 +122,27 @@ def main() -> None:
     parser.add_argument("--arriving", type=int, default=2048, help="part 2's long prompt")
     parser.add_argument("--chunk", type=int, default=512, help="brisklm's prefill_chunk_size")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-transformers", action="store_true")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     max_seq_len = max(lengths + [args.arriving]) + 16
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    )
+    machine = platform.processor() or platform.machine()
+    if args.device.startswith("cuda"):
+        machine = torch.cuda.get_device_name(args.device)
+    print(f"machine: {machine}, {torch.get_num_threads()} threads, {args.dtype}")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        write_checkpoint(directory, args.preset, torch.float32)
+        torch_dtype = getattr(torch, args.dtype)
+        write_checkpoint(directory, args.preset, torch_dtype)
         modes = {"chunked": args.chunk, "whole": max_seq_len}
         part1: dict[str, dict[int, float]] = {}
         part2: dict[str, dict[str, float]] = {}
-        engines = {mode: load(directory, chunk, max_seq_len) for mode, chunk in modes.items()}
+        engines = {
+            mode: load(directory, chunk, max_seq_len, args.device, args.dtype)
+            for mode, chunk in modes.items()
+        }
         vocab = engines[
             "chunked"
         ].engine.num_real_tokens  # the bench tokenizer's, below the model's
@@ -143,8 +153,8 @@ def main() -> None:
         if not args.no_transformers:
             import transformers
 
-            hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-            hf.eval()
+            hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
+            hf.to(args.device).eval()
             runners["transformers"] = lambda ids: hf_first_token_seconds(hf, ids)
         part1: dict[str, dict[int, float]] = {name: {} for name in runners}
         runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}

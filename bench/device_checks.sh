@@ -2,7 +2,8 @@
 # Every check that needs a CUDA GPU, in one pass, for a session that is lent one (no GPU has been
 # yet): the GPU-marked tests (int4 kernels, sampling, grammar masks, SDPA and xformers against the
 # reference, model parity with transformers in float32 and bfloat16, the engine end to end) and
-# the engine-vs-transformers benchmark on CUDA in bfloat16 (issue 2). About 3-5 minutes on an H200.
+# the engine-vs-transformers and chunked-prefill benchmarks on CUDA in bfloat16 (issue 2). About
+# 4-6 minutes on an H200.
 #
 #   bash bench/device_checks.sh [LOG_DIR]      # from the repository root; logs to LOG_DIR
 #
@@ -37,5 +38,7 @@ python3 -m pytest -q -m gpu -rs -p no:cacheprovider \
     tests/models/test_parity.py tests/engine/test_cuda.py 2>&1 | tee "$logs/gpu_tests.log" || status=1
 python3 bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --repeats 5 2>&1 \
     | tee "$logs/engine_vs_transformers_cuda_bf16.log" || status=1
+python3 bench/chunked_prefill.py --device cuda --dtype bfloat16 --chunk 1024 --preset 245m 2>&1 \
+    | tee "$logs/chunked_prefill_cuda_bf16.log" || status=1
 echo "device checks: logs in $logs (status $status)"
 exit $status

@@ -45,3 +45,21 @@ def test_bfloat16_on_cuda_generates_and_seeds_reproducibly(tiny_dir):
         assert again.token_ids == first[2].token_ids
     finally:
         gpu.close()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "xformers"])
+def test_chunked_prompts_beside_decoding_rows_give_the_cpu_tokens(tiny_dir, llm, backend):
+    from brisklm.attention.xformers import probe_xformers
+
+    if backend == "xformers":
+        reason = probe_xformers(torch.device("cuda"))
+        if reason is not None:
+            pytest.skip(reason)
+    # Chunks of 4 tokens: the longer prompts are fed over several passes while the shorter ones
+    # already decode, so attention sees passes of one-token rows beside chunks.
+    gpu = cuda_llm(tiny_dir, dtype="float32", prefill_chunk_size=4, attention_backend=backend)
+    try:
+        got = [o.token_ids for o in gpu.generate(PROMPTS, GREEDY)]
+        assert got == [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    finally:
+        gpu.close()
