@@ -225,23 +225,125 @@ def test_constrained_and_logprob_requests_with_chunked_prompts(tiny_dir):
         llm.close()
 
 
-def test_speculative_decoding_beside_a_chunked_prompt_keeps_the_targets_output(tiny_dir):
+def test_speculative_engines_alternate_chunk_passes_with_verification_steps(tiny_dir):
     plain = load(tiny_dir, prefill_chunk_size=4096)
     drafted = load(tiny_dir, draft=tiny_dir, num_speculative_tokens=3, prefill_chunk_size=16)
     try:
         decoding, params = start_decoding(drafted, 2)
         steps_before = decoding.speculative.num_steps
         arriving = drafted.make_request(prompt_ids(90, 2), GREEDY)
-        history = run_to_end(drafted, [arriving])
-        assert history[0] == [0]
+        drafted.engine.add_request(arriving)
+        fed, emitted = [], []
+        for _ in range(11):  # 90 prompt tokens: six chunks, a verification step between two
+            before = (arriving.num_cached, len(decoding.output_token_ids))
+            drafted.engine.step()
+            fed.append(arriving.num_cached > before[0])
+            emitted.append(len(decoding.output_token_ids) > before[1])
+        assert fed == [True, False] * 5 + [True]
+        assert emitted == [False, True] * 5 + [False]
+        assert decoding.speculative.num_steps - steps_before == 5
+        run_to_end(drafted, [])
         expected = plain.generate([prompt_ids(6), prompt_ids(90, 2)], [params, GREEDY])
         assert decoding.output_token_ids == expected[0].token_ids
         assert arriving.output_token_ids == expected[1].token_ids
-        # Six passes carried chunks: plain steps of the decoding request, counted as target steps.
-        assert decoding.speculative.num_steps - steps_before >= 6
     finally:
         plain.close()
         drafted.close()
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_a_seeded_speculative_request_is_unmoved_by_an_arriving_prompt(tiny_dir, draft):
+    llm = load(
+        tiny_dir,
+        draft=tiny_dir if draft == "model" else "ngram",
+        num_speculative_tokens=3,
+        prefill_chunk_size=16,
+    )
+    try:
+        for seed in range(3):
+            runs = []
+            for other in (False, True):
+                params = SamplingParams(temperature=1.0, max_tokens=25, seed=seed, ignore_eos=True)
+                request = llm.make_request(prompt_ids(8, seed), params)
+                llm.engine.add_request(request)
+                for _ in range(3):
+                    llm.engine.step()
+                arriving = [llm.make_request(prompt_ids(70, 9), GREEDY)] if other else []
+                run_to_end(llm, arriving)
+                runs.append((request.output_token_ids, request.speculative.num_steps))
+            assert runs[0] == runs[1], f"seed {seed}"
+    finally:
+        llm.close()
+
+
+def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir):
+    llm = load(tiny_dir, prefill_chunk_size=64)
+    try:
+        forward = llm.engine.runner.forward
+
+        def out_of_memory_on_long_rows(batch):
+            if any(len(tokens) > 32 for tokens in batch.token_ids):
+                raise RuntimeError("simulated out of memory")
+            return forward(batch)
+
+        llm.engine.runner.forward = out_of_memory_on_long_rows
+        decoding, _ = start_decoding(llm, 3)
+        arriving = llm.make_request(prompt_ids(100), GREEDY)
+        llm.engine.add_request(arriving)
+        results = llm.engine.step()
+        assert [r for r, _ in results] == [decoding, arriving]
+        assert isinstance(results[1][1], RuntimeError) and arriving.finish_reason == "error"
+        assert len(decoding.output_token_ids) == 4 and llm.engine.scheduler.slots.num_free == 3
+        run_to_end(llm, [])
+        assert decoding.finish_reason == "length" and len(decoding.output_token_ids) == 30
+    finally:
+        llm.close()
+
+
+def test_dynamic_ntk_past_the_trained_context_feeds_prompts_whole(tmp_path):
+    # Dynamic NTK rotates a pass's keys by its longest position, so chunks would change them.
+    from tests.tiny import make_tiny_checkpoint
+
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    path = make_tiny_checkpoint(
+        tmp_path / "dynamic", max_position_embeddings=64, rope_parameters=rope
+    )
+    past = load(path, max_seq_len=256, prefill_chunk_size=16)
+    within = load(path, max_seq_len=64, prefill_chunk_size=16)
+    whole = load(path, max_seq_len=256, prefill_chunk_size=4096)
+    try:
+        assert past.engine.prefill_chunk_size == 256
+        assert within.engine.prefill_chunk_size == 16  # the scaling never starts there
+        prompt = prompt_ids(150)
+        assert past.generate(prompt, GREEDY).token_ids == whole.generate(prompt, GREEDY).token_ids
+    finally:
+        for llm in (past, within, whole):
+            llm.close()
+
+
+def test_native_calls_take_rows_longest_first(tiny_dir, kernels):
+    if kernels != "native":
+        pytest.skip("the native pass's call limit")
+    llm = load(tiny_dir, max_seq_len=512, max_batch_size=4)
+    try:
+        runner = llm.engine.runner
+        calls = []
+        forward = runner.native.forward
+
+        def recording(token_ids, *args):
+            calls.append([len(t) for t in token_ids])
+            return forward(token_ids, *args)
+
+        runner.native.forward = recording
+        rows = [[11], prompt_ids(512), [12], prompt_ids(300)]
+        logits = runner.forward(ForwardBatch([0, 1, 2, 3], [5, 0, 7, 0], rows, [1, 1, 1, 1]))
+        # 512 fills a call; 300 and both one-token rows share the next (rows in batch order).
+        assert calls == [[512], [1, 1, 300]]
+        assert logits.shape[0] == 4
+        alone = runner.forward(ForwardBatch([2], [7], [[12]], [1]))
+        assert torch.equal(logits[2], alone[0])
+    finally:
+        llm.close()
 
 
 # ----------------------------------------------------------------- attention over a mixed batch

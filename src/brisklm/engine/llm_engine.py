@@ -10,7 +10,7 @@ import torch
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
-from brisklm.engine.scheduler import Scheduler
+from brisklm.engine.scheduler import ScheduledBatch, Scheduler
 from brisklm.engine.speculation import Speculator
 from brisklm.engine.structured import StructuredOutputs
 from brisklm.models.llama import LlamaForCausalLM
@@ -113,8 +113,16 @@ class LLMEngine:
         )
         self.device = self.runner.device
         self.prefill_chunk_size = config.resolved_prefill_chunk_size(self.device)
+        rope = model.config.rope
+        if rope.rope_type == "dynamic" and self.max_seq_len > model.config.max_position_embeddings:
+            # Dynamic NTK scales a pass's rotations by its longest position: the keys of a prompt
+            # fed in chunks would be rotated otherwise than in one pass (and than transformers).
+            self.prefill_chunk_size = self.max_seq_len
         self.scheduler = Scheduler(
-            config.max_batch_size, config.max_prefill_tokens, self.prefill_chunk_size
+            config.max_batch_size,
+            config.max_prefill_tokens,
+            self.prefill_chunk_size,
+            mix_decode=speculator is None,
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -146,32 +154,46 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[StepResult]:
         """Run one forward pass: decode steps with prompt chunks, or a speculative verification
-        step (when no prompt is being fed)."""
+        step (speculative engines run chunks in passes of their own)."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        requests = batch.requests
+        before = [(r.num_cached, len(r.output_token_ids)) for r in batch.requests]
         try:
-            if self.speculator is None:
-                results = self.plain_step(requests, batch.prefill_lens)
-            elif batch.has_prefill:
-                # Prompt chunks run with plain decode steps (one token per decoding request):
-                # speculation resumes once no prompt is being fed.
-                results = self.plain_step(requests, batch.prefill_lens)
-                self.speculator.record_plain_step(
-                    [r for r, n in zip(requests, batch.prefill_lens) if not n]
-                )
-            else:
-                results = self.speculator.step(self, requests)
+            results = self._run(batch)
         except Exception as exc:  # a failed step must not take other requests down with it
-            logger.exception("engine step failed; failing its %d requests", len(requests))
-            results = []
-            for request in requests:
-                request.abort("error")
-                results.append((request, own_exception(exc)))
+            unchanged = before == [(r.num_cached, len(r.output_token_ids)) for r in batch.requests]
+            if unchanged and batch.has_prefill and batch.has_decode:
+                # Nothing was recorded: run the decoding rows and the chunks apart, so that only
+                # the part that fails (a prompt too large for memory, say) fails its requests.
+                logger.warning("a pass of chunks and decode steps failed; running them apart")
+                results = self._run_or_fail(batch.part(prefill=False))
+                results += self._run_or_fail(batch.part(prefill=True))
+            else:
+                results = self._fail(batch.requests, exc)
         for request, _ in results:
             if request.is_finished:
                 self.release(request)
+        return results
+
+    def _run(self, batch: ScheduledBatch) -> list[StepResult]:
+        if self.speculator is None or batch.has_prefill:
+            return self.plain_step(batch.requests, batch.prefill_lens)
+        return self.speculator.step(self, batch.requests)
+
+    def _run_or_fail(self, batch: ScheduledBatch) -> list[StepResult]:
+        try:
+            return self._run(batch)
+        except Exception as exc:
+            return self._fail(batch.requests, exc)
+
+    @staticmethod
+    def _fail(requests: list[Request], exc: Exception) -> list[StepResult]:
+        logger.error("engine step failed; failing its %d requests", len(requests), exc_info=exc)
+        results: list[StepResult] = []
+        for request in requests:
+            request.abort("error")
+            results.append((request, own_exception(exc)))
         return results
 
     def plain_step(

@@ -105,17 +105,25 @@ class ModelRunner:
 
     def _forward_in_parts(self, batch: ForwardBatch, short: list[int]) -> torch.Tensor:
         """Short rows through the native pass (in calls of at most its token limit), the others
-        through torch's ops; logits merged back into batch order."""
+        through torch's ops; logits merged back into batch order.
+
+        Rows go into calls longest first, each into the first call with room (every call reads
+        all the weights once, and a row's logits do not depend on its call): a 512-token prompt
+        chunk between decoding rows makes two calls, not three."""
         limit = NATIVE_MAX_TOKENS
         groups: list[list[int]] = []
-        size = limit + 1
-        for index in short:
+        sizes: list[int] = []
+        for index in sorted(short, key=lambda i: -len(batch.token_ids[i])):
             length = len(batch.token_ids[index])
-            if size + length > limit:
+            room = next((g for g, size in enumerate(sizes) if size + length <= limit), None)
+            if room is None:
                 groups.append([])
-                size = 0
-            groups[-1].append(index)
-            size += length
+                sizes.append(0)
+                room = len(groups) - 1
+            groups[room].append(index)
+            sizes[room] += length
+        for group in groups:
+            group.sort()
         chosen = set(short)
         long_rows = [i for i in range(len(batch.slots)) if i not in chosen]
         if long_rows:

@@ -94,8 +94,8 @@ class Speculator:
         self.schedule.update(self._draft_length(request), num_proposed, num_accepted)
 
     def record_plain_step(self, requests: Sequence[Request]) -> None:
-        """Count a plain decode step of ``requests`` (paused by their schedule, or run beside
-        prompt chunks): a target step like any other, one that proposed nothing."""
+        """Count a plain decode step of ``requests`` (every one paused by its schedule): a target
+        step like any other, one that proposed nothing."""
         for request in requests:
             self._record(request, 0, 0)
 
