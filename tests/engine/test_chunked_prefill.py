@@ -424,3 +424,21 @@ def test_a_runner_pass_of_a_decoding_row_and_a_chunk_equals_each_row_alone(tiny_
         assert torch.allclose(mixed[1], chunk_alone[0], atol=1e-5)
     finally:
         llm.close()
+
+
+def test_streams_of_chunked_prompts_give_the_generated_text(tiny_dir):
+    import asyncio
+
+    llm = load(tiny_dir, prefill_chunk_size=8)
+    try:
+        text = "Zürich and 東京 are cities; the quick brown fox jumps over the lazy dog. " * 3
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        expected = llm.generate(text, params).text
+
+        async def astream() -> str:
+            return "".join([delta async for delta in llm.astream(text, params)])
+
+        assert "".join(llm.stream(text, params)) == expected
+        assert asyncio.run(astream()) == expected
+    finally:
+        llm.close()
