@@ -27,6 +27,8 @@ class EngineKey:
     draft: str | None = None
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     draft_length: str | None = None
+    kv_cache_dtype: str | None = None
+    prefill_chunk_size: int | None = None
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -66,6 +68,8 @@ def get_engine(
     draft: str | None = None,
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
     draft_length: str | None = None,
+    kv_cache_dtype: str | None = None,
+    prefill_chunk_size: int | None = None,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -79,6 +83,8 @@ def get_engine(
         draft=str(draft) if draft is not None else None,
         num_speculative_tokens=num_speculative_tokens if draft is not None else 0,
         draft_length=draft_length if draft is not None else None,
+        kv_cache_dtype=kv_cache_dtype,
+        prefill_chunk_size=prefill_chunk_size,
     )
     with _lock:  # loading under the lock: concurrent first calls load the model once
         llm = _engines.get(key)
@@ -92,6 +98,8 @@ def get_engine(
                 draft=draft,
                 num_speculative_tokens=num_speculative_tokens,
                 draft_length=draft_length,
+                kv_cache_dtype=kv_cache_dtype,
+                prefill_chunk_size=prefill_chunk_size,
                 show_progress=False,
             )
             _engines[key] = llm

@@ -50,6 +50,11 @@ class BriskSettings(BaseModel):
     draft_length: str | None = None
     """"adaptive" (default with a draft model: shorter proposals after rejections) or "fixed"
     (default with "ngram": always ``num_speculative_tokens``)."""
+    kv_cache_dtype: str | None = None
+    """The KV cache's elements: "float32", "bfloat16", "float16" or "auto" (default: the model's)."""
+    prefill_chunk_size: int | None = None
+    """Most prompt tokens a request feeds per forward pass (default: 512 on CPU, 2048 on CUDA):
+    a long prompt then does not stall the requests decoding beside it."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's
@@ -110,6 +115,8 @@ class BriskSettings(BaseModel):
             draft=self.draft,
             num_speculative_tokens=self.num_speculative_tokens,
             draft_length=self.draft_length,
+            kv_cache_dtype=self.kv_cache_dtype,
+            prefill_chunk_size=self.prefill_chunk_size,
         )
 
     def _sampling_params(

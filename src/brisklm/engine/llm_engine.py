@@ -117,6 +117,13 @@ class LLMEngine:
         if rope.rope_type == "dynamic" and self.max_seq_len > model.config.max_position_embeddings:
             # Dynamic NTK scales a pass's rotations by its longest position: the keys of a prompt
             # fed in chunks would be rotated otherwise than in one pass (and than transformers).
+            if self.prefill_chunk_size < self.max_seq_len:
+                logger.info(
+                    "dynamic NTK rope past max_position_embeddings=%d: prompts are prefilled "
+                    "whole, not in chunks of %d",
+                    model.config.max_position_embeddings,
+                    self.prefill_chunk_size,
+                )
             self.prefill_chunk_size = self.max_seq_len
         self.scheduler = Scheduler(
             config.max_batch_size,

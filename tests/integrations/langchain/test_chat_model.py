@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -219,3 +220,18 @@ def test_speculative_decoding_keeps_the_output(tiny_chat_dir: Path) -> None:
     assert llm.invoke("The quick brown fox") == BriskLLM(
         model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE
     ).invoke("The quick brown fox")
+
+
+def test_engine_settings_reach_the_engine(tiny_chat_dir: Path) -> None:
+    plain = ChatBrisk(model=str(tiny_chat_dir), temperature=0, max_tokens=12, **TINY_ENGINE)
+    tuned = plain.model_copy(update={"prefill_chunk_size": 8, "kv_cache_dtype": "bfloat16"})
+    engine = tuned._engine().engine
+    assert tuned._engine() is not plain._engine()  # other engine settings, another engine
+    assert engine.prefill_chunk_size == 8
+    assert engine.runner.kv_cache.keys.dtype == torch.bfloat16
+    prompt = "The quick brown fox jumps over the lazy dog, twice: the quick brown fox jumps."
+    assert tuned.model_copy(update={"kv_cache_dtype": None}).invoke(prompt).content == (
+        plain.invoke(prompt).content
+    )
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        plain.model_copy(update={"prefill_chunk_size": 0}).invoke(prompt)
