@@ -15,7 +15,7 @@ from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
-from brisklm.loader import load_model, resolve_device, resolve_dtype
+from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
 from brisklm.quant.loading import linear_factory_for
@@ -218,14 +218,7 @@ class LLM:
             )
         except ValueError as error:
             raise ValueError(f"int4_compute_dtype: {error}") from None
-        try:
-            cache_dtype = (
-                None
-                if kv_cache_dtype is None or kv_cache_dtype == "auto"
-                else resolve_dtype(kv_cache_dtype, device_)
-            )
-        except ValueError as error:
-            raise ValueError(f"kv_cache_dtype: {error}") from None
+        cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, device_)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
 

@@ -53,6 +53,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return SUPPORTED_DTYPES[dtype]
 
 
+def resolve_kv_cache_dtype(
+    kv_cache_dtype: str | torch.dtype | None, device: torch.device
+) -> torch.dtype | None:
+    """The KV cache dtype asked for; None (or "auto"): the model's own, decided when it loads."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return None
+    try:
+        return resolve_dtype(kv_cache_dtype, device)
+    except ValueError as error:
+        raise ValueError(f"kv_cache_dtype: {error}") from None
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

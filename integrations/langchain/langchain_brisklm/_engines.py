@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brisklm import LLM, default_model_path
-from brisklm.loader import resolve_device, resolve_dtype
+from brisklm.engine.llm_engine import EngineConfig
+from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 MODEL_ENV_VAR = "BRISKLM_MODEL"
@@ -17,7 +18,9 @@ MODEL_ENV_VAR = "BRISKLM_MODEL"
 
 @dataclass(frozen=True)
 class EngineKey:
-    """What makes two engines different: the checkpoint, where it runs, and the engine's limits."""
+    """What makes two engines different: the checkpoint, where it runs, and the engine's limits.
+
+    The cache dtype and chunk size are stored resolved (the model's dtype, the device's default)."""
 
     path: str
     device: str
@@ -74,17 +77,24 @@ def get_engine(
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
     device_ = resolve_device(device)
+    dtype_ = resolve_dtype(dtype, device_)
+    # Settings are keyed as the engine resolves them, so that ways of asking for the same engine
+    # (None, "auto" or the model's own cache dtype; None or the device's chunk size) share one.
+    cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, device_) or dtype_
+    chunk_size = EngineConfig(prefill_chunk_size=prefill_chunk_size).resolved_prefill_chunk_size(
+        device_
+    )
     key = EngineKey(
         path=str(path),
         device=str(device_),
-        dtype=str(resolve_dtype(dtype, device_)),
+        dtype=str(dtype_),
         max_batch_size=max_batch_size,
         max_seq_len=max_seq_len,
         draft=str(draft) if draft is not None else None,
         num_speculative_tokens=num_speculative_tokens if draft is not None else 0,
         draft_length=draft_length if draft is not None else None,
-        kv_cache_dtype=kv_cache_dtype,
-        prefill_chunk_size=prefill_chunk_size,
+        kv_cache_dtype=str(cache_dtype),
+        prefill_chunk_size=chunk_size,
     )
     with _lock:  # loading under the lock: concurrent first calls load the model once
         llm = _engines.get(key)

@@ -235,3 +235,22 @@ def test_engine_settings_reach_the_engine(tiny_chat_dir: Path) -> None:
     )
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         plain.model_copy(update={"prefill_chunk_size": 0}).invoke(prompt)
+
+
+def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> None:
+    plain = ChatBrisk(model=str(tiny_chat_dir), **TINY_ENGINE)
+    engine = plain._engine()
+    before = len(loaded_engines())
+    # The model's own cache dtype, named or not, and the CPU's default chunk size, named or not.
+    for update in (
+        {"kv_cache_dtype": "auto"},
+        {"kv_cache_dtype": "float32"},
+        {"dtype": "float32", "device": "cpu"},
+        {"prefill_chunk_size": 512},
+        {"kv_cache_dtype": "float32", "prefill_chunk_size": 512},
+    ):
+        assert plain.model_copy(update=update)._engine() is engine, update
+    assert len(loaded_engines()) == before
+    assert plain.model_copy(update={"prefill_chunk_size": 256})._engine() is not engine
+    with pytest.raises(ValueError, match="kv_cache_dtype.*supported: float32"):
+        plain.model_copy(update={"kv_cache_dtype": "int8"})._engine()
