@@ -1,11 +1,12 @@
 """A seeded request's tokens do not depend on what else is in its batch (CPU, dense weights).
 
 Its random numbers come from its own generator, and every step of its computation gives it the
-same bits alone as beside other rows: rows of up to 32 tokens run through the native CPU pass,
+same bits alone as beside other rows: rows of up to 512 tokens run through the native CPU pass,
 which computes each token alike whatever else is in the call; through torch's ops, oneDNN's
 packed products are row-invariant and a batch holding a seeded request attends row by row over
-exactly each row's keys; and the sampler's cumulative sums run per row. Before, 1 in 40 seeded 30-token generations of the bundled model changed beside
-a greedy row.
+exactly each row's keys; and the sampler's cumulative sums run per row. Prompts are cut into
+chunks at fixed positions (tests/engine/test_chunked_prefill.py). Before, 1 in 40 seeded 30-token
+generations of the bundled model changed beside a greedy row.
 """
 
 from __future__ import annotations
