@@ -233,13 +233,23 @@ def test_speculative_engines_alternate_chunk_passes_with_verification_steps(tiny
         steps_before = decoding.speculative.num_steps
         arriving = drafted.make_request(prompt_ids(90, 2), GREEDY)
         drafted.engine.add_request(arriving)
-        fed, emitted = [], []
+        proposer = drafted.engine.speculator.proposer
+        draft_rows: list[int] = []  # the longest row of each draft pass
+        draft_forward = proposer.runner.forward
+        proposer.runner.forward = lambda batch: (
+            draft_rows.append(max(map(len, batch.token_ids))) or draft_forward(batch)
+        )
+        fed, emitted, drafted_prompt = [], [], []
         for _ in range(11):  # 90 prompt tokens: six chunks, a verification step between two
             before = (arriving.num_cached, len(decoding.output_token_ids))
             drafted.engine.step()
             fed.append(arriving.num_cached > before[0])
             emitted.append(len(decoding.output_token_ids) > before[1])
+            drafted_prompt.append(proposer.num_cached_tokens(arriving.slot))
         assert fed == [True, False] * 5 + [True]
+        # The draft model takes the prompt in the same chunks, in the chunks' passes.
+        assert drafted_prompt == [16, 16, 32, 32, 48, 48, 64, 64, 80, 80, 90]
+        assert max(draft_rows) == 16
         assert emitted == [False, True] * 5 + [False]
         assert decoding.speculative.num_steps - steps_before == 5
         run_to_end(drafted, [])

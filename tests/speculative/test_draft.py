@@ -125,6 +125,62 @@ def test_release_then_a_new_request_in_the_slot(draft_model, target_model, token
     assert got.token_ids == fresh.propose([_row(1, prompts[2], len(prompts[2]), 4)])[0].token_ids
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_prompt_prefilled_in_chunks_proposes_as_one_fed_whole(
+    draft_model, target_model, tokenizer, prompts, sampled
+):
+    """The engine feeds the draft each prompt chunk the target takes; the first proposal then
+    feeds only the target's token after the prompt, and proposes what a proposer fed the whole
+    prompt at once proposes."""
+    params = SAMPLED if sampled else SamplingParams.greedy()
+    prompt = (prompts[1] * 45)[:45]
+    context = prompt + [33]  # the target's token after the prompt
+    proposer = _proposer(draft_model, target_model, tokenizer)
+    for end in (16, 32, 45):  # chunks of 16 tokens
+        proposer.prefill([DraftRow(1, prompt[:end], [], 0, params)])
+        assert proposer.num_cached_tokens(1) == end
+    proposer.prefill([DraftRow(1, prompt, [], 0, params)])  # nothing new: nothing runs
+    fed: list[list[int]] = []
+    forward = proposer.runner.forward
+    proposer.runner.forward = lambda batch: (
+        fed.append(list(map(len, batch.token_ids))) or forward(batch)
+    )
+    got = proposer.propose([_row(1, context, len(prompt), 4, params, sampled)])[0]
+    assert fed[0] == [1]  # only the target's token after the prompt
+    fresh = _proposer(draft_model, target_model, tokenizer)
+    expected = fresh.propose([_row(1, context, len(prompt), 4, params, sampled)])[0]
+    assert got.token_ids == expected.token_ids
+    torch.testing.assert_close(got.probs, expected.probs, atol=1e-5, rtol=1e-4)
+
+
+def test_prefill_of_several_rows_and_its_bad_input(draft_model, target_model, tokenizer, prompts):
+    proposer = _proposer(draft_model, target_model, tokenizer)
+    rows = [DraftRow(slot, prompts[slot], [], 0) for slot in range(3)]
+    proposer.prefill(rows)
+    assert [proposer.num_cached_tokens(slot) for slot in range(3)] == [len(p) for p in prompts]
+    with pytest.raises(ValueError, match="once per prefill call"):
+        proposer.prefill([rows[0], rows[0]])
+    with pytest.raises(ValueError, match="does not fit the draft cache"):
+        proposer.prefill([DraftRow(3, [5] * (MAX_SEQ + 1), [], 0)])
+    with pytest.raises(ValueError, match="out of range"):
+        proposer.prefill([DraftRow(9, [5], [], 0)])
+    forward = proposer.runner.forward
+
+    def fail(batch):
+        raise RuntimeError("simulated out of memory")
+
+    proposer.runner.forward = fail
+    with pytest.raises(RuntimeError, match="simulated"):
+        proposer.prefill([DraftRow(0, prompts[0] * 2, [], 0)])
+    proposer.runner.forward = forward
+    assert proposer.num_cached_tokens(0) == len(prompts[0])  # a failed pass records nothing
+    got = proposer.propose([_row(0, prompts[0] + [7], len(prompts[0]), 4)])[0]
+    fresh = _proposer(draft_model, target_model, tokenizer)
+    assert (
+        got.token_ids == fresh.propose([_row(0, prompts[0] + [7], len(prompts[0]), 4)])[0].token_ids
+    )
+
+
 @torch.inference_mode()
 def test_q_is_the_processed_draft_distribution_with_proposals_as_output(
     draft_model, target_model, tokenizer, prompts

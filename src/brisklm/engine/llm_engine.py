@@ -184,7 +184,11 @@ class LLMEngine:
         return results
 
     def _run(self, batch: ScheduledBatch) -> list[StepResult]:
-        if self.speculator is None or batch.has_prefill:
+        if self.speculator is None:
+            return self.plain_step(batch.requests, batch.prefill_lens)
+        if batch.has_prefill:
+            # The draft model takes each chunk first: a failure there leaves the target as it was.
+            self.speculator.prefill(batch.requests, batch.prefill_lens)
             return self.plain_step(batch.requests, batch.prefill_lens)
         return self.speculator.step(self, batch.requests)
 

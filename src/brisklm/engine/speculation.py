@@ -42,6 +42,26 @@ class Speculator:
         if request.slot is not None:
             self.proposer.release(request.slot)
 
+    def prefill(self, requests: Sequence[Request], prefill_lens: Sequence[int]) -> None:
+        """Before the target takes ``prefill_lens[i]`` more prompt tokens of request i, let a
+        proposer with a cache of its own (one that defines ``prefill``) take them too."""
+        prefill = getattr(self.proposer, "prefill", None)
+        if prefill is None:
+            return
+        rows = [
+            DraftRow(
+                slot=r.slot,  # type: ignore[arg-type]
+                prompt_token_ids=r.prompt_token_ids[: r.num_cached + n],
+                output_token_ids=(),
+                max_draft_tokens=0,
+                params=r.params,
+            )
+            for r, n in zip(requests, prefill_lens)
+            if n
+        ]
+        if rows:
+            prefill(rows)
+
     def _draft_length(self, request: Request) -> DraftLength:
         """Where ``request`` stands in its draft length schedule."""
         if request.draft_length is None:

@@ -205,6 +205,21 @@ class DraftModelProposer:
             raise ValueError(f"slot {slot} is out of range [0, {self.num_slots})")
         return slot
 
+    def _num_reusable(self, row: DraftRow) -> int:
+        """Leading tokens of the row's context whose keys and values the draft cache holds (after
+        checking that the row is a slot's and its context fits the cache)."""
+        slot = self._check_slot(row.slot)
+        length = row.num_tokens
+        if not 1 <= length <= self.max_seq_len:
+            raise ValueError(
+                f"slot {slot}: a context of {length} tokens does not fit the draft cache of "
+                f"{self.max_seq_len} positions"
+            )
+        state = self._slots[slot]
+        if state is None:
+            return 0
+        return min(self._num_valid(row, state), state.num_cached)
+
     def _num_valid(self, row: DraftRow, state: _SlotState | None) -> int:
         """Leading tokens of the row's context that match what the cache was built from."""
         if state is None or row.num_tokens < state.num_context:
@@ -217,6 +232,31 @@ class DraftModelProposer:
             matched += 1
         return state.num_context + matched
 
+    # ----------------------------------------------------------------- prefilling
+    @torch.inference_mode()
+    def prefill(self, rows: Sequence[DraftRow]) -> None:
+        """Bring each row's cache up to its whole context (``row.num_tokens`` tokens; nothing is
+        proposed). The engine calls this with each prompt chunk the target takes, the row's
+        context cut at the chunk's end: a long prompt then enters the draft cache chunk by chunk,
+        beside the target's passes, and its first proposal feeds one or two tokens, not the whole
+        prompt in the verification step where requests decoding beside it wait."""
+        if len({row.slot for row in rows}) != len(rows):
+            raise ValueError("each slot may appear only once per prefill call")
+        fed: list[DraftRow] = []
+        feeds: list[tuple[int, list[int]]] = []
+        for row in rows:
+            length = row.num_tokens
+            num_cached = self._num_reusable(row)
+            if num_cached < length:
+                fed.append(row)
+                feeds.append((num_cached, row.token_slice(num_cached, length)))
+        if fed:
+            self._feed(fed, feeds, num_logits=0)
+        for row in fed:  # only once every pass has run: a failed one leaves the states as they were
+            self._slots[row.slot] = _SlotState(
+                num_context=row.num_tokens, num_cached=row.num_tokens
+            )
+
     # ----------------------------------------------------------------- proposing
     @torch.inference_mode()
     def propose(self, rows: Sequence[DraftRow]) -> list[Proposal]:
@@ -228,20 +268,10 @@ class DraftModelProposer:
         plans: list[_Plan] = []
         feeds: list[tuple[int, list[int]]] = []  # per plan: (start position, tokens to feed)
         for index, row in enumerate(rows):
-            slot = self._check_slot(row.slot)
-            length = row.num_tokens
-            if not 1 <= length <= self.max_seq_len:
-                raise ValueError(
-                    f"slot {slot}: a context of {length} tokens does not fit the draft cache of "
-                    f"{self.max_seq_len} positions"
-                )
-            state = self._slots[slot]
+            slot, length = row.slot, row.num_tokens
             # Always re-feed at least the last token: its logits give the first proposal.
-            num_cached = min(self._num_valid(row, state), length - 1)
-            if state is not None:
-                num_cached = min(num_cached, state.num_cached)
-            state = _SlotState(num_context=length, proposals=[], num_cached=num_cached)
-            self._slots[slot] = state
+            num_cached = min(self._num_reusable(row), length - 1)
+            self._slots[slot] = _SlotState(num_context=length, proposals=[], num_cached=num_cached)
             # The last proposal is never fed, so k proposals need L + k - 1 cache positions.
             max_tokens = min(
                 row.max_draft_tokens, self.num_speculative_tokens, self.max_seq_len - length + 1
@@ -294,27 +324,35 @@ class DraftModelProposer:
                     plan.row.matcher.rollback(plan.num_matched)
 
     def _extend(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> torch.Tensor:
-        """Feed each row its unseen tokens; (A, V_draft) logits at each row's last position.
+        """Feed each row its unseen tokens; (A, V_draft) logits at each row's last position."""
+        return self._feed([plan.row for plan in plans], feeds, num_logits=1)
+
+    def _feed(
+        self, rows: list[DraftRow], feeds: list[tuple[int, list[int]]], num_logits: int
+    ) -> torch.Tensor:
+        """Feed each row ``feeds[i]`` (start position, tokens); logits of each row's last
+        ``num_logits`` positions, rows in order.
 
         A ragged pass costs rows x longest row, so rows go in length groups
         (:func:`_group_by_length`): a new 2000-token prompt does not pad seven 2-token rows."""
         groups = _group_by_length([len(tokens) for _, tokens in feeds])
-        rows_logits: list[torch.Tensor | None] = [None] * len(plans)
+        rows_logits: list[torch.Tensor | None] = [None] * len(rows)
         for group in groups:
             logits = self.runner.forward(
                 ForwardBatch(
-                    slots=[plans[i].row.slot for i in group],
+                    slots=[rows[i].slot for i in group],
                     start_positions=[feeds[i][0] for i in group],
                     token_ids=[feeds[i][1] for i in group],
-                    num_logits=[1] * len(group),
-                    row_invariant=any(plans[i].row.params.is_seeded for i in group),
+                    num_logits=[num_logits] * len(group),
+                    row_invariant=any(rows[i].params.is_seeded for i in group),
                 )
             )
             if len(groups) == 1 and group == sorted(group):
                 return logits
-            for position, i in enumerate(group):
-                rows_logits[i] = logits[position]
-        return torch.stack(rows_logits)  # type: ignore[arg-type]
+            if num_logits:
+                for i, row_logits in zip(group, logits.split(num_logits)):
+                    rows_logits[i] = row_logits
+        return torch.cat(rows_logits) if num_logits else logits  # type: ignore[arg-type]
 
     def _continues(self, plan: _Plan, token: int) -> bool:
         """Whether to draft past ``token``: not past the end of the request. Stopping depends only

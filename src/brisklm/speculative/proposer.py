@@ -69,6 +69,10 @@ class Proposer(Protocol):
     the slot, which is the context it last saw followed by its proposals: after verifying k
     proposals of which n were accepted, call ``rollback(slot, k - n)``, mirroring
     ``GrammarMatcher.rollback``. Proposers that keep no per-slot state make both no-ops.
+
+    A proposer with a cache of its own may also define ``prefill(rows)``: the engine then calls it
+    with each prompt chunk before the target takes it (each row's context cut at the chunk's end,
+    ``max_draft_tokens`` 0), so that the prompt is in the proposer's cache before its first step.
     """
 
     num_speculative_tokens: int
