@@ -10,11 +10,14 @@ Part 1, long prompts alone: tokens/s to the first token of a prompt of each leng
 Part 2, a long prompt arriving while another request decodes, each pass timed (medians over
 ``--repeats``): the decoding request's steady step time, its longest wait for a token while the
 long prompt is fed (its worst inter-token gap), the tokens it gained meanwhile, and the long
-prompt's time to its first token.
+prompt's time to its first token. With ``--draft-preset`` both engines decode speculatively with a
+random draft model of that preset (part 2 only); the long request then generates 8 tokens, so the
+steps after its prompt (where the draft model's cache holds it) count too.
 
     python bench/chunked_prefill.py                        # ~125M params, float32, CPU
     python bench/chunked_prefill.py --device cuda --dtype bfloat16 --chunk 1024 --preset 245m
     python bench/chunked_prefill.py --lengths 1024,2048 --arriving 2048 --repeats 2
+    python bench/chunked_prefill.py --draft-preset draft-30m --lengths 1024 --no-transformers
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ def prompt(length: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(5, vocab, (length,), generator=generator).tolist()
 
 
-def load(directory: Path, chunk: int, max_seq_len: int, device: str, dtype: str):
+def load(
+    directory: Path, chunk: int, max_seq_len: int, device: str, dtype: str, draft: Path | None
+):
     from brisklm import LLM
 
     return LLM.from_pretrained(
@@ -45,6 +50,7 @@ def load(directory: Path, chunk: int, max_seq_len: int, device: str, dtype: str)
         max_batch_size=2,
         max_seq_len=max_seq_len,
         prefill_chunk_size=chunk,
+        draft=draft,
         show_progress=False,
     )
 
@@ -78,8 +84,9 @@ def hf_first_token_seconds(model, ids: list[int]) -> float:
     return time.perf_counter() - start
 
 
-def arrival(llm, arriving: int, vocab: int) -> dict[str, float]:
-    """Step the engine by hand: one request decodes, then a long prompt arrives."""
+def arrival(llm, arriving: int, vocab: int, long_tokens: int) -> dict[str, float]:
+    """Step the engine by hand: one request decodes, then a long prompt arrives; timed until the
+    long request has ``long_tokens`` tokens."""
     from brisklm import SamplingParams
 
     engine = llm.engine
@@ -93,16 +100,22 @@ def arrival(llm, arriving: int, vocab: int) -> dict[str, float]:
         engine.step()
         steady.append(time.perf_counter() - start)
     long_request = llm.make_request(
-        prompt(arriving, vocab, 2), SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        prompt(arriving, vocab, 2),
+        SamplingParams(temperature=0.0, max_tokens=long_tokens, ignore_eos=True),
     )
     engine.add_request(long_request)
     before = len(decoding.output_token_ids)
-    gaps, started = [], time.perf_counter()
+    gaps, started, last, ttft = [], time.perf_counter(), time.perf_counter(), 0.0
+    emitted = before
     while not long_request.is_finished:
-        start = time.perf_counter()
         engine.step()
-        gaps.append(time.perf_counter() - start)
-    ttft = time.perf_counter() - started
+        if not ttft and long_request.output_token_ids:
+            ttft = time.perf_counter() - started
+        if len(decoding.output_token_ids) > emitted:  # a speculative engine skips some passes
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last, emitted = now, len(decoding.output_token_ids)
+    gaps.append(time.perf_counter() - last)
     gained = len(decoding.output_token_ids) - before
     engine.abort_request(decoding.request_id)
     return {
@@ -125,6 +138,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument(
+        "--draft-preset", choices=sorted(PRESETS), help="part 2 with speculative decoding"
+    )
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     max_seq_len = max(lengths + [args.arriving]) + 16
@@ -135,14 +151,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         torch_dtype = getattr(torch, args.dtype)
-        write_checkpoint(directory, args.preset, torch_dtype)
+        write_checkpoint(directory / "target", args.preset, torch_dtype)
+        draft = None
+        if args.draft_preset:
+            draft = directory / "draft"
+            write_checkpoint(draft, args.draft_preset, torch_dtype)
+        long_tokens = 8 if draft else 1
         modes = {"chunked": args.chunk, "whole": max_seq_len}
         part1: dict[str, dict[int, float]] = {}
         part2: dict[str, dict[str, float]] = {}
         engines = {
-            mode: load(directory, chunk, max_seq_len, args.device, args.dtype)
+            mode: load(directory / "target", chunk, max_seq_len, args.device, args.dtype, None)
             for mode, chunk in modes.items()
         }
+        drafted = {}
+        if draft:
+            drafted = {
+                mode: load(directory / "target", chunk, max_seq_len, args.device, args.dtype, draft)
+                for mode, chunk in modes.items()
+            }
         vocab = engines[
             "chunked"
         ].engine.num_real_tokens  # the bench tokenizer's, below the model's
@@ -153,7 +180,9 @@ def main() -> None:
         if not args.no_transformers:
             import transformers
 
-            hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
+            hf = transformers.AutoModelForCausalLM.from_pretrained(
+                directory / "target", dtype=torch_dtype
+            )
             hf.to(args.device).eval()
             runners["transformers"] = lambda ids: hf_first_token_seconds(hf, ids)
         part1: dict[str, dict[int, float]] = {name: {} for name in runners}
@@ -168,8 +197,9 @@ def main() -> None:
                     part1[name][n] = min(part1[name].get(n, float("inf")), seconds)
             for mode in order:
                 if mode in engines:
-                    runs[mode].append(arrival(engines[mode], args.arriving, vocab))
-        for llm in engines.values():
+                    llm = drafted.get(mode, engines[mode])
+                    runs[mode].append(arrival(llm, args.arriving, vocab, long_tokens))
+        for llm in [*engines.values(), *drafted.values()]:
             llm.close()
         part2 = {
             mode: {key: statistics.median(r[key] for r in results) for key in results[0]}
@@ -188,7 +218,11 @@ def main() -> None:
             theirs = n / part1["transformers"][n]
             line += f"{theirs:>14.0f}{chunked / theirs:>7.2f}x"
         print(line)
-    print(f"\npart 2: a {args.arriving}-token prompt arrives while one request decodes (medians)")
+    what = f", speculative with a {args.draft_preset} draft" if draft else ""
+    print(
+        f"\npart 2: a {args.arriving}-token prompt arrives while one request decodes{what} "
+        f"(medians; until the long request has {long_tokens} token{'s' * (long_tokens > 1)})"
+    )
     print(f"{'':<9}{'steady step':>12}{'worst gap':>11}{'tokens meanwhile':>18}{'long TTFT':>11}")
     for mode, r in part2.items():
         print(

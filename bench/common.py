@@ -27,6 +27,16 @@ PRESETS = {
         num_key_value_heads=4,
         vocab_size=32000,
     ),
+    # ~30M parameters (8M outside the embeddings), a draft for the 125M preset: its 6 layers of
+    # 384 cost ~1/15 of the 125M model's per token, as Qwen2.5 0.5B does of 7B.
+    "draft-30m": dict(
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=32000,
+    ),
     "llama3-8b": dict(
         hidden_size=4096,
         intermediate_size=14336,
