@@ -225,7 +225,7 @@ def test_constrained_and_logprob_requests_with_chunked_prompts(tiny_dir):
         llm.close()
 
 
-def test_speculative_engines_alternate_chunk_passes_with_verification_steps(tiny_dir):
+def test_speculative_engines_verify_in_the_passes_that_take_prompt_chunks(tiny_dir):
     plain = load(tiny_dir, prefill_chunk_size=4096)
     drafted = load(tiny_dir, draft=tiny_dir, num_speculative_tokens=3, prefill_chunk_size=16)
     try:
@@ -234,24 +234,31 @@ def test_speculative_engines_alternate_chunk_passes_with_verification_steps(tiny
         arriving = drafted.make_request(prompt_ids(90, 2), GREEDY)
         drafted.engine.add_request(arriving)
         proposer = drafted.engine.speculator.proposer
+        target_rows: list[list[int]] = []  # each target pass's rows (tokens fed per row)
+        target_forward = drafted.engine.runner.forward
+        drafted.engine.runner.forward = lambda batch: (
+            target_rows.append(list(map(len, batch.token_ids))) or target_forward(batch)
+        )
         draft_rows: list[int] = []  # the longest row of each draft pass
         draft_forward = proposer.runner.forward
         proposer.runner.forward = lambda batch: (
             draft_rows.append(max(map(len, batch.token_ids))) or draft_forward(batch)
         )
-        fed, emitted, drafted_prompt = [], [], []
-        for _ in range(11):  # 90 prompt tokens: six chunks, a verification step between two
-            before = (arriving.num_cached, len(decoding.output_token_ids))
+        gained, drafted_prompt = [], []
+        for _ in range(6):  # 90 prompt tokens: six chunks, each beside a verification step
+            before = len(decoding.output_token_ids)
             drafted.engine.step()
-            fed.append(arriving.num_cached > before[0])
-            emitted.append(len(decoding.output_token_ids) > before[1])
+            gained.append(len(decoding.output_token_ids) - before)
             drafted_prompt.append(proposer.num_cached_tokens(arriving.slot))
-        assert fed == [True, False] * 5 + [True]
+        assert arriving.num_cached == 90 and len(arriving.output_token_ids) == 1
+        assert all(gained)  # the decoding request got tokens in every pass
+        assert decoding.speculative.num_steps - steps_before == 6
+        # One pass each: the verification row (1 token + up to 3 proposals), then the chunk.
+        assert [rows[1] for rows in target_rows] == [16] * 5 + [10]
+        assert all(2 <= rows[0] <= 4 for rows in target_rows), target_rows
         # The draft model takes the prompt in the same chunks, in the chunks' passes.
-        assert drafted_prompt == [16, 16, 32, 32, 48, 48, 64, 64, 80, 80, 90]
+        assert drafted_prompt == [16, 32, 48, 64, 80, 90]
         assert max(draft_rows) == 16
-        assert emitted == [False, True] * 5 + [False]
-        assert decoding.speculative.num_steps - steps_before == 5
         run_to_end(drafted, [])
         expected = plain.generate([prompt_ids(6), prompt_ids(90, 2)], [params, GREEDY])
         assert decoding.output_token_ids == expected[0].token_ids
@@ -286,8 +293,10 @@ def test_a_seeded_speculative_request_is_unmoved_by_an_arriving_prompt(tiny_dir,
         llm.close()
 
 
-def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir):
-    llm = load(tiny_dir, prefill_chunk_size=64)
+@pytest.mark.parametrize("draft", [None, "model"])
+def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir, draft):
+    speculative = {"draft": tiny_dir, "num_speculative_tokens": 3} if draft else {}
+    llm = load(tiny_dir, prefill_chunk_size=64, **speculative)
     try:
         forward = llm.engine.runner.forward
 
@@ -300,10 +309,11 @@ def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir):
         decoding, _ = start_decoding(llm, 3)
         arriving = llm.make_request(prompt_ids(100), GREEDY)
         llm.engine.add_request(arriving)
+        before = len(decoding.output_token_ids)
         results = llm.engine.step()
         assert [r for r, _ in results] == [decoding, arriving]
         assert isinstance(results[1][1], RuntimeError) and arriving.finish_reason == "error"
-        assert len(decoding.output_token_ids) == 4 and llm.engine.scheduler.slots.num_free == 3
+        assert len(decoding.output_token_ids) > before and llm.engine.scheduler.slots.num_free == 3
         run_to_end(llm, [])
         assert decoding.finish_reason == "length" and len(decoding.output_token_ids) == 30
     finally:

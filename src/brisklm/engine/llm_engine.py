@@ -129,7 +129,6 @@ class LLMEngine:
             config.max_batch_size,
             config.max_prefill_tokens,
             self.prefill_chunk_size,
-            mix_decode=speculator is None,
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -160,8 +159,8 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[StepResult]:
-        """Run one forward pass: decode steps with prompt chunks, or a speculative verification
-        step (speculative engines run chunks in passes of their own)."""
+        """Run one forward pass: each decoding request's next token (with a speculator, the
+        verification of its proposals) and the next chunk of each prompt being fed."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -186,11 +185,7 @@ class LLMEngine:
     def _run(self, batch: ScheduledBatch) -> list[StepResult]:
         if self.speculator is None:
             return self.plain_step(batch.requests, batch.prefill_lens)
-        if batch.has_prefill:
-            # The draft model takes each chunk first: a failure there leaves the target as it was.
-            self.speculator.prefill(batch.requests, batch.prefill_lens)
-            return self.plain_step(batch.requests, batch.prefill_lens)
-        return self.speculator.step(self, batch.requests)
+        return self.speculator.step(self, batch.requests, batch.prefill_lens)
 
     def _run_or_fail(self, batch: ScheduledBatch) -> list[StepResult]:
         try:
@@ -215,14 +210,8 @@ class LLMEngine:
         prompt is then all in the cache; the others only fill the cache."""
         if prefill_lens is None:
             prefill_lens = [0] * len(requests)
-        feeds = [
-            r.prompt_token_ids[r.num_cached : r.num_cached + n] if n else r.uncached_token_ids
-            for r, n in zip(requests, prefill_lens)
-        ]
-        num_logits = [
-            int(not n or r.num_cached + n == r.num_prompt_tokens)
-            for r, n in zip(requests, prefill_lens)
-        ]
+        feeds = [self.feed(r, n) for r, n in zip(requests, prefill_lens)]
+        num_logits = [int(self.samples_after(r, n)) for r, n in zip(requests, prefill_lens)]
         forward = ForwardBatch(
             slots=[r.slot for r in requests],  # type: ignore[misc]
             start_positions=[r.num_cached for r in requests],
@@ -230,16 +219,34 @@ class LLMEngine:
             num_logits=num_logits,
             row_invariant=any(r.params.is_seeded for r in requests),
         )
-        fed = requests
-        requests = [r for r, n in zip(fed, num_logits) if n]
-        pending_masks = self.structured.start_masks(requests)
+        sampled = [r for r, n in zip(requests, num_logits) if n]
+        pending_masks = self.structured.start_masks(sampled)
         logits = self.runner.forward(forward)
-        for request, feed in zip(fed, feeds):
+        for request, feed in zip(requests, feeds):
             request.num_cached += len(feed)
-        if not requests:
+        if not sampled:
             return []
         self.mask_padding(logits)
         self.structured.apply(pending_masks, logits)
+        return self.sample_and_update(sampled, logits)
+
+    @staticmethod
+    def feed(request: Request, prefill_len: int) -> list[int]:
+        """What a request feeds this pass: ``prefill_len`` prompt tokens, or (0) its uncached
+        tokens (the last token sampled)."""
+        if prefill_len:
+            return request.prompt_token_ids[request.num_cached : request.num_cached + prefill_len]
+        return request.uncached_token_ids
+
+    @staticmethod
+    def samples_after(request: Request, prefill_len: int) -> bool:
+        """Whether a request samples a token after feeding ``prefill_len`` prompt tokens (0: it
+        decodes): a prompt chunk samples only when it completes the prompt."""
+        return not prefill_len or request.num_cached + prefill_len == request.num_prompt_tokens
+
+    def sample_and_update(self, requests: list[Request], logits: torch.Tensor) -> list[StepResult]:
+        """Sample one token per request from its row of ``logits`` (padding and grammar masks
+        already applied) and append it."""
         metadata = SamplingMetadata.build(
             [r.params for r in requests],
             [r.prompt_token_ids for r in requests],

@@ -45,10 +45,6 @@ class Scheduler:
     therefore delays the requests decoding beside it by one chunk's compute per token, not by its
     whole prefill. Rows of different lengths in one pass are packed, not padded (see
     ``AttentionMetadata.split_single_token_rows`` for attention).
-
-    With ``mix_decode=False`` (speculative decoding, whose verification steps must not turn into
-    plain ones when a prompt arrives: a seeded request's draws would then depend on other
-    traffic) passes alternate instead: the chunks alone, then the decoding requests alone.
     """
 
     def __init__(
@@ -56,13 +52,10 @@ class Scheduler:
         num_slots: int,
         max_prefill_tokens: int,
         prefill_chunk_size: int,
-        mix_decode: bool = True,
     ) -> None:
         self.slots = SlotAllocator(num_slots)
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_chunk_size = prefill_chunk_size
-        self.mix_decode = mix_decode
-        self._last_was_chunks = False  # when passes alternate: what the last one ran
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Running requests still feeding their prompt, first admitted first.
@@ -98,12 +91,7 @@ class Scheduler:
             chunks[id(request)] = size
             budget -= size
         requests = [r for r in self.running if id(r) in chunks or not r.is_prefilling]
-        batch = ScheduledBatch(requests, [chunks.get(id(r), 0) for r in requests])
-        if self.mix_decode or not (batch.has_prefill and batch.has_decode):
-            return batch
-        chunks_now = not self._last_was_chunks
-        self._last_was_chunks = chunks_now
-        return batch.part(prefill=chunks_now)
+        return ScheduledBatch(requests, [chunks.get(id(r), 0) for r in requests])
 
     def finish(self, request: Request) -> None:
         """Release a finished or aborted request's slot (whether it was waiting or running)."""

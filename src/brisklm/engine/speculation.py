@@ -119,27 +119,65 @@ class Speculator:
         for request in requests:
             self._record(request, 0, 0)
 
-    def step(self, engine: LLMEngine, requests: list[Request]) -> list[StepResult]:
-        if not any(self._proposal_size(r) for r in requests):
-            # Every row is paused by its schedule: a plain decode step, no draft pass.
-            results = engine.plain_step(requests)
-            self.record_plain_step(requests)
+    def step(
+        self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int] | None = None
+    ) -> list[StepResult]:
+        """One target pass: the decoding requests verify their proposals, and requests feeding
+        their prompt (``prefill_lens[i]`` > 0) take their next chunk in the same pass (the draft
+        model takes it first). Verification rows see only themselves (row-invariant passes when
+        a request is seeded), so a prompt arriving leaves a seeded request's tokens unchanged."""
+        if prefill_lens is None:
+            prefill_lens = [0] * len(requests)
+        chunked = [(r, n) for r, n in zip(requests, prefill_lens) if n]
+        decoding = [r for r, n in zip(requests, prefill_lens) if not n]
+        if chunked:
+            self.prefill([r for r, _ in chunked], [n for _, n in chunked])
+        if not any(self._proposal_size(r) for r in decoding):
+            # No chunks but prompts, or every decoding row paused by its schedule: a plain pass.
+            results = engine.plain_step(requests, prefill_lens)
+            self.record_plain_step(decoding)
             return results
-        rows = self._rows(requests)
-        proposals = self._valid_for_grammar(requests, self.proposer.propose(rows))
+        rows = self._rows(decoding)
+        proposals = self._valid_for_grammar(decoding, self.proposer.propose(rows))
         counts = verification_counts(proposals)
-        feeds = [r.uncached_token_ids for r in requests]
+        feeds = [r.uncached_token_ids for r in decoding]
+        chunk_feeds = [engine.feed(r, n) for r, n in chunked]
+        chunk_logits = [int(engine.samples_after(r, n)) for r, n in chunked]
+        sampled = [r for (r, _), k in zip(chunked, chunk_logits) if k]
         forward = ForwardBatch(
-            slots=[r.slot for r in requests],  # type: ignore[misc]
-            start_positions=[r.num_cached for r in requests],
-            token_ids=[feed + p.token_ids for feed, p in zip(feeds, proposals)],
-            num_logits=counts,
+            slots=[r.slot for r in decoding] + [r.slot for r, _ in chunked],  # type: ignore[misc]
+            start_positions=[r.num_cached for r in decoding] + [r.num_cached for r, _ in chunked],
+            token_ids=[feed + p.token_ids for feed, p in zip(feeds, proposals)] + chunk_feeds,
+            num_logits=counts + chunk_logits,
             row_invariant=any(r.params.is_seeded for r in requests),
         )
-        pending_masks = engine.structured.start_masks(requests, [p.token_ids for p in proposals])
-        logits = engine.runner.forward(forward)  # (sum(counts), V)
+        # Verification rows first, then one row per completed prompt: one mask row each position.
+        pending_masks = engine.structured.start_masks(
+            decoding + sampled, [p.token_ids for p in proposals] + [[]] * len(sampled)
+        )
+        logits = engine.runner.forward(forward)  # (sum(counts) + len(sampled), V)
+        for (request, _), feed in zip(chunked, chunk_feeds):
+            request.num_cached += len(feed)
         engine.mask_padding(logits)
         engine.structured.apply(pending_masks, logits)
+        num_verified = sum(counts)
+        results = self._verify(engine, decoding, rows, proposals, logits[:num_verified], feeds)
+        if sampled:
+            results += engine.sample_and_update(sampled, logits[num_verified:])
+        return results
+
+    def _verify(
+        self,
+        engine: LLMEngine,
+        requests: list[Request],
+        rows: list[DraftRow],
+        proposals: list[Proposal],
+        logits: torch.Tensor,
+        feeds: list[list[int]],
+    ) -> list[StepResult]:
+        """Accept each request's proposals against the target's ``logits`` (a row per position
+        verified), roll the rejected ones back, and append the accepted run and the next token."""
+        counts = verification_counts(proposals)
         if all(r.params.is_greedy for r in requests):
             out_rows, accepted = greedy_verification(logits, rows, proposals, engine.eos_token_ids)
         else:
@@ -160,7 +198,7 @@ class Speculator:
         for b, request in enumerate(requests):
             proposal, n = proposals[b], accepted[b]
             # The cache now holds valid keys for the fed tokens and the n accepted proposals.
-            request.num_cached = forward.start_positions[b] + len(feeds[b]) + n
+            request.num_cached += len(feeds[b]) + n
             self.proposer.rollback(request.slot, len(proposal) - n)  # type: ignore[arg-type]
             self._record(request, len(proposal), n)
             result = self._emit(
