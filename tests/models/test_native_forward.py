@@ -69,6 +69,23 @@ def thread_setup(count: int, idle_share: int = -1):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_a_product_streamed_from_memory_has_the_bits_of_its_halves(request, build):
+    """A product of 64 MB or more prefetches a single token's weight rows too (STREAM_FROM in
+    cpu_forward.c); prefetches change no arithmetic, so each half (32 MB, under the threshold)
+    gives the same bits as the whole."""
+    lib = request.getfixturevalue("native_build")(build)
+    generator = torch.Generator().manual_seed(64)
+    weight = torch.randn(4096, 4096, generator=generator)  # 64 MB of float32
+    x = torch.randn(2, 4096, generator=generator)
+    whole = native.pack(weight)
+    halves = [native.pack(half) for half in weight.split(2048)]
+    for n in (1, 2):
+        got = native.linear(x[:n], whole, None, 4096, lib=lib)
+        parts = [native.linear(x[:n], half, None, 2048, lib=lib) for half in halves]
+        assert torch.equal(got, torch.cat(parts, dim=1))
+
+
 @pytest.mark.parametrize("rows", [70, 1000])
 def test_linear_bits_do_not_depend_on_the_thread_count(rows):
     """Each thread takes panels of 32 outputs from its own share, then from the back of the

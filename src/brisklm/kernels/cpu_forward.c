@@ -42,6 +42,11 @@ typedef float vf __attribute__((vector_size(64)));
  * follow those streams alone), and the 125M model's six-token step at 3,968 positions took
  * 23.2 ms against 21.2. */
 #define PREFETCH_AHEAD 8192
+/* Bytes of weights from which a call's products count as streamed from memory (``stream``): a
+ * forward pass's whole model, or one product called on its own. Then a single token's float32
+ * rows are prefetched too (see panel_tile). The bundled 22 MB model stays under it: on an AVX-512
+ * VM its one-token step was faster without (0.46-0.52 ms against 0.54-0.60). */
+#define STREAM_FROM ((int64_t)64 << 20)
 
 static inline vf vload(const float *p) {
     vf v;
@@ -343,7 +348,8 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
 #define MB_HALF MB
 
 static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
+    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt,
+    int stream) {
     /* Two partial sums per output, over even and over odd k, added at the end: two FMA chains,
      * so that a single token is not held to one FMA latency per k. */
     vf a0[MB], a1[MB], c0[MB], c1[MB];
@@ -362,8 +368,11 @@ static inline __attribute__((always_inline)) void panel_tile(
          * products' compute on top of their memory time. A single token's loop waits on memory
          * only, and the hardware prefetchers serve it better alone: the bundled model's step
          * 0.54-0.60 ms with these prefetches, 0.46-0.52 without (float32). Half-precision rows
-         * are prefetched for a single token too: see the AVX2 tile below (measured there only). */
-        if (mt > 1 || wt != WT_F32) { /* the two rows' lines: four of float32, two of halves */
+         * are prefetched for a single token too: see the AVX2 tile below (measured there only).
+         * So are a model's whose weights stream from memory every step (``stream``: see
+         * STREAM_FROM): on a Sapphire Rapids Xeon the 125M model's one-token call took 0.93x the
+         * time with them (12.8-13.0 ms against 13.7-13.9), the bundled model's 0.998x. */
+        if (mt > 1 || wt != WT_F32 || stream) { /* the rows' lines: four of float32, two of halves */
             for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -441,7 +450,9 @@ static inline __attribute__((always_inline)) void wrow8(const void *panel, int64
 }
 
 static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt) {
+    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt,
+    int stream) {
+    (void)stream; /* a single float32 token's rows are not prefetched here: not measured on AVX2 */
     pv acc[MB][NV];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < NV; v++) acc[m][v] = (pv){0};
@@ -468,7 +479,7 @@ static inline __attribute__((always_inline)) void panel_tile(
 #endif
 
 #define PANEL_CASE(T, WT) \
-    case T: panel_tile(x, ldx, T, panel, k, out, WT); break;
+    case T: panel_tile(x, ldx, T, panel, k, out, WT, stream); break;
 
 #if MB == 6
 #define PANEL_SWITCH(WT)                                                                          \
@@ -484,7 +495,7 @@ static inline __attribute__((always_inline)) void panel_tile(
 #endif
 
 static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel, int k, float *out,
-                         int wt) {
+                         int wt, int stream) {
     if (wt == WT_BF16) {
         PANEL_SWITCH(WT_BF16)
     } else if (wt == WT_F16) {
@@ -559,7 +570,8 @@ static const float *widened_panel(const uint16_t *panel, int k, int wt) {
 
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
-                         const float *b, int rows, float *y, int64_t ldy, int accumulate, int p) {
+                         const float *b, int rows, float *y, int64_t ldy, int accumulate, int p,
+                         int stream) {
     const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
     /* Many tokens (WIDEN_FROM): widen the half-precision panel once and run every tile over the
      * float32 copy, as a float32 weight, instead of widening it again in every tile (the AVX2 tile
@@ -578,7 +590,7 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     const int tile = wt == WT_F32 ? MB : MB_HALF;
     for (int m0 = 0; m0 < n; m0 += tile) {
         const int mt = n - m0 < tile ? n - m0 : tile;
-        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt);
+        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt, stream);
         for (int m = 0; m < mt; m++) {
             float *dst = y + (m0 + m) * ldy + o;
             for (int c = 0; c < width; c++) {
@@ -601,17 +613,17 @@ int brisk_test_idle_share = -1;
  * (every product empties all of them) and leaves those panels to the owner. */
 static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                         const float *b, int rows, float *y, int64_t ldy, int accumulate,
-                        team_slot *slots) {
+                        team_slot *slots, int stream) {
     const int panels = (rows + NB - 1) / NB, team = TEAM_SIZE(), tid = THREAD_NUM();
     const uint64_t lo = (uint64_t)panels * tid / team, hi = (uint64_t)panels * (tid + 1) / team;
     __atomic_store_n(&slots[tid].range, lo << 32 | hi, __ATOMIC_RELEASE);
     const int takes_own = tid != brisk_test_idle_share; /* read once, not per panel */
     int p;
     while (takes_own && (p = take_panel(&slots[tid], 0)) >= 0)
-        matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p);
+        matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, stream);
     for (int j = 1; j <= team; j++) /* the others', then anything left of its own */
         while ((p = take_panel(&slots[(tid + j) % team], 1)) >= 0)
-            matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p);
+            matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, stream);
 #pragma omp barrier
 }
 
@@ -1260,6 +1272,9 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     if (n < 1 || n > MAX_TOKENS || a->n_logits > MAX_TOKENS || hq % hkv != 0 || d % 2 != 0) return 1;
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
+    const int64_t layer_weights = (int64_t)e * qkv_rows + (int64_t)hq * d * e + 3 * (int64_t)e * inter;
+    const int stream = (a->n_layers * layer_weights + (int64_t)a->vocab * e) * WT_SIZE(a->weight_type) >=
+                       STREAM_FROM;
     const int silu_chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
     int n_units = 0;
     attn_unit *units = new_attention_units(a, &n_units);
@@ -1278,7 +1293,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->weight_type, a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots);
+            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->weight_type, a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, stream);
 #pragma omp for schedule(static)
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
@@ -1295,14 +1310,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
             matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->weight_type, a->o_b[l], e, a->hidden_states, e,
-                        1, slots);
+                        1, slots, stream);
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->post_norm[l], e, a->eps, a->xn + (int64_t)t * e);
             /* gate and up as one product over their 2 * inter contiguous rows: computing a
              * gate row and its up row together reads two streams at once, measurably slower
              * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->weight_type, a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots);
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->weight_type, a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, stream);
             /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
              * the threads too. */
 #pragma omp for schedule(static)
@@ -1312,14 +1327,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
                          inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
             }
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->weight_type, a->down_b[l], e, a->hidden_states, e, 1, slots);
+            matmul_team(a->act, inter, n, inter, a->down_w[l], a->weight_type, a->down_b[l], e, a->hidden_states, e, 1, slots, stream);
         }
 #pragma omp for schedule(static)
         for (int r = 0; r < a->n_logits; r++)
             rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
                      a->normed + (int64_t)r * e);
         if (a->head_w)
-            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->weight_type, 0, a->vocab, a->logits, a->vocab, 0, slots);
+            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->weight_type, 0, a->vocab, a->logits, a->vocab, 0, slots, stream);
     }
     free(units);
     return 0;
@@ -1332,8 +1347,9 @@ static int linear_team(const float *x, int n, int k, const void *w, int wt, cons
                        int rows, float *y, int n_threads) {
     if (n < 1) return 1;
     team_slot slots[MAX_TEAM] = {{0}};
+    const int stream = (int64_t)rows * k * WT_SIZE(wt) >= STREAM_FROM;
 #pragma omp parallel num_threads(n_threads < MAX_TEAM ? n_threads : MAX_TEAM)
-    matmul_team(x, k, n, k, w, wt, b, rows, y, rows, 0, slots);
+    matmul_team(x, k, n, k, w, wt, b, rows, y, rows, 0, slots, stream);
     return 0;
 }
 
