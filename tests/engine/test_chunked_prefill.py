@@ -320,6 +320,87 @@ def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir, draft):
         llm.close()
 
 
+@pytest.mark.parametrize("draft", [None, "model"])
+def test_a_failed_pass_waits_for_its_grammar_masks_before_running_its_parts(
+    tiny_dir, draft, monkeypatch
+):
+    # A pass's grammar masks are filled in a worker thread while the model runs. When the pass
+    # fails, its decoding rows run again at once: the engine thread must not touch a matcher
+    # (llguidance allows one caller at a time) until that worker is done with them.
+    import threading
+    import time
+
+    import brisklm.engine.structured as structured
+    from brisklm.constrained.matcher import GrammarMatcher
+
+    speculative = {"draft": tiny_dir, "num_speculative_tokens": 4} if draft else {}
+    constrained = SamplingParams(temperature=0.0, max_tokens=30, regex=r"(ab|cd|[a-z]{2,5} )+\.")
+    prompts = [prompt_ids(6, k) for k in range(3)]
+    plain = load(tiny_dir)
+    llm = load(tiny_dir, prefill_chunk_size=64, **speculative)
+    try:
+        expected = [o.token_ids for o in plain.generate(prompts, constrained)]
+        slow, filling = threading.Event(), threading.Event()
+        overlaps: list[str] = []  # matcher calls on the engine thread while the worker fills
+
+        def in_worker() -> bool:
+            return threading.current_thread().name.startswith("brisklm-grammar")
+
+        def slowed(fill):
+            def slow_fill(*args, **kwargs):
+                if slow.is_set() and in_worker():
+                    filling.set()
+                    time.sleep(0.05)  # as a large vocabulary's masks take
+                    try:
+                        return fill(*args, **kwargs)
+                    finally:
+                        filling.clear()
+                return fill(*args, **kwargs)
+
+            return slow_fill
+
+        def watched(name):
+            method = getattr(GrammarMatcher, name)
+
+            def call(self, *args, **kwargs):
+                if filling.is_set() and not in_worker():
+                    overlaps.append(name)
+                return method(self, *args, **kwargs)
+
+            return call
+
+        for name in ("accept_token", "accept_tokens", "validate_tokens", "rollback"):
+            monkeypatch.setattr(GrammarMatcher, name, watched(name))
+        monkeypatch.setattr(GrammarMatcher, "compute_ff_tokens", watched("compute_ff_tokens"))
+        monkeypatch.setattr(GrammarMatcher, "fill_bitmask", slowed(GrammarMatcher.fill_bitmask))
+        monkeypatch.setattr(structured, "fill_bitmasks", slowed(structured.fill_bitmasks))
+        forward = llm.engine.runner.forward
+
+        def out_of_memory_on_long_rows(batch):
+            if any(len(tokens) > 32 for tokens in batch.token_ids):
+                if len(batch.token_ids) > 1:  # the mixed pass: its masks are being filled
+                    assert filling.wait(10)
+                raise RuntimeError("simulated out of memory")
+            return forward(batch)
+
+        llm.engine.runner.forward = out_of_memory_on_long_rows
+        requests = [llm.make_request(p, constrained) for p in prompts]
+        for request in requests:
+            llm.engine.add_request(request)
+        llm.engine.step()
+        slow.set()
+        arriving = llm.make_request(prompt_ids(100), GREEDY)
+        llm.engine.add_request(arriving)
+        failed = [r for r, result in llm.engine.step() if isinstance(result, BaseException)]
+        slow.clear()
+        assert failed == [arriving] and not overlaps, overlaps
+        run_to_end(llm, [])
+        assert [r.output_token_ids for r in requests] == expected
+    finally:
+        plain.close()
+        llm.close()
+
+
 def test_dynamic_ntk_past_the_trained_context_feeds_prompts_whole(tmp_path):
     # Dynamic NTK rotates a pass's keys by its longest position, so chunks would change them.
     from tests.tiny import make_tiny_checkpoint

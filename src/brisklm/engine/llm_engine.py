@@ -221,7 +221,11 @@ class LLMEngine:
         )
         sampled = [r for r, n in zip(requests, num_logits) if n]
         pending_masks = self.structured.start_masks(sampled)
-        logits = self.runner.forward(forward)
+        try:
+            logits = self.runner.forward(forward)
+        except BaseException:
+            self.structured.settle(pending_masks)
+            raise
         for request, feed in zip(requests, feeds):
             request.num_cached += len(feed)
         if not sampled:

@@ -155,7 +155,11 @@ class Speculator:
         pending_masks = engine.structured.start_masks(
             decoding + sampled, [p.token_ids for p in proposals] + [[]] * len(sampled)
         )
-        logits = engine.runner.forward(forward)  # (sum(counts) + len(sampled), V)
+        try:
+            logits = engine.runner.forward(forward)  # (sum(counts) + len(sampled), V)
+        except BaseException:
+            engine.structured.settle(pending_masks)
+            raise
         for (request, _), feed in zip(chunked, chunk_feeds):
             request.num_cached += len(feed)
         engine.mask_padding(logits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
@@ -102,6 +102,14 @@ class StructuredOutputs:
         bitmask, rows = pending.result()
         index = torch.tensor(rows, dtype=torch.int64)
         apply_token_bitmask_(logits, bitmask[: logits.shape[0]], index)
+
+    @staticmethod
+    def settle(pending: Future[tuple[torch.Tensor, list[int]]] | None) -> None:
+        """Wait for a mask job whose pass failed before ``apply``: its worker still advances and
+        rolls back the requests' matchers, which nothing else may touch until it is done (the
+        engine reruns a failed pass's parts at once). The job's own outcome is not wanted."""
+        if pending is not None:
+            wait([pending])
 
     @staticmethod
     def forced_tokens(request: Request) -> list[int]:
