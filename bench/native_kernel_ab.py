@@ -11,6 +11,7 @@ printed (0 where a change leaves the bits alone).
 
     python bench/native_kernel_ab.py --a rev:HEAD~1                   # against the working tree
     python bench/native_kernel_ab.py --a old.c --b new.c --preset 125m --position 512 --rows 1,6,8
+    python bench/native_kernel_ab.py --a rev:HEAD~1 --flags=-mno-avx512f   # AVX2 code on AVX-512
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def source_text(spec: str) -> str:
     return Path(spec).read_text()
 
 
-def build(text: str, directory: Path, name: str) -> ctypes.CDLL:
+def build(text: str, directory: Path, name: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     from brisklm.kernels import native
 
     compiler = native._compiler()
@@ -51,7 +52,7 @@ def build(text: str, directory: Path, name: str) -> ctypes.CDLL:
         raise SystemExit("no C compiler (cc, gcc, clang or $CC) found")
     source, library = directory / f"{name}.c", directory / f"{name}.so"
     source.write_text(text)
-    native.compile_library(compiler, source, library)
+    native.compile_library(compiler, source, library, flags)
     loaded = ctypes.CDLL(str(library))
     native._declare(loaded)
     return loaded
@@ -77,6 +78,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--calls", type=int, default=None, help="per round and length (default: ~50 ms of them)"
+    )
+    parser.add_argument(
+        "--flags",
+        default="",
+        help="more compiler flags for both builds, space-separated (-mno-avx512f: the AVX2 code)",
     )
     args = parser.parse_args()
     lengths = [int(n) for n in args.rows.split(",")]
@@ -149,7 +155,8 @@ def main() -> None:
                     f"--{name}: a source from before half-precision KV caches (commit 6e46f64) "
                     f"cannot run a {args.dtype} model; use --dtype float32"
                 )
-        libraries = {name: build(text, scratch, name) for name, text in texts.items()}
+        flags = tuple(args.flags.split())
+        libraries = {name: build(text, scratch, name, flags) for name, text in texts.items()}
         if args.preset:
             directory = scratch / "model"
             call_in_scratch_thread(lambda: write_checkpoint(directory, args.preset, torch.float32))

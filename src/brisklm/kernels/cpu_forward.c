@@ -452,7 +452,11 @@ static inline __attribute__((always_inline)) void wrow8(const void *panel, int64
 static inline __attribute__((always_inline)) void panel_tile(
     const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt,
     int stream) {
-    (void)stream; /* a single float32 token's rows are not prefetched here: not measured on AVX2 */
+    /* A single float32 token's rows are not prefetched here, ``stream`` or not: on a Zen 3 (AVX2
+     * only) the 125M model's one-token call took 1.037x the time with them (session 25), while
+     * this tile built with -mno-avx512f on a Sapphire Rapids Xeon took 0.93-0.945x (session 39;
+     * docs/benchmarks.md). The AVX2-only CPUs brisklm has met are AMD's. */
+    (void)stream;
     pv acc[MB][NV];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < NV; v++) acc[m][v] = (pv){0};
