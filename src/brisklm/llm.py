@@ -203,6 +203,8 @@ class LLM:
                 f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "
                 "model directory, 'default' or 'ngram')"
             )
+        else:  # unused without a draft, but a bad value is still a mistake to name
+            draft_schedule("ngram", num_speculative_tokens, None)
         config = EngineConfig(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
@@ -476,8 +478,18 @@ class LLM:
         **template_kwargs: Any,
     ) -> list[int]:
         """Render messages (and tools) with the model's chat template and tokenize the result."""
+        if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
+            raise ValueError(
+                f"messages must be a list of message dicts ({{'role': ..., 'content': ...}}), "
+                f"got {type(messages).__name__}"
+            )
         if not messages:
             raise ValueError("messages is empty: a chat needs at least one message")
+        if "add_generation_prompt" in template_kwargs:
+            raise ValueError(
+                "add_generation_prompt is not a chat option: chat always renders the prompt of "
+                "the assistant's next turn"
+            )
         text = self.tokenizer.apply_chat_template(
             list(messages),
             tools=list(tools) if tools else None,
@@ -486,7 +498,10 @@ class LLM:
         )
         _check_encodable(text)
         # The template writes special tokens (bos, role markers) itself.
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ValueError("the chat template rendered no tokens for these messages")
+        return ids
 
     def chat(
         self,

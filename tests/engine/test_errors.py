@@ -105,11 +105,54 @@ def test_text_that_is_not_unicode(llm):
             {"draft": "ngram", "num_speculative_tokens": 1.5},
             "num_speculative_tokens must be an int",
         ),
+        ({"num_speculative_tokens": -3}, "num_speculative_tokens must be an int"),
+        ({"num_speculative_tokens": "abc"}, "num_speculative_tokens must be an int"),
     ],
 )
 def test_engine_arguments_of_the_wrong_type(tiny_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM.from_pretrained(tiny_dir, show_progress=False, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("messages", "kwargs", "message"),
+    [
+        ("Hello", {}, "messages must be a list of message dicts .* got str"),
+        ({"role": "user", "content": "Hi"}, {}, "messages must be a list .* got dict"),
+        ([], {}, "messages is empty"),
+        (
+            [{"role": "user", "content": "Hi"}],
+            {"add_generation_prompt": False},
+            "add_generation_prompt is not a chat option",
+        ),
+        (
+            [{"role": "user", "content": "Hi"}],
+            {"chat_template": "{% if false %}x{% endif %}"},
+            "the chat template rendered no tokens",
+        ),
+    ],
+)
+def test_bad_chat_calls(llm, messages, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        llm.chat(messages, GREEDY, **kwargs)
+    assert_still_works(llm)
+
+
+def test_a_request_runs_once(llm):
+    # Submitted twice, a request took two cache slots and freed one: the engine lost a slot for
+    # good each time; run again after finishing, it went past max_tokens.
+    request = llm.make_request("Hello", GREEDY)
+    with pytest.raises(ValueError, match="already submitted: a request runs once"):
+        llm.run_requests([request, request])
+    assert not request.submitted  # nothing of the refused call was queued
+    first = llm.run_requests([request])[0]
+    with pytest.raises(ValueError, match=f"request {request.request_id} was already submitted"):
+        llm.run_requests([request])
+    with pytest.raises(ValueError, match="already submitted"):
+        list(llm.stream_request(request))
+    assert first.usage.completion_tokens <= GREEDY.max_tokens
+    assert_still_works(llm)
+    assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
 
 
 def test_model_error_fails_only_that_step(llm, monkeypatch):

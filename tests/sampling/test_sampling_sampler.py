@@ -229,6 +229,26 @@ def test_temperature_and_penalty_that_underflow_float32_stay_finite(build_md) ->
     assert (probs[:, 2] == 1.0).all()  # the limit of a vanishing penalty: the larger seen logit
 
 
+def test_temperature_and_penalty_that_overflow_float32_keep_masks_and_filters(build_md) -> None:
+    # 1e300 is a valid float but inf in float32: -inf (a masked logit) / inf made the rows NaN,
+    # and the draw returned the last token id whatever the mask or top-k said.
+    torch.manual_seed(9)
+    logits = torch.randn(6, 50) * 3
+    logits[:, 40:] = float("-inf")  # masked, as a grammar or padding masks them
+    md = build_md([SamplingParams(temperature=1e300, top_k=5, seed=s) for s in range(6)], 50)
+    probs = processed_probs(logits, md)
+    assert not probs.isnan().any()
+    top5 = logits.topk(5, dim=-1).indices
+    assert torch.equal((probs > 0).sum(-1), torch.full((6,), 5))  # top-k still filters
+    assert (probs.gather(1, top5) > 0).all()
+    torch.testing.assert_close(probs.gather(1, top5), torch.full((6, 5), 0.2))  # the flat limit
+    tokens = sample(logits, md)
+    assert all(t in row for t, row in zip(tokens.tolist(), top5.tolist()))
+    params = [SamplingParams(repetition_penalty=1e300, seed=s) for s in range(6)]
+    probs = processed_probs(logits, build_md(params, 50, prompts=[[1, 2, 45]] * 6))
+    assert not probs.isnan().any() and (probs[:, 40:] == 0).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_logits_are_upcast(build_md, dtype: torch.dtype) -> None:
     logits = torch.tensor([[0.1, 2.0, 0.3]], dtype=dtype)

@@ -51,7 +51,7 @@ from langchain_brisklm._tools import (
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 # Keyword arguments that bind_tools / with_structured_output bind, besides sampling overrides.
 _CALL_OPTIONS = frozenset(
-    {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model"}
+    {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model", "stream"}
 )
 
 

@@ -55,6 +55,16 @@ class EngineLoop:
         with self._start_lock:  # no request slips in after close() has failed the pending ones
             if self._closed:
                 raise RuntimeError("the engine is closed")
+            seen: set[int] = set()
+            for request in requests:
+                if request.submitted or id(request) in seen:
+                    raise ValueError(
+                        f"request {request.request_id} was already submitted: a request runs "
+                        "once; make a new one (LLM.make_request) to run its prompt again"
+                    )
+                seen.add(id(request))
+            for request in requests:
+                request.submitted = True
             self._inbox.put(("add", requests, sink))
             self._ensure_thread_locked()
         self._wakeup.set()

@@ -59,6 +59,8 @@ class Request:
     draft_length: DraftLength | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    # Set when the request is handed to an engine (EngineLoop.submit): a request runs once.
+    submitted: bool = field(default=False, repr=False)
     stop_matcher: StopStringMatcher = field(init=False)
 
     def __post_init__(self) -> None:

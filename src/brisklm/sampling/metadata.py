@@ -153,12 +153,15 @@ def _floats(values: Sequence[float], device: torch.device | str) -> torch.Tensor
 
 # Temperatures and repetition penalties are divisors. A valid float64 value such as 1e-46 is 0 in
 # float32, and x / 0 made the row NaN (sampled as the last token id); the smallest normal float32
-# keeps the division finite or -inf, which is the limit the tiny value asks for.
+# keeps the division finite or -inf, which is the limit the tiny value asks for. A value above
+# float32's largest (1e300, say) is inf in float32, and -inf / inf (a masked logit) made the row NaN:
+# the largest float32 keeps masked logits at -inf and the others near 0, the limit it asks for.
 _SMALLEST_DIVISOR = torch.finfo(torch.float32).tiny
+_LARGEST_DIVISOR = torch.finfo(torch.float32).max
 
 
 def _divisors(values: Sequence[float], device: torch.device | str) -> torch.Tensor:
-    return _floats(values, device).clamp_min_(_SMALLEST_DIVISOR)
+    return _floats(values, device).clamp_(_SMALLEST_DIVISOR, _LARGEST_DIVISOR)
 
 
 def _ints(values: Sequence[int], device: torch.device | str) -> torch.Tensor:

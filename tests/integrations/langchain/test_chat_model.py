@@ -111,6 +111,14 @@ def test_per_call_sampling_overrides(chat: ChatBrisk) -> None:
         chat.invoke("Hello", temprature=0)
 
 
+def test_the_per_call_stream_switch_of_langchain_core(chat: ChatBrisk) -> None:
+    # BaseChatModel reads stream=<bool> in a call's kwargs (streaming on or off for that call)
+    # and passes it on: it raised "unexpected keyword argument(s) stream".
+    text = chat.invoke("Hello", max_tokens=6).text
+    assert chat.invoke("Hello", max_tokens=6, stream=False).text == text
+    assert chat.invoke("Hello", max_tokens=6, stream=True).text == text
+
+
 def test_per_call_model_override(chat: ChatBrisk, tiny_chat_dir: Path) -> None:
     spelled = str(tiny_chat_dir) + "/"
     message = chat.invoke("Hello", model=spelled)
