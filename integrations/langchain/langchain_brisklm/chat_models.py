@@ -28,6 +28,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict
 
 from brisklm import LLM
 from brisklm.constrained.json_schema import JSON_OPTIONS
@@ -144,6 +145,10 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         chat.invoke("Hello!")
         ```
     """
+
+    # A misspelled or unknown setting (temprature=, max_new_tokens=, model_name=) is an error that
+    # names it, not a setting silently left at its default (LangChain's models ignore extras).
+    model_config = ConfigDict(extra="forbid")
 
     @property
     def _llm_type(self) -> str:

@@ -12,6 +12,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseLLM
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from pydantic import ConfigDict
 
 from brisklm import LLM
 from brisklm.engine.request import Request
@@ -58,6 +59,10 @@ class BriskLLM(BriskSettings, BaseLLM):
         llm.invoke("The capital of France is")
         ```
     """
+
+    # A misspelled or unknown setting (temprature=, max_new_tokens=, model_name=) is an error that
+    # names it, not a setting silently left at its default (LangChain's models ignore extras).
+    model_config = ConfigDict(extra="forbid")
 
     @property
     def _llm_type(self) -> str:

@@ -111,6 +111,14 @@ def test_per_call_sampling_overrides(chat: ChatBrisk) -> None:
         chat.invoke("Hello", temprature=0)
 
 
+@pytest.mark.parametrize("cls", [ChatBrisk, BriskLLM])
+@pytest.mark.parametrize("setting", ["temprature", "max_new_tokens", "model_name"])
+def test_an_unknown_setting_is_an_error_naming_it(cls, setting: str) -> None:
+    # LangChain's models ignore unknown fields: ChatBrisk(temprature=0) sampled at the default.
+    with pytest.raises(ValueError, match=f"{setting}\n  Extra inputs are not permitted"):
+        cls(**{setting: 0})
+
+
 def test_the_per_call_stream_switch_of_langchain_core(chat: ChatBrisk) -> None:
     # BaseChatModel reads stream=<bool> in a call's kwargs (streaming on or off for that call)
     # and passes it on: it raised "unexpected keyword argument(s) stream".
