@@ -125,11 +125,6 @@ class Tokenizer:
             name_or_path=str(directory),
         )
 
-    @property
-    def tokenizer_json(self) -> str:
-        """The `tokenizers` pipeline as JSON text (llguidance tokenizes forced text with it in Rust)."""
-        return self._backend.to_str()
-
     def _named_id(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
 

@@ -52,7 +52,7 @@ def _byte_decoder() -> dict[str, int]:
 class BpeTokenizer:
     """Test stand-in for brisklm.tokenizer.Tokenizer over a tokenizer.json (byte-level BPE)."""
 
-    def __init__(self, path: Path, *, expose_tokenizer_json: bool = True) -> None:
+    def __init__(self, path: Path) -> None:
         self._tok = Tokenizer.from_file(str(path))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_token_ids = (
@@ -60,7 +60,6 @@ class BpeTokenizer:
             self._tok.token_to_id("<|im_end|>"),
         )
         self.special_token_ids = frozenset(self._tok.token_to_id(t) for t in SPECIAL_TOKENS)
-        self.tokenizer_json = str(path) if expose_tokenizer_json else None
 
     def token_bytes(self) -> list[bytes]:
         decoder = _byte_decoder()

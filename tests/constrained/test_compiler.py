@@ -178,6 +178,23 @@ def test_a_constraint_that_matches_nothing_fails_at_compile(
         bpe_compiler.compile(constraint)
 
 
+@pytest.mark.parametrize(
+    "constraint, name",
+    [
+        (Grammar('start: "a" start'), "Lark grammar"),
+        (Grammar('start: x "b"\nx: "ab" x'), "Lark grammar"),
+        (Grammar('root ::= "a" root', "gbnf"), "GBNF grammar"),
+    ],
+)
+def test_a_constraint_that_forces_text_without_end_fails_at_compile(
+    bpe_compiler: GrammarCompiler, constraint: Any, name: str
+) -> None:
+    # These used to compile, and the request failed at its first step ("Too many items").
+    with pytest.raises(ConstraintError, match=f"the {name} cannot be enforced: it forces \\d+ tok"):
+        bpe_compiler.compile(constraint)
+    assert bpe_compiler.compile(Grammar('start: "a" start | "b"')).matcher().is_accepting() is False
+
+
 def test_the_empty_string_is_a_language(bpe_compiler: GrammarCompiler) -> None:
     matcher = bpe_compiler.compile(Regex("")).matcher()
     assert matcher.is_accepting()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from brisklm.constrained import GrammarCompiler, JsonSchema, llg_tokenizer_for
+from brisklm.constrained import Choice, GrammarCompiler, JsonSchema, Regex, llg_tokenizer_for
 
 TEXTS = ['{"name":"Bob","age":7}', "hello world", " leading space", "naïve café 日本語", "a\nb\tc"]
 
@@ -17,12 +14,11 @@ TEXTS = ['{"name":"Bob","age":7}', "hello world", " leading space", "naïve caf�
 class CountingEncode:
     """Wraps a test tokenizer and counts `encode` calls."""
 
-    def __init__(self, inner: Any, *, tokenizer_json: str | None = None) -> None:
+    def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.vocab_size = inner.vocab_size
         self.eos_token_ids = inner.eos_token_ids
         self.special_token_ids = inner.special_token_ids
-        self.tokenizer_json = tokenizer_json
         self.num_encode_calls = 0
 
     def token_bytes(self) -> list[bytes]:
@@ -46,24 +42,8 @@ def _bytes(tokenizer: Any, ids: list[int]) -> bytes:
     return b"".join(token_bytes[i] for i in ids)
 
 
-def test_tokenizer_json_path_tokenizes_in_rust(bpe_tokenizer: Any, bpe_json_path: Path) -> None:
-    counting = CountingEncode(bpe_tokenizer, tokenizer_json=str(bpe_json_path))
-    llg = llg_tokenizer_for(counting)
-    assert llg.vocab_size == bpe_tokenizer.vocab_size
-    assert sorted(llg.eos_tokens) == sorted(bpe_tokenizer.eos_token_ids)
-    for text in TEXTS:
-        assert llg.tokenize_str(text) == bpe_tokenizer.encode(text)
-    assert counting.num_encode_calls == 0  # llguidance used tokenizer.json, not the Python callback
-    # The explicit argument works the same, and also takes the JSON text itself.
-    plain = CountingEncode(bpe_tokenizer)
-    llg = llg_tokenizer_for(plain, tokenizer_json=bpe_json_path.read_text(encoding="utf-8"))
-    assert (
-        llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0]) and plain.num_encode_calls == 0
-    )
-
-
-def test_token_bytes_path_matches_encode(bpe_tokenizer: Any) -> None:
-    counting = CountingEncode(bpe_tokenizer)  # no tokenizer.json: trie from token_bytes()
+def test_tokenizes_as_encode_does(bpe_tokenizer: Any) -> None:
+    counting = CountingEncode(bpe_tokenizer)
     llg = llg_tokenizer_for(counting)
     for text in TEXTS:
         assert llg.tokenize_str(text) == bpe_tokenizer.encode(text)
@@ -76,46 +56,14 @@ def test_token_bytes_path_matches_encode(bpe_tokenizer: Any) -> None:
     assert all(llg.is_special_token(i) for i in bpe_tokenizer.special_token_ids)
 
 
-def test_mismatched_tokenizer_json_falls_back(
-    bpe_tokenizer: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    other = Tokenizer(models.BPE())
-    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    other.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=bpe_tokenizer.vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_end|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    other.train_from_iterator(["zzzz yyyy xxxx wwww"] * 50 + ["abc def ghi jkl mno"] * 50, trainer)
-    path = tmp_path / "tokenizer.json"
-    other.save(str(path))
-    with caplog.at_level(logging.INFO, logger="brisklm.constrained.tokenizer_bridge"):
-        llg = llg_tokenizer_for(CountingEncode(bpe_tokenizer, tokenizer_json=str(path)))
-    assert "differently" in caplog.text
-    assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0])
-    # A tokenizer.json llguidance cannot read at all (no decoder) also falls back.
-    other.decoder = None
-    other.save(str(path))
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="brisklm.constrained.tokenizer_bridge"):
-        llg = llg_tokenizer_for(CountingEncode(bpe_tokenizer, tokenizer_json=str(path)))
-    assert "cannot read" in caplog.text
-    assert llg.tokenize_str(TEXTS[0]) == bpe_tokenizer.encode(TEXTS[0])
-
-
-def test_special_tokens_must_agree(
-    bpe_tokenizer: Any, bpe_json_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # A token the tokenizer calls special but tokenizer.json does not: use token_bytes() instead.
+def test_the_tokenizers_special_tokens_are_special(bpe_tokenizer: Any) -> None:
+    # A token the tokenizer calls special (here an ordinary word's id) can never be text.
     plain_id = bpe_tokenizer.encode("name")[0]
-    odd = CountingEncode(bpe_tokenizer, tokenizer_json=str(bpe_json_path))
+    odd = CountingEncode(bpe_tokenizer)
     odd.special_token_ids = bpe_tokenizer.special_token_ids | {plain_id}
-    with caplog.at_level(logging.INFO, logger="brisklm.constrained.tokenizer_bridge"):
-        llg = llg_tokenizer_for(odd)
-    assert "differently" in caplog.text
+    llg = llg_tokenizer_for(odd)
     assert llg.is_special_token(plain_id)
+    assert plain_id not in llg.tokenize_str("name")
 
 
 def test_dummy_prefix_is_not_injected(sp_tokenizer: Any) -> None:
@@ -149,3 +97,21 @@ def test_needs_an_eos(bpe_tokenizer: Any) -> None:
     no_eos.eos_token_ids = ()
     with pytest.raises(ValueError, match="EOS"):
         llg_tokenizer_for(no_eos)
+
+
+@pytest.mark.parametrize(
+    "constraint", [Regex(r"a<\|im_end\|>b"), Choice(("a<|im_end|>b",))], ids=["regex", "choice"]
+)
+def test_forced_text_that_spells_a_special_token_is_plain_text(
+    bpe_tokenizer: Any, constraint: Any
+) -> None:
+    # encode() (and llguidance reading tokenizer.json) reads "<|im_end|>" in text as the special
+    # token, which llguidance refuses for text: the request failed at its first step ("token ...
+    # doesn't satisfy the grammar").
+    assert bpe_tokenizer.encode("a<|im_end|>b")[1] in bpe_tokenizer.special_token_ids
+    matcher = GrammarCompiler(bpe_tokenizer).compile(constraint).matcher()
+    forced = matcher.compute_ff_tokens()
+    assert not set(forced) & bpe_tokenizer.special_token_ids
+    assert _bytes(bpe_tokenizer, forced) == b"a<|im_end|>b"
+    assert matcher.accept_tokens(forced) == len(forced)
+    assert matcher.is_accepting()

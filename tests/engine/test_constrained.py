@@ -171,10 +171,12 @@ def test_errors_before_generation(llm):
 
 
 def test_constraint_past_llguidance_limits_is_a_constraint_error(llm):
-    # Compiles, but llguidance gives up once generation starts: a clear ConstraintError for this
-    # request (not "rejected token ..."), and the engine goes on.
+    # llguidance gives up on these: a clear ConstraintError for this request (not "rejected
+    # token ..."), at submit, and the engine goes on.
     with pytest.raises(ConstraintError, match="llguidance stopped with .*exceeds its limits"):
         llm.generate("x", SamplingParams(regex="(a{1000}){1000}", max_tokens=5))
+    with pytest.raises(ConstraintError, match="never ends"):
+        llm.generate("x", SamplingParams(grammar='start: "a" start', max_tokens=5))
     assert not llm.engine.has_unfinished
     assert llm.generate("x", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
 

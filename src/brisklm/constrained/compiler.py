@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -28,6 +27,9 @@ if TYPE_CHECKING:
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
 # The regex-syntax caret line under the pattern ("    a(" / "     ^") gives the column.
 _REGEX_CARET = re.compile(r"regex parse error:\n {4}(?P<pattern>.*)\n {4}(?P<caret> *)\^")
+
+# llguidance's error when computing forced tokens runs past its item limit.
+_ENDLESS_FORCED = "ff_tokens"
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,7 +87,19 @@ def _check_first_step(constraint: Constraint, prototype: LLMatcher) -> None:
     output fails here, before any request is queued, instead of mid-generation: an empty language
     (a regex nothing matches, a rule with no base case) or a grammar past llguidance's limits."""
     probe = prototype.deep_copy()
-    probe.compute_ff_tokens()  # what the engine asks first (forced tokens), then the mask
+    forced = probe.compute_ff_tokens()  # what the engine asks first (forced tokens), then the mask
+    if forced and not probe.is_error():
+        # A rule that only refers to itself through text (`start: "a" start`) forces that text
+        # without end, and a long fixed repetition forces more than llguidance's item limit: it
+        # returns that limit's worth of tokens, and the next step fails. Both fail at submit.
+        probe.consume_tokens(forced)
+        probe.compute_ff_tokens()
+        if probe.is_error() and _ENDLESS_FORCED in probe.get_error():
+            raise ConstraintError(
+                f"the {_constraint_name(constraint)} cannot be enforced: it forces "
+                f"{len(forced)} tokens and more before its output may end, past llguidance's "
+                'limits (a rule that only refers to itself, like start: "a" start, never ends)'
+            )
     probe.compute_bitmask()
     error = first_paragraph(probe.get_error()) if probe.is_error() else None
     if error == "NoExtensionBias" or (
@@ -141,13 +155,12 @@ class GrammarCompiler:
         tokenizer: TokenizerLike,
         *,
         max_cache_size: int = 256,
-        tokenizer_json: str | os.PathLike[str] | None = None,
         num_threads: int | None = None,
     ) -> None:
         if max_cache_size < 1:
             raise ValueError(f"max_cache_size must be >= 1, got {max_cache_size}")
         self.tokenizer = tokenizer
-        self.llg_tokenizer = llg_tokenizer_for(tokenizer, tokenizer_json=tokenizer_json)
+        self.llg_tokenizer = llg_tokenizer_for(tokenizer)
         self.vocab_size: int = self.llg_tokenizer.vocab_size
         self.eos_token_ids: tuple[int, ...] = tuple(tokenizer.eos_token_ids)
         self.max_cache_size = max_cache_size
