@@ -257,3 +257,64 @@ def test_kv_cache_dtype_flag_reaches_the_engine(model_dir, capsys, monkeypatch):
     code = main([*argv, "--temperature", "0", "--max-tokens", "3", "--ignore-eos", "hi"])
     assert code == 0 and seen["cache"] == torch.bfloat16
     assert capsys.readouterr().out  # the completion streamed
+
+
+def test_a_json_schema_file_with_bad_json_is_named_as_such(model_dir, capsys, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object",\n}', encoding="utf-8")
+    code = main(["generate", "--model", str(model_dir), "--json-schema", str(schema), "x"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1
+    assert f"--json-schema file {str(schema)!r} is not valid JSON: " in err
+    assert "at line 2, column 1" in err  # it used to say "neither a file nor valid JSON"
+
+
+def test_a_system_message_that_fills_the_context_is_refused_at_start(
+    model_dir, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nHello\n"))
+    argv = ["chat", "--model", str(model_dir), "--max-seq-len", "32", "--system", "word " * 40]
+    code = main(argv)
+    captured = capsys.readouterr()
+    # It refused every line and exited 0.
+    assert code == 1 and captured.out == ""
+    assert (
+        captured.err.startswith("brisklm: error: --system takes ") and captured.err.count("\n") == 1
+    )
+    assert "context holds 32" in captured.err
+
+
+def test_a_kv_cache_too_large_to_allocate_is_one_clear_line(model_dir, capsys, monkeypatch):
+    from brisklm.kernels import huge_pages
+
+    def refuse(shape, dtype, device):  # what torch's allocator raises (not overcommitted here)
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 10240000000000 bytes. Error code 12"
+        )
+
+    monkeypatch.setattr(huge_pages, "zeros", refuse)
+    code = main(["generate", "--model", str(model_dir), "--max-seq-len", "1000000000", "hi"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1
+    assert err.startswith("brisklm: error: the KV cache for 1 sequence(s) of 1000000000 tokens")
+    assert "needs 512.0 GB" in err and "lower max_seq_len or max_batch_size" in err
+
+
+def test_a_closed_pipe_ends_generation_quietly():
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    argv = ["generate", "--max-tokens", "200", "--ignore-eos", "--temperature", "0", "Once"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "brisklm.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(1)  # the reader takes one byte and goes, as `head -c 1` does
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    # It printed "brisklm: error: [Errno 32] Broken pipe" and exited 1.
+    assert process.wait(timeout=120) == 141
+    assert err == ""

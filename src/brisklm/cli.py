@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE (signal 13)
 
 
 class CliError(Exception):
@@ -174,24 +176,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_text_or_file(value: str) -> str:
+def _json_schema(value: str) -> Any:
+    """--json-schema's value: a file holding JSON, or the JSON text itself."""
     path = Path(value)
     try:
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-    except OSError:
-        pass
-    return value
+        text = path.read_text(encoding="utf-8") if path.is_file() else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"--json-schema file {value!r} cannot be read ({exc})") from None
+    try:
+        return json.loads(value if text is None else text)
+    except json.JSONDecodeError as exc:
+        if text is not None:
+            raise CliError(
+                f"--json-schema file {value!r} is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                f"column {exc.colno}"
+            ) from None
+        raise CliError(
+            f"--json-schema is neither a file nor valid JSON text ({exc}); give a path to a "
+            "schema file or the schema itself"
+        ) from None
 
 
 def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if args.json_schema is not None:  # an empty value is an error below, not "no schema"
-        text = _read_text_or_file(args.json_schema)
-        try:
-            options["json_schema"] = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"--json-schema is neither a file nor valid JSON ({exc})") from None
+        options["json_schema"] = _json_schema(args.json_schema)
     if args.json:
         options["json_object"] = True
     if args.regex is not None:  # "" allows only the empty output, as in the API
@@ -282,6 +291,13 @@ def _run_chat(args: argparse.Namespace) -> int:
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
+        system_tokens = len(llm.chat_prompt_ids(messages))
+        if system_tokens >= llm.max_seq_len:  # no message could ever fit after it
+            raise CliError(
+                f"--system takes {system_tokens} tokens with the chat template, but the context "
+                f"holds {llm.max_seq_len} (the system message, each turn and the reply); "
+                "shorten it or raise --max-seq-len"
+            )
     if interactive:
         print(
             "Chatting with",
@@ -374,7 +390,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (CliError, ValueError, TypeError, FileNotFoundError, OSError, RuntimeError) as exc:
+    except BrokenPipeError:
+        # The reader went away (`brisklm generate ... | head -c 100`): stop quietly, as a command
+        # killed by SIGPIPE does. Python ignores SIGPIPE, so the write raised instead; pointing
+        # stdout at /dev/null keeps the interpreter's final flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except (CliError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
         message = str(exc) or type(exc).__name__
         print(f"brisklm: error: {message.splitlines()[0] if message else message}", file=sys.stderr)
         return EXIT_ERROR

@@ -31,8 +31,19 @@ class KVCache:
         # Zeros, not empty: a reference attention multiplies masked-out values by zero weights, and
         # uninitialised memory can hold NaN. On CPU on huge pages where the machine gives them:
         # attention streams a sequence's keys and values at every step.
-        self.keys = huge_pages.zeros(shape, dtype, device)
-        self.values = huge_pages.zeros(shape, dtype, device)
+        try:
+            self.keys = huge_pages.zeros(shape, dtype, device)
+            self.values = huge_pages.zeros(shape, dtype, device)
+        except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+            if "alloc" not in str(exc) and "out of memory" not in str(exc).lower():
+                raise
+            per_token = self.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+            raise MemoryError(
+                f"the KV cache for {num_slots} sequence(s) of {max_seq_len} tokens needs "
+                f"{_size(per_token * num_slots * max_seq_len)} ({per_token} bytes a token in "
+                f"{str(dtype).removeprefix('torch.')}), more than {device} could allocate: "
+                "lower max_seq_len or max_batch_size"
+            ) from exc
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]
@@ -48,3 +59,10 @@ class KVCache:
     ) -> int:
         element = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * num_kv_heads * head_dim * element
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} bytes"
