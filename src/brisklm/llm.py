@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +38,35 @@ Message = Mapping[str, Any]
 
 
 def _is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int, or an integer scalar of numpy (numbers.Integral); not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _as_list(value: Any) -> Any:
+    """A numpy array or torch tensor of token ids as (nested) lists of ints; others unchanged."""
+    if hasattr(value, "tolist") and hasattr(value, "ndim") and not isinstance(value, str):
+        return value.tolist()
+    return value
+
+
+def _shape_error(prompt: Any) -> TypeError:
+    """Why `prompt` (neither a str nor a list of token ids) is not a prompt."""
+    if isinstance(prompt, list | tuple):
+        index = next(i for i, t in enumerate(prompt) if not _is_token_id(t))
+        item = prompt[index]
+        hint = (
+            "; a list of prompts is a list of strs or lists of ids: [[1, 2], 'Hi']"
+            if isinstance(item, str | list | tuple)
+            else ""
+        )
+        return TypeError(
+            "a prompt given as a list must hold only token ids (ints), but item "
+            f"{index} is a {type(item).__name__} ({item!r:.40}){hint}"
+        )
+    return TypeError(
+        f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}"
+        + (" (decode bytes to str first)" if _is_bytes(prompt) else "")
+    )
 
 
 def _is_bytes(value: Any) -> bool:
@@ -276,22 +305,20 @@ class LLM:
         """Validate and tokenize one prompt. Raises ValueError/TypeError before anything is queued."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        prompt = _as_list(prompt)
         if isinstance(prompt, str):
             _check_encodable(prompt)
             text: str | None = prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         elif isinstance(prompt, list | tuple) and all(_is_token_id(t) for t in prompt):
             text = None
-            ids = list(prompt)
+            ids = [int(t) for t in prompt]
             vocab = self.engine.num_real_tokens
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
         else:
-            raise TypeError(
-                f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}"
-                + (" (decode bytes to str first)" if _is_bytes(prompt) else "")
-            )
+            raise _shape_error(prompt)
         if not ids:
             raise ValueError("the prompt is empty: it encodes to no tokens")
         if len(ids) >= self.max_seq_len:
@@ -336,11 +363,24 @@ class LLM:
                 "params must be a SamplingParams, a list of them (one per prompt) or None, got "
                 f"{type(params).__name__}"
             )
+        for index, prompt in enumerate(map(_as_list, prompts)):
+            if not isinstance(prompt, str | list | tuple):
+                raise TypeError(
+                    f"prompt {index} of the list is {prompt!r:.40} ({type(prompt).__name__}): a "
+                    "list of prompts holds strs or lists of token ids"
+                    + (
+                        ", and a tokenized prompt is a list of ints alone"
+                        if len(prompts) > 1
+                        else ""
+                    )
+                    + (" (decode bytes to str first)" if _is_bytes(prompt) else "")
+                )
         return [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
 
     @staticmethod
     def _prompt_list(prompts: Any) -> tuple[list[Any], bool]:
         """The prompts of a generate call as a list, and whether one prompt was given (not a list)."""
+        prompts = _as_list(prompts)
         if isinstance(prompts, str):
             return [prompts], True
         if isinstance(prompts, list | tuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,14 +67,31 @@ def test_bad_prompts(llm):
         ({"Hello"}, "got set"),
         (b"hello", r"got bytes \(decode bytes to str first\)"),  # was taken as token ids
         (bytearray(b"hi"), "got bytearray"),
-        ([b"hi", b"yo"], r"a prompt must be a str or a list of token ids, got bytes \(decode"),
-        ([True, 3], "got bool"),
+        ([b"hi", b"yo"], r"prompt 0 of the list is b'hi' \(bytes\).* \(decode bytes to str"),
+        ([True, 3], r"prompt 0 of the list is True \(bool\)"),
+        # These said "a prompt must be a str or a list of token ids, got list / int".
+        ([5, "Hi"], r"a prompt given as a list must hold only token ids \(ints\), but item 1 is a"),
+        (["Hi", 5], r"prompt 1 of the list is 5 \(int\).* a tokenized prompt is a list of ints"),
+        ([5.0, 6.0], r"prompt 0 of the list is 5.0 \(float\)"),
+        (np.array([5.0, 6.0]), r"prompt 0 of the list is 5.0 \(float\)"),
     ],
 )
 def test_prompts_of_the_wrong_type(llm, prompts, message):
     with pytest.raises(TypeError, match=message):
         llm.generate(prompts, GREEDY)
     assert_still_works(llm)
+
+
+def test_numpy_and_torch_token_ids_are_prompts(llm):
+    # An array of ids was "prompts must be a str, ..., got ndarray"; numpy's int64 items "got int64".
+    expected = llm.generate([5, 6, 7], GREEDY).token_ids
+    for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7]), [np.int64(5), 6, np.int32(7)]):
+        assert llm.generate(prompt, GREEDY).token_ids == expected
+    two = llm.generate(np.array([[5, 6, 7], [5, 6, 7]]), GREEDY)
+    assert [out.token_ids for out in two] == [expected, expected]
+    assert "".join(llm.stream(np.array([5, 6, 7]), GREEDY)) == llm.generate([5, 6, 7], GREEDY).text
+    with pytest.raises(ValueError, match=r"prompt token ids must be in \[0, "):
+        llm.generate(np.array([5, -1]), GREEDY)
 
 
 def test_params_of_the_wrong_type(llm):
