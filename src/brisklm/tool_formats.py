@@ -103,6 +103,24 @@ class ToolCallFormat:
         calls = _parse_json_calls(body, self.new_id, array=False)
         return ("", calls) if calls else (text.strip(), [])
 
+    def open_calls(self, text: str) -> tuple[str, str] | None:
+        """For a reply whose calls began but do not parse (the reply was cut inside them): the
+        content before the calls and the calls' text after the tag; None otherwise. Hermes replies
+        are split by their own tags (see ``parse_tool_calls``) and give None here."""
+        if self.name == "hermes" or self.parse(text)[1]:
+            return None
+        if self.name == "mistral":
+            start = text.find(MISTRAL_TAG)
+            if start < 0:
+                return None
+            return text[:start].strip(), text[start + len(MISTRAL_TAG) :].strip()
+        body = text.strip()
+        if body.startswith(LLAMA_TAG):
+            body = body[len(LLAMA_TAG) :].strip()
+        elif not body.startswith("{"):
+            return None
+        return "", body
+
     def stream_parser(self) -> ToolCallStreamParser | TailCallStreamParser:
         """An incremental parser whose events add up to ``parse`` of the whole reply."""
         return ToolCallStreamParser() if self.name == "hermes" else TailCallStreamParser(self)

@@ -253,8 +253,20 @@ def _settled_arguments(text: str) -> str:
     return text[:-1] if text.endswith("}") else text
 
 
-def split_cut_call(text: str) -> tuple[str, InvalidToolCall | None]:
-    """Split off a last tool call that the reply ended inside (max_tokens ran out).
+def cut_call_error(finish_reason: str | None, stop_reason: str | int | None) -> str:
+    """What ended a reply inside a tool call, for the cut call's error."""
+    if finish_reason == "length":
+        return "the reply ended inside this tool call (max_tokens reached)"
+    if isinstance(stop_reason, str):
+        return f"the stop sequence {stop_reason!r} ended the reply inside this tool call"
+    if stop_reason is not None:
+        return f"the stop token id {stop_reason} ended the reply inside this tool call"
+    return f"the reply ended inside this tool call (finish reason {finish_reason!r})"
+
+
+def split_cut_call(text: str, error: str) -> tuple[str, InvalidToolCall | None]:
+    """Split off a last Hermes tool call that the reply ended inside (max_tokens ran out, or a
+    stop sequence or stop token ended it).
 
     Returns the text before it and the cut call as an invalid tool call, with its name when the
     name was written and its arguments so far; or the text unchanged and None.
@@ -270,9 +282,35 @@ def split_cut_call(text: str) -> tuple[str, InvalidToolCall | None]:
         name=json.loads(head.group(1)) if head else None,
         args=body.lstrip()[head.end() :] if head else body,
         id=new_tool_call_id(),
-        error="the reply ended inside this tool call (max_tokens reached)",
+        error=error,
     )
     return text[:start], cut
+
+
+_NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")|^\s*\[?\s*([^\s\[\]{}"]+)\s*(?:\[|\{)')
+
+
+def parse_reply(
+    text: str, tool_format: ToolCallFormat, error: str
+) -> tuple[str, list[Any], list[InvalidToolCall]]:
+    """A reply's content, tool calls and cut calls (`error` says what cut them), in its format."""
+    if tool_format.name == "hermes":
+        text, cut = split_cut_call(text, error)
+        content, calls = tool_format.parse(text)
+        return content, calls, [cut] if cut is not None else []
+    content, calls = tool_format.parse(text)
+    opened = tool_format.open_calls(text)
+    if opened is None:
+        return content, calls, []
+    content, body = opened
+    name = _NAME.search(body)
+    cut = invalid_tool_call(
+        name=(json.loads(name.group(1)) if name.group(1) else name.group(2)) if name else None,
+        args=body,
+        id=tool_format.new_id(),
+        error=error,
+    )
+    return content, [], [cut]
 
 
 @dataclass
@@ -291,20 +329,29 @@ class ToolCallChunker:
     """
 
     def __init__(self, tool_format: ToolCallFormat | None = None) -> None:
-        self._parser = (tool_format or ToolCallFormat()).stream_parser()
+        self._format = tool_format or ToolCallFormat()
+        self._parser = self._format.stream_parser()
         self._calls: dict[int, _CallState] = {}
+        self._text = ""
 
     def feed(self, text: str) -> tuple[str, list[ToolCallChunk]]:
+        self._text += text
         return self._convert(self._parser.feed(text))
 
     def finish(self) -> tuple[str, list[ToolCallChunk]]:
-        open_call = self._calls.get(self._parser.num_calls)
         events = self._parser.finish()
+        opened = self._format.open_calls(self._text)
+        if opened is not None:
+            # Calls (llama3_json, mistral) the reply ended inside: they stream whole at the end,
+            # so none went out, and their markup is not content. The reply's message lists the
+            # cut calls as invalid; a stream's chunks cannot (they merge into calls).
+            return self._convert([e for e in events if not isinstance(e, ContentDelta)])
         last = events[-1] if events else None
         cut = isinstance(last, ContentDelta) and last.text.lstrip().startswith(TOOL_CALL_START)
-        if cut and open_call is not None and open_call.head_end is not None:
-            # A call the reply ended inside: its chunks went out already, so its text is not
-            # content too (the merged chunks hold the partial call).
+        if cut:
+            # A call the reply ended inside is not content, as in the reply's message (which
+            # lists it as invalid). Its chunks went out already once its name was complete; the
+            # merged chunks hold the partial call.
             events = events[:-1]
         return self._convert(events)
 

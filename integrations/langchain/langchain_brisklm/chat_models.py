@@ -34,7 +34,6 @@ from brisklm import LLM
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
-from brisklm.tool_calls import parse_tool_calls
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
@@ -42,11 +41,12 @@ from langchain_brisklm._tools import (
     ToolCallChunker,
     ToolChoice,
     check_parallel_tool_calls,
+    cut_call_error,
     format_tools,
     grammar_mode,
     is_bare_json_schema,
     normalize_tool_choice,
-    split_cut_call,
+    parse_reply,
 )
 
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
@@ -68,9 +68,14 @@ class _Call:
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
-    """A JSON Schema for a pydantic class, TypedDict, JSON Schema dict or OpenAI tool/function dict."""
+    """A JSON Schema for a pydantic class, TypedDict, JSON Schema dict, OpenAI tool/function dict
+    or Anthropic tool dict."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
+    if isinstance(schema, dict) and isinstance(schema.get("input_schema"), dict):
+        # Anthropic's {"name", "description", "input_schema"}: taken whole as a JSON Schema, its
+        # unknown keys were ignored and any JSON passed.
+        return schema["input_schema"]
     if isinstance(schema, dict) and ("function" not in schema and "parameters" not in schema):
         return schema  # already a JSON Schema
     return convert_to_json_schema(schema)
@@ -238,12 +243,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
 
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
         invalid = []
-        if call.parse_tools and call.tool_format.name == "hermes":
-            text, cut = split_cut_call(output.text)
-            content, calls = parse_tool_calls(text)
-            invalid = [cut] if cut is not None else []
-        elif call.parse_tools:
-            content, calls = call.tool_format.parse(output.text)
+        if call.parse_tools:
+            error = cut_call_error(output.finish_reason, output.stop_reason)
+            content, calls, invalid = parse_reply(output.text, call.tool_format, error)
         else:
             content, calls = output.text, []
         tool_calls = [
@@ -390,8 +392,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         """A runnable that returns outputs matching `schema`, valid by construction.
 
         Args:
-            schema: a pydantic class (returns instances), a TypedDict, a JSON Schema dict, or an
-                OpenAI tool/function dict (these return dicts).
+            schema: a pydantic class (returns instances), a TypedDict, a JSON Schema dict, an
+                OpenAI tool/function dict or an Anthropic tool dict (these return dicts).
             method: "json_schema" (default): the reply is JSON decoded under the schema;
                 "function_calling": a forced call of a tool with the schema as its parameters;
                 "json_mode": the reply is any JSON object (describe the keys in the prompt).

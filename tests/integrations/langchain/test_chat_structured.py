@@ -48,6 +48,13 @@ WEATHER_JSON_SCHEMA = {
     "required": ["city", "temperature", "sunny"],
 }
 PROMPT = "What is the weather in Paris?"
+SCHEMA_BODY = {k: v for k, v in WEATHER_JSON_SCHEMA.items() if k != "title"}
+ANTHROPIC_TOOL = {
+    "name": "Weather",
+    "description": "A weather report.",
+    "input_schema": SCHEMA_BODY,
+}
+OPENAI_FUNCTION = {"name": "Weather", "description": "A weather report.", "parameters": SCHEMA_BODY}
 
 
 class _Options(BaseCallbackHandler):
@@ -73,7 +80,12 @@ def test_pydantic(chat: ChatBrisk, method: str) -> None:
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
-@pytest.mark.parametrize("schema", [WeatherDict, WEATHER_JSON_SCHEMA], ids=["typeddict", "json"])
+@pytest.mark.parametrize(
+    "schema",
+    # The Anthropic form was not enforced with json_schema: any JSON passed.
+    [WeatherDict, WEATHER_JSON_SCHEMA, ANTHROPIC_TOOL, OPENAI_FUNCTION],
+    ids=["typeddict", "json", "anthropic", "openai"],
+)
 def test_dict_schemas(chat: ChatBrisk, method: str, schema: Any) -> None:
     structured = chat.with_structured_output(schema, method=method)
     result = structured.invoke(PROMPT)

@@ -211,6 +211,23 @@ def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
     assert "max_tokens" in cut["error"]
 
 
+def test_a_stop_sequence_inside_a_call_makes_it_invalid_in_invoke_and_stream(
+    chat: ChatBrisk,
+) -> None:
+    # It was reported as "max_tokens reached"; the stream left the call's markup in content.
+    bound = chat.bind_tools(TOOLS, tool_choice="get_weather", stop=['"arguments"'])
+    message = bound.invoke(QUESTION, max_tokens=40)
+    assert message.response_metadata["finish_reason"] == "stop"
+    assert message.response_metadata["stop_reason"] == '"arguments"'
+    assert message.tool_calls == [] and message.content == ""
+    (cut,) = message.invalid_tool_calls
+    assert cut["error"] == (
+        "the stop sequence '\"arguments\"' ended the reply inside this tool call"
+    )
+    full = streamed(bound, QUESTION)
+    assert full.content == "" and full.tool_calls == []
+
+
 # ------------------------------------------------------------------ input validation
 class PickCity(BaseModel):
     """Pick a city."""

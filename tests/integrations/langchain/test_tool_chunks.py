@@ -1,4 +1,5 @@
-"""ToolCallChunker and split_cut_call on written text (no model): content, tool-call chunks, cuts."""
+"""ToolCallChunker, split_cut_call and parse_reply on written text (no model): content, tool-call
+chunks, cuts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import random
 import pytest
 from langchain_core.messages import AIMessageChunk
 
-from langchain_brisklm._tools import ToolCallChunker, normalize_tool_choice, split_cut_call
+from brisklm.tool_formats import ToolCallFormat
+from langchain_brisklm._tools import (
+    ToolCallChunker,
+    cut_call_error,
+    normalize_tool_choice,
+    parse_reply,
+    split_cut_call,
+)
 
 CALLS = [
     ("get_weather", {"city": "Zürich", "unit": "C", "nested": {"a": [1, {"b": "}"}]}}),
@@ -21,8 +29,8 @@ TEXT = "Let me check.\n" + "\n".join(
 )
 
 
-def run(text: str, pieces: list[int]) -> AIMessageChunk:
-    chunker = ToolCallChunker()
+def run(text: str, pieces: list[int], tool_format: ToolCallFormat | None = None) -> AIMessageChunk:
+    chunker = ToolCallChunker(tool_format)
     messages = []
     position = 0
     for size in pieces:
@@ -59,13 +67,73 @@ def test_name_arrives_before_the_arguments_end() -> None:
 
 def test_cut_call() -> None:
     text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
-    rest, cut = split_cut_call(text)
+    rest, cut = split_cut_call(text, cut_call_error("length", None))
     assert rest == "Sure.\n"
     assert cut is not None
     assert cut["name"] == "get_weather" and cut["args"] == '{"city": "Pa'
-    assert split_cut_call(TEXT) == (TEXT, None)
+    assert cut["error"] == "the reply ended inside this tool call (max_tokens reached)"
+    assert split_cut_call(TEXT, "unused") == (TEXT, None)
     full = run(text, [7] * 20)
     assert full.content == "Sure."  # the cut call is not content as well
+
+
+def test_what_cut_a_call_is_named() -> None:
+    # A stop sequence inside a call was reported as "max_tokens reached".
+    assert cut_call_error("stop", "Pa") == (
+        "the stop sequence 'Pa' ended the reply inside this tool call"
+    )
+    assert cut_call_error("stop", 7) == "the stop token id 7 ended the reply inside this tool call"
+    assert "max_tokens reached" in cut_call_error("length", None)
+
+
+MISTRAL = ToolCallFormat("mistral", tag_token_id=5)
+MISTRAL_V11 = ToolCallFormat("mistral", tag_token_id=5, args_token_id=6)
+LLAMA3 = ToolCallFormat("llama3_json", tag_token_id=7)
+
+
+@pytest.mark.parametrize(
+    "tool_format, text, content, name, args",
+    [
+        (
+            MISTRAL,
+            'Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Pa',
+            "Sure.",
+            "get_weather",
+            '[{"name": "get_weather", "arguments": {"city": "Pa',
+        ),
+        (
+            MISTRAL_V11,
+            'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',
+            "Sure.",
+            "get_weather",
+            'get_weather[ARGS]{"city": "Pa',
+        ),
+        (
+            LLAMA3,
+            '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Pa',
+            "",
+            "get_weather",
+            '{"name": "get_weather", "parameters": {"city": "Pa',
+        ),
+        (LLAMA3, '{"na', "", None, '{"na'),
+    ],
+)
+def test_cut_calls_of_every_format_are_invalid_calls_not_content(
+    tool_format: ToolCallFormat, text: str, content: str, name: str | None, args: str
+) -> None:
+    # Mistral and Llama 3 calls cut by max_tokens or a stop sequence were left in the content,
+    # markup and all.
+    error = cut_call_error("stop", "Pa")
+    got_content, calls, invalid = parse_reply(text, tool_format, error)
+    assert (got_content, calls) == (content, [])
+    assert len(invalid) == 1
+    assert (invalid[0]["name"], invalid[0]["args"], invalid[0]["error"]) == (name, args, error)
+    full = run(text, [5] * 30, tool_format)
+    assert full.content == content and full.tool_call_chunks == []
+    # Whole calls are unchanged.
+    whole = '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]'
+    assert parse_reply(whole, MISTRAL, error)[1][0].arguments == {"a": 1}
+    assert parse_reply("Just text.", tool_format, error) == ("Just text.", [], [])
 
 
 def test_tool_choice_spellings() -> None:
