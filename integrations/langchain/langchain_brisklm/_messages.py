@@ -17,9 +17,20 @@ from langchain_core.messages import (
 )
 
 # Content blocks that carry no text for the prompt: the model's own tool calls (rendered from
-# `tool_calls`) and reasoning, which templates drop from the history.
+# `tool_calls`; a provider's server-side tools and their results have no place in a local
+# model's history) and reasoning, which templates drop from the history.
 _SKIPPED_BLOCKS = frozenset(
-    {"tool_use", "tool_call", "tool_call_chunk", "server_tool_call", "thinking", "reasoning"}
+    {
+        "tool_use",
+        "tool_call",
+        "tool_call_chunk",
+        "invalid_tool_call",
+        "server_tool_call",
+        "server_tool_call_chunk",
+        "server_tool_result",
+        "thinking",
+        "reasoning",
+    }
 )
 _MEDIA_BLOCKS = frozenset(
     {"image", "image_url", "audio", "input_audio", "video", "file", "document", "media"}
@@ -40,18 +51,29 @@ def content_text(content: str | list[Any], role: str) -> str:
         if not isinstance(block, dict):
             raise ValueError(f"unsupported content block in a {role} message: {block!r}")
         kind = block.get("type")
-        if kind == "text":
+        if kind == "text" or (kind == "text-plain" and "text" in block):
             parts.append(str(block.get("text", "")))
+        elif kind == "refusal":  # an assistant's refusal is what it said
+            parts.append(str(block.get("refusal", "")))
         elif kind in _SKIPPED_BLOCKS:
             continue
-        elif kind in _MEDIA_BLOCKS:
+        elif kind in _MEDIA_BLOCKS or kind == "text-plain":  # text-plain here: a file by reference
             raise ValueError(
                 f"brisklm models read text only; a {role} message has a {kind!r} content block"
+                + (
+                    " that refers to a file instead of holding its text"
+                    if kind == "text-plain"
+                    else ""
+                )
             )
         elif kind == "json" and "json" in block:
             parts.append(json.dumps(block["json"], ensure_ascii=False))
         else:
-            raise ValueError(f"unsupported content block type {kind!r} in a {role} message")
+            raise ValueError(
+                f"unsupported content block type {kind!r} in a {role} message; brisklm reads "
+                "text, text-plain (with its text), refusal and json blocks and skips tool-call "
+                "and reasoning blocks"
+            )
     return "".join(parts)
 
 

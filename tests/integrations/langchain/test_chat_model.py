@@ -200,16 +200,40 @@ def test_template_messages() -> None:
 
 
 @pytest.mark.parametrize(
-    "block",
+    "block, message",
     [
-        {"type": "image_url", "image_url": {"url": "x"}},
-        {"type": "audio", "base64": "x"},
-        {"type": "weird"},
+        ({"type": "image_url", "image_url": {"url": "x"}}, "text only; a human message has a"),
+        ({"type": "audio", "base64": "x"}, "text only"),
+        ({"type": "text-plain", "url": "https://example.com/a.txt"}, "refers to a file"),
+        ({"type": "weird"}, "type 'weird' in a human message; brisklm reads text, text-plain"),
+        ({"type": "non_standard", "value": {}}, "type 'non_standard'"),
     ],
 )
-def test_unsupported_blocks(block: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+def test_unsupported_blocks(block: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         to_template_messages([HumanMessage([block])])
+
+
+def test_langchain_v1_content_blocks() -> None:
+    # Each of these raised "unsupported content block type".
+    from langchain_core.messages import content as blocks
+
+    ai = AIMessage(
+        [
+            blocks.create_reasoning_block("thinking it over"),
+            {"type": "refusal", "refusal": "I cannot say."},
+            {"type": "invalid_tool_call", "id": "2", "name": "f", "args": "{", "error": "cut"},
+            {"type": "server_tool_call_chunk", "id": "3", "name": "search", "args": "{"},
+            {"type": "server_tool_result", "tool_call_id": "3", "status": "success", "output": 1},
+        ]
+    )
+    human = HumanMessage(
+        [blocks.create_plaintext_block("notes: ok"), {"type": "text", "text": "!"}]
+    )
+    assert to_template_messages([human, ai]) == [
+        {"role": "user", "content": "notes: ok!"},
+        {"role": "assistant", "content": "I cannot say."},
+    ]
 
 
 def test_speculative_decoding_keeps_the_output(tiny_chat_dir: Path) -> None:
