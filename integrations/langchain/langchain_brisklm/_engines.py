@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from brisklm import LLM, default_model_path
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
+
+T = TypeVar("T")
 
 MODEL_ENV_VAR = "BRISKLM_MODEL"
 """Environment variable naming the default model directory (else the bundled model is used)."""
@@ -35,7 +40,8 @@ class EngineKey:
 
 
 _engines: dict[EngineKey, LLM] = {}
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards the two dicts; held for lookups only, never across a load
+_loading: dict[EngineKey, threading.Lock] = {}  # one per key: its first callers load it once
 
 
 def default_model() -> str | None:
@@ -96,8 +102,15 @@ def get_engine(
         kv_cache_dtype=str(cache_dtype),
         prefill_chunk_size=chunk_size,
     )
-    with _lock:  # loading under the lock: concurrent first calls load the model once
+    with _lock:
         llm = _engines.get(key)
+        if llm is not None:
+            return llm
+        key_lock = _loading.setdefault(key, threading.Lock())
+    # Concurrent first calls for one key load it once; other models load meanwhile.
+    with key_lock:
+        with _lock:
+            llm = _engines.get(key)
         if llm is None:
             llm = LLM.from_pretrained(
                 path,
@@ -112,8 +125,16 @@ def get_engine(
                 prefill_chunk_size=prefill_chunk_size,
                 show_progress=False,
             )
-            _engines[key] = llm
+            with _lock:
+                _engines[key] = llm
         return llm
+
+
+async def off_loop(prepare: Callable[..., T], *args: Any) -> T:
+    """`prepare(*args)` on a worker thread, for the async calls: a first call loads the model (see
+    `get_engine`), and rendering a prompt and compiling a grammar take milliseconds to seconds,
+    which on the event loop would stall every other task."""
+    return await asyncio.to_thread(prepare, *args)
 
 
 def loaded_engines() -> dict[EngineKey, LLM]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
 from brisklm.tool_formats import ToolCallFormat
+from langchain_brisklm._engines import off_loop
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._tools import (
@@ -294,7 +296,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        call = self._prepare(messages, stop, kwargs)
+        call = await off_loop(self._prepare, messages, stop, kwargs)
         (output,) = await call.llm.arun_requests([call.request])
         return self._result(call, output)
 
@@ -315,9 +317,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         if len(inputs) <= 1:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         work = self.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        context = contextvars.copy_context()  # tracing and callback context go along
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisklm-batch") as pool:
-            return pool.submit(context.run, asyncio.run, work).result()
+        return _run_cancellable(work)
 
     # ----------------------------------------------------------------- streaming
     def _stream(
@@ -342,7 +342,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        call = self._prepare(messages, stop, kwargs)
+        call = await off_loop(self._prepare, messages, stop, kwargs)
         converter = _ChunkConverter(call)
         async for stream_chunk in call.llm.astream_request(call.request):
             for chunk in converter.convert(stream_chunk):
@@ -458,6 +458,48 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             [parser_none], exception_key="parsing_error"
         )
         return RunnableMap(raw=llm) | parser_with_fallback
+
+
+class _Cancellable:
+    """A coroutine run by `asyncio.run` on another thread, which `cancel` (from any thread) stops
+    at its next await, or before it starts."""
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+        self._lock = threading.Lock()
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cancelled = False
+
+    async def run(self) -> Any:
+        with self._lock:
+            if self._cancelled:
+                self._work.close()
+                raise asyncio.CancelledError
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.current_task()
+        return await self._work
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._loop is not None and self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+
+
+def _run_cancellable(work: Any) -> Any:
+    """Run `work` (a coroutine) to its end on a helper thread's event loop. An interrupt (Ctrl-C)
+    or any other exception in the waiting thread cancels it, so its requests are aborted in the
+    engine, before it propagates: the batch used to run to its end first."""
+    runner = _Cancellable(work)
+    context = contextvars.copy_context()  # tracing and callback context go along
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisklm-batch") as pool:
+        future = pool.submit(context.run, asyncio.run, runner.run())
+        try:
+            return future.result()
+        except BaseException:
+            runner.cancel()  # the pool's shutdown then waits only for the cancellation
+            raise
 
 
 class _ChunkConverter:

@@ -17,6 +17,7 @@ from pydantic import ConfigDict
 from brisklm import LLM
 from brisklm.engine.request import Request
 from brisklm.outputs import StreamChunk, Usage
+from langchain_brisklm._engines import off_loop
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 
 # Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").
@@ -145,7 +146,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        llm, requests, model_name = self._requests(prompts, stop, kwargs)
+        llm, requests, model_name = await off_loop(self._requests, prompts, stop, kwargs)
         if not (self.streaming and run_manager is not None):
             return self._result(await llm.arun_requests(requests), model_name)
         manager = run_manager
@@ -182,7 +183,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        llm, (request,), _ = self._requests([prompt], stop, kwargs)
+        llm, (request,), _ = await off_loop(self._requests, [prompt], stop, kwargs)
         async for chunk in llm.astream_request(request):
             piece = _generation_chunk(chunk)
             if piece is None:

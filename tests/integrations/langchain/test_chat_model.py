@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +297,40 @@ def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> Non
     assert plain.model_copy(update={"prefill_chunk_size": 256})._engine() is not engine
     with pytest.raises(ValueError, match="kv_cache_dtype.*supported: float32"):
         plain.model_copy(update={"kv_cache_dtype": "int8"})._engine()
+
+
+def test_an_interrupt_during_batch_aborts_its_requests(
+    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C in batch() waited for the whole batch to finish before it propagated.
+    llm = chat._engine()
+    submitted: list[Any] = []
+    original = type(llm).arun_requests
+
+    async def recording(self: Any, requests: list[Any]) -> Any:
+        submitted.extend(requests)
+        return await original(self, requests)
+
+    monkeypatch.setattr(type(llm), "arun_requests", recording)
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+
+    def interrupt_once_decoding() -> None:
+        while not any(r.output_token_ids for r in submitted):
+            time.sleep(0.001)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_decoding, daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        chat.batch(["Count to one thousand."] * 3, max_tokens=1000, stop=None)
+    interrupter.join(timeout=10)
+    assert len(submitted) == 3
+    for _ in range(3000):  # the aborts reach the engine thread in its next step
+        if all(r.is_finished for r in submitted):
+            break
+        time.sleep(0.01)
+    assert [r.finish_reason for r in submitted] == ["abort"] * 3
+    assert all(len(r.output_token_ids) < 1000 for r in submitted)
+    assert not llm.engine.has_unfinished
+    assert isinstance(chat.invoke("Hi", max_tokens=3), AIMessage)  # the engine goes on
