@@ -318,3 +318,24 @@ def test_a_closed_pipe_ends_generation_quietly():
     # It printed "brisklm: error: [Errno 32] Broken pipe" and exited 1.
     assert process.wait(timeout=120) == 141
     assert err == ""
+
+
+def test_a_pipe_closed_before_the_last_newline_ends_quietly(model_dir):
+    # --regex "" allows only the empty output: the one thing written is the final newline, which
+    # sat in stdout's buffer (a pipe's is not line-buffered) until the interpreter's exit.
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
+    argv = ["generate", "--model", str(model_dir), "--regex", "", "hi"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "brisklm.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the model has loaded
+    err = process.stderr.read().decode()
+    # It printed "Exception ignored in: ... BrokenPipeError" and exited 120.
+    assert process.wait(timeout=120) == 141
+    assert err == ""

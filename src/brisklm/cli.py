@@ -386,7 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        # What is still buffered (the last newline: a pipe's stdout is not line-buffered) goes
+        # now, so that a closed pipe raises here and not in the interpreter's flush at exit.
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return EXIT_INTERRUPTED
