@@ -284,6 +284,32 @@ def test_a_system_message_that_fills_the_context_is_refused_at_start(
     assert "context holds 32" in captured.err
 
 
+def test_a_system_message_that_leaves_no_room_for_a_turn_is_refused_at_start(
+    model_dir, capsys, monkeypatch
+):
+    from brisklm.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+
+    def length(system, *turns):
+        messages = [{"role": "system", "content": system}]
+        messages += [{"role": "user", "content": turn} for turn in turns]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    # A system message that fits the context alone, but not with even an empty user turn.
+    system = next(
+        "word " * n for n in range(1, 32) if length("word " * n) < 32 <= length("word " * n, "")
+    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nHello\n"))
+    code = main(["chat", "--model", str(model_dir), "--max-seq-len", "32", "--system", system])
+    captured = capsys.readouterr()
+    # It refused each line ("this message alone does not fit") and exited 0.
+    assert code == 1 and captured.out == ""
+    assert captured.err.startswith("brisklm: error: --system takes ")
+    assert captured.err.count("\n") == 1 and "context holds 32" in captured.err
+
+
 def test_a_kv_cache_too_large_to_allocate_is_one_clear_line(model_dir, capsys, monkeypatch):
     from brisklm.kernels import huge_pages
 

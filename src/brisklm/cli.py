@@ -291,12 +291,14 @@ def _run_chat(args: argparse.Namespace) -> int:
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-        system_tokens = len(llm.chat_prompt_ids(messages))
-        if system_tokens >= llm.max_seq_len:  # no message could ever fit after it
+        # The shortest chat there can be: the system message and an empty user turn. If that
+        # leaves no room for a reply, every line would be refused.
+        least = len(llm.chat_prompt_ids([*messages, {"role": "user", "content": ""}]))
+        if least >= llm.max_seq_len:
             raise CliError(
-                f"--system takes {system_tokens} tokens with the chat template, but the context "
-                f"holds {llm.max_seq_len} (the system message, each turn and the reply); "
-                "shorten it or raise --max-seq-len"
+                f"--system takes {least} tokens with the chat template and an empty user turn, "
+                f"but the context holds {llm.max_seq_len} (the system message, each turn and the "
+                "reply); shorten it or raise --max-seq-len"
             )
     if interactive:
         print(
