@@ -310,21 +310,23 @@ def test_a_system_message_that_leaves_no_room_for_a_turn_is_refused_at_start(
     assert captured.err.count("\n") == 1 and "context holds 32" in captured.err
 
 
-def test_a_kv_cache_too_large_to_allocate_is_one_clear_line(model_dir, capsys, monkeypatch):
-    from brisklm.kernels import huge_pages
-
-    def refuse(shape, dtype, device):  # what torch's allocator raises (not overcommitted here)
-        raise RuntimeError(
-            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
-            "memory: you tried to allocate 10240000000000 bytes. Error code 12"
-        )
-
-    monkeypatch.setattr(huge_pages, "zeros", refuse)
-    code = main(["generate", "--model", str(model_dir), "--max-seq-len", "1000000000", "hi"])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 1
-    assert err.startswith("brisklm: error: the KV cache for 1 sequence(s) of 1000000000 tokens")
-    assert "needs 512.0 GB" in err and "lower max_seq_len or max_batch_size" in err
+def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_one_clear_line(model_dir):
+    # A subprocess: stderr as the user sees it, logging's warnings included.
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    argv = ["generate", "--model", str(model_dir), "--max-seq-len", "1000000000", "hi"]
+    result = subprocess.run(
+        [sys.executable, "-m", "brisklm.cli", *argv], capture_output=True, text=True, env=env
+    )
+    # It printed a warning that 1000000000 is past max_position_embeddings, then the allocator's
+    # message ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...").
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        "brisklm: error: max_seq_len=1000000000 with max_batch_size=1 needs a KV cache of "
+    )
+    assert "max_seq_len can be at most " in result.stderr
+    assert "the model's max_position_embeddings is " in result.stderr
 
 
 def test_a_closed_pipe_ends_generation_quietly():

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import torch
 
-from brisklm.engine.llm_engine import EngineConfig, LLMEngine
+from brisklm.engine.llm_engine import EngineConfig, LLMEngine, check_kv_cache_fits
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
@@ -265,6 +265,12 @@ class LLM:
             )
             if cache_dtype is not None:
                 model.kv_cache_dtype = cache_dtype
+            # Before the draft model's cache, which would fail to allocate first.
+            check_kv_cache_fits(
+                model,
+                config.max_batch_size,
+                config.resolved_max_seq_len(model.config.max_position_embeddings),
+            )
             speculator = None
             if draft is not None:
                 speculator = build_speculator(

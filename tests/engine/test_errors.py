@@ -94,6 +94,37 @@ def test_numpy_and_torch_token_ids_are_prompts(llm):
         llm.generate(np.array([5, -1]), GREEDY)
 
 
+def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_refused_before_allocating(tiny_dir):
+    # It was the allocator's "DefaultCPUAllocator: can't allocate memory: you tried to allocate
+    # ... bytes"; with a draft model, the draft's cache failed first, so the check comes before.
+    with pytest.raises(
+        ValueError,
+        match=r"max_seq_len=1000000000 with max_batch_size=2 needs a KV cache of [\d.]+ TB \(\d+ "
+        r"bytes a token in float32\), more than the machine's [\d.]+ [GTM]B of RAM and swap: "
+        r"max_seq_len can be at most \d+ here .* the model's max_position_embeddings is \d+",
+    ):
+        LLM.from_pretrained(
+            tiny_dir,
+            device="cpu",
+            max_batch_size=2,
+            max_seq_len=10**9,
+            draft=tiny_dir,
+            show_progress=False,
+        )
+
+
+def test_a_kv_cache_the_allocator_refuses_is_a_memory_error_naming_its_size():
+    from brisklm.cache.contiguous import KVCache
+
+    # 2**60 bytes a tensor: past any machine's address space, so every allocator refuses it.
+    with pytest.raises(
+        MemoryError,
+        match=r"the KV cache for 1 sequence\(s\) of 1125899906842624 tokens needs 2305843.0 TB "
+        r"\(2048 bytes a token in float32\), more than cpu could allocate: lower max_seq_len",
+    ):
+        KVCache(1, 1, 2**50, 1, 256, torch.float32, "cpu")
+
+
 def test_params_of_the_wrong_type(llm):
     with pytest.raises(TypeError, match="params must be a SamplingParams, a list of them"):
         llm.generate("Hello", {"temperature": 0})  # its keys were taken as the params list

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from brisklm.kernels import huge_pages
@@ -38,9 +41,10 @@ class KVCache:
             if "alloc" not in str(exc) and "out of memory" not in str(exc).lower():
                 raise
             per_token = self.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+            size = format_bytes(per_token * num_slots * max_seq_len)
             raise MemoryError(
                 f"the KV cache for {num_slots} sequence(s) of {max_seq_len} tokens needs "
-                f"{_size(per_token * num_slots * max_seq_len)} ({per_token} bytes a token in "
+                f"{size} ({per_token} bytes a token in "
                 f"{str(dtype).removeprefix('torch.')}), more than {device} could allocate: "
                 "lower max_seq_len or max_batch_size"
             ) from exc
@@ -61,8 +65,34 @@ class KVCache:
         return 2 * num_layers * num_kv_heads * head_dim * element
 
 
-def _size(num_bytes: int) -> str:
+def format_bytes(num_bytes: int) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if num_bytes >= scale:
             return f"{num_bytes / scale:.1f} {unit}"
     return f"{num_bytes} bytes"
+
+
+def device_memory(device: torch.device) -> int | None:
+    """All the memory one allocation on ``device`` could take: a GPU's whole memory; on the CPU
+    the machine's RAM and swap (more is refused by Linux's default overcommit check, and could
+    never be filled anyway). None where it is not known."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type != "cpu":
+        return None
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return None
+    return ram + _swap_bytes()
+
+
+def _swap_bytes() -> int:
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:  # "SwapTotal:       2097148 kB"
+        if line.startswith("SwapTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from brisklm.cache.contiguous import KVCache, device_memory, format_bytes
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
@@ -84,6 +85,35 @@ class EngineConfig:
         return DEFAULT_PREFILL_CHUNK.get(device.type, DEFAULT_PREFILL_CHUNK["cuda"])
 
 
+def check_kv_cache_fits(model: LlamaForCausalLM, max_batch_size: int, max_seq_len: int) -> None:
+    """A ValueError, before anything is allocated, when the KV cache for ``max_batch_size``
+    sequences of ``max_seq_len`` tokens is larger than all the memory of the model's device
+    (the allocator's own error only says how many bytes it was asked for)."""
+    config = model.config
+    device = next(model.parameters()).device
+    total = device_memory(device)
+    per_token = KVCache.bytes_per_token(
+        config.num_hidden_layers, config.num_key_value_heads, config.head_dim, model.cache_dtype
+    )
+    needed = per_token * max_batch_size * max_seq_len
+    if total is None or needed <= total:
+        return
+    memory = format_bytes(total)
+    where = (
+        f"the machine's {memory} of RAM and swap"
+        if device.type == "cpu"
+        else f"{device}'s {memory}"
+    )
+    dtype = str(model.cache_dtype).removeprefix("torch.")
+    raise ValueError(
+        f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size} needs a KV cache of "
+        f"{format_bytes(needed)} ({per_token} bytes a token in {dtype}), more than {where}: "
+        f"max_seq_len can be at most {total // (per_token * max_batch_size)} here (less what the "
+        f"weights take); the model's max_position_embeddings is {config.max_position_embeddings} "
+        "(the default max_seq_len, up to 4096; past it output usually degrades)"
+    )
+
+
 class LLMEngine:
     """Runs requests to completion in steps. Not thread-safe: one thread (the EngineLoop) drives it.
 
@@ -101,6 +131,11 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
+        check_kv_cache_fits(model, config.max_batch_size, self.max_seq_len)
+        self.runner = ModelRunner(
+            model, config.max_batch_size, self.max_seq_len, config.attention_backend
+        )
+        # Warned once the cache is allocated: an error that follows is then the only line.
         if self.max_seq_len > model.config.max_position_embeddings:
             logger.warning(
                 "max_seq_len=%d is past the model's max_position_embeddings=%d: positions beyond "
@@ -108,9 +143,6 @@ class LLMEngine:
                 self.max_seq_len,
                 model.config.max_position_embeddings,
             )
-        self.runner = ModelRunner(
-            model, config.max_batch_size, self.max_seq_len, config.attention_backend
-        )
         self.device = self.runner.device
         self.prefill_chunk_size = config.resolved_prefill_chunk_size(self.device)
         rope = model.config.rope
