@@ -43,10 +43,39 @@ def _is_token_id(value: Any) -> bool:
 
 
 def _as_list(value: Any) -> Any:
-    """A numpy array or torch tensor of token ids as (nested) lists of ints; others unchanged."""
+    """A numpy array or torch tensor of token ids as (nested) lists of ints; others unchanged.
+    An array of floats or bools is refused here: as lists, they read as lists of prompts."""
     if hasattr(value, "tolist") and hasattr(value, "ndim") and not isinstance(value, str):
+        dtype = getattr(value, "dtype", None)
+        if value.ndim and _holds_non_integers(dtype):
+            raise TypeError(
+                f"token ids must be integers, but the {type(value).__name__} given holds "
+                f"{str(dtype).removeprefix('torch.')} values"
+            )
         return value.tolist()
     return value
+
+
+def _holds_non_integers(dtype: Any) -> bool:
+    """Whether a numpy or torch dtype is of floats, complex numbers or bools."""
+    if isinstance(dtype, torch.dtype):
+        return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+    return getattr(dtype, "kind", None) in ("f", "c", "b")  # numpy's kinds of those
+
+
+def _one_prompt(prompt: Any, call: str) -> Any:
+    """``prompt`` for a call that takes one (stream, astream): a list holding strs or lists is
+    refused as the list of prompts it looks like, which only generate takes."""
+    items = _as_list(prompt)
+    if isinstance(items, list | tuple):
+        for index, item in enumerate(items):
+            if isinstance(item, str | list | tuple):
+                raise TypeError(
+                    f"{call} takes one prompt, a str or a list of token ids (ints), but item "
+                    f"{index} of the list is a {type(item).__name__} ({item!r:.40}); generate "
+                    "takes a list of prompts"
+                )
+    return prompt
 
 
 def _shape_error(prompt: Any) -> TypeError:
@@ -440,6 +469,7 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> Iterator[StreamChunk]:
         """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
+        prompt = _one_prompt(prompt, "stream")
         request = self.make_request(prompt, params or self.default_sampling_params())
         self._check_open()
         return self.stream_request(request)
@@ -496,6 +526,7 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> AsyncIterator[StreamChunk]:
         """Async ``stream_chunks`` (use with ``async for``); bad input raises at the call."""
+        prompt = _one_prompt(prompt, "astream")
         request = self.make_request(prompt, params or self.default_sampling_params())
         self._check_open()
         return self.astream_request(request)

@@ -73,7 +73,11 @@ def test_bad_prompts(llm):
         ([5, "Hi"], r"a prompt given as a list must hold only token ids \(ints\), but item 1 is a"),
         (["Hi", 5], r"prompt 1 of the list is 5 \(int\).* a tokenized prompt is a list of ints"),
         ([5.0, 6.0], r"prompt 0 of the list is 5.0 \(float\)"),
-        (np.array([5.0, 6.0]), r"prompt 0 of the list is 5.0 \(float\)"),
+        # These said "prompt 0 of the list is 5.0 (float): a list of prompts holds strs or ...".
+        (np.array([5.0, 6.0]), r"token ids must be integers, but the ndarray given holds float64"),
+        (torch.tensor([5.0]), r"token ids must be integers, but the Tensor given holds float32"),
+        (np.array([True, False]), r"token ids must be integers, but the ndarray given holds bool"),
+        ([np.array([5.0])], r"token ids must be integers, but the ndarray given holds float64"),
     ],
 )
 def test_prompts_of_the_wrong_type(llm, prompts, message):
@@ -123,6 +127,23 @@ def test_a_kv_cache_the_allocator_refuses_is_a_memory_error_naming_its_size():
         r"\(2048 bytes a token in float32\), more than cpu could allocate: lower max_seq_len",
     ):
         KVCache(1, 1, 2**50, 1, 256, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        # These said "...; a list of prompts is a list of strs or lists of ids: [[1, 2], 'Hi']".
+        (["Hi", "Yo"], r"takes one prompt, a str or a list of token ids \(ints\), but item 0 of"),
+        (np.array([[5, 6], [7, 8]]), r"takes one prompt, .* but item 0 of the list is a list"),
+        ([5, "Hi"], r"takes one prompt, .* item 1 of the list is a str \('Hi'\); generate takes"),
+        (np.array([5.0]), r"token ids must be integers, but the ndarray given holds float64"),
+    ],
+)
+async def test_a_stream_takes_one_prompt(llm, prompt, message):
+    for call in (llm.stream, llm.stream_chunks, llm.astream, llm.astream_chunks):
+        with pytest.raises(TypeError, match=message):
+            call(prompt, GREEDY)
+    assert_still_works(llm)
 
 
 def test_params_of_the_wrong_type(llm):
