@@ -269,6 +269,14 @@ def test_a_json_schema_file_with_bad_json_is_named_as_such(model_dir, capsys, tm
     assert "at line 2, column 1" in err  # it used to say "neither a file nor valid JSON"
 
 
+def test_a_json_schema_directory_is_named_as_such(model_dir, capsys, tmp_path):
+    code = main(["generate", "--model", str(model_dir), "--json-schema", str(tmp_path), "x"])
+    err = capsys.readouterr().err
+    # It said "--json-schema is neither a file nor valid JSON text (Expecting value: ...)".
+    assert code == 1 and err.count("\n") == 1
+    assert f"--json-schema {str(tmp_path)!r} is a directory: give a schema file or" in err
+
+
 def test_a_system_message_that_fills_the_context_is_refused_at_start(
     model_dir, capsys, monkeypatch
 ):

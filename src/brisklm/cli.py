@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _json_schema(value: str) -> Any:
     """--json-schema's value: a file holding JSON, or the JSON text itself."""
     path = Path(value)
+    if value and path.is_dir():  # "" is no path (Path("") is the current directory)
+        raise CliError(
+            f"--json-schema {value!r} is a directory: give a schema file or the schema's JSON text"
+        )
     try:
         text = path.read_text(encoding="utf-8") if path.is_file() else None
     except (OSError, UnicodeDecodeError) as exc:
