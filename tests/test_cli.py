@@ -277,6 +277,16 @@ def test_a_json_schema_directory_is_named_as_such(model_dir, capsys, tmp_path):
     assert f"--json-schema {str(tmp_path)!r} is a directory: give a schema file or" in err
 
 
+def test_a_json_schema_text_longer_than_a_file_name_can_be_is_the_schema(model_dir, capsys):
+    properties = {f"field_number_{i}": {"type": "integer"} for i in range(12)}
+    schema = json.dumps({"type": "object", "properties": properties})
+    assert len(schema) > 255  # NAME_MAX: asked whether it is a file, the system says "too long"
+    argv = ["generate", "--model", str(model_dir), "--json-schema", schema, "--max-tokens", "2"]
+    code = main([*argv, "x"])
+    # It said "--json-schema file '{...}' cannot be read ([Errno 36] File name too long ...)".
+    assert code == 0 and capsys.readouterr().err == ""
+
+
 def test_a_system_message_that_fills_the_context_is_refused_at_start(
     model_dir, capsys, monkeypatch
 ):

@@ -179,12 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _json_schema(value: str) -> Any:
     """--json-schema's value: a file holding JSON, or the JSON text itself."""
     path = Path(value)
-    if value and path.is_dir():  # "" is no path (Path("") is the current directory)
+    try:  # "" is no path (Path("") is the current directory)
+        is_file, is_dir = (path.is_file(), path.is_dir()) if value else (False, False)
+    except OSError:  # not a name the system takes: JSON text longer than a file name can be
+        is_file = is_dir = False
+    if is_dir:
         raise CliError(
             f"--json-schema {value!r} is a directory: give a schema file or the schema's JSON text"
         )
     try:
-        text = path.read_text(encoding="utf-8") if path.is_file() else None
+        text = path.read_text(encoding="utf-8") if is_file else None
     except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"--json-schema file {value!r} cannot be read ({exc})") from None
     try:
