@@ -187,3 +187,17 @@ def test_chat_with_constraint(llm):
     )
     assert reply.content in ("red", "blue")
     assert reply.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_logprobs_and_a_forced_start_do_not_change_seeded_tokens(llm, seed):
+    # With logprobs, forced tokens were sampled one a step, each taking a random draw, so every
+    # token sampled after them differed from the same request without logprobs.
+    regex = r"ab日本語 [a-z]{3,8} (yes|no) done"
+    plain = SamplingParams(temperature=1.0, seed=seed, max_tokens=40, regex=regex)
+    reported = SamplingParams(temperature=1.0, seed=seed, max_tokens=40, regex=regex, logprobs=2)
+    without, with_logprobs = llm.generate(["Hi", "Hi"], [plain, reported])
+    assert with_logprobs.token_ids == without.token_ids
+    assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids)
+    # The forced start is the forced tokens (no draw picked a shorter token under the mask).
+    assert without.token_ids[:2] == llm.tokenizer.encode("ab日本語", add_special_tokens=False)[:2]

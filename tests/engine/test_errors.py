@@ -104,8 +104,8 @@ def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_refused_before_allocating(ti
     with pytest.raises(
         ValueError,
         match=r"max_seq_len=1000000000 with max_batch_size=2 needs a KV cache of [\d.]+ TB \(\d+ "
-        r"bytes a token in float32\), more than the machine's [\d.]+ [GTM]B of RAM and swap: "
-        r"max_seq_len can be at most \d+ here .* the model's max_position_embeddings is \d+",
+        r"bytes a token in float32\), more than the [\d.]+ [GTM]B of RAM and swap free now: "
+        r"max_seq_len can be at most \d+ here; the model's max_position_embeddings is \d+",
     ):
         LLM.from_pretrained(
             tiny_dir,
@@ -115,6 +115,16 @@ def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_refused_before_allocating(ti
             draft=tiny_dir,
             show_progress=False,
         )
+
+
+def test_a_kv_cache_larger_than_the_free_memory_is_refused(tiny_dir, monkeypatch):
+    # One between the free memory and the machine's total was granted, then its pages were
+    # written: the out-of-memory killer ended the process (or another) without a word.
+    from brisklm.engine import llm_engine
+
+    monkeypatch.setattr(llm_engine, "available_memory", lambda device: 10**6)
+    with pytest.raises(ValueError, match=r"more than the 1.0 MB of RAM and swap free now"):
+        LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=2048, show_progress=False)
 
 
 def test_a_kv_cache_the_allocator_refuses_is_a_memory_error_naming_its_size():

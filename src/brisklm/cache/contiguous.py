@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -72,27 +71,24 @@ def format_bytes(num_bytes: int) -> str:
     return f"{num_bytes} bytes"
 
 
-def device_memory(device: torch.device) -> int | None:
-    """All the memory one allocation on ``device`` could take: a GPU's whole memory; on the CPU
-    the machine's RAM and swap (more is refused by Linux's default overcommit check, and could
-    never be filled anyway). None where it is not known."""
+def available_memory(device: torch.device) -> int | None:
+    """The memory a new allocation on ``device`` could take now: a GPU's free memory; on the
+    CPU, Linux's MemAvailable plus free swap (the cache's pages are all written when it is made,
+    so a larger one would bring the out-of-memory killer, which ends a process without a word).
+    None where it is not known."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
     try:
-        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # not a POSIX system
-        return None
-    return ram + _swap_bytes()
-
-
-def _swap_bytes() -> int:
-    try:
         lines = Path("/proc/meminfo").read_text().splitlines()
-    except OSError:
-        return 0
-    for line in lines:  # "SwapTotal:       2097148 kB"
-        if line.startswith("SwapTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    except OSError:  # not Linux
+        return None
+    fields = {}
+    for line in lines:  # "MemAvailable:   2097148 kB"
+        name, _, value = line.partition(":")
+        fields[name] = value.split()
+    try:
+        return (int(fields["MemAvailable"][0]) + int(fields.get("SwapFree", ["0"])[0])) * 1024
+    except (KeyError, IndexError, ValueError):
+        return None

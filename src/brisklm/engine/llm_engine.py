@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from brisklm.cache.contiguous import KVCache, device_memory, format_bytes
+from brisklm.cache.contiguous import KVCache, available_memory, format_bytes
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
@@ -87,30 +87,31 @@ class EngineConfig:
 
 def check_kv_cache_fits(model: LlamaForCausalLM, max_batch_size: int, max_seq_len: int) -> None:
     """A ValueError, before anything is allocated, when the KV cache for ``max_batch_size``
-    sequences of ``max_seq_len`` tokens is larger than all the memory of the model's device
-    (the allocator's own error only says how many bytes it was asked for)."""
+    sequences of ``max_seq_len`` tokens is larger than the memory free on the model's device (the
+    allocator's own error only says how many bytes it was asked for; on Linux a CPU cache that
+    the allocator grants but the machine cannot hold brings the out-of-memory killer)."""
     config = model.config
     device = next(model.parameters()).device
-    total = device_memory(device)
+    free = available_memory(device)
     per_token = KVCache.bytes_per_token(
         config.num_hidden_layers, config.num_key_value_heads, config.head_dim, model.cache_dtype
     )
     needed = per_token * max_batch_size * max_seq_len
-    if total is None or needed <= total:
+    if free is None or needed <= free:
         return
-    memory = format_bytes(total)
+    memory = format_bytes(free)
     where = (
-        f"the machine's {memory} of RAM and swap"
+        f"the {memory} of RAM and swap free now"
         if device.type == "cpu"
-        else f"{device}'s {memory}"
+        else f"the {memory} free on {device}"
     )
     dtype = str(model.cache_dtype).removeprefix("torch.")
     raise ValueError(
         f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size} needs a KV cache of "
         f"{format_bytes(needed)} ({per_token} bytes a token in {dtype}), more than {where}: "
-        f"max_seq_len can be at most {total // (per_token * max_batch_size)} here (less what the "
-        f"weights take); the model's max_position_embeddings is {config.max_position_embeddings} "
-        "(the default max_seq_len, up to 4096; past it output usually degrades)"
+        f"max_seq_len can be at most {free // (per_token * max_batch_size)} here; the model's "
+        f"max_position_embeddings is {config.max_position_embeddings} (the default max_seq_len, "
+        "up to 4096; past it output usually degrades)"
     )
 
 
@@ -283,6 +284,26 @@ class LLMEngine:
     def sample_and_update(self, requests: list[Request], logits: torch.Tensor) -> list[StepResult]:
         """Sample one token per request from its row of ``logits`` (padding and grammar masks
         already applied) and append it."""
+        forced = [self.structured.forced_next(r) for r in requests]
+        free = [row for row, token in enumerate(forced) if token is None]
+        if len(free) == len(requests):
+            tokens = self._sample(requests, logits)
+        else:  # forced rows draw nothing, as forced tokens appended without logprobs do
+            tokens = torch.tensor([-1 if t is None else t for t in forced], device=logits.device)
+            if free:
+                rows = torch.tensor(free, device=logits.device)
+                tokens[rows] = self._sample([requests[row] for row in free], logits[rows])
+        logprobs = None
+        if any(r.params.logprobs is not None for r in requests):
+            logprobs = self.token_logprobs(requests, logits, tokens)
+        results: list[StepResult] = []
+        for row, (request, token) in enumerate(zip(requests, tokens.tolist())):
+            results.append(
+                (request, self.update_request(request, token, logprobs[row] if logprobs else None))
+            )
+        return results
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
         metadata = SamplingMetadata.build(
             [r.params for r in requests],
             [r.prompt_token_ids for r in requests],
@@ -292,16 +313,7 @@ class LLMEngine:
             device=logits.device,
             eos_token_ids=self.eos_token_ids,
         )
-        tokens = sample(logits, metadata)  # leaves logits untouched: logprobs see the model's own
-        logprobs = None
-        if metadata.max_num_logprobs is not None:
-            logprobs = self.token_logprobs(requests, logits, tokens)
-        results: list[StepResult] = []
-        for row, (request, token) in enumerate(zip(requests, tokens.tolist())):
-            results.append(
-                (request, self.update_request(request, token, logprobs[row] if logprobs else None))
-            )
-        return results
+        return sample(logits, metadata)  # leaves logits untouched: logprobs see the model's own
 
     def mask_padding(self, logits: torch.Tensor) -> None:
         if logits.shape[1] > self.num_real_tokens:

@@ -121,6 +121,18 @@ class StructuredOutputs:
             return []
         return request.matcher.compute_ff_tokens()
 
+    @staticmethod
+    def forced_next(request: Request) -> int | None:
+        """The token a request's grammar forces at a sampling step, to take without sampling;
+        None when the next token is free. Forced tokens never take a random draw, so a seeded
+        request's tokens do not depend on whether it reports logprobs (with logprobs it takes
+        its forced tokens one a step, see `forced_tokens`) or on its first token being forced
+        (sampling it under the mask drew, and could pick a shorter token than the forced one)."""
+        if request.matcher is None:
+            return None
+        forced = request.matcher.compute_ff_tokens()
+        return forced[0] if forced else None
+
     def close(self) -> None:
         """Stop the mask worker thread (a later request starts a new one)."""
         if self._pool is not None:
