@@ -35,6 +35,10 @@ _SKIPPED_BLOCKS = frozenset(
 _MEDIA_BLOCKS = frozenset(
     {"image", "image_url", "audio", "input_audio", "video", "file", "document", "media"}
 )
+_READ_BLOCKS = (
+    "brisklm reads text, text-plain (with its text), refusal and json blocks and skips tool-call, "
+    "server-tool and reasoning blocks"
+)
 # Roles whose consecutive messages are merged (tool results stay separate: each answers one call).
 _MERGED_ROLES = frozenset({"system", "user", "assistant"})
 
@@ -58,23 +62,25 @@ def content_text(content: str | list[Any], role: str) -> str:
         elif kind in _SKIPPED_BLOCKS:
             continue
         elif kind in _MEDIA_BLOCKS or kind == "text-plain":  # text-plain here: a file by reference
+            what = (
+                " that refers to a file instead of holding its text" if kind == "text-plain" else ""
+            )
             raise ValueError(
-                f"brisklm models read text only; a {role} message has a {kind!r} content block"
-                + (
-                    " that refers to a file instead of holding its text"
-                    if kind == "text-plain"
-                    else ""
-                )
+                f"brisklm models read text only; {_a(role)} message has {_a(repr(kind))} content "
+                f"block{what}; {_READ_BLOCKS}"
             )
         elif kind == "json" and "json" in block:
             parts.append(json.dumps(block["json"], ensure_ascii=False))
         else:
             raise ValueError(
-                f"unsupported content block type {kind!r} in a {role} message; brisklm reads "
-                "text, text-plain (with its text), refusal and json blocks and skips tool-call "
-                "and reasoning blocks"
+                f"unsupported content block type {kind!r} in {_a(role)} message; {_READ_BLOCKS}"
             )
     return "".join(parts)
+
+
+def _a(word: str) -> str:
+    """The word with its indefinite article."""
+    return ("an " if word.lstrip("'").lower()[:1] in "aeiou" else "a ") + word
 
 
 def _tool_result_text(content: Any) -> str:

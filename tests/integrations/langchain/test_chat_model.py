@@ -239,6 +239,23 @@ def test_langchain_v1_content_blocks() -> None:
     ]
 
 
+@pytest.mark.parametrize("role", [HumanMessage, AIMessage])
+def test_every_v1_block_type_is_read_skipped_or_refused_naming_what_is_read(role: type) -> None:
+    from langchain_core.messages.content import KNOWN_BLOCK_TYPES
+
+    read = {"text": "a", "text-plain": "b", "refusal": "c"}
+    fields = {"text": {"text": "a"}, "text-plain": {"text": "b"}, "refusal": {"refusal": "c"}}
+    for kind in sorted(KNOWN_BLOCK_TYPES):
+        message = role([{"type": kind, **fields.get(kind, {})}])
+        try:
+            (rendered,) = to_template_messages([message])
+        except ValueError as e:
+            # Media refusals did not say what is read.
+            assert repr(kind) in str(e) and "brisklm reads text, text-plain" in str(e), kind
+        else:
+            assert rendered["content"] == read.get(kind, ""), kind
+
+
 def test_speculative_decoding_keeps_the_output(tiny_chat_dir: Path) -> None:
     plain = ChatBrisk(model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE)
     drafted = ChatBrisk(
