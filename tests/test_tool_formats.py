@@ -153,6 +153,38 @@ def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
         assert len(call.id) == 9 and call.id.isalnum()
 
 
+@pytest.mark.parametrize(
+    "tool_format, text, cut",
+    [
+        (
+            LLAMA,
+            '{"name": "f", "parameters": {"x": 1}}; {"name": "g", "param',
+            ("", ["f"], '{"name": "g", "param'),
+        ),
+        (LLAMA, LLAMA_TAG, ("", [], "")),
+        (MISTRAL, 'Hi. [TOOL_CALLS] [{"name": "f", "arguments": {}}, {"na', ("Hi.", ["f"], '{"na')),
+        (MISTRAL, 'Hi. [TOOL_CALLS] [{"name": "f", "arguments": {}}', ("Hi.", ["f"], None)),
+        (MISTRAL, "Hi. " + MISTRAL_TAG, ("Hi.", [], "")),
+        (
+            MISTRAL,
+            MISTRAL_TAG + "f[ARGS]{}" + MISTRAL_TAG + 'g[ARGS]{"y',
+            ("", ["f"], 'g[ARGS]{"y'),
+        ),
+        (MISTRAL, 'Hi. [TOOL_CALLS] [{"name": "f", "arguments": {}}]', None),
+        (LLAMA, "Just text.", None),
+        (HERMES, '<tool_call>{"name": "f"', None),
+    ],
+)
+def test_cut_calls(tool_format: ToolCallFormat, text: str, cut: tuple | None) -> None:
+    got = tool_format.cut_calls(text)
+    if cut is None:
+        assert got is None
+        return
+    # The content, the calls complete before the cut, the text of the call cut (None: no call is).
+    assert got is not None
+    assert (got[0], [c.name for c in got[1]], got[2]) == cut
+
+
 @pytest.mark.parametrize("tool_format", [HERMES, LLAMA, MISTRAL], ids=lambda f: f.name)
 def test_stream_parser_adds_up_to_the_batch_parse(tool_format: ToolCallFormat) -> None:
     texts = [
@@ -379,3 +411,28 @@ def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> 
     ]
     if family.startswith("mistral"):
         assert all(len(c["id"]) == 9 for c in streamed.tool_calls + message.tool_calls)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_langchain_cut_calls_in_the_models_format(family_dirs, family: str) -> None:
+    # A call cut by max_tokens was left in the content, markup and all (Hermes made it invalid).
+    pytest.importorskip("langchain_brisklm")
+    from langchain_brisklm import ChatBrisk
+
+    chat = ChatBrisk(model=str(family_dirs[family]), temperature=0, max_tokens=160)
+    bound = chat.bind_tools([WEATHER], tool_choice="get_weather")
+    whole = bound.invoke("Weather in Paris?")
+    cut_at = whole.usage_metadata["output_tokens"] - 3  # inside the call's arguments
+    message = bound.invoke("Weather in Paris?", max_tokens=cut_at)
+    assert message.response_metadata["finish_reason"] == "length"
+    assert (message.content, message.tool_calls) == ("", [])
+    (cut,) = message.invalid_tool_calls
+    assert cut["name"] == "get_weather"
+    assert cut["error"] == "the reply ended inside this tool call (max_tokens reached)"
+    assert cut["args"].startswith("{") and MISTRAL_TAG not in cut["args"]
+    streamed = None
+    for chunk in bound.stream("Weather in Paris?", max_tokens=cut_at):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed is not None
+    assert (streamed.content, streamed.tool_calls, streamed.tool_call_chunks) == ("", [], [])
+    assert streamed.response_metadata["finish_reason"] == "length"

@@ -103,23 +103,30 @@ class ToolCallFormat:
         calls = _parse_json_calls(body, self.new_id, array=False)
         return ("", calls) if calls else (text.strip(), [])
 
-    def open_calls(self, text: str) -> tuple[str, str] | None:
-        """For a reply whose calls began but do not parse (the reply was cut inside them): the
-        content before the calls and the calls' text after the tag; None otherwise. Hermes replies
-        are split by their own tags (see ``parse_tool_calls``) and give None here."""
+    def cut_calls(self, text: str) -> tuple[str, list[ToolCall], str | None] | None:
+        """For a reply that ended inside its calls (max_tokens, a stop sequence or a stop token):
+        the content before the calls, the calls complete before the cut, and the text of the call
+        it ended inside (None when only the calls' closing was cut). None for a reply that
+        ``parse`` reads whole or that shows no calls; Hermes replies give None too (their blocks
+        are split by their own tags, see ``parse_tool_calls``)."""
         if self.name == "hermes" or self.parse(text)[1]:
             return None
         if self.name == "mistral":
             start = text.find(MISTRAL_TAG)
             if start < 0:
                 return None
-            return text[:start].strip(), text[start + len(MISTRAL_TAG) :].strip()
+            after = text[start + len(MISTRAL_TAG) :].strip()
+            if after.startswith(("[", "{")):
+                calls, rest = _leading_json_calls(after, self.new_id, array=True)
+            else:
+                calls, rest = _leading_v11_calls(after, self.new_id)
+            return text[:start].strip(), calls, rest
         body = text.strip()
         if body.startswith(LLAMA_TAG):
-            body = body[len(LLAMA_TAG) :].strip()
+            body = body[len(LLAMA_TAG) :]
         elif not body.startswith("{"):
             return None
-        return "", body
+        return "", *_leading_json_calls(body, self.new_id, array=False)
 
     def stream_parser(self) -> ToolCallStreamParser | TailCallStreamParser:
         """An incremental parser whose events add up to ``parse`` of the whole reply."""
@@ -229,6 +236,45 @@ def _parse_v11_calls(text: str, new_id: Callable[[], str]) -> list[ToolCall]:
             return []
         calls.append(ToolCall(head.group(1), arguments, id=head.group(2) or new_id()))
     return calls
+
+
+def _leading_json_calls(
+    text: str, new_id: Callable[[], str], array: bool
+) -> tuple[list[ToolCall], str | None]:
+    """Of JSON calls cut short (an array of call objects when ``array``, else call objects
+    separated by ";"): the calls complete before the cut, and the text of the one it is in."""
+    decoder = json.JSONDecoder()
+    text = text.strip()
+    separator = "," if array else ";"
+    position = 1 if array and text.startswith("[") else 0
+    calls: list[ToolCall] = []
+    while True:
+        position = len(text) - len(text[position:].lstrip())
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return calls, text[position:]  # a call due here and cut (or not a call at all)
+        call = tool_call_from_json(value)
+        if call is None:
+            return calls, text[position:]
+        calls.append(ToolCall(call.name, call.arguments, id=new_id()))
+        rest = text[end:].lstrip()
+        if not rest.startswith(separator):
+            return calls, (rest if rest.strip("]") else None)
+        position = len(text) - len(rest) + 1
+
+
+def _leading_v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolCall], str | None]:
+    """Of Mistral v11+ calls cut short (after their first [TOOL_CALLS]): the calls complete
+    before the cut, and the text of the one it is in."""
+    calls: list[ToolCall] = []
+    segments = text.split(MISTRAL_TAG)
+    for i, segment in enumerate(segments):
+        call = _parse_v11_calls(segment, new_id)
+        if not call:
+            return calls, MISTRAL_TAG.join(segments[i:]).strip()
+        calls.extend(call)
+    return calls, None
 
 
 def detect_tool_call_format(

@@ -277,40 +277,50 @@ def split_cut_call(text: str, error: str) -> tuple[str, InvalidToolCall | None]:
     body = text[start + len(TOOL_CALL_START) :]
     if parse_tool_call_body(body) is not None:  # complete but for its end tag: a call
         return text, None
-    head = _CALL_HEAD.match(body.lstrip())
-    cut = invalid_tool_call(
-        name=json.loads(head.group(1)) if head else None,
-        args=body.lstrip()[head.end() :] if head else body,
-        id=new_tool_call_id(),
-        error=error,
-    )
-    return text[:start], cut
+    return text[:start], cut_call(body, error, new_tool_call_id())
 
 
-_NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")|^\s*\[?\s*([^\s\[\]{}"]+)\s*(?:\[|\{)')
+# A JSON call's name, once its string is closed, and the start of its arguments (Hermes and
+# Mistral v0.3 write "arguments", Llama 3 "parameters").
+_JSON_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_JSON_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+# A Mistral v11+ call's name, once what follows it shows it complete, and its arguments' start.
+_V11_NAME = re.compile(r"\s*([^\s\[\]{}\"]+)\s*(?=\[CALL_ID\]|\[ARGS\]|\{)")
+_V11_ARGUMENTS = re.compile(r"(?:\[CALL_ID\]\s*[A-Za-z0-9]+\s*)?(?:\[ARGS\]\s*)?(?=\{)")
+
+
+def cut_call(text: str, error: str, call_id: str) -> InvalidToolCall:
+    """A call the reply ended inside, from its text in any format, as an invalid tool call: its
+    name once written whole, and its arguments so far once begun (else all of its text)."""
+    name: str | None = None
+    args = text
+    json_name = _JSON_NAME.match(text)
+    if json_name is not None:
+        name = json.loads(json_name.group(1))
+        arguments = _JSON_ARGUMENTS.match(text, json_name.end())
+        args = text[arguments.end() :] if arguments else text
+    elif (v11_name := _V11_NAME.match(text)) is not None:
+        name = v11_name.group(1)
+        arguments = _V11_ARGUMENTS.match(text, v11_name.end())
+        args = text[arguments.end() :] if arguments else text
+    return invalid_tool_call(name=name, args=args, id=call_id, error=error)
 
 
 def parse_reply(
     text: str, tool_format: ToolCallFormat, error: str
 ) -> tuple[str, list[Any], list[InvalidToolCall]]:
-    """A reply's content, tool calls and cut calls (`error` says what cut them), in its format."""
+    """A reply's content, tool calls and cut call (`error` says what cut it), in its format: the
+    calls complete before a cut are calls, and the call it is in is an invalid call."""
     if tool_format.name == "hermes":
         text, cut = split_cut_call(text, error)
         content, calls = tool_format.parse(text)
         return content, calls, [cut] if cut is not None else []
-    content, calls = tool_format.parse(text)
-    opened = tool_format.open_calls(text)
-    if opened is None:
+    cut_calls = tool_format.cut_calls(text)
+    if cut_calls is None:
+        content, calls = tool_format.parse(text)
         return content, calls, []
-    content, body = opened
-    name = _NAME.search(body)
-    cut = invalid_tool_call(
-        name=(json.loads(name.group(1)) if name.group(1) else name.group(2)) if name else None,
-        args=body,
-        id=tool_format.new_id(),
-        error=error,
-    )
-    return content, [], [cut]
+    content, calls, rest = cut_calls
+    return content, calls, [] if rest is None else [cut_call(rest, error, tool_format.new_id())]
 
 
 @dataclass
@@ -333,6 +343,7 @@ class ToolCallChunker:
         self._parser = self._format.stream_parser()
         self._calls: dict[int, _CallState] = {}
         self._text = ""
+        self._num_calls_before_cut = 0
 
     def feed(self, text: str) -> tuple[str, list[ToolCallChunk]]:
         self._text += text
@@ -340,12 +351,15 @@ class ToolCallChunker:
 
     def finish(self) -> tuple[str, list[ToolCallChunk]]:
         events = self._parser.finish()
-        opened = self._format.open_calls(self._text)
-        if opened is not None:
-            # Calls (llama3_json, mistral) the reply ended inside: they stream whole at the end,
-            # so none went out, and their markup is not content. The reply's message lists the
-            # cut calls as invalid; a stream's chunks cannot (they merge into calls).
-            return self._convert([e for e in events if not isinstance(e, ContentDelta)])
+        cut_calls = self._format.cut_calls(self._text)
+        if cut_calls is not None:
+            # Calls (llama3_json, mistral: parsed whole at the end) the reply ended inside: the
+            # content went out before them; the calls complete before the cut go out.
+            _, calls, _ = cut_calls
+            self._num_calls_before_cut = len(calls)
+            return "", [
+                self._complete(index, _CallState(), call)[0] for index, call in enumerate(calls)
+            ]
         last = events[-1] if events else None
         cut = isinstance(last, ContentDelta) and last.text.lstrip().startswith(TOOL_CALL_START)
         if cut:
@@ -357,7 +371,8 @@ class ToolCallChunker:
 
     @property
     def num_calls(self) -> int:
-        return self._parser.num_calls
+        """Calls complete so far (a call cut by the reply's end is none)."""
+        return self._parser.num_calls + self._num_calls_before_cut
 
     def _convert(self, events: list[Any]) -> tuple[str, list[ToolCallChunk]]:
         content: list[str] = []

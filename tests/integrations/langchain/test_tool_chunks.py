@@ -91,49 +91,91 @@ MISTRAL_V11 = ToolCallFormat("mistral", tag_token_id=5, args_token_id=6)
 LLAMA3 = ToolCallFormat("llama3_json", tag_token_id=7)
 
 
-@pytest.mark.parametrize(
-    "tool_format, text, content, name, args",
-    [
-        (
-            MISTRAL,
-            'Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Pa',
-            "Sure.",
-            "get_weather",
-            '[{"name": "get_weather", "arguments": {"city": "Pa',
-        ),
-        (
-            MISTRAL_V11,
-            'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',
-            "Sure.",
-            "get_weather",
-            'get_weather[ARGS]{"city": "Pa',
-        ),
-        (
-            LLAMA3,
-            '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Pa',
-            "",
-            "get_weather",
-            '{"name": "get_weather", "parameters": {"city": "Pa',
-        ),
-        (LLAMA3, '{"na', "", None, '{"na'),
-    ],
-)
-def test_cut_calls_of_every_format_are_invalid_calls_not_content(
-    tool_format: ToolCallFormat, text: str, content: str, name: str | None, args: str
-) -> None:
+HERMES = ToolCallFormat("hermes")
+CUT = '{"name": "get_weather", "arguments": {"city": "Pa'  # args so far: {"city": "Pa
+# Per format: a reply whose second call is cut (max_tokens, a stop sequence or token).
+CUT_REPLIES = {
+    "hermes": (
+        HERMES,
+        'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n'
+        + CUT,
+    ),
+    "mistral": (MISTRAL, 'Sure. [TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, ' + CUT),
+    "mistral_v11": (
+        MISTRAL_V11,
+        'Sure.[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',
+    ),
+    "llama3_json": (
+        LLAMA3,
+        '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; '
+        + CUT.replace('"arguments"', '"parameters"'),
+    ),
+}
+
+
+@pytest.mark.parametrize("form", CUT_REPLIES)
+@pytest.mark.parametrize("calls_before", [0, 1])
+def test_every_format_treats_a_cut_call_the_same(form: str, calls_before: int) -> None:
     # Mistral and Llama 3 calls cut by max_tokens or a stop sequence were left in the content,
-    # markup and all.
+    # markup and all; then, cut in a later call, they lost the calls before it and were one
+    # invalid call named after the first, with all the calls' text as its arguments.
+    tool_format, text = CUT_REPLIES[form]
+    if not calls_before:  # the same reply without its first call
+        text = {
+            "hermes": "Sure.\n<tool_call>\n" + CUT,
+            "mistral": "Sure. [TOOL_CALLS] [" + CUT,
+            "mistral_v11": 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',
+            "llama3_json": "<|python_tag|>" + CUT.replace('"arguments"', '"parameters"'),
+        }[form]
+    content = "" if form == "llama3_json" else "Sure."
     error = cut_call_error("stop", "Pa")
     got_content, calls, invalid = parse_reply(text, tool_format, error)
-    assert (got_content, calls) == (content, [])
-    assert len(invalid) == 1
-    assert (invalid[0]["name"], invalid[0]["args"], invalid[0]["error"]) == (name, args, error)
-    full = run(text, [5] * 30, tool_format)
+    assert got_content == content
+    assert [(c.name, c.arguments) for c in calls] == [("f", {"a": 1})] * calls_before
+    assert [(c["name"], c["args"], c["error"]) for c in invalid] == [
+        ("get_weather", '{"city": "Pa', error)
+    ]
+    for size in (1, 5, len(text)):
+        full = run(text, [size] * len(text), tool_format)
+        assert full.content == content
+        streamed = [(c["name"], c["args"]) for c in full.tool_calls]
+        if form == "hermes":
+            # Hermes arguments stream as written: the cut call's chunks went out before the cut
+            # showed, and LangChain's partial-JSON merge reads them as a call.
+            assert streamed == [("f", {"a": 1})] * calls_before + [("get_weather", {"city": "Pa"})]
+        else:  # calls stream whole at the end: the cut one is left out
+            assert streamed == [("f", {"a": 1})] * calls_before
+            assert len(full.tool_call_chunks) == calls_before
+
+
+@pytest.mark.parametrize(
+    "tool_format, text, content, args",
+    [
+        (HERMES, "Sure.\n<tool_call>", "Sure.", ""),
+        (HERMES, '<tool_call>\n{"na', "", '\n{"na'),
+        (MISTRAL, "Sure. [TOOL_CALLS]", "Sure.", ""),
+        (MISTRAL, 'Sure. [TOOL_CALLS] [{"na', "Sure.", '{"na'),
+        (MISTRAL_V11, "Sure.[TOOL_CALLS]get_wea", "Sure.", "get_wea"),
+        (LLAMA3, '{"na', "", '{"na'),
+    ],
+)
+def test_a_call_cut_before_its_name_is_complete(
+    tool_format: ToolCallFormat, text: str, content: str, args: str
+) -> None:
+    got_content, calls, (cut,) = parse_reply(text, tool_format, "cut")
+    assert (got_content, calls, cut["name"], cut["args"]) == (content, [], None, args)
+    full = run(text, [3] * len(text), tool_format)
     assert full.content == content and full.tool_call_chunks == []
-    # Whole calls are unchanged.
+
+
+def test_whole_calls_are_no_cut() -> None:
     whole = '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]'
-    assert parse_reply(whole, MISTRAL, error)[1][0].arguments == {"a": 1}
-    assert parse_reply("Just text.", tool_format, error) == ("Just text.", [], [])
+    assert parse_reply(whole, MISTRAL, "cut")[1][0].arguments == {"a": 1}
+    # A call complete but for the closing of its calls: a call (as a Hermes call without its end tag).
+    content, calls, invalid = parse_reply(whole[:-1], MISTRAL, "cut")
+    assert (content, [(c.name, c.arguments) for c in calls], invalid) == ("", [("f", {"a": 1})], [])
+    for tool_format, _ in CUT_REPLIES.values():
+        assert parse_reply("Just text.", tool_format, "cut") == ("Just text.", [], [])
 
 
 def test_tool_choice_spellings() -> None:
