@@ -90,6 +90,10 @@ def test_mistral_sliding_window_all_layers():
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"vocab_size": 0}, "vocab_size"),
+        # These said "int() argument must be a string, ... not 'NoneType'".
+        ({"vocab_size": None}, "required field 'vocab_size' is null: it must be an integer"),
+        ({"intermediate_size": None}, "required field 'intermediate_size' is null"),
+        ({"hidden_size": "64x"}, "field 'hidden_size' must be an integer, got '64x'"),
     ],
 )
 def test_errors_name_the_problem(overrides, message):
@@ -105,3 +109,34 @@ def test_missing_field_and_bad_json(tmp_path):
         ModelConfig.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(BASE))
     assert ModelConfig.from_pretrained(tmp_path).architecture == "LlamaForCausalLM"
+
+
+def test_rope_scaling_replaces_rope_parameters_as_transformers_reads_them():
+    # A transformers 5 config (rope_parameters) with the rope_scaling block a model card says to
+    # add for long context: the default rope_type of rope_parameters won, and yarn was off.
+    config = make(
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    )
+    assert config.rope.rope_type == "yarn" and config.rope.factor == 4.0
+    assert config.rope.theta == 1000000.0  # still rope_parameters' (the block has none)
+    assert make(rope_scaling={}, rope_parameters={"rope_type": "linear", "factor": 2.0}).rope == (
+        make(rope_parameters={"rope_type": "linear", "factor": 2.0}).rope
+    )
+
+
+def test_null_settings_are_unset():
+    # float(None) failed for these.
+    assert make(rms_norm_eps=None).rms_norm_eps == 1e-6
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": None}
+    assert make(rope_parameters=llama3).rope.low_freq_factor == 1.0
+    assert make(max_position_embeddings=None).max_position_embeddings == 2048
+
+
+def test_family_defaults_for_missing_fields_follow_transformers():
+    # A missing max_position_embeddings was 2048 and a missing Mistral window none, for all.
+    qwen2 = make(architectures=["Qwen2ForCausalLM"])
+    mistral = make(architectures=["MistralForCausalLM"])
+    assert qwen2.max_position_embeddings == 32768 and qwen2.sliding_windows == (None,) * 4
+    assert mistral.max_position_embeddings == 131072 and mistral.sliding_windows == (4096,) * 4
+    assert make().max_position_embeddings == 2048

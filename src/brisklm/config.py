@@ -66,16 +66,24 @@ class RopeConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
         """Read rope settings from a config.json dict (``rope_theta``/``rope_scaling`` or ``rope_parameters``)."""
-        params: dict[str, Any] = {}
         scaling = raw.get("rope_scaling")
-        if isinstance(scaling, dict):
-            params.update(scaling)
         rope_parameters = raw.get("rope_parameters")
-        if isinstance(rope_parameters, dict):
-            params.update(rope_parameters)
+        if not isinstance(rope_parameters, dict):
+            rope_parameters = {}
+        # As transformers 5 reads them: a rope_scaling block replaces rope_parameters whole (model
+        # cards tell users to add one for long context to a config that has rope_parameters).
+        params: dict[str, Any] = {
+            k: v
+            for k, v in (
+                scaling if isinstance(scaling, dict) and scaling else rope_parameters
+            ).items()
+            if v is not None  # a null setting is an unset one
+        }
         rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         # transformers 4 wrote dynamic NTK as "dynamic"; some configs carry "ntk" aliases we do not guess at.
-        theta = params.get("rope_theta", raw.get("rope_theta", _DEFAULT_ROPE_THETA))
+        theta = _first_set(
+            params.get("rope_theta"), rope_parameters.get("rope_theta"), raw.get("rope_theta")
+        )
         original = params.get(
             "original_max_position_embeddings", raw.get("original_max_position_embeddings")
         )
@@ -206,17 +214,14 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[architecture]
-        try:
-            hidden_size = int(raw["hidden_size"])
-            num_heads = int(raw["num_attention_heads"])
-            num_layers = int(raw["num_hidden_layers"])
-            intermediate_size = int(raw["intermediate_size"])
-            vocab_size = int(raw["vocab_size"])
-        except KeyError as exc:
-            raise ValueError(f"config.json is missing required field {exc.args[0]!r}") from None
-        num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+        hidden_size = _int_field(raw, "hidden_size")
+        num_heads = _int_field(raw, "num_attention_heads")
+        num_layers = _int_field(raw, "num_hidden_layers")
+        intermediate_size = _int_field(raw, "intermediate_size")
+        vocab_size = _int_field(raw, "vocab_size")
+        num_kv_heads = _int_field(raw, "num_key_value_heads", num_heads)
         head_dim = raw.get("head_dim") or hidden_size // num_heads
-        max_positions = int(raw.get("max_position_embeddings", 2048))
+        max_positions = _int_field(raw, "max_position_embeddings", _DEFAULT_MAX_POSITIONS[family])
         windows = _sliding_windows(raw, family, num_layers)
         if family == "qwen2":
             qkv_bias, o_bias, mlp_bias = True, False, False
@@ -236,7 +241,7 @@ class ModelConfig:
             num_key_value_heads=num_kv_heads,
             head_dim=int(head_dim),
             max_position_embeddings=max_positions,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(_first_set(raw.get("rms_norm_eps"), 1e-6)),
             hidden_act=raw.get("hidden_act", "silu"),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
@@ -268,9 +273,32 @@ class ModelConfig:
         return cls.from_dict(raw)
 
 
+def _first_set(*values: Any) -> Any:
+    """The first value that is not None (None if all are)."""
+    return next((v for v in values if v is not None), None)
+
+
+def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> int:
+    """config.json's integer ``name``; missing or null takes ``default`` (if there is one)."""
+    value = raw.get(name)
+    if value is None:
+        if default is not None:
+            return default
+        what = "missing" if name not in raw else "null"
+        raise ValueError(f"config.json's required field {name!r} is {what}: it must be an integer")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"config.json's field {name!r} must be an integer, got {value!r}")
+    return int(value)
+
+
+# transformers' defaults where a config.json leaves these out.
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
+_DEFAULT_SLIDING_WINDOW = {"mistral": 4096}
+
+
 def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
     """Per-layer sliding window, following transformers' rules for each family."""
-    window = raw.get("sliding_window")
+    window = raw.get("sliding_window", _DEFAULT_SLIDING_WINDOW.get(family))
     if family == "llama" or window is None:
         return (None,) * num_layers
     layer_types = raw.get("layer_types")
