@@ -72,6 +72,32 @@ def test_broken_shard_index_names_file(tmp_path):
         load_model(sharded, device="cpu", show_progress=False)
 
 
+@pytest.mark.parametrize(
+    ("index", "says"),
+    [
+        ({"weight_map": ["model.safetensors"]}, '"weight_map" is a JSON array'),
+        (
+            {"weight_map": {"model.norm.weight": 1}},
+            "'model.norm.weight' the shard 1 (a JSON number)",
+        ),
+        ({"weight_map": {"model.norm.weight": None}}, "the shard null"),
+        ({"metadata": {}}, 'no "weight_map"'),
+        ([1], 'no "weight_map"'),
+    ],
+)
+def test_malformed_shard_index_is_a_checkpoint_error(tmp_path, index, says):
+    from brisklm.loader import CheckpointError
+
+    directory = save_hf_model(build_hf_model("llama"), tmp_path / "m")
+    index_file = directory / "model.safetensors.index.json"
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError) as error:
+        checkpoint_files(directory)
+    message = str(error.value)
+    assert str(index_file) in message and says in message
+    assert '"weight_map" maps each tensor name to the file name of its shard' in message
+
+
 def test_cpu_weights_are_packed_and_tied_head_gets_a_packed_copy(
     tmp_path, monkeypatch, without_native_kernels
 ):

@@ -83,10 +83,27 @@ def checkpoint_files(directory: Path) -> list[Path]:
     """The safetensors files of a checkpoint: from the shard index if there is one."""
     index_file = directory / "model.safetensors.index.json"
     if index_file.is_file():
+        expected = (
+            'expected a JSON object whose "weight_map" maps each tensor name to the file name '
+            "of its shard, both strings"
+        )
         try:
-            weight_map = json.loads(index_file.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index_file}: not a valid shard index ({exc})") from None
+            index = json.loads(index_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{index_file}: not valid JSON ({exc}); {expected}") from None
+        if not isinstance(index, dict) or "weight_map" not in index:
+            raise CheckpointError(f'{index_file}: no "weight_map"; {expected}')
+        weight_map = index["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(
+                f'{index_file}: "weight_map" is a JSON {_json_type(weight_map)}; {expected}'
+            )
+        for tensor_name, shard_name in weight_map.items():
+            if not isinstance(shard_name, str) or not shard_name:
+                raise CheckpointError(
+                    f'{index_file}: "weight_map" gives tensor {tensor_name!r} the shard '
+                    f"{json.dumps(shard_name)} (a JSON {_json_type(shard_name)}); {expected}"
+                )
         names = sorted(set(weight_map.values()))
         files = [directory / name for name in names]
         missing = [str(f) for f in files if not f.is_file()]
@@ -105,6 +122,21 @@ def checkpoint_files(directory: Path) -> list[Path]:
         f"no safetensors weights in {str(directory)!r} (expected model.safetensors or "
         "model.safetensors.index.json with its shards)"
     )
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed JSON value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string" if value else "empty string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
 
 
 def _iter_tensors(
