@@ -122,6 +122,29 @@ def test_checkpoint_layout(llama_float, llama_gptq):
         assert handle.metadata()["format"] == "pt"
 
 
+def test_named_chat_templates_are_copied(tmp_path):
+    """transformers 5 layout: chat_template.jinja plus additional_chat_templates/<name>.jinja."""
+    source = make_tiny_checkpoint(tmp_path / "float", num_hidden_layers=1, **SHAPE)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "chat_template.jinja").write_text(config.pop("chat_template"))
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    (source / "additional_chat_templates").mkdir()
+    tool_use = "TOOLS {{ tools|tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    (source / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use)
+    (source / "original").mkdir()  # e.g. Meta's consolidated weights: not for the GPTQ copy
+    (source / "original" / "params.json").write_text("{}")
+    out = tmp_path / "q"
+    options = QuantizeOptions(method="rtn", group_size=32, sym=False)
+    quantize_model(source, out, options, show_progress=False)
+    assert (out / "additional_chat_templates" / "tool_use.jinja").read_text() == tool_use
+    assert not (out / "original").exists()
+    tokenizer = Tokenizer.from_pretrained(out)
+    assert sorted(tokenizer.chat_templates) == ["default", "tool_use"]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools)
+    assert rendered.startswith("TOOLS [") and rendered.endswith("hi")
+
+
 def test_refuses_quantized_input_and_non_empty_output(llama_float, llama_gptq, tmp_path):
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(llama_gptq, tmp_path / "again", show_progress=False)

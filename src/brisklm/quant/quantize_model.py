@@ -42,6 +42,7 @@ from brisklm.loader import load_model, resolve_device
 from brisklm.models.layers import Linear, strided_dense_linear
 from brisklm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from brisklm.tokenizer import Tokenizer
+from brisklm.tokenizer_backend import CHAT_TEMPLATE_DIR
 
 from .calibration import calibration_token_ids, read_calibration_samples
 from .config import QUANTIZE_CONFIG_FILE, GPTQConfig
@@ -434,6 +435,16 @@ def _write_checkpoint(
             if path.name.endswith(_WEIGHT_SUFFIXES) or path.name.endswith(".index.json"):
                 continue
             shutil.copy2(path, staging / path.name)
+        # Of the subdirectories only the named chat templates travel (transformers 5 saves the
+        # default template as chat_template.jinja and the others, e.g. tool_use, as
+        # additional_chat_templates/<name>.jinja): they are tokenizer data, read by brisklm and
+        # transformers alike, and the model is the same model. Other subdirectories are not
+        # copied: what checkpoints keep there is weights in other formats (original/ with Meta's
+        # consolidated.*.pth, onnx/, gguf/), training checkpoints or download caches (.cache/),
+        # which describe the float model rather than the quantized one, and can be large.
+        templates = model_dir / CHAT_TEMPLATE_DIR
+        if templates.is_dir():
+            shutil.copytree(templates, staging / CHAT_TEMPLATE_DIR)
         if out_dir.exists():
             out_dir.rmdir()  # empty: checked before quantizing
         staging.rename(out_dir)
