@@ -145,6 +145,44 @@ def test_named_chat_templates_are_copied(tmp_path):
     assert rendered.startswith("TOOLS [") and rendered.endswith("hi")
 
 
+def test_unpackable_layer_sizes_are_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    from brisklm.cli import main
+
+    quantize_module = importlib.import_module("brisklm.quant.quantize_model")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the shapes must be checked before the model is loaded")
+
+    odd_vocab = make_tiny_checkpoint(tmp_path / "vocab405", vocab_size=405, num_hidden_layers=1)
+    odd_mlp = make_tiny_checkpoint(tmp_path / "mlp100", intermediate_size=100, num_hidden_layers=1)
+    capsys.readouterr()  # transformers' progress bars from saving them
+    with monkeypatch.context() as patch:
+        patch.setattr(quantize_module, "load_model", no_work)
+        patch.setattr(quantize_module, "read_calibration_samples", no_work)
+        args = ["quantize", "--model", str(odd_vocab), "--out", str(tmp_path / "q")]
+        assert main([*args, "--quantize-lm-head"]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1
+        for part in (
+            "cannot quantize lm_head: its output size is 405 (the model's vocab_size), "
+            "not a multiple of 8",
+            "drop --quantize-lm-head",
+        ):
+            assert part in err
+        with pytest.raises(ValueError) as error:
+            quantize_model(odd_mlp, tmp_path / "q", show_progress=False)
+        message = str(error.value)
+        assert "cannot quantize model.layers.0.mlp.gate_proj: its output size is 100" in message
+        assert "multiples of 8" in message and "cannot be quantized" in message
+    assert not (tmp_path / "q").exists()
+    # The head stays float without --quantize-lm-head: its vocabulary is then no concern.
+    options = QuantizeOptions(method="rtn", group_size=32, sym=False)
+    quantize_model(odd_vocab, tmp_path / "q", options, show_progress=False)
+    assert load_model(tmp_path / "q", device="cpu", show_progress=False).config.vocab_size == 405
+
+
 def test_refuses_quantized_input_and_non_empty_output(llama_float, llama_gptq, tmp_path):
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(llama_gptq, tmp_path / "again", show_progress=False)

@@ -131,6 +131,7 @@ def quantize_model(
     if config.quantization is not None or (model_dir / QUANTIZE_CONFIG_FILE).is_file():
         raise ValueError(f"{model_dir} is already quantized: quantize a float checkpoint")
     _check_out_dir(model_dir, out_dir)
+    _check_packable_shapes(config, options)
     device_ = resolve_device(device)
     start = time.perf_counter()
     samples = read_calibration_samples(calibration) if options.method == "gptq" else []
@@ -179,6 +180,43 @@ def _quantized_linears(model: LlamaForCausalLM, options: QuantizeOptions) -> lis
         for linear in LAYER_LINEARS
     ]
     return names + (["lm_head"] if options.quantize_lm_head else [])
+
+
+def _check_packable_shapes(config: ModelConfig, options: QuantizeOptions) -> None:
+    """Refuse, before any work, a model whose quantized layers GPTQ int4 cannot store.
+
+    GPTQ packs eight int4 values to an int32 along two dimensions: qweight [in/8, out] along the
+    input, qzeros [groups, out/8] along the output. So every quantized layer's input size and the
+    output size of each checkpoint layer must be multiples of 8 (a merged q/k/v or gate/up is
+    split back into its layers along packed qzeros words, so each part counts on its own).
+    """
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, strided_dense_linear)
+    for name in _quantized_linears(model, options):
+        module = model.get_submodule(name)
+        sizes = [("input", name, module.in_features)] + [
+            ("output", layer, size)
+            for layer, size in zip(checkpoint_module_names(name), module.shard_sizes)
+        ]
+        for side, layer, size in sizes:
+            if size % PACK_FACTOR == 0:
+                continue
+            if name == "lm_head":
+                field = "vocab_size" if side == "output" else "hidden_size"
+                what = f"{size} (the model's {field})"
+                fix = (
+                    "leave the head in float: drop --quantize-lm-head "
+                    "(QuantizeOptions.quantize_lm_head=False)"
+                )
+            else:
+                what = str(size)
+                fix = "brisklm quantizes every decoder layer, so this model cannot be quantized"
+            raise ValueError(
+                f"cannot quantize {layer}: its {side} size is {what}, not a multiple of "
+                f"{PACK_FACTOR}; GPTQ int4 packs {PACK_FACTOR} values to an int32 along each "
+                f"quantized layer's input and output, so both must be multiples of "
+                f"{PACK_FACTOR}; {fix}"
+            )
 
 
 @torch.no_grad()
