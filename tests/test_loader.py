@@ -62,6 +62,62 @@ def test_tied_head_shares_storage_and_ignores_saved_head(
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+def _config_says_tied(directory) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("kernels", ["default", "torch_only"])
+def test_tied_config_with_a_different_stored_head_loads_that_head_as_transformers_does(
+    tmp_path, request, caplog, kernels
+):
+    """config.json says tied, but the checkpoint stores its own, different lm_head.weight:
+    transformers 5 keeps the stored head (untied, with a warning), so its logits are the truth."""
+    import transformers
+
+    if kernels == "torch_only":
+        request.getfixturevalue("without_native_kernels")
+    hf = build_hf_model("llama")  # untied: lm_head.weight differs from embed_tokens.weight
+    directory = save_hf_model(hf, tmp_path / "m", max_shard_size="40KB")
+    _config_says_tied(directory)
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="eager"
+    ).eval()
+    assert (
+        theirs_model.lm_head.weight.data_ptr() != theirs_model.model.embed_tokens.weight.data_ptr()
+    )
+    caplog.clear()  # transformers' own warning
+    with caplog.at_level("WARNING", logger="brisklm.loader"):
+        model = load_model(directory, device="cpu", show_progress=False)
+    with torch.no_grad():
+        theirs = theirs_model(torch.tensor([PROMPT])).logits[0].float()
+    torch.testing.assert_close(logits_of(model), theirs, atol=1e-4, rtol=1e-4)
+    assert not model.config.tie_word_embeddings
+    assert torch.equal(model.lm_head.dense_weight(), hf.lm_head.weight)
+    assert torch.equal(model.model.embed_tokens.weight, hf.model.embed_tokens.weight)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    head_file = directory / index["weight_map"]["lm_head.weight"]
+    assert str(head_file) in caplog.text and "tie_word_embeddings" in caplog.text
+
+
+def test_tied_config_with_an_equal_stored_head_stays_tied(
+    tmp_path, monkeypatch, caplog, without_native_kernels
+):
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.setattr(packed_weights, "packing_supported", lambda dtype: False)
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    directory = save_hf_model(hf, tmp_path / "m")
+    state = load_file(str(directory / "model.safetensors"))
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()  # as .bin exports do
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="brisklm.loader"):
+        model = load_model(directory, device="cpu", show_progress=False)
+    assert "tie_word_embeddings" not in caplog.text
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
 def test_broken_shard_index_names_file(tmp_path):
     hf = build_hf_model("llama")
     sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")

@@ -6,6 +6,7 @@ place as it is read, so the weights never exist twice in memory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -139,6 +140,52 @@ def _json_type(value: object) -> str:
     return "object"
 
 
+_HEAD = "lm_head.weight"
+_EMBEDDING = "model.embed_tokens.weight"
+_COMPARE_ROWS = 4096  # rows of the head and the embedding read at a time when comparing them
+
+
+def _stored_head_that_differs(files: list[Path]) -> Path | None:
+    """The file storing an lm_head.weight that differs from the embedding matrix, if any.
+
+    A tied checkpoint normally stores only the embedding; some store both, equal (torch .bin
+    exports, some converters), and those stay tied. One whose head differs was trained untied
+    with a wrong config: transformers then keeps both (and warns), and so do we. Compared a
+    slice of rows at a time, so neither matrix is read whole here."""
+    where: dict[str, Path] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in (_HEAD, _EMBEDDING):
+                    if name in handle.keys():
+                        where.setdefault(name, path)
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+    if _HEAD not in where:
+        return None
+    if _EMBEDDING not in where:
+        return None  # nothing to compare with: the loader names the missing embedding
+    try:
+        with (
+            safe_open(str(where[_HEAD]), framework="pt", device="cpu") as head_file,
+            safe_open(str(where[_EMBEDDING]), framework="pt", device="cpu") as embedding_file,
+        ):
+            head = head_file.get_slice(_HEAD)
+            embedding = embedding_file.get_slice(_EMBEDDING)
+            if head.get_shape() != embedding.get_shape():
+                return where[_HEAD]
+            rows = head.get_shape()[0] if head.get_shape() else 0
+            for start in range(0, rows, _COMPARE_ROWS):
+                end = min(start + _COMPARE_ROWS, rows)
+                if not torch.equal(head[start:end].float(), embedding[start:end].float()):
+                    return where[_HEAD]
+    except Exception as exc:
+        raise CheckpointError(
+            f"{where[_HEAD]}: cannot compare lm_head.weight with the embedding ({exc})"
+        ) from None
+    return None
+
+
 def _iter_tensors(
     files: list[Path], show_progress: bool
 ) -> Iterator[tuple[Path, str, torch.Tensor]]:
@@ -223,6 +270,22 @@ def load_model(
     files = checkpoint_files(directory)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
+    if config.tie_word_embeddings and isinstance(
+        getattr(model.lm_head, "weight", None), nn.Parameter
+    ):
+        head_file = _stored_head_that_differs(files)
+        if head_file is not None:
+            # As transformers does: a stored head that differs from the embedding is the head.
+            logger.warning(
+                "config.json in %s sets tie_word_embeddings, but %s stores its own lm_head.weight, "
+                "different from model.embed_tokens.weight: using the stored head, untied (set "
+                "tie_word_embeddings to false in config.json to silence this warning)",
+                str(directory),
+                head_file,
+            )
+            config = dataclasses.replace(config, tie_word_embeddings=False)
+            with torch.device("meta"):
+                model = LlamaForCausalLM(config, make_linear)
     model.to(dtype_)
     model.to_empty(device=device_)
     model.tie_weights()

@@ -183,6 +183,34 @@ def test_unpackable_layer_sizes_are_refused_before_any_work(tmp_path, monkeypatc
     assert load_model(tmp_path / "q", device="cpu", show_progress=False).config.vocab_size == 405
 
 
+@pytest.mark.parametrize("quantize_lm_head", [False, True])
+def test_tied_config_with_its_own_stored_head_quantizes_that_head(tmp_path, quantize_lm_head):
+    """config.json says tied but the checkpoint stores a different lm_head.weight: the loader
+    takes the stored head (as transformers does), so the quantized checkpoint carries that head
+    and says it is untied."""
+    source = make_tiny_checkpoint(tmp_path / "float", num_hidden_layers=1, **SHAPE)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    float_state = load_file(str(source / "model.safetensors"))
+    head, table = float_state["lm_head.weight"], float_state["model.embed_tokens.weight"]
+    assert not torch.equal(head, table)
+    out = tmp_path / "q"
+    options = QuantizeOptions(
+        method="rtn", group_size=32, sym=False, quantize_lm_head=quantize_lm_head
+    )
+    quantize_model(source, out, options, show_progress=False)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    state = load_file(str(out / "model.safetensors"))
+    if quantize_lm_head:
+        tensors = [state[f"lm_head.{kind}"] for kind in ("qweight", "qzeros", "scales", "g_idx")]
+        stored = dequantize_gptq(*tensors)
+        assert (stored - head).abs().max() < 0.1 * (table - head).abs().max()
+    else:
+        torch.testing.assert_close(state["lm_head.weight"].float(), head, atol=1e-3, rtol=1e-3)
+    model = load_model(out, device="cpu", show_progress=False)
+    assert not model.config.tie_word_embeddings
+
+
 def test_refuses_quantized_input_and_non_empty_output(llama_float, llama_gptq, tmp_path):
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(llama_gptq, tmp_path / "again", show_progress=False)

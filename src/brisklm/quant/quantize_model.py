@@ -449,6 +449,12 @@ def _write_checkpoint(
     raw_config["quantization_config"] = quant
     if model.config.tie_word_embeddings and options.quantize_lm_head:
         raw_config["tie_word_embeddings"] = False  # the int4 head is its own tensor now
+    elif (
+        not model.config.tie_word_embeddings and raw_config.get("tie_word_embeddings") is not False
+    ):
+        # Loaded untied (e.g. config.json said tied but the checkpoint stores its own, different
+        # lm_head.weight: see load_model): the head is written as its own tensor, so say so.
+        raw_config["tie_word_embeddings"] = False
     quantize_config = {
         **quant,
         "model_name_or_path": None,
