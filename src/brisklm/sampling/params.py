@@ -82,7 +82,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    include_stop_str_in_output: bool = False  # stop strings only: a stop token's text never is
     # Constrained decoding: at most one of these. The output is guaranteed to match it (unless the
     # request ends early on max_tokens, reported as finish_reason "length").
     json_schema: Any = field(default=None, compare=False)  # dict, bool or pydantic model class
