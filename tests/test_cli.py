@@ -15,6 +15,27 @@ from brisklm import LLM, SamplingParams
 from brisklm.cli import main
 from tests.tiny import make_tiny_checkpoint
 
+CLI = [sys.executable, "-m", "brisklm.cli"]
+
+
+def cli_env(*, buffered: bool = False) -> dict[str, str]:
+    """The environment for the CLI in a subprocess, running this checkout's code; ``buffered``
+    drops PYTHONUNBUFFERED (set on some machines), so stdout is block-buffered on a pipe."""
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
+    env = {k: v for k, v in os.environ.items() if not (buffered and k == "PYTHONUNBUFFERED")}
+    env["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return env
+
+
+def cli_process(argv: list[str], *, buffered: bool = False) -> subprocess.Popen[bytes]:
+    """The CLI running ``argv`` in a subprocess, its stdout and stderr piped."""
+    return subprocess.Popen(
+        [*CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(buffered=buffered),
+    )
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -86,14 +107,8 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
     ],
 )
 def test_errors_are_one_line_without_traceback(argv, message):
-    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     result = subprocess.run(
-        [sys.executable, "-m", "brisklm.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+        [*CLI, *argv], capture_output=True, text=True, timeout=120, env=cli_env()
     )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -330,12 +345,8 @@ def test_a_system_message_that_leaves_no_room_for_a_turn_is_refused_at_start(
 
 def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_one_clear_line(model_dir):
     # A subprocess: stderr as the user sees it, logging's warnings included.
-    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     argv = ["generate", "--model", str(model_dir), "--max-seq-len", "1000000000", "hi"]
-    result = subprocess.run(
-        [sys.executable, "-m", "brisklm.cli", *argv], capture_output=True, text=True, env=env
-    )
+    result = subprocess.run([*CLI, *argv], capture_output=True, text=True, env=cli_env())
     # It printed a warning that 1000000000 is past max_position_embeddings, then the allocator's
     # message ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...").
     assert result.returncode == 1 and result.stdout == ""
@@ -348,15 +359,8 @@ def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_one_clear_line(model_dir):
 
 
 def test_a_closed_pipe_ends_generation_quietly():
-    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     argv = ["generate", "--max-tokens", "200", "--ignore-eos", "--temperature", "0", "Once"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "brisklm.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    process = cli_process(argv)
     assert process.stdout is not None and process.stderr is not None
     assert process.stdout.read(1)  # the reader takes one byte and goes, as `head -c 1` does
     process.stdout.close()
@@ -369,15 +373,8 @@ def test_a_closed_pipe_ends_generation_quietly():
 def test_a_pipe_closed_before_the_last_newline_ends_quietly(model_dir):
     # --regex "" allows only the empty output: the one thing written is the final newline, which
     # sat in stdout's buffer (a pipe's is not line-buffered) until the interpreter's exit.
-    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "src")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    env["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
-    argv = ["generate", "--model", str(model_dir), "--regex", "", "hi"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "brisklm.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
+    process = cli_process(
+        ["generate", "--model", str(model_dir), "--regex", "", "hi"], buffered=True
     )
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # the reader is gone before the model has loaded

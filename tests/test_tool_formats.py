@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -392,13 +393,18 @@ def test_llama_grammar_matches_what_parse_reads(family_llms) -> None:
         assert not accepts(auto, blank + one)  # calls start at once: no unchecked call
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> None:
+def weather_caller(directory: Any) -> Any:
+    """A greedy ChatBrisk on ``directory`` that must call get_weather."""
     pytest.importorskip("langchain_brisklm")
     from langchain_brisklm import ChatBrisk
 
-    chat = ChatBrisk(model=str(family_dirs[family]), temperature=0, max_tokens=160)
-    bound = chat.bind_tools([WEATHER], tool_choice="get_weather")
+    chat = ChatBrisk(model=str(directory), temperature=0, max_tokens=160)
+    return chat.bind_tools([WEATHER], tool_choice="get_weather")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> None:
+    bound = weather_caller(family_dirs[family])
     message = bound.invoke("Weather in Paris?")
     assert [c["name"] for c in message.tool_calls] == ["get_weather"]
     assert message.tool_calls[0]["args"]["unit"] in ("celsius", "fahrenheit")
@@ -416,11 +422,7 @@ def test_langchain_tool_calls_in_the_models_format(family_dirs, family: str) -> 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_langchain_cut_calls_in_the_models_format(family_dirs, family: str) -> None:
     # A call cut by max_tokens was left in the content, markup and all (Hermes made it invalid).
-    pytest.importorskip("langchain_brisklm")
-    from langchain_brisklm import ChatBrisk
-
-    chat = ChatBrisk(model=str(family_dirs[family]), temperature=0, max_tokens=160)
-    bound = chat.bind_tools([WEATHER], tool_choice="get_weather")
+    bound = weather_caller(family_dirs[family])
     whole = bound.invoke("Weather in Paris?")
     cut_at = whole.usage_metadata["output_tokens"] - 3  # inside the call's arguments
     message = bound.invoke("Weather in Paris?", max_tokens=cut_at)

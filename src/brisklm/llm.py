@@ -64,11 +64,11 @@ def _holds_non_integers(dtype: Any) -> bool:
 
 
 def _one_prompt(prompt: Any, call: str) -> Any:
-    """``prompt`` for a call that takes one (stream, astream): a list holding strs or lists is
-    refused as the list of prompts it looks like, which only generate takes."""
-    items = _as_list(prompt)
-    if isinstance(items, list | tuple):
-        for index, item in enumerate(items):
+    """``prompt`` (an array as lists) for a call that takes one (stream, astream): a list holding
+    strs or lists is refused as the list of prompts it looks like, which only generate takes."""
+    prompt = _as_list(prompt)
+    if isinstance(prompt, list | tuple):
+        for index, item in enumerate(prompt):
             if isinstance(item, str | list | tuple):
                 raise TypeError(
                     f"{call} takes one prompt, a str or a list of token ids (ints), but item "
@@ -398,7 +398,8 @@ class LLM:
                 "params must be a SamplingParams, a list of them (one per prompt) or None, got "
                 f"{type(params).__name__}"
             )
-        for index, prompt in enumerate(map(_as_list, prompts)):
+        prompts = [_as_list(p) for p in prompts]
+        for index, prompt in enumerate(prompts):
             if not isinstance(prompt, str | list | tuple):
                 raise TypeError(
                     f"prompt {index} of the list is {prompt!r:.40} ({type(prompt).__name__}): a "

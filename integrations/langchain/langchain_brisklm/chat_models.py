@@ -468,7 +468,6 @@ class _Cancellable:
         self._work = work
         self._lock = threading.Lock()
         self._task: asyncio.Task[Any] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._cancelled = False
 
     async def run(self) -> Any:
@@ -476,15 +475,14 @@ class _Cancellable:
             if self._cancelled:
                 self._work.close()
                 raise asyncio.CancelledError
-            self._loop = asyncio.get_running_loop()
             self._task = asyncio.current_task()
         return await self._work
 
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
-            if self._loop is not None and self._task is not None:
-                self._loop.call_soon_threadsafe(self._task.cancel)
+            if self._task is not None:
+                self._task.get_loop().call_soon_threadsafe(self._task.cancel)
 
 
 def _run_cancellable(work: Any) -> Any:

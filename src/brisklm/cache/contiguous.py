@@ -40,12 +40,10 @@ class KVCache:
             if "alloc" not in str(exc) and "out of memory" not in str(exc).lower():
                 raise
             per_token = self.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
-            size = format_bytes(per_token * num_slots * max_seq_len)
             raise MemoryError(
                 f"the KV cache for {num_slots} sequence(s) of {max_seq_len} tokens needs "
-                f"{size} ({per_token} bytes a token in "
-                f"{str(dtype).removeprefix('torch.')}), more than {device} could allocate: "
-                "lower max_seq_len or max_batch_size"
+                f"{cache_size_text(per_token, num_slots * max_seq_len, dtype)}, more than "
+                f"{device} could allocate: lower max_seq_len or max_batch_size"
             ) from exc
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +67,14 @@ def format_bytes(num_bytes: int) -> str:
         if num_bytes >= scale:
             return f"{num_bytes / scale:.1f} {unit}"
     return f"{num_bytes} bytes"
+
+
+def cache_size_text(bytes_per_token: int, num_tokens: int, dtype: torch.dtype) -> str:
+    """A cache's size for an error message: "1.0 TB (512 bytes a token in float32)"."""
+    return (
+        f"{format_bytes(bytes_per_token * num_tokens)} ({bytes_per_token} bytes a token in "
+        f"{str(dtype).removeprefix('torch.')})"
+    )
 
 
 def available_memory(device: torch.device) -> int | None:

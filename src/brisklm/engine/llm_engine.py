@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from brisklm.cache.contiguous import KVCache, available_memory, format_bytes
+from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.engine.request import Request
@@ -105,10 +105,10 @@ def check_kv_cache_fits(model: LlamaForCausalLM, max_batch_size: int, max_seq_le
         if device.type == "cpu"
         else f"the {memory} free on {device}"
     )
-    dtype = str(model.cache_dtype).removeprefix("torch.")
+    size = cache_size_text(per_token, max_batch_size * max_seq_len, model.cache_dtype)
     raise ValueError(
         f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size} needs a KV cache of "
-        f"{format_bytes(needed)} ({per_token} bytes a token in {dtype}), more than {where}: "
+        f"{size}, more than {where}: "
         f"max_seq_len can be at most {free // (per_token * max_batch_size)} here; the model's "
         f"max_position_embeddings is {config.max_position_embeddings} (the default max_seq_len, "
         "up to 4096; past it output usually degrades)"

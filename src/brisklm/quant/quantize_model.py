@@ -447,13 +447,9 @@ def _write_checkpoint(
     quant = options.gptq_config().to_quantize_config()
     quant["meta"] = {"quantizer": [f"brisklm:{__version__}"], "method": options.method}
     raw_config["quantization_config"] = quant
-    if model.config.tie_word_embeddings and options.quantize_lm_head:
-        raw_config["tie_word_embeddings"] = False  # the int4 head is its own tensor now
-    elif (
-        not model.config.tie_word_embeddings and raw_config.get("tie_word_embeddings") is not False
-    ):
-        # Loaded untied (e.g. config.json said tied but the checkpoint stores its own, different
-        # lm_head.weight: see load_model): the head is written as its own tensor, so say so.
+    if options.quantize_lm_head or not model.config.tie_word_embeddings:
+        # The head is written as its own tensor: an int4 head, or one loaded untied (config.json
+        # may say tied while the checkpoint stores its own, different lm_head.weight: load_model).
         raw_config["tie_word_embeddings"] = False
     quantize_config = {
         **quant,
