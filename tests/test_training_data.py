@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -14,9 +15,11 @@ from training.generate_data import (
     FREE_TEXT_ARG_NAMES,
     HELDOUT_WORDS,
     OTHER_SCRIPTS,
+    READING_VERBS,
     dumps,
     generate,
     generate_eval,
+    value_str,
 )
 
 # sha256 of the first 300 lines of train.jsonl written by `generate_data --seed 1234
@@ -185,7 +188,8 @@ def test_held_out_free_text_calls_leave_the_other_eval_sets_as_they_were() -> No
     for s in ev["tool_call_free_text"]:
         assert s["prompt_messages"][-1]["role"] == "user"
         assert any(s["free_text_args"])
-    h = hashlib.sha256(dumps({k: v for k, v in ev.items() if k != "tool_call_free_text"}).encode())
+    own_sets = ("tool_call_free_text", "tool_call_natural")
+    h = hashlib.sha256(dumps({k: v for k, v in ev.items() if k not in own_sets}).encode())
     assert h.hexdigest() == EVAL_SET_20_SHA256
 
 
@@ -322,3 +326,151 @@ def test_other_scripts_write_cyrillic_and_greek_values_that_the_calls_copy() -> 
     ]
     with pytest.raises(ValueError, match="other_scripts must be in"):
         generate(1, 1, "train", other_scripts=-0.1)
+
+
+def descriptions_and_calls(samples: list[dict]) -> list[tuple[str, list[dict], dict[str, dict]]]:
+    """(request, calls, offered functions by name) of each sample that calls tools."""
+    return [
+        (*user_and_calls(s), {t["function"]["name"]: t["function"] for t in s["tools"]})
+        for s in samples
+        if s["kind"] in ("tool_call", "tool_loop")
+    ]
+
+
+def test_docstrings_describe_tools_with_args_and_returns_sections() -> None:
+    samples = generate(1500, 31, "train", tool_share=0.8, more_phrasings=True, docstrings=1.0)
+    sections = {"Args:": 0, "Returns:": 0}
+    tools = 0
+    for s in samples:
+        for tool in s.get("tools") or []:
+            fn = tool["function"]
+            tools += 1
+            text = fn["description"]
+            for section in sections:
+                sections[section] += section in text
+            if "Args:" in text:
+                # one line per argument, each naming it as the schema does
+                listed = [line.split(":")[0].strip() for line in text.split("Args:")[1].split("\n")]
+                for name in fn["parameters"]["properties"]:
+                    assert name in listed, (name, text)
+    # Args where a tool has arguments (seven in ten), Returns half the time (thousands of tools).
+    assert 0.5 < sections["Args:"] / tools < 0.75, sections
+    assert 0.42 < sections["Returns:"] / tools < 0.58, sections
+    # The calls still copy every value from the request.
+    for user, calls, _ in descriptions_and_calls(samples):
+        for call in calls:
+            for v in call["arguments"].values():
+                if isinstance(v, str) and not isinstance(v, bool):
+                    assert v in user, (v, user)
+    # Off (the default), the draws are the generator's old ones.
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", docstrings=0.0, conversions=0.0)
+    ]
+    with pytest.raises(ValueError, match="docstrings must be in"):
+        generate(1, 1, "train", docstrings=2.0)
+
+
+def test_conversions_name_both_units_and_the_request_states_them_in_the_call_s_order() -> None:
+    units = {u for u, _ in pools.UNITS}
+    held_out = {u for u, _ in pools.HELDOUT_UNITS}
+    assert not units & held_out and held_out <= HELDOUT_WORDS
+    for split, allowed in (("train", None), ("eval", held_out)):
+        samples = generate(3000, 41, split, tool_share=0.8, conversions=0.5)
+        found = 0
+        for user, calls, functions in descriptions_and_calls(samples):
+            for call in calls:
+                description = functions[call["name"]]["description"].splitlines()[0]
+                m = re.search(
+                    r"from (\S+) to (\S+)\.$|^Convert (\S+) to (\S+)\.$|in (\S+) into (\S+)\.$",
+                    description,
+                )
+                if m is None:
+                    continue
+                src, dst = (g for g in m.groups() if g)
+                found += 1
+                if allowed is not None:
+                    assert {src, dst} <= allowed, (src, dst)
+                assert src in call["name"] and dst.lower() in call["name"].lower(), call["name"]
+                (value,) = call["arguments"].values()
+                assert isinstance(value, (int, float)) and value_str(value) in user, (value, user)
+                # the units in the request's order: "Convert 30 celsius to fahrenheit."
+                low = user.lower()
+                assert src in low and dst in low, (src, dst, user)
+                if len(calls) == 1:
+                    at = {u: re.search(r"\b" + u + r"\b", low).start() for u in (src, dst)}
+                    assert at[src] < at[dst] or "how many" in low, user
+        assert found > 200, (split, found)
+    # The conversion back is often offered beside one: the units' order picks the tool.
+    pairs = 0
+    samples = generate(2000, 43, "train", tool_share=0.8, conversions=0.5)
+    for _, calls, functions in descriptions_and_calls(samples):
+        name = calls[0]["name"]
+        if name.count("_to_") == 1 and not name.startswith("convert_"):
+            src, dst = name.split("_to_")
+            pairs += any(
+                f"{dst}_to_{src}" in n or f"{dst}To{src.capitalize()}" in n for n in functions
+            )
+    assert pairs > 50, pairs
+    with pytest.raises(ValueError, match="conversions must be in"):
+        generate(1, 1, "train", conversions=-1.0)
+
+
+def test_topic_questions_ask_a_reading_tool_s_topic_with_its_one_value() -> None:
+    samples = generate(3000, 53, "train", tool_share=0.8, more_phrasings=True, questions=1.0)
+    asked = 0
+    for user, calls, functions in descriptions_and_calls(samples):
+        m = re.fullmatch(
+            r"(What is the|What's the|Tell me the|How is the|Show me the|I'd like to know the"
+            r"|Any|Give me the) (.+?) (in|for|of) (.+?)( today)?(, please)?[.?]",
+            user,
+        )
+        if m is None or len(calls) != 1 or "(" in user or "named" in user or "called" in user:
+            continue
+        fn = functions[calls[0]["name"]]
+        verb = fn["description"].split(" the ")[0].lower()
+        if verb not in READING_VERBS:
+            continue
+        asked += 1
+        topic = m.group(2).lower()
+        assert fn["description"].lower().startswith(f"{verb} the {topic}"), (user, fn)
+        (value,) = calls[0]["arguments"].values()
+        assert str(value_str(value) if not isinstance(value, str) else value) in user, (value, user)
+    assert asked > 100, asked
+    with pytest.raises(ValueError, match="questions must be in"):
+        generate(1, 1, "train", questions=1.5)
+
+
+def test_reader_tools_are_one_argument_tools_with_a_reading_verb() -> None:
+    def readers(samples: list[dict]) -> tuple[int, int]:
+        tools = [t["function"] for s in samples for t in s.get("tools") or []]
+        one = sum(
+            len(fn["parameters"]["properties"]) == 1
+            and fn["description"].split(" the ")[0].lower() in READING_VERBS
+            for fn in tools
+        )
+        return one, len(tools)
+
+    one, total = readers(generate(2000, 61, "train", tool_share=0.8, readers=0.5))
+    before, total_before = readers(generate(2000, 61, "train", tool_share=0.8))
+    # Half the tools made as readers (a few of them given a free-text argument too), against the
+    # few that a reading verb and one argument give by chance.
+    assert one / total > 0.45 and before / total_before < 0.1, (one, total, before, total_before)
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", readers=0.0, questions=0.0)
+    ]
+    with pytest.raises(ValueError, match="readers must be in"):
+        generate(1, 1, "train", readers=-0.5)
+
+
+def test_held_out_natural_calls_use_held_out_units_and_docstrings() -> None:
+    ev = generate_eval(1235, 40, request_order=True)
+    items = ev["tool_call_natural"]
+    assert len(items) == 40
+    text = dumps(items)
+    assert "Args:" in text
+    assert any(
+        f"{a}_to_{b}" in text or f"{a}To{b.capitalize()}" in text
+        for a, _ in pools.HELDOUT_UNITS
+        for b, _ in pools.HELDOUT_UNITS
+    )
+    assert not any(f"{u}_to_" in text for u, _ in pools.UNITS)

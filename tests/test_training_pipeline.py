@@ -342,7 +342,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert built_dirs(ran) == [
         *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "data9"),
         *("data10", "data11", "data12", "data13", "data14", "data15", "data16", "data17"),
-        *("data18", "data19", "data20"),
+        *("data18", "data19", "data20", "data21", "data22", "data23"),
         "tokenizer",
         *("seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"),
     ]
@@ -350,10 +350,14 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert not (out / "brisk-chat2" / ".built").exists()
     # the last nine sets (data12-20) write a tenth of their values in Cyrillic or Greek letters, the
     # last six of them (data15-20) give some tools a free-text argument, and the last three
-    # (data18-20) two fifths of them instead of one
-    assert ["--other-scripts 0.1" in line for line in ran[:20]] == [False] * 11 + [True] * 9
-    assert ["--free-text-args" in line for line in ran[:20]] == [False] * 14 + [True] * 6
-    assert ["--free-text-share 0.4" in line for line in ran[:20]] == [False] * 17 + [True] * 3
+    # (data18-23) two fifths of them instead of one; the last three (data21-23) describe tools by
+    # docstrings, convert units and ask questions about a topic, the last two with reader tools
+    assert ["--other-scripts 0.1" in line for line in ran[:23]] == [False] * 11 + [True] * 12
+    assert ["--free-text-args" in line for line in ran[:23]] == [False] * 14 + [True] * 9
+    assert ["--free-text-share 0.4" in line for line in ran[:23]] == [False] * 17 + [True] * 6
+    natural = "--docstrings 0.4 --conversions 0.12 --topic-questions 1.0"
+    assert [natural in line for line in ran[:23]] == [False] * 20 + [True] * 3
+    assert ["--reader-tools 0.15" in line for line in ran[:23]] == [False] * 21 + [True] * 2
 
     second = build()
     assert second.returncode == 0, second.stderr
@@ -366,17 +370,18 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat12", "brisk-chat47-12/model", "brisk-chat13", "brisk-chat47-13/model"),
         *("brisk-chat14", "brisk-chat15", "brisk-chat16", "brisk-chat47-16/model"),
         *("brisk-chat17", "brisk-chat18", "brisk-chat19", "brisk-chat47-19/model"),
-        *("brisk-chat20", "brisk-chat21", "brisk-chat22", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat20", "brisk-chat21", "brisk-chat22", "brisk-chat47-22/model"),
+        *("brisk-chat23", "brisk-chat24", "brisk-chat25", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 22 and all("--resume" in line for line in trained)
+    assert len(trained) == 25 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
     # mean of brisk-chat456 and brisk-chat7) and the runs after it, up to the mean of brisk-chat47
     # and six runs; three runs start from that mean, then brisk-chat47-16 is the mean of it and
-    # those three; the same twice more, from brisk-chat47-16 to brisk-chat47-19, and from that to the
-    # shipped target.
+    # those three; the same three times more, from brisk-chat47-16 to brisk-chat47-19, from that to
+    # brisk-chat47-22 and from that to the shipped target.
     def model(name: str) -> str:
         return f"{out}/{name}/model"
 
@@ -406,11 +411,12 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     averaged(18, "brisk-chat47-12", *since_47, "brisk-chat11", "brisk-chat12")
     trained_from(19, "brisk-chat13", "brisk-chat47-12", "data11")
     averaged(20, "brisk-chat47-13", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
-    # three fan-outs: three runs from a mean (on data 12-14, 15-17, then 18-20), then the mean of it
-    # and them
+    # four fan-outs: three runs from a mean (on data 12-14, 15-17, 18-20, then 21-23), then the
+    # mean of it and them
     for i, start, first, mean in ((21, "brisk-chat47-13", 14, "brisk-chat47-16"),
                                   (25, "brisk-chat47-16", 17, "brisk-chat47-19"),
-                                  (29, "brisk-chat47-19", 20, "brisk-chat")):  # fmt: skip
+                                  (29, "brisk-chat47-19", 20, "brisk-chat47-22"),
+                                  (33, "brisk-chat47-22", 23, "brisk-chat")):  # fmt: skip
         runs = [f"brisk-chat{first + j}" for j in range(3)]
         for j, name in enumerate(runs):
             trained_from(i + j, name, start, f"data{first - 2 + j}")
@@ -418,32 +424,36 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
     compiled = [*again[15:20:2], *again[21:24], *again[25:28], *again[29:32]]
-    for line in compiled:  # the last twelve: compiled
+    for line in compiled:  # the next twelve: compiled
         assert "--precision bfloat16" in line and "--no-compile" not in line
         assert "--steps 700 " in line and "--drill-frac 0.2 " in line
-    # the very last run packs its long rows full
-    assert ["--fill-long-rows" in line for line in again] == [False] * 31 + [True] + [False] * 2
-    fanned = (*range(21, 24), *range(25, 28), *range(29, 32))
+    for line in again[33:36]:  # the last three: eagerly again
+        assert "--precision bfloat16" in line and "--no-compile" in line
+        assert "--steps 700 " in line and "--drill-frac 0.2 " in line
+    # the last run of the third fan-out and every run of the fourth pack their long rows full
+    filled = [False] * 31 + [True, False] + [True] * 3 + [False] * 2
+    assert ["--fill-long-rows" in line for line in again] == filled
+    fanned = (*range(21, 24), *range(25, 28), *range(29, 32), *range(33, 36))
     seeds = [again[i].split("--seed ")[1].split()[0] for i in fanned]
-    assert seeds == [str(seed) for seed in range(15, 24)]
+    assert seeds == [str(seed) for seed in range(15, 27)]
     assert again[17].split("--lr ")[-1].split()[0] == "3e-4"
     assert again[19].split("--lr ")[-1].split()[0] == "6e-4"  # the last one wins in argparse
-    assert second.stdout.count("was built by an earlier run, skipped") == 25
+    assert second.stdout.count("was built by an earlier run, skipped") == 28
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 59
-    assert len(log.read_text().splitlines()) == len(ran) + 34
+    assert third.returncode == 0 and third.stdout.count("skipped") == 66
+    assert len(log.read_text().splitlines()) == len(ran) + 38
 
-    # EAGER=1, into another OUT: every training run without torch.compile (above, only three of
+    # EAGER=1, into another OUT: every training run without torch.compile (above, only six of
     # them ask for it).
     assert "--no-compile" not in again[0]
     eager = build(EAGER="1", OUT=str(tmp_path / "eager"), ASSETS=str(tmp_path / "eager-assets"))
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 59 and len(trained) == 26
+    assert len(runs) == 66 and len(trained) == 29
     assert all("--no-compile" in line for line in trained)
 
 

@@ -203,6 +203,7 @@ def eval_extraction(run: Runner, items: list[dict], constrained: bool) -> tuple[
 GRAMMAR_TASKS = {
     "tool_call": eval_tool_calls,
     "tool_call_free_text": eval_tool_calls,
+    "tool_call_natural": eval_tool_calls,
     "extract": eval_extraction,
     "extract_labelled": eval_extraction,
 }

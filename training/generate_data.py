@@ -165,7 +165,20 @@ HELDOUT_WORDS |= {
     w for t in pools.HELDOUT_TOPICS + pools.HELDOUT_ARG_NAMES for w in re.split("[ _]", t)
 }
 HELDOUT_WORDS |= {v for v, _ in pools.HELDOUT_VERBS}
+HELDOUT_WORDS |= {u for u, _ in pools.HELDOUT_UNITS}
 
+
+# Verbs of tools that read something, whose one-argument requests ``--topic-questions`` may ask as
+# a question about the topic ("What is the weather in Paris?" for get_weather(city)).
+READING_VERBS = frozenset(
+    {"get", "fetch", "find", "look up", "search", "check", "list", "track", "show", "query"}
+    | {"estimate", "measure", "predict", "inspect", "locate", "forecast"}
+)
+
+# The words of conversion requests and descriptions, which no made-up unit may be.
+CONVERSION_WORDS = frozenset(
+    "convert converts value values into from what how many much there that degrees please have".split()
+)
 
 # Gen.sample's mix: cumulative upper bounds of tools, extraction, JSON keys, chat and drills (prose
 # takes the rest).
@@ -209,6 +222,7 @@ class Pools:
         self.first = pools.HELDOUT_FIRST_NAMES if held else pools.FIRST_NAMES
         self.last = pools.HELDOUT_LAST_NAMES if held else pools.LAST_NAMES
         self.places = pools.HELDOUT_PLACES if held else pools.PLACES
+        self.units = pools.HELDOUT_UNITS if held else pools.UNITS
         self.held = held
 
 
@@ -238,6 +252,16 @@ class Gen:
     ``other_scripts`` is the share of training string values written as one or two made-up words in
     Cyrillic or Greek letters (``--other-scripts``), so that copying such bytes is practised. At 0
     (the default) no extra random numbers are drawn; the held-out split ignores it.
+    ``docstrings`` is the share of tools whose description is written as a Python docstring, as
+    LangChain's ``@tool`` passes a function's docstring on: a sentence, often naming an argument,
+    then mostly ``Args:`` (each argument's name and a line about it) and ``Returns:`` sections
+    (``--docstrings``). ``conversions`` is the share of tools that are unit conversions
+    (``celsius_to_fahrenheit(celsius)``, asked for as "Convert 30 degrees Celsius to Fahrenheit.",
+    often beside the conversion back; ``--conversions``), and ``questions`` the share of
+    one-argument requests of a tool that reads something ("get", "check", ...) asked as a question
+    about its topic ("What is the weather in Paris?"; ``--topic-questions``); ``readers`` the share
+    of tools made with a reading verb and one argument, so that more requests can be such questions
+    (``--reader-tools``). At 0 (the defaults) none of the four draws a random number.
     """
 
     def __init__(
@@ -252,8 +276,20 @@ class Gen:
         open_verbs: float = 0.0,
         other_scripts: float = 0.0,
         free_text_share: float = FREE_TEXT_SHARE,
+        docstrings: float = 0.0,
+        conversions: float = 0.0,
+        questions: float = 0.0,
+        readers: float = 0.0,
     ) -> None:
         self.r = random.Random(seed)
+        check_share("docstrings", docstrings)
+        check_share("conversions", conversions)
+        check_share("questions", questions)
+        check_share("readers", readers)
+        self.readers = readers
+        self.docstrings = docstrings
+        self.conversions = conversions
+        self.questions = questions
         check_share("open_verbs", open_verbs)
         check_share("other_scripts", other_scripts)
         check_share("free_text_share", free_text_share)
@@ -442,16 +478,27 @@ class Gen:
 
     def make_tool(self, avoid_topics: set[str], max_args: int = 4) -> dict[str, Any]:
         r = self.r
-        if self.open_verbs and r.random() < self.open_verbs:
+        if self.conversions and max_args >= 1 and r.random() < self.conversions:
+            conversion = self.conversion_tool(avoid_topics)
+            if conversion is not None:
+                return conversion
+        reader = bool(self.readers) and max_args >= 1 and r.random() < self.readers
+        if reader:
+            verb, verb_phrase = r.choice([v for v in self.p.verbs if v[1] in READING_VERBS])
+        elif self.open_verbs and r.random() < self.open_verbs:
             verb = r.choice(pools.EXTRA_VERBS) if r.random() < 0.5 else self.made_up_word()
             verb_phrase = verb
         else:
             verb, verb_phrase = r.choice(self.p.verbs)
         topic = self.topic(avoid_topics)
         name = self.func_name(verb, topic)
-        nargs = r.choices(
-            [0, 1, 2, 3, 4][: max_args + 1], weights=[12, 30, 30, 18, 10][: max_args + 1]
-        )[0]
+        nargs = (
+            1
+            if reader
+            else r.choices(
+                [0, 1, 2, 3, 4][: max_args + 1], weights=[12, 30, 30, 18, 10][: max_args + 1]
+            )[0]
+        )
         props: dict[str, Any] = {}
         args: list[dict[str, Any]] = []
         used: set[str] = set()
@@ -492,6 +539,8 @@ class Gen:
             desc = desc[:-1] + r.choice(
                 [" for the user.", " by its details.", " quickly.", " now."]
             )
+        if self.docstrings and r.random() < self.docstrings:
+            desc = self.docstring(verb_phrase, topic, args)
         tool = {
             "type": "function",
             "function": {"name": name, "description": desc, "parameters": params},
@@ -504,6 +553,137 @@ class Gen:
             "args": args,
             "required": set(required),
         }
+
+    def docstring(self, verb: str, topic: str, args: list[dict[str, Any]]) -> str:
+        """A tool description written as a docstring (``--docstrings``): "Get the current
+        weather in a city." or a longer one with ``Args:`` and ``Returns:`` sections."""
+        r = self.r
+        clause = ""
+        if args and r.random() < 0.6:
+            words = r.choice(args)["name"].replace("_", " ")
+            clause = r.choice([f" for a given {words}", f" in a {words}", f" by its {words}"])
+        opening = r.choice(
+            [
+                "{V} the {t}{c}.",
+                "{V} the current {t}{c}.",
+                "Tool to {v} the {t}{c}.",
+                "Use this tool to {v} the {t}{c}.",
+            ]
+        ).format(V=verb.capitalize(), v=verb, t=topic, c=clause)
+        if r.random() < 0.3:
+            opening += r.choice(
+                [
+                    f" Use it when the user asks about the {topic}.",
+                    " Returns the result as text.",
+                    f" Works for any {topic}.",
+                ]
+            )
+        indent = "    " if r.random() < 0.7 else ""  # as written in the source, or cleaned
+        text = opening
+        if args and r.random() < 0.7:
+            lines = []
+            for a in args:
+                words = a["name"].replace("_", " ")
+                about = a["spec"].get("description") or r.choice(
+                    [f"The {words}.", f"The {words} to use.", f"The {words} of the {topic}."]
+                )
+                lines.append(f"{indent}    {a['name']}: {about}")
+            text += f"\n\n{indent}Args:\n" + "\n".join(lines)
+        if r.random() < 0.5:
+            returns = r.choice(
+                ["A confirmation message.", f"The {topic} as a string.", "A dict with the result."]
+            )
+            text += f"\n\n{indent}Returns:\n{indent}    {returns}"
+        return text
+
+    def conversion_tool(self, avoid_topics: set[str]) -> dict[str, Any] | None:
+        """A tool converting a number between two units of one quantity (``--conversions``), or
+        None where its topic is taken."""
+        r = self.r
+        quantities: dict[str, list[str]] = {}
+        for unit, quantity in self.p.units:
+            quantities.setdefault(quantity, []).append(unit)
+        if not self.p.held and r.random() < 0.3:
+            # made-up units, so that the units are copied, not recalled
+            src, dst = self.made_up_unit(), self.made_up_unit()
+            quantity = "amount"
+        else:
+            quantity = r.choice([q for q, units in quantities.items() if len(units) > 1])
+            src, dst = r.sample(quantities[quantity], 2)
+        return self.conversion_spec(src, dst, quantity, avoid_topics)
+
+    def made_up_unit(self) -> str:
+        """A made-up word of four letters or more that none of the request's words can be."""
+        while True:
+            word = self.made_up_word()
+            if len(word) >= 4 and word not in CONVERSION_WORDS:
+                return word
+
+    def conversion_spec(
+        self, src: str, dst: str, quantity: str, avoid_topics: set[str]
+    ) -> dict[str, Any] | None:
+        r = self.r
+        topic = f"{src} to {dst}"
+        if src == dst or topic in avoid_topics:
+            return None
+        style = r.random()
+        if style < 0.5:
+            name = f"{src}_to_{dst}"
+        elif style < 0.75:
+            name = f"convert_{src}_to_{dst}"
+        else:
+            name = f"{src}To{dst.capitalize()}"
+        an = src if r.random() < 0.5 else r.choice(["value", "amount", f"{src}_value", "x"])
+        spec: dict[str, Any] = {"type": "number"}
+        what = "a value" if quantity == "amount" else f"{article(quantity)} {quantity}"
+        desc = r.choice(
+            [
+                f"Convert {what} from {src} to {dst}.",
+                f"Convert {src} to {dst}.",
+                f"Converts a value in {src} into {dst}.",
+            ]
+        )
+        if self.docstrings and r.random() < self.docstrings:
+            desc += f"\n\n    Args:\n        {an}: The {quantity} in {src}."
+        tool = {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": desc,
+                "parameters": {"type": "object", "properties": {an: spec}, "required": [an]},
+            },
+        }
+        arg = {"name": an, "type": "number", "spec": spec}
+        return {
+            "tool": tool,
+            "name": name,
+            "verb": "convert",
+            "topic": topic,
+            "args": [arg],
+            "required": {an},
+            "convert": (src, dst, quantity),
+        }
+
+    def conversion_request(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """ "Convert 30 degrees Celsius to Fahrenheit." and the call's one argument."""
+        r = self.r
+        src, dst, quantity = spec["convert"]
+        value: float = r.randint(-40, 500) if r.random() < 0.6 else self.number()
+        if r.random() < 0.3:
+            src, dst = src.capitalize(), dst.capitalize()
+        degrees = "degrees " if quantity == "temperature" and r.random() < 0.5 else ""
+        text = r.choice(
+            [
+                "Convert {v} {d}{a} to {b}.",
+                "What is {v} {d}{a} in {b}?",
+                "How many {b} is {v} {a}?",
+                "{v} {a} to {b}",
+                "Please convert {v} {d}{a} into {b}.",
+                "There are {v} {a}. How much is that in {b}?",
+                "What's {v} {d}{a} in {b}?",
+            ]
+        ).format(v=value_str(value), d=degrees, a=src, b=dst)
+        return text, {spec["args"][0]["name"]: value}
 
     def add_free_text_arg(
         self, topic: str, used: set[str], props: dict[str, Any], args: list[dict[str, Any]]
@@ -663,6 +843,8 @@ class Gen:
         arguments = {a["name"]: self.value_for(a) for a in chosen}
         if self.more and r.random() < 0.15:
             return self.call_notation(spec, arguments), arguments
+        if "convert" in spec:
+            return self.conversion_request(spec)
         free = next((a for a in chosen if a.get("free")), None)
         if free is not None and r.random() < 0.65:
             return self.free_text_request(spec, chosen, arguments, free)
@@ -725,6 +907,28 @@ class Gen:
             return text.format(V=verb.capitalize(), v=verb, t=topic), arguments
         # "a X named Y - gloss" leaves the gloss out of the call: not for tools that take free text
         has_free = any(a.get("free") for a in spec["args"])
+        if (
+            self.questions
+            and len(parts) == 1
+            and not has_free
+            and verb in READING_VERBS
+            and r.random() < self.questions
+        ):
+            v = parts[0][1]
+            text = r.choice(
+                [
+                    "What is the {t} in {a}?",
+                    "What's the {t} for {a}?",
+                    "Tell me the {t} of {a}.",
+                    "How is the {t} in {a} today?",
+                    "Show me the {t} for {a}.",
+                    "I'd like to know the {t} in {a}.",
+                    "Any {t} for {a}?",
+                    "{T} in {a}?",
+                    "Give me the {t} for {a}, please.",
+                ]
+            )
+            return text.format(T=topic.capitalize(), t=topic, a=v), arguments
         if self.more and len(parts) == 1 and not has_free and r.random() < 0.15:
             v = parts[0][1]
             text = r.choice(
@@ -786,6 +990,14 @@ class Gen:
             topics.add(s["topic"])
             names.add(s["name"])
             specs.append(s)
+            if "convert" in s and len(specs) < n and self.r.random() < 0.5:
+                # the conversion back beside it: the request's order of units picks the tool
+                src, dst, quantity = s["convert"]
+                back = self.conversion_spec(dst, src, quantity, topics)
+                if back is not None and back["name"] not in names:
+                    topics.add(back["topic"])
+                    names.add(back["name"])
+                    specs.append(back)
         return specs
 
     def tool_result(self) -> dict[str, Any]:
@@ -1510,6 +1722,10 @@ GREETINGS = [
 ]
 
 
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def join_and(items: list[str]) -> str:
     if len(items) <= 1:
         return "".join(items)
@@ -1535,6 +1751,10 @@ def generate(
     open_verbs: float = 0.0,
     other_scripts: float = 0.0,
     free_text_share: float = FREE_TEXT_SHARE,
+    docstrings: float = 0.0,
+    conversions: float = 0.0,
+    questions: float = 0.0,
+    readers: float = 0.0,
 ) -> list[dict[str, Any]]:
     g = Gen(
         seed,
@@ -1547,6 +1767,10 @@ def generate(
         open_verbs,
         other_scripts,
         free_text_share,
+        docstrings,
+        conversions,
+        questions,
+        readers,
     )
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
@@ -1601,6 +1825,26 @@ def generate_eval(
         s = g.tool_sample()
         if s.get("free_text_args"):
             out["tool_call_free_text"].append(call_prompt(s))
+    # Calls of tools described by docstrings, of unit conversions and asked as questions
+    # (``--docstrings``, ``--conversions``, ``--topic-questions``), from a generator of their own.
+    g = Gen(
+        seed + 11,
+        "eval",
+        request_order=request_order,
+        docstrings=0.5,
+        conversions=0.3,
+        questions=0.6,
+        readers=0.25,
+    )
+    out["tool_call_natural"] = []
+    while len(out["tool_call_natural"]) < n_per_task:
+        s = g.tool_sample()
+        if s["kind"] in ("tool_call", "tool_loop"):
+            prompt = call_prompt(s)
+            # docstrings make prompts long: keep those that fit the bundled model's context of
+            # 1,024 tokens with room for the reply (at most ~0.55 tokens a character)
+            if len(dumps(s["tools"])) + len(dumps(prompt["prompt_messages"])) <= 1600:
+                out["tool_call_natural"].append(prompt)
     return out
 
 
@@ -1662,18 +1906,16 @@ def main() -> None:
         action="store_true",
         help="offer 3-5 tools more often in the training samples (see Gen)",
     )
-    ap.add_argument(
-        "--open-verbs",
-        type=share_arg("--open-verbs"),
-        default=0.0,
-        help="share of training tools whose verb is drawn from an open set (see Gen)",
-    )
-    ap.add_argument(
-        "--other-scripts",
-        type=share_arg("--other-scripts"),
-        default=0.0,
-        help="share of training string values written in Cyrillic or Greek letters (see Gen)",
-    )
+    # Shares in [0, 1], 0 by default (which draws no random number; see Gen): flag -> help.
+    for flag, help_text in (
+        ("--open-verbs", "share of training tools whose verb is drawn from an open set"),
+        ("--other-scripts", "share of training string values written in Cyrillic or Greek letters"),
+        ("--docstrings", "share of tools described by a docstring with Args and Returns sections"),
+        ("--conversions", "share of tools that convert a number between two units"),
+        ("--topic-questions", "share of one-argument requests of reading tools asked as questions"),
+        ("--reader-tools", "share of tools made with a reading verb and one argument"),
+    ):
+        ap.add_argument(flag, type=share_arg(flag), default=0.0, help=f"{help_text} (see Gen)")
     args = ap.parse_args()
     if args.free_text_share != FREE_TEXT_SHARE and not args.free_text_args:
         ap.error("--free-text-share needs --free-text-args")
@@ -1691,6 +1933,10 @@ def main() -> None:
         open_verbs=args.open_verbs,
         other_scripts=args.other_scripts,
         free_text_share=args.free_text_share,
+        docstrings=args.docstrings,
+        conversions=args.conversions,
+        questions=args.topic_questions,
+        readers=args.reader_tools,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:

@@ -329,6 +329,55 @@ HELDOUT_TOPICS = [
     "harbor fee",
 ]
 
+# Units for conversion tools (``generate_data --natural-requests``): (unit, what it measures).
+# A conversion tool converts between two units of one quantity (``celsius_to_fahrenheit``); the
+# held-out units are never in training data.
+UNITS = [
+    ("celsius", "temperature"),
+    ("fahrenheit", "temperature"),
+    ("kelvin", "temperature"),
+    ("miles", "distance"),
+    ("kilometers", "distance"),
+    ("meters", "length"),
+    ("feet", "length"),
+    ("inches", "length"),
+    ("centimeters", "length"),
+    ("yards", "length"),
+    ("pounds", "weight"),
+    ("kilograms", "weight"),
+    ("ounces", "weight"),
+    ("grams", "weight"),
+    ("liters", "volume"),
+    ("gallons", "volume"),
+    ("cups", "volume"),
+    ("milliliters", "volume"),
+    ("dollars", "currency"),
+    ("euros", "currency"),
+    ("yen", "currency"),
+    ("pesos", "currency"),
+    ("hours", "time"),
+    ("minutes", "time"),
+    ("seconds", "time"),
+    ("days", "time"),
+    ("bytes", "data size"),
+    ("megabytes", "data size"),
+    ("watts", "power"),
+    ("horsepower", "power"),
+]
+HELDOUT_UNITS = [
+    ("knots", "speed"),
+    ("mph", "speed"),
+    ("acres", "area"),
+    ("hectares", "area"),
+    ("pascals", "pressure"),
+    ("bars", "pressure"),
+    ("joules", "energy"),
+    ("calories", "energy"),
+    ("furlongs", "distance"),
+    ("leagues", "distance"),
+    ("rankine", "temperature"),
+]
+
 # Syllables for pseudo-words: nonsense names teach copying rather than memorising.
 SYLLABLES = [
     "ka",

@@ -57,11 +57,11 @@ class TestChatBriskIntegration(ChatModelIntegrationTests):
     def test_unicode_tool_call_integration(
         self, model: BaseChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
     ) -> None:
-        # It writes customer_name "Chinese technology company", the phrase after the dash. The
-        # request gives the description as that phrase, not as a value; the target shipped in
-        # session 33, trained on twice as many such free-text arguments as session 32's (the first
-        # trained on them), gets about two thirds of its held-out ones right and still misses this
-        # one (training/README.md).
+        # It writes the key description first, with the CJK name as its value, and a piece of the
+        # rest as customer_name. With an ASCII name, or the second argument named notes, the call
+        # is right; the target shipped in session 41, trained on docstring descriptions like this
+        # tool's, gets about seven in ten held-out free-text calls right and still misses this one
+        # (training/README.md).
         super().test_unicode_tool_call_integration(
             model, tool_choice=tool_choice, force_tool_call=force_tool_call
         )
