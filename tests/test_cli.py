@@ -250,10 +250,26 @@ def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, c
     argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "8"]
     code = main([*argv, "--max-seq-len", "64", "--system", "Be brief."])
     captured = capsys.readouterr()
-    assert code == 0  # the session goes on: it used to end at the first turn that did not fit
+    # The session goes on (it used to end at the first turn that did not fit), and read from a
+    # pipe it ends with 1, so that a script learns that a reply is missing (it ended with 0).
+    assert code == 1
     assert "dropped" in captured.err
     assert "this message alone does not fit the context of 64 tokens" in captured.err
+    assert captured.err.endswith("1 message(s) did not fit the context and got no reply\n")
     assert captured.out.count("\n") == 7  # a reply to every turn but the oversized one
+
+
+def test_chat_at_a_terminal_ends_with_0_after_refusing_a_line(model_dir, capsys, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal("word " * 80 + "\nHi\n"))
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "4"]
+    code = main([*argv, "--max-seq-len", "64"])
+    captured = capsys.readouterr()
+    assert code == 0 and "does not fit the context of 64 tokens" in captured.err
+    assert "got no reply" not in captured.err
 
 
 def test_kv_cache_dtype_flag_reaches_the_engine(model_dir, capsys, monkeypatch):

@@ -297,6 +297,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     params = _sampling_params(args, llm.sampling_defaults)
     interactive = sys.stdin.isatty()
     messages: list[dict[str, str]] = []
+    refused = 0  # lines that did not fit: read from a pipe, the command then exits 1
     if args.system:
         messages.append({"role": "system", "content": args.system})
         # The shortest chat there can be: the system message and an empty user turn. If that
@@ -332,6 +333,7 @@ def _run_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": user})
         if not _fit_history(llm, messages, 1 if args.system else 0):
             messages.pop()
+            refused += 1
             print(
                 f"brisklm: error: this message alone does not fit the context of "
                 f"{llm.max_seq_len} tokens",
@@ -345,6 +347,14 @@ def _run_chat(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply)})
+    if refused and not interactive:
+        # A script reading the replies must learn that some are missing; typed at a terminal,
+        # each refusal was seen as it happened.
+        print(
+            f"brisklm: error: {refused} message(s) did not fit the context and got no reply",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
