@@ -374,6 +374,9 @@ def test_conversions_name_both_units_and_the_request_states_them_in_the_call_s_o
     units = {u for u, _ in pools.UNITS}
     held_out = {u for u, _ in pools.HELDOUT_UNITS}
     assert not units & held_out and held_out <= HELDOUT_WORDS
+    # nor is a held-out unit a training topic, argument name or word ("calories" was a topic)
+    training_words = {w for t in pools.TOPICS + pools.ARG_NAMES + pools.WORDS for w in t.split()}
+    assert not held_out & training_words, held_out & training_words
     for split, allowed in (("train", None), ("eval", held_out)):
         samples = generate(3000, 41, split, tool_share=0.8, conversions=0.5)
         found = 0

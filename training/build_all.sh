@@ -223,8 +223,8 @@ fanned brisk-chat47-22 "brisk-chat20 data18 21" "brisk-chat21 data19 22" \
 # 33), on the sets with docstrings, unit conversions and questions about a topic (data21-23), each
 # with its long rows filled, in bfloat16 without torch.compile, as they were made on an AVX-512 Xeon
 # with AMX (12-18 minutes each). On held-out calls of that kind the mean of it and the three runs
-# scores 80.6% (before 72.2%), on free-text calls 71.9% (66.6%), on four sets of 1,000 tool calls
-# 91.4% (91.4%; see training/README.md).
+# scores 79.7% (before 68.6%), on free-text calls 71.9% (66.6%), on nine sets of 1,000 tool calls
+# 91.18% (91.34%, level within noise; see training/README.md).
 natural=(--fill-long-rows --no-compile)
 fanned brisk-chat "brisk-chat23 data21 24 ${natural[*]}" "brisk-chat24 data22 25 ${natural[*]}" \
     "brisk-chat25 data23 26 ${natural[*]}"

@@ -372,10 +372,11 @@ HELDOUT_UNITS = [
     ("pascals", "pressure"),
     ("bars", "pressure"),
     ("joules", "energy"),
-    ("calories", "energy"),
+    ("ergs", "energy"),
     ("furlongs", "distance"),
     ("leagues", "distance"),
     ("rankine", "temperature"),
+    ("reaumur", "temperature"),
 ]
 
 # Syllables for pseudo-words: nonsense names teach copying rather than memorising.
