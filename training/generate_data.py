@@ -175,6 +175,20 @@ READING_VERBS = frozenset(
     | {"estimate", "measure", "predict", "inspect", "locate", "forecast"}
 )
 
+# Questions about a tool's topic with its one value (``--topic-questions``); the first three are
+# also among ``--more-phrasings``' one-value requests.
+TOPIC_QUESTIONS = (
+    "What is the {t} in {a}?",
+    "What's the {t} for {a}?",
+    "Tell me the {t} of {a}.",
+    "How is the {t} in {a} today?",
+    "Show me the {t} for {a}.",
+    "I'd like to know the {t} in {a}.",
+    "Any {t} for {a}?",
+    "{T} in {a}?",
+    "Give me the {t} for {a}, please.",
+)
+
 # The words of conversion requests and descriptions, which no made-up unit may be.
 CONVERSION_WORDS = frozenset(
     "convert converts value values into from what how many much there that degrees please have".split()
@@ -222,7 +236,12 @@ class Pools:
         self.first = pools.HELDOUT_FIRST_NAMES if held else pools.FIRST_NAMES
         self.last = pools.HELDOUT_LAST_NAMES if held else pools.LAST_NAMES
         self.places = pools.HELDOUT_PLACES if held else pools.PLACES
-        self.units = pools.HELDOUT_UNITS if held else pools.UNITS
+        # the quantities with two units or more, and their units (a conversion takes two)
+        units: dict[str, list[str]] = {}
+        for unit, quantity in pools.HELDOUT_UNITS if held else pools.UNITS:
+            units.setdefault(quantity, []).append(unit)
+        self.units = {q: u for q, u in units.items() if len(u) > 1}
+        self.reading_verbs = [v for v in self.verbs if v[1] in READING_VERBS]
         self.held = held
 
 
@@ -282,17 +301,21 @@ class Gen:
         readers: float = 0.0,
     ) -> None:
         self.r = random.Random(seed)
-        check_share("docstrings", docstrings)
-        check_share("conversions", conversions)
-        check_share("questions", questions)
-        check_share("readers", readers)
-        self.readers = readers
+        shares = {
+            "open_verbs": open_verbs,
+            "other_scripts": other_scripts,
+            "free_text_share": free_text_share,
+            "docstrings": docstrings,
+            "conversions": conversions,
+            "questions": questions,
+            "readers": readers,
+        }
+        for name, share in shares.items():
+            check_share(name, share)
         self.docstrings = docstrings
         self.conversions = conversions
         self.questions = questions
-        check_share("open_verbs", open_verbs)
-        check_share("other_scripts", other_scripts)
-        check_share("free_text_share", free_text_share)
+        self.readers = readers
         self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.other_scripts = 0.0 if split == "eval" else other_scripts
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
@@ -484,7 +507,7 @@ class Gen:
                 return conversion
         reader = bool(self.readers) and max_args >= 1 and r.random() < self.readers
         if reader:
-            verb, verb_phrase = r.choice([v for v in self.p.verbs if v[1] in READING_VERBS])
+            verb, verb_phrase = r.choice(self.p.reading_verbs)
         elif self.open_verbs and r.random() < self.open_verbs:
             verb = r.choice(pools.EXTRA_VERBS) if r.random() < 0.5 else self.made_up_word()
             verb_phrase = verb
@@ -600,16 +623,13 @@ class Gen:
         """A tool converting a number between two units of one quantity (``--conversions``), or
         None where its topic is taken."""
         r = self.r
-        quantities: dict[str, list[str]] = {}
-        for unit, quantity in self.p.units:
-            quantities.setdefault(quantity, []).append(unit)
         if not self.p.held and r.random() < 0.3:
             # made-up units, so that the units are copied, not recalled
             src, dst = self.made_up_unit(), self.made_up_unit()
             quantity = "amount"
         else:
-            quantity = r.choice([q for q, units in quantities.items() if len(units) > 1])
-            src, dst = r.sample(quantities[quantity], 2)
+            quantity = r.choice(list(self.p.units))
+            src, dst = r.sample(self.p.units[quantity], 2)
         return self.conversion_spec(src, dst, quantity, avoid_topics)
 
     def made_up_unit(self) -> str:
@@ -914,30 +934,15 @@ class Gen:
             and verb in READING_VERBS
             and r.random() < self.questions
         ):
-            v = parts[0][1]
-            text = r.choice(
-                [
-                    "What is the {t} in {a}?",
-                    "What's the {t} for {a}?",
-                    "Tell me the {t} of {a}.",
-                    "How is the {t} in {a} today?",
-                    "Show me the {t} for {a}.",
-                    "I'd like to know the {t} in {a}.",
-                    "Any {t} for {a}?",
-                    "{T} in {a}?",
-                    "Give me the {t} for {a}, please.",
-                ]
-            )
-            return text.format(T=topic.capitalize(), t=topic, a=v), arguments
+            text = r.choice(TOPIC_QUESTIONS)
+            return text.format(T=topic.capitalize(), t=topic, a=parts[0][1]), arguments
         if self.more and len(parts) == 1 and not has_free and r.random() < 0.15:
             v = parts[0][1]
             text = r.choice(
                 [
                     "{V} a {t} named {a}{g}",
                     "{V} the {t} called {a}{g}.",
-                    "What is the {t} in {a}?",
-                    "What's the {t} for {a}?",
-                    "Tell me the {t} of {a}.",
+                    *TOPIC_QUESTIONS[:3],
                 ]
             )
             return text.format(V=verb.capitalize(), t=topic, a=v, g=self.gloss()), arguments
@@ -1739,39 +1744,10 @@ def value_str(v: Any) -> str:
 
 
 def generate(
-    n: int,
-    seed: int,
-    split: str,
-    easy: bool = False,
-    more_phrasings: bool = False,
-    request_order: bool = False,
-    free_text_args: bool = False,
-    tool_share: float = DEFAULT_TOOL_SHARE,
-    many_tools: bool = False,
-    open_verbs: float = 0.0,
-    other_scripts: float = 0.0,
-    free_text_share: float = FREE_TEXT_SHARE,
-    docstrings: float = 0.0,
-    conversions: float = 0.0,
-    questions: float = 0.0,
-    readers: float = 0.0,
+    n: int, seed: int, split: str, easy: bool = False, **options: Any
 ) -> list[dict[str, Any]]:
-    g = Gen(
-        seed,
-        split,
-        more_phrasings,
-        request_order,
-        free_text_args,
-        tool_share,
-        many_tools,
-        open_verbs,
-        other_scripts,
-        free_text_share,
-        docstrings,
-        conversions,
-        questions,
-        readers,
-    )
+    """``n`` samples of ``split`` (first-stage ones with ``easy``); ``options`` are Gen's."""
+    g = Gen(seed, split, **options)
     return [g.easy_sample() if easy else g.sample() for _ in range(n)]
 
 
