@@ -88,9 +88,10 @@ def test_a_product_streamed_from_memory_has_the_bits_of_its_halves(request, buil
 
 @pytest.mark.parametrize("rows", [70, 1000])
 def test_linear_bits_do_not_depend_on_the_thread_count(rows):
-    """Each thread takes panels of 32 outputs from its own share, then from the back of the
-    others' (more threads than panels at 70 rows): every output is computed once, the same way,
-    also where one thread leaves its whole share to the others."""
+    """Each thread takes panels of 32 outputs from its own share (a single token up to four at a
+    time, read together), then from the back of the others' (more threads than panels at 70
+    rows): every output is computed once, the same way, also where one thread leaves its whole
+    share to the others; a single token gets the bits it has among six."""
     generator = torch.Generator().manual_seed(rows)
     weight, x = torch.randn(rows, 33, generator=generator), torch.randn(6, 33, generator=generator)
     packed = native.pack(weight)
@@ -98,13 +99,16 @@ def test_linear_bits_do_not_depend_on_the_thread_count(rows):
     for count, idle in [(1, -1), (2, -1), (3, -1), (5, -1), (8, -1), (1, 0), (2, 0), (3, 1)]:
         with thread_setup(count, idle):
             results[count, idle] = [native.linear(x, packed, None, rows) for _ in range(3)]
+            results[count, idle] += [native.linear(x[2:3], packed, None, rows) for _ in range(3)]
     one = results[1, -1][0]
     torch.testing.assert_close(
         one.double(), torch.nn.functional.linear(x.double(), weight.double()), atol=1e-4, rtol=0
     )
     for setup, outs in results.items():
-        for out in outs:
+        for out in outs[:3]:
             assert torch.equal(out, one), setup
+        for out in outs[3:]:
+            assert torch.equal(out, one[2:3]), setup
 
 
 CASES = {

@@ -44,8 +44,9 @@ typedef float vf __attribute__((vector_size(64)));
 #define PREFETCH_AHEAD 8192
 /* Bytes of weights from which a call's products count as streamed from memory (``stream``): a
  * forward pass's whole model, or one product called on its own. Then a single token's float32
- * rows are prefetched too (see panel_tile). The bundled 22 MB model stays under it: on an AVX-512
- * VM its one-token step was faster without (0.46-0.52 ms against 0.54-0.60). */
+ * rows in a lone panel are prefetched too (see panel_tile and panel_group). The bundled 22 MB
+ * model stays under it: on an AVX-512 VM its one-token step was faster without (0.46-0.52 ms
+ * against 0.54-0.60). */
 #define STREAM_FROM ((int64_t)64 << 20)
 
 static inline vf vload(const float *p) {
@@ -371,7 +372,9 @@ static inline __attribute__((always_inline)) void panel_tile(
          * are prefetched for a single token too: see the AVX2 tile below (measured there only).
          * So are a model's whose weights stream from memory every step (``stream``: see
          * STREAM_FROM): on a Sapphire Rapids Xeon the 125M model's one-token call took 0.93x the
-         * time with them (12.8-13.0 ms against 13.7-13.9), the bundled model's 0.998x. */
+         * time with them (12.8-13.0 ms against 13.7-13.9), the bundled model's 0.998x. That was
+         * before a single token read up to GROUP panels at once (panel_group, which leaves float32
+         * rows to the hardware prefetchers); here it is the lone panels left over. */
         if (mt > 1 || wt != WT_F32 || stream) { /* the rows' lines: four of float32, two of halves */
             for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
@@ -398,6 +401,61 @@ static inline __attribute__((always_inline)) void panel_tile(
         const vf s0 = a0[m] + c0[m], s1 = a1[m] + c1[m];
         memcpy(out + m * NB, &s0, sizeof(vf));
         memcpy(out + m * NB + VW, &s1, sizeof(vf));
+    }
+}
+
+#define GROUP 4 /* panels a single token reads at once */
+
+/* One token over the g (<= GROUP) consecutive panels from ``panel`` (panel_elems weights apart):
+ * each panel's sums are panel_tile's for one token, the same operations in the same order (the
+ * same bits), but the g panels' rows are read in one loop, g streams in flight at once. A single
+ * token waits on memory only, and one core reads several streams faster than one: on a Xeon with
+ * AMX (2 vCPUs, session 42) two threads summing 400 MB read 36.6 GB/s as one stream each, 37.9
+ * as two, 40.0 as four and 40.4 as eight (interleaved 256-byte visits, means of 18 rounds), and
+ * the 125M model's one-token step took 0.926x the time of one panel at a time (10.39 against
+ * 11.22 ms; bench/native_kernel_ab.py --preset 125m --rows 1); six panels at once were level
+ * with four and eight 1.01x slower (32 accumulators: all the registers). Float32 rows are not
+ * prefetched here (with the prefetch of panel_tile's ``stream`` case: 1.03x slower); bfloat16
+ * and float16 rows are, as in panel_tile (bfloat16 without: 1.24x slower). */
+static inline __attribute__((always_inline)) void panel_group(const float *x, const void *panel,
+                                                              int64_t panel_elems, int g, int k,
+                                                              float *out, int wt) {
+    vf a0[GROUP], a1[GROUP], c0[GROUP], c1[GROUP];
+    for (int j = 0; j < GROUP; j++) a0[j] = a1[j] = c0[j] = c1[j] = (vf){0};
+    int i = 0;
+    for (; i + 2 <= k; i += 2) {
+        const int64_t at = (int64_t)i * NB;
+        const vf xe = vsplat(x[i]), xo = vsplat(x[i + 1]);
+        for (int j = 0; j < g; j++) {
+            const int64_t pat = j * panel_elems + at;
+            vf b0, b1, d0, d1;
+            wrow(panel, pat, wt, &b0, &b1);
+            wrow(panel, pat + NB, wt, &d0, &d1);
+            if (wt != WT_F32) {
+                const char *row = (const char *)panel + pat * WT_SIZE(wt);
+                for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
+                    __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
+            }
+            a0[j] += xe * b0;
+            a1[j] += xe * b1;
+            c0[j] += xo * d0;
+            c1[j] += xo * d1;
+        }
+    }
+    if (i < k) {
+        const int64_t at = (int64_t)i * NB;
+        const vf xe = vsplat(x[i]);
+        for (int j = 0; j < g; j++) {
+            vf b0, b1;
+            wrow(panel, j * panel_elems + at, wt, &b0, &b1);
+            a0[j] += xe * b0;
+            a1[j] += xe * b1;
+        }
+    }
+    for (int j = 0; j < g; j++) {
+        const vf s0 = a0[j] + c0[j], s1 = a1[j] + c1[j];
+        memcpy(out + j * NB, &s0, sizeof(vf));
+        memcpy(out + j * NB + VW, &s1, sizeof(vf));
     }
 }
 
@@ -521,16 +579,21 @@ typedef struct {
     uint64_t range;
 } __attribute__((aligned(64))) team_slot;
 
-static inline int take_panel(team_slot *s, int from_back) {
+/* The first of up to ``want`` consecutive panels taken from the front (or the back) of share s,
+ * their number in *got; -1 when the share is empty. */
+static inline int take_panel(team_slot *s, int from_back, int want, int *got) {
     uint64_t cur = __atomic_load_n(&s->range, __ATOMIC_ACQUIRE);
     for (;;) {
         const uint32_t next = (uint32_t)(cur >> 32), end = (uint32_t)cur;
         if (next >= end) return -1;
-        const uint64_t want = from_back ? ((uint64_t)next << 32) | (end - 1)
-                                        : ((uint64_t)(next + 1) << 32) | end;
-        if (__atomic_compare_exchange_n(&s->range, &cur, want, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
-            return (int)(from_back ? end - 1 : next);
+        const uint32_t count = end - next < (uint32_t)want ? end - next : (uint32_t)want;
+        const uint64_t want_range = from_back ? ((uint64_t)next << 32) | (end - count)
+                                              : ((uint64_t)(next + count) << 32) | end;
+        if (__atomic_compare_exchange_n(&s->range, &cur, want_range, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            *got = (int)count;
+            return (int)(from_back ? end - count : next);
+        }
     }
 }
 
@@ -605,6 +668,42 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     }
 }
 
+#ifndef GROUP
+/* The AVX2 tile reads one panel at a time: a single token's sums of one panel take four of its
+ * sixteen registers, so four panels would leave none for the weights (not measured: no AVX2-only
+ * CPU at hand when panel_group was written). */
+#define GROUP 1
+#endif
+
+/* Panels [p, p + count) (see matmul_panel); a single token reads up to GROUP of them at once. */
+static void matmul_panels(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
+                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p,
+                          int count, int stream) {
+#if GROUP > 1
+    if (n == 1 && count > 1) {
+        const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
+        const int64_t panel_elems = (int64_t)k * NB;
+        float out[GROUP * NB];
+        if (wt == WT_BF16)
+            panel_group(x, panel, panel_elems, count, k, out, WT_BF16);
+        else if (wt == WT_F16)
+            panel_group(x, panel, panel_elems, count, k, out, WT_F16);
+        else
+            panel_group(x, panel, panel_elems, count, k, out, WT_F32);
+        for (int j = 0; j < count; j++) {
+            const int o = (p + j) * NB, width = rows - o < NB ? rows - o : NB;
+            for (int c = 0; c < width; c++) {
+                const float v = b ? out[j * NB + c] + b[o + c] : out[j * NB + c];
+                y[o + c] = accumulate ? y[o + c] + v : v;
+            }
+        }
+        return;
+    }
+#endif
+    for (int j = 0; j < count; j++)
+        matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p + j, stream);
+}
+
 /* Tests only: the thread of this number leaves its own share to the others (so that taking from
  * the back of a share is exercised whatever the timing). -1: none. */
 int brisk_test_idle_share = -1;
@@ -614,7 +713,8 @@ int brisk_test_idle_share = -1;
  * parallel region); accumulate: add to y instead of storing. Must be called by every thread of
  * the team; ends with a barrier, so a slot is never reset while another thread still takes from
  * it. A thread that looks at a slot its owner has not yet reset for this product finds it empty
- * (every product empties all of them) and leaves those panels to the owner. */
+ * (every product empties all of them) and leaves those panels to the owner. A single token takes
+ * up to GROUP panels of its own share at a time (panel_group); taken from another's, one. */
 static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                         const float *b, int rows, float *y, int64_t ldy, int accumulate,
                         team_slot *slots, int stream) {
@@ -622,12 +722,13 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *p
     const uint64_t lo = (uint64_t)panels * tid / team, hi = (uint64_t)panels * (tid + 1) / team;
     __atomic_store_n(&slots[tid].range, lo << 32 | hi, __ATOMIC_RELEASE);
     const int takes_own = tid != brisk_test_idle_share; /* read once, not per panel */
-    int p;
-    while (takes_own && (p = take_panel(&slots[tid], 0)) >= 0)
-        matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, stream);
+    const int want = n == 1 ? GROUP : 1;
+    int p, got;
+    while (takes_own && (p = take_panel(&slots[tid], 0, want, &got)) >= 0)
+        matmul_panels(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, got, stream);
     for (int j = 1; j <= team; j++) /* the others', then anything left of its own */
-        while ((p = take_panel(&slots[(tid + j) % team], 1)) >= 0)
-            matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, stream);
+        while ((p = take_panel(&slots[(tid + j) % team], 1, 1, &got)) >= 0)
+            matmul_panels(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, got, stream);
 #pragma omp barrier
 }
 
