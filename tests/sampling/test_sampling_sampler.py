@@ -41,6 +41,22 @@ def test_greedy_is_argmax_and_never_touches_rng(build_md) -> None:
     assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 50).float())
 
 
+@pytest.mark.parametrize("vocab", [7, 16, 17, 4096, 128256])
+def test_greedy_tokens_are_argmax_s_on_ties_nan_and_infinities(build_md, vocab: int) -> None:
+    """The greedy path takes max(dim)'s indices on CPU (argmax is scalar there): the same token as
+    argmax, the first of tied maxima, NaN as the largest, rows of -inf, across thread splits."""
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 4, (8, vocab), generator=generator).float()  # many ties
+    logits[1, torch.randint(0, vocab, (2,), generator=generator)] = float("nan")
+    logits[2] = NEG_INF
+    logits[3, vocab // 2 :] = float("inf")
+    logits[4, 0] = -0.0
+    logits[4, 1:] = 0.0
+    md = build_md([SamplingParams.greedy()] * 8, vocab)
+    assert torch.equal(sample(logits, md), logits.argmax(-1))
+    assert torch.equal(sample(logits.double(), md), logits.argmax(-1))
+
+
 def test_plain_temperature_builds_no_optional_tensors(build_md) -> None:
     md = build_md([SamplingParams(temperature=0.8), SamplingParams()], 10)
     assert md.all_random and not md.all_greedy
