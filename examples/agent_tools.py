@@ -5,8 +5,8 @@ built from the tools' schemas.
     python examples/agent_tools.py [--model CHECKPOINT_DIR] [--device cpu|cuda] [QUESTION]
 
 The bundled 11M model reads a request by its phrasing as much as by its meaning: "Get the
-weather for Paris." calls get_weather and "Convert 30 degrees Celsius to Fahrenheit."
-celsius_to_fahrenheit with 30, but "What is the weather in Paris?" calls
+weather for Paris." and "What is the weather for Paris?" call get_weather and "Convert 30 degrees
+Celsius to Fahrenheit." celsius_to_fahrenheit with 30, but "What is the weather in Paris?" calls
 celsius_to_fahrenheit with a made-up value (its held-out tool-name accuracy is 95-98%;
 training/README.md).
 """

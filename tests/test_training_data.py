@@ -465,6 +465,65 @@ def test_reader_tools_are_one_argument_tools_with_a_reading_verb() -> None:
         generate(1, 1, "train", readers=-0.5)
 
 
+def is_conversion(name: str) -> bool:
+    return "_to_" in name or re.search(r"[a-z]To[A-Z]", name) is not None
+
+
+def test_conversion_distractors_offer_a_conversion_the_first_call_does_not_take() -> None:
+    def counts(samples: list[dict]) -> tuple[int, int]:
+        offered = taken = 0
+        for _, calls, functions in descriptions_and_calls(samples):
+            if any(is_conversion(n) for n in functions):
+                offered += 1
+                taken += is_conversion(calls[0]["name"])
+        return offered, taken
+
+    options = {"tool_share": 0.8, "conversions": 0.1, "questions": 1.0, "readers": 0.3}
+    offered, taken = counts(generate(3000, 71, "train", conversion_distractors=0.5, **options))
+    offered_before, taken_before = counts(generate(3000, 71, "train", **options))
+    # half the samples offering no conversion gain one, which their first call leaves alone
+    assert offered > 1.5 * offered_before, (offered, offered_before)
+    assert (offered - taken) > 2 * (offered_before - taken_before), (offered, taken)
+    samples = generate(3000, 71, "train", conversion_distractors=0.5, **options)
+    assert max(len(s.get("tools") or []) for s in samples) == 5
+    # the calls stay derivable from the request: a question names the reading tool's value
+    for user, calls, _ in descriptions_and_calls(samples):
+        for call in calls:
+            for value in call["arguments"].values():
+                if isinstance(value, str):
+                    assert value in user, (value, user)
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", conversion_distractors=0.0)
+    ]
+    with pytest.raises(ValueError, match="conversion_distractors must be in"):
+        generate(1, 1, "train", conversion_distractors=2.0)
+
+
+def test_native_names_create_records_named_in_cjk_or_kana_with_a_phrase() -> None:
+    samples = generate(3000, 73, "train", tool_share=0.8, request_order=True, native_names=0.2)
+    named = 0
+    for user, calls, functions in descriptions_and_calls(samples):
+        m = re.search(r" ['\"]?([^\s'\"]+)['\"]?(?: \((.+?)\))? - (.+)$", user)
+        if len(calls) != 1 or m is None or not re.search(r"[\u3040-\u30ff\u4e00-\u9fff]", m[1]):
+            continue
+        named += 1
+        call = calls[0]
+        props = functions[call["name"]]["parameters"]["properties"]
+        assert len(props) == 2 and list(call["arguments"]) == [
+            a for a in call["arguments"] if a in props
+        ]
+        # the name first, then the free-text argument, as the request states them; the gloss in
+        # brackets is not copied
+        name_value, phrase = call["arguments"].values()
+        assert name_value == m.group(1) and phrase == m.group(3), (user, call)
+        assert list(call["arguments"])[1] in FREE_TEXT_ARG_NAMES
+        assert m.group(2) is None or m.group(2) not in str(call["arguments"])
+    assert named > 200, named
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", native_names=0.0)
+    ]
+
+
 def test_held_out_natural_calls_use_held_out_units_and_docstrings() -> None:
     ev = generate_eval(1235, 40, request_order=True)
     items = ev["tool_call_natural"]

@@ -342,7 +342,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert built_dirs(ran) == [
         *("data", "data2", "data3", "data4", "data5", "data6", "data7", "data8", "data9"),
         *("data10", "data11", "data12", "data13", "data14", "data15", "data16", "data17"),
-        *("data18", "data19", "data20", "data21", "data22", "data23"),
+        *("data18", "data19", "data20", "data21", "data22", "data23", "data24", "data25"),
+        "data26",
         "tokenizer",
         *("seed1", "seed2", "seed", "brisk-chat1", "brisk-chat2"),
     ]
@@ -351,13 +352,16 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     # the last nine sets (data12-20) write a tenth of their values in Cyrillic or Greek letters, the
     # last six of them (data15-20) give some tools a free-text argument, and the last three
     # (data18-23) two fifths of them instead of one; the last three (data21-23) describe tools by
-    # docstrings, convert units and ask questions about a topic, the last two with reader tools
-    assert ["--other-scripts 0.1" in line for line in ran[:23]] == [False] * 11 + [True] * 12
-    assert ["--free-text-args" in line for line in ran[:23]] == [False] * 14 + [True] * 9
-    assert ["--free-text-share 0.4" in line for line in ran[:23]] == [False] * 17 + [True] * 6
+    # docstrings, convert units and ask questions about a topic, the last two with reader tools;
+    # data24-26 the same, with conversions not asked for and records named in CJK or kana
+    assert ["--other-scripts 0.1" in line for line in ran[:26]] == [False] * 11 + [True] * 15
+    assert ["--free-text-args" in line for line in ran[:26]] == [False] * 14 + [True] * 12
+    assert ["--free-text-share 0.4" in line for line in ran[:26]] == [False] * 17 + [True] * 9
     natural = "--docstrings 0.4 --conversions 0.12 --topic-questions 1.0"
-    assert [natural in line for line in ran[:23]] == [False] * 20 + [True] * 3
-    assert ["--reader-tools 0.15" in line for line in ran[:23]] == [False] * 21 + [True] * 2
+    assert [natural in line for line in ran[:26]] == [False] * 20 + [True] * 6
+    assert ["--reader-tools 0.15" in line for line in ran[:26]] == [False] * 21 + [True] * 5
+    distract = "--conversion-distractors 0.25 --native-names 0.04"
+    assert [distract in line for line in ran[:26]] == [False] * 23 + [True] * 3
 
     second = build()
     assert second.returncode == 0, second.stderr
@@ -371,23 +375,24 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat14", "brisk-chat15", "brisk-chat16", "brisk-chat47-16/model"),
         *("brisk-chat17", "brisk-chat18", "brisk-chat19", "brisk-chat47-19/model"),
         *("brisk-chat20", "brisk-chat21", "brisk-chat22", "brisk-chat47-22/model"),
-        *("brisk-chat23", "brisk-chat24", "brisk-chat25", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat23", "brisk-chat24", "brisk-chat25", "brisk-chat47-25/model"),
+        *("brisk-chat26", "brisk-chat27", "brisk-chat28", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 25 and all("--resume" in line for line in trained)
+    assert len(trained) == 28 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
     # mean of brisk-chat456 and brisk-chat7) and the runs after it, up to the mean of brisk-chat47
     # and six runs; three runs start from that mean, then brisk-chat47-16 is the mean of it and
     # those three; the same three times more, from brisk-chat47-16 to brisk-chat47-19, from that to
-    # brisk-chat47-22 and from that to the shipped target.
+    # brisk-chat47-22, from that to brisk-chat47-25 and from that to the shipped target.
     def model(name: str) -> str:
         return f"{out}/{name}/model"
 
     def averaged(i: int, name: str, *inputs: str) -> None:
         assert again[i].startswith(f"-m training.average --out {model(name)} "), again[i]
-        assert again[i].split()[-len(inputs) :] == [model(x) for x in inputs]
+        assert again[i].split(f"--out {model(name)} ")[1].split() == [model(x) for x in inputs]
 
     def trained_from(i: int, name: str, start: str, data: str) -> None:
         assert f"--out {out}/{name} " in again[i] and f"--init {model(start)} " in again[i]
@@ -411,49 +416,51 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     averaged(18, "brisk-chat47-12", *since_47, "brisk-chat11", "brisk-chat12")
     trained_from(19, "brisk-chat13", "brisk-chat47-12", "data11")
     averaged(20, "brisk-chat47-13", *since_47, "brisk-chat11", "brisk-chat12", "brisk-chat13")
-    # four fan-outs: three runs from a mean (on data 12-14, 15-17, 18-20, then 21-23), then the
-    # mean of it and them
+    # five fan-outs: three runs from a mean (on data 12-14, 15-17, 18-20, 21-23, then 24-26), then
+    # the mean of it and them
     for i, start, first, mean in ((21, "brisk-chat47-13", 14, "brisk-chat47-16"),
                                   (25, "brisk-chat47-16", 17, "brisk-chat47-19"),
                                   (29, "brisk-chat47-19", 20, "brisk-chat47-22"),
-                                  (33, "brisk-chat47-22", 23, "brisk-chat")):  # fmt: skip
+                                  (33, "brisk-chat47-22", 23, "brisk-chat47-25"),
+                                  (37, "brisk-chat47-25", 26, "brisk-chat")):  # fmt: skip
         runs = [f"brisk-chat{first + j}" for j in range(3)]
         for j, name in enumerate(runs):
             trained_from(i + j, name, start, f"data{first - 2 + j}")
-        averaged(i + 3, mean, start, *runs)
+        kept = 3 if mean == "brisk-chat" else 1  # the last mean counts its start three times
+        averaged(i + 3, mean, *[start] * kept, *runs)
     for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
     compiled = [*again[15:20:2], *again[21:24], *again[25:28], *again[29:32]]
     for line in compiled:  # the next twelve: compiled
         assert "--precision bfloat16" in line and "--no-compile" not in line
         assert "--steps 700 " in line and "--drill-frac 0.2 " in line
-    for line in again[33:36]:  # the last three: eagerly again
+    for line in [*again[33:36], *again[37:40]]:  # the last six: eagerly again
         assert "--precision bfloat16" in line and "--no-compile" in line
         assert "--steps 700 " in line and "--drill-frac 0.2 " in line
-    # the last run of the third fan-out and every run of the fourth pack their long rows full
-    filled = [False] * 31 + [True, False] + [True] * 3 + [False] * 2
+    # the last run of the third fan-out and every run of the fourth and fifth pack their long rows
+    filled = [False] * 31 + [True, False] + [True] * 3 + [False] + [True] * 3 + [False] * 2
     assert ["--fill-long-rows" in line for line in again] == filled
-    fanned = (*range(21, 24), *range(25, 28), *range(29, 32), *range(33, 36))
+    fanned = (*range(21, 24), *range(25, 28), *range(29, 32), *range(33, 36), *range(37, 40))
     seeds = [again[i].split("--seed ")[1].split()[0] for i in fanned]
-    assert seeds == [str(seed) for seed in range(15, 27)]
+    assert seeds == [str(seed) for seed in range(15, 30)]
     assert again[17].split("--lr ")[-1].split()[0] == "3e-4"
     assert again[19].split("--lr ")[-1].split()[0] == "6e-4"  # the last one wins in argparse
-    assert second.stdout.count("was built by an earlier run, skipped") == 28
+    assert second.stdout.count("was built by an earlier run, skipped") == 31
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 66
-    assert len(log.read_text().splitlines()) == len(ran) + 38
+    assert third.returncode == 0 and third.stdout.count("skipped") == 73
+    assert len(log.read_text().splitlines()) == len(ran) + 42
 
-    # EAGER=1, into another OUT: every training run without torch.compile (above, only six of
+    # EAGER=1, into another OUT: every training run without torch.compile (above, only nine of
     # them ask for it).
     assert "--no-compile" not in again[0]
     eager = build(EAGER="1", OUT=str(tmp_path / "eager"), ASSETS=str(tmp_path / "eager-assets"))
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 66 and len(trained) == 29
+    assert len(runs) == 73 and len(trained) == 32
     assert all("--no-compile" in line for line in trained)
 
 

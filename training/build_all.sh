@@ -71,20 +71,26 @@ step "$OUT/data4" python -m training.generate_data --out "$OUT/data4" --seed 901
 # twenty-third: the same with two fifths of the tools described by docstrings, an eighth of them unit
 # conversions and every one-argument request of a reading tool asked as a question about its topic
 # (the sixth field: --docstrings 0.4 --conversions 0.12 --topic-questions 1.0), the last two with
-# 15% of the tools made as one-argument reading tools (the seventh field, --reader-tools).
+# 15% of the tools made as one-argument reading tools (the seventh field, --reader-tools); the
+# twenty-fourth to twenty-sixth: the twenty-third's recipe, with a conversion offered but not asked
+# for in a quarter of the tool samples and 4% of them creating a record named in Chinese or Japanese
+# characters (the eighth field: --conversion-distractors 0.25 --native-names 0.04).
 for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631" "data9 2741" "data10 3852" \
     "data11 4913" "data12 5802 0.1" "data13 6913 0.1" "data14 8024 0.1" \
     "data15 9146 0.1 free" "data16 1258 0.1 free" "data17 3370 0.1 free" \
     "data18 4024 0.1 free 0.4" "data19 5135 0.1 free 0.4" "data20 6246 0.1 free 0.4" \
     "data21 7357 0.1 free 0.4 natural" "data22 8468 0.1 free 0.4 natural 0.15" \
-    "data23 9579 0.1 free 0.4 natural 0.15"; do
-    read -r name seed other free share natural readers <<< "$spec"
+    "data23 9579 0.1 free 0.4 natural 0.15" "data24 1468 0.1 free 0.4 natural 0.15 distract" \
+    "data25 2579 0.1 free 0.4 natural 0.15 distract" \
+    "data26 3680 0.1 free 0.4 natural 0.15 distract"; do
+    read -r name seed other free share natural readers distract <<< "$spec"
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
         --num-train 60000 --num-eval 200 --more-phrasings --request-order --tool-share 0.6 \
         --many-tools --open-verbs 0.5 ${other:+--other-scripts "$other"} ${free:+--free-text-args} \
         ${share:+--free-text-share "$share"} \
         ${natural:+--docstrings 0.4 --conversions 0.12 --topic-questions 1.0} \
-        ${readers:+--reader-tools "$readers"}
+        ${readers:+--reader-tools "$readers"} \
+        ${distract:+--conversion-distractors 0.25 --native-names 0.04}
 done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
@@ -185,12 +191,20 @@ zen4=("${continued[@]}" --precision bfloat16 --steps 700 --drill-frac 0.2 --eval
 chained brisk-chat11 data9 12 brisk-chat47-11 "${zen4[@]}"
 chained brisk-chat12 data10 13 brisk-chat47-12 "${zen4[@]}"
 chained brisk-chat13 data11 14 brisk-chat47-13 "${zen4[@]}" --lr 6e-4
-# fanned NEXT "RUN DATA SEED [ARGS]"...: each RUN trained on DATA from the latest mean (ARGS, if
-# any, added to its command), then NEXT = the mean of that mean and the runs, now the latest.
+# fanned NEXT [xK] "RUN DATA SEED [ARGS]"...: each RUN trained on DATA from the latest mean (ARGS,
+# if any, added to its command), then NEXT = the mean of that mean (counted K times, default once)
+# and the runs, now the latest.
 fanned() {
-    local next=$1 spec name data seed extra
+    local next=$1 spec name data seed extra kept=1
     shift
-    local inputs=("$mean")
+    if [[ $1 =~ ^x([0-9]+)$ ]]; then
+        kept=${BASH_REMATCH[1]}
+        shift
+    fi
+    local inputs=()
+    for ((k = 0; k < kept; k++)); do
+        inputs+=("$mean")
+    done
     for spec in "$@"; do
         read -r name data seed extra <<< "$spec"
         # shellcheck disable=SC2086  # ARGS split into words
@@ -226,8 +240,17 @@ fanned brisk-chat47-22 "brisk-chat20 data18 21" "brisk-chat21 data19 22" \
 # scores 79.7% (before 68.6%), on free-text calls 71.9% (66.6%), on nine sets of 1,000 tool calls
 # 91.18% (91.34%, level within noise; see training/README.md).
 natural=(--fill-long-rows --no-compile)
-fanned brisk-chat "brisk-chat23 data21 24 ${natural[*]}" "brisk-chat24 data22 25 ${natural[*]}" \
-    "brisk-chat25 data23 26 ${natural[*]}"
+fanned brisk-chat47-25 "brisk-chat23 data21 24 ${natural[*]}" \
+    "brisk-chat24 data22 25 ${natural[*]}" "brisk-chat25 data23 26 ${natural[*]}"
+# Three more (2026-12-04, session 42), the same way from that mean (the target shipped in session
+# 41), on the sets with conversions not asked for and names in Chinese or Japanese (data24-26),
+# 12-15 minutes each on the AMX Xeon; the shipped target is the mean of that mean counted three
+# times and the three runs (with it counted once, tool calls on the nine held-out sets of 1,000 fell
+# from 91.18% to 90.79%, z = -2.3; counted twice, the README's Python example and a LangChain
+# standard test failed; counted three times 91.08%, z = -0.7, while calls with free text rose from
+# 71.9% to 73.9% and natural calls from 79.7% to 80.8%; see training/README.md).
+fanned brisk-chat x3 "brisk-chat26 data24 27 ${natural[*]}" "brisk-chat27 data25 28 ${natural[*]}" \
+    "brisk-chat28 data26 29 ${natural[*]}"
 
 # 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
 step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \

@@ -84,6 +84,22 @@ CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 # tokenizer splits into tokens alternating lead and continuation bytes (a held-out Cyrillic place
 # of 11 letters is 16 tokens, while the training places' two Cyrillic names are one token each).
 OTHER_SCRIPTS = ("абвгдежзийклмнопрстуфхцчшщыэюяё", "αβγδεζηθικλμνξοπρστυφχψωάέήίόύώ")
+# Names of --native-names: made-up names in Chinese or Japanese characters (any CJK ideograph, or
+# kana syllables, sometimes with a company suffix), glossed in English words in brackets, as
+# LangChain's standard tests ask ("Create a customer named '你好啊集团' (Hello Group) - a Chinese
+# technology company").
+HIRAGANA = (
+    "あいうえおかきくけこさしすせそたちつてとなにぬねのはひふへほまみむめもやゆよらりるれろわん"
+)
+KATAKANA = (
+    "アイウエオカキクケコサシスセソタチツテトナニヌネノハヒフヘホマミムメモヤユヨラリルレロワン"
+)
+NATIVE_SUFFIXES = ("集团", "公司", "有限公司", "株式会社", "商店", "工房", "書店", "科技")
+GLOSS_WORDS = (
+    "Hello Sun Moon River Mountain Star Bright Golden Green Blue Red East West North South New Old "
+    "Happy Lucky Peace Harmony Dragon Tiger Crane Pine Bamboo Flower Spring Autumn Ocean Sky Light"
+).split()
+GLOSS_KINDS = "Group Corporation Company Trading Studio Works Books Shop Bakery Tech Labs".split()
 # Free-text arguments (``--free-text-args``): a phrase the request states in prose, copied whole.
 # By default a fifth of the tools with fewer than four arguments get one (``--free-text-share``).
 FREE_TEXT_SHARE = 0.2
@@ -280,7 +296,12 @@ class Gen:
     one-argument requests of a tool that reads something ("get", "check", ...) asked as a question
     about its topic ("What is the weather in Paris?"; ``--topic-questions``); ``readers`` the share
     of tools made with a reading verb and one argument, so that more requests can be such questions
-    (``--reader-tools``). At 0 (the defaults) none of the four draws a random number.
+    (``--reader-tools``). ``conversion_distractors`` is the share of tool samples whose tools
+    gain a unit conversion that the request does not ask for, the first call going to another tool
+    (``--conversion-distractors``), so that a conversion offered is not a conversion asked for;
+    ``native_names`` the share of tool samples whose first call creates a record "named 'NAME'
+    (Gloss) - a phrase", NAME in Chinese or Japanese characters (``--native-names``). At 0 (the
+    defaults) none of the six draws a random number.
     """
 
     def __init__(
@@ -299,6 +320,8 @@ class Gen:
         conversions: float = 0.0,
         questions: float = 0.0,
         readers: float = 0.0,
+        conversion_distractors: float = 0.0,
+        native_names: float = 0.0,
     ) -> None:
         self.r = random.Random(seed)
         shares = {
@@ -309,6 +332,8 @@ class Gen:
             "conversions": conversions,
             "questions": questions,
             "readers": readers,
+            "conversion_distractors": conversion_distractors,
+            "native_names": native_names,
         }
         for name, share in shares.items():
             check_share(name, share)
@@ -316,6 +341,8 @@ class Gen:
         self.conversions = conversions
         self.questions = questions
         self.readers = readers
+        self.conversion_distractors = conversion_distractors
+        self.native_names = native_names
         self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.other_scripts = 0.0 if split == "eval" else other_scripts
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
@@ -1061,6 +1088,105 @@ class Gen:
             ]
         )
 
+    def first_call_tool(self, specs: list[dict[str, Any]], easy: bool) -> dict[str, Any] | None:
+        """The tool the first call must go to, where --native-names or --conversion-distractors
+        added one to ``specs`` (in place); None: the usual draw."""
+        r = self.r
+        if easy:
+            return None
+        if self.native_names and r.random() < self.native_names:
+            named = self.named_record_tool({s["topic"] for s in specs})
+            self.add_tool(specs, named)
+            return named
+        if (
+            self.conversion_distractors
+            and not any("convert" in s for s in specs)
+            and r.random() < self.conversion_distractors
+        ):
+            target = r.choice(specs)
+            conversion = self.conversion_tool({s["topic"] for s in specs})
+            if conversion is not None and conversion["name"] not in {s["name"] for s in specs}:
+                self.add_tool(specs, conversion, keep=target)
+            return target
+        return None
+
+    def add_tool(
+        self, specs: list[dict[str, Any]], spec: dict[str, Any], keep: dict[str, Any] | None = None
+    ) -> None:
+        """``spec`` among ``specs`` at a random place; with five already, in place of one (never
+        ``keep``)."""
+        r = self.r
+        if len(specs) >= 5:
+            specs.remove(r.choice([s for s in specs if s is not keep]))
+        specs.insert(r.randint(0, len(specs)), spec)
+
+    def named_record_tool(self, avoid_topics: set[str]) -> dict[str, Any]:
+        """A tool that creates a record from a name and a free-text argument (--native-names)."""
+        r = self.r
+        verb, verb_phrase = r.choice(self.p.verbs)
+        topic = self.topic(avoid_topics)
+        name_arg = r.choice([f"{topic.split()[-1]}_name", "name", "title", self.arg_name(set())])
+        name_spec: dict[str, Any] = {"type": "string"}
+        props: dict[str, Any] = {name_arg: name_spec}
+        args = [{"name": name_arg, "type": "string", "spec": name_spec}]
+        self.add_free_text_arg(topic, {name_arg}, props, args)
+        desc = f"{verb_phrase.capitalize()} a {topic} with a name and a description."
+        if self.docstrings and r.random() < self.docstrings:
+            desc = self.docstring(verb_phrase, topic, args)
+        params = {"type": "object", "properties": props, "required": [a["name"] for a in args]}
+        name = self.func_name(verb, topic)
+        return {
+            "tool": {
+                "type": "function",
+                "function": {"name": name, "description": desc, "parameters": params},
+            },
+            "name": name,
+            "verb": verb_phrase,
+            "topic": topic,
+            "args": args,
+            "required": {a["name"] for a in args},
+            "named_record": True,
+        }
+
+    def native_name(self) -> str:
+        """A made-up name in Chinese characters or Japanese kana, sometimes with a suffix."""
+        r = self.r
+        k = r.random()
+        if k < 0.5:
+            name = "".join(chr(r.randint(0x4E00, 0x9FFF)) for _ in range(r.randint(2, 5)))
+        else:
+            kana = HIRAGANA if k < 0.75 else KATAKANA
+            name = "".join(r.choice(kana) for _ in range(r.randint(3, 6)))
+        if r.random() < 0.5:
+            name += r.choice(NATIVE_SUFFIXES)
+        return name
+
+    def named_record_request(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """ "Create a customer named '你好啊集团' (Hello Group) - a Chinese technology company"."""
+        r = self.r
+        name_arg = next(a for a in spec["args"] if not a.get("free"))
+        free = next(a for a in spec["args"] if a.get("free"))
+        name = self.native_name() if r.random() < 0.8 else self.string_value()
+        value = self.free_text_value()
+        gloss = ""
+        if r.random() < 0.7:
+            words = r.sample(GLOSS_WORDS, r.choice([1, 1, 2]))
+            gloss = f" ({' '.join(words + [r.choice(GLOSS_KINDS)])})"
+        quoted = r.choice([f"'{name}'", f"'{name}'", f'"{name}"', name])
+        verb = spec["verb"]
+        text = r.choice(
+            [
+                f"{verb.capitalize()} a {spec['topic']} named {quoted}{gloss} - {value}",
+                f"{verb.capitalize()} a {spec['topic']} named {quoted}{gloss} - {value}",
+                f"Please {verb} a {spec['topic']} called {quoted}{gloss} - {value}",
+                f"{verb.capitalize()} the {spec['topic']} {quoted}{gloss} - {value}",
+            ]
+        )
+        arguments = {name_arg["name"]: name, free["name"]: value}  # the request's order
+        if not self.request_order:
+            arguments = {a["name"]: arguments[a["name"]] for a in spec["args"]}
+        return text, arguments
+
     def tool_sample(self, easy: bool = False) -> dict[str, Any]:
         """Tools offered, a request, the calls; ``easy``: 1-2 tools of at most 2 arguments, one call."""
         r = self.r
@@ -1070,6 +1196,7 @@ class Gen:
         else:
             n_tools = r.choices([1, 2, 3, 4, 5], weights=self.tool_count_weights)[0]
             specs = self.toolset(n_tools)
+        first = self.first_call_tool(specs, easy)
         tools = [s["tool"] for s in specs]
         if r.random() < 0.3:
             r.shuffle(tools)
@@ -1085,8 +1212,14 @@ class Gen:
         calls = []
         texts = []
         for i in range(n_calls):
-            spec = r.choice(specs) if i == 0 or r.random() < 0.6 else calls[0][0]
-            text, arguments = self.request_for(spec)
+            if i == 0 and first is not None:
+                spec = first
+            else:
+                spec = r.choice(specs) if i == 0 or r.random() < 0.6 else calls[0][0]
+            if spec.get("named_record"):
+                text, arguments = self.named_record_request(spec)
+            else:
+                text, arguments = self.request_for(spec)
             calls.append((spec, arguments))
             texts.append(text)
         if n_calls == 1:
@@ -1890,6 +2023,8 @@ def main() -> None:
         ("--conversions", "share of tools that convert a number between two units"),
         ("--topic-questions", "share of one-argument requests of reading tools asked as questions"),
         ("--reader-tools", "share of tools made with a reading verb and one argument"),
+        ("--conversion-distractors", "share of tool samples offering a conversion not asked for"),
+        ("--native-names", "share of tool samples creating a record named in CJK or kana"),
     ):
         ap.add_argument(flag, type=share_arg(flag), default=0.0, help=f"{help_text} (see Gen)")
     args = ap.parse_args()
@@ -1913,6 +2048,8 @@ def main() -> None:
         conversions=args.conversions,
         questions=args.topic_questions,
         readers=args.reader_tools,
+        conversion_distractors=args.conversion_distractors,
+        native_names=args.native_names,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:

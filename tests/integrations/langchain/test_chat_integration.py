@@ -59,9 +59,9 @@ class TestChatBriskIntegration(ChatModelIntegrationTests):
     ) -> None:
         # It writes the key description first, with the CJK name as its value, and a piece of the
         # rest as customer_name. With an ASCII name, or the second argument named notes, the call
-        # is right; the target shipped in session 41, trained on docstring descriptions like this
-        # tool's, gets about seven in ten held-out free-text calls right and still misses this one
-        # (training/README.md).
+        # is right; the target shipped in session 42, trained on docstring descriptions like this
+        # tool's and on records named in CJK or kana in this very form, gets the Japanese request
+        # right and still misses the Chinese one (training/README.md).
         super().test_unicode_tool_call_integration(
             model, tool_choice=tool_choice, force_tool_call=force_tool_call
         )
