@@ -261,6 +261,29 @@ class Pools:
         self.held = held
 
 
+def tool_spec(
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    verb: str,
+    topic: str,
+    args: list[dict[str, Any]],
+    required: list[str],
+    **extra: Any,
+) -> dict[str, Any]:
+    """A generated tool: its OpenAI-style definition (``tool``) and what requests are made from."""
+    function = {"name": name, "description": description, "parameters": parameters}
+    return {
+        "tool": {"type": "function", "function": function},
+        "name": name,
+        "verb": verb,
+        "topic": topic,
+        "args": args,
+        "required": set(required),
+        **extra,
+    }
+
+
 class Gen:
     """The sample writer of one split.
 
@@ -591,18 +614,7 @@ class Gen:
             )
         if self.docstrings and r.random() < self.docstrings:
             desc = self.docstring(verb_phrase, topic, args)
-        tool = {
-            "type": "function",
-            "function": {"name": name, "description": desc, "parameters": params},
-        }
-        return {
-            "tool": tool,
-            "name": name,
-            "verb": verb_phrase,
-            "topic": topic,
-            "args": args,
-            "required": set(required),
-        }
+        return tool_spec(name, desc, params, verb_phrase, topic, args, required)
 
     def docstring(self, verb: str, topic: str, args: list[dict[str, Any]]) -> str:
         """A tool description written as a docstring (``--docstrings``): "Get the current
@@ -692,24 +704,11 @@ class Gen:
         )
         if self.docstrings and r.random() < self.docstrings:
             desc += f"\n\n    Args:\n        {an}: The {quantity} in {src}."
-        tool = {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": desc,
-                "parameters": {"type": "object", "properties": {an: spec}, "required": [an]},
-            },
-        }
+        params = {"type": "object", "properties": {an: spec}, "required": [an]}
         arg = {"name": an, "type": "number", "spec": spec}
-        return {
-            "tool": tool,
-            "name": name,
-            "verb": "convert",
-            "topic": topic,
-            "args": [arg],
-            "required": {an},
-            "convert": (src, dst, quantity),
-        }
+        return tool_spec(
+            name, desc, params, "convert", topic, [arg], [an], convert=(src, dst, quantity)
+        )
 
     def conversion_request(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """ "Convert 30 degrees Celsius to Fahrenheit." and the call's one argument."""
@@ -877,6 +876,8 @@ class Gen:
 
     def request_for(self, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A user request that asks for one call of this tool, and the call's arguments."""
+        if spec.get("named_record"):  # --native-names: always in LangChain's form
+            return self.named_record_request(spec)
         text, arguments = self.plain_request_for(spec)
         if self.more and self.r.random() < 0.15:
             if self.free_text and text[-1] not in ".?!":
@@ -1133,20 +1134,10 @@ class Gen:
         desc = f"{verb_phrase.capitalize()} a {topic} with a name and a description."
         if self.docstrings and r.random() < self.docstrings:
             desc = self.docstring(verb_phrase, topic, args)
-        params = {"type": "object", "properties": props, "required": [a["name"] for a in args]}
+        required = [a["name"] for a in args]
+        params = {"type": "object", "properties": props, "required": required}
         name = self.func_name(verb, topic)
-        return {
-            "tool": {
-                "type": "function",
-                "function": {"name": name, "description": desc, "parameters": params},
-            },
-            "name": name,
-            "verb": verb_phrase,
-            "topic": topic,
-            "args": args,
-            "required": {a["name"] for a in args},
-            "named_record": True,
-        }
+        return tool_spec(name, desc, params, verb_phrase, topic, args, required, named_record=True)
 
     def native_name(self) -> str:
         """A made-up name in Chinese characters or Japanese kana, sometimes with a suffix."""
@@ -1216,10 +1207,7 @@ class Gen:
                 spec = first
             else:
                 spec = r.choice(specs) if i == 0 or r.random() < 0.6 else calls[0][0]
-            if spec.get("named_record"):
-                text, arguments = self.named_record_request(spec)
-            else:
-                text, arguments = self.request_for(spec)
+            text, arguments = self.request_for(spec)
             calls.append((spec, arguments))
             texts.append(text)
         if n_calls == 1:

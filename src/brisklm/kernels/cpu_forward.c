@@ -635,6 +635,17 @@ static const float *widened_panel(const uint16_t *panel, int k, int wt) {
     return wide_buffer;
 }
 
+/* Row dst of y gets the panel's width outputs from out (+ the bias's b[o...]), or adds them. */
+static inline __attribute__((always_inline)) void store_panel(const float *restrict out,
+                                                              const float *restrict b, int o,
+                                                              int width, float *restrict dst,
+                                                              int accumulate) {
+    for (int c = 0; c < width; c++) {
+        const float v = b ? out[c] + b[o + c] : out[c];
+        dst[c] = accumulate ? dst[c] + v : v;
+    }
+}
+
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p,
@@ -658,13 +669,8 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     for (int m0 = 0; m0 < n; m0 += tile) {
         const int mt = n - m0 < tile ? n - m0 : tile;
         panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt, stream);
-        for (int m = 0; m < mt; m++) {
-            float *dst = y + (m0 + m) * ldy + o;
-            for (int c = 0; c < width; c++) {
-                const float v = b ? out[m * NB + c] + b[o + c] : out[m * NB + c];
-                dst[c] = accumulate ? dst[c] + v : v;
-            }
-        }
+        for (int m = 0; m < mt; m++)
+            store_panel(out + m * NB, b, o, width, y + (m0 + m) * ldy + o, accumulate);
     }
 }
 
@@ -691,11 +697,8 @@ static void matmul_panels(const float *x, int64_t ldx, int n, int k, const void 
         else
             panel_group(x, panel, panel_elems, count, k, out, WT_F32);
         for (int j = 0; j < count; j++) {
-            const int o = (p + j) * NB, width = rows - o < NB ? rows - o : NB;
-            for (int c = 0; c < width; c++) {
-                const float v = b ? out[j * NB + c] + b[o + c] : out[j * NB + c];
-                y[o + c] = accumulate ? y[o + c] + v : v;
-            }
+            const int o = (p + j) * NB;
+            store_panel(out + j * NB, b, o, rows - o < NB ? rows - o : NB, y + o, accumulate);
         }
         return;
     }
