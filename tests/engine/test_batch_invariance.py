@@ -94,13 +94,18 @@ def test_a_rows_logits_are_bitwise_the_same_in_any_batch(draft, kernels):
 
 def test_only_batches_with_a_seeded_sampled_request_pay_for_row_by_row_attention(bundled):
     seen: list[bool] = []
-    forward = bundled.engine.runner.forward
+    runner = bundled.engine.runner
+    forward, forward_greedy = runner.forward, runner.forward_greedy
 
     def spy(batch):
         seen.append(batch.row_invariant)
         return forward(batch)
 
-    bundled.engine.runner.forward = spy
+    def spy_greedy(batch, columns):  # greedy rows alone: the kernels pick their tokens
+        seen.append(batch.row_invariant)
+        return forward_greedy(batch, columns)
+
+    runner.forward, runner.forward_greedy = spy, spy_greedy
     try:
         greedy = SamplingParams(temperature=0.0, max_tokens=4)
         bundled.generate(["Hi", "Hello there"], [greedy, SamplingParams(max_tokens=4)])
@@ -112,4 +117,4 @@ def test_only_batches_with_a_seeded_sampled_request_pay_for_row_by_row_attention
         bundled.generate("Hi", SamplingParams(temperature=0.0, max_tokens=4, seed=1))
         assert seen and not any(seen)  # a seed on a greedy request draws nothing
     finally:
-        bundled.engine.runner.forward = forward
+        runner.forward, runner.forward_greedy = forward, forward_greedy

@@ -298,14 +298,15 @@ def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir, draft):
     speculative = {"draft": tiny_dir, "num_speculative_tokens": 3} if draft else {}
     llm = load(tiny_dir, prefill_chunk_size=64, **speculative)
     try:
-        forward = llm.engine.runner.forward
+        runner = llm.engine.runner
+        forward, forward_greedy = runner.forward, runner.forward_greedy
 
-        def out_of_memory_on_long_rows(batch):
+        def out_of_memory_on_long_rows(batch, *greedy_columns):
             if any(len(tokens) > 32 for tokens in batch.token_ids):
                 raise RuntimeError("simulated out of memory")
-            return forward(batch)
+            return forward_greedy(batch, *greedy_columns) if greedy_columns else forward(batch)
 
-        llm.engine.runner.forward = out_of_memory_on_long_rows
+        runner.forward = runner.forward_greedy = out_of_memory_on_long_rows
         decoding, _ = start_decoding(llm, 3)
         arriving = llm.make_request(prompt_ids(100), GREEDY)
         llm.engine.add_request(arriving)

@@ -147,10 +147,11 @@ def test_a_failed_step_gives_each_caller_its_own_exception(tiny_dir, monkeypatch
     llm = LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=64, show_progress=False)
     shared = RuntimeError("simulated kernel failure")
 
-    def fail(batch):
+    def fail(batch, *greedy_columns):
         raise shared
 
     monkeypatch.setattr(llm.engine.runner, "forward", fail)
+    monkeypatch.setattr(llm.engine.runner, "forward_greedy", fail)
     errors: list[BaseException] = []
 
     def call() -> None:

@@ -237,16 +237,15 @@ def test_a_request_runs_once(llm):
 
 def test_model_error_fails_only_that_step(llm, monkeypatch):
     runner = llm.engine.runner
-    original = runner.forward
 
-    def broken(batch):
+    def broken(batch, *greedy_columns):
         raise RuntimeError("simulated kernel failure")
 
     monkeypatch.setattr(runner, "forward", broken)
+    monkeypatch.setattr(runner, "forward_greedy", broken)
     with pytest.raises(RuntimeError, match="simulated kernel failure"):
         llm.generate("Hello", GREEDY)
-    monkeypatch.setattr(runner, "forward", original)
-    assert runner.forward is original
+    monkeypatch.undo()
     assert_still_works(llm)
     assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
 

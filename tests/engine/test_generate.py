@@ -49,6 +49,30 @@ def test_greedy_matches_reference_and_batch_matches_alone(llm):
         assert out.token_ids == reference_greedy(llm, out.prompt_token_ids, 24)
 
 
+def test_greedy_rows_take_the_token_the_logits_give(llm):
+    """Plain greedy rows get their tokens from the native pass itself (its argmax over the real
+    tokens: this model's vocabulary is padded past its tokenizer's); with logprobs the engine reads
+    the logits instead. Both give the same tokens."""
+    runner = llm.engine.runner
+    assert llm.engine.num_real_tokens < llm.engine.model.config.vocab_size
+    found_by_kernels: list[bool] = []
+    forward_greedy = runner.forward_greedy
+
+    def spy(batch, columns):
+        logits, tokens = forward_greedy(batch, columns)
+        found_by_kernels.append(tokens is not None)
+        return logits, tokens
+
+    runner.forward_greedy = spy
+    try:
+        plain = llm.generate(PROMPTS, GREEDY)
+    finally:
+        runner.forward_greedy = forward_greedy
+    assert found_by_kernels and all(found_by_kernels) == (runner.native is not None)
+    read = llm.generate(PROMPTS, GREEDY.with_changes(logprobs=0))
+    assert [o.token_ids for o in plain] == [o.token_ids for o in read]
+
+
 def test_rows_finish_on_their_own(llm):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 17, 1, 9)]
     outs = llm.generate(PROMPTS, params)

@@ -72,6 +72,21 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row."""
         query_lens = [len(t) for t in batch.token_ids]
+        self._check(batch, query_lens)
+        if self.native is None:
+            return self._forward_torch(batch, query_lens)
+        # Each row's path depends on its own length only, so its logits do not depend on its batch.
+        short = [i for i, n in enumerate(query_lens) if n <= MAX_QUERY_LEN]
+        if len(short) == len(query_lens) and sum(query_lens) <= NATIVE_MAX_TOKENS:
+            return self.native.forward(
+                batch.token_ids, batch.slots, batch.start_positions, batch.num_logits
+            )
+        if not short:
+            return self._forward_torch(batch, query_lens)
+        return self._forward_in_parts(batch, short)
+
+    def _check(self, batch: ForwardBatch, query_lens: list[int]) -> None:
+        """A ValueError for rows that do not fit the cache or give more logits than tokens."""
         rows = len(batch.slots)
         if not (
             len(batch.start_positions) == len(batch.token_ids) == len(batch.num_logits) == rows
@@ -91,17 +106,27 @@ class ModelRunner:
                 raise ValueError(f"slot {slot} is not one of the cache's {self.kv_cache.num_slots}")
             if not 0 <= count <= length:
                 raise ValueError(f"a row of {length} tokens cannot give {count} logits")
-        if self.native is None:
-            return self._forward_torch(batch, query_lens)
-        # Each row's path depends on its own length only, so its logits do not depend on its batch.
-        short = [i for i, n in enumerate(query_lens) if n <= MAX_QUERY_LEN]
-        if len(short) == len(query_lens) and sum(query_lens) <= NATIVE_MAX_TOKENS:
-            return self.native.forward(
-                batch.token_ids, batch.slots, batch.start_positions, batch.num_logits
-            )
-        if not short:
-            return self._forward_torch(batch, query_lens)
-        return self._forward_in_parts(batch, short)
+
+    @torch.inference_mode()
+    def forward_greedy(
+        self, batch: ForwardBatch, columns: int
+    ) -> tuple[torch.Tensor | None, list[int] | None]:
+        """The pass of ``forward``. When the native pass runs the whole batch, (None, each logits
+        row's greedy token over its first ``columns`` logits): it finds them as it computes the
+        logits, which nobody then reads (``NativeForward.forward_greedy``). Otherwise
+        (``forward``'s logits, None)."""
+        query_lens = [len(t) for t in batch.token_ids]
+        if (
+            self.native is None
+            or max(query_lens) > MAX_QUERY_LEN
+            or sum(query_lens) > NATIVE_MAX_TOKENS
+        ):
+            return self.forward(batch), None
+        self._check(batch, query_lens)
+        tokens = self.native.forward_greedy(
+            batch.token_ids, batch.slots, batch.start_positions, batch.num_logits, columns
+        )
+        return None, tokens
 
     def _forward_in_parts(self, batch: ForwardBatch, short: list[int]) -> torch.Tensor:
         """Short rows through the native pass (in calls of at most its token limit), the others

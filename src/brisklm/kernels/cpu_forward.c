@@ -853,6 +853,10 @@ typedef struct {
     const void *head_w; /* packed, of weight_type */
     int weight_type;    /* WT_F32, WT_BF16 or WT_F16: the packed weights' elements */
     int cache_type;     /* the same codes: the KV cache's elements */
+    /* With argmax_cols > 0, argmax[r] = logits row r's greedy token over its first argmax_cols
+     * logits (see team_argmax); 0: none. */
+    int argmax_cols;
+    int64_t *argmax;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -1368,6 +1372,80 @@ static attn_unit *new_attention_units(const brisk_forward_args *a, int *count) {
     return units;
 }
 
+/* (v, at) into the best so far (*best, *best_at; *best_at < 0: none yet): torch's max(dim) on
+ * CPU, which greedy sampling takes (brisklm.sampling.sampler.greedy_tokens): the largest value,
+ * the first of equal ones (-0.0 equals 0.0), a NaN larger than any number. Candidates may come
+ * in any order. */
+static inline void take_larger(float v, int64_t at, float *best, int64_t *best_at) {
+    const float b = *best;
+    int better;
+    if (*best_at < 0)
+        better = 1;
+    else if (b != b) /* NaN: only an earlier NaN replaces it */
+        better = v != v && at < *best_at;
+    else
+        better = v != v || v > b || (v == b && at < *best_at);
+    if (better) {
+        *best = v;
+        *best_at = at;
+    }
+}
+
+/* The best (take_larger) of row[c0, c1) into *best, *best_at. Each lane keeps the first largest
+ * of its columns in order, so the lanes' bests hold the row's. */
+static void scan_larger(const float *row, int64_t c0, int64_t c1, float *best, int64_t *best_at) {
+    int64_t c = c0;
+    if (c1 - c0 >= 2 * EW) {
+        evi lane;
+        for (int i = 0; i < EW; i++) lane[i] = i;
+        ev b = ev_load(row + c0);
+        evi b_at = lane;
+        for (c = c0 + EW; c + EW <= c1; c += EW) {
+            const ev v = ev_load(row + c);
+            const evi take = (v > b) | ((v != v) & (b == b));
+            b = ev_select(take, v, b);
+            b_at = (take & (lane + (int32_t)(c - c0))) | (~take & b_at);
+        }
+        for (int i = 0; i < EW; i++) take_larger(b[i], c0 + b_at[i], best, best_at);
+    }
+    for (; c < c1; c++) take_larger(row[c], c, best, best_at);
+}
+
+/* out[r] = the greedy token of row r of x (rows x ld) over its first cols columns (take_larger),
+ * for every row. Called by every thread of the team (found: 2 * team * rows scratch words): each
+ * scans the columns whose panels its own share of matmul_team held (it computed most of them,
+ * so they are in its caches), then thread 0 merges the shares. Ends with a barrier. */
+static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_t *out,
+                        int64_t *found) {
+    const int team = TEAM_SIZE(), tid = THREAD_NUM();
+    const int64_t panels = (cols + NB - 1) / NB;
+    int64_t c0 = panels * tid / team * NB, c1 = panels * (tid + 1) / team * NB;
+    if (c1 > cols) c1 = cols;
+    for (int r = 0; r < rows; r++) {
+        float best = 0.0f;
+        int64_t best_at = -1;
+        if (c0 < c1) scan_larger(x + r * ld, c0, c1, &best, &best_at);
+        int64_t *mine = found + 2 * ((int64_t)r * team + tid);
+        memcpy(&mine[0], &best, sizeof best);
+        mine[1] = best_at;
+    }
+#pragma omp barrier
+    if (tid == 0) {
+        for (int r = 0; r < rows; r++) {
+            float best = 0.0f;
+            int64_t best_at = -1;
+            for (int t = 0; t < team; t++) {
+                const int64_t *share = found + 2 * ((int64_t)r * team + t);
+                float v;
+                memcpy(&v, &share[0], sizeof v);
+                if (share[1] >= 0) take_larger(v, share[1], &best, &best_at);
+            }
+            out[r] = best_at;
+        }
+    }
+#pragma omp barrier
+}
+
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
  * and position, caches written for all of them before any attends), then the final norm and LM
  * head for the n_logits tokens listed. Token ids are checked by the caller. */
@@ -1387,8 +1465,21 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     int n_units = 0;
     attn_unit *units = new_attention_units(a, &n_units);
     if (!units) return 1;
+    const int team_size = a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM;
+    int64_t *found = NULL; /* team_argmax's scratch */
+    if (a->argmax_cols != 0 && a->n_logits > 0) {
+        if (!a->argmax || a->argmax_cols < 0 || a->argmax_cols > a->vocab) {
+            free(units);
+            return 1;
+        }
+        found = malloc(sizeof(int64_t) * 2 * team_size * a->n_logits);
+        if (!found) {
+            free(units);
+            return 1;
+        }
+    }
     team_slot slots[MAX_TEAM] = {{0}};
-#pragma omp parallel num_threads(a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM)
+#pragma omp parallel num_threads(team_size)
     {
         const int tid = THREAD_NUM();
         float *space = thread_space(a, tid);
@@ -1443,8 +1534,10 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                      a->normed + (int64_t)r * e);
         if (a->head_w)
             matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->weight_type, 0, a->vocab, a->logits, a->vocab, 0, slots, stream);
+        if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found);
     }
     free(units);
+    free(found);
     return 0;
 }
 
@@ -1474,6 +1567,20 @@ int brisk_linear_bf16(const float *x, int n, int k, const uint16_t *w, const flo
 int brisk_linear_f16(const float *x, int n, int k, const uint16_t *w, const float *b, int rows,
                      float *y, int n_threads) {
     return linear_team(x, n, k, w, WT_F16, b, rows, y, n_threads);
+}
+
+/* Tests only: team_argmax of x (rows x ld) over its first cols columns, by a team of n_threads
+ * (the forward pass's greedy tokens; 1 if it cannot run). */
+int brisk_test_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_t *out,
+                      int n_threads) {
+    const int team_size = n_threads < MAX_TEAM ? n_threads : MAX_TEAM;
+    if (rows < 1 || cols < 1 || cols > ld || team_size < 1) return 1;
+    int64_t *found = malloc(sizeof(int64_t) * 2 * team_size * rows);
+    if (!found) return 1;
+#pragma omp parallel num_threads(team_size)
+    team_argmax(x, ld, rows, cols, out, found);
+    free(found);
+    return 0;
 }
 
 /* Tests only: n floats rounded into cache elements of type ct (as the forward pass writes keys and

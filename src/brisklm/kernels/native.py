@@ -120,6 +120,8 @@ class ForwardArgs(ctypes.Structure):
         ("head_w", _ptr),
         ("weight_type", ctypes.c_int),
         ("cache_type", ctypes.c_int),
+        ("argmax_cols", ctypes.c_int),
+        ("argmax", _ptr),
     ]
 
 
@@ -221,6 +223,17 @@ def _cpu_flags() -> list[str]:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_forward_f32.argtypes = [ctypes.POINTER(ForwardArgs)]
     lib.brisk_forward_f32.restype = ctypes.c_int
+    argmax = getattr(lib, "brisk_test_argmax", None)
+    if argmax is not None:  # a source from before it (native_kernel_ab.py)
+        argmax.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
+        argmax.restype = ctypes.c_int
     floats = getattr(lib, "brisk_attention_floats", None)
     if floats is not None:  # a source from before it (native_kernel_ab.py)
         floats.argtypes = [ctypes.c_int64, ctypes.c_int]

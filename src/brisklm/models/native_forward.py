@@ -51,6 +51,9 @@ MAX_QUERY_LEN = 512
 assert MAX_QUERY_LEN <= native.MAX_TOKENS
 
 
+_CPU = torch.device("cpu")
+
+
 def supports(model: torch.nn.Module) -> bool:
     """Whether ``model`` can run through the native kernels (before or after its weights are laid out)."""
     if not _supports_structure(model):
@@ -197,7 +200,11 @@ class NativeForward:
         self._cache_identity: tuple[int, int, int] | None = None
         self._space: dict[str, torch.Tensor] = {}
         self._space_size = (0, 0, 0)
-        self._space_addresses: dict[str, int] = {}
+        # The per-call arguments, in arrays the C side always reads from (filled by _run).
+        int64s = ctypes.c_int64 * native.MAX_TOKENS
+        self._ids, self._slots, self._positions = int64s(), int64s(), int64s()
+        self._logit_tokens, self._rope_rows, self._argmax = int64s(), int64s(), int64s()
+        self._greedy_logits = torch.empty(0, config.vocab_size, dtype=torch.float32)
         # The shapes, as the C side reads them (also read back here: args.hidden, ...).
         args = native.ForwardArgs(
             n_layers=len(layers),
@@ -219,6 +226,11 @@ class NativeForward:
         args.head_w = model.lm_head.weight.data_ptr()
         args.weight_type = native.WEIGHT_TYPES[model.model.embed_tokens.weight.dtype]
         args.cache_type = native.WEIGHT_TYPES[kv_cache.keys.dtype]
+        args.token_ids = ctypes.addressof(self._ids)
+        args.slots = ctypes.addressof(self._slots)
+        args.positions = ctypes.addressof(self._positions)
+        args.logit_tokens = ctypes.addressof(self._logit_tokens)
+        args.argmax = ctypes.addressof(self._argmax)
         self.args = args
 
     @classmethod
@@ -263,28 +275,29 @@ class NativeForward:
         self._cache_identity = identity
         self._space = {}  # the scores buffer is sized by max_seq_len
 
-    def _workspace(self, num_tokens: int, num_logits: int, threads: int) -> dict[str, int]:
-        """Addresses of scratch buffers for a call of ``num_tokens`` tokens: one set, grown to the
-        largest call seen (the C side indexes only the rows it is given)."""
+    def _workspace(self, num_tokens: int, num_logits: int, threads: int) -> None:
+        """Point the C side at scratch buffers for a call of ``num_tokens`` tokens: one set, grown
+        to the largest call seen (the C side indexes only the rows it is given)."""
         need = (num_tokens, num_logits, threads)
         have = self._space_size
-        if not self._space or any(n > h for n, h in zip(need, have)):
-            tokens, logits, threads = (max(n, h) for n, h in zip(need, have))
-            a = self.args
-            empty = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
-            self._space = {
-                "hidden_states": empty(tokens, a.hidden),
-                "xn": empty(tokens, a.hidden),
-                "qkv": empty(tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
-                "attn": empty(tokens, a.n_heads * a.head_dim),
-                "gate_up": empty(tokens, 2 * a.inter),
-                "act": empty(tokens, a.inter),
-                "scores": empty(threads, native.attention_space(a.max_seq_len, a.head_dim)),
-                "normed": empty(max(logits, 1), a.hidden),
-            }
-            self._space_size = (tokens, logits, threads)
-            self._space_addresses = {k: t.data_ptr() for k, t in self._space.items()}
-        return self._space_addresses
+        if self._space and all(n <= h for n, h in zip(need, have)):
+            return
+        tokens, logits, threads = (max(n, h) for n, h in zip(need, have))
+        a = self.args
+        empty = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
+        self._space = {
+            "hidden_states": empty(tokens, a.hidden),
+            "xn": empty(tokens, a.hidden),
+            "qkv": empty(tokens, (a.n_heads + 2 * a.n_kv_heads) * a.head_dim),
+            "attn": empty(tokens, a.n_heads * a.head_dim),
+            "gate_up": empty(tokens, 2 * a.inter),
+            "act": empty(tokens, a.inter),
+            "scores": empty(threads, native.attention_space(a.max_seq_len, a.head_dim)),
+            "normed": empty(max(logits, 1), a.hidden),
+        }
+        self._space_size = (tokens, logits, threads)
+        for name, tensor in self._space.items():
+            setattr(a, name, tensor.data_ptr())
 
     def forward(
         self,
@@ -296,6 +309,43 @@ class NativeForward:
         """Float32 logits (sum(num_logits), V) for rows that each append ``token_ids[b]`` to cache
         slot ``slots[b]`` at ``start_positions[b]``; the last ``num_logits[b]`` tokens of a row
         get logits, rows in order. Rows may be ragged; at most ``native.MAX_TOKENS`` tokens."""
+        logits = torch.empty(sum(num_logits), self.args.vocab, dtype=torch.float32)
+        self._run(token_ids, slots, start_positions, num_logits, logits, 0)
+        return logits
+
+    def forward_greedy(
+        self,
+        token_ids: list[list[int]],
+        slots: list[int],
+        start_positions: list[int],
+        num_logits: list[int],
+        columns: int,
+    ) -> list[int]:
+        """``forward``'s pass, returning each logits row's greedy token over its first ``columns``
+        logits (``brisklm.sampling.sampler.greedy_tokens`` of ``logits[:, :columns]``) instead of
+        the logits: the kernels' threads find them in the parts of the rows each computed, and
+        the logits go to a buffer kept between calls. The caller reads no logits, which after a
+        pass that streamed the weights are in no cache of its own (a row of 32,000 took the
+        engine thread ~65 us to scan, against ~15 us warm)."""
+        if not 0 < columns <= self.args.vocab:
+            raise ValueError(f"columns must be in [1, {self.args.vocab}], got {columns}")
+        total = sum(num_logits)
+        if self._greedy_logits.shape[0] < total:
+            self._greedy_logits = torch.empty(total, self.args.vocab, dtype=torch.float32)
+        self._run(token_ids, slots, start_positions, num_logits, self._greedy_logits, columns)
+        return self._argmax[:total]
+
+    def _run(
+        self,
+        token_ids: list[list[int]],
+        slots: list[int],
+        start_positions: list[int],
+        num_logits: list[int],
+        logits: torch.Tensor,
+        argmax_columns: int,
+    ) -> None:
+        """The pass, its logits into ``logits`` (at least sum(num_logits) rows) and, with
+        ``argmax_columns``, its greedy tokens into ``self._argmax``."""
         query_lens = [len(tokens) for tokens in token_ids]
         num_tokens = sum(query_lens)
         total_logits = sum(num_logits)
@@ -303,23 +353,30 @@ class NativeForward:
             raise ValueError(
                 f"a native forward pass takes at most {native.MAX_TOKENS} tokens, got {num_tokens}"
             )
-        ids = [t for tokens in token_ids for t in tokens]
-        if min(ids) < 0 or max(ids) >= self.args.vocab:
-            raise ValueError(f"token ids must be in [0, {self.args.vocab}), got {ids}")
-        positions: list[int] = []
-        token_slots: list[int] = []
-        logit_tokens: list[int] = []
-        for slot, start, length, count in zip(slots, start_positions, query_lens, num_logits):
-            first = len(positions)
-            positions.extend(range(start, start + length))
-            token_slots.extend([slot] * length)
-            logit_tokens.extend(range(first + length - count, first + length))
-        # Plain ctypes arrays, not tensors: at one token a step's Python work is what is left.
-        int64s = ctypes.c_int64 * num_tokens
-        position_array = int64s(*positions)
-        rope_rows = position_array
+        args = self.args
+        if num_tokens == len(token_ids) == total_logits:  # one token a row, each with logits
+            ids = [tokens[0] for tokens in token_ids]
+            positions = start_positions
+            token_slots = slots
+            logit_tokens = range(num_tokens)
+        else:
+            ids = [t for tokens in token_ids for t in tokens]
+            positions, token_slots, logit_tokens = [], [], []
+            for slot, start, length, count in zip(slots, start_positions, query_lens, num_logits):
+                first = len(positions)
+                positions.extend(range(start, start + length))
+                token_slots.extend([slot] * length)
+                logit_tokens.extend(range(first + length - count, first + length))
+        if min(ids) < 0 or max(ids) >= args.vocab:
+            raise ValueError(f"token ids must be in [0, {args.vocab}), got {ids}")
+        # Kept ctypes arrays the C side points at, not tensors: at one token a step's Python work
+        # is what is left, and after a pass every object it touches is out of the caches.
+        self._ids[:num_tokens] = ids
+        self._slots[:num_tokens] = token_slots
+        self._positions[:num_tokens] = positions
+        self._logit_tokens[:total_logits] = logit_tokens
         longest = max(s + n for s, n in zip(start_positions, query_lens))
-        tables = self.model.rotary.tables(torch.device("cpu"), torch.float32, longest)
+        tables = self.model.rotary.tables(_CPU, torch.float32, longest)
         if tables is None:  # computed per row: dynamic NTK scaling past the trained context
             tables = self.model.rotary(
                 torch.tensor(positions),
@@ -328,28 +385,20 @@ class NativeForward:
                 [s + n - 1 for s, n in zip(start_positions, query_lens)],
             )
             tables = (tables[0].contiguous(), tables[1].contiguous())
-            rope_rows = int64s(*range(num_tokens))
+            self._rope_rows[:num_tokens] = range(num_tokens)
+            args.rope_rows = ctypes.addressof(self._rope_rows)
+        else:
+            args.rope_rows = args.positions
         threads = torch.get_num_threads()
         self._cache_pointers()
-        space = self._workspace(num_tokens, total_logits, threads)
-        logits = torch.empty(total_logits, self.args.vocab, dtype=torch.float32)
-        id_array, slot_array = int64s(*ids), int64s(*token_slots)
-        logit_array = (ctypes.c_int64 * total_logits)(*logit_tokens)
-        args = self.args
+        self._workspace(num_tokens, total_logits, threads)
         args.n_tokens = num_tokens
         args.n_logits = total_logits
         args.n_threads = threads
-        args.token_ids = ctypes.addressof(id_array)
-        args.slots = ctypes.addressof(slot_array)
-        args.positions = ctypes.addressof(position_array)
-        args.logit_tokens = ctypes.addressof(logit_array)
-        args.rope_rows = ctypes.addressof(rope_rows)
         args.cos = tables[0].data_ptr()
         args.sin = tables[1].data_ptr()
-        for name, address in space.items():
-            setattr(args, name, address)
         args.logits = logits.data_ptr()
+        args.argmax_cols = argmax_columns
         status = self.lib.brisk_forward_f32(ctypes.byref(args))
         if status != 0:
             raise RuntimeError(f"native forward pass refused its arguments (status {status})")
-        return logits

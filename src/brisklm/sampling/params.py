@@ -223,6 +223,12 @@ class SamplingParams:
         return self.seed is not None and not self.is_greedy
 
     @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits first (no logit bias, no penalty): the
+        token is the raw logits' argmax once ``min_tokens`` outputs are out."""
+        return self.temperature == 0.0 and not self.logit_bias and not self.uses_penalties
+
+    @property
     def uses_penalties(self) -> bool:
         """True when any of repetition / presence / frequency penalty is active."""
         return (
