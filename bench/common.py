@@ -48,7 +48,15 @@ PRESETS = {
 }
 
 
-def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
+def write_checkpoint(
+    directory: Path, preset: str, dtype: torch.dtype, full_vocab_tokenizer: bool = False
+) -> None:
+    """A random ``preset`` model in ``dtype`` and a byte-level BPE tokenizer, HF layout.
+
+    The tokenizer has 291 tokens, far fewer than the model's ids (the engine then masks the
+    others to -inf every step), unless ``full_vocab_tokenizer``: then it has one token per model
+    id, as a trained model's tokenizer does, so a decode benchmark samples over the whole row the
+    way it would with a real checkpoint (see ``full_vocab_bpe``)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -73,16 +81,62 @@ def write_checkpoint(directory: Path, preset: str, dtype: torch.dtype) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
+    if full_vocab_tokenizer:
+        tok = full_vocab_bpe(config.vocab_size)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
     )
 
 
-def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
-    """Bytes/s that each way of reading a 256 MB (float32) weight reaches on ``device``.
+def full_vocab_bpe(vocab_size: int):
+    """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens: three special tokens, the 256
+    byte symbols, then two-symbol tokens, each with its merge."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    Five readers of the same (16384, 4096) weight: F.linear with a (1, 4096) row on the row-major
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for symbol in alphabet:
+        vocab[symbol] = len(vocab)
+    merges = []
+    for first in alphabet:
+        for second in alphabet:
+            if len(vocab) >= vocab_size:
+                break
+            vocab[first + second] = len(vocab)
+            merges.append((first, second))
+    if len(vocab) != vocab_size:
+        raise ValueError(f"a byte-level BPE of {vocab_size} tokens is not made here")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return tok
+
+
+# The most bytes a bandwidth reader's weight takes: past the last-level cache a larger one reads
+# no slower (and a 16 GB model's copies would not fit a GPU several times over).
+MAX_READER_BYTES = 4 << 30
+
+
+def reader_rows(nbytes: int, dtype: torch.dtype) -> int:
+    """Rows of 4,096 ``dtype`` elements that make a weight of about ``nbytes`` (at most
+    ``MAX_READER_BYTES``; a multiple of 256 rows, at least 256)."""
+    rows = min(nbytes, MAX_READER_BYTES) // (4096 * dtype.itemsize)
+    return max(256, rows // 256 * 256)
+
+
+def memory_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int) -> dict[str, float]:
+    """Bytes/s that each way of reading a weight of about ``nbytes`` reaches on ``device``.
+
+    The weight is as large as what it is compared with (a decode step's weights): how fast a read
+    goes depends on how much of it the caches hold. On this project's 2-vCPU Xeon, whose last-level
+    cache is 480 MB, the native kernels' single-token product read 58 GB/s from a 67 MB weight, 43
+    from 268 MB, 38 from 419 MB and 34 from 1,074 MB (``bench/bandwidth_by_size.py``); sessions up
+    to 42 read a 268 MB weight whatever the model, which for the 125M model's 400 MB step measured
+    a roofline a DRAM-bound step cannot reach.
+
+    Five readers of the same (rows, 4096) weight: F.linear with a (1, 4096) row on the row-major
     weight (transformers' layout) and on its column-major copy, oneDNN's packed-weight product
     (brisklm's CPU layout, where this machine supports it), a plain streaming ``sum``, and the
     same ``sum`` of a copy on huge pages where the machine gives them (where brisklm's native
@@ -95,7 +149,7 @@ def memory_bandwidth(device: torch.device, dtype: torch.dtype) -> dict[str, floa
     from brisklm.kernels import huge_pages
     from brisklm.models import packed_weights
 
-    weight = torch.randn(16384, 4096, device=device, dtype=dtype)
+    weight = torch.randn(reader_rows(nbytes, dtype), 4096, device=device, dtype=dtype)
     x = torch.randn(1, 4096, device=device, dtype=dtype)
     stream = weight if dtype == torch.float32 else float32_stream(weight.nbytes, device)
     readers = {

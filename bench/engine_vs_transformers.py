@@ -3,8 +3,9 @@
 Prints prefill tokens/s, decode tokens/s at batch 1 and 8, their ratios, and the memory roofline
 (weight bytes read per decode step over the best memory bandwidth measured in this same run: F.linear
 on row- and column-major weights, oneDNN's packed weights, a streaming sum on 4 KB pages and on huge
-pages). Then brisklm's batch-1 decode again, each run right after a streaming read of the same
-length on huge pages (mean against mean), as the share of that adjacent roofline.
+pages, each reading a weight as large as a decode step's, up to 4 GB). Then brisklm's batch-1 decode
+again, each run right after a streaming read of the same length on huge pages (mean against mean),
+as the share of that adjacent roofline.
 
     python bench/engine_vs_transformers.py                       # ~125M params, float32, CPU
     python bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --preset llama3-8b
@@ -23,6 +24,7 @@ from common import (
     float32_stream,
     memory_bandwidth,
     now,
+    reader_rows,
     sustained_bandwidth,
     write_checkpoint,
 )
@@ -121,7 +123,9 @@ def main() -> None:
         # On huge pages where the machine gives them, as brisklm's native weights are; float32
         # whatever the model's dtype (see memory_bandwidth).
         stream = call_in_scratch_thread(
-            lambda: float32_stream(16384 * 4096 * dtype.itemsize, device, on_huge_pages=True)
+            lambda: float32_stream(
+                reader_rows(step_bytes, dtype) * 4096 * dtype.itemsize, device, on_huge_pages=True
+            )
         )
         reads = max(8, int(args.new_tokens * step_bytes / (stream.numel() * stream.element_size())))
         ratios = []
@@ -141,17 +145,18 @@ def main() -> None:
     # between and after the two engines (in scratch threads, like the checkpoint), best kept.
     bandwidths: dict[str, float] = {}
 
-    def sample_bandwidth() -> None:
+    def sample_bandwidth(step_bytes: int) -> None:
         for reader, value in call_in_scratch_thread(
-            lambda: memory_bandwidth(device, dtype)
+            lambda: memory_bandwidth(device, dtype, step_bytes)
         ).items():
             bandwidths[reader] = max(value, bandwidths.get(reader, 0.0))
 
     results: dict[str, dict[str, float]] = {}
-    sample_bandwidth()
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        call_in_scratch_thread(lambda: write_checkpoint(directory, args.preset, dtype))
+        call_in_scratch_thread(
+            lambda: write_checkpoint(directory, args.preset, dtype, full_vocab_tokenizer=True)
+        )
         llm = LLM.from_pretrained(
             directory,
             device=args.device,
@@ -161,19 +166,20 @@ def main() -> None:
             show_progress=False,
         )
         step_bytes = decode_weight_bytes(llm.engine.model)
+        sample_bandwidth(step_bytes)
         results["brisklm"] = measure_all(lambda p, n: time_brisk(llm, p, n))
         adjacent = adjacent_roofline_ratios(
             lambda p, n: time_brisk(llm, p, n), prompts(1, args.prompt_len), step_bytes
         )
         llm.close()
-        sample_bandwidth()
+        sample_bandwidth(step_bytes)
         hf = (
             transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
             .to(device)
             .eval()
         )
         results["transformers"] = measure_all(lambda p, n: time_hf(hf, p, n, device))
-    sample_bandwidth()
+    sample_bandwidth(step_bytes)
     bandwidth = max(bandwidths.values())
     roofline = bandwidth / step_bytes
 
@@ -185,8 +191,9 @@ def main() -> None:
     print(
         f"model: {args.preset} preset, {params / 1e6:.1f}M parameters, {step_bytes / 1e6:.0f} MB read per decode step"
     )
+    reader_mb = reader_rows(step_bytes, dtype) * 4096 * dtype.itemsize / 1e6
     for reader, value in bandwidths.items():
-        print(f"bandwidth, {reader}: {value / 1e9:.1f} GB/s")
+        print(f"bandwidth, {reader} ({reader_mb:.0f} MB): {value / 1e9:.1f} GB/s")
     print(
         f"best bandwidth {bandwidth / 1e9:.1f} GB/s -> roofline {roofline:.1f} decode tokens/s at batch 1"
     )
