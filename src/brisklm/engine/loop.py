@@ -14,6 +14,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
+import torch
+
 from brisklm.engine.llm_engine import LLMEngine, own_exception
 from brisklm.engine.request import Request
 from brisklm.outputs import StreamChunk
@@ -96,6 +98,10 @@ class EngineLoop:
             self._thread.start()
 
     def _run(self) -> None:
+        with torch.inference_mode():  # once for the thread, not in each step (see LLMEngine.step)
+            self._serve()
+
+    def _serve(self) -> None:
         while not self._closed:
             self._drain_inbox()
             if not self.engine.has_unfinished:
@@ -130,11 +136,11 @@ class EngineLoop:
             return True
 
     def _drain_inbox(self) -> None:
-        while True:
-            try:
-                kind, payload, sink = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        # One thread at a time takes from the inbox (this one, or close() once it is gone), so
+        # what empty() says is there stays there. (Not get_nowait until queue.Empty: an
+        # exception raised every decode step.)
+        while not self._inbox.empty():
+            kind, payload, sink = self._inbox.get_nowait()
             if kind == "add":
                 assert sink is not None
                 for request in payload:  # type: ignore[attr-defined]

@@ -107,14 +107,14 @@ class ModelRunner:
             if not 0 <= count <= length:
                 raise ValueError(f"a row of {length} tokens cannot give {count} logits")
 
-    @torch.inference_mode()
     def forward_greedy(
         self, batch: ForwardBatch, columns: int
     ) -> tuple[torch.Tensor | None, list[int] | None]:
         """The pass of ``forward``. When the native pass runs the whole batch, (None, each logits
         row's greedy token over its first ``columns`` logits): it finds them as it computes the
         logits, which nobody then reads (``NativeForward.forward_greedy``). Otherwise
-        (``forward``'s logits, None)."""
+        (``forward``'s logits, None). The native pass records no autograd graph, so unlike
+        ``forward`` this does not enter inference mode itself (the engine's step is under it)."""
         query_lens = [len(t) for t in batch.token_ids]
         if (
             self.native is None
