@@ -26,7 +26,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", help="model directory (default: the bundled brisk-chat model)")
     group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     group.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weights dtype"
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="default: float32 arithmetic on CPU (a bfloat16/float16 checkpoint keeps its weights, "
+        "widened exactly as read), bfloat16 on CUDA",
     )
     group.add_argument(
         "--kv-cache-dtype",

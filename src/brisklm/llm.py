@@ -151,7 +151,7 @@ def build_speculator(
     tokenizer: Tokenizer,
     config: EngineConfig,
     device: torch.device,
-    dtype: torch.dtype,
+    dtype: str | torch.dtype | None,
     show_progress: bool = True,
     draft_length: str | None = None,
     kv_cache_dtype: torch.dtype | None = None,
@@ -222,7 +222,10 @@ class LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
         ``device``: "cpu" or "cuda" (default: cuda when available); ``dtype``: "float32",
-        "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA). ``kv_cache_dtype``:
+        "bfloat16" or "float16" (default: float32 on CPU, bfloat16 on CUDA; on CPU a checkpoint
+        stored in bfloat16 or float16, the bundled models too, then keeps its weights so and the
+        native kernels widen them exactly as they read them: float32's logits from half the
+        memory, see ``brisklm.loader.load_model``). ``kv_cache_dtype``:
         the KV cache's elements, one of the same three (default, or "auto": the model's; a bfloat16
         or float16 model on CPU computes in float32 and keeps its cache in its own dtype), for the
         draft model's cache too. A
@@ -271,7 +274,7 @@ class LLM:
             prefill_chunk_size=prefill_chunk_size,
         )
         device_ = resolve_device(device)
-        dtype_ = resolve_dtype(dtype, device_)
+        resolve_dtype(dtype, device_)  # a bad value fails before anything loads
         try:
             compute_dtype = (
                 None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
@@ -288,7 +291,7 @@ class LLM:
             model = load_model(
                 directory,
                 device=device_,
-                dtype=dtype_,
+                dtype=dtype,
                 make_linear=make_linear,
                 show_progress=show_progress,
             )
@@ -309,7 +312,7 @@ class LLM:
                     tokenizer,
                     config,
                     device_,
-                    dtype_,
+                    dtype,
                     show_progress,
                     draft_length,
                     cache_dtype,

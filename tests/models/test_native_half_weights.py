@@ -395,3 +395,69 @@ def test_a_row_in_a_ragged_batch_gets_its_logits_alone_with_a_half_precision_cac
         logits = alone.forward(ForwardBatch([0], [len(prompt)], [tokens], [len(tokens)]))
         assert torch.equal(logits, batched[offset : offset + len(tokens)]), f"row {row}"
         offset += len(tokens)
+
+
+@pytest.fixture(scope="module", params=["llama-tied-bfloat16", "qwen2-bias-float16"])
+def stored_half(request, tmp_path_factory):
+    """(dtype, a checkpoint stored in that half dtype, the same values stored in float32)."""
+    case, _, dtype = request.param.rpartition("-")
+    family, overrides = CASES[case]
+    hf = rounded(build_hf_model(family, **overrides), dtype)
+    as_float32 = save_hf_model(hf, tmp_path_factory.mktemp(f"{case}-float32"))
+    as_half = save_hf_model(hf.to(getattr(torch, dtype)), tmp_path_factory.mktemp(case))
+    return dtype, as_half, as_float32
+
+
+def test_by_default_a_half_precision_checkpoint_keeps_its_weights_and_float32_logits(stored_half):
+    """dtype left to its default on CPU is float32 arithmetic: a checkpoint stored in bfloat16
+    (float16) keeps those weights, with a float32 KV cache, and gives the logits of the float32
+    load bit for bit (a prefill longer than MAX_QUERY_LEN through torch's ops, then the native
+    pass); "float32" asked for widens the weights at load."""
+    dtype, as_half, as_float32 = stored_half
+    half = getattr(torch, dtype)
+    model = load_model(as_half, device="cpu", show_progress=False)
+    assert model.model.embed_tokens.weight.dtype == half
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == half
+    assert model.activation_dtype == torch.float32 and model.cache_dtype == torch.float32
+    widened = load_model(as_half, device="cpu", dtype="float32", show_progress=False)
+    assert widened.model.embed_tokens.weight.dtype == torch.float32
+    reference = load_model(as_float32, device="cpu", show_progress=False)
+    assert reference.model.embed_tokens.weight.dtype == torch.float32
+    runners = [ModelRunner(m, num_slots=1, max_seq_len=CACHE) for m in (model, reference)]
+    assert all(runner.native is not None for runner in runners)
+    generator = torch.Generator().manual_seed(5)
+    prompt = torch.randint(3, 150, (MAX_QUERY_LEN + 6,), generator=generator).tolist()
+    tokens = torch.randint(3, 150, (4,), generator=generator).tolist()
+    steps = [ForwardBatch([0], [0], [prompt], [3])]
+    for offset, token in enumerate(tokens):
+        steps.append(ForwardBatch([0], [len(prompt) + offset], [[token]], [1]))
+    for index, batch in enumerate(steps):
+        got, expected = (runner.forward(batch) for runner in runners)
+        assert torch.equal(got, expected), f"step {index}"
+
+
+def test_a_checkpoint_of_mixed_dtypes_loads_in_float32_by_default(stored_half, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    dtype, as_half, _ = stored_half
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in as_half.iterdir():
+        if path.suffix != ".safetensors":
+            (mixed / path.name).write_bytes(path.read_bytes())
+    tensors = load_file(str(as_half / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].float()
+    save_file(tensors, str(mixed / "model.safetensors"), metadata={"format": "pt"})
+    model = load_model(mixed, device="cpu", show_progress=False)
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    assert model.cache_dtype == torch.float32
+
+
+def test_without_the_kernels_a_half_precision_checkpoint_loads_in_float32_by_default(
+    stored_half, without_native_kernels
+):
+    """torch's ops would compute in the weights' dtype: float32 was asked for, so the weights widen."""
+    _, as_half, _ = stored_half
+    model = load_model(as_half, device="cpu", show_progress=False)
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    assert model.activation_dtype == torch.float32

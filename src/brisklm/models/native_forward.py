@@ -56,7 +56,7 @@ _CPU = torch.device("cpu")
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether ``model`` can run through the native kernels (before or after its weights are laid out)."""
-    if not _supports_structure(model):
+    if not supports_structure(model) or not _on_cpu(model):
         return False
     assert isinstance(model, LlamaForCausalLM)
     weights = _weights(model)
@@ -73,7 +73,7 @@ def compute_in_float32(model: torch.nn.Module) -> bool:
     module's docstring): norms and biases to float32, ``compute_dtype`` float32, the embedding
     table and linear weights left as they are. Returns whether it did; a model the kernels cannot
     run (or whose linear layers would not be packed for them) is left as it is."""
-    if not _supports_structure(model) or not native.available():
+    if not supports_structure(model) or not _on_cpu(model) or not native.available():
         return False
     assert isinstance(model, LlamaForCausalLM)
     dtypes = {p.dtype for p in model.parameters()}
@@ -106,11 +106,10 @@ def _packs_natively(linear: torch.nn.Module) -> bool:
     return isinstance(linear, Linear) and linear.pack_on_cpu and linear.min_pack_bytes is None
 
 
-def _supports_structure(model: torch.nn.Module) -> bool:
+def supports_structure(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s modules are ones the kernels run (whatever its dtype or device: also
+    a model still on the meta device)."""
     if type(model) is not LlamaForCausalLM:
-        return False
-    params = list(model.parameters())
-    if not params or any(p.device.type != "cpu" for p in params):
         return False
     for layer in model.model.layers:
         if (
@@ -126,6 +125,11 @@ def _supports_structure(model: torch.nn.Module) -> bool:
         return False
     config = model.config
     return config.num_attention_heads % config.num_key_value_heads == 0
+
+
+def _on_cpu(model: torch.nn.Module) -> bool:
+    params = list(model.parameters())
+    return bool(params) and all(p.device.type == "cpu" for p in params)
 
 
 def use_native_layout(model: LlamaForCausalLM) -> None:
