@@ -17,6 +17,7 @@ from brisklm.attention.sdpa import SdpaAttention
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.engine.model_runner import ForwardBatch
 from brisklm.engine.scheduler import Scheduler
+from tests.runner_spy import spy_on_passes
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -235,14 +236,13 @@ def test_speculative_engines_verify_in_the_passes_that_take_prompt_chunks(tiny_d
         drafted.engine.add_request(arriving)
         proposer = drafted.engine.speculator.proposer
         target_rows: list[list[int]] = []  # each target pass's rows (tokens fed per row)
-        target_forward = drafted.engine.runner.forward
-        drafted.engine.runner.forward = lambda batch: (
-            target_rows.append(list(map(len, batch.token_ids))) or target_forward(batch)
+        spy_on_passes(
+            drafted.engine.runner,
+            lambda batch: target_rows.append(list(map(len, batch.token_ids))),
         )
         draft_rows: list[int] = []  # the longest row of each draft pass
-        draft_forward = proposer.runner.forward
-        proposer.runner.forward = lambda batch: (
-            draft_rows.append(max(map(len, batch.token_ids))) or draft_forward(batch)
+        spy_on_passes(
+            proposer.runner, lambda batch: draft_rows.append(max(map(len, batch.token_ids)))
         )
         gained, drafted_prompt = [], []
         for _ in range(6):  # 90 prompt tokens: six chunks, each beside a verification step

@@ -80,6 +80,50 @@ def test_greedy_output_is_the_targets(plain, speculative):
         assert out.speculative is not None and out.speculative.num_steps > 0
 
 
+@pytest.mark.parametrize("penalised", [False, True])
+def test_greedy_rows_take_the_kernels_tokens_and_processed_ones_read_the_logits(
+    plain, other_drafted, penalised
+):
+    """Plain greedy requests: the target's verification and the draft's proposals take their
+    tokens from the native pass (``forward_greedy``); with a repetition penalty both read the
+    logits. Either way the output is plain decoding's."""
+    params = GREEDY.with_changes(repetition_penalty=1.3) if penalised else GREEDY
+    entry_points: dict[str, set[str]] = {"target": set(), "draft": set()}
+    runners = {
+        "target": other_drafted.engine.runner,
+        "draft": other_drafted.engine.speculator.proposer.runner,
+    }
+    originals = {name: (r.forward, r.forward_greedy) for name, r in runners.items()}
+
+    def watch(name: str, runner) -> None:
+        forward, forward_greedy = originals[name]
+
+        def watched(batch):
+            if sum(batch.num_logits):  # (the draft's prompt passes want none)
+                entry_points[name].add("forward")
+            return forward(batch)
+
+        def watched_greedy(batch, columns):
+            logits, tokens = forward_greedy(batch, columns)
+            entry_points[name].add("logits" if tokens is None else "kernels")
+            return logits, tokens
+
+        runner.forward, runner.forward_greedy = watched, watched_greedy
+
+    for name, runner in runners.items():
+        watch(name, runner)
+    try:
+        got = other_drafted.generate(PROMPTS, params)
+    finally:
+        for name, runner in runners.items():
+            runner.forward, runner.forward_greedy = originals[name]
+    expected = plain.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    if other_drafted.engine.runner.native is not None:
+        wanted = {"forward"} if penalised else {"kernels"}
+        assert entry_points == {"target": wanted, "draft": wanted}
+
+
 def test_self_draft_accepts_everything_and_saves_steps(self_drafted):
     out = self_drafted.generate("Hello", GREEDY)
     stats = out.speculative

@@ -23,6 +23,7 @@ from brisklm.speculative import (
     make_draft_generator,
 )
 from brisklm.tokenizer import Tokenizer
+from tests.runner_spy import spy_on_passes
 from tests.speculative.loop import plain_generate
 from tests.tiny import CORPUS, SPECIAL_TOKENS
 
@@ -54,6 +55,15 @@ def test_target_as_own_draft_proposes_the_greedy_continuation(target_model, toke
     expected = plain_generate(target_model, prompts, [greedy] * 3, 6, num_real)
     proposer = _proposer(target_model, target_model, tokenizer, k=6)
     rows = [DraftRow(i, p, [], 6, greedy) for i, p in enumerate(prompts)]
+    proposals = proposer.propose(rows)
+    assert [p.token_ids for p in proposals] == expected
+    # Greedy on the raw logits: the kernels' argmax, a function of the context (no q, as n-gram).
+    assert all(proposal.probs is None for proposal in proposals)
+    # Greedy over processed logits (a penalty) draws from its one-hot q.
+    penalised = SamplingParams.greedy(ignore_eos=True, repetition_penalty=1.3)
+    expected = plain_generate(target_model, prompts, [penalised] * 3, 6, num_real)
+    proposer = _proposer(target_model, target_model, tokenizer, k=6)
+    rows = [DraftRow(i, p, [], 6, penalised) for i, p in enumerate(prompts)]
     proposals = proposer.propose(rows)
     assert [p.token_ids for p in proposals] == expected
     for proposal in proposals:
@@ -141,16 +151,16 @@ def test_a_prompt_prefilled_in_chunks_proposes_as_one_fed_whole(
         assert proposer.num_cached_tokens(1) == end
     proposer.prefill([DraftRow(1, prompt, [], 0, params)])  # nothing new: nothing runs
     fed: list[list[int]] = []
-    forward = proposer.runner.forward
-    proposer.runner.forward = lambda batch: (
-        fed.append(list(map(len, batch.token_ids))) or forward(batch)
-    )
+    spy_on_passes(proposer.runner, lambda batch: fed.append(list(map(len, batch.token_ids))))
     got = proposer.propose([_row(1, context, len(prompt), 4, params, sampled)])[0]
     assert fed[0] == [1]  # only the target's token after the prompt
     fresh = _proposer(draft_model, target_model, tokenizer)
     expected = fresh.propose([_row(1, context, len(prompt), 4, params, sampled)])[0]
     assert got.token_ids == expected.token_ids
-    torch.testing.assert_close(got.probs, expected.probs, atol=1e-5, rtol=1e-4)
+    if sampled:
+        torch.testing.assert_close(got.probs, expected.probs, atol=1e-5, rtol=1e-4)
+    else:  # greedy drafts carry no q
+        assert got.probs is None and expected.probs is None
 
 
 def test_prefill_of_several_rows_and_its_bad_input(draft_model, target_model, tokenizer, prompts):

@@ -17,6 +17,7 @@ from brisklm.speculative import (
     DraftRow,
     Proposal,
     Proposer,
+    accept_greedy,
     batch_proposals,
     greedy_verification,
     rejection_sample,
@@ -155,16 +156,33 @@ class Speculator:
         pending_masks = engine.structured.start_masks(
             decoding + sampled, [p.token_ids for p in proposals] + [[]] * len(sampled)
         )
+        # Every row greedy on the raw logits: the kernels pick the target's token at each position
+        # (ModelRunner.forward_greedy), the logits are not read.
+        greedy = all(engine.takes_raw_argmax(r) for r in (*decoding, *sampled))
+        choices: list[int] | None = None
         try:
-            logits = engine.runner.forward(forward)  # (sum(counts) + len(sampled), V)
+            if greedy:
+                maybe_logits, choices = engine.runner.forward_greedy(
+                    forward, engine.num_real_tokens
+                )
+            else:
+                maybe_logits = engine.runner.forward(forward)  # (sum(counts) + len(sampled), V)
         except BaseException:
             engine.structured.settle(pending_masks)
             raise
         for (request, _), feed in zip(chunked, chunk_feeds):
             request.num_cached += len(feed)
+        num_verified = sum(counts)
+        if choices is not None:
+            out_rows, accepted = accept_greedy(proposals, choices[:num_verified])
+            results = self._accept(engine, decoding, proposals, feeds, out_rows, accepted, None)
+            for request, token in zip(sampled, choices[num_verified:]):
+                results.append((request, engine.update_request(request, token, None)))
+            return results
+        logits = maybe_logits
+        assert logits is not None
         engine.mask_padding(logits)
         engine.structured.apply(pending_masks, logits)
-        num_verified = sum(counts)
         results = self._verify(engine, decoding, rows, proposals, logits[:num_verified], feeds)
         if sampled:
             results += engine.sample_and_update(sampled, logits[num_verified:])
@@ -198,6 +216,20 @@ class Speculator:
             out_rows, accepted = out.tolist(), num_accepted.tolist()
         offsets = [sum(counts[:b]) for b in range(len(counts))]
         logprobs = self._logprobs(engine, requests, logits, out_rows, accepted, offsets)
+        return self._accept(engine, requests, proposals, feeds, out_rows, accepted, logprobs)
+
+    def _accept(
+        self,
+        engine: LLMEngine,
+        requests: list[Request],
+        proposals: list[Proposal],
+        feeds: list[list[int]],
+        out_rows: list[list[int]],
+        accepted: list[int],
+        logprobs: list[list[TokenLogprob]] | None,
+    ) -> list[StepResult]:
+        """Keep each request's ``accepted[b]`` proposals and the token after them (``out_rows[b]``):
+        the cache keeps their keys, the proposer forgets the rest, the tokens are appended."""
         results: list[StepResult] = []
         for b, request in enumerate(requests):
             proposal, n = proposals[b], accepted[b]

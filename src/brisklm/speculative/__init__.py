@@ -11,6 +11,7 @@ from brisklm.speculative.ngram import NgramProposer
 from brisklm.speculative.proposer import DraftBatch, DraftRow, Proposal, Proposer, batch_proposals
 from brisklm.speculative.rejection import rejection_sample
 from brisklm.speculative.verify import (
+    accept_greedy,
     greedy_verification,
     pad_positions,
     target_metadata,
@@ -21,6 +22,7 @@ from brisklm.speculative.verify import (
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "SCHEDULES",
+    "accept_greedy",
     "DraftBatch",
     "DraftLength",
     "DraftLengthSchedule",

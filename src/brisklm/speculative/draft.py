@@ -13,6 +13,7 @@ from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs, sample
 from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
+from brisklm.sampling.sampler import greedy_tokens
 from brisklm.speculative.proposer import DraftRow, Proposal
 
 # Added to a request's seed for its draft generator (mod 2**64): the golden-ratio increment.
@@ -74,6 +75,17 @@ def check_compatible(
             f"tokenizer ({tokenizer.vocab_size} tokens) at token id {differ}; a draft model must "
             f"use the target's tokenizer"
         )
+
+
+def _takes_raw_argmax(row: DraftRow) -> bool:
+    """Whether the draft's next token for ``row`` is the argmax of its raw logits (over the
+    target's real tokens): greedy, no bias or penalty, no grammar, ``min_tokens`` met."""
+    params = row.params
+    return (
+        params.is_plain_greedy
+        and row.matcher is None
+        and len(row.output_token_ids) >= params.min_tokens
+    )
 
 
 def _group_by_length(
@@ -282,13 +294,19 @@ class DraftModelProposer:
             plans.append(_Plan(index, row, length, max_tokens))
             feeds.append((num_cached, row.token_slice(num_cached, length)))
         if plans:
-            self._draft(plans, feeds)
+            greedy = all(_takes_raw_argmax(plan.row) for plan in plans)
+            if greedy:
+                self._draft_greedy(plans, feeds)
+            else:
+                self._draft(plans, feeds)
             for plan in plans:
                 state = self._slots[plan.row.slot]
                 assert state is not None
                 state.proposals = list(plan.drafted)
                 state.num_cached = plan.num_tokens + len(plan.drafted) - 1
-                proposals[plan.index] = Proposal(list(plan.drafted), torch.stack(plan.probs))
+                # Greedy drafts are a function of the context, as n-gram proposals are: no q.
+                probs = None if greedy else torch.stack(plan.probs)
+                proposals[plan.index] = Proposal(list(plan.drafted), probs)
         return [p for p in proposals if p is not None]
 
     def _draft(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> None:
@@ -323,6 +341,41 @@ class DraftModelProposer:
                 if plan.num_matched:
                     plan.row.matcher.rollback(plan.num_matched)
 
+    def _draft_greedy(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> None:
+        """``_draft`` for rows that are all greedy on the raw logits (``_takes_raw_argmax``): each
+        pass's tokens are the argmax of the draft's logits over the target's real tokens, which
+        the kernels find as they compute the logits (``ModelRunner.forward_greedy``); the logits
+        are not read and no q is built (the proposals are then a function of the context)."""
+        tokens = self._feed_greedy([plan.row for plan in plans], feeds)
+        active = plans
+        while True:
+            still = []
+            for plan, token in zip(active, tokens):
+                plan.drafted.append(token)
+                if len(plan.drafted) < plan.max_tokens and self._continues(plan, token):
+                    still.append(plan)
+            if not still:
+                return
+            active = still
+            tokens = self._greedy_pass(
+                ForwardBatch(
+                    slots=[plan.row.slot for plan in active],
+                    start_positions=[plan.num_tokens + len(plan.drafted) - 1 for plan in active],
+                    token_ids=[[plan.drafted[-1]] for plan in active],
+                    num_logits=[1] * len(active),
+                )
+            )
+
+    def _greedy_pass(self, batch: ForwardBatch) -> list[int]:
+        """The argmax of each logits row of ``batch`` over the target's real tokens that the
+        draft's vocabulary has (the rest are -inf after ``_fit_vocab``)."""
+        columns = min(self.runner.model.config.vocab_size, self.num_real_tokens)
+        logits, tokens = self.runner.forward_greedy(batch, columns)
+        if tokens is None:
+            assert logits is not None
+            tokens = greedy_tokens(logits[:, :columns]).tolist()
+        return tokens
+
     def _extend(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> torch.Tensor:
         """Feed each row its unseen tokens; (A, V_draft) logits at each row's last position."""
         return self._feed([plan.row for plan in plans], feeds, num_logits=1)
@@ -331,28 +384,47 @@ class DraftModelProposer:
         self, rows: list[DraftRow], feeds: list[tuple[int, list[int]]], num_logits: int
     ) -> torch.Tensor:
         """Feed each row ``feeds[i]`` (start position, tokens); logits of each row's last
-        ``num_logits`` positions, rows in order.
-
-        A ragged pass costs rows x longest row, so rows go in length groups
-        (:func:`_group_by_length`): a new 2000-token prompt does not pad seven 2-token rows."""
-        groups = _group_by_length([len(tokens) for _, tokens in feeds])
+        ``num_logits`` positions, rows in order."""
+        groups = self._passes(rows, feeds, num_logits)
         rows_logits: list[torch.Tensor | None] = [None] * len(rows)
-        for group in groups:
-            logits = self.runner.forward(
-                ForwardBatch(
-                    slots=[rows[i].slot for i in group],
-                    start_positions=[feeds[i][0] for i in group],
-                    token_ids=[feeds[i][1] for i in group],
-                    num_logits=[num_logits] * len(group),
-                    row_invariant=any(rows[i].params.is_seeded for i in group),
-                )
-            )
+        for group, batch in groups:
+            logits = self.runner.forward(batch)
             if len(groups) == 1 and group == sorted(group):
                 return logits
             if num_logits:
                 for i, row_logits in zip(group, logits.split(num_logits)):
                     rows_logits[i] = row_logits
         return torch.cat(rows_logits) if num_logits else logits  # type: ignore[arg-type]
+
+    def _feed_greedy(self, rows: list[DraftRow], feeds: list[tuple[int, list[int]]]) -> list[int]:
+        """``_feed`` of one logits row each, as the token ``_greedy_pass`` picks there."""
+        tokens = [0] * len(rows)
+        for group, batch in self._passes(rows, feeds, 1):
+            for i, token in zip(group, self._greedy_pass(batch)):
+                tokens[i] = token
+        return tokens
+
+    @staticmethod
+    def _passes(
+        rows: list[DraftRow], feeds: list[tuple[int, list[int]]], num_logits: int
+    ) -> list[tuple[list[int], ForwardBatch]]:
+        """The passes that feed each row ``feeds[i]``, with the rows (indices) of each.
+
+        A ragged pass costs rows x longest row, so rows go in length groups
+        (:func:`_group_by_length`): a new 2000-token prompt does not pad seven 2-token rows."""
+        return [
+            (
+                group,
+                ForwardBatch(
+                    slots=[rows[i].slot for i in group],
+                    start_positions=[feeds[i][0] for i in group],
+                    token_ids=[feeds[i][1] for i in group],
+                    num_logits=[num_logits] * len(group),
+                    row_invariant=any(rows[i].params.is_seeded for i in group),
+                ),
+            )
+            for group in _group_by_length([len(tokens) for _, tokens in feeds])
+        ]
 
     def _continues(self, plan: _Plan, token: int) -> bool:
         """Whether to draft past ``token``: not past the end of the request. Stopping depends only

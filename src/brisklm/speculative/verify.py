@@ -83,7 +83,16 @@ def greedy_verification(
     metadata = target_metadata(rows, proposals, logits.shape[1], logits.device, eos_token_ids)
     if not metadata.all_greedy:
         raise ValueError("greedy_verification needs every row to be greedy")
-    choices = sample(logits, metadata).tolist()  # (sum(len(p) + 1),): argmax per position
+    return accept_greedy(proposals, sample(logits, metadata).tolist())
+
+
+def accept_greedy(
+    proposals: Sequence[Proposal], choices: Sequence[int]
+) -> tuple[list[list[int]], list[int]]:
+    """``(output_token_ids, num_accepted)`` per row from the target's greedy choice at every
+    verified position (``len(proposal) + 1`` a row, rows in order): the proposals up to the first
+    that differs from the choice at its position, then the choice there (or at the bonus
+    position)."""
     outputs, accepted, offset = [], [], 0
     for proposal in proposals:
         tokens = proposal.token_ids
