@@ -112,7 +112,9 @@ def test_close_fails_every_running_and_queued_request(tiny_dir, drafted):
     callers = [threading.Thread(target=call, args=(k,)) for k in ("generate", "stream") * 2]
     for caller in callers:
         caller.start()
-    assert wait_until(lambda: len(llm.engine.scheduler.running) == 2)
+    scheduler = llm.engine.scheduler
+    # All four submitted before close (a caller submitting after it is told "is closed" instead).
+    assert wait_until(lambda: len(scheduler.running) == 2 and len(scheduler.waiting) == 2)
     llm.close()
     for caller in callers:
         caller.join(timeout=10)
