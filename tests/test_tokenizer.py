@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -270,6 +272,23 @@ def _stream(
     return deltas
 
 
+@contextlib.contextmanager
+def recorded_decodes(tokenizer: Tokenizer) -> Iterator[list[int]]:
+    """The length of every id list ``tokenizer.decode`` is called with, while in the block."""
+    lengths: list[int] = []
+    original_decode = tokenizer.decode
+
+    def recording_decode(token_ids, skip_special_tokens=True):
+        lengths.append(len(token_ids))
+        return original_decode(token_ids, skip_special_tokens)
+
+    tokenizer.decode = recording_decode
+    try:
+        yield lengths
+    finally:
+        del tokenizer.decode
+
+
 def _byte_piece_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return [tokenizer.token_to_id(f"<0x{byte:02X}>") for byte in text.encode("utf-8")]
 
@@ -366,6 +385,49 @@ def test_adversarial_split_characters_in_byte_level_streams(loaded) -> None:
     assert all("\ufffd" not in d for d in deltas) and "😀" in deltas
 
 
+def test_byte_level_streams_join_token_bytes_without_a_decode_call(loaded) -> None:
+    """A byte-level BPE streams each token's bytes through a UTF-8 decoder (skipping special
+    tokens); with special tokens kept, and for sentencepiece tokenizers, the windows decode."""
+    assert loaded["bytelevel"][0].decodes_by_concatenation
+    assert loaded["qwen2"][0].decodes_by_concatenation
+    assert not any(loaded[kind][0].decodes_by_concatenation for kind in STRIPS_LEADING_SPACE)
+    ours, _ = loaded["bytelevel"]
+    ids = ours.encode("Hello 😀 wörld, 東京!", add_special_tokens=False)
+    expected = ours.decode(ids), ours.decode(ids, False)
+    with recorded_decodes(ours) as calls:
+        assert "".join(_stream(ours, ids)) == expected[0]
+        assert not calls
+        assert "".join(_stream(ours, ids, skip=False)) == expected[1]
+        assert calls
+
+
+def test_an_added_token_outside_the_byte_table_is_streamed_right(tmp_path) -> None:
+    """A non-special added token with text the GPT-2 byte table does not hold ("¡", a space):
+    whichever way the backend decodes it, the stream gives what decode gives."""
+    directory = build_byte_level_bpe(tmp_path / "added")
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    new_id = max(token["id"] for token in data["added_tokens"]) + 1
+    new_id = max(new_id, len(data["model"]["vocab"]))
+    data["added_tokens"].append(
+        {
+            "id": new_id,
+            "content": "¡hola mundo!",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": False,
+        }
+    )
+    path.write_text(json.dumps(data), encoding="utf-8")
+    tokenizer = Tokenizer.from_pretrained(directory)
+    joined = tokenizer.token_bytes()[new_id].decode("utf-8", "replace")
+    assert tokenizer.decodes_by_concatenation == (tokenizer.decode([new_id]) == joined)
+    ids = tokenizer.encode("hi ", add_special_tokens=False) + [new_id] + [new_id]
+    assert "".join(_stream(tokenizer, ids)) == tokenizer.decode(ids)
+
+
 @pytest.mark.parametrize("kind", ["spm", "spm_legacy", "bytelevel", "llama_hub_json"])
 def test_first_delta_keeps_its_leading_space_after_a_prompt(loaded, kind: str) -> None:
     ours, _ = loaded[kind]
@@ -399,18 +461,8 @@ def test_detokenizer_decodes_a_bounded_window(loaded) -> None:
         " ".join(["The quick brown fox jumps over the lazy dog 😀 日本語"] * 40),
         add_special_tokens=False,
     )
-    window_sizes: list[int] = []
-    original_decode = ours.decode
-
-    def recording_decode(token_ids, skip_special_tokens=True):
-        window_sizes.append(len(token_ids))
-        return original_decode(token_ids, skip_special_tokens)
-
-    ours.decode = recording_decode
-    try:
+    with recorded_decodes(ours) as window_sizes:
         deltas = _stream(ours, ids)
-    finally:
-        del ours.decode
     assert len(ids) > 400
     assert max(window_sizes) <= 16
     assert "".join(deltas) == ours.decode(ids)

@@ -178,6 +178,21 @@ class Tokenizer:
             and _BYTE_FALLBACK_PIECE.fullmatch(self._backend.id_to_token(token_id) or "")
         )
 
+    @cached_property
+    def decodes_by_concatenation(self) -> bool:
+        """Whether ``decode(ids)`` (special tokens skipped) is the UTF-8 decoding, invalid bytes
+        replaced, of the ids' ``token_bytes`` joined: a byte-level BPE (the decoder is ByteLevel
+        alone) whose added tokens that are not special decode to their own text. Then text can be
+        streamed from each token's bytes (``IncrementalDetokenizer``)."""
+        if self._decoder_types != frozenset({"ByteLevel"}):
+            return False
+        table = self._token_bytes
+        return all(
+            self._backend.decode([token_id], skip_special_tokens=True)
+            == table[token_id].decode("utf-8", "replace")
+            for token_id in self._added_token_ids - self.special_token_ids
+        )
+
     def token_bytes(self) -> list[bytes]:
         """The raw bytes each id stands for, indexed by id (b"" for ids without a token).
 
