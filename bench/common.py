@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -189,15 +190,30 @@ def float32_stream(nbytes: int, device: torch.device, on_huge_pages: bool = Fals
     return torch.randn(shape, device=device)
 
 
-def sustained_bandwidth(weight: torch.Tensor, reads: int) -> float:
-    """Bytes/s of ``reads`` streaming sums of ``weight`` back to back: a mean over a stretch as long
-    as a decode run, the same statistic a decode run's tokens/s is (``memory_bandwidth`` keeps the
-    fastest of many short samples instead)."""
-    weight.sum()  # warm-up
-    start = now(weight.device)
+def sustained_bandwidth(
+    read: Callable[[], object], nbytes: int, reads: int, device: torch.device
+) -> float:
+    """Bytes/s of ``reads`` calls of ``read`` (each reading ``nbytes``) back to back: a mean over a
+    stretch as long as a decode run, the same statistic a decode run's tokens/s is
+    (``memory_bandwidth`` keeps the fastest of many short samples instead)."""
+    read()  # warm-up
+    start = now(device)
     for _ in range(reads):
-        weight.sum()
-    return reads * weight.numel() * weight.element_size() / (now(weight.device) - start)
+        read()
+    return reads * nbytes / (now(device) - start)
+
+
+def gemv_reader(
+    nbytes: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Callable[[], object], int]:
+    """torch's gemv of one row over a weight of about ``nbytes`` (``reader_rows``), the fastest of
+    ``memory_bandwidth``'s readers here: F.linear on the column-major weight on CPU, on the
+    row-major one elsewhere. Returns the read and its bytes."""
+    weight = torch.randn(reader_rows(nbytes, dtype), 4096, device=device, dtype=dtype)
+    if device.type == "cpu":
+        weight = weight.t().contiguous().t()
+    x = torch.randn(1, 4096, device=device, dtype=dtype)
+    return (lambda: torch.nn.functional.linear(x, weight)), weight.numel() * weight.element_size()
 
 
 def now(device: torch.device) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from common import (
     PRESETS,
-    float32_stream,
+    gemv_reader,
     memory_bandwidth,
     now,
     reader_rows,
@@ -119,19 +119,15 @@ def main() -> None:
         """Batch-1 decode against a roofline measured right before each decode run, over a stretch
         about as long (this VM's bandwidth drifts between regimes within minutes, so a roofline
         sampled elsewhere in the run can belong to another regime); both are means over their
-        stretch."""
-        # On huge pages where the machine gives them, as brisklm's native weights are; float32
-        # whatever the model's dtype (see memory_bandwidth).
-        stream = call_in_scratch_thread(
-            lambda: float32_stream(
-                reader_rows(step_bytes, dtype) * 4096 * dtype.itemsize, device, on_huge_pages=True
-            )
-        )
-        reads = max(8, int(args.new_tokens * step_bytes / (stream.numel() * stream.element_size())))
+        stretch. The read is torch's gemv on a weight of the step's size (``gemv_reader``)."""
+        read, nbytes = call_in_scratch_thread(lambda: gemv_reader(step_bytes, device, dtype))
+        reads = max(8, int(args.new_tokens * step_bytes / nbytes))
         ratios = []
         with torch.inference_mode():
             for _ in range(args.repeats + 2):
-                bandwidth = call_in_scratch_thread(lambda: sustained_bandwidth(stream, reads))
+                bandwidth = call_in_scratch_thread(
+                    lambda: sustained_bandwidth(read, nbytes, reads, device)
+                )
                 first = run(prompt, 1)
                 step = max(run(prompt, args.new_tokens) - first, 1e-9) / (args.new_tokens - 1)
                 ratios.append(step_bytes / step / bandwidth)
@@ -208,7 +204,7 @@ def main() -> None:
     )
     shown = " ".join(f"{100 * r:.0f}%" for r in adjacent)
     print(
-        f"brisklm batch-1 decode against a sustained streaming read just before each run: {shown} "
+        f"brisklm batch-1 decode against torch's gemv sustained just before each run: {shown} "
         f"(median {100 * sorted(adjacent)[len(adjacent) // 2]:.0f}%)"
     )
 
