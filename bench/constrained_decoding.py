@@ -38,20 +38,25 @@ def timed_generate(llm, prompts, params) -> tuple[float, list, int]:
     """(seconds, outputs, forward passes) of one generate call."""
     runner = llm.engine.runner
     passes = 0
-    forward = runner.forward
+    forward, forward_greedy = runner.forward, runner.forward_greedy
 
     def counting(batch):
         nonlocal passes
         passes += 1
         return forward(batch)
 
-    runner.forward = counting
+    def counting_greedy(batch, columns):  # greedy rows on raw logits: the kernels pick the token
+        nonlocal passes
+        passes += 1
+        return forward_greedy(batch, columns)
+
+    runner.forward, runner.forward_greedy = counting, counting_greedy
     try:
         start = now(llm.engine.device)
         outs = llm.generate(prompts, params)
         return now(llm.engine.device) - start, outs, passes
     finally:
-        del runner.forward
+        del runner.forward, runner.forward_greedy
 
 
 def mask_times(llm, outputs) -> list[float]:
