@@ -235,6 +235,17 @@ if sys.argv[2] == "stream":
     for index, _ in enumerate(llm.stream("a b c", params)):
         if index == 2:
             break  # the stream is left open: its request is still running
+elif sys.argv[2] == "dropped":  # dropped without close(): its engine thread, retiring, frees it
+
+    class SlowToFree:
+        def __del__(self):
+            time.sleep(1.0)
+
+    llm._loop.idle_exit_s = 0.05
+    llm.generate("a b c", SamplingParams(max_tokens=4))
+    llm.engine.slow_to_free = SlowToFree()
+    del llm
+    time.sleep(0.5)  # the thread has retired and is freeing the engine
 else:  # a caller on a daemon thread still waiting for its output
     threading.Thread(target=lambda: llm.generate(["a b c"] * 4, params), daemon=True).start()
     time.sleep(0.3)
@@ -242,11 +253,14 @@ print("leaving", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["stream", "daemon"])
+@pytest.mark.parametrize("how", ["stream", "daemon", "dropped"])
 def test_exiting_with_a_request_running_stops_the_engine_thread_first(tiny_dir, tmp_path, how):
     # Before the engine closed its loops at exit, such a process could abort after its last line
     # (exit status 134, "terminate called without an active exception"): its engine thread was
-    # still in a forward pass while the runtime tore down.
+    # still in a forward pass while the runtime tore down. "dropped": an LLM let go without
+    # close() is freed by its engine thread when that retires, after its loop has left the ones
+    # closed at exit; freeing its huge-page tensors once exit had begun aborted the same way
+    # (tests/test_bundled_models.py alone, one run in three).
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT)
     done = subprocess.run(

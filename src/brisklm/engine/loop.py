@@ -95,6 +95,7 @@ class EngineLoop:
     def _ensure_thread_locked(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="brisklm-engine", daemon=True)
+            _engine_threads.add(self._thread)
             self._thread.start()
 
     def _run(self) -> None:
@@ -233,6 +234,13 @@ class AsyncCollector:
 # the program's own work had finished: seen for scripts that exit with a stream still open or a
 # request running. Closing the loops first lets each thread finish its step and return.
 _open_loops: weakref.WeakSet[EngineLoop] = weakref.WeakSet()
+# Every engine thread still running. One that retired for want of work can hold the last reference
+# to its loop (an LLM dropped without close(), as a script's last line may leave it), and then
+# frees the loop, its engine, weights and cache on its way out; the loop has already left
+# _open_loops. Tensors on huge pages (torch.frombuffer's, whose deleter takes the GIL) freed after
+# interpreter exit has begun made that daemon thread exit mid-deallocation and the process abort
+# ("terminate called without an active exception", exit status 134). So exit waits for them too.
+_engine_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 @atexit.register
@@ -243,3 +251,6 @@ def _close_open_loops() -> None:
             loop.close(timeout=EXIT_JOIN_S)
         except Exception:  # exit goes on whatever one engine does
             logger.exception("closing an engine at exit failed")
+    for thread in list(_engine_threads):
+        if thread is not threading.current_thread():
+            thread.join(timeout=EXIT_JOIN_S)
