@@ -91,8 +91,9 @@ def write_checkpoint(
 
 
 def full_vocab_bpe(vocab_size: int):
-    """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens: three special tokens, the 256
-    byte symbols, then two-symbol tokens, each with its merge."""
+    """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens (at least 259): three special
+    tokens, the 256 byte symbols, then two-symbol tokens and, past 65,795, three-symbol ones, each
+    with its merge."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -100,14 +101,19 @@ def full_vocab_bpe(vocab_size: int):
     for symbol in alphabet:
         vocab[symbol] = len(vocab)
     merges = []
-    for first in alphabet:
-        for second in alphabet:
-            if len(vocab) >= vocab_size:
-                break
-            vocab[first + second] = len(vocab)
-            merges.append((first, second))
+    parts = list(alphabet)
+    while len(vocab) < vocab_size:
+        longer = []
+        for first in parts:
+            for second in alphabet:
+                if len(vocab) >= vocab_size:
+                    break
+                vocab[first + second] = len(vocab)
+                merges.append((first, second))
+                longer.append(first + second)
+        parts = longer
     if len(vocab) != vocab_size:
-        raise ValueError(f"a byte-level BPE of {vocab_size} tokens is not made here")
+        raise ValueError(f"a byte-level BPE needs at least {len(vocab)} tokens, not {vocab_size}")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
