@@ -18,6 +18,7 @@ from brisklm import LLM, SamplingParams
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.llm import default_model_path
 from brisklm.loader import load_model
+from tests.runner_spy import spy_on_passes
 
 OTHERS = ["Once upon a time there was a", "Hi", "Write a list of colours:"]
 
@@ -94,18 +95,7 @@ def test_a_rows_logits_are_bitwise_the_same_in_any_batch(draft, kernels):
 
 def test_only_batches_with_a_seeded_sampled_request_pay_for_row_by_row_attention(bundled):
     seen: list[bool] = []
-    runner = bundled.engine.runner
-    forward, forward_greedy = runner.forward, runner.forward_greedy
-
-    def spy(batch):
-        seen.append(batch.row_invariant)
-        return forward(batch)
-
-    def spy_greedy(batch, columns):  # greedy rows alone: the kernels pick their tokens
-        seen.append(batch.row_invariant)
-        return forward_greedy(batch, columns)
-
-    runner.forward, runner.forward_greedy = spy, spy_greedy
+    undo = spy_on_passes(bundled.engine.runner, lambda batch: seen.append(batch.row_invariant))
     try:
         greedy = SamplingParams(temperature=0.0, max_tokens=4)
         bundled.generate(["Hi", "Hello there"], [greedy, SamplingParams(max_tokens=4)])
@@ -117,4 +107,4 @@ def test_only_batches_with_a_seeded_sampled_request_pay_for_row_by_row_attention
         bundled.generate("Hi", SamplingParams(temperature=0.0, max_tokens=4, seed=1))
         assert seen and not any(seen)  # a seed on a greedy request draws nothing
     finally:
-        runner.forward, runner.forward_greedy = forward, forward_greedy
+        undo()

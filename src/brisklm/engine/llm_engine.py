@@ -264,12 +264,8 @@ class LLMEngine:
         )
         sampled = [r for r, n in zip(requests, num_logits) if n]
         pending_masks = self.structured.start_masks(sampled)
-        greedy: list[int] | None = None
         try:
-            if sampled and all(self.takes_raw_argmax(r) for r in sampled):
-                maybe_logits, greedy = self.runner.forward_greedy(forward, self.num_real_tokens)
-            else:
-                maybe_logits = self.runner.forward(forward)
+            maybe_logits, greedy = self.forward_pass(forward, sampled)
         except BaseException:
             self.structured.settle(pending_masks)
             raise
@@ -285,17 +281,21 @@ class LLMEngine:
         self.structured.apply(pending_masks, logits)
         return self.sample_and_update(sampled, logits)
 
-    @staticmethod
-    def takes_raw_argmax(request: Request) -> bool:
-        """Whether a request's next token is the argmax of the model's logits over the real
-        tokens, as they come: greedy, no bias, penalty, grammar or logprobs, ``min_tokens`` met."""
-        params = request.params
-        return (
-            params.is_plain_greedy
-            and params.logprobs is None
-            and request.matcher is None
-            and len(request.output_token_ids) >= params.min_tokens
-        )
+    def forward_pass(
+        self, forward: ForwardBatch, sampled: list[Request]
+    ) -> tuple[torch.Tensor | None, list[int] | None]:
+        """Run ``forward``, whose logits rows belong to ``sampled``: ``(logits, None)``, or, when
+        every one of them takes the raw logits' argmax (greedy, no bias, penalty, grammar or
+        logprobs, ``min_tokens`` met) and the kernels find it, ``(None, tokens)``: the logits are
+        then not read (``ModelRunner.forward_greedy``)."""
+        if sampled and all(
+            r.params.picks_raw_argmax(len(r.output_token_ids))
+            and r.params.logprobs is None
+            and r.matcher is None
+            for r in sampled
+        ):
+            return self.runner.forward_greedy(forward, self.num_real_tokens)
+        return self.runner.forward(forward), None
 
     @staticmethod
     def feed(request: Request, prefill_len: int) -> list[int]:
@@ -334,10 +334,7 @@ class LLMEngine:
         return results
 
     def _sample(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
-        if all(
-            r.params.is_plain_greedy and len(r.output_token_ids) >= r.params.min_tokens
-            for r in requests
-        ):
+        if all(r.params.picks_raw_argmax(len(r.output_token_ids)) for r in requests):
             # What sample() does for such rows, without building its metadata: after a forward
             # pass that streamed the weights through the caches, the build's Python ran ~70 us
             # against ~5 us warm (the 125M benchmark model's step, a 2-vCPU Xeon).

@@ -75,12 +75,12 @@ class ModelRunner:
         self._check(batch, query_lens)
         if self.native is None:
             return self._forward_torch(batch, query_lens)
-        # Each row's path depends on its own length only, so its logits do not depend on its batch.
-        short = [i for i, n in enumerate(query_lens) if n <= MAX_QUERY_LEN]
-        if len(short) == len(query_lens) and sum(query_lens) <= NATIVE_MAX_TOKENS:
+        if self._native_runs_all(query_lens):
             return self.native.forward(
                 batch.token_ids, batch.slots, batch.start_positions, batch.num_logits
             )
+        # Each row's path depends on its own length only, so its logits do not depend on its batch.
+        short = [i for i, n in enumerate(query_lens) if n <= MAX_QUERY_LEN]
         if not short:
             return self._forward_torch(batch, query_lens)
         return self._forward_in_parts(batch, short)
@@ -116,17 +116,18 @@ class ModelRunner:
         (``forward``'s logits, None). The native pass records no autograd graph, so unlike
         ``forward`` this does not enter inference mode itself (the engine's step is under it)."""
         query_lens = [len(t) for t in batch.token_ids]
-        if (
-            self.native is None
-            or max(query_lens) > MAX_QUERY_LEN
-            or sum(query_lens) > NATIVE_MAX_TOKENS
-        ):
+        if self.native is None or not self._native_runs_all(query_lens):
             return self.forward(batch), None
         self._check(batch, query_lens)
         tokens = self.native.forward_greedy(
             batch.token_ids, batch.slots, batch.start_positions, batch.num_logits, columns
         )
         return None, tokens
+
+    @staticmethod
+    def _native_runs_all(query_lens: list[int]) -> bool:
+        """Whether one native pass takes rows of these lengths."""
+        return max(query_lens) <= MAX_QUERY_LEN and sum(query_lens) <= NATIVE_MAX_TOKENS
 
     def _forward_in_parts(self, batch: ForwardBatch, short: list[int]) -> torch.Tensor:
         """Short rows through the native pass (in calls of at most its token limit), the others

@@ -156,17 +156,10 @@ class Speculator:
         pending_masks = engine.structured.start_masks(
             decoding + sampled, [p.token_ids for p in proposals] + [[]] * len(sampled)
         )
-        # Every row greedy on the raw logits: the kernels pick the target's token at each position
-        # (ModelRunner.forward_greedy), the logits are not read.
-        greedy = all(engine.takes_raw_argmax(r) for r in (*decoding, *sampled))
-        choices: list[int] | None = None
+        # Logits (sum(counts) + len(sampled), V), or the target's token at each of those positions
+        # when every row is greedy on the raw logits (the kernels pick them).
         try:
-            if greedy:
-                maybe_logits, choices = engine.runner.forward_greedy(
-                    forward, engine.num_real_tokens
-                )
-            else:
-                maybe_logits = engine.runner.forward(forward)  # (sum(counts) + len(sampled), V)
+            maybe_logits, choices = engine.forward_pass(forward, [*decoding, *sampled])
         except BaseException:
             engine.structured.settle(pending_masks)
             raise

@@ -1411,23 +1411,27 @@ static void scan_larger(const float *row, int64_t c0, int64_t c1, float *best, i
     for (; c < c1; c++) take_larger(row[c], c, best, best_at);
 }
 
+/* One thread's best (take_larger) of one row's columns; at < 0: it had none. */
+typedef struct {
+    float value;
+    int64_t at;
+} argmax_share;
+
 /* out[r] = the greedy token of row r of x (rows x ld) over its first cols columns (take_larger),
- * for every row. Called by every thread of the team (found: 2 * team * rows scratch words): each
- * scans the columns whose panels its own share of matmul_team held (it computed most of them,
- * so they are in its caches), then thread 0 merges the shares. Ends with a barrier. */
+ * for every row. Called by every thread of the team (found: team * rows shares): each scans the
+ * columns whose panels its own share of matmul_team held (it computed most of them, so they are
+ * in its caches), then thread 0 merges the shares. Ends with a barrier. */
 static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_t *out,
-                        int64_t *found) {
+                        argmax_share *found) {
     const int team = TEAM_SIZE(), tid = THREAD_NUM();
     const int64_t panels = (cols + NB - 1) / NB;
     int64_t c0 = panels * tid / team * NB, c1 = panels * (tid + 1) / team * NB;
     if (c1 > cols) c1 = cols;
     for (int r = 0; r < rows; r++) {
-        float best = 0.0f;
-        int64_t best_at = -1;
-        if (c0 < c1) scan_larger(x + r * ld, c0, c1, &best, &best_at);
-        int64_t *mine = found + 2 * ((int64_t)r * team + tid);
-        memcpy(&mine[0], &best, sizeof best);
-        mine[1] = best_at;
+        argmax_share *mine = &found[(int64_t)r * team + tid];
+        mine->value = 0.0f;
+        mine->at = -1;
+        if (c0 < c1) scan_larger(x + r * ld, c0, c1, &mine->value, &mine->at);
     }
 #pragma omp barrier
     if (tid == 0) {
@@ -1435,10 +1439,8 @@ static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int6
             float best = 0.0f;
             int64_t best_at = -1;
             for (int t = 0; t < team; t++) {
-                const int64_t *share = found + 2 * ((int64_t)r * team + t);
-                float v;
-                memcpy(&v, &share[0], sizeof v);
-                if (share[1] >= 0) take_larger(v, share[1], &best, &best_at);
+                const argmax_share *share = &found[(int64_t)r * team + t];
+                if (share->at >= 0) take_larger(share->value, share->at, &best, &best_at);
             }
             out[r] = best_at;
         }
@@ -1466,13 +1468,13 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     attn_unit *units = new_attention_units(a, &n_units);
     if (!units) return 1;
     const int team_size = a->n_threads < MAX_TEAM ? a->n_threads : MAX_TEAM;
-    int64_t *found = NULL; /* team_argmax's scratch */
+    argmax_share *found = NULL; /* team_argmax's scratch */
     if (a->argmax_cols != 0 && a->n_logits > 0) {
         if (!a->argmax || a->argmax_cols < 0 || a->argmax_cols > a->vocab) {
             free(units);
             return 1;
         }
-        found = malloc(sizeof(int64_t) * 2 * team_size * a->n_logits);
+        found = malloc(sizeof(argmax_share) * team_size * a->n_logits);
         if (!found) {
             free(units);
             return 1;
@@ -1575,7 +1577,7 @@ int brisk_test_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_
                       int n_threads) {
     const int team_size = n_threads < MAX_TEAM ? n_threads : MAX_TEAM;
     if (rows < 1 || cols < 1 || cols > ld || team_size < 1) return 1;
-    int64_t *found = malloc(sizeof(int64_t) * 2 * team_size * rows);
+    argmax_share *found = malloc(sizeof(argmax_share) * team_size * rows);
     if (!found) return 1;
 #pragma omp parallel num_threads(team_size)
     team_argmax(x, ld, rows, cols, out, found);

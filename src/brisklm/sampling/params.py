@@ -222,11 +222,16 @@ class SamplingParams:
         """True for a sampled request with a seed: its tokens must not depend on its batch."""
         return self.seed is not None and not self.is_greedy
 
-    @property
-    def is_plain_greedy(self) -> bool:
-        """Greedy with nothing that changes the logits first (no logit bias, no penalty): the
-        token is the raw logits' argmax once ``min_tokens`` outputs are out."""
-        return self.temperature == 0.0 and not self.logit_bias and not self.uses_penalties
+    def picks_raw_argmax(self, num_output_tokens: int) -> bool:
+        """Whether the next token, after ``num_output_tokens`` outputs, is the argmax of the raw
+        logits: greedy, no logit bias or penalty, ``min_tokens`` reached (a grammar's mask is the
+        caller's to rule out)."""
+        return (
+            self.temperature == 0.0
+            and not self.logit_bias
+            and not self.uses_penalties
+            and num_output_tokens >= self.min_tokens
+        )
 
     @property
     def uses_penalties(self) -> bool:

@@ -77,17 +77,6 @@ def check_compatible(
         )
 
 
-def _takes_raw_argmax(row: DraftRow) -> bool:
-    """Whether the draft's next token for ``row`` is the argmax of its raw logits (over the
-    target's real tokens): greedy, no bias or penalty, no grammar, ``min_tokens`` met."""
-    params = row.params
-    return (
-        params.is_plain_greedy
-        and row.matcher is None
-        and len(row.output_token_ids) >= params.min_tokens
-    )
-
-
 def _group_by_length(
     lengths: Sequence[int], max_ratio: float = 1.25, free_padding: int = 64
 ) -> list[list[int]]:
@@ -294,11 +283,13 @@ class DraftModelProposer:
             plans.append(_Plan(index, row, length, max_tokens))
             feeds.append((num_cached, row.token_slice(num_cached, length)))
         if plans:
-            greedy = all(_takes_raw_argmax(plan.row) for plan in plans)
-            if greedy:
-                self._draft_greedy(plans, feeds)
-            else:
-                self._draft(plans, feeds)
+            # Rows all greedy on the raw logits (no grammar) draft on the kernels' argmax.
+            greedy = all(
+                plan.row.params.picks_raw_argmax(len(plan.row.output_token_ids))
+                and plan.row.matcher is None
+                for plan in plans
+            )
+            self._draft(plans, feeds, greedy)
             for plan in plans:
                 state = self._slots[plan.row.slot]
                 assert state is not None
@@ -309,62 +300,45 @@ class DraftModelProposer:
                 proposals[plan.index] = Proposal(list(plan.drafted), probs)
         return [p for p in proposals if p is not None]
 
-    def _draft(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> None:
-        """Extend every row's cache, then draft step by step over the rows still going."""
-        logits = self._extend(plans, feeds)  # (A, V_draft)
+    def _draft(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]], greedy: bool) -> None:
+        """Extend every row's cache, then draft step by step over the rows still going.
+
+        ``greedy``: every row takes the argmax of the draft's raw logits, which the kernels find as
+        they compute them (``_greedy_pass``): the logits are not read and no q is built."""
+        rows = [plan.row for plan in plans]
+        probs: torch.Tensor | None = None
+        if greedy:
+            tokens = self._feed_greedy(rows, feeds)
+        else:
+            tokens, probs = self._next_tokens(self._extend(plans, feeds), plans)  # (A,), (A, V)
         active = plans
         try:
             while True:
-                tokens, probs = self._next_tokens(logits, active)  # (A,), (A, V)
                 still = []
                 for i, plan in enumerate(active):
                     plan.drafted.append(tokens[i])
-                    plan.probs.append(probs[i])
+                    if probs is not None:
+                        plan.probs.append(probs[i])
                     if len(plan.drafted) < plan.max_tokens and self._continues(plan, tokens[i]):
                         still.append(plan)
                 if not still:
                     return
                 active = still
-                logits = self.runner.forward(
-                    ForwardBatch(
-                        slots=[plan.row.slot for plan in active],
-                        start_positions=[
-                            plan.num_tokens + len(plan.drafted) - 1 for plan in active
-                        ],
-                        token_ids=[[plan.drafted[-1]] for plan in active],
-                        num_logits=[1] * len(active),
-                        row_invariant=any(plan.row.params.is_seeded for plan in active),
-                    )
-                )
-        finally:
-            for plan in plans:
-                if plan.num_matched:
-                    plan.row.matcher.rollback(plan.num_matched)
-
-    def _draft_greedy(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> None:
-        """``_draft`` for rows that are all greedy on the raw logits (``_takes_raw_argmax``): each
-        pass's tokens are the argmax of the draft's logits over the target's real tokens, which
-        the kernels find as they compute the logits (``ModelRunner.forward_greedy``); the logits
-        are not read and no q is built (the proposals are then a function of the context)."""
-        tokens = self._feed_greedy([plan.row for plan in plans], feeds)
-        active = plans
-        while True:
-            still = []
-            for plan, token in zip(active, tokens):
-                plan.drafted.append(token)
-                if len(plan.drafted) < plan.max_tokens and self._continues(plan, token):
-                    still.append(plan)
-            if not still:
-                return
-            active = still
-            tokens = self._greedy_pass(
-                ForwardBatch(
+                batch = ForwardBatch(
                     slots=[plan.row.slot for plan in active],
                     start_positions=[plan.num_tokens + len(plan.drafted) - 1 for plan in active],
                     token_ids=[[plan.drafted[-1]] for plan in active],
                     num_logits=[1] * len(active),
+                    row_invariant=any(plan.row.params.is_seeded for plan in active),
                 )
-            )
+                if greedy:
+                    tokens = self._greedy_pass(batch)
+                else:
+                    tokens, probs = self._next_tokens(self.runner.forward(batch), active)
+        finally:
+            for plan in plans:
+                if plan.num_matched:
+                    plan.row.matcher.rollback(plan.num_matched)
 
     def _greedy_pass(self, batch: ForwardBatch) -> list[int]:
         """The argmax of each logits row of ``batch`` over the target's real tokens that the
