@@ -226,3 +226,31 @@ def now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+def time_brisk(llm, prompts: list[list[int]], num_new: int) -> float:
+    from brisklm import SamplingParams
+
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
+    start = now(llm.engine.device)
+    outputs = llm.generate(prompts, params)
+    elapsed = now(llm.engine.device) - start
+    assert all(len(o.token_ids) == num_new for o in outputs)
+    return elapsed
+
+
+def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device) -> float:
+    ids = torch.tensor(prompts, device=device)
+    start = now(device)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=num_new,
+        min_new_tokens=num_new,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+    elapsed = now(device) - start
+    assert out.shape[1] == ids.shape[1] + num_new
+    return elapsed

@@ -23,9 +23,10 @@ from common import (
     PRESETS,
     gemv_reader,
     memory_bandwidth,
-    now,
     reader_rows,
     sustained_bandwidth,
+    time_brisk,
+    time_hf,
     write_checkpoint,
 )
 
@@ -38,34 +39,6 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
             continue
         total += param.numel() * param.element_size()
     return total
-
-
-def time_brisk(llm, prompts: list[list[int]], num_new: int) -> float:
-    from brisklm import SamplingParams
-
-    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
-    start = now(llm.engine.device)
-    outputs = llm.generate(prompts, params)
-    elapsed = now(llm.engine.device) - start
-    assert all(len(o.token_ids) == num_new for o in outputs)
-    return elapsed
-
-
-def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device) -> float:
-    ids = torch.tensor(prompts, device=device)
-    start = now(device)
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=num_new,
-        min_new_tokens=num_new,
-        do_sample=False,
-        pad_token_id=0,
-        eos_token_id=None,
-    )
-    elapsed = now(device) - start
-    assert out.shape[1] == ids.shape[1] + num_new
-    return elapsed
 
 
 def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[float, float]:
@@ -87,6 +60,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--no-cuda-graphs", action="store_true", help="run brisklm's CUDA decode steps eagerly"
+    )
     args = parser.parse_args()
 
     import transformers
@@ -160,6 +136,7 @@ def main() -> None:
             max_batch_size=8,
             max_seq_len=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8,
             show_progress=False,
+            cuda_graphs=not args.no_cuda_graphs,
         )
         step_bytes = decode_weight_bytes(llm.engine.model)
         sample_bandwidth(step_bytes)

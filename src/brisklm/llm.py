@@ -179,6 +179,7 @@ def build_speculator(
         config.resolved_max_seq_len(target.config.max_position_embeddings),
         num_speculative_tokens,
         config.attention_backend,
+        cuda_graphs=config.cuda_graphs,
         target_config=target.config,
         tokenizer=tokenizer,
         draft_tokenizer=Tokenizer.from_pretrained(directory) if has_tokenizer else None,
@@ -218,6 +219,7 @@ class LLM:
         kv_cache_dtype: str | torch.dtype | None = None,
         prefill_chunk_size: int | None = None,
         max_prefill_tokens: int = 8192,
+        cuda_graphs: bool = True,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -250,7 +252,10 @@ class LLM:
         512 on CPU, 2048 on CUDA). A longer prompt enters the cache over several passes, each of
         which also carries every other running request's next token, so a long prompt does not
         stall the requests decoding beside it. ``max_prefill_tokens``: the most prompt tokens of
-        all requests together per pass (at least one chunk runs).
+        all requests together per pass (at least one chunk runs). ``cuda_graphs``: on CUDA, decode
+        steps (one token per request, no seeded request in the batch) replay CUDA graphs captured
+        per batch size and key-length bucket, one launch a step instead of hundreds (the draft
+        model's too); False runs every pass eagerly. No effect on CPU.
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -272,6 +277,7 @@ class LLM:
             max_prefill_tokens=max_prefill_tokens,
             attention_backend=attention_backend,
             prefill_chunk_size=prefill_chunk_size,
+            cuda_graphs=cuda_graphs,
         )
         device_ = resolve_device(device)
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from brisklm.engine.decode_graphs import DecodeGraphs
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.kernels import native
 from brisklm.loader import load_model
@@ -153,6 +154,64 @@ def test_greedy_logits_match_transformers(checkpoint, backend, layout):
         diff = (ours - theirs).abs().max().item()
         assert diff <= tolerance, f"{name} ({layout}): step {step} max |logit diff| {diff}"
     assert tokens == hf_tokens
+
+
+def static_decode_runner(directory, num_slots: int, max_seq_len: int) -> ModelRunner:
+    """A CPU runner whose decode passes run the CUDA graphs' static pass, eagerly (checkpoint
+    row layout: transformers' GEMMs)."""
+    model = load_model(
+        directory, device="cpu", dtype="float32", make_linear=row_major_linear, show_progress=False
+    )
+    runner = ModelRunner(model, num_slots=num_slots, max_seq_len=max_seq_len)
+    runner.native = None
+    if not DecodeGraphs.supported(model, max_seq_len):
+        pytest.skip("dynamic NTK rope past the trained context has no static decode pass")
+    runner.graphs = DecodeGraphs(model, runner.kv_cache, num_slots, max_seq_len, capture=False)
+    return runner
+
+
+def test_static_decode_pass_matches_transformers(checkpoint, monkeypatch):
+    """The pass CUDA graphs capture (brisklm.engine.decode_graphs: keys gathered up to a bucket
+    and masked past each row's position, rows padded to a graph's batch size), run eagerly on the
+    CPU, against transformers at every decode step."""
+    name, hf_model, directory = checkpoint
+    runner = static_decode_runner(directory, num_slots=2, max_seq_len=64)
+    assert runner.graphs is not None
+    calls = []
+    forward = runner.graphs.forward
+    monkeypatch.setattr(runner.graphs, "forward", lambda *a: calls.append(1) or forward(*a))
+    hf_tokens, hf_logits = hf_greedy(hf_model, PROMPT, NUM_STEPS)
+    tokens, logits = brisk_greedy(runner, PROMPT, NUM_STEPS)
+    assert len(calls) == NUM_STEPS - 1  # every decode step, not the prefill
+    for step, (ours, theirs) in enumerate(zip(logits, hf_logits)):
+        diff = (ours - theirs).abs().max().item()
+        assert diff <= 1e-4, f"{name} (static decode pass): step {step} max |logit diff| {diff}"
+    assert tokens == hf_tokens
+
+
+def test_static_decode_pass_pads_ragged_batches(checkpoint):
+    """Three rows at different positions in non-consecutive slots (padded to a graph of four
+    with copies of the first row) give each row's tokens alone, and leave the unused slot's
+    cache untouched."""
+    name, _, directory = checkpoint
+    prompts = [PROMPT, PROMPT[:4], PROMPT[3:10]]
+    alone = []
+    for prompt in prompts:
+        runner = static_decode_runner(directory, num_slots=1, max_seq_len=64)
+        alone.append(brisk_greedy(runner, prompt, 12))
+    runner = static_decode_runner(directory, num_slots=4, max_seq_len=64)
+    slots = [3, 0, 2]
+    logits = runner.forward(ForwardBatch(slots, [0] * 3, prompts, [1] * 3))
+    tokens = [[int(row.argmax())] for row in logits]
+    for _ in range(11):
+        starts = [len(p) + len(t) - 1 for p, t in zip(prompts, tokens)]
+        logits = runner.forward(ForwardBatch(slots, starts, [[t[-1]] for t in tokens], [1] * 3))
+        assert logits.shape[0] == 3
+        for row, values in enumerate(logits):
+            tokens[row].append(int(values.argmax()))
+    for row, (alone_tokens, _) in enumerate(alone):
+        assert tokens[row] == alone_tokens, f"{name}: row {row}"
+    assert not runner.kv_cache.keys[:, 1].any() and not runner.kv_cache.values[:, 1].any()
 
 
 def test_ragged_batch_matches_each_prompt_alone(checkpoint):

@@ -60,7 +60,9 @@ class EngineConfig:
     ``prefill_chunk_size``: the most prompt tokens one request feeds per forward pass (None: 512
     on CPU, 2048 on CUDA); longer prompts enter the cache over several passes, each of which also
     carries every decoding request's next token. ``max_prefill_tokens``: the most prompt tokens
-    of all requests together per pass (at least one chunk always runs).
+    of all requests together per pass (at least one chunk always runs). ``cuda_graphs``: on CUDA,
+    replay plain decode passes from CUDA graphs (``brisklm.engine.decode_graphs``); no effect on
+    CPU.
     """
 
     max_batch_size: int = 8
@@ -68,6 +70,7 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     attention_backend: str = "auto"
     prefill_chunk_size: int | None = None
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)
@@ -76,6 +79,8 @@ class EngineConfig:
         _check_int("max_prefill_tokens", self.max_prefill_tokens, 1)
         if self.prefill_chunk_size is not None:
             _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, " or None (by device)")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
@@ -135,7 +140,11 @@ class LLMEngine:
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
         check_kv_cache_fits(model, config.max_batch_size, self.max_seq_len)
         self.runner = ModelRunner(
-            model, config.max_batch_size, self.max_seq_len, config.attention_backend
+            model,
+            config.max_batch_size,
+            self.max_seq_len,
+            config.attention_backend,
+            cuda_graphs=config.cuda_graphs,
         )
         # Warned once the cache is allocated: an error that follows is then the only line.
         if self.max_seq_len > model.config.max_position_embeddings:

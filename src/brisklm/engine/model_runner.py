@@ -8,6 +8,7 @@ import torch
 
 from brisklm.attention import AttentionBackend, AttentionMetadata, select_backend
 from brisklm.cache.contiguous import KVCache
+from brisklm.engine.decode_graphs import DecodeGraphs
 from brisklm.kernels.native import MAX_TOKENS as NATIVE_MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.models.native_forward import MAX_QUERY_LEN, NativeForward
@@ -43,6 +44,7 @@ class ModelRunner:
         num_slots: int,
         max_seq_len: int,
         attention_backend: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         self.model = model
         config = model.config
@@ -67,12 +69,25 @@ class ModelRunner:
         self.native = (
             NativeForward.create(model, self.kv_cache) if self.backend.name == "sdpa" else None
         )
+        # On CUDA, plain decode passes replay CUDA graphs (brisklm.engine.decode_graphs).
+        self.graphs: DecodeGraphs | None = None
+        if (
+            cuda_graphs
+            and self.device.type == "cuda"
+            and DecodeGraphs.supported(model, max_seq_len)
+        ):
+            self.graphs = DecodeGraphs(model, self.kv_cache, num_slots, max_seq_len)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row."""
         query_lens = [len(t) for t in batch.token_ids]
         self._check(batch, query_lens)
+        if self._graphs_take(batch, query_lens):
+            assert self.graphs is not None
+            return self.graphs.forward(
+                [tokens[0] for tokens in batch.token_ids], batch.slots, batch.start_positions
+            )
         if self.native is None:
             return self._forward_torch(batch, query_lens)
         if self._native_runs_all(query_lens):
@@ -116,13 +131,23 @@ class ModelRunner:
         (``forward``'s logits, None). The native pass records no autograd graph, so unlike
         ``forward`` this does not enter inference mode itself (the engine's step is under it)."""
         query_lens = [len(t) for t in batch.token_ids]
-        if self.native is None or not self._native_runs_all(query_lens):
+        if (
+            self.native is None
+            or not self._native_runs_all(query_lens)
+            or self._graphs_take(batch, query_lens)
+        ):
             return self.forward(batch), None
         self._check(batch, query_lens)
         tokens = self.native.forward_greedy(
             batch.token_ids, batch.slots, batch.start_positions, batch.num_logits, columns
         )
         return None, tokens
+
+    def _graphs_take(self, batch: ForwardBatch, query_lens: list[int]) -> bool:
+        """Whether the batch runs through ``self.graphs`` (plain decode passes)."""
+        return self.graphs is not None and self.graphs.takes(
+            batch.num_logits, query_lens, batch.row_invariant
+        )
 
     @staticmethod
     def _native_runs_all(query_lens: list[int]) -> bool:

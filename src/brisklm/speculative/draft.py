@@ -151,6 +151,7 @@ class DraftModelProposer:
         num_speculative_tokens: int,
         attention_backend: str = "auto",
         *,
+        cuda_graphs: bool = True,
         target_config: ModelConfig | None = None,
         tokenizer: Any = None,
         draft_tokenizer: Any = None,
@@ -161,7 +162,9 @@ class DraftModelProposer:
         target = target_config or draft_config
         if tokenizer is not None:
             check_compatible(target, draft_config, tokenizer, draft_tokenizer)
-        self.runner = ModelRunner(model, num_slots, max_seq_len, attention_backend)
+        self.runner = ModelRunner(
+            model, num_slots, max_seq_len, attention_backend, cuda_graphs=cuda_graphs
+        )
         self.device = self.runner.device
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
