@@ -3,8 +3,11 @@
 Parameter names match transformers' ``LlamaForCausalLM`` so the state dict exports as is. Unlike
 transformers' model it takes per-token document ids and positions of packed rows: attention never
 crosses a sample boundary and every sample starts at position 0, exactly as at inference.
-Attention is computed with plain matmuls under a block-diagonal causal mask, which on this CPU
-runs several times faster than the fused attention kernel for short rows.
+Attention is torch's scaled_dot_product_attention under a block-diagonal causal mask: its fused
+CPU kernel (torch 2.13) ran a layer's forward and backward 1.4x faster than plain matmuls, a
+masked float32 score matrix and softmax for rows of 384 tokens and 3.0x for rows of 896 in
+bfloat16 (2.0x and 3.3x in float32) on an AVX-512 Xeon with AMX; sessions before 44 found the
+plain matmuls faster on an older torch and CPU.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -72,9 +75,8 @@ class Attention(nn.Module):
         if self.num_kv != self.num_heads:
             k = k.repeat_interleave(self.num_heads // self.num_kv, dim=1)
             v = v.repeat_interleave(self.num_heads // self.num_kv, dim=1)
-        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, T)
-        att = att.masked_fill(mask, float("-inf")).softmax(-1).to(v.dtype)
-        y = (att @ v).transpose(1, 2).reshape(B, T, -1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(y)
 
 
@@ -98,9 +100,9 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, allowed)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -145,9 +147,8 @@ class TrainLlama(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, D)
         cos, sin = emb.cos(), emb.sin()
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-        allowed = (doc[:, :, None] == doc[:, None, :]) & causal  # (B, T, T)
-        mask = ~allowed[:, None]  # (B, 1, T, T): True = masked
+        allowed = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]  # (B, 1, T, T)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, allowed)
         return self.model.norm(x)
