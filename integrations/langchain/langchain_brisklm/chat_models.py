@@ -36,6 +36,7 @@ from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
 from brisklm.tool_formats import ToolCallFormat
+from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import off_loop
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
@@ -55,6 +56,10 @@ StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 # Keyword arguments that bind_tools / with_structured_output bind, besides sampling overrides.
 _CALL_OPTIONS = frozenset(
     {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model", "stream"}
+)
+# Set while ChatBrisk.abatch runs: its calls' requests reach the engine together.
+_BATCH: contextvars.ContextVar[BatchSubmission | None] = contextvars.ContextVar(
+    "brisklm_batch", default=None
 )
 
 
@@ -296,9 +301,32 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        batch = _BATCH.get()
+        if batch is not None:
+            call, output = await batch.run(lambda: self._prepare(messages, stop, kwargs))
+            return self._result(call, output)
         call = await off_loop(self._prepare, messages, stop, kwargs)
         (output,) = await call.llm.arun_requests([call.request])
         return self._result(call, output)
+
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:
+        """LangChain's `abatch` (callbacks, configs, `return_exceptions`), with the inputs'
+        requests submitted to the engine together (`langchain_brisklm._batched`): prefilled in
+        one pass and decoded as one batch."""
+        token = _BATCH.set(BatchSubmission())
+        try:
+            return await super().abatch(
+                inputs, config, return_exceptions=return_exceptions, **kwargs
+            )
+        finally:
+            _BATCH.reset(token)
 
     def batch(
         self,
@@ -481,8 +509,12 @@ class _Cancellable:
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
-            if self._task is not None:
+            if self._task is None:
+                return
+            try:
                 self._task.get_loop().call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:  # the loop has closed: the work is over, nothing to cancel
+                pass
 
 
 def _run_cancellable(work: Any) -> Any:
@@ -496,7 +528,8 @@ def _run_cancellable(work: Any) -> Any:
         try:
             return future.result()
         except BaseException:
-            runner.cancel()  # the pool's shutdown then waits only for the cancellation
+            if not future.done():  # interrupted while waiting; else the work raised it itself
+                runner.cancel()  # the pool's shutdown then waits only for the cancellation
             raise
 
 

@@ -351,3 +351,40 @@ def test_an_interrupt_during_batch_aborts_its_requests(
     assert all(len(r.output_token_ids) < 1000 for r in submitted)
     assert not llm.engine.has_unfinished
     assert isinstance(chat.invoke("Hi", max_tokens=3), AIMessage)  # the engine goes on
+
+
+def test_batch_submits_its_inputs_together(
+    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batch/abatch render every input and submit their requests in one go (one prefill pass),
+    instead of one call per input as each finished rendering; the outputs are invoke's."""
+    llm = chat._engine()
+    sizes: list[int] = []
+    original = type(llm).arun_requests
+
+    async def recording(self: Any, requests: list[Any]) -> Any:
+        sizes.append(len(requests))
+        return await original(self, requests)
+
+    monkeypatch.setattr(type(llm), "arun_requests", recording)
+    prompts = ["Hello", "Count to three.", "Hi there", "What is 2+2?", "Name a colour."]
+    batched = chat.batch(prompts, max_tokens=8)
+    assert sizes == [5]
+    sizes.clear()
+    again = asyncio.run(chat.abatch(prompts, max_tokens=8))
+    assert sizes == [5]
+    alone = [chat.invoke(p, max_tokens=8) for p in prompts]
+    assert [m.content for m in batched] == [m.content for m in alone]
+    assert [m.content for m in again] == [m.content for m in alone]
+    assert all(m.usage_metadata is not None for m in batched)
+
+
+def test_a_bad_input_in_a_batch_fails_alone(chat: ChatBrisk) -> None:
+    too_long = "word " * 4000  # past max_seq_len=1536: refused when its request is made
+    results = chat.batch(["Hello", too_long, "Hi"], return_exceptions=True, max_tokens=4)
+    assert isinstance(results[1], ValueError)
+    assert isinstance(results[0], AIMessage) and isinstance(results[2], AIMessage)
+    assert results[0].content == chat.invoke("Hello", max_tokens=4).content
+    with pytest.raises(ValueError):
+        chat.batch(["Hello", too_long], max_tokens=4)
+    assert not chat._engine().engine.has_unfinished
