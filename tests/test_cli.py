@@ -290,6 +290,26 @@ def test_kv_cache_dtype_flag_reaches_the_engine(model_dir, capsys, monkeypatch):
     assert capsys.readouterr().out  # the completion streamed
 
 
+@pytest.mark.parametrize("flags, expected", [([], True), (["--no-cuda-graphs"], False)])
+def test_the_cuda_graphs_flag_reaches_the_engine(model_dir, capsys, monkeypatch, flags, expected):
+    from brisklm.llm import LLM
+
+    seen = {}
+    original = LLM.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        seen["cuda_graphs"] = kwargs["cuda_graphs"]
+        llm = original(cls, *args, **kwargs)
+        seen["config"] = llm.engine.config.cuda_graphs
+        return llm
+
+    monkeypatch.setattr(LLM, "from_pretrained", classmethod(spy))
+    argv = ["generate", "--model", str(model_dir), *flags, "--max-tokens", "2", "hi"]
+    assert main(argv) == 0
+    assert seen == {"cuda_graphs": expected, "config": expected}
+    assert capsys.readouterr().out
+
+
 def test_a_json_schema_file_with_bad_json_is_named_as_such(model_dir, capsys, tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "object",\n}', encoding="utf-8")

@@ -40,6 +40,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
     group.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -268,6 +274,7 @@ def _load(args: argparse.Namespace) -> Any:
         num_speculative_tokens=args.num_speculative_tokens,
         draft_length=args.draft_length,
         num_threads=args.threads,
+        cuda_graphs=args.cuda_graphs,
     )
 
 
