@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 import uuid
@@ -513,20 +514,38 @@ class LLM:
         return outputs[0] if single else outputs
 
     async def arun_requests(self, requests: list[Request]) -> list[GenerationOutput]:
+        """Async ``run_requests``: the first request to fail raises, and the others are aborted."""
+        async with contextlib.aclosing(self.arun_requests_each(requests)) as results:
+            async for _, result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        return [r.to_output() for r in requests]
+
+    async def arun_requests_each(
+        self, requests: list[Request]
+    ) -> AsyncIterator[tuple[int, GenerationOutput | BaseException]]:
+        """Submit prepared requests together (one engine batch) and yield ``(index, output)`` as
+        each finishes, or ``(index, error)`` for one that fails while the others go on. Leaving
+        the loop early (or cancelling the task in it) aborts the requests not yet finished."""
         collector = AsyncCollector(final_only=True)  # no wake-up of the event loop per token
         self._loop.submit(requests, collector)
-        pending = {r.request_id for r in requests}
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        pending = set(index)
         try:
             while pending:
                 request, result = await collector.queue.get()
-                if isinstance(result, BaseException):
-                    raise result
-                if result.finished:
+                if isinstance(result, BaseException) or result.finished:
                     pending.discard(request.request_id)
+                    done = result if isinstance(result, BaseException) else request.to_output()
+                    yield index[request.request_id], done
         finally:
             for request_id in pending:
                 self._loop.abort(request_id)
-        return [r.to_output() for r in requests]
+
+    def abort(self, request_id: str) -> None:
+        """Stop a submitted request (``Request.request_id``): it finishes with finish reason
+        ``abort`` and the text so far. An id that is unknown or already finished is ignored."""
+        self._loop.abort(request_id)
 
     def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:
         """Async ``stream`` (use with ``async for``); bad input raises at the call."""

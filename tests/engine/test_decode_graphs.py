@@ -189,3 +189,30 @@ def test_cuda_graphs_replay_gptq_int4_layers(tmp_path):
         assert ours.argmax(-1).tolist() == theirs.argmax(-1).tolist()
         tokens = [[int(t)] for t in theirs.argmax(-1)]
     assert graphed.graphs._passes
+
+
+def test_a_failed_capture_leaves_its_shape_to_run_eagerly(tiny_dir, llm, monkeypatch, caplog):
+    """A capture that raises (out of memory mid-serving, say) is logged once, and that shape's
+    steps run the same pass eagerly instead of failing their requests."""
+    graphed = LLM.from_pretrained(
+        tiny_dir, device="cpu", max_batch_size=4, max_seq_len=128, show_progress=False
+    )
+    runner = graphed.engine.runner
+    graphs = DecodeGraphs(graphed.engine.model, runner.kv_cache, 4, 128, capture=True)
+    attempts: list[int] = []
+
+    def failing_capture(static):
+        attempts.append(1)
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(graphs, "_capture", failing_capture)
+    runner.graphs = graphs
+    try:
+        with caplog.at_level("WARNING", logger="brisklm.engine.decode_graphs"):
+            got = [o.token_ids for o in graphed.generate(PROMPTS, GREEDY)]
+        assert got == [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        assert attempts == [1]  # one shape (4 rows, 128 keys), tried once
+        assert graphs._passes[(4, 128)][1] is None
+        assert "runs eagerly" in caplog.text and "simulated" in caplog.text
+    finally:
+        graphed.close()

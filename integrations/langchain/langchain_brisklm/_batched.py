@@ -5,35 +5,36 @@ of its own and submitted its request alone; with eight inputs on two cores the r
 with each other and with the engine, which began decoding the first five or six while the rest
 were still being rendered (they joined ~20 ms later). Inside a batch, the calls that start in the
 same event-loop turn are now prepared one after another on one worker thread and their requests
-submitted in one go: one prefill pass, then one decode batch.
+submitted in one go: one prefill pass, then one decode batch. Each call still gets its own
+request's output (or error) as soon as that request finishes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 from brisklm.outputs import GenerationOutput
 
 Prepared = Any  # chat_models._Call: .llm (the engine) and .request
+Waiting = tuple[Callable[[], Prepared], "asyncio.Future[tuple[Prepared, GenerationOutput]]"]
 
 
 class BatchSubmission:
     """Groups the calls of one batch (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._waiting: list[tuple[Callable[[], Prepared], asyncio.Future]] = []
+        self._waiting: list[Waiting] = []
 
     async def run(self, prepare: Callable[[], Prepared]) -> tuple[Prepared, GenerationOutput]:
         """``prepare()`` run beside the other calls of this turn, then its request's output.
 
-        A call whose ``prepare`` raises gets that error alone. An error of the engine fails every
-        request submitted with it. The group's requests still running are aborted once none of
-        its callers waits for them (all cancelled or failed); a caller cancelled while others
-        wait leaves its request to finish."""
+        A call whose ``prepare`` raises, or whose request fails in the engine, gets that error
+        alone; a cancelled call's request is aborted (or, not yet submitted, never made)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[tuple[Prepared, GenerationOutput]] = loop.create_future()
         self._waiting.append((prepare, future))
         if len(self._waiting) == 1:
             loop.call_soon(self._start)
@@ -44,18 +45,37 @@ class BatchSubmission:
         task = asyncio.ensure_future(_run_group(group))
         futures = [future for _, future in group]
 
-        def on_done(_: asyncio.Future) -> None:
-            if all(f.done() for f in futures):  # no caller waits: what still runs is aborted
+        def settle_the_rest(task: asyncio.Future[None]) -> None:
+            # Whatever ended the group (an error outside any one call, a cancellation), no
+            # caller is left waiting.
+            error = None if task.cancelled() else task.exception()
+            for future in futures:
+                if future.done():
+                    continue
+                if error is None:
+                    future.cancel()
+                else:
+                    future.set_exception(error)
+
+        task.add_done_callback(settle_the_rest)
+
+        def cancel_when_no_one_waits(_: asyncio.Future[Any]) -> None:
+            if all(f.done() for f in futures):
                 task.cancel()
 
         for future in futures:
-            future.add_done_callback(on_done)
+            future.add_done_callback(cancel_when_no_one_waits)
 
 
-async def _run_group(group: list[tuple[Callable[[], Prepared], asyncio.Future]]) -> None:
+async def _run_group(group: list[Waiting]) -> None:
+    group = [(prepare, future) for prepare, future in group if not future.done()]
+
     def prepare_all() -> list[tuple[Prepared | None, Exception | None]]:
         results: list[tuple[Prepared | None, Exception | None]] = []
-        for prepare, _ in group:
+        for prepare, future in group:
+            if future.done():  # cancelled meanwhile: nothing to render
+                results.append((None, None))
+                continue
             try:
                 results.append((prepare(), None))
             except Exception as error:  # this call's own bad input: raised to it alone
@@ -63,28 +83,35 @@ async def _run_group(group: list[tuple[Callable[[], Prepared], asyncio.Future]])
         return results
 
     prepared = await asyncio.to_thread(prepare_all)
-    by_engine: dict[int, list[tuple[Prepared, asyncio.Future]]] = {}
+    by_engine: dict[int, list[tuple[Prepared, asyncio.Future[Any]]]] = {}
     for (call, error), (_, future) in zip(prepared, group):
         if error is not None:
             _settle(future, error=error)
-        else:
+        elif call is not None and not future.done():
             by_engine.setdefault(id(call.llm), []).append((call, future))
     await asyncio.gather(*(_submit(items) for items in by_engine.values()))
 
 
-async def _submit(items: list[tuple[Prepared, asyncio.Future]]) -> None:
+async def _submit(items: list[tuple[Prepared, asyncio.Future[Any]]]) -> None:
     llm = items[0][0].llm
-    try:
-        outputs = await llm.arun_requests([call.request for call, _ in items])
-    except Exception as error:
-        for _, future in items:
-            _settle(future, error=error)
-        return
-    for (call, future), output in zip(items, outputs):
-        _settle(future, result=(call, output))
+    for call, future in items:
+        request_id = call.request.request_id
+        future.add_done_callback(
+            lambda f, request_id=request_id: llm.abort(request_id) if f.cancelled() else None
+        )
+    results = llm.arun_requests_each([call.request for call, _ in items])
+    async with contextlib.aclosing(results):
+        async for index, result in results:
+            call, future = items[index]
+            if isinstance(result, BaseException):
+                _settle(future, error=result)
+            else:
+                _settle(future, result=(call, result))
 
 
-def _settle(future: asyncio.Future, result: Any = None, error: Exception | None = None) -> None:
+def _settle(
+    future: asyncio.Future[Any], result: Any = None, error: BaseException | None = None
+) -> None:
     if future.done():  # its caller was cancelled
         return
     if error is not None:

@@ -26,6 +26,8 @@ checks the pass's padding, masks and buckets against the engine's ordinary path.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +37,13 @@ from brisklm.attention.base import AttentionBackend
 from brisklm.cache.contiguous import KVCache
 from brisklm.models.llama import LlamaForCausalLM
 
+logger = logging.getLogger(__name__)
+
 SMALLEST_KEY_BUCKET = 256
+# One capture at a time in the process: torch.cuda.graph captures on a stream shared by every
+# graph and empties the allocator's cache as it begins, which must not happen while another
+# engine's thread (a second model on the same GPU) is inside a capture.
+_CAPTURE_LOCK = threading.Lock()
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -89,7 +97,11 @@ class StaticDecodeMeta:
 class StaticDecodeAttention(AttentionBackend):
     """Attention of one-token rows with shapes that do not depend on the positions: the new keys
     and values scattered into the cache at (slot, position), each row's first ``num_keys`` cached
-    keys gathered and masked past its position."""
+    keys gathered and masked past its position.
+
+    With grouped KV heads the query heads of each KV head are that head's queries (q as (B, Hkv,
+    H/Hkv, D) against keys (B, Hkv, S, D)): SDPA's memory-efficient kernel takes a mask but not
+    ``enable_gqa``, and the math fallback would copy every key once per query head."""
 
     name = "static-decode"
 
@@ -98,17 +110,17 @@ class StaticDecodeAttention(AttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, meta, sliding_window):  # type: ignore[override]
         rows, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
         k_cache[meta.slots, :, meta.positions] = k.to(k_cache.dtype)
         v_cache[meta.slots, :, meta.positions] = v.to(v_cache.dtype)
         keys = k_cache[:, :, : meta.num_keys].index_select(0, meta.slots).to(q.dtype)
         values = v_cache[:, :, : meta.num_keys].index_select(0, meta.slots).to(q.dtype)
         out = F.scaled_dot_product_attention(
-            q.view(rows, 1, num_heads, head_dim).transpose(1, 2),
+            q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim),
             keys,
             values,
             attn_mask=meta.allowed_keys(sliding_window),
-            enable_gqa=num_heads != keys.shape[1],
-        )  # (B, H, 1, D)
+        )  # (B, Hkv, H / Hkv, D)
         return out.reshape(rows, num_heads * head_dim)
 
 
@@ -169,7 +181,7 @@ class DecodeGraphs:
         # because a graph holds its tensors' addresses, not references to them.
         self._rotary_tables = model.rotary.tables(self.device, model.activation_dtype, max_seq_len)
         self._passes: dict[tuple[int, int], tuple[_StaticPass, torch.cuda.CUDAGraph | None]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._pool: object | None = None  # the graphs' memory pool, made at the first capture
 
     @staticmethod
     def supported(model: LlamaForCausalLM, max_seq_len: int) -> bool:
@@ -223,19 +235,39 @@ class DecodeGraphs:
     def _prepare(self, size: int, num_keys: int) -> tuple[_StaticPass, torch.cuda.CUDAGraph | None]:
         """The pass for (size, num_keys), captured when graphs are on. The inputs already hold
         this batch's values: the warm-up and the capture compute this very step, writing the cache
-        entries its replay writes again."""
+        entries its replay writes again. A capture that fails (memory, say) leaves that shape to
+        run the same pass eagerly, with a warning, rather than fail every step of that shape."""
         static = _StaticPass(self.model, self.kv_cache, self._inputs, size, num_keys)
         if not self.capture:
             return static, None
-        with torch.cuda.device(self.device):
+        try:
+            return static, self._capture(static)
+        except RuntimeError as error:  # torch's CUDA errors, out-of-memory included
+            logger.warning(
+                "capturing the decode pass of %d rows over %d keys as a CUDA graph failed (%s); "
+                "that shape runs eagerly",
+                size,
+                num_keys,
+                error,
+            )
+            return static, None
+
+    def _capture(self, static: _StaticPass) -> torch.cuda.CUDAGraph:
+        with _CAPTURE_LOCK, torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
-            side = torch.cuda.Stream()
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                static.run()  # warm-up: lazy initialisation, kernel autotuning, workspaces
-            current.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # Thread-local: another engine's thread may use CUDA while this one captures.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                static.run()
-        return static, graph
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    static.run()  # warm-up: lazy initialisation, kernel autotuning, workspaces
+                current.wait_stream(side)
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                graph = torch.cuda.CUDAGraph()
+                # Thread-local: another engine's thread may run CUDA work while this one captures.
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    static.run()
+                return graph
+            finally:
+                # A capture that raised can leave its stream current on this thread.
+                torch.cuda.set_stream(current)

@@ -322,13 +322,13 @@ def test_an_interrupt_during_batch_aborts_its_requests(
     # Ctrl-C in batch() waited for the whole batch to finish before it propagated.
     llm = chat._engine()
     submitted: list[Any] = []
-    original = type(llm).arun_requests
+    original = type(llm).arun_requests_each
 
-    async def recording(self: Any, requests: list[Any]) -> Any:
+    def recording(self: Any, requests: list[Any]) -> Any:
         submitted.extend(requests)
-        return await original(self, requests)
+        return original(self, requests)
 
-    monkeypatch.setattr(type(llm), "arun_requests", recording)
+    monkeypatch.setattr(type(llm), "arun_requests_each", recording)
     main = threading.main_thread().ident
     assert main == threading.get_ident()
 
@@ -360,13 +360,13 @@ def test_batch_submits_its_inputs_together(
     instead of one call per input as each finished rendering; the outputs are invoke's."""
     llm = chat._engine()
     sizes: list[int] = []
-    original = type(llm).arun_requests
+    original = type(llm).arun_requests_each
 
-    async def recording(self: Any, requests: list[Any]) -> Any:
+    def recording(self: Any, requests: list[Any]) -> Any:
         sizes.append(len(requests))
-        return await original(self, requests)
+        return original(self, requests)
 
-    monkeypatch.setattr(type(llm), "arun_requests", recording)
+    monkeypatch.setattr(type(llm), "arun_requests_each", recording)
     prompts = ["Hello", "Count to three.", "Hi there", "What is 2+2?", "Name a colour."]
     batched = chat.batch(prompts, max_tokens=8)
     assert sizes == [5]
@@ -388,3 +388,47 @@ def test_a_bad_input_in_a_batch_fails_alone(chat: ChatBrisk) -> None:
     with pytest.raises(ValueError):
         chat.batch(["Hello", too_long], max_tokens=4)
     assert not chat._engine().engine.has_unfinished
+
+
+def test_a_request_failing_in_the_engine_fails_alone_in_a_batch(
+    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requests of a batch are submitted together, but one that fails in the engine (as a
+    grammar llguidance gives up on does: its token update returns the error) fails its own input
+    only; the others finish as they would."""
+    from brisklm.engine.llm_engine import LLMEngine
+
+    update = LLMEngine.update_request
+
+    def failing(self: Any, request: Any, token_id: int, *args: Any, **kwargs: Any) -> Any:
+        if request.num_prompt_tokens > 60 and len(request.output_token_ids) == 2:
+            request.abort("error")
+            return RuntimeError("this request's constraint failed")
+        return update(self, request, token_id, *args, **kwargs)
+
+    expected = [chat.invoke(p, max_tokens=6).content for p in ("Hi", "Hello")]
+    monkeypatch.setattr(LLMEngine, "update_request", failing)
+    results = chat.batch(["Hi", "word " * 50, "Hello"], return_exceptions=True, max_tokens=6)
+    assert isinstance(results[1], RuntimeError)
+    assert [results[0].content, results[2].content] == expected
+    assert not chat._engine().engine.has_unfinished
+
+
+def test_a_batch_whose_grouping_breaks_raises_instead_of_hanging() -> None:
+    """An error outside any one call's input (here a BaseException from a prepare step, which
+    the per-call handling does not catch) reaches every caller of the group: none waits forever."""
+    from langchain_brisklm._batched import BatchSubmission
+
+    class Unexpected(BaseException):
+        pass
+
+    def broken() -> Any:
+        raise Unexpected("not an Exception")
+
+    async def run() -> list[Any]:
+        batch = BatchSubmission()
+        calls = [batch.run(broken), batch.run(broken)]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=60)
+
+    results = asyncio.run(run())
+    assert [type(r) for r in results] == [Unexpected, Unexpected]
