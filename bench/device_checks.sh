@@ -44,5 +44,8 @@ python3 bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --repeats
 python3 bench/chunked_prefill.py --device cuda --dtype bfloat16 --chunk 1024 --preset 245m 2>&1 \
     | tee "$logs/chunked_prefill_cuda_bf16.log" || status=1
 python3 bench/large_model_decode.py 2>&1 | tee "$logs/large_model_decode_cuda_bf16.log" || status=1
+# At 4,000 positions: what the graphs' per-layer key copy and masked attention cost (not yet measured).
+python3 bench/large_model_decode.py --prompt-len 4000 --no-transformers 2>&1 \
+    | tee "$logs/large_model_decode_4k_cuda_bf16.log" || status=1
 echo "device checks: logs in $logs (status $status)"
 exit $status

@@ -5,9 +5,11 @@ The checkpoint is random (std 0.02, norms 1), made on the device and written as 
 file with a full-vocabulary byte-level BPE tokenizer (``common.full_vocab_bpe``). The roofline is
 the bytes a decode step reads (every weight but the embedding table) over the bandwidth of torch's
 gemv (F.linear of one row) over a 4 GB weight. Decode time per step is (time for 1 + N new tokens
-minus time for 1) / N, best of ``--repeats``, after a prompt of 128 tokens.
+minus time for 1) / N, best of ``--repeats``, after a prompt of ``--prompt-len`` tokens (128; a
+long one shows what attention over the cache costs).
 
     python bench/large_model_decode.py                       # llama3-8b shape, bfloat16, CUDA
+    python bench/large_model_decode.py --prompt-len 4000 --no-transformers   # decode at 4k positions
     python bench/large_model_decode.py --preset 125m --device cpu --no-transformers   # a smoke run
 """
 
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--preset", default="llama3-8b", choices=sorted(PRESETS))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-transformers", action="store_true")
@@ -115,7 +118,7 @@ def main() -> None:
 
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
-    prompt = [list(range(3, 131))]
+    prompt = [list(range(3, 3 + args.prompt_len))]
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)

@@ -95,3 +95,49 @@ def test_leaving_asyncio_run_mid_stream_logs_no_errors(llm, caplog):
     assert not llm.engine.has_unfinished
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
     assert len(llm.generate("Hello", GREEDY).token_ids) == 32
+
+
+async def test_arun_requests_each_yields_each_request_as_it_finishes(llm):
+    lengths = [24, 4, 12]
+    requests = [
+        llm.make_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        for p, n in zip(["Hello", "The quick", "def add"], lengths)
+    ]
+    order = []
+    async for index, output in llm.arun_requests_each(requests):
+        order.append(index)
+        assert len(output.token_ids) == lengths[index]
+        assert output.token_ids == requests[index].output_token_ids
+    assert order == [1, 2, 0]  # submitted together, finished shortest first
+
+
+async def test_leaving_arun_requests_each_early_aborts_the_rest(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    requests = [llm.make_request("Hello", short), llm.make_request("The quick", params)]
+    results = llm.arun_requests_each(requests)
+    index, _ = await results.__anext__()
+    assert index == 0
+    await results.aclose()
+    for _ in range(300):
+        if requests[1].is_finished:
+            break
+        await asyncio.sleep(0.01)
+    assert requests[1].finish_reason == "abort"
+    assert len(requests[1].output_token_ids) < 100
+
+
+async def test_abort_stops_one_request_of_a_batch(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    requests = [llm.make_request("Hello", params), llm.make_request("The quick", params)]
+    results = llm.arun_requests_each(requests)
+    first = asyncio.ensure_future(results.__anext__())
+    await asyncio.sleep(0)  # the generator has submitted both
+    llm.abort(requests[1].request_id)
+    got = dict([await first])
+    async for index, output in results:
+        got[index] = output
+    assert got[1].finish_reason == "abort" and len(got[1].token_ids) < 64
+    assert got[0].finish_reason == "length" and len(got[0].token_ids) == 64
+    llm.abort("no-such-request")  # unknown ids are ignored
+    assert (await llm.agenerate("Hello", GREEDY)).token_ids  # the engine goes on
