@@ -525,8 +525,9 @@ class LLM:
         self, requests: list[Request]
     ) -> AsyncIterator[tuple[int, GenerationOutput | BaseException]]:
         """Submit prepared requests together (one engine batch) and yield ``(index, output)`` as
-        each finishes, or ``(index, error)`` for one that fails while the others go on. Leaving
-        the loop early (or cancelling the task in it) aborts the requests not yet finished."""
+        each finishes, or ``(index, error)`` for one that fails while the others go on. Closing
+        the generator (``aclose``, or ``contextlib.aclosing`` around the loop, so that leaving it
+        early closes it) or cancelling the task in it aborts the requests not yet finished."""
         collector = AsyncCollector(final_only=True)  # no wake-up of the event loop per token
         self._loop.submit(requests, collector)
         index = {r.request_id: i for i, r in enumerate(requests)}

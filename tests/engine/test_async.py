@@ -111,7 +111,20 @@ async def test_arun_requests_each_yields_each_request_as_it_finishes(llm):
     assert order == [1, 2, 0]  # submitted together, finished shortest first
 
 
-async def test_leaving_arun_requests_each_early_aborts_the_rest(llm):
+def slow_steps(llm, monkeypatch, seconds: float = 0.005) -> None:
+    """Each engine step takes at least ``seconds``: a tiny model could otherwise finish a
+    request before a test's abort reaches the engine (seen on a loaded CI machine)."""
+    step = llm.engine.step
+
+    def slow_step():
+        time.sleep(seconds)
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", slow_step)
+
+
+async def test_leaving_arun_requests_each_early_aborts_the_rest(llm, monkeypatch):
+    slow_steps(llm, monkeypatch)
     params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
     short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     requests = [llm.make_request("Hello", short), llm.make_request("The quick", params)]
@@ -127,7 +140,8 @@ async def test_leaving_arun_requests_each_early_aborts_the_rest(llm):
     assert len(requests[1].output_token_ids) < 100
 
 
-async def test_abort_stops_one_request_of_a_batch(llm):
+async def test_abort_stops_one_request_of_a_batch(llm, monkeypatch):
+    slow_steps(llm, monkeypatch)
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     requests = [llm.make_request("Hello", params), llm.make_request("The quick", params)]
     results = llm.arun_requests_each(requests)

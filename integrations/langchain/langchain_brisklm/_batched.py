@@ -100,13 +100,17 @@ async def _submit(items: list[tuple[Prepared, asyncio.Future[Any]]]) -> None:
             lambda f, request_id=request_id: llm.abort(request_id) if f.cancelled() else None
         )
     results = llm.arun_requests_each([call.request for call, _ in items])
-    async with contextlib.aclosing(results):
-        async for index, result in results:
-            call, future = items[index]
-            if isinstance(result, BaseException):
-                _settle(future, error=result)
-            else:
-                _settle(future, result=(call, result))
+    try:
+        async with contextlib.aclosing(results):
+            async for index, result in results:
+                call, future = items[index]
+                if isinstance(result, BaseException):
+                    _settle(future, error=result)
+                else:
+                    _settle(future, result=(call, result))
+    except Exception as error:  # this engine's own failure (closed, say): its calls alone
+        for _, future in items:
+            _settle(future, error=error)
 
 
 def _settle(

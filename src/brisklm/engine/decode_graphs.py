@@ -255,8 +255,8 @@ class DecodeGraphs:
     def _capture(self, static: _StaticPass) -> torch.cuda.CUDAGraph:
         with _CAPTURE_LOCK, torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
             try:
-                side = torch.cuda.Stream()
                 side.wait_stream(current)
                 with torch.cuda.stream(side):
                     static.run()  # warm-up: lazy initialisation, kernel autotuning, workspaces
@@ -269,5 +269,7 @@ class DecodeGraphs:
                     static.run()
                 return graph
             finally:
-                # A capture that raised can leave its stream current on this thread.
+                # A capture that raised can leave its stream current on this thread, and a
+                # warm-up that raised its kernels queued on the side stream.
                 torch.cuda.set_stream(current)
+                current.wait_stream(side)
