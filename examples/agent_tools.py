@@ -4,11 +4,11 @@ built from the tools' schemas.
 
     python examples/agent_tools.py [--model CHECKPOINT_DIR] [--device cpu|cuda] [QUESTION]
 
-The bundled 11M model reads a request by its phrasing as much as by its meaning: "Get the
-weather for Paris." and "What is the weather for Paris?" call get_weather and "Convert 30 degrees
-Celsius to Fahrenheit." celsius_to_fahrenheit with 30, but "What is the weather in Paris?" calls
-celsius_to_fahrenheit with a made-up value (its held-out tool-name accuracy is 95-98%;
-training/README.md).
+The bundled 11M model reads a request by its phrasing as much as by its meaning: "What is the
+weather in Paris?" and "Get the weather for Paris." call get_weather and "Convert 30 degrees
+Celsius to Fahrenheit." celsius_to_fahrenheit with 30, but "How is the weather in Oslo?" and "Is
+it raining in Tokyo?" call celsius_to_fahrenheit with a made-up value (its held-out tool-name
+accuracy is 95-97%; training/README.md).
 """
 
 from __future__ import annotations

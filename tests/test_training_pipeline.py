@@ -376,10 +376,11 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat17", "brisk-chat18", "brisk-chat19", "brisk-chat47-19/model"),
         *("brisk-chat20", "brisk-chat21", "brisk-chat22", "brisk-chat47-22/model"),
         *("brisk-chat23", "brisk-chat24", "brisk-chat25", "brisk-chat47-25/model"),
-        *("brisk-chat26", "brisk-chat27", "brisk-chat28", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat26", "brisk-chat27", "brisk-chat28", "brisk-chat-x3/model"),
+        *("brisk-chat-plain/model", "brisk-chat29", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 28 and all("--resume" in line for line in trained)
+    assert len(trained) == 29 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
@@ -422,11 +423,11 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
                                   (25, "brisk-chat47-16", 17, "brisk-chat47-19"),
                                   (29, "brisk-chat47-19", 20, "brisk-chat47-22"),
                                   (33, "brisk-chat47-22", 23, "brisk-chat47-25"),
-                                  (37, "brisk-chat47-25", 26, "brisk-chat")):  # fmt: skip
+                                  (37, "brisk-chat47-25", 26, "brisk-chat-x3")):  # fmt: skip
         runs = [f"brisk-chat{first + j}" for j in range(3)]
         for j, name in enumerate(runs):
             trained_from(i + j, name, start, f"data{first - 2 + j}")
-        kept = 3 if mean == "brisk-chat" else 1  # the last mean counts its start three times
+        kept = 3 if mean == "brisk-chat-x3" else 1  # the last mean counts its start three times
         averaged(i + 3, mean, *[start] * kept, *runs)
     for line in again[9:14:2]:  # three runs compute in bfloat16, eagerly
         assert "--precision bfloat16 --no-compile" in line
@@ -439,6 +440,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         assert "--steps 700 " in line and "--drill-frac 0.2 " in line
     # the last run of the third fan-out and every run of the fourth and fifth pack their long rows
     filled = [False] * 31 + [True, False] + [True] * 3 + [False] + [True] * 3 + [False] * 2
+    filled += [True, False, False]  # brisk-chat29, then the shipped mean and the draft
     assert ["--fill-long-rows" in line for line in again] == filled
     fanned = (*range(21, 24), *range(25, 28), *range(29, 32), *range(33, 36), *range(37, 40))
     seeds = [again[i].split("--seed ")[1].split()[0] for i in fanned]
@@ -449,9 +451,21 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     for name in ("brisk-chat", "brisk-draft"):
         assert (assets / name / "model.safetensors").read_text() == "weights\n"
 
+    # Sessions 43-44: the plain mean of brisk-chat47-25 and its three runs, 350 steps from it on
+    # data26 at lr 1e-4, and the shipped target: the x3 mean counted three times and that run.
+    averaged(
+        41, "brisk-chat-plain", "brisk-chat47-25", "brisk-chat26", "brisk-chat27", "brisk-chat28"
+    )
+    trained_from(42, "brisk-chat29", "brisk-chat-plain", "data26")
+    assert again[42].split("--lr ")[-1].split()[0] == "1e-4"
+    assert again[42].split("--steps ")[-1].split()[0] == "350"
+    assert again[42].split("--seed ")[-1].split()[0] == "30"
+    assert "--no-compile" in again[42] and "--precision bfloat16" in again[42]
+    averaged(43, "brisk-chat", *["brisk-chat-x3"] * 3, "brisk-chat29")
+
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 73
-    assert len(log.read_text().splitlines()) == len(ran) + 42
+    assert third.returncode == 0 and third.stdout.count("skipped") == 76
+    assert len(log.read_text().splitlines()) == len(ran) + 45
 
     # EAGER=1, into another OUT: every training run without torch.compile (above, only nine of
     # them ask for it).
@@ -460,7 +474,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 73 and len(trained) == 32
+    assert len(runs) == 76 and len(trained) == 33
     assert all("--no-compile" in line for line in trained)
 
 
