@@ -254,3 +254,17 @@ def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device)
     elapsed = now(device) - start
     assert out.shape[1] == ids.shape[1] + num_new
     return elapsed
+
+
+def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds per step): best-of-``repeats`` of 1-token and full runs."""
+    first = min(run(prompts, 1) for _ in range(repeats))
+    full = min(run(prompts, num_new) for _ in range(repeats))
+    return first, max(full - first, 1e-9) / (num_new - 1)
+
+
+def add_model_arguments(parser, preset: str, device: str, dtype: str) -> None:
+    """``--preset`` (a random model of PRESETS' shapes), ``--device`` and ``--dtype``."""
+    parser.add_argument("--preset", default=preset, choices=sorted(PRESETS))
+    parser.add_argument("--device", default=device)
+    parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16", "float16"])

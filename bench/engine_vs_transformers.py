@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 from common import (
-    PRESETS,
+    add_model_arguments,
     gemv_reader,
+    measure,
     memory_bandwidth,
     reader_rows,
     sustained_bandwidth,
@@ -41,20 +42,11 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[float, float]:
-    """(prefill seconds, decode seconds per step): best-of-``repeats`` of 1-token and full runs."""
-    first = min(run(prompts, 1) for _ in range(repeats))
-    full = min(run(prompts, num_new) for _ in range(repeats))
-    return first, max(full - first, 1e-9) / (num_new - 1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="125m", choices=sorted(PRESETS))
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_model_arguments(parser, preset="125m", device="cpu", dtype="float32")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=64)

@@ -22,7 +22,16 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, full_vocab_bpe, now, time_brisk, time_hf
+from common import (
+    PRESETS,
+    add_model_arguments,
+    full_vocab_bpe,
+    gemv_reader,
+    measure,
+    sustained_bandwidth,
+    time_brisk,
+    time_hf,
+)
 
 
 def write_random_checkpoint(
@@ -84,32 +93,11 @@ def write_random_checkpoint(
     return step_bytes
 
 
-def gemv_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int = 4 << 30) -> float:
-    """Bytes/s of torch's gemv of one row over a (rows, 4096) weight of ``nbytes``."""
-    weight = torch.randn(nbytes // (4096 * dtype.itemsize), 4096, device=device, dtype=dtype)
-    x = torch.randn(1, 4096, device=device, dtype=dtype)
-    for _ in range(3):
-        torch.nn.functional.linear(x, weight)
-    start = now(device)
-    for _ in range(20):
-        torch.nn.functional.linear(x, weight)
-    return 20 * weight.numel() * weight.element_size() / (now(device) - start)
-
-
-def per_step(run, new_tokens: int, repeats: int, batch: int) -> float:
-    """Seconds per decode step of ``run(num_new, batch)``."""
-    first = min(run(1, batch) for _ in range(repeats))
-    full = min(run(1 + new_tokens, batch) for _ in range(repeats))
-    return (full - first) / new_tokens
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="llama3-8b", choices=sorted(PRESETS))
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    add_model_arguments(parser, preset="llama3-8b", device="cuda", dtype="bfloat16")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
@@ -124,7 +112,9 @@ def main() -> None:
         directory = Path(tmp)
         step_bytes = write_random_checkpoint(directory, args.preset, dtype, device)
         print(f"checkpoint written in {time.time() - started:.0f} s", flush=True)
-        bandwidth = gemv_bandwidth(device, dtype, min(4 << 30, step_bytes))
+        read, nbytes = gemv_reader(step_bytes, device, dtype)  # at most 4 GB
+        bandwidth = sustained_bandwidth(read, nbytes, 20, device)
+        del read
         roofline = bandwidth / step_bytes
         print(
             f"{args.preset}, {args.dtype} on {args.device}: {step_bytes / 1e9:.2f} GB read per "
@@ -149,11 +139,11 @@ def main() -> None:
         with torch.inference_mode():
             for batch in (1, 8):
                 time_hf(hf, prompt * batch, 4, device)  # warm-up
-                step_s = per_step(
-                    lambda n, b: time_hf(hf, prompt * b, n, device),
-                    args.new_tokens // 2,
+                _, step_s = measure(
+                    lambda p, n: time_hf(hf, p, n, device),
+                    prompt * batch,
+                    1 + args.new_tokens // 2,
                     args.repeats,
-                    batch,
                 )
                 print(
                     f"transformers, batch {batch}: {step_s * 1e3:.2f} ms/step, "
@@ -186,11 +176,11 @@ def brisklm_steps(directory: Path, args: argparse.Namespace, prompt: list[list[i
             for batch in (1, 8):
                 time_brisk(llm, prompt * batch, 4)  # warm-up (and graph capture)
                 time_brisk(llm, prompt * batch, 1 + args.new_tokens)
-                step_s = per_step(
-                    lambda n, b: time_brisk(llm, prompt * b, n),
-                    args.new_tokens,
+                _, step_s = measure(
+                    lambda p, n: time_brisk(llm, p, n),
+                    prompt * batch,
+                    1 + args.new_tokens,
                     args.repeats,
-                    batch,
                 )
                 results.append((mode, batch, step_s))
     finally:

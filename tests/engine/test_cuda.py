@@ -12,9 +12,14 @@ from tests.engine.test_generate import GREEDY, PROMPTS
 pytestmark = pytest.mark.gpu
 
 
-def cuda_llm(tiny_dir, **kwargs) -> LLM:
+def cuda_llm(tiny_dir, max_seq_len: int = 128, **kwargs) -> LLM:
     return LLM.from_pretrained(
-        tiny_dir, device="cuda", max_batch_size=4, max_seq_len=128, show_progress=False, **kwargs
+        tiny_dir,
+        device="cuda",
+        max_batch_size=4,
+        max_seq_len=max_seq_len,
+        show_progress=False,
+        **kwargs,
     )
 
 

@@ -13,6 +13,7 @@ import torch
 from brisklm import LLM, SamplingParams
 from brisklm.engine.decode_graphs import DecodeGraphs, graph_batch_sizes, key_buckets
 from brisklm.engine.llm_engine import EngineConfig
+from tests.engine.test_cuda import cuda_llm
 from tests.engine.test_generate import GREEDY, PROMPTS
 
 
@@ -89,18 +90,12 @@ def test_seeded_batches_and_prompts_do_not_take_the_static_pass(tiny_dir, llm):
         graphed.close()
 
 
-def cuda_llm(tiny_dir, **kwargs) -> LLM:
-    return LLM.from_pretrained(
-        tiny_dir, device="cuda", max_batch_size=4, max_seq_len=600, show_progress=False, **kwargs
-    )
-
-
 @pytest.mark.gpu
 def test_cuda_graphs_give_the_eager_tokens(tiny_dir):
     """Captured graphs replayed for every decode step (batches of 4, then of 3, 2 and 1 as
     requests finish; prompts crossing a key bucket) give the eager engine's tokens in float32."""
-    eager = cuda_llm(tiny_dir, dtype="float32", cuda_graphs=False)
-    graphed = cuda_llm(tiny_dir, dtype="float32")
+    eager = cuda_llm(tiny_dir, 600, dtype="float32", cuda_graphs=False)
+    graphed = cuda_llm(tiny_dir, 600, dtype="float32")
     try:
         assert eager.engine.runner.graphs is None
         graphs = graphed.engine.runner.graphs
@@ -148,8 +143,8 @@ def test_cuda_graphs_in_bfloat16_stay_near_eager_logits(tiny_dir):
 @pytest.mark.gpu
 def test_cuda_graphs_under_speculative_decoding(tiny_dir):
     """The draft's decode passes replay graphs too; greedy output stays the target's own."""
-    plain = cuda_llm(tiny_dir, dtype="float32", cuda_graphs=False)
-    speculative = cuda_llm(tiny_dir, dtype="float32", draft=str(tiny_dir))
+    plain = cuda_llm(tiny_dir, 600, dtype="float32", cuda_graphs=False)
+    speculative = cuda_llm(tiny_dir, 600, dtype="float32", draft=str(tiny_dir))
     try:
         expected = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
         assert [o.token_ids for o in speculative.generate(PROMPTS, GREEDY)] == expected

@@ -175,7 +175,6 @@ class DecodeGraphs:
         self.capture = capture
         self.batch_sizes = graph_batch_sizes(max_batch_size)
         self.key_buckets = key_buckets(max_seq_len)
-        self.max_batch_size = max_batch_size
         self._inputs = torch.zeros(3, max_batch_size, dtype=torch.int64, device=self.device)
         # Built now at full length, so no pass grows (reallocates) the table it reads; kept here
         # because a graph holds its tensors' addresses, not references to them.
@@ -187,15 +186,12 @@ class DecodeGraphs:
     def supported(model: LlamaForCausalLM, max_seq_len: int) -> bool:
         """Whether a model's decode pass has static shapes: not with dynamic NTK rope past the
         trained context, whose rotations depend on each pass's longest position."""
-        rope = model.config.rope
-        return not (
-            rope.rope_type == "dynamic" and max_seq_len > model.config.max_position_embeddings
-        )
+        return not model.rotary.rotates_by_length(max_seq_len)
 
     def takes(self, num_logits: list[int], query_lens: list[int], row_invariant: bool) -> bool:
         return (
             not row_invariant
-            and len(query_lens) <= self.max_batch_size
+            and len(query_lens) <= self.batch_sizes[-1]
             and all(n == 1 for n in query_lens)
             and all(n == 1 for n in num_logits)
         )

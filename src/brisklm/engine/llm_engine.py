@@ -156,8 +156,7 @@ class LLMEngine:
             )
         self.device = self.runner.device
         self.prefill_chunk_size = config.resolved_prefill_chunk_size(self.device)
-        rope = model.config.rope
-        if rope.rope_type == "dynamic" and self.max_seq_len > model.config.max_position_embeddings:
+        if model.rotary.rotates_by_length(self.max_seq_len):
             # Dynamic NTK scales a pass's rotations by its longest position: the keys of a prompt
             # fed in chunks would be rotated otherwise than in one pass (and than transformers).
             if self.prefill_chunk_size < self.max_seq_len:

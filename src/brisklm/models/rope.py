@@ -128,13 +128,18 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * scale, emb.sin() * scale
 
+    def rotates_by_length(self, longest: int) -> bool:
+        """Whether rows reaching ``longest`` positions are rotated by their own length (dynamic
+        NTK scaling past the trained context) instead of read from one table."""
+        return self.rope.rope_type == "dynamic" and longest > self.max_position_embeddings
+
     def tables(
         self, device: torch.device, dtype: torch.dtype, longest: int
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The (cos, sin) tables, (L, head_dim) indexed by position, that ``forward`` reads for
         rows up to ``longest`` positions; None where it computes per row instead (dynamic NTK
         scaling past the trained context)."""
-        if self.rope.rope_type == "dynamic" and longest > self.max_position_embeddings:
+        if self.rotates_by_length(longest):
             return None
         return self._table(device, dtype, longest)
 
@@ -147,7 +152,7 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (N, head_dim) for the packed positions (N,) of rows of ``query_lens``."""
         longest = max(row_max_positions) + 1
-        if self.rope.rope_type == "dynamic" and longest > self.max_position_embeddings:
+        if self.rotates_by_length(longest):
             return self._dynamic(positions, dtype, query_lens, row_max_positions)
         cos, sin = self._table(positions.device, dtype, longest)
         return cos[positions], sin[positions]
