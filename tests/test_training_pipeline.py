@@ -5,6 +5,7 @@ runs the same code on another device (its precision: tests/test_training_precisi
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -306,35 +307,47 @@ if [[ -n ${FAIL_ON:-} && "$* " == *"--out $FAIL_ON "* ]]; then exit 3; fi
 """
 
 
+class FakeBuild:
+    """A build script of training/ run with its python replaced by FAKE_PYTHON: OUT, ASSETS and
+    the log of commands under tmp_path (its own subdirectory per script)."""
+
+    def __init__(self, tmp_path: Path, script: str) -> None:
+        self.script = Path(__file__).resolve().parents[1] / "training" / script
+        base = tmp_path / script.removesuffix(".sh")
+        bin_dir = base / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "python").write_text(FAKE_PYTHON)
+        (bin_dir / "python").chmod(0o755)
+        self.out, self.assets, self.log = base / "out", base / "assets", base / "log"
+        self.env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "OUT": str(self.out),
+            "ASSETS": str(self.assets),
+            "LOG": str(self.log),
+        }
+
+    def __call__(self, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(self.script)], env={**self.env, **extra}, capture_output=True, text=True
+        )
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def built_dirs(self, lines: list[str]) -> list[str]:
+        """The --out directory of each logged command, relative to OUT."""
+        return [
+            Path(line.split("--out ")[1].split()[0]).relative_to(self.out).as_posix()
+            for line in lines
+        ]
+
+
 def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     """training/build_all.sh, its commands replaced by a stand-in: a failed step stops the chain;
     the next call skips the steps that finished, runs the rest (training with --resume) and only
     then fills ASSETS; a third call has nothing left to run."""
-    import subprocess
-
-    script = Path(__file__).resolve().parents[1] / "training" / "build_all.sh"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(FAKE_PYTHON)
-    (bin_dir / "python").chmod(0o755)
-    out, assets, log = tmp_path / "out", tmp_path / "assets", tmp_path / "log"
-    env = {
-        "PATH": f"{bin_dir}:/usr/bin:/bin",
-        "OUT": str(out),
-        "ASSETS": str(assets),
-        "LOG": str(log),
-    }
-
-    def build(**extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", str(script)], env={**env, **extra}, capture_output=True, text=True
-        )
-
-    def built_dirs(lines: list[str]) -> list[str]:
-        """The --out directory of each logged command, relative to OUT."""
-        return [
-            Path(line.split("--out ")[1].split()[0]).relative_to(out).as_posix() for line in lines
-        ]
+    build = FakeBuild(tmp_path, "build_all.sh")
+    out, assets, log, built_dirs = build.out, build.assets, build.log, build.built_dirs
 
     first = build(FAIL_ON=f"{out}/brisk-chat2")
     assert first.returncode == 3, first.stderr
@@ -476,6 +489,73 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     trained = [line for line in runs if "-m training.train " in line]
     assert len(runs) == 76 and len(trained) == 33
     assert all("--no-compile" in line for line in trained)
+
+
+def generator_flags(line: str) -> set[str]:
+    """A logged generate_data command's flags and values, less its output, seed and sizes."""
+    words = line.split()[2:]
+    dropped = {"--out", "--seed", "--num-train", "--num-easy", "--num-eval"}
+    return {
+        f"{a} {b}" if not b.startswith("--") else a
+        for a, b in zip(words, [*words[1:], "--"])
+        if a.startswith("--") and a not in dropped
+    }
+
+
+def test_build_fast_trains_once_on_the_chains_last_styles_and_resumes(tmp_path: Path) -> None:
+    """training/build_fast.sh (the 90-minute build, not the shipped models), its commands replaced
+    by a stand-in: data, tokenizer, the seed, one target run grown from it, two short runs from
+    that on two more sets, their mean, the draft; its sets are written with every flag of
+    build_all.sh's last set; a failed step stops it and the next call goes on from there."""
+    build = FakeBuild(tmp_path, "build_fast.sh")
+    out = build.out
+    first = build(FAIL_ON=f"{out}/target2")
+    assert first.returncode == 3, first.stderr
+    ran = build.lines()
+    assert build.built_dirs(ran) == [
+        *("data", "mix", "mix2", "mix3", "tokenizer", "seed1", "seed2", "seed"),
+        *("target", "target2"),
+    ]
+    assert not build.assets.exists()
+    second = build()
+    assert second.returncode == 0, second.stderr
+    again = build.lines()[len(ran) :]
+    assert build.built_dirs(again) == ["target2", "target3", "brisk-chat/model", "brisk-draft"]
+    assert second.stdout.count("was built by an earlier run, skipped") == 9
+    for name in ("brisk-chat", "brisk-draft"):
+        assert (build.assets / name / "model.safetensors").read_text() == "weights\n"
+    trained = [line for line in ran + again if "-m training.train " in line]
+    # seed1, seed2, seed, target, target2 twice (cut, then resumed), target3, the draft
+    assert len(trained) == 8 and all("--resume" in line for line in trained)
+
+    def model(name: str) -> str:
+        return f"{out}/{name}/model"
+
+    target, target2, target3 = ran[8], again[0], again[1]
+    assert f"--grow-from {model('seed')} " in target and f"--data {out}/mix " in target
+    assert f"--init {model('target')} " in target2 and f"--data {out}/mix2 " in target2
+    assert f"--init {model('target')} " in target3 and f"--data {out}/mix3 " in target3
+    assert again[2].split(f"--out {model('brisk-chat')} ")[1].split() == [
+        model("target"),
+        model("target2"),
+        model("target3"),
+    ]
+    assert f"--data {out}/data " in again[3] and "--preset draft" in again[3]
+
+    # The three sets of the target carry every request style of build_all.sh's last set, data26.
+    chain = FakeBuild(tmp_path, "build_all.sh")
+    assert chain(FAIL_ON=f"{chain.out}/tokenizer").returncode == 3
+    last_set = generator_flags(chain.lines()[25])
+    assert f"--out {chain.out}/data26 " in chain.lines()[25]
+    assert {"--native-names 0.04", "--reader-tools 0.15", "--more-phrasings"} <= last_set
+    for line in ran[1:4]:
+        assert generator_flags(line) == last_set
+    assert generator_flags(ran[0]) == generator_flags(chain.lines()[0])  # the canonical first set
+
+    # Not told where, it leaves the shipped models alone: the models go to OUT/assets.
+    other = tmp_path / "other"
+    assert build(OUT=str(other), ASSETS="").returncode == 0
+    assert (other / "assets" / "brisk-chat" / "model.safetensors").read_text() == "weights\n"
 
 
 def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(

@@ -29,21 +29,9 @@ ASSETS=${ASSETS:-src/brisklm/assets}
 start=$(date +%s)
 common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
         --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}" --resume)
-if [[ ${EAGER:-0} == 1 ]]; then
-    common+=(--no-compile)
-fi
-
-# step DIR COMMAND...: run COMMAND unless DIR holds an earlier finished run's mark; then mark it.
-step() {
-    local dir=$1
-    shift
-    if [[ -e "$dir/.built" ]]; then
-        echo "build_all: $dir was built by an earlier run, skipped"
-        return
-    fi
-    "$@"
-    touch "$dir/.built"
-}
+BUILD=build_all
+# shellcheck source=training/steps.sh
+source training/steps.sh
 
 step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
     --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
@@ -272,10 +260,4 @@ step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
     --out "$OUT/brisk-draft" --steps 2000 --drill-steps 500 --easy-steps 300 --drill-frac 0.1 \
     --lr 3e-3 --warmup 50
 
-for name in brisk-chat brisk-draft; do
-    rm -rf "${ASSETS:?}/$name"
-    mkdir -p "$ASSETS/$name"
-    cp "$OUT/$name/model/"* "$ASSETS/$name/"
-done
-echo "build_all: done in $(( ($(date +%s) - start) / 60 )) min;" \
-    "models in $ASSETS/brisk-chat and $ASSETS/brisk-draft"
+install_models
