@@ -27,8 +27,6 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-training/out}
 ASSETS=${ASSETS:-src/brisklm/assets}
 start=$(date +%s)
-common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
-        --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}" --resume)
 BUILD=build_all
 # shellcheck source=training/steps.sh
 source training/steps.sh
@@ -83,15 +81,8 @@ done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
 
-# 1. The seed: the target's width in two layers, on copy drills only, until it copies from the
-#    context (an induction circuit forms around drill step 1900; eight layers from scratch had not
-#    formed one after 800). Three runs: the first run's schedule decayed before the circuit formed.
-step "$OUT/seed1" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed1" \
-    --steps 700 --drill-frac 1.0 --lr 3e-3 --warmup 30
-step "$OUT/seed2" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed2" \
-    --init "$OUT/seed1/model" --steps 800 --drill-frac 1.0 --lr 2e-3 --warmup 20
-step "$OUT/seed" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" \
-    --init "$OUT/seed2/model" --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 --min-lr-ratio 0.5
+# 1. The seed (make_seed in steps.sh).
+make_seed
 
 # 2. The target, with Muon for its weight matrices (training/muon.py): the seed's two layers plus
 #    six new ones (output projections zeroed), easy samples first, then the full mix, with copy
@@ -255,9 +246,7 @@ step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" 
     "$OUT/brisk-chat-x3/model" "$OUT/brisk-chat-x3/model" "$OUT/brisk-chat-x3/model" \
     "$OUT/brisk-chat29/model"
 
-# 3. The draft (two narrow layers): copy drills first, then easy samples, then the full mix.
-step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
-    --out "$OUT/brisk-draft" --steps 2000 --drill-steps 500 --easy-steps 300 --drill-frac 0.1 \
-    --lr 3e-3 --warmup 50
+# 3. The draft (make_draft in steps.sh).
+make_draft
 
 install_models

@@ -20,8 +20,6 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-training/out-fast}
 ASSETS=${ASSETS:-$OUT/assets}
 start=$(date +%s)
-common=(--tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384 --long-seq-len 896
-        --threads 2 --device "${DEVICE:-auto}" --resume)
 BUILD=build_fast
 # shellcheck source=training/steps.sh
 source training/steps.sh
@@ -47,15 +45,8 @@ done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096
 
-# 1. The seed, as build_all.sh makes it: the target's width in two layers on copy drills until an
-#    induction circuit forms (~1,900 drill steps; ~8 minutes here).
-step "$OUT/seed1" python -m training.train --preset seed "${common[@]}" --data "$OUT/data" \
-    --out "$OUT/seed1" --steps 700 --drill-frac 1.0 --lr 3e-3 --warmup 30
-step "$OUT/seed2" python -m training.train --preset seed "${common[@]}" --data "$OUT/data" \
-    --out "$OUT/seed2" --init "$OUT/seed1/model" --steps 800 --drill-frac 1.0 --lr 2e-3 --warmup 20
-step "$OUT/seed" python -m training.train --preset seed "${common[@]}" --data "$OUT/data" \
-    --out "$OUT/seed" --init "$OUT/seed2/model" --steps 1000 --drill-frac 1.0 --lr 2e-3 \
-    --warmup 20 --min-lr-ratio 0.5
+# 1. The seed, as build_all.sh makes it (make_seed in steps.sh).
+make_seed
 
 # 2. The target, with Muon: grown from the seed, 600 steps on easy samples, then the mixed set,
 #    20% drill steps of three kinds throughout.
@@ -73,10 +64,7 @@ done
 step "$OUT/brisk-chat" python -m training.average --out "$OUT/brisk-chat/model" \
     "$OUT/target/model" "$OUT/target2/model" "$OUT/target3/model"
 
-# 3. The draft, as build_all.sh makes it (two narrow layers): copy drills first, then easy
-#    samples, then the full mix.
-step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" --data "$OUT/data" \
-    --out "$OUT/brisk-draft" --steps 2000 --drill-steps 500 --easy-steps 300 --drill-frac 0.1 \
-    --lr 3e-3 --warmup 50
+# 3. The draft, as build_all.sh makes it (make_draft in steps.sh).
+make_draft
 
 install_models

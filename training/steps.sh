@@ -1,5 +1,8 @@
 # Sourced by build_all.sh and build_fast.sh after they set BUILD (the script's name in messages),
-# start (its start time in seconds) and common (every training run's flags).
+# start (its start time in seconds), OUT and ASSETS.
+# common: every training run's flags (the first set's --data, which a run may follow with its own).
+common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
+        --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}" --resume)
 # EAGER=1: every training run without torch.compile.
 if [[ ${EAGER:-0} == 1 ]]; then
     common+=(--no-compile)
@@ -29,4 +32,26 @@ install_models() {
     done
     echo "$BUILD: done in $(( ($(date +%s) - start) / 60 )) min;" \
         "models in $ASSETS/brisk-chat and $ASSETS/brisk-draft"
+}
+
+# make_seed: the seed, OUT/seed: the target's width in two layers, on copy drills only, until it
+# copies from the context (an induction circuit forms around drill step 1900; eight layers from
+# scratch had not formed one after 800). Three runs: the first run's schedule decayed before the
+# circuit formed.
+make_seed() {
+    step "$OUT/seed1" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed1" \
+        --steps 700 --drill-frac 1.0 --lr 3e-3 --warmup 30
+    step "$OUT/seed2" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed2" \
+        --init "$OUT/seed1/model" --steps 800 --drill-frac 1.0 --lr 2e-3 --warmup 20
+    step "$OUT/seed" python -m training.train --preset seed "${common[@]}" --out "$OUT/seed" \
+        --init "$OUT/seed2/model" --steps 1000 --drill-frac 1.0 --lr 2e-3 --warmup 20 \
+        --min-lr-ratio 0.5
+}
+
+# make_draft: the draft, OUT/brisk-draft (two narrow layers): copy drills first, then easy samples,
+# then the full mix of the first set.
+make_draft() {
+    step "$OUT/brisk-draft" python -m training.train --preset draft "${common[@]}" \
+        --out "$OUT/brisk-draft" --steps 2000 --drill-steps 500 --easy-steps 300 --drill-frac 0.1 \
+        --lr 3e-3 --warmup 50
 }
