@@ -52,6 +52,33 @@ def test_muon_step_matches_the_written_out_update() -> None:
     assert not torch.equal(w.detach(), w0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_stacked_muon_takes_the_steps_of_one_matrix_at_a_time(dtype: torch.dtype) -> None:
+    """The GPU path (matrices of one shape orthogonalised as one batch) moves every matrix as the
+    one-at-a-time path does, tall, wide and square ones, over steps that build momentum."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(16, 16), (40, 16), (16, 16), (16, 40), (40, 16), (16, 16)]
+    start = [torch.randn(*s, generator=gen) for s in shapes]
+    grads = [[torch.randn(*s, generator=gen) for s in shapes] for _ in range(3)]
+    ends = []
+    for stacked in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = Muon(params, lr=0.05, weight_decay=0.1, ns_dtype=dtype, stacked=stacked)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        ends.append([p.detach() for p in params])
+    for one, stack, w in zip(*ends, start, strict=True):
+        assert not torch.equal(one, w)
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        assert torch.allclose(one, stack, atol=tol, rtol=0), (one - stack).abs().max()
+    orth = orthogonalize(torch.stack([grads[0][0], grads[0][2]]), dtype=dtype)
+    for j, i in enumerate((0, 2)):
+        single = orthogonalize(grads[0][i], dtype=dtype)
+        assert torch.allclose(orth[j].float(), single.float(), atol=tol, rtol=0)
+
+
 def test_muon_rejects_non_matrices() -> None:
     with pytest.raises(ValueError, match="2-D matrices only"):
         Muon([torch.nn.Parameter(torch.zeros(5))], lr=0.1)

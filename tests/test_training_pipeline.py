@@ -290,6 +290,113 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
         assert summaries[0][key] == summaries[1][key], key
 
 
+def test_sets_packed_apart_train_together(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """--pack-only packs a second set into the file a run reads, and exits; a run given both sets
+    trains on the rows of both, with easy.jsonl and eval.json from the first."""
+    threads = torch.get_num_threads()
+    second = tmp_path / "second"
+    run_main(
+        monkeypatch,
+        generate_data.main,
+        *("--out", str(second), "--seed", "6", "--num-train", "200", "--num-easy", "0"),
+        *("--num-eval", "0", "--request-order"),
+    )
+    common = (
+        *("--preset", "draft", "--tokenizer", str(root / "tokenizer"), "--steps", "2"),
+        *("--warmup", "1", "--batch-tokens", "1024", "--no-compile", "--device", "cpu"),
+        *("--threads", str(threads)),
+    )
+    run_main(
+        monkeypatch,
+        train.main,
+        *common,
+        *("--data", str(second), "--out", str(tmp_path / "p"), "--pack-only"),
+    )
+    assert "[draft] packed" in capsys.readouterr().out
+    assert not (tmp_path / "p").exists()  # packing alone writes no run
+    packed_files = list(second.glob("train.packed-*.pt"))
+    assert len(packed_files) == 1
+    run_main(
+        monkeypatch,
+        train.main,
+        *common,
+        *("--data", str(root / "data"), str(second), "--out", str(tmp_path / "both")),
+    )
+    torch.set_num_threads(threads)
+    log = capsys.readouterr().out
+    assert "[draft] 500 samples" in log  # the fixture's 300 and these 200
+    assert list(second.glob("train.packed-*.pt")) == packed_files  # read, not packed again
+    one = train.load_packed_buckets(
+        root / "data" / "train.jsonl", root / "tokenizer", 0.5, 384, 896, 0
+    )
+    two = train.load_packed_buckets(second / "train.jsonl", root / "tokenizer", 0.5, 384, 896, 0)
+    short, long, dropped, count = train.join_packed([one, two])
+    assert count == 500 and dropped == one[2] + two[2]
+    assert torch.equal(short.ids, torch.cat([one[0].ids, two[0].ids]))
+    rows = sum(len(p) for p in (one[1], two[1]) if p is not None)
+    assert (len(long) if long is not None else 0) == rows
+    assert json.loads((tmp_path / "both" / "train_summary.json").read_text())["steps"] == 2
+
+
+def test_steps_in_budget_lowers_the_steps_to_what_the_measured_rate_fits() -> None:
+    # 40 steps done in 10 s, 0.2 s a step from here: 60 more fit in a 22 s budget.
+    assert train.steps_in_budget(500, 40, 0.2, 10.0, 22.0) == 100
+    assert train.steps_in_budget(80, 40, 0.2, 10.0, 22.0) == 80  # never more than asked for
+    assert train.steps_in_budget(500, 40, 0.2, 30.0, 22.0) == 40  # over budget: stop now
+
+
+def test_a_run_with_a_time_budget_ends_its_schedule_where_the_budget_does(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    threads = torch.get_num_threads()
+    run_main(
+        monkeypatch,
+        train.main,
+        *("--preset", "draft", "--data", str(root / "data"), "--tokenizer"),
+        *(str(root / "tokenizer"), "--out", str(tmp_path / "run"), "--steps", "5000"),
+        *("--warmup", "1", "--batch-tokens", "512", "--no-compile", "--device", "cpu"),
+        *("--threads", str(threads), "--max-minutes", "0.001", "--log-every", "1000"),
+    )
+    torch.set_num_threads(threads)
+    # 0.06 s cannot hold more than the 40 steps that measure the rate.
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["steps"] == 40
+    assert "so 40 steps instead of 5000" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run_main(monkeypatch, train.main, "--preset", "draft", "--out", "x", "--max-minutes", "0")
+
+
+def test_a_time_budget_is_checked_again_every_100_steps(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another job on the device can slow a run after its first check: the budget is checked at
+    step 40 and every 100 steps after, at the rate since the last check; here the third check
+    ends the run."""
+    checks = []
+
+    def budget(steps: int, done: int, per_step: float, elapsed: float, limit: float) -> int:
+        checks.append((steps, done))
+        assert per_step > 0 and elapsed > 0 and limit == 600.0
+        return 245 if done == 240 else steps
+
+    monkeypatch.setattr(train, "steps_in_budget", budget)
+    threads = torch.get_num_threads()
+    run_main(
+        monkeypatch,
+        train.main,
+        *("--preset", "draft", "--data", str(root / "data"), "--tokenizer"),
+        *(str(root / "tokenizer"), "--out", str(tmp_path / "run"), "--steps", "400"),
+        *("--warmup", "1", "--batch-tokens", "256", "--no-compile", "--device", "cpu"),
+        *("--threads", str(threads), "--max-minutes", "10", "--log-every", "1000"),
+        *("--drill-frac", "1.0", "--seq-len", "64"),
+    )
+    torch.set_num_threads(threads)
+    assert checks == [(400, 40), (400, 140), (400, 240)]
+    assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["steps"] == 245
+
+
 FAKE_PYTHON = """#!/usr/bin/env bash
 # Stands in for python in build_all.sh: logs the command, writes a model where --out points.
 echo "$*" >> "$LOG"
@@ -556,6 +663,66 @@ def test_build_fast_trains_once_on_the_chains_last_styles_and_resumes(tmp_path: 
     other = tmp_path / "other"
     assert build(OUT=str(other), ASSETS="").returncode == 0
     assert (other / "assets" / "brisk-chat" / "model.safetensors").read_text() == "weights\n"
+
+
+def test_build_gpu_packs_its_sets_beside_the_seed_and_trains_the_target_beside_the_draft(
+    tmp_path: Path,
+) -> None:
+    """training/build_gpu.sh (session 46's GPU recipe, not the shipped weights), its commands
+    replaced by a stand-in: six sets written with the chain's last styles and packed with the target's own
+    packing flags while the seed trains; a set that failed stops the build after the seed, and the
+    next call writes it and goes on: the target grown from the seed on all six sets, the draft."""
+    build = FakeBuild(tmp_path, "build_gpu.sh")
+    out = build.out
+    first = build(FAIL_ON=f"{out}/s3")
+    assert first.returncode == 3, first.stderr
+    ran = build.lines()
+    assert build.built_dirs(ran[:2]) == ["data", "tokenizer"]
+    made = build.built_dirs(ran[2:])
+    assert made.count("s3") == 1 and "brisk-chat" in made  # the other sets were packed
+    assert [d for d in made if d.startswith("seed")] == ["seed1", "seed2", "seed"]
+    assert not (out / "s3" / ".built").exists() and not build.assets.exists()
+    second = build()
+    assert second.returncode == 0, second.stderr
+    again = build.lines()[len(ran) :]
+    trains = [line for line in again if "-m training.train " in line]
+    packs = [line for line in trains if "--pack-only" in line]
+    assert sorted(line.split("--data ")[-1].split()[0] for line in packs) == [
+        f"{out}/s{i}" for i in range(6)
+    ]
+    assert sum("--easy-steps 1 " in line for line in packs) == 1  # s0's easy samples too
+    assert second.stdout.count("was built by an earlier run, skipped") == 10
+    target = next(line for line in trains if "--grow-from" in line)
+    draft = next(line for line in trains if "--preset draft" in line)
+    assert f"--grow-from {out}/seed/model " in target
+    assert target.split("--data ")[-1].split(" --out")[0].split() == [
+        f"{out}/s{i}" for i in range(6)
+    ]
+    for flags in ("--batch-tokens 61440 ", "--steps 1917 ", "--lr 5e-3 ", "--optimizer muon"):
+        assert flags in target, flags
+    assert f"--data {out}/data " in draft and "--data" not in draft.split(f"{out}/data ")[1]
+    for line in trains + [line for line in ran if "-m training.train " in line]:
+        assert "--device cuda " in line and "--no-compile" in line and "--resume" in line
+
+    def packing(line: str) -> list[str]:
+        """What a packed file's name depends on, besides the data and tokenizer."""
+        words = line.split()
+        keys = ("--seq-len", "--long-seq-len", "--seed", "--prompt-loss-weight")
+        kept = [f"{a} {b}" for a, b in zip(words, words[1:]) if a in keys]
+        return kept + [w for w in words if w in ("--fill-long-rows", "--name-loss-weight")]
+
+    assert all(packing(line) == packing(target) for line in packs)
+    assert "--fill-long-rows" in packing(target)
+    for name in ("brisk-chat", "brisk-draft"):
+        assert (build.assets / name / "model.safetensors").read_text() == "weights\n"
+    # The sets carry every request style of build_all.sh's last set, data26.
+    chain = FakeBuild(tmp_path, "build_all.sh")
+    assert chain(FAIL_ON=f"{chain.out}/tokenizer").returncode == 3
+    last_set = generator_flags(chain.lines()[25])
+    writes = [line for line in ran + again if "-m training.generate_data " in line]
+    assert len(writes) == 1 + 6 + 1  # the first set, six sets, s3 again
+    assert all(generator_flags(line) == last_set for line in writes[1:])
+    assert generator_flags(writes[0]) == generator_flags(chain.lines()[0])
 
 
 def test_growing_a_trained_model_deeper_gives_its_new_layers_their_own_rate(

@@ -28,19 +28,13 @@ source training/steps.sh
 # set, its train.jsonl trains the tokenizer and the draft, its easy.jsonl nothing here).
 step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
     --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
-# The target's sets: every request style of build_all.sh's last sets (more phrasings, 60% tool
-# samples, 3-5 tools, open verbs, Cyrillic/Greek values, free-text arguments, docstrings, unit
-# conversions, topic questions, reading tools, conversion distractors, CJK names).
-styles=(--more-phrasings --request-order --tool-share 0.6 --many-tools --open-verbs 0.5
-        --other-scripts 0.1 --free-text-args --free-text-share 0.4 --docstrings 0.4
-        --conversions 0.12 --topic-questions 1.0 --reader-tools 0.15
-        --conversion-distractors 0.25 --native-names 0.04)
+# The target's sets: every request style of build_all.sh's last sets (last_styles in steps.sh).
 step "$OUT/mix" python -m training.generate_data --out "$OUT/mix" --seed 4545 \
-    --num-train 150000 --num-easy 60000 --num-eval 200 "${styles[@]}"
+    --num-train 150000 --num-easy 60000 --num-eval 200 "${last_styles[@]}"
 for spec in "mix2 5656" "mix3 6767"; do
     read -r name seed <<< "$spec"
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
-        --num-train 60000 --num-eval 200 "${styles[@]}"
+        --num-train 60000 --num-eval 200 "${last_styles[@]}"
 done
 step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
     --out "$OUT/tokenizer" --vocab-size 4096

@@ -27,17 +27,18 @@ def orthogonalize(
     g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16
 ) -> torch.Tensor:
     """An approximately semi-orthogonal matrix with ``g``'s singular vectors, computed in ``dtype``
-    (bfloat16 where the CPU multiplies it natively; float32 elsewhere, see ``train.py --precision``)."""
+    (bfloat16 where the CPU multiplies it natively; float32 elsewhere, see ``train.py --precision``).
+    ``g`` may be a stack of matrices of one shape: each is orthogonalised on its own."""
     a, b, c = NS_COEFFS
     x = g.to(dtype)
-    tall = x.shape[0] > x.shape[1]
+    tall = x.shape[-2] > x.shape[-1]
     if tall:
-        x = x.T
-    x = x / (x.norm() + 1e-7)
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
+    return x.mT if tall else x
 
 
 class Muon(torch.optim.Optimizer):
@@ -51,11 +52,13 @@ class Muon(torch.optim.Optimizer):
         momentum: float = 0.95,
         ns_steps: int = 5,
         ns_dtype: torch.dtype = torch.bfloat16,
+        stacked: bool = False,
     ) -> None:
         super().__init__(
             params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps)
         )
         self.ns_dtype = ns_dtype
+        self.stacked = stacked
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -63,16 +66,30 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
-        # One matrix at a time: stacking the matrices of one shape into batched matmuls measured
-        # 1.5x slower on CPU (bfloat16 bmm).
         for group in self.param_groups:
             beta = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            updates = []
+            for p in params:
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
                 buf.lerp_(p.grad, 1 - beta)
-                update = orthogonalize(p.grad.lerp(buf, beta), group["ns_steps"], self.ns_dtype)
+                updates.append(p.grad.lerp(buf, beta))
+            if self.stacked:
+                # On a GPU a step is bound by kernel launches: the matrices of one shape (a layer's
+                # q, k, v and o; every layer's gate and up; every down) go through Newton-Schulz as
+                # one batch. On a CPU stacked bfloat16 matmuls measured 1.5x slower: one at a time.
+                by_shape: dict[torch.Size, list[int]] = {}
+                for i, u in enumerate(updates):
+                    by_shape.setdefault(u.shape, []).append(i)
+                for idx in by_shape.values():
+                    stack = orthogonalize(
+                        torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype
+                    )
+                    for j, i in enumerate(idx):
+                        updates[i] = stack[j]
+            else:
+                updates = [orthogonalize(u, group["ns_steps"], self.ns_dtype) for u in updates]
+            for p, update in zip(params, updates, strict=True):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update.to(p.dtype), alpha=-group["lr"] * 0.2 * max(p.shape) ** 0.5)
 

@@ -1,8 +1,16 @@
-# Sourced by build_all.sh and build_fast.sh after they set BUILD (the script's name in messages),
-# start (its start time in seconds), OUT and ASSETS.
+# Sourced by build_all.sh, build_fast.sh and build_gpu.sh after they set BUILD (the script's name
+# in messages), start (its start time in seconds), OUT and ASSETS.
 # common: every training run's flags (the first set's --data, which a run may follow with its own).
 common=(--data "$OUT/data" --tokenizer "$OUT/tokenizer" --batch-tokens 3840 --seq-len 384
         --long-seq-len 896 --threads 2 --device "${DEVICE:-auto}" --resume)
+# last_styles: the generator flags of build_all.sh's last sets (more phrasings, 60% tool samples,
+# 3-5 tools, open verbs, Cyrillic/Greek values, free-text arguments, docstrings, unit conversions,
+# topic questions, reading tools, conversion distractors, CJK names): every request style the chain
+# added run by run. build_fast.sh and build_gpu.sh write their targets' sets with them.
+last_styles=(--more-phrasings --request-order --tool-share 0.6 --many-tools --open-verbs 0.5
+             --other-scripts 0.1 --free-text-args --free-text-share 0.4 --docstrings 0.4
+             --conversions 0.12 --topic-questions 1.0 --reader-tools 0.15
+             --conversion-distractors 0.25 --native-names 0.04)
 # EAGER=1: every training run without torch.compile.
 if [[ ${EAGER:-0} == 1 ]]; then
     common+=(--no-compile)

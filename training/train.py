@@ -600,6 +600,43 @@ def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: 
     return loss_fn
 
 
+def join_packed(
+    sets: list[tuple[Packed, Packed | None, int, int]],
+) -> tuple[Packed, Packed | None, int, int]:
+    """One training set from several packed ones: their short rows, their long rows, the samples
+    dropped and the samples in all."""
+
+    def cat(parts: list[Packed | None]) -> Packed | None:
+        kept = [p for p in parts if p is not None]
+        if not kept:
+            return None
+        if len(kept) == 1:
+            return kept[0]
+        return Packed(
+            *(torch.cat(ts) for ts in zip(*((p.ids, p.weights, p.pos, p.doc) for p in kept)))
+        )
+
+    short = cat([s[0] for s in sets])
+    assert short is not None  # every set has short rows (load_packed_buckets)
+    return short, cat([s[1] for s in sets]), sum(s[2] for s in sets), sum(s[3] for s in sets)
+
+
+def steps_in_budget(
+    steps: int, done: int, seconds_per_step: float, elapsed: float, budget: float
+) -> int:
+    """``--max-minutes``: the step count that fits ``budget`` seconds of training, ``elapsed`` of
+    them spent on the ``done`` steps so far, the rest at ``seconds_per_step`` (at least ``done``,
+    at most ``steps``); printed when it is lower than ``steps``."""
+    fits = max(done, min(steps, done + int((budget - elapsed) / seconds_per_step)))
+    if fits < steps:
+        print(
+            f"--max-minutes {budget / 60:g}: {seconds_per_step * 1000:.0f} ms a step, so {fits} "
+            f"steps instead of {steps} (the schedule now ends there)",
+            flush=True,
+        )
+    return fits
+
+
 CPU = torch.device("cpu")
 
 
@@ -680,7 +717,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
-    ap.add_argument("--data", type=Path, default=Path("training/out/data"))
+    ap.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        default=[Path("training/out/data")],
+        help="generated set(s): each one's train.jsonl is packed on its own (and cached) and all "
+        "train together; easy.jsonl and eval.json come from the first",
+    )
     ap.add_argument("--tokenizer", type=Path, default=Path("training/out/tokenizer"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seq-len", type=int, default=384, help="row length for short samples")
@@ -694,6 +738,21 @@ def main() -> None:
         "--batch-tokens", type=int, default=7680, help="tokens per batch (both row kinds)"
     )
     ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="a time budget for the training steps (a resumed run's earlier steps count): after 40 "
+        "steps, and every 100 steps after that, the run lowers --steps (its schedule then ends "
+        "there) to what fits at the rate of the steps since the last check",
+    )
+    ap.add_argument(
+        "--pack-only",
+        action="store_true",
+        help="encode and pack --data's train.jsonl (and with --easy-steps the first set's "
+        "easy.jsonl) into the files later runs read, and exit; sets can be packed in parallel "
+        "this way, one process each",
+    )
     ap.add_argument(
         "--easy-steps",
         type=int,
@@ -793,6 +852,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.layers is not None and args.layers < 1:
         ap.error(f"--layers {args.layers}: at least 1")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        ap.error(f"--max-minutes {args.max_minutes}: must be positive")
     if args.new_layer_lr_mult != 1.0 and (args.grow_from is None or args.optimizer != "muon"):
         ap.error("--new-layer-lr-mult needs --grow-from and --optimizer muon")
     try:
@@ -804,20 +865,23 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
-    short, long, dropped, num_samples = load_packed_buckets(
-        args.data / "train.jsonl",
-        args.tokenizer,
-        args.prompt_loss_weight,
-        args.seq_len,
-        args.long_seq_len,
-        args.seed,
-        args.name_loss_weight,
-        args.fill_long_rows,
-    )
+    packed_sets = [
+        load_packed_buckets(
+            data / "train.jsonl",
+            args.tokenizer,
+            args.prompt_loss_weight,
+            args.seq_len,
+            args.long_seq_len,
+            args.seed,
+            args.name_loss_weight,
+            args.fill_long_rows,
+        )
+        for data in args.data
+    ]
     easy: list[Packed] = []
     if args.easy_steps:
         e1, e2, _, _ = load_packed_buckets(
-            args.data / "easy.jsonl",
+            args.data[0] / "easy.jsonl",
             args.tokenizer,
             args.prompt_loss_weight,
             args.seq_len,
@@ -831,7 +895,12 @@ def main() -> None:
             f"{' + '.join(f'{len(p)} rows of {p.ids.shape[1]}' for p in easy)}",
             flush=True,
         )
-    eval_samples = json.load(open(args.data / "eval.json", encoding="utf-8"))["ppl"]
+    if args.pack_only:
+        print(f"[{args.preset}] packed {', '.join(map(str, args.data))} in {time.time() - t0:.0f}s")
+        return
+    short, long, dropped, num_samples = join_packed(packed_sets)
+    del packed_sets
+    eval_samples = json.load(open(args.data[0] / "eval.json", encoding="utf-8"))["ppl"]
     e_short, e_long, _ = pack_buckets(
         encode_samples(eval_samples, args.tokenizer), args.seq_len, args.long_seq_len, 0
     )
@@ -916,7 +985,15 @@ def main() -> None:
     )
     opt = Optimizers(
         *(
-            [Muon(muon_groups, lr=args.lr, weight_decay=args.weight_decay, ns_dtype=compute_dtype)]
+            [
+                Muon(
+                    muon_groups,
+                    lr=args.lr,
+                    weight_decay=args.weight_decay,
+                    ns_dtype=compute_dtype,
+                    stacked=device.type == "cuda",
+                )
+            ]
             if hidden
             else []
         ),
@@ -984,7 +1061,10 @@ def main() -> None:
     ema = resumed.get("ema")
     del resumed
     steps_done = start_step
+    t_mark, mark = t_train, start_step
     for step in range(start_step, args.steps):
+        if step >= args.steps:  # --max-minutes lowered it
+            break
         b = plan[step]
         if drill_plan[step]:
             packed, n_rows = (
@@ -1015,6 +1095,21 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         tokens_seen += batch[0].numel()
         steps_done = step + 1
+        # --max-minutes: after step 40 at the rate of steps 11-40 (the first ones warm caches and
+        # kernels up), then every 100 steps at the rate of the last 100 (other work on the device
+        # can start or stop meanwhile).
+        if args.max_minutes is not None and steps_done == start_step + 10:
+            t_mark, mark = time.time(), steps_done
+        elif args.max_minutes is not None and (steps_done - start_step) % 100 == 40:
+            now = time.time()
+            args.steps = steps_in_budget(
+                args.steps,
+                steps_done,
+                (now - t_mark) / (steps_done - mark),
+                elapsed_before + now - t_train,
+                args.max_minutes * 60,
+            )
+            t_mark, mark = now, steps_done
         ce_value = ce.item()
         ema = ce_value if ema is None else 0.95 * ema + 0.05 * ce_value
         if (step + 1) % args.log_every == 0 or step == start_step:
