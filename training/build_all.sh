@@ -31,8 +31,7 @@ BUILD=build_all
 # shellcheck source=training/steps.sh
 source training/steps.sh
 
-step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
-    --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
+make_first_set
 # The second training set: other seed, plus the request styles of --more-phrasings (call notation,
 # single quotes, "Use the tool.", schema bounds, ...). Its eval.json only feeds the training log;
 # training/evaluate.py scores on data/eval.json.
@@ -78,8 +77,7 @@ for spec in "data5 6790" "data6 7391" "data7 8513" "data8 9631" "data9 2741" "da
         ${readers:+--reader-tools "$readers"} \
         ${distract:+--conversion-distractors 0.25 --native-names 0.04}
 done
-step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
-    --out "$OUT/tokenizer" --vocab-size 4096
+make_tokenizer
 
 # 1. The seed (make_seed in steps.sh).
 make_seed

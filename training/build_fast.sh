@@ -24,10 +24,8 @@ BUILD=build_fast
 # shellcheck source=training/steps.sh
 source training/steps.sh
 
-# The first set is build_all.sh's (same seed and flags: its eval.json is the canonical held-out
-# set, its train.jsonl trains the tokenizer and the draft, its easy.jsonl nothing here).
-step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
-    --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
+# The canonical first set, as build_all.sh writes it (make_first_set in steps.sh).
+make_first_set
 # The target's sets: every request style of build_all.sh's last sets (last_styles in steps.sh).
 step "$OUT/mix" python -m training.generate_data --out "$OUT/mix" --seed 4545 \
     --num-train 150000 --num-easy 60000 --num-eval 200 "${last_styles[@]}"
@@ -36,8 +34,7 @@ for spec in "mix2 5656" "mix3 6767"; do
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
         --num-train 60000 --num-eval 200 "${last_styles[@]}"
 done
-step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
-    --out "$OUT/tokenizer" --vocab-size 4096
+make_tokenizer
 
 # 1. The seed, as build_all.sh makes it (make_seed in steps.sh).
 make_seed

@@ -32,12 +32,9 @@ BUILD=build_gpu
 # shellcheck source=training/steps.sh
 source training/steps.sh
 
-# The first set is build_all.sh's (its eval.json is the canonical held-out set, its train.jsonl
-# trains the tokenizer, the seed's held-out loss and the draft).
-step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
-    --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
-step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
-    --out "$OUT/tokenizer" --vocab-size 4096
+# The canonical first set and the tokenizer, as build_all.sh makes them (steps.sh).
+make_first_set
+make_tokenizer
 
 # The target's flags; its sets are packed with them (the packed files' names hash these).
 target=(--preset target "${common[@]}" --fill-long-rows)

@@ -29,6 +29,18 @@ step() {
     echo "$BUILD: $dir done at minute $(( ($(date +%s) - start) / 60 ))"
 }
 
+# make_first_set: the canonical first set, OUT/data (its eval.json is the canonical held-out set,
+# its train.jsonl trains the tokenizer and the draft). make_tokenizer: the BPE tokenizer both models
+# share, OUT/tokenizer, trained on it.
+make_first_set() {
+    step "$OUT/data" python -m training.generate_data --out "$OUT/data" --seed 1234 \
+        --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
+}
+make_tokenizer() {
+    step "$OUT/tokenizer" python -m training.train_tokenizer --data "$OUT/data/train.jsonl" \
+        --out "$OUT/tokenizer" --vocab-size 4096
+}
+
 # install_models: the two models (OUT/brisk-chat/model, OUT/brisk-draft/model) into ASSETS, then
 # how long the build took.
 install_models() {
