@@ -52,3 +52,12 @@ def test_mismatched_checkpoints_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least two"):
         average_checkpoints([a], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_written_by_other_transformers_versions_average(tmp_path: Path) -> None:
+    a = checkpoint(tmp_path / "a", {"w": torch.zeros(2)}, {"transformers_version": "5.24.0"})
+    b = checkpoint(tmp_path / "b", {"w": torch.ones(2)}, {"transformers_version": "5.25.0"})
+    average_checkpoints([a, b], tmp_path / "out")
+    assert torch.equal(
+        load_file(tmp_path / "out" / "model.safetensors")["w"], torch.full((2,), 0.5)
+    )

@@ -13,6 +13,7 @@ import pytest
 from training import pools
 from training.generate_data import (
     FREE_TEXT_ARG_NAMES,
+    GREETINGS,
     HELDOUT_WORDS,
     OTHER_SCRIPTS,
     READING_VERBS,
@@ -188,7 +189,7 @@ def test_held_out_free_text_calls_leave_the_other_eval_sets_as_they_were() -> No
     for s in ev["tool_call_free_text"]:
         assert s["prompt_messages"][-1]["role"] == "user"
         assert any(s["free_text_args"])
-    own_sets = ("tool_call_free_text", "tool_call_natural")
+    own_sets = ("tool_call_free_text", "tool_call_natural", "tool_none")
     h = hashlib.sha256(dumps({k: v for k, v in ev.items() if k not in own_sets}).encode())
     assert h.hexdigest() == EVAL_SET_20_SHA256
 
@@ -536,3 +537,61 @@ def test_held_out_natural_calls_use_held_out_units_and_docstrings() -> None:
         for b, _ in pools.HELDOUT_UNITS
     )
     assert not any(f"{u}_to_" in text for u, _ in pools.UNITS)
+
+
+def talk_key(text: str) -> str:
+    """Small talk compared as the pools' disjointness is: lowercased, letters and spaces only."""
+    return re.sub(r"[^a-z ]", "", text.lower()).strip()
+
+
+def test_small_talk_answers_in_text_with_tools_offered() -> None:
+    samples = generate(4000, 91, "train", tool_share=0.6, small_talk=0.1)
+    talk = [s for s in samples if s.get("small_talk")]
+    tool = [s for s in samples if s.get("tools")]
+    # a tenth of the tool samples that were not already a question no tool fits (8%)
+    assert 0.07 < len(talk) / len(tool) < 0.12, (len(talk), len(tool))
+    replies = {talk_key(p): set(rs) for ps, rs in pools.SMALL_TALK for p in ps}
+    for s in talk:
+        assert s["kind"] == "tool_none" and s["tools"]
+        user, reply = (m for m in s["messages"] if m["role"] != "system")
+        assert user["role"] == "user" and reply == {
+            "role": "assistant",
+            "content": reply["content"],
+        }
+        assert reply["content"] in replies[talk_key(user["content"])], user
+    assert len({m["content"] for s in talk for m in s["messages"] if m["role"] == "user"}) > 60
+    # off, the generator draws what it always drew; a share outside [0, 1] is refused
+    assert [dumps(s) for s in generate(200, 1234, "train")] == [
+        dumps(s) for s in generate(200, 1234, "train", small_talk=0.0)
+    ]
+    with pytest.raises(ValueError, match="small_talk must be in"):
+        generate(1, 1, "train", small_talk=-0.1)
+
+
+def test_held_out_small_talk_shares_no_phrase_with_training() -> None:
+    trained = {talk_key(p) for ps, _ in pools.SMALL_TALK for p in ps}
+    trained |= {talk_key(q) for q, _ in GREETINGS}
+    held = {talk_key(p) for ps, _ in pools.HELDOUT_SMALL_TALK for p in ps}
+    assert held and not held & trained, held & trained
+    ev = generate_eval(1235, 60, request_order=True)
+    items = ev["tool_none"]
+    assert len(items) == 60
+    talk = [s for s in items if s.get("small_talk")]
+    assert 30 < len(talk) < 60  # the rest: simple questions no tool fits
+    for s in items:
+        assert s["prompt_messages"][-1]["role"] == "user" and s["tools"] and s["expected_text"]
+        assert "expected" not in s
+    for s in talk:
+        assert talk_key(s["prompt_messages"][-1]["content"]) in held
+
+
+def test_small_talk_flag_writes_small_talk(tmp_path, monkeypatch) -> None:
+    from training import generate_data
+
+    argv = ["generate_data", "--out", str(tmp_path), "--num-train", "300", "--num-eval", "2"]
+    monkeypatch.setattr("sys.argv", [*argv, "--tool-share", "1.0", "--small-talk", "0.5"])
+    generate_data.main()
+    lines = (tmp_path / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    talk = sum(bool(json.loads(line).get("small_talk")) for line in lines)
+    assert 100 < talk < 180, talk  # half of the 92% that were not simple questions
+    assert len(json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))["tool_none"]) == 2

@@ -1,10 +1,12 @@
 """training/evaluate.py's scoring of tool calls: why a call misses (the first of count, name,
-argument names, value) and the exact match by prompt length."""
+argument names, value), the exact match by prompt length, and the text answers to small talk with
+tools offered."""
 
 from __future__ import annotations
 
 import pytest
 
+from training import evaluate
 from training.evaluate import by_length, call_miss, same_value
 
 EXPECTED = [
@@ -58,3 +60,70 @@ def test_exact_match_by_prompt_length() -> None:
     assert list(table) == ["0-99", "100-199", "300-399"]
     with pytest.raises(ValueError):
         by_length([1, 2], [True])
+
+
+class CannedRunner:
+    """Stands in for evaluate.Runner: returns the given texts, in order, for any prompts."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.params: list = []
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return [len(messages), len(tools or [])]
+
+    def generate(self, prompts: list[list[int]], params: list) -> list[str]:
+        self.params = params
+        return self.texts[: len(prompts)]
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("constrained", [True, False])
+def test_no_tool_answers_count_text_without_a_call(constrained: bool) -> None:
+    def item(user: str, reply: str, small_talk: bool) -> dict:
+        prompt = [{"role": "user", "content": user}]
+        return {"prompt_messages": prompt, "tools": TOOLS, "expected_text": reply} | (
+            {"small_talk": True} if small_talk else {}
+        )
+
+    items = [
+        item("Hi there", "Hello! How can I help you today?", True),  # the reply written: exact
+        item("Cheers", "You're welcome!", True),  # another text answer: counted, not exact
+        item("Hey there", "Hello!", True),  # a call: not a text answer
+        item("Good evening", "Hello!", True),  # a call that does not parse: not one either
+        item("What is 2 plus 3?", "5.", False),  # empty text: not an answer
+    ]
+    texts = [
+        "Hello! How can I help you today?",
+        "Glad I could help!",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "there"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "argu',
+        "  ",
+    ]
+    run = CannedRunner(texts)
+    metrics, failures = evaluate.eval_no_tool(run, items, constrained)  # type: ignore[arg-type]
+    assert metrics == {
+        "text_answer": 2 / 5,
+        "small_talk_text_answer": 2 / 4,
+        "small_talk_items": 4,
+        "reply_exact": 1 / 5,
+    }
+    assert [f["request"] for f in failures] == ["Hey there", "Good evening", "What is 2 plus 3?"]
+    # constrained, each prompt gets its tools' grammar (text or calls); unconstrained, none
+    assert all((p.grammar is not None) == constrained for p in run.params)
+    assert evaluate.GRAMMAR_TASKS["tool_none"] is evaluate.eval_no_tool

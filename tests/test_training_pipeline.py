@@ -671,7 +671,8 @@ def test_build_gpu_packs_its_sets_beside_the_seed_and_trains_the_target_beside_t
     """training/build_gpu.sh (session 46's GPU recipe, not the shipped weights), its commands
     replaced by a stand-in: six sets written with the chain's last styles and packed with the target's own
     packing flags while the seed trains; a set that failed stops the build after the seed, and the
-    next call writes it and goes on: the target grown from the seed on all six sets, the draft."""
+    next call writes it and goes on: the target grown from the seed on all six sets (in the time
+    MAX_MINUTES gives it), the draft. The sets hold small talk with tools offered."""
     build = FakeBuild(tmp_path, "build_gpu.sh")
     out = build.out
     first = build(FAIL_ON=f"{out}/s3")
@@ -682,7 +683,7 @@ def test_build_gpu_packs_its_sets_beside_the_seed_and_trains_the_target_beside_t
     assert made.count("s3") == 1 and "brisk-chat" in made  # the other sets were packed
     assert [d for d in made if d.startswith("seed")] == ["seed1", "seed2", "seed"]
     assert not (out / "s3" / ".built").exists() and not build.assets.exists()
-    second = build()
+    second = build(MAX_MINUTES="6.5")
     assert second.returncode == 0, second.stderr
     again = build.lines()[len(ran) :]
     trains = [line for line in again if "-m training.train " in line]
@@ -698,8 +699,9 @@ def test_build_gpu_packs_its_sets_beside_the_seed_and_trains_the_target_beside_t
     assert target.split("--data ")[-1].split(" --out")[0].split() == [
         f"{out}/s{i}" for i in range(6)
     ]
-    for flags in ("--batch-tokens 61440 ", "--steps 1917 ", "--lr 5e-3 ", "--optimizer muon"):
+    for flags in ("--batch-tokens 61440 ", "--steps 1917 ", "--lr 5e-3 ", "--max-minutes 6.5"):
         assert flags in target, flags
+    assert sum("--max-minutes" in line for line in ran + again) == 1  # the target's alone
     assert f"--data {out}/data " in draft and "--data" not in draft.split(f"{out}/data ")[1]
     for line in trains + [line for line in ran if "-m training.train " in line]:
         assert "--device cuda " in line and "--no-compile" in line and "--resume" in line
@@ -721,7 +723,7 @@ def test_build_gpu_packs_its_sets_beside_the_seed_and_trains_the_target_beside_t
     last_set = generator_flags(chain.lines()[25])
     writes = [line for line in ran + again if "-m training.generate_data " in line]
     assert len(writes) == 1 + 6 + 1  # the first set, six sets, s3 again
-    assert all(generator_flags(line) == last_set for line in writes[1:])
+    assert all(generator_flags(line) == last_set | {"--small-talk 0.1"} for line in writes[1:])
     assert generator_flags(writes[0]) == generator_flags(chain.lines()[0])
 
 

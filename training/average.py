@@ -4,7 +4,8 @@ Runs continued from one another each end at a low learning rate; the mean of suc
 generalises a little better than any of them (on three held-out sets of 1,000 tool calls the mean
 of the eighth and ninth target runs scored 86.0-86.8% against 85.0-86.2% for each alone, and the
 mean of those two and a tenth run started from their mean 86.5-87.6%; training/README.md).
-Every checkpoint must hold the same tensors (names, shapes, dtypes) under the same config.json.
+Every checkpoint must hold the same tensors (names, shapes, dtypes) under the same config.json
+(its ``transformers_version``, the version that wrote it, may differ).
 The mean is taken in float32 and stored in each tensor's dtype; the other files (config, tokenizer,
 chat template) are copied from the first checkpoint.
 
@@ -23,13 +24,20 @@ from safetensors.torch import load_file, save_file
 WEIGHTS = "model.safetensors"
 
 
+def model_config(checkpoint: Path) -> dict:
+    """A checkpoint's config.json without the version of transformers that wrote it."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.pop("transformers_version", None)
+    return config
+
+
 def average_checkpoints(dirs: list[Path], out: Path) -> None:
     if len(dirs) < 2:
         raise ValueError(f"need at least two checkpoints to average, got {len(dirs)}")
-    config = json.loads((dirs[0] / "config.json").read_text())
+    config = model_config(dirs[0])
     states = []
     for d in dirs:
-        if json.loads((d / "config.json").read_text()) != config:
+        if model_config(d) != config:
             raise ValueError(f"{d}/config.json differs from {dirs[0]}/config.json")
         states.append(load_file(d / WEIGHTS))
     first = states[0]

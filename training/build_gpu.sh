@@ -12,14 +12,16 @@
 # same commands; this script as a whole has not run on a GPU yet (expected: ~10 minutes). Tool
 # calls 92.5% (91.14% of nine sets of 1,000), extraction 94.0%, but greetings with tools offered
 # get a tool call and prose perplexity is worse than the shipped target's: not shipped
-# (training/README.md, "The GPU build").
+# (training/README.md, "The GPU build"). Since session 47 the sets also hold small talk with tools
+# offered (--small-talk 0.1, answered in text), not yet run on a GPU.
 # Run from the repository root:
 #   bash training/build_gpu.sh
 #   python -m training.evaluate --data "$OUT/data" --target "$ASSETS/brisk-chat" \
 #       --draft "$ASSETS/brisk-draft"
 # Environment overrides: OUT (work dir, default training/out-gpu), ASSETS (where the two models go,
 # default $OUT/assets: the shipped models are left alone; src/brisklm/assets replaces them),
-# DEVICE (default cuda), EAGER (default 1: no torch.compile, as the shipped run). Interrupted, it
+# DEVICE (default cuda), EAGER (default 1: no torch.compile, as the shipped run), MAX_MINUTES (if
+# set, the target's --max-minutes: its steps cut to fit that many minutes). Interrupted, it
 # resumes: run it again with the same OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,14 +40,16 @@ make_tokenizer
 
 # The target's flags; its sets are packed with them (the packed files' names hash these).
 target=(--preset target "${common[@]}" --fill-long-rows)
-# Six sets with every request style of the chain's last sets: the first with the easy samples and
-# the held-out samples, five of training samples only (packing is one core's work per set: ~55 s
-# for 80,000 samples on the H200's host). Each set is written, then packed, in its own process.
+# Six sets with every request style of the chain's last sets, and small talk: the first with the
+# easy samples and the held-out samples, five of training samples only (packing is one core's work
+# per set: ~55 s for 80,000 samples on the H200's host). Each set is written, then packed, in its
+# own process.
 sets=()
 make_set() {
     local name=$1 seed=$2 train=$3 easy=$4 first=()
     step "$OUT/$name" python -m training.generate_data --out "$OUT/$name" --seed "$seed" \
-        --num-train "$train" --num-easy "$easy" --num-eval 200 "${last_styles[@]}"
+        --num-train "$train" --num-easy "$easy" --num-eval 200 "${last_styles[@]}" \
+        "${small_talk[@]}"
     [[ $easy == 0 ]] || first=(--easy-steps 1)
     python -m training.train "${target[@]}" --data "$OUT/$name" "${first[@]}" \
         --out "$OUT/brisk-chat" --pack-only
@@ -72,7 +76,8 @@ draft=$!
 step "$OUT/brisk-chat" python -m training.train "${target[@]}" --data "${sets[@]}" \
     --out "$OUT/brisk-chat" --grow-from "$OUT/seed/model" --batch-tokens 61440 --steps 1917 \
     --easy-steps 150 --lr 5e-3 --warmup 50 --eval-every 500 --log-every 100 \
-    --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --optimizer muon
+    --drill-frac 0.2 --drill-kinds copy,digits,digits,recall --optimizer muon \
+    ${MAX_MINUTES:+--max-minutes "$MAX_MINUTES"}
 wait "$draft"
 
 install_models

@@ -14,6 +14,8 @@ Every prompt's function names, argument names, people and places come from the h
   those keys, in order), free and in JSON mode (``json_object=True``), and values exact;
 - simple chat (greetings, arithmetic, capitals, ...): exact answer; answers after a tool result
   that mention every value of the result;
+- small talk and simple questions with tools offered (constrained, and unconstrained): the share
+  answered in text with no tool call, for held-out phrases ("Hi there", "Cheers", ...);
 - held-out perplexity of both models on trained tokens (assistant turns and prose), transformers;
 - draft agreement: teacher-forced on the target's greedy outputs (all tasks above), the share of
   positions where the draft's argmax is the target's token;
@@ -199,6 +201,44 @@ def eval_extraction(run: Runner, items: list[dict], constrained: bool) -> tuple[
     }, failures
 
 
+def eval_no_tool(run: Runner, items: list[dict], constrained: bool) -> tuple[dict, list]:
+    """Small talk and simple questions with tools offered: the share answered in text, calling no
+    tool (``text_answer``; for the small talk alone ``small_talk_text_answer``), and the share
+    answered with exactly the reply written with the prompt (``reply_exact``)."""
+    from brisklm.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_call_grammar
+
+    prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
+    params = [
+        greedy(60, grammar=tool_call_grammar(s["tools"], "auto")) if constrained else greedy(60)
+        for s in items
+    ]
+    text_ok = exact = talk = talk_ok = 0
+    failures = []
+    for s, text in zip(items, run.generate(prompts, params), strict=True):
+        content, calls = parse_tool_calls(text)
+        ok = not calls and TOOL_CALL_START not in text and bool(content.strip())
+        text_ok += ok
+        exact += ok and content.strip() == s["expected_text"]
+        if s.get("small_talk"):
+            talk += 1
+            talk_ok += ok
+        if not ok:
+            failures.append(
+                {
+                    "request": s["prompt_messages"][-1]["content"],
+                    "expected": s["expected_text"],
+                    "got": text,
+                }
+            )
+    n = len(items)
+    return {
+        "text_answer": text_ok / n,
+        "small_talk_text_answer": talk_ok / max(1, talk),
+        "small_talk_items": talk,
+        "reply_exact": exact / n,
+    }, failures
+
+
 # The tasks scored with and without their grammar: eval.json's key -> its scoring function.
 GRAMMAR_TASKS = {
     "tool_call": eval_tool_calls,
@@ -206,6 +246,7 @@ GRAMMAR_TASKS = {
     "tool_call_natural": eval_tool_calls,
     "extract": eval_extraction,
     "extract_labelled": eval_extraction,
+    "tool_none": eval_no_tool,
 }
 
 

@@ -325,6 +325,11 @@ class Gen:
     ``native_names`` the share of tool samples whose first call creates a record "named 'NAME'
     (Gloss) - a phrase", NAME in Chinese or Japanese characters (``--native-names``). At 0 (the
     defaults) none of the six draws a random number.
+    ``small_talk`` is the share of tool samples in which the user makes small talk instead of a
+    request (a greeting, thanks, "How are you?", ...; ``pools.SMALL_TALK``, held out:
+    ``pools.HELDOUT_SMALL_TALK``) and the assistant answers in text, calling no tool
+    (``--small-talk``), beside the 8% of tool samples where no tool fits a simple question. At 0
+    (the default) it draws no random number.
     """
 
     def __init__(
@@ -345,6 +350,7 @@ class Gen:
         readers: float = 0.0,
         conversion_distractors: float = 0.0,
         native_names: float = 0.0,
+        small_talk: float = 0.0,
     ) -> None:
         self.r = random.Random(seed)
         shares = {
@@ -357,6 +363,7 @@ class Gen:
             "readers": readers,
             "conversion_distractors": conversion_distractors,
             "native_names": native_names,
+            "small_talk": small_talk,
         }
         for name, share in shares.items():
             check_share(name, share)
@@ -366,6 +373,7 @@ class Gen:
         self.readers = readers
         self.conversion_distractors = conversion_distractors
         self.native_names = native_names
+        self.small_talk = small_talk
         self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.other_scripts = 0.0 if split == "eval" else other_scripts
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
@@ -1199,6 +1207,10 @@ class Gen:
             q, a = self.simple_qa()
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
             return {"kind": "tool_none", "messages": messages, "tools": tools}
+        if self.small_talk and r.random() < self.small_talk:
+            q, a = self.small_talk_turn()
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            return {"kind": "tool_none", "messages": messages, "tools": tools, "small_talk": True}
         n_calls = 1 if easy or r.random() < 0.82 else 2
         calls = []
         texts = []
@@ -1594,6 +1606,19 @@ class Gen:
         phrase = r.choice([self.person(), self.place(), r.choice(pools.WORDS), self.pseudo_word()])
         return r.choice([f"Repeat after me: {phrase}", f'Say "{phrase}".']), phrase
 
+    def small_talk_turn(self) -> tuple[str, str]:
+        """Small talk and a reply that fits it, in one of a few casings and punctuations."""
+        r = self.r
+        phrases, replies = r.choice(pools.HELDOUT_SMALL_TALK if self.p.held else pools.SMALL_TALK)
+        q = r.choice(phrases)
+        if q.endswith("?"):
+            q = q if r.random() < 0.8 else q[:-1]
+        else:
+            q += r.choice(["", "", "!", "."])
+        if r.random() < 0.2:
+            q = q.lower()
+        return q, r.choice(replies)
+
     def chat_sample(self) -> dict[str, Any]:
         r = self.r
         messages: list[dict[str, Any]] = []
@@ -1942,6 +1967,16 @@ def generate_eval(
             # 1,024 tokens with room for the reply (at most ~0.55 tokens a character)
             if len(dumps(s["tools"])) + len(dumps(prompt["prompt_messages"])) <= 1600:
                 out["tool_call_natural"].append(prompt)
+    # Small talk with tools offered, which must be answered in text (``--small-talk``: held-out
+    # phrases and tools; the 8% of tool samples where no tool fits a simple question among them).
+    g = Gen(seed + 13, "eval", request_order=request_order, small_talk=0.5)
+    out["tool_none"] = []
+    while len(out["tool_none"]) < n_per_task:
+        s = g.tool_sample()
+        if s["kind"] == "tool_none":
+            out["tool_none"].append(
+                {**call_prompt(s), "expected_text": s["messages"][-1]["content"]}
+            )
     return out
 
 
@@ -2013,6 +2048,7 @@ def main() -> None:
         ("--reader-tools", "share of tools made with a reading verb and one argument"),
         ("--conversion-distractors", "share of tool samples offering a conversion not asked for"),
         ("--native-names", "share of tool samples creating a record named in CJK or kana"),
+        ("--small-talk", "share of tool samples where the user makes small talk (no tool call)"),
     ):
         ap.add_argument(flag, type=share_arg(flag), default=0.0, help=f"{help_text} (see Gen)")
     args = ap.parse_args()
@@ -2038,6 +2074,7 @@ def main() -> None:
         readers=args.reader_tools,
         conversion_distractors=args.conversion_distractors,
         native_names=args.native_names,
+        small_talk=args.small_talk,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:

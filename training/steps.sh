@@ -11,6 +11,9 @@ last_styles=(--more-phrasings --request-order --tool-share 0.6 --many-tools --op
              --other-scripts 0.1 --free-text-args --free-text-share 0.4 --docstrings 0.4
              --conversions 0.12 --topic-questions 1.0 --reader-tools 0.15
              --conversion-distractors 0.25 --native-names 0.04)
+# small_talk: a tenth of the tool samples small talk ("Hi there", "Thanks", ...) answered in text
+# (session 47): without it a target trained on the last styles alone calls a tool for greetings.
+small_talk=(--small-talk 0.1)
 # EAGER=1: every training run without torch.compile.
 if [[ ${EAGER:-0} == 1 ]]; then
     common+=(--no-compile)
