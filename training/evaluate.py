@@ -97,6 +97,23 @@ def greedy(max_tokens: int, **constraint: Any) -> Any:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **constraint)
 
 
+def tool_prompts(
+    run: Runner, items: list[dict], constrained: bool, max_tokens: int
+) -> tuple[list[list[int]], list[Any]]:
+    """The prompts of samples with tools offered, and greedy parameters for each: constrained to
+    text or calls of its tools (``tool_call_grammar(tools, "auto")``), or free."""
+    from brisklm.tool_calls import tool_call_grammar
+
+    prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
+    params = [
+        greedy(max_tokens, grammar=tool_call_grammar(s["tools"], "auto"))
+        if constrained
+        else greedy(max_tokens)
+        for s in items
+    ]
+    return prompts, params
+
+
 def call_miss(got: list[dict], expected: list[dict]) -> str | None:
     """Why parsed calls miss the expected ones, or None when they match. The first that applies,
     in this order: ``count`` (another number of calls), ``name`` (a call to another function),
@@ -131,13 +148,9 @@ def by_length(lengths: list[int], ok: list[bool]) -> dict[str, dict[str, float]]
 def eval_tool_calls(run: Runner, items: list[dict], constrained: bool) -> tuple[dict, list]:
     """Exact match, name match and parsed share; the misses counted by kind (``call_miss``) and
     the exact match by prompt length."""
-    from brisklm.tool_calls import parse_tool_calls, tool_call_grammar
+    from brisklm.tool_calls import parse_tool_calls
 
-    prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
-    params = [
-        greedy(200, grammar=tool_call_grammar(s["tools"], "auto")) if constrained else greedy(200)
-        for s in items
-    ]
+    prompts, params = tool_prompts(run, items, constrained, 200)
     name_ok = parsed = 0
     misses = {"count": 0, "name": 0, "keys": 0, "value": 0}
     ok_list = []
@@ -205,13 +218,9 @@ def eval_no_tool(run: Runner, items: list[dict], constrained: bool) -> tuple[dic
     """Small talk and simple questions with tools offered: the share answered in text, calling no
     tool (``text_answer``; for the small talk alone ``small_talk_text_answer``), and the share
     answered with exactly the reply written with the prompt (``reply_exact``)."""
-    from brisklm.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_call_grammar
+    from brisklm.tool_calls import TOOL_CALL_START, parse_tool_calls
 
-    prompts = [run.prompt(s["prompt_messages"], s["tools"]) for s in items]
-    params = [
-        greedy(60, grammar=tool_call_grammar(s["tools"], "auto")) if constrained else greedy(60)
-        for s in items
-    ]
+    prompts, params = tool_prompts(run, items, constrained, 60)
     text_ok = exact = talk = talk_ok = 0
     failures = []
     for s, text in zip(items, run.generate(prompts, params), strict=True):

@@ -1203,14 +1203,13 @@ class Gen:
         messages: list[dict[str, Any]] = []
         if r.random() < 0.6:
             messages.append({"role": "system", "content": r.choice(TOOL_SYSTEMS)})
-        if kind_roll < 0.08:  # no tool fits: answer in text
-            q, a = self.simple_qa()
+        # No tool fits (a simple question, or with --small-talk small talk): answer in text.
+        talk = kind_roll >= 0.08 and self.small_talk > 0 and r.random() < self.small_talk
+        if kind_roll < 0.08 or talk:
+            q, a = self.small_talk_turn() if talk else self.simple_qa()
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-            return {"kind": "tool_none", "messages": messages, "tools": tools}
-        if self.small_talk and r.random() < self.small_talk:
-            q, a = self.small_talk_turn()
-            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-            return {"kind": "tool_none", "messages": messages, "tools": tools, "small_talk": True}
+            sample = {"kind": "tool_none", "messages": messages, "tools": tools}
+            return {**sample, "small_talk": True} if talk else sample
         n_calls = 1 if easy or r.random() < 0.82 else 2
         calls = []
         texts = []
