@@ -16,7 +16,10 @@ Optimizer: AdamW, or with ``--optimizer muon`` Muon for the hidden weight matric
 embedding and norm gains (``training/muon.py``; the target is trained this way).
 
 Distillation (``--teacher DIR``): the loss becomes (1 - w) x cross entropy + w x KL(teacher ||
-student) on the weighted positions; the draft is distilled from the target this way.
+student) on the weighted positions; the draft is distilled from the target this way. With
+``--distill-where-teacher-right`` the KL term counts only where the teacher's top token is the
+label (the cross entropy alone elsewhere): a fine-tune of a model with itself as the teacher then
+learns what the model gets wrong while held to what it gets right.
 
     python -m training.train --preset target --data training/out/data --tokenizer training/out/tokenizer \\
         --out training/out/brisk-chat
@@ -578,7 +581,18 @@ def export(model: TrainLlama, tokenizer_dir: Path, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- training
-def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: float):
+def make_loss_fn(
+    model: TrainLlama,
+    teacher: TrainLlama | None,
+    distill_weight: float,
+    distill_where_teacher_right: bool = False,
+):
+    """The training loss: weighted cross entropy, and with a teacher (1 - w) x that + w x KL(teacher
+    || student). With ``distill_where_teacher_right`` the KL term counts only at positions where the
+    teacher's most likely token is the label; elsewhere the loss is the cross entropy alone, so a
+    fine-tune from the teacher keeps what the teacher gets right and still learns what it gets
+    wrong (small talk the teacher answers with a tool call)."""
+
     def loss_fn(
         ids: torch.Tensor, weights: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -594,8 +608,12 @@ def make_loss_fn(model: TrainLlama, teacher: TrainLlama | None, distill_weight: 
             t_logp = F.log_softmax(teacher.lm_head(teacher.hidden(inp, p, d)).float(), -1)
         logp = F.log_softmax(logits, -1)
         kl_tok = (t_logp.exp() * (t_logp - logp)).sum(-1)  # (B, T)
-        kl = (kl_tok * w).sum() / denom
-        return (1 - distill_weight) * ce + distill_weight * kl, ce.detach()
+        if not distill_where_teacher_right:
+            kl = (kl_tok * w).sum() / denom
+            return (1 - distill_weight) * ce + distill_weight * kl, ce.detach()
+        right = (t_logp.argmax(-1) == tgt).float()
+        tok = ce_tok.view_as(kl_tok) + right * distill_weight * (kl_tok - ce_tok.view_as(kl_tok))
+        return (tok * w).sum() / denom, ce.detach()
 
     return loss_fn
 
@@ -840,6 +858,12 @@ def main() -> None:
         "--teacher", type=Path, default=None, help="HF dir of a teacher for distillation"
     )
     ap.add_argument("--distill-weight", type=float, default=0.7)
+    ap.add_argument(
+        "--distill-where-teacher-right",
+        action="store_true",
+        help="with --teacher: the KL term only where the teacher's top token is the label, the "
+        "cross entropy alone elsewhere (fine-tuning a model from itself without forgetting)",
+    )
     ap.add_argument("--checkpoint-every", type=int, default=500)
     ap.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
     ap.add_argument("--log-every", type=int, default=25)
@@ -854,6 +878,8 @@ def main() -> None:
         ap.error(f"--layers {args.layers}: at least 1")
     if args.max_minutes is not None and args.max_minutes <= 0:
         ap.error(f"--max-minutes {args.max_minutes}: must be positive")
+    if args.distill_where_teacher_right and args.teacher is None:
+        ap.error("--distill-where-teacher-right needs --teacher")
     if args.new_layer_lr_mult != 1.0 and (args.grow_from is None or args.optimizer != "muon"):
         ap.error("--new-layer-lr-mult needs --grow-from and --optimizer muon")
     try:
@@ -955,7 +981,8 @@ def main() -> None:
         teacher.load_state_dict(t_state)
         teacher.to(device).eval().requires_grad_(False)
         print(
-            f"[{args.preset}] distilling from {args.teacher} (weight {args.distill_weight})",
+            f"[{args.preset}] distilling from {args.teacher} (weight {args.distill_weight}"
+            + (", where the teacher is right)" if args.distill_where_teacher_right else ")"),
             flush=True,
         )
 
@@ -1024,7 +1051,7 @@ def main() -> None:
             flush=True,
         )
 
-    loss_fn = make_loss_fn(model, teacher, args.distill_weight)
+    loss_fn = make_loss_fn(model, teacher, args.distill_weight, args.distill_where_teacher_right)
     if not args.no_compile:
         loss_fn = torch.compile(loss_fn, dynamic=False)
     # The batch plan is a pure function of the seed, and the drill generator's state is in the
@@ -1156,6 +1183,8 @@ def main() -> None:
         "prompt_loss_weight": args.prompt_loss_weight,
         "name_loss_weight": args.name_loss_weight,
         "teacher": str(args.teacher) if args.teacher else None,
+        "distill_weight": args.distill_weight if args.teacher else None,
+        "distill_where_teacher_right": args.distill_where_teacher_right,
         "train_loss_ema": ema,
         "heldout_loss": held,
         "heldout_ppl": math.exp(held),
