@@ -497,10 +497,11 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         *("brisk-chat20", "brisk-chat21", "brisk-chat22", "brisk-chat47-22/model"),
         *("brisk-chat23", "brisk-chat24", "brisk-chat25", "brisk-chat47-25/model"),
         *("brisk-chat26", "brisk-chat27", "brisk-chat28", "brisk-chat-x3/model"),
-        *("brisk-chat-plain/model", "brisk-chat29", "brisk-chat/model", "brisk-draft"),
+        *("brisk-chat-plain/model", "brisk-chat29", "brisk-chat-s44/model", "data27"),
+        *("brisk-chat30", "brisk-chat/model", "brisk-draft"),
     ]
     trained = [line for line in again if "-m training.train " in line]
-    assert len(trained) == 29 and all("--resume" in line for line in trained)
+    assert len(trained) == 30 and all("--resume" in line for line in trained)
 
     # brisk-chat6 starts from the mean of brisk-chat4 and brisk-chat5; brisk-chat7 trains on the
     # fifth set from the mean of all three; each later run starts from the mean of brisk-chat47 (the
@@ -560,7 +561,8 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
         assert "--steps 700 " in line and "--drill-frac 0.2 " in line
     # the last run of the third fan-out and every run of the fourth and fifth pack their long rows
     filled = [False] * 31 + [True, False] + [True] * 3 + [False] + [True] * 3 + [False] * 2
-    filled += [True, False, False]  # brisk-chat29, then the shipped mean and the draft
+    filled += [True, False, False]  # brisk-chat29, then the session-44 mean and the small-talk set
+    filled += [True, False, False]  # brisk-chat30, then the shipped mean and the draft
     assert ["--fill-long-rows" in line for line in again] == filled
     fanned = (*range(21, 24), *range(25, 28), *range(29, 32), *range(33, 36), *range(37, 40))
     seeds = [again[i].split("--seed ")[1].split()[0] for i in fanned]
@@ -581,11 +583,21 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert again[42].split("--steps ")[-1].split()[0] == "350"
     assert again[42].split("--seed ")[-1].split()[0] == "30"
     assert "--no-compile" in again[42] and "--precision bfloat16" in again[42]
-    averaged(43, "brisk-chat", *["brisk-chat-x3"] * 3, "brisk-chat29")
+    averaged(43, "brisk-chat-s44", *["brisk-chat-x3"] * 3, "brisk-chat29")
+    # Session 48: a set with the last styles and small talk, 350 steps from the session-44 target at
+    # lr 1e-5 held to it where it was right, and the shipped target: the mean of the two.
+    assert "--small-talk 0.3" in again[44] and "--seed 4792 " in again[44]
+    assert "--more-phrasings" in again[44] and "--conversion-distractors 0.25" in again[44]
+    trained_from(45, "brisk-chat30", "brisk-chat-s44", "data27")
+    assert f"--teacher {model('brisk-chat-s44')} " in again[45]
+    assert again[45].endswith("--distill-where-teacher-right")
+    assert again[45].split("--lr ")[-1].split()[0] == "1e-5"
+    assert again[45].split("--steps ")[-1].split()[0] == "350"
+    averaged(46, "brisk-chat", "brisk-chat-s44", "brisk-chat30")
 
     third = build()
-    assert third.returncode == 0 and third.stdout.count("skipped") == 76
-    assert len(log.read_text().splitlines()) == len(ran) + 45
+    assert third.returncode == 0 and third.stdout.count("skipped") == 79
+    assert len(log.read_text().splitlines()) == len(ran) + 48
 
     # EAGER=1, into another OUT: every training run without torch.compile (above, only nine of
     # them ask for it).
@@ -594,7 +606,7 @@ def test_build_all_resumes_after_the_step_that_failed(tmp_path: Path) -> None:
     assert eager.returncode == 0, eager.stderr
     runs = [line for line in log.read_text().splitlines() if f"--out {tmp_path}/eager/" in line]
     trained = [line for line in runs if "-m training.train " in line]
-    assert len(runs) == 76 and len(trained) == 33
+    assert len(runs) == 79 and len(trained) == 34
     assert all("--no-compile" in line for line in trained)
 
 
