@@ -222,6 +222,24 @@ def gemv_reader(
     return (lambda: torch.nn.functional.linear(x, weight)), weight.numel() * weight.element_size()
 
 
+def adjacent_readers(
+    nbytes: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, tuple[Callable[[], object], int]]:
+    """The reads a decode run is compared with right before it: torch's gemv (``gemv_reader``) and,
+    on a CPU that gives huge pages, a streaming float32 ``sum`` of the same bytes on huge pages.
+    Which one reads faster depends on the machine: the gemv on this project's AMX Xeon (the sum
+    reads slower there), the sum on its Zen 4 (where torch's gemv reaches 23-26 GB/s of a
+    ~37 GB/s sum). Returns each read and its bytes, by name."""
+    from brisklm.kernels import huge_pages
+
+    gemv, gemv_bytes = gemv_reader(nbytes, device, dtype)
+    readers = {"gemv": (gemv, gemv_bytes)}
+    if device.type == "cpu" and huge_pages.available():
+        stream = float32_stream(gemv_bytes, device, on_huge_pages=True)
+        readers["sum, huge pages"] = (lambda: stream.sum(), stream.numel() * 4)
+    return readers
+
+
 def now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
