@@ -608,12 +608,12 @@ def make_loss_fn(
             t_logp = F.log_softmax(teacher.lm_head(teacher.hidden(inp, p, d)).float(), -1)
         logp = F.log_softmax(logits, -1)
         kl_tok = (t_logp.exp() * (t_logp - logp)).sum(-1)  # (B, T)
-        if not distill_where_teacher_right:
-            kl = (kl_tok * w).sum() / denom
-            return (1 - distill_weight) * ce + distill_weight * kl, ce.detach()
-        right = (t_logp.argmax(-1) == tgt).float()
-        tok = ce_tok.view_as(kl_tok) + right * distill_weight * (kl_tok - ce_tok.view_as(kl_tok))
-        return (tok * w).sum() / denom, ce.detach()
+        # The KL term's weight per position: w everywhere, or only where the teacher is right.
+        mix = torch.full_like(kl_tok, distill_weight)
+        if distill_where_teacher_right:
+            mix = mix * (t_logp.argmax(-1) == tgt)
+        ce_tok = ce_tok.view_as(kl_tok)
+        return ((ce_tok + mix * (kl_tok - ce_tok)) * w).sum() / denom, ce.detach()
 
     return loss_fn
 
