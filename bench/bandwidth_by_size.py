@@ -1,6 +1,8 @@
 """How fast one read of a weight goes against the weight's size: the native kernels' single-token
-product and F.linear on the column-major copy (MKL's gemv), over weights of 4,096 columns from
-64 MB to 1 GB (float32), best of 15 bursts of 3 reads, over three rounds.
+product, F.linear on the column-major copy (MKL's gemv) and, where the machine gives huge pages, a
+streaming float32 ``sum`` of as many bytes on huge pages (the faster adjacent reader of
+engine_vs_transformers.py on the Zen 4), over weights of 4,096 columns from 64 MB to 1 GB
+(float32), best of 15 bursts of 3 reads, over three rounds.
 
 A decode step's roofline is its weight bytes over a read rate, and that rate depends on how much
 of the weight the last-level cache holds: engine_vs_transformers.py reads weights as large as the
@@ -31,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from brisklm.engine.scratch_thread import call_in_scratch_thread
-    from brisklm.kernels import native
+    from brisklm.kernels import huge_pages, native
 
     sizes = [int(s) for s in args.sizes_mb.split(",")]
 
@@ -53,6 +55,10 @@ def main() -> None:
                     weight.nbytes,
                 )
             del weight
+            if huge_pages.available():
+                stream = huge_pages.empty((rows, 4096), torch.float32, torch.device("cpu"))
+                stream.normal_()
+                readers["sum, huge pages", size] = (lambda s=stream: s.sum(), stream.nbytes)
         rates: dict[tuple[str, int], list[float]] = {key: [] for key in readers}
         for _ in range(args.rounds):
             for key, (read, nbytes) in readers.items():

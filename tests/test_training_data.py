@@ -189,7 +189,7 @@ def test_held_out_free_text_calls_leave_the_other_eval_sets_as_they_were() -> No
     for s in ev["tool_call_free_text"]:
         assert s["prompt_messages"][-1]["role"] == "user"
         assert any(s["free_text_args"])
-    own_sets = ("tool_call_free_text", "tool_call_natural", "tool_none")
+    own_sets = ("tool_call_free_text", "tool_call_natural", "tool_none", "tool_call_chatty")
     h = hashlib.sha256(dumps({k: v for k, v in ev.items() if k not in own_sets}).encode())
     assert h.hexdigest() == EVAL_SET_20_SHA256
 
@@ -595,3 +595,98 @@ def test_small_talk_flag_writes_small_talk(tmp_path, monkeypatch) -> None:
     talk = sum(bool(json.loads(line).get("small_talk")) for line in lines)
     assert 100 < talk < 180, talk  # half of the 92% that were not simple questions
     assert len(json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))["tool_none"]) == 2
+
+
+def test_chatty_requests_wrap_a_request_in_small_talk_and_still_call() -> None:
+    opens = {
+        talk_key(p)
+        for (ps, _), role in zip(pools.SMALL_TALK, pools.TALK_ROLES)
+        for p in ps
+        if role == "opens"
+    }
+    closes = {
+        talk_key(p)
+        for (ps, _), role in zip(pools.SMALL_TALK, pools.TALK_ROLES)
+        for p in ps
+        if role == "closes"
+    }
+    assert "hi" in opens and "ok" in opens and "thanks" in closes and "bye" in closes
+    assert not opens & closes and "who are you" not in opens | closes
+    samples = generate(3000, 92, "train", tool_share=0.6, chatty_requests=0.3)
+    calls = [s for s in samples if s["kind"] in ("tool_call", "tool_loop")]
+    chatty = [s for s in calls if s.get("chatty")]
+    assert 0.25 < len(chatty) / len(calls) < 0.35, (len(chatty), len(calls))
+    plain = generate(3000, 92, "train", tool_share=0.6)
+    wrapped = before = 0
+    for s in chatty:
+        assert s["kind"] in ("tool_call", "tool_loop") and s["messages"][-1]["role"] == "assistant"
+        user = next(m["content"] for m in s["messages"] if m["role"] == "user")
+        calls_made = next(m for m in s["messages"] if m.get("tool_calls"))["tool_calls"]
+        assert [c["function"]["name"] for c in calls_made] == [e["name"] for e in s["expected"]]
+        first, last = re.split(r"[!.,?] ", user, maxsplit=1)[0], re.split(r"[.?!] ", user)[-1]
+        if talk_key(first) in opens:
+            before += 1
+        else:
+            assert talk_key(last) in closes, user
+        wrapped += 1
+    assert 0.35 < before / wrapped < 0.65
+    # off, the generator draws what it always drew; a share outside [0, 1] is refused
+    assert [dumps(s) for s in plain] == [
+        dumps(s) for s in generate(3000, 92, "train", tool_share=0.6, chatty_requests=0.0)
+    ]
+    with pytest.raises(ValueError, match="chatty_requests must be in"):
+        generate(1, 1, "train", chatty_requests=1.5)
+
+
+def test_held_out_chatty_requests_take_held_out_small_talk() -> None:
+    held = {talk_key(p) for ps, _ in pools.HELDOUT_SMALL_TALK for p in ps}
+    trained = {talk_key(p) for ps, _ in pools.SMALL_TALK for p in ps}
+    assert len(pools.HELDOUT_TALK_ROLES) == len(pools.HELDOUT_SMALL_TALK)
+    assert len(pools.TALK_ROLES) == len(pools.SMALL_TALK)
+    samples = generate(1500, 93, "eval", tool_share=1.0, chatty_requests=1.0)
+    users = [
+        next(m["content"] for m in s["messages"] if m["role"] == "user")
+        for s in samples
+        if s.get("chatty")
+    ]
+    assert len(users) > 1000
+    ev = generate_eval(1235, 30, request_order=True)["tool_call_chatty"]
+    assert len(ev) == 30 and all(s["prompt_messages"][-1]["role"] == "user" for s in ev)
+    users += [s["prompt_messages"][-1]["content"] for s in ev]
+    for user in users:
+        ends = {
+            talk_key(re.split(r"[!.,?] ", user, maxsplit=1)[0]),
+            talk_key(re.split(r"[.?!] ", user)[-1]),
+        }
+        assert ends & held and not ends & trained, user
+
+
+def test_place_readers_ask_about_a_place_and_call_with_it() -> None:
+    opts = dict(tool_share=1.0, questions=1.0, readers=1.0, request_order=True)
+    places = set(pools.PLACES) | {capital for _, capital in pools.COUNTRIES_CAPITALS}
+
+    def place_calls(samples: list[dict]) -> list[str]:
+        """The requests of one call whose one argument is a place-named one holding a place."""
+        return [
+            next(m["content"] for m in s["messages"] if m["role"] == "user")
+            for s in samples
+            if s["kind"] in ("tool_call", "tool_loop")
+            and len(s["expected"]) == 1
+            and len(args := s["expected"][0]["arguments"]) == 1
+            and next(iter(args)) in pools.PLACE_ARG_NAMES
+            and next(iter(args.values())) in places
+        ]
+
+    calls = sum(
+        s["kind"] in ("tool_call", "tool_loop") for s in generate(1500, 94, "train", **opts)
+    )
+    with_places = place_calls(generate(1500, 94, "train", place_readers=0.5, **opts))
+    without = place_calls(generate(1500, 94, "train", **opts))
+    assert len(without) < 0.02 * calls and 0.2 * calls < len(with_places) < 0.5 * calls
+    assert sum(q.startswith("What is the ") and q.endswith("?") for q in with_places) > 20
+    # held-out sets never get them; off, the generator draws what it always drew
+    held = generate(300, 94, "eval", place_readers=1.0, **opts)
+    assert [dumps(s) for s in held] == [dumps(s) for s in generate(300, 94, "eval", **opts)]
+    assert [dumps(s) for s in generate(300, 95, "train", **opts)] == [
+        dumps(s) for s in generate(300, 95, "train", place_readers=0.0, **opts)
+    ]

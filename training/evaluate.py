@@ -253,6 +253,7 @@ GRAMMAR_TASKS = {
     "tool_call": eval_tool_calls,
     "tool_call_free_text": eval_tool_calls,
     "tool_call_natural": eval_tool_calls,
+    "tool_call_chatty": eval_tool_calls,
     "extract": eval_extraction,
     "extract_labelled": eval_extraction,
     "tool_none": eval_no_tool,

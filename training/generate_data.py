@@ -329,7 +329,16 @@ class Gen:
     request (a greeting, thanks, "How are you?", ...; ``pools.SMALL_TALK``, held out:
     ``pools.HELDOUT_SMALL_TALK``) and the assistant answers in text, calling no tool
     (``--small-talk``), beside the 8% of tool samples where no tool fits a simple question. At 0
-    (the default) it draws no random number.
+    (the default) it draws no random number. ``chatty_requests`` is the share of tool samples with
+    calls whose request comes with small talk around it ("Hi there! What is the weather in
+    Paris?", "Schedule the meteor shower. Thanks!"; ``--chatty-requests``): the assistant still
+    calls the tool, so that what decides between a call and a text answer is whether the user asks
+    for something a tool does, not the greeting or the thanks. At 0 it draws no random number.
+    ``place_readers`` is the share of reading tools whose one argument is a place (``city``,
+    ``location``, ...; ``pools.PLACE_ARG_NAMES``) with a place as its value, half the time a
+    capital, so that questions such as "What is the weather in Paris?" call a tool as often as
+    "What is the capital of France?" is answered in text (``--place-readers``; training split
+    only). At 0 it draws no random number.
     """
 
     def __init__(
@@ -351,6 +360,8 @@ class Gen:
         conversion_distractors: float = 0.0,
         native_names: float = 0.0,
         small_talk: float = 0.0,
+        chatty_requests: float = 0.0,
+        place_readers: float = 0.0,
     ) -> None:
         self.r = random.Random(seed)
         shares = {
@@ -364,6 +375,8 @@ class Gen:
             "conversion_distractors": conversion_distractors,
             "native_names": native_names,
             "small_talk": small_talk,
+            "chatty_requests": chatty_requests,
+            "place_readers": place_readers,
         }
         for name, share in shares.items():
             check_share(name, share)
@@ -374,8 +387,10 @@ class Gen:
         self.conversion_distractors = conversion_distractors
         self.native_names = native_names
         self.small_talk = small_talk
+        self.chatty_requests = chatty_requests
         self.open_verbs = 0.0 if split == "eval" else open_verbs
         self.other_scripts = 0.0 if split == "eval" else other_scripts
+        self.place_readers = 0.0 if split == "eval" else place_readers
         self.tool_count_weights = MANY_TOOL_COUNT_WEIGHTS if many_tools else TOOL_COUNT_WEIGHTS
         self.thresholds = mix_thresholds(tool_share)
         self.p = Pools(split)
@@ -584,6 +599,15 @@ class Gen:
         args: list[dict[str, Any]] = []
         used: set[str] = set()
         for _ in range(nargs):
+            if reader and self.place_readers and r.random() < self.place_readers:
+                an = r.choice(pools.PLACE_ARG_NAMES)
+                used.add(an)
+                spec = {"type": "string"}
+                if r.random() < 0.25:
+                    spec["description"] = f"The {an.replace('_', ' ')}."
+                props[an] = spec
+                args.append({"name": an, "type": "string", "spec": spec, "place": True})
+                continue
             an = self.arg_name(used)
             used.add(an)
             typ = r.choices(
@@ -810,6 +834,10 @@ class Gen:
     def value_for(self, arg: dict[str, Any]) -> Any:
         if arg.get("free"):
             return self.free_text_value()
+        if arg.get("place"):  # half of them capitals, the places "What is the capital of X?" names
+            if self.r.random() < 0.5:
+                return self.r.choice(pools.COUNTRIES_CAPITALS)[1]
+            return self.place()
         typ = arg["type"]
         if typ == "string":
             return self.string_value()
@@ -1230,6 +1258,9 @@ class Gen:
             if any(a.get("free") and a["name"] in first_args for a in first_spec["args"]):
                 joins.pop()  # a free-text phrase may end the first request: " and" would extend it
             user = texts[0].rstrip(".?") + r.choice(joins) + second
+        chatty = self.chatty_requests > 0 and r.random() < self.chatty_requests
+        if chatty:
+            user = self.with_small_talk(user)
         messages.append({"role": "user", "content": user})
         tool_calls = [
             {"type": "function", "function": {"name": s["name"], "arguments": a}} for s, a in calls
@@ -1242,6 +1273,8 @@ class Gen:
             for s, args in calls
         ]
         sample = {"messages": messages, "tools": tools, "expected": expected}
+        if chatty:
+            sample["chatty"] = True
         if any(free):
             sample["free_text_args"] = free
         if kind_roll < 0.45:
@@ -1618,6 +1651,23 @@ class Gen:
             q = q.lower()
         return q, r.choice(replies)
 
+    def with_small_talk(self, request: str) -> str:
+        """The request with small talk before it (a greeting, "How are you?", an acknowledgement)
+        or after it (thanks, a farewell), from the split's pool."""
+        r = self.r
+        talk = pools.HELDOUT_SMALL_TALK if self.p.held else pools.SMALL_TALK
+        before = r.random() < 0.5
+        roles = pools.HELDOUT_TALK_ROLES if self.p.held else pools.TALK_ROLES
+        groups = [g for g, role in zip(talk, roles) if role == ("opens" if before else "closes")]
+        phrase = r.choice(r.choice(groups)[0])
+        if before:
+            if phrase.endswith("?"):
+                return f"{phrase} {request}"
+            return f"{phrase}{r.choice(['!', '.', ','])} {request}"
+        if request[-1] not in ".?!":
+            request += "."  # a free-text phrase may end the request: the talk must not extend it
+        return f"{request} {phrase}{r.choice(['', '!', '.'])}"
+
     def chat_sample(self) -> dict[str, Any]:
         r = self.r
         messages: list[dict[str, Any]] = []
@@ -1966,6 +2016,14 @@ def generate_eval(
             # 1,024 tokens with room for the reply (at most ~0.55 tokens a character)
             if len(dumps(s["tools"])) + len(dumps(prompt["prompt_messages"])) <= 1600:
                 out["tool_call_natural"].append(prompt)
+    # Requests with held-out small talk around them ("Hi there! ...", "... Cheers"), which must
+    # still call (``--chatty-requests``).
+    g = Gen(seed + 17, "eval", request_order=request_order, chatty_requests=1.0)
+    out["tool_call_chatty"] = []
+    while len(out["tool_call_chatty"]) < n_per_task:
+        s = g.tool_sample()
+        if s["kind"] in ("tool_call", "tool_loop"):
+            out["tool_call_chatty"].append(call_prompt(s))
     # Small talk with tools offered, which must be answered in text (``--small-talk``: held-out
     # phrases and tools; the 8% of tool samples where no tool fits a simple question among them).
     g = Gen(seed + 13, "eval", request_order=request_order, small_talk=0.5)
@@ -2048,6 +2106,8 @@ def main() -> None:
         ("--conversion-distractors", "share of tool samples offering a conversion not asked for"),
         ("--native-names", "share of tool samples creating a record named in CJK or kana"),
         ("--small-talk", "share of tool samples where the user makes small talk (no tool call)"),
+        ("--chatty-requests", "share of tool requests with small talk around them (still a call)"),
+        ("--place-readers", "share of reading tools whose one argument is a place (city, ...)"),
     ):
         ap.add_argument(flag, type=share_arg(flag), default=0.0, help=f"{help_text} (see Gen)")
     args = ap.parse_args()
@@ -2074,6 +2134,8 @@ def main() -> None:
         conversion_distractors=args.conversion_distractors,
         native_names=args.native_names,
         small_talk=args.small_talk,
+        chatty_requests=args.chatty_requests,
+        place_readers=args.place_readers,
     )
     with open(args.out / "train.jsonl", "w", encoding="utf-8") as f:
         for s in train:

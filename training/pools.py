@@ -1271,3 +1271,23 @@ HELDOUT_SMALL_TALK = [
         ["Great. Anything else?", "Good. Let me know if you need anything."],
     ),
 ]
+
+# Where each group of small talk may stand around a request (``--chatty-requests``), group by group
+# in the order of SMALL_TALK and HELDOUT_SMALL_TALK: greetings, "How are you?" and acknowledgements
+# open it ("Hi there! ..."), thanks and farewells close it ("... Thanks!"); "" never (questions
+# about the assistant, "Never mind", "lol").
+TALK_ROLES = ("opens", "opens", "closes", "closes", "", "", "opens", "", "")
+HELDOUT_TALK_ROLES = ("opens", "opens", "closes", "closes", "", "opens")
+
+# Argument names of reading tools whose value is a place (``--place-readers``): "What is the
+# weather in Paris?" for get_weather(city).
+PLACE_ARG_NAMES = (
+    "city",
+    "location",
+    "place",
+    "town",
+    "destination",
+    "region",
+    "city_name",
+    "area",
+)
