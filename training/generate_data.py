@@ -252,6 +252,11 @@ class Pools:
         self.first = pools.HELDOUT_FIRST_NAMES if held else pools.FIRST_NAMES
         self.last = pools.HELDOUT_LAST_NAMES if held else pools.LAST_NAMES
         self.places = pools.HELDOUT_PLACES if held else pools.PLACES
+        self.small_talk = pools.HELDOUT_SMALL_TALK if held else pools.SMALL_TALK
+        # the small-talk groups that may open a request and those that may close one
+        roles = pools.HELDOUT_TALK_ROLES if held else pools.TALK_ROLES
+        self.talk_openers = [g for g, role in zip(self.small_talk, roles) if role == "opens"]
+        self.talk_closers = [g for g, role in zip(self.small_talk, roles) if role == "closes"]
         # the quantities with two units or more, and their units (a conversion takes two)
         units: dict[str, list[str]] = {}
         for unit, quantity in pools.HELDOUT_UNITS if held else pools.UNITS:
@@ -599,20 +604,14 @@ class Gen:
         args: list[dict[str, Any]] = []
         used: set[str] = set()
         for _ in range(nargs):
-            if reader and self.place_readers and r.random() < self.place_readers:
-                an = r.choice(pools.PLACE_ARG_NAMES)
-                used.add(an)
-                spec = {"type": "string"}
-                if r.random() < 0.25:
-                    spec["description"] = f"The {an.replace('_', ' ')}."
-                props[an] = spec
-                args.append({"name": an, "type": "string", "spec": spec, "place": True})
-                continue
-            an = self.arg_name(used)
+            place = reader and self.place_readers > 0 and r.random() < self.place_readers
+            an = r.choice(pools.PLACE_ARG_NAMES) if place else self.arg_name(used)
             used.add(an)
-            typ = r.choices(
-                ["string", "integer", "number", "boolean", "enum"], weights=[40, 22, 20, 8, 10]
-            )[0]
+            if place:
+                typ = "string"
+            else:
+                kinds = ["string", "integer", "number", "boolean", "enum"]
+                typ = r.choices(kinds, weights=[40, 22, 20, 8, 10])[0]
             spec: dict[str, Any]
             if typ == "enum":
                 opts = r.sample(
@@ -634,7 +633,10 @@ class Gen:
             if r.random() < 0.25:
                 spec["description"] = f"The {an.replace('_', ' ')}."
             props[an] = spec
-            args.append({"name": an, "type": typ, "spec": spec})
+            arg = {"name": an, "type": typ, "spec": spec}
+            if place:
+                arg["place"] = True
+            args.append(arg)
         if self.free_text and nargs < 4 and r.random() < self.free_text_share:
             self.add_free_text_arg(topic, used, props, args)
         required = [a["name"] for a in args if r.random() < 0.8]
@@ -1641,7 +1643,7 @@ class Gen:
     def small_talk_turn(self) -> tuple[str, str]:
         """Small talk and a reply that fits it, in one of a few casings and punctuations."""
         r = self.r
-        phrases, replies = r.choice(pools.HELDOUT_SMALL_TALK if self.p.held else pools.SMALL_TALK)
+        phrases, replies = r.choice(self.p.small_talk)
         q = r.choice(phrases)
         if q.endswith("?"):
             q = q if r.random() < 0.8 else q[:-1]
@@ -1655,11 +1657,8 @@ class Gen:
         """The request with small talk before it (a greeting, "How are you?", an acknowledgement)
         or after it (thanks, a farewell), from the split's pool."""
         r = self.r
-        talk = pools.HELDOUT_SMALL_TALK if self.p.held else pools.SMALL_TALK
         before = r.random() < 0.5
-        roles = pools.HELDOUT_TALK_ROLES if self.p.held else pools.TALK_ROLES
-        groups = [g for g, role in zip(talk, roles) if role == ("opens" if before else "closes")]
-        phrase = r.choice(r.choice(groups)[0])
+        phrase = r.choice(r.choice(self.p.talk_openers if before else self.p.talk_closers)[0])
         if before:
             if phrase.endswith("?"):
                 return f"{phrase} {request}"
