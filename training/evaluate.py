@@ -16,6 +16,9 @@ Every prompt's function names, argument names, people and places come from the h
   that mention every value of the result;
 - small talk and simple questions with tools offered (constrained, and unconstrained): the share
   answered in text with no tool call, for held-out phrases ("Hi there", "Cheers", ...);
+- the requests the README and examples make of the target (``usage_checks.py``: "What is the
+  weather in Paris?" with ``examples/agent_tools.py``'s tools, "Hello!" with tools offered, ...),
+  each with its probability of a call;
 - held-out perplexity of both models on trained tokens (assistant turns and prose), transformers;
 - draft agreement: teacher-forced on the target's greedy outputs (all tasks above), the share of
   positions where the draft's argmax is the target's token;
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from training import usage_checks
 from training.chat_format import render
 from training.train import encode_samples
 
@@ -471,6 +475,12 @@ def main() -> None:
     print(
         "target: "
         + json.dumps({k: t[k] for k in ("json_keys_free", "json_keys_json_mode", "chat")}),
+        flush=True,
+    )
+    t["usage_checks"] = usage_checks.score(run.llm)
+    print(
+        "target: usage checks "
+        + json.dumps({k: v for k, v in t["usage_checks"].items() if k != "checks"}),
         flush=True,
     )
     run.llm.close()
