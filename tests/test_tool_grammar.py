@@ -302,3 +302,28 @@ def test_each_value_carries_only_the_definitions_it_reaches(check: Checker) -> N
     to = {"street": "Via Roma", "city": "Rome"}
     assert check(grammar, call("ship", {"size": "L", "to": to})) == "complete"
     assert check(grammar, call("ship", {"note": "x", "to": {**to, "city": "Paris"}})) == "rejected"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"properties": {"tags": {"type": "array", "uniqueItems": True}}}, "uniqueItems"),
+        ({"properties": {"when": {"type": "string", "format": "x-date"}}}, "format 'x-date'"),
+        ({"properties": {"n": {"type": "integer", "minimum": "one"}}}, "invalid"),
+    ],
+)
+def test_a_tool_schema_that_cannot_be_enforced_names_the_tool(
+    parameters: dict, message: str
+) -> None:
+    """Found where the tool is given, worded as a JSON schema error: before, the grammar compiler
+    reported it for the whole Lark grammar, the tool known only as arguments_<k>."""
+    from brisklm.constrained.errors import ConstraintError
+    from brisklm.tool_calls import check_tool_schema
+
+    ok = {"type": "function", "function": {"name": "ok", "parameters": {"type": "object"}}}
+    bad = {"type": "function", "function": {"name": "tag_city", "parameters": parameters}}
+    check_tool_schema(ok)
+    for call in (lambda: check_tool_schema(bad), lambda: tool_call_grammar([ok, bad])):
+        with pytest.raises(ConstraintError, match="the parameters of tool 'tag_city'") as info:
+            call()
+        assert message in str(info.value) and "Lark" not in str(info.value)

@@ -10,7 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llguidance import LLMatcher
+
 from brisklm.constrained.any_order import any_order_object_rules
+from brisklm.constrained.compiler import check_json_schema_grammar
+from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS, prepare_json_schema
 from brisklm.constrained.spec import lark_literal
 from brisklm.tool_call_ids import new_tool_call_id
@@ -275,9 +279,21 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
             f"got type {parameters['type']!r}"
         )
     # Closed objects (declared keys only) and the sound rewrites of structured output.
-    prepared = prepare_json_schema(dict(parameters), strict=True)
-    prepared["x-guidance"] = {**JSON_OPTIONS, **SOUND_JSON_OPTIONS}
+    name = function["name"]
+    try:
+        prepared = prepare_json_schema(dict(parameters), strict=True)
+        prepared["x-guidance"] = {**JSON_OPTIONS, **SOUND_JSON_OPTIONS}
+        check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
+    except ConstraintError as e:
+        raise ConstraintError(f"the parameters of tool {name!r}: {e}") from e
     return prepared
+
+
+def check_tool_schema(tool: Any) -> None:
+    """ValueError when ``tool`` cannot be offered: no string name, parameters that are not an
+    object schema, or a schema that cannot be enforced (ConstraintError, naming the tool), as
+    ``tool_call_grammar`` would find it when a request compiles."""
+    _arguments_schema(_tool_function(tool))
 
 
 def check_tool_choice_mode(mode: Any) -> None:

@@ -9,6 +9,7 @@ import pytest
 from llguidance import LLMatcher
 from pydantic import BaseModel
 
+from brisklm import SamplingParams
 from brisklm.constrained import (
     Choice,
     ConstraintError,
@@ -107,6 +108,11 @@ def test_constraint_from_options_rejects_several() -> None:
         constraint_from_options(json_object=True, choice=["a"], grammar="start: a")
     with pytest.raises(ValueError, match="grammar_syntax"):
         constraint_from_options(grammar="x", grammar_syntax="yacc")
+    # The syntax of a grammar that is not there was silently ignored.
+    with pytest.raises(ValueError, match="grammar_syntax='gbnf' without grammar"):
+        constraint_from_options(grammar_syntax="gbnf")
+    with pytest.raises(ValueError, match="grammar_syntax='gbnf' without grammar"):
+        SamplingParams(grammar_syntax="gbnf")
 
 
 def test_json_grammar_is_one_line_and_sound() -> None:

@@ -27,14 +27,28 @@ class BatchSubmission:
 
     def __init__(self) -> None:
         self._waiting: list[Waiting] = []
+        self._futures: list[asyncio.Future[Any]] = []
+        self._cancelled = False
+
+    def cancel_all(self) -> None:
+        """Cancel every call of the batch not finished yet (their requests are aborted), and any
+        call that starts later: for a batch that raised, whose other inputs would otherwise
+        decode on for no one (``asyncio.gather`` leaves them running)."""
+        self._cancelled = True
+        for future in self._futures:
+            if not future.done():
+                future.cancel()
 
     async def run(self, prepare: Callable[[], Prepared]) -> tuple[Prepared, GenerationOutput]:
         """``prepare()`` run beside the other calls of this turn, then its request's output.
 
         A call whose ``prepare`` raises, or whose request fails in the engine, gets that error
         alone; a cancelled call's request is aborted (or, not yet submitted, never made)."""
+        if self._cancelled:
+            raise asyncio.CancelledError
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Prepared, GenerationOutput]] = loop.create_future()
+        self._futures.append(future)
         self._waiting.append((prepare, future))
         if len(self._waiting) == 1:
             loop.call_soon(self._start)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from brisklm import LLM, default_model_path
+from brisklm import LLM, Tokenizer, default_model_path
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
@@ -55,11 +55,36 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
         return default_model_path()
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
+        if model == os.environ.get(MODEL_ENV_VAR):
+            raise FileNotFoundError(
+                f"no model checkpoint at {path}, the directory ${MODEL_ENV_VAR} names: set it to "
+                "the directory of a Hugging Face checkpoint (config.json, safetensors weights, "
+                "tokenizer), or unset it for the bundled model"
+            )
         raise FileNotFoundError(
             f"no model checkpoint at {path}: pass the directory of a Hugging Face checkpoint "
             "(config.json, safetensors weights, tokenizer), or leave model unset for the bundled model"
         )
     return path
+
+
+_tokenizers: dict[Path, Tokenizer] = {}
+
+
+def get_tokenizer(model: str | os.PathLike[str] | None) -> Tokenizer:
+    """The model's tokenizer alone, for counting tokens: a loaded engine's if there is one, else
+    read from the checkpoint once (its weights are not loaded)."""
+    path = resolve_model_path(model).resolve()
+    with _lock:
+        for key, llm in _engines.items():
+            if Path(key.path) == path:
+                return llm.tokenizer
+        tokenizer = _tokenizers.get(path)
+    if tokenizer is None:
+        tokenizer = Tokenizer.from_pretrained(path)
+        with _lock:
+            tokenizer = _tokenizers.setdefault(path, tokenizer)
+    return tokenizer
 
 
 def model_display_name(model: str | os.PathLike[str] | None) -> str:

@@ -9,7 +9,12 @@ from pydantic import BaseModel, Field, model_validator
 
 from brisklm import LLM, SamplingParams
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
-from langchain_brisklm._engines import default_model, get_engine, model_display_name
+from langchain_brisklm._engines import (
+    default_model,
+    get_engine,
+    get_tokenizer,
+    model_display_name,
+)
 
 # Per-call keyword arguments that override a field for one call, e.g. invoke(..., temperature=0).
 SAMPLING_FIELDS = (
@@ -118,6 +123,11 @@ class BriskSettings(BaseModel):
             kv_cache_dtype=self.kv_cache_dtype,
             prefill_chunk_size=self.prefill_chunk_size,
         )
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's own token ids for ``text`` (no special tokens added), read with its
+        tokenizer: LangChain's default would count with GPT-2's, fetched from the network."""
+        return get_tokenizer(self.model).encode(text, add_special_tokens=False)
 
     def _sampling_params(
         self,

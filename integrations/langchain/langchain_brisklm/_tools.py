@@ -25,6 +25,7 @@ from brisklm.tool_calls import (
     ToolCallComplete,
     ToolCallDelta,
     ToolChoiceMode,
+    check_tool_schema,
     parse_tool_call_body,
 )
 from brisklm.tool_formats import ToolCallFormat
@@ -108,23 +109,37 @@ _SCHEMA_MAPS = frozenset(
 _DATA_KEYWORDS = frozenset({"enum", "const", "dependentRequired", "required", "x-guidance"})
 
 
-def _validation_part(schema: Any) -> Any:
-    """A JSON Schema without its annotations: two schemas equal under this accept the same values."""
+def _schema_without(schema: Any, drop: Callable[[str, Any], bool]) -> Any:
+    """A JSON Schema without the keywords ``drop(key, value)`` picks, at every level; property
+    names, enums, constants and other data are left as they are."""
     if isinstance(schema, list):
-        return [_validation_part(item) for item in schema]
+        return [_schema_without(item, drop) for item in schema]
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key in _ANNOTATIONS:
+        if drop(key, value):
             continue
         if key in _DATA_KEYWORDS:
             out[key] = value
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _validation_part(sub) for name, sub in value.items()}
+            out[key] = {name: _schema_without(sub, drop) for name, sub in value.items()}
         else:
-            out[key] = _validation_part(value)
+            out[key] = _schema_without(value, drop)
     return out
+
+
+def _validation_part(schema: Any) -> Any:
+    """A JSON Schema without its annotations: two schemas equal under this accept the same values."""
+    return _schema_without(schema, lambda key, _: key in _ANNOTATIONS)
+
+
+def without_unique_items(schema: Any) -> Any:
+    """A pydantic model's JSON Schema without ``uniqueItems: true`` (a ``set`` field's), which the
+    grammar cannot enforce: the array is decoded as a list, and pydantic's validation, which the
+    caller's model applies to the result (a tool's arguments, a structured reply), makes it the
+    set."""
+    return _schema_without(schema, lambda key, value: key == "uniqueItems" and value is True)
 
 
 def is_bare_json_schema(tool: Any) -> bool:
@@ -175,6 +190,12 @@ def _format_tool(tool: Any, position: int) -> dict[str, Any]:
                 f"the parameters of {where} ({name!r}) must be an object schema, "
                 f"got type {parameters['type']!r}"
             )
+        if not isinstance(tool, dict):  # a pydantic class, function or tool: pydantic validates
+            function["parameters"] = without_unique_items(parameters)
+    try:  # here, where the tool is given, rather than when a call compiles its grammar
+        check_tool_schema(converted)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
     return converted
 
 

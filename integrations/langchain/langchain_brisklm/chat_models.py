@@ -18,12 +18,7 @@ from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import ToolCallChunk
-from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.base import OutputParserLike
-from langchain_core.output_parsers.openai_tools import (
-    JsonOutputKeyToolsParser,
-    PydanticToolsParser,
-)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
@@ -37,9 +32,15 @@ from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
-from langchain_brisklm._engines import off_loop
+from langchain_brisklm._engines import get_tokenizer, off_loop
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
+from langchain_brisklm._structured import (
+    WholeJsonOutputKeyToolsParser,
+    WholeJsonOutputParser,
+    WholePydanticOutputParser,
+    WholePydanticToolsParser,
+)
 from langchain_brisklm._tools import (
     ToolCallChunker,
     ToolChoice,
@@ -50,6 +51,7 @@ from langchain_brisklm._tools import (
     is_bare_json_schema,
     normalize_tool_choice,
     parse_reply,
+    without_unique_items,
 )
 
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
@@ -78,7 +80,8 @@ def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
     """A JSON Schema for a pydantic class, TypedDict, JSON Schema dict, OpenAI tool/function dict
     or Anthropic tool dict."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        # The reply is validated by the class itself, which makes a set field's list a set.
+        return without_unique_items(schema.model_json_schema())
     if isinstance(schema, dict) and isinstance(schema.get("input_schema"), dict):
         # Anthropic's {"name", "description", "input_schema"}: taken whole as a JSON Schema, its
         # unknown keys were ignored and any JSON passed.
@@ -89,7 +92,8 @@ def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
 
 
 _RESPONSE_FORMATS = (
-    'response_format must be {"type": "json_object"}, {"type": "json_schema", "schema": {...}} '
+    'response_format must be {"type": "text"} (the default: no constraint), '
+    '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} '
     'or OpenAI\'s {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, '
     '"strict": ...}}, where the schema is a JSON Schema dict (or `true`: any JSON)'
 )
@@ -183,6 +187,19 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             params["ls_stop"] = stop or self.stop
         return params
 
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """The prompt tokens these messages (and tools) take: the model's chat template rendered
+        as a call renders it, the assistant's turn opened, read with the model's tokenizer."""
+        tokenizer = get_tokenizer(self.model)
+        text = tokenizer.apply_chat_template(
+            to_template_messages(messages),
+            tools=format_tools(tools) or None,
+            add_generation_prompt=True,
+        )
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
     # ------------------------------------------------------------------ requests
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: Any) -> _Call:
         overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
@@ -191,6 +208,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # the OpenAI dicts that bind_tools binds).
         tools = format_tools(kwargs.get("tools"))
         response_format = kwargs.get("response_format")
+        if response_format == {"type": "text"}:  # OpenAI's default: plain text, no constraint
+            response_format = None
         if tools and response_format is not None:
             raise ValueError("pass either tools or response_format to one call, not both")
         parallel = kwargs.get("parallel_tool_calls")
@@ -320,11 +339,16 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         """LangChain's `abatch` (callbacks, configs, `return_exceptions`), with the inputs'
         requests submitted to the engine together (`langchain_brisklm._batched`): prefilled in
         one pass and decoded as one batch."""
-        token = _BATCH.set(BatchSubmission())
+        submission = BatchSubmission()
+        token = _BATCH.set(submission)
         try:
             return await super().abatch(
                 inputs, config, return_exceptions=return_exceptions, **kwargs
             )
+        except BaseException:
+            # One input's error ends the batch, as in `batch`: the other inputs stop too.
+            submission.cancel_all()
+            raise
         finally:
             _BATCH.reset(token)
 
@@ -455,9 +479,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 ls_structured_output_format=format_info,
             )
             if is_pydantic:
-                parser = PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                parser = WholePydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
             else:
-                parser = JsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
+                parser = WholeJsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
         elif method in ("json_schema", "json_mode"):
             response_format = (
                 {"type": "json_schema", "schema": _json_schema_of(schema)}
@@ -468,9 +492,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 response_format=response_format, ls_structured_output_format=format_info
             )
             parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                WholePydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
                 if is_pydantic
-                else JsonOutputParser()
+                else WholeJsonOutputParser()
             )
         else:
             raise ValueError(

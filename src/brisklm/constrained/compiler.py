@@ -72,6 +72,15 @@ def _json_schema_error(message: str) -> ConstraintError:
     return ConstraintError(f"invalid or unsupported JSON schema: {message}")
 
 
+def check_json_schema_grammar(grammar: str) -> None:
+    """ConstraintError, worded as for a JSON schema, when llguidance cannot enforce a grammar
+    made from one (``LLMatcher.grammar_from_json_schema``); needs no tokenizer, so a schema is
+    checked where it is given (a tool's parameters) rather than when a request compiles it."""
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise _json_schema_error(first_paragraph(error))
+
+
 def _constraint_name(constraint: Constraint) -> str:
     if isinstance(constraint, (JsonSchema, JsonObject)):
         return "JSON schema"

@@ -193,6 +193,11 @@ def constraint_from_options(
         raise ValueError(
             f"grammar_syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {grammar_syntax!r}"
         )
+    if grammar is None and grammar_syntax != "lark":
+        raise ValueError(
+            f"grammar_syntax={grammar_syntax!r} without grammar: grammar_syntax names the syntax "
+            "of the grammar= text, so pass grammar= with it"
+        )
     chosen = {
         "json_schema": json_schema is not None,
         "json_object": bool(json_object),

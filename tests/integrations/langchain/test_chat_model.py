@@ -17,6 +17,7 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    trim_messages,
 )
 
 from langchain_brisklm import BriskLLM, ChatBrisk
@@ -34,6 +35,58 @@ def test_construction_loads_nothing_and_engines_are_shared(tiny_chat_dir: Path) 
     # The same checkpoint by another spelling of its path is the same engine.
     other = ChatBrisk(model=str(tiny_chat_dir / ".." / tiny_chat_dir.name), **TINY_ENGINE)
     assert other._engine() is models[0]._engine()
+
+
+def test_tokens_are_counted_with_the_models_tokenizer(
+    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LangChain's default counts with GPT-2's tokenizer, fetched from the network (0 offline)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = chat._engine().tokenizer
+    text = "Hello there, how are you? Größe 36 – 東京"
+    assert chat.get_token_ids(text) == tokenizer.encode(text, add_special_tokens=False)
+    assert chat.get_num_tokens(text) == len(chat.get_token_ids(text)) > 0
+    history = [
+        SystemMessage("Be brief."),
+        HumanMessage("Hello"),
+        AIMessage("Hi"),
+        HumanMessage("Bye"),
+    ]
+    # The prompt a call renders: what usage reports as its input tokens.
+    reply = chat.invoke(history, max_tokens=1)
+    assert chat.get_num_tokens_from_messages(history) == reply.usage_metadata["input_tokens"]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with_tools = chat.invoke(history, max_tokens=1, tools=tools)
+    assert (
+        chat.get_num_tokens_from_messages(history, tools=tools)
+        == with_tools.usage_metadata["input_tokens"]
+        > reply.usage_metadata["input_tokens"]
+    )
+    trimmed = trim_messages(
+        [HumanMessage("a " * 50), AIMessage("b"), HumanMessage("c")],
+        max_tokens=chat.get_num_tokens_from_messages([AIMessage("b"), HumanMessage("c")]),
+        token_counter=chat,
+        strategy="last",
+    )
+    assert [m.content for m in trimmed] == ["b", "c"]
+    llm = BriskLLM(model=chat.model, **TINY_ENGINE)
+    assert llm.get_num_tokens(text) == chat.get_num_tokens(text)
+
+
+def test_token_counting_reads_the_tokenizer_only(tiny_chat_dir: Path) -> None:
+    from langchain_brisklm import _engines
+
+    before = len(loaded_engines())
+    _engines._tokenizers.clear()
+    counter = ChatBrisk(model=str(tiny_chat_dir), **{**TINY_ENGINE, "max_batch_size": 3})
+    assert counter.get_num_tokens("Hello there") > 0
+    assert len(loaded_engines()) == before  # no model loaded to count tokens
+
+
+def test_a_bad_model_env_var_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BRISKLM_MODEL", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match=r"\$BRISKLM_MODEL names.*or unset it"):
+        ChatBrisk().invoke("Hi")
 
 
 def test_missing_model_fails_on_first_call_with_a_clear_error(tmp_path: Path) -> None:
@@ -316,11 +369,8 @@ def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> Non
         plain.model_copy(update={"kv_cache_dtype": "int8"})._engine()
 
 
-def test_an_interrupt_during_batch_aborts_its_requests(
-    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Ctrl-C in batch() waited for the whole batch to finish before it propagated.
-    llm = chat._engine()
+def record_submitted(llm: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The requests the engine's batch submission receives from now on, as they come."""
     submitted: list[Any] = []
     original = type(llm).arun_requests_each
 
@@ -329,6 +379,15 @@ def test_an_interrupt_during_batch_aborts_its_requests(
         return original(self, requests)
 
     monkeypatch.setattr(type(llm), "arun_requests_each", recording)
+    return submitted
+
+
+def test_an_interrupt_during_batch_aborts_its_requests(
+    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C in batch() waited for the whole batch to finish before it propagated.
+    llm = chat._engine()
+    submitted = record_submitted(llm, monkeypatch)
     main = threading.main_thread().ident
     assert main == threading.get_ident()
 
@@ -394,6 +453,28 @@ def test_a_bad_input_in_a_batch_fails_alone(chat: ChatBrisk) -> None:
             break
         time.sleep(0.01)
     assert not chat._engine().engine.has_unfinished
+
+
+def test_a_bad_input_in_abatch_stops_the_others(
+    chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in batch: asyncio.gather raises the first error and leaves the other inputs running,
+    so abatch aborts them (before, the good request decoded all its tokens for no one)."""
+    llm = chat._engine()
+    submitted = record_submitted(llm, monkeypatch)
+    too_long = "word " * 4000
+
+    async def run() -> None:
+        with pytest.raises(ValueError):
+            await chat.abatch(["Count to one thousand.", too_long], max_tokens=1400, stop=None)
+        for _ in range(3000):  # still inside the event loop, which asyncio.run would cancel
+            if all(r.is_finished for r in submitted):
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert [r.finish_reason for r in submitted] == ["abort"]
+    assert not llm.engine.has_unfinished
 
 
 def test_a_request_failing_in_the_engine_fails_alone_in_a_batch(

@@ -12,12 +12,15 @@ from typing import Annotated, Any, Literal
 import jsonschema
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage
+from langchain_core.exceptions import OutputParserException
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGeneration
 from langchain_core.utils.function_calling import convert_to_json_schema
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from langchain_brisklm import ChatBrisk
+from langchain_brisklm._structured import WholeJsonOutputKeyToolsParser, WholeJsonOutputParser
 
 
 class Weather(BaseModel):
@@ -171,7 +174,7 @@ def test_response_format_shapes(chat: ChatBrisk) -> None:
     [
         ("json", "unsupported response_format 'json'"),
         ({}, "unsupported response_format"),
-        ({"type": "text"}, "unsupported response_format"),
+        ({"type": "text", "schema": {}}, "unsupported response_format"),
         ({"type": "json_schema"}, "has no schema"),
         ({"type": "json_schema", "schema": 3}, "schema must be a JSON Schema dict"),
         ({"type": "json_schema", "schema": [1]}, "schema must be a JSON Schema dict"),
@@ -189,6 +192,13 @@ def test_bad_response_format_is_refused(chat: ChatBrisk, response_format: Any, m
     assert "response_format" in str(info.value)
 
 
+def test_text_response_format_is_no_constraint(chat: ChatBrisk) -> None:
+    """OpenAI's default response_format, which code forwarding options sends: plain text."""
+    plain = chat.invoke(PROMPT, max_tokens=8, temperature=0)
+    text = chat.invoke(PROMPT, max_tokens=8, temperature=0, response_format={"type": "text"})
+    assert text.content == plain.content and text.usage_metadata == plain.usage_metadata
+
+
 def test_function_calling_needs_an_object_schema(chat: ChatBrisk) -> None:
     with pytest.raises(ValueError, match="needs an object schema"):
         chat.with_structured_output({"title": "T", "type": "string"}, method="function_calling")
@@ -197,3 +207,81 @@ def test_function_calling_needs_an_object_schema(chat: ChatBrisk) -> None:
         chat.with_structured_output(tool, method="function_calling")
     # The same schema is fine as plain structured output.
     chat.with_structured_output({"title": "T", "type": "string"}, method="json_schema")
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_a_reply_cut_by_max_tokens_is_an_error_not_a_result(chat: ChatBrisk, method: str) -> None:
+    """LangChain's JSON parsers accept partial JSON: a cut reply came back as a result with
+    fields missing (a TypedDict) or as None with no parsing error (function_calling)."""
+    cut = chat.model_copy(update={"max_tokens": 3})
+    with pytest.raises(OutputParserException, match="cut off after 3 tokens"):
+        cut.with_structured_output(WeatherDict, method=method).invoke(PROMPT)
+    raw = cut.with_structured_output(WeatherDict, method=method, include_raw=True).invoke(PROMPT)
+    assert raw["parsed"] is None
+    assert isinstance(raw["parsing_error"], OutputParserException)
+    assert raw["raw"].response_metadata["finish_reason"] == "length"
+    with pytest.raises(OutputParserException, match="cut off"):
+        list(cut.with_structured_output(WeatherDict, method=method).stream(PROMPT))
+
+
+def _generation(message: AIMessage) -> list[ChatGeneration]:
+    return [ChatGeneration(message=message)]
+
+
+def test_a_whole_reply_that_ends_at_the_limit_is_kept() -> None:
+    """Only a reply the limit cut before it was whole is refused: one whose last allowed token
+    closed it parses."""
+    length = {"finish_reason": "length"}
+    parser = WholeJsonOutputParser()
+    whole = AIMessage('{"city": "Paris"}', response_metadata=length)
+    assert parser.parse_result(_generation(whole)) == {"city": "Paris"}
+    with pytest.raises(OutputParserException, match="cut off"):
+        parser.parse_result(_generation(AIMessage('{"city": "Par', response_metadata=length)))
+    stopped = AIMessage('{"city": "Par', response_metadata={"finish_reason": "stop"})
+    assert parser.parse_result(_generation(stopped), partial=True) == {"city": "Par"}
+
+    tools = WholeJsonOutputKeyToolsParser(key_name="Weather", first_tool_only=True)
+    call = {"name": "Weather", "args": {"city": "Paris"}, "id": "c1", "type": "tool_call"}
+    assert tools.parse_result(
+        _generation(AIMessage("", tool_calls=[call], response_metadata=length))
+    ) == {"city": "Paris"}
+    invalid = {"name": "Weather", "args": '{"city": "Pa', "id": "c1", "error": "cut"}
+    with pytest.raises(OutputParserException, match="cut off"):
+        tools.parse_result(
+            _generation(AIMessage("", invalid_tool_calls=[invalid], response_metadata=length))
+        )
+    chunk = {"name": "Weather", "args": '{"city": "Pa', "id": "c1", "index": 0}
+    streamed = AIMessageChunk("", tool_call_chunks=[chunk], response_metadata=length)
+    assert streamed.tool_calls  # LangChain parses the cut arguments as a call
+    with pytest.raises(OutputParserException, match="cut off"):
+        tools.parse_result(_generation(streamed), partial=True)
+
+
+class Tagged(BaseModel):
+    """Tags of a city."""
+
+    city: Literal["Paris", "Tokyo", "Lima"]
+    tags: set[Literal["warm", "wet"]] = Field(max_length=2)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_a_pydantic_set_field_is_decoded_as_a_list_and_validated_to_a_set(
+    chat: ChatBrisk, method: str
+) -> None:
+    """A set field's JSON Schema says uniqueItems, which a grammar cannot enforce; the class's own
+    validation makes the decoded list a set, so the schema is decoded without it."""
+    result = chat.with_structured_output(Tagged, method=method).invoke(PROMPT)
+    assert isinstance(result, Tagged) and isinstance(result.tags, set)
+
+
+def test_a_dict_schema_with_unique_items_is_refused_where_it_is_given(chat: ChatBrisk) -> None:
+    """A dict schema returns dicts, which nothing validates afterwards: refused, naming the tool,
+    at bind time rather than as a grammar error when a call compiles."""
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    tool = {"type": "function", "function": {"name": "tag", "parameters": schema}}
+    with pytest.raises(
+        ValueError, match=r"tools\[0\]: the parameters of tool 'tag': .*uniqueItems"
+    ):
+        chat.bind_tools([tool])
+    with pytest.raises(ValueError, match="uniqueItems"):
+        chat.with_structured_output({"title": "T", **schema}).invoke(PROMPT)

@@ -1,0 +1,91 @@
+"""Parsers of structured output that refuse a reply the length limit cut off.
+
+LangChain's JSON parsers accept partial JSON (they stream partial objects), so a reply cut by
+``max_tokens`` or a full context would come back as a result with fields missing or a string cut
+short. The grammar makes every complete reply valid; these parsers make an incomplete one an
+error (``OutputParserException``, in ``parsing_error`` with ``include_raw=True``), the way
+ChatOpenAI refuses a structured reply whose finish reason is "length"."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langchain_core.exceptions import OutputParserException
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
+from langchain_core.outputs import ChatGeneration, Generation
+
+
+def _json_complete(text: str) -> bool:
+    try:
+        json.loads(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
+def _reply_complete(message: BaseMessage) -> bool:
+    """A JSON reply is complete when its text is a whole JSON value."""
+    return _json_complete(message.text)
+
+
+def _calls_complete(message: BaseMessage) -> bool:
+    """Tool calls are complete when every call parsed (a cut one is an invalid tool call) and,
+    in a stream's aggregate, every call's arguments are whole JSON."""
+    if not isinstance(message, AIMessage) or not message.tool_calls or message.invalid_tool_calls:
+        return False
+    if isinstance(message, AIMessageChunk):
+        return all(_json_complete(chunk.get("args") or "") for chunk in message.tool_call_chunks)
+    return True
+
+
+class _WholeReplyOnly:
+    """Refuses a reply that stopped at its length limit before it was whole (a reply that ends
+    whole on its last allowed token is kept)."""
+
+    _complete = staticmethod(_reply_complete)
+
+    def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
+        for generation in result:
+            message = generation.message if isinstance(generation, ChatGeneration) else None
+            if (
+                message is not None
+                and message.response_metadata.get("finish_reason") == "length"
+                and not self._complete(message)
+            ):
+                usage = getattr(message, "usage_metadata", None) or {}
+                after = (
+                    f" after {usage['output_tokens']} tokens" if usage.get("output_tokens") else ""
+                )
+                raise OutputParserException(
+                    f"the structured reply was cut off{after} (finish_reason 'length'), so it is "
+                    "incomplete: raise max_tokens (or the engine's max_seq_len, if the context "
+                    "is full)",
+                    llm_output=message.text,
+                )
+        return super().parse_result(result, partial=partial)  # type: ignore[misc]
+
+
+class WholeJsonOutputParser(_WholeReplyOnly, JsonOutputParser):
+    """JsonOutputParser that refuses a cut reply."""
+
+
+class WholePydanticOutputParser(_WholeReplyOnly, PydanticOutputParser):
+    """PydanticOutputParser that refuses a cut reply."""
+
+
+class WholeJsonOutputKeyToolsParser(_WholeReplyOnly, JsonOutputKeyToolsParser):
+    """JsonOutputKeyToolsParser that refuses a cut call."""
+
+    _complete = staticmethod(_calls_complete)
+
+
+class WholePydanticToolsParser(_WholeReplyOnly, PydanticToolsParser):
+    """PydanticToolsParser that refuses a cut call."""
+
+    _complete = staticmethod(_calls_complete)
