@@ -4,8 +4,9 @@ Prints prefill tokens/s, decode tokens/s at batch 1 and 8, their ratios, and the
 (weight bytes read per decode step over the best memory bandwidth measured in this same run: F.linear
 on row- and column-major weights, oneDNN's packed weights, a streaming sum on 4 KB pages and on huge
 pages, each reading a weight as large as a decode step's, up to 4 GB). Then brisklm's batch-1 decode
-again, each run right after sustained reads of as many bytes (torch's gemv, and a streaming sum on
-huge pages where the machine gives them; mean against mean), as the share of the faster one.
+again, each run between sustained reads of as many bytes (torch's gemv, and a streaming sum on huge
+pages where the machine gives them; mean against mean), as the share of the faster one, and the
+median over the runs whose reads before and after agree (the bandwidth held through the run).
 
     python bench/engine_vs_transformers.py                       # ~125M params, float32, CPU
     python bench/engine_vs_transformers.py --device cuda --dtype bfloat16 --preset llama3-8b
@@ -31,6 +32,9 @@ from common import (
     write_checkpoint,
 )
 
+# A decode run's roofline counts as steady when the reads before and after it are within 10%.
+STEADY = 0.9
+
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of every weight a decode step reads: all but the embedding table (one row of it is read)."""
@@ -52,6 +56,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--adjacent-runs",
+        type=int,
+        default=8,
+        help="batch-1 decode runs each between two sustained reads (the last part of the output)",
+    )
     parser.add_argument(
         "--no-cuda-graphs", action="store_true", help="run brisklm's CUDA decode steps eagerly"
     )
@@ -85,29 +95,43 @@ def main() -> None:
 
     def adjacent_roofline_ratios(
         run, prompt: list[list[int]], step_bytes: int
-    ) -> list[tuple[float, str]]:
-        """Batch-1 decode against a roofline measured right before each decode run, over a stretch
-        about as long (this VM's bandwidth drifts between regimes within minutes, so a roofline
-        sampled elsewhere in the run can belong to another regime); both are means over their
-        stretch. The roofline is the faster of ``adjacent_readers``' reads (torch's gemv, a
-        streaming sum on huge pages), each sustained over as many bytes as the decode run reads.
-        Returns (ratio, the faster reader's name) per run."""
+    ) -> list[tuple[float, str, bool, float, float]]:
+        """Batch-1 decode against a roofline measured right before and right after each decode run,
+        each read over a stretch about as long (this VM's bandwidth flips between regimes within
+        seconds, so a roofline sampled elsewhere in the run can belong to another regime); all are
+        means over their stretch. The roofline is the faster of ``adjacent_readers``' reads
+        (torch's gemv, a streaming sum on huge pages), each sustained over as many bytes as the
+        decode run reads, averaged over the reads before and after the run (the read after a run is
+        the read before the next). Returns (ratio, the faster reader's name, steady, decode
+        tokens/s, the reader's bytes/s) per run, steady when the faster reader's two reads are
+        within ``STEADY`` of each other: the regime held through the run."""
         readers = call_in_scratch_thread(lambda: adjacent_readers(step_bytes, device, dtype))
+
+        def read_rates() -> dict[str, float]:
+            return call_in_scratch_thread(
+                lambda: {
+                    name: sustained_bandwidth(
+                        read, nbytes, max(8, int(args.new_tokens * step_bytes / nbytes)), device
+                    )
+                    for name, (read, nbytes) in readers.items()
+                }
+            )
+
         ratios = []
         with torch.inference_mode():
-            for _ in range(args.repeats + 2):
-                rates = call_in_scratch_thread(
-                    lambda: {
-                        name: sustained_bandwidth(
-                            read, nbytes, max(8, int(args.new_tokens * step_bytes / nbytes)), device
-                        )
-                        for name, (read, nbytes) in readers.items()
-                    }
-                )
-                fastest = max(rates, key=rates.__getitem__)
+            before = read_rates()
+            for _ in range(args.adjacent_runs):
                 first = run(prompt, 1)
                 step = max(run(prompt, args.new_tokens) - first, 1e-9) / (args.new_tokens - 1)
-                ratios.append((step_bytes / step / rates[fastest], fastest))
+                after = read_rates()
+                mean = {name: (before[name] + after[name]) / 2 for name in before}
+                fastest = max(mean, key=mean.__getitem__)
+                pair = sorted((before[fastest], after[fastest]))
+                steady = pair[0] >= STEADY * pair[1]
+                ratios.append(
+                    (step_bytes / step / mean[fastest], fastest, steady, 1 / step, mean[fastest])
+                )
+                before = after
         return ratios
 
     # One engine at a time, each as its users run it: brisklm computes on its engine thread,
@@ -180,12 +204,23 @@ def main() -> None:
         f"brisklm batch-1 decode = {100 * b1 / roofline:.0f}% of roofline; "
         f"transformers = {100 * results['transformers']['decode_b1_tok_s'] / roofline:.0f}%"
     )
-    shown = " ".join(f"{100 * r:.0f}% ({name})" for r, name in adjacent)
-    median = sorted(r for r, _ in adjacent)[len(adjacent) // 2]
-    print(
-        f"brisklm batch-1 decode against the faster of torch's gemv and a streaming sum on huge "
-        f"pages, sustained just before each run: {shown} (median {100 * median:.0f}%)"
+    shown = ", ".join(
+        f"{100 * r:.0f}%{'' if steady else '*'} ({tok_s:.1f} tokens/s, {name} {rate / 1e9:.1f} GB/s)"
+        for r, name, steady, tok_s, rate in adjacent
     )
+    print(
+        "brisklm batch-1 decode against the faster of torch's gemv and a streaming sum on huge "
+        f"pages, sustained just before and just after each run (* the two reads differ by more "
+        f"than {100 * (1 - STEADY):.0f}%: the bandwidth changed during the run): {shown}"
+    )
+    steady = sorted(r for r, _, ok, _, _ in adjacent if ok)
+    if steady:
+        print(
+            f"runs in a steady bandwidth regime: {len(steady)} of {len(adjacent)}, median "
+            f"{100 * steady[len(steady) // 2]:.0f}%, lowest {100 * steady[0]:.0f}%"
+        )
+    else:
+        print(f"runs in a steady bandwidth regime: none of {len(adjacent)}")
 
 
 if __name__ == "__main__":
