@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from brisklm.config import ModelConfig
+from brisklm.engine.scratch_thread import raise_if_cancelled
 from brisklm.kernels import native
 from brisklm.models import native_forward
 from brisklm.models.layers import LinearFactory
@@ -226,6 +227,7 @@ def _iter_tensors(
             raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
         with handle:
             for name in handle.keys():
+                raise_if_cancelled()
                 try:
                     tensor = handle.get_tensor(name)
                 except Exception as exc:
@@ -378,6 +380,7 @@ def load_model(
     for module in model.modules():
         finalize = getattr(module, "finalize", None)
         if callable(finalize) and module is not model:
+            raise_if_cancelled()
             finalize()
     model.eval()
     return model
