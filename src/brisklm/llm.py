@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import numbers
 import uuid
@@ -101,6 +102,38 @@ def _shape_error(prompt: Any) -> TypeError:
 
 def _is_bytes(value: Any) -> bool:
     return isinstance(value, bytes | bytearray | memoryview)
+
+
+# Keywords a chat call takes for the template's variables (enable_thinking=..., a template's own
+# names) and passes on to it: these would be taken there silently, as variables no template reads.
+_NOT_TEMPLATE_VARIABLES = frozenset(
+    {f.name for f in dataclasses.fields(SamplingParams)}
+    | {"sampling_params", "tool_choice", "response_format", "parallel_tool_calls"}
+)
+
+
+def _check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
+    """Refuse a sampling option or an OpenAI-style request field given to chat as a keyword: the
+    keywords are the chat template's variables, and such a value would change nothing."""
+    for name in template_kwargs:
+        if name not in _NOT_TEMPLATE_VARIABLES:
+            continue
+        if name in ("tool_choice", "parallel_tool_calls"):
+            hint = (
+                "to force or forbid calls, decode under the tools' grammar: params="
+                "SamplingParams(grammar=llm.tool_call_format().grammar(tools, 'required'), ...) "
+                "(modes 'auto', 'required', 'none'; parallel=False for one call)"
+            )
+        elif name == "response_format":
+            hint = "pass params=SamplingParams(json_schema=...) or SamplingParams(json_object=True)"
+        elif name == "sampling_params":
+            hint = "pass it as params=..."
+        else:
+            hint = f"pass params=SamplingParams({name}=...)"
+        raise TypeError(
+            f"chat got the keyword {name}=, which is not a chat template variable (extra "
+            f"keywords go to the template): {hint}"
+        )
 
 
 def _check_encodable(text: str) -> None:
@@ -597,6 +630,7 @@ class LLM:
                 "add_generation_prompt is not a chat option: chat always renders the prompt of "
                 "the assistant's next turn"
             )
+        _check_template_kwargs(template_kwargs)
         text = self.tokenizer.apply_chat_template(
             list(messages),
             tools=list(tools) if tools else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 
@@ -216,6 +217,37 @@ def test_bad_chat_calls(llm, messages, kwargs, message):
     with pytest.raises(ValueError, match=message):
         llm.chat(messages, GREEDY, **kwargs)
     assert_still_works(llm)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 3}, r"max_tokens=, which is not a chat template variable.*SamplingParams"),
+        ({"temperature": 0}, r"temperature=.*params=SamplingParams\(temperature=\.\.\.\)"),
+        ({"tool_choice": "required"}, r"tool_choice=.*tool_call_format\(\)\.grammar"),
+        ({"sampling_params": GREEDY}, r"sampling_params=.*pass it as params="),
+        ({"response_format": {"type": "json_object"}}, r"response_format=.*json_object=True"),
+    ],
+)
+@pytest.mark.parametrize("call", ["chat", "stream_chat", "achat"])
+def test_sampling_options_given_to_chat_as_keywords_are_refused(llm, kwargs, message, call):
+    # The keywords go to the chat template, which ignored them: chat(max_tokens=3) ran to the
+    # default length, chat(temperature=0) sampled.
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(TypeError, match=message):
+        if call == "achat":
+            asyncio.run(llm.achat(messages, **kwargs))
+        else:
+            getattr(llm, call)(messages, **kwargs)  # stream_chat too: it renders at once
+    assert_still_works(llm)
+
+
+def test_a_template_variable_still_reaches_the_template(llm):
+    template = "{{ greeting }} {{ messages[0]['content'] }}"
+    ids = llm.chat_prompt_ids(
+        [{"role": "user", "content": "Hi"}], chat_template=template, greeting="Hey"
+    )
+    assert llm.tokenizer.decode(ids) == "Hey Hi"
 
 
 def test_a_request_runs_once(llm):
