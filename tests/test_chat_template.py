@@ -361,6 +361,20 @@ def test_malformed_tools_are_named(chatml_pair, tools, message) -> None:
         ours.apply_chat_template(USER_ONLY, tools=tools)
 
 
+def test_a_template_name_that_is_not_there_is_an_error_not_the_text(chatml_pair) -> None:
+    ours, _ = chatml_pair
+    # transformers renders an unknown name as the template: "chatml", whatever the messages.
+    with pytest.raises(ValueError, match=r"'chatml' is neither a template of this tokenizer "):
+        ours.apply_chat_template(USER_ONLY, chat_template="chatml")
+    with pytest.raises(ValueError, match=r"\['default', 'tool_use'\]"):
+        ours.apply_chat_template(USER_ONLY, chat_template="tool-use")
+    assert ours.apply_chat_template(USER_ONLY, chat_template="tool_use").startswith("[user] {")
+    assert (
+        ours.apply_chat_template(USER_ONLY, chat_template="{{ messages[0].content }}")
+        == (USER_ONLY[0]["content"])
+    )
+
+
 def test_python_errors_inside_a_template_are_template_errors(chatml_pair) -> None:
     ours, _ = chatml_pair
     # Content blocks are valid messages, but a template that concatenates strings fails on them.

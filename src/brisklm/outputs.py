@@ -10,20 +10,29 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 @dataclass(frozen=True)
 class TopLogprob:
+    """One of the most likely tokens at a step: ``token`` and ``token_bytes`` as in TokenLogprob."""
+
     token_id: int
     token: str
     logprob: float
+    token_bytes: bytes = b""
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """The chosen token's logprob under the model, its rank, and the most likely alternatives."""
+    """The chosen token's logprob under the model, its rank, and the most likely alternatives.
+
+    ``token`` is the token's text (" Paris", not the vocabulary's "ĠParis" or "▁Paris"; a special
+    token's own text), ``token_bytes`` the bytes it stands for: a character split across tokens
+    shows as U+FFFD in each ``token`` and decodes from their joined bytes, as OpenAI's ``bytes``.
+    The vocabulary string is ``llm.tokenizer.id_to_token(token_id)``."""
 
     token_id: int
     token: str
     logprob: float
     rank: int
     top: tuple[TopLogprob, ...] = ()
+    token_bytes: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,16 @@ class Tokenizer:
 
     def _select_template(self, requested: str | None, has_tools: bool) -> str:
         if requested is not None:
-            return self.chat_templates.get(requested, requested)
+            if requested in self.chat_templates:
+                return self.chat_templates[requested]
+            if "{{" not in requested and "{%" not in requested:
+                # transformers renders it as a template: the same text whatever the messages.
+                raise ValueError(
+                    f"chat_template {requested[:60]!r} is neither a template of this tokenizer "
+                    f"({sorted(self.chat_templates) or 'it has none'}) nor Jinja template source "
+                    "(it has no {{ }} or {% %})"
+                )
+            return requested
         if not self.chat_templates:
             raise ValueError(
                 f"the tokenizer in {self.name_or_path or 'this directory'} has no chat template "

@@ -236,7 +236,14 @@ def test_logprobs_match_model_distribution(llm):
         assert entry.logprob == pytest.approx(expected[step, entry.token_id].item(), abs=1e-4)
         assert entry.rank == 1  # greedy picks the most likely token
         assert [t.token_id for t in entry.top] == expected[step].topk(3).indices.tolist()
-        assert entry.token == llm.tokenizer.id_to_token(entry.token_id)
+        assert entry.token_bytes == llm.tokenizer.token_bytes()[entry.token_id]
+        assert entry.token == entry.token_bytes.decode("utf-8", "replace")
+        for alternative in entry.top:
+            assert alternative.token_bytes == llm.tokenizer.token_bytes()[alternative.token_id]
+    # The entries' bytes are the text (the vocabulary strings were "Ġword" pieces, not text).
+    special = llm.tokenizer.special_token_ids
+    text = b"".join(e.token_bytes for e in out.logprobs if e.token_id not in special)
+    assert text.decode("utf-8", "replace") == out.text
 
 
 def test_concurrent_callers_share_the_engine(llm):

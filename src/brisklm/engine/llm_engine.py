@@ -411,17 +411,28 @@ class LLMEngine:
         ranks = values.rank.tolist()
         top_ids = values.top_ids.tolist()
         top_logprobs = values.top_logprobs.tolist()
+        table = self.tokenizer.token_bytes()
         out = []
         for row, request in enumerate(requests):
             wanted = request.params.logprobs or 0
             token_id = int(tokens[row])
             top = tuple(
-                TopLogprob(tid, self.tokenizer.id_to_token(tid), lp)
+                TopLogprob(tid, _token_text(table, tid), lp, table[tid])
                 for tid, lp in zip(top_ids[row][:wanted], top_logprobs[row][:wanted])
             )
             out.append(
                 TokenLogprob(
-                    token_id, self.tokenizer.id_to_token(token_id), chosen[row], ranks[row], top
+                    token_id,
+                    _token_text(table, token_id),
+                    chosen[row],
+                    ranks[row],
+                    top,
+                    table[token_id],
                 )
             )
         return out
+
+
+def _token_text(table: list[bytes], token_id: int) -> str:
+    """A token's text for its logprob entry: its bytes as UTF-8, a partial character as U+FFFD."""
+    return table[token_id].decode("utf-8", "replace")
