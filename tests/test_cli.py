@@ -67,6 +67,28 @@ def test_generate_streams_the_completion(model_dir, capsys):
     assert '"completion_tokens": 12' in captured.err
 
 
+@pytest.mark.parametrize(
+    ("stdin", "prompt"),
+    [
+        ("The quick brown fox\n", "The quick brown fox"),  # echo's newline is not the prompt's
+        ("The quick\nbrown fox\r\n", "The quick\nbrown fox"),
+        ("The quick brown fox\n\n", "The quick brown fox\n"),  # only the last one goes
+        ("The quick brown fox", "The quick brown fox"),
+    ],
+)
+def test_generate_reads_the_prompt_from_stdin(model_dir, capsys, monkeypatch, stdin, prompt):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    argv = ["generate", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "6"]
+    assert main([*argv, "--ignore-eos", "--usage", "-"]) == 0
+    captured = capsys.readouterr()
+    with LLM.from_pretrained(model_dir, show_progress=False) as llm:
+        expected = llm.generate(
+            prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        )
+    assert captured.out == expected.text + "\n"
+    assert f'"prompt_tokens": {len(expected.prompt_token_ids)}' in captured.err
+
+
 def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n/reset\nHi there\n"))
     code = main(
@@ -101,9 +123,18 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
     "argv, message",
     [
         (["generate", "--model", "/nonexistent/model", "hi"], "does not exist"),
-        (["generate", "--temperature", "-1", "--model", "/nonexistent", "hi"], "temperature"),
-        (["generate", "--top-p", "0", "hi"], "top_p"),
-        (["generate", "--threads", "0", "hi"], "num_threads"),
+        # Options named by their flags, as typed (it said "SamplingParams.temperature=-1.0").
+        (
+            ["generate", "--temperature", "-1", "--model", "/nonexistent", "hi"],
+            "error: --temperature -1.0: must be a finite float >= 0",
+        ),
+        (["generate", "--top-p", "0", "hi"], "error: --top-p 0.0: must be a float in (0, 1]"),
+        (["generate", "--stop", "", "hi"], "error: --stop '': must be None, a non-empty str"),
+        (["generate", "--threads", "0", "hi"], "error: --threads must be None or an int >= 1"),
+        (
+            ["generate", "--draft-length", "fixed", "hi"],
+            "error: --draft-length 'fixed' needs speculative decoding: pass --draft (a draft",
+        ),
     ],
 )
 def test_errors_are_one_line_without_traceback(argv, message):
@@ -388,7 +419,7 @@ def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_one_clear_line(model_dir):
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(
-        "brisklm: error: max_seq_len=1000000000 with max_batch_size=1 needs a KV cache of "
+        "brisklm: error: --max-seq-len 1000000000 with max_batch_size=1 needs a KV cache of "
     )
     assert "max_seq_len can be at most " in result.stderr
     assert "the model's max_position_embeddings is " in result.stderr

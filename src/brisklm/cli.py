@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -125,7 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="complete a prompt, streaming to stdout")
-    generate.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
+    generate.add_argument(
+        "prompt",
+        help="the prompt text ('-' reads it from stdin, less the one newline that ends a file "
+        "or echo's output)",
+    )
     _add_model_args(generate)
     _add_sampling_args(generate)
     generate.add_argument(
@@ -278,8 +284,18 @@ def _load(args: argparse.Namespace) -> Any:
     )
 
 
+def _read_stdin_prompt() -> str:
+    """stdin's text without its final line break: `echo "Once upon a time" | brisklm generate -`
+    continues the sentence, not a new line after it."""
+    text = sys.stdin.read()
+    for ending in ("\r\n", "\n"):
+        if text.endswith(ending):
+            return text[: -len(ending)]
+    return text
+
+
 def _run_generate(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = _read_stdin_prompt() if args.prompt == "-" else args.prompt
     _sampling_params(args)
     llm = _load(args)
     request = llm.make_request(prompt, _sampling_params(args, llm.sampling_defaults))
@@ -432,9 +448,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except (CliError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
-        message = str(exc) or type(exc).__name__
+        message = _in_flag_terms(str(exc) or type(exc).__name__, args)
         print(f"brisklm: error: {message.splitlines()[0] if message else message}", file=sys.stderr)
         return EXIT_ERROR
+
+
+_SAMPLING_ERROR = re.compile(r"SamplingParams\.(\w+)=(.*?) is invalid: (.*)", re.DOTALL)
+# Python keywords an error from LLM.from_pretrained may start with, and the flag that set each.
+_ENGINE_FLAGS = {
+    "max_seq_len": "--max-seq-len",
+    "num_speculative_tokens": "--num-speculative-tokens",
+    "draft_length": "--draft-length",
+    "num_threads": "--threads",
+}
+
+
+def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
+    """An error of the Python API, its option named by the flag the user gave (--max-tokens 0,
+    not SamplingParams.max_tokens=0); messages about anything else unchanged."""
+    match = _SAMPLING_ERROR.match(message)
+    if match:
+        name, _, reason = match.groups()
+        given = getattr(args, name, None)
+        if given is None or given == []:  # not a flag, or a value from the model's defaults
+            return message
+        values = given if isinstance(given, list) else [given]
+        shown = " ".join(shlex.quote(str(value)) for value in values)
+        return f"--{name.replace('_', '-')} {shown}: {reason}"
+    name, _, rest = message.partition(" ")
+    name, equals, value = name.partition("=")
+    flag = _ENGINE_FLAGS.get(name)
+    if flag is None:
+        return message
+    rest = rest.replace("pass draft=", "pass --draft")
+    return f"{flag}{' ' if equals else ''}{value} {rest}"
 
 
 if __name__ == "__main__":
