@@ -5,9 +5,11 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import torch
 from pydantic import BaseModel, Field, model_validator
 
-from brisklm import LLM, SamplingParams
+from brisklm import LLM, EngineConfig, SamplingParams
+from brisklm.loader import resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from langchain_brisklm._engines import (
     default_model,
@@ -92,6 +94,25 @@ class BriskSettings(BaseModel):
                 )
                 values = {k: v for k, v in values.items() if k not in _REMOTE_ONLY_PARAMS}
         return values
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> BriskSettings:
+        """A setting the engine would refuse is refused here, at construction, not at the first
+        call (which may come long after, in another part of the program). The model itself is
+        not read: construction stays cheap."""
+        sampling = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        SamplingParams(
+            stop=self.stop or None, **{k: v for k, v in sampling.items() if v is not None}
+        )
+        EngineConfig(
+            max_batch_size=self.max_batch_size,
+            max_seq_len=self.max_seq_len,
+            prefill_chunk_size=self.prefill_chunk_size,
+        )
+        cpu = torch.device("cpu")  # names only: whether the device has CUDA is the engine's
+        resolve_dtype(self.dtype, cpu)
+        resolve_kv_cache_dtype(self.kv_cache_dtype, cpu)
+        return self
 
     @property
     def model_name(self) -> str:

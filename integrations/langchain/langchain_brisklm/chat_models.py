@@ -15,6 +15,7 @@ from typing import Any, Literal
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
+from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import ToolCallChunk
@@ -26,13 +27,14 @@ from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict
 
-from brisklm import LLM
+from brisklm import LLM, EngineConfig
+from brisklm.config import ModelConfig
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
-from langchain_brisklm._engines import get_tokenizer, off_loop
+from langchain_brisklm._engines import get_tokenizer, off_loop, resolve_model_path
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._structured import (
@@ -177,6 +179,37 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     @classmethod
     def get_lc_namespace(cls) -> list[str]:
         return ["langchain_brisklm", "chat_models"]
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the model can do, for LangChain's agents and middleware (a summariser reads
+        max_input_tokens; create_agent asks structured_output): the engine's context (the
+        model's, at most 4096, or max_seq_len) read from config.json, and the capabilities that
+        ChatBrisk gives every model (tool calls and structured output under a grammar). Text
+        only. No weights are read."""
+        config = ModelConfig.from_pretrained(resolve_model_path(self.model))
+        context = EngineConfig(max_seq_len=self.max_seq_len).resolved_max_seq_len(
+            config.max_position_embeddings
+        )
+        return ModelProfile(
+            name=self.model_name,
+            open_weights=True,
+            max_input_tokens=context,
+            max_output_tokens=context,
+            text_inputs=True,
+            image_inputs=False,
+            audio_inputs=False,
+            video_inputs=False,
+            pdf_inputs=False,
+            text_outputs=True,
+            image_outputs=False,
+            audio_outputs=False,
+            video_outputs=False,
+            reasoning_output=False,
+            tool_calling=True,
+            tool_choice=True,
+            tool_call_streaming=True,
+            structured_output=True,
+        )
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)

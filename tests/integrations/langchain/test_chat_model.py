@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -173,6 +174,30 @@ def test_an_unknown_setting_is_an_error_naming_it(cls, setting: str) -> None:
     # LangChain's models ignore unknown fields: ChatBrisk(temprature=0) sampled at the default.
     with pytest.raises(ValueError, match=f"{setting}\n  Extra inputs are not permitted"):
         cls(**{setting: 0})
+
+
+@pytest.mark.parametrize("cls", [ChatBrisk, BriskLLM])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"temperature": -1}, r"temperature=-1.0 is invalid: must be a finite float >= 0"),
+        ({"top_p": 0}, r"top_p=0.0 is invalid"),
+        ({"max_tokens": 0}, r"max_tokens=0 is invalid: must be an int >= 1"),
+        ({"stop": [""]}, r"stop=\[''\] is invalid"),
+        ({"max_batch_size": 0}, r"max_batch_size must be an int >= 1, got 0"),
+        ({"dtype": "float64"}, r"unsupported dtype 'float64'; supported: float32, bfloat16"),
+        ({"kv_cache_dtype": "int8"}, r"kv_cache_dtype: unsupported dtype 'int8'"),
+    ],
+)
+def test_a_bad_setting_is_refused_at_construction(cls, setting, message) -> None:
+    # It was taken, and the first call failed, wherever in the program that came.
+    before = set(loaded_engines())
+    with pytest.raises(ValueError, match=message):
+        cls(**setting)
+    assert set(loaded_engines()) == before  # checked without loading a model
+    good = {"temperature": 0.5, "top_p": 0.9, "max_tokens": 4, "stop": ["\n"]}
+    good |= {"max_batch_size": 2, "dtype": "bfloat16", "kv_cache_dtype": "auto"}
+    cls(**{name: good[name] for name in setting})
 
 
 def test_the_per_call_stream_switch_of_langchain_core(chat: ChatBrisk) -> None:
@@ -519,3 +544,23 @@ def test_a_batch_whose_grouping_breaks_raises_instead_of_hanging() -> None:
 
     results = asyncio.run(run())
     assert [type(r) for r in results] == [Unexpected, Unexpected]
+
+
+def test_the_profile_states_the_engines_context_and_what_chatbrisk_does(
+    chat: ChatBrisk, tiny_chat_dir: Path
+) -> None:
+    # LangChain's agents read it (a summariser max_input_tokens, create_agent structured_output);
+    # it was None.
+    profile = chat.profile
+    assert profile is not None
+    assert profile["max_input_tokens"] == chat._engine().max_seq_len == TINY_ENGINE["max_seq_len"]
+    assert profile["tool_calling"] and profile["structured_output"] and profile["tool_choice"]
+    assert not profile["image_inputs"] and profile["text_inputs"]
+    assert profile["name"] == str(tiny_chat_dir)
+    # Without max_seq_len: the model's positions, at most 4096 (the engine's default).
+    model_positions = json.loads((tiny_chat_dir / "config.json").read_text())[
+        "max_position_embeddings"
+    ]
+    unlimited = ChatBrisk(model=str(tiny_chat_dir)).profile
+    assert unlimited is not None and unlimited["max_input_tokens"] == min(model_positions, 4096)
+    assert ChatBrisk(model=str(tiny_chat_dir / "missing")).profile is None  # an error is the call's
