@@ -631,6 +631,13 @@ class LLM:
                 "the assistant's next turn"
             )
         _check_template_kwargs(template_kwargs)
+        if tools is not None and (
+            isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence)
+        ):
+            raise ValueError(
+                "tools must be a list of tool definitions (OpenAI-style dicts, functions or "
+                f"pydantic classes), got {type(tools).__name__}"
+            )
         text = self.tokenizer.apply_chat_template(
             list(messages),
             tools=list(tools) if tools else None,

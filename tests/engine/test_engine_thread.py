@@ -274,6 +274,59 @@ def test_exiting_with_a_request_running_stops_the_engine_thread_first(tiny_dir, 
     assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
 
 
+INTERRUPTED_EXIT_SCRIPT = """
+import atexit, signal, sys, threading, time
+
+in_step = []
+
+def report():  # registered before brisklm's own exit handler, so it runs after it
+    print("engine steps in progress after brisklm's exit handler:", len(in_step), flush=True)
+
+atexit.register(report)
+from brisklm import LLM, SamplingParams
+
+llm = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=512, show_progress=False)
+step = llm.engine.step
+
+def slow_step():  # a step that takes a while, as a long prefill does
+    in_step.append(1)
+    time.sleep(0.4)
+    try:
+        return step()
+    finally:
+        in_step.pop()
+
+llm.engine.step = slow_step
+params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+threading.Thread(target=lambda: llm.generate(["a b c"] * 4, params), daemon=True).start()
+time.sleep(0.2)
+
+def interrupt_the_exit():  # registered after brisklm's handler, so it runs before it
+    main = threading.main_thread().ident
+    threading.Timer(0.1, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+
+atexit.register(interrupt_the_exit)
+print("leaving", flush=True)
+"""
+
+
+def test_a_ctrl_c_during_exit_does_not_cut_the_wait_for_the_engine_thread(tiny_dir, tmp_path):
+    # Ctrl-C pressed again while the process exits interrupted the exit handler's join: the engine
+    # thread was still in its step at teardown, and the process aborted (exit status 134, one run
+    # in three with the bundled model and a long prefill).
+    script = tmp_path / "exit.py"
+    script.write_text(INTERRUPTED_EXIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == [
+        "leaving",
+        "engine steps in progress after brisklm's exit handler: 0",
+    ]
+    assert "terminate called" not in done.stderr
+
+
 def test_a_closed_loop_is_not_closed_again_at_exit(tiny_dir):
     from brisklm.engine import loop as loop_module
 

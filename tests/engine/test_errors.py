@@ -242,6 +242,14 @@ def test_sampling_options_given_to_chat_as_keywords_are_refused(llm, kwargs, mes
     assert_still_works(llm)
 
 
+@pytest.mark.parametrize("tools", ["get_weather", {"name": "get_weather"}, 3])
+def test_tools_that_are_not_a_list_are_refused_naming_the_type(llm, tools):
+    # A str was iterated: the error named its first character ("got 'g'").
+    with pytest.raises(ValueError, match=r"tools must be a list of tool definitions .* got "):
+        llm.chat([{"role": "user", "content": "Hi"}], GREEDY, tools=tools)
+    assert_still_works(llm)
+
+
 def test_a_template_variable_still_reaches_the_template(llm):
     template = "{{ greeting }} {{ messages[0]['content'] }}"
     ids = llm.chat_prompt_ids(

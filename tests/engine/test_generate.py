@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from brisklm import SamplingParams
+from brisklm import LLM, SamplingParams
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -277,3 +277,33 @@ def test_chat_uses_template(llm):
     assert reply.content == reply.output.text
     assert reply.tool_calls == []
     assert "".join(llm.stream_chat(messages, GREEDY)) == reply.content
+
+
+def test_an_aborted_stream_ends_with_the_text_it_held_back(tiny_dir):
+    # The end of the text so far could start a stop string, so a stream holds it back; abort
+    # dropped it from the stream while the request's output kept it. An LLM of its own, whose
+    # engine is stepped here: no engine thread may step it too.
+    llm = LLM.from_pretrained(tiny_dir, show_progress=False, max_seq_len=128)
+    engine = llm.engine
+
+    def run(params: SamplingParams, num_tokens: int):
+        request = llm.make_request("Hello", params)
+        engine.add_request(request)
+        streamed = ""
+        while len(request.output_token_ids) < num_tokens:
+            for _, chunk in engine.step():
+                streamed += chunk.text
+        return request, streamed
+
+    plain, _ = run(SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), 8)
+    held = plain.text[-2:]
+    assert held.strip(), plain.text  # the test needs visible text at the end
+    stop = [held + "\x00"]
+    request, streamed = run(
+        SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, stop=stop), 8
+    )
+    assert streamed == plain.text[:-2]  # the last two characters are held back
+    _, last = engine.abort_request(request.request_id)
+    assert last.finish_reason == "abort"
+    assert streamed + last.text == request.to_output().text == plain.text
+    llm.close()

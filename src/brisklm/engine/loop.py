@@ -18,6 +18,7 @@ import torch
 
 from brisklm.engine.llm_engine import LLMEngine, own_exception
 from brisklm.engine.request import Request
+from brisklm.engine.scratch_thread import wait_through_interrupts
 from brisklm.outputs import StreamChunk
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ class EngineLoop:
         self._wakeup = threading.Event()
         self._sinks: dict[str, Sink] = {}
         self._thread: threading.Thread | None = None
+        # Set by the engine thread as it ends: waited for instead of joining it (an interrupted
+        # join on Python 3.11 marks the thread stopped while it still runs: see scratch_thread).
+        self._thread_done = threading.Event()
         self._start_lock = threading.Lock()
         self._fail_lock = threading.Lock()
         self._closed = False
@@ -84,23 +88,30 @@ class EngineLoop:
         request still queued or running fails with an error."""
         with self._start_lock:
             self._closed = True
-            thread = self._thread
+            thread, done = self._thread, self._thread_done
         _open_loops.discard(self)
         self._wakeup.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=timeout)
-        if thread is None or not thread.is_alive():
+            done.wait(timeout=timeout)
+        if thread is None or done.is_set():
             self._fail_pending()  # what the thread did not get to (or there was no thread)
 
     def _ensure_thread_locked(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="brisklm-engine", daemon=True)
-            _engine_threads.add(self._thread)
+        if self._thread is None or self._thread_done.is_set():
+            done = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(done,), name="brisklm-engine", daemon=True
+            )
+            self._thread_done = done
+            _engine_threads[self._thread] = done
             self._thread.start()
 
-    def _run(self) -> None:
-        with torch.inference_mode():  # once for the thread, not in each step (see LLMEngine.step)
-            self._serve()
+    def _run(self, done: threading.Event) -> None:
+        try:
+            with torch.inference_mode():  # once for the thread, not in each step (LLMEngine.step)
+                self._serve()
+        finally:
+            done.set()
 
     def _serve(self) -> None:
         while not self._closed:
@@ -240,17 +251,29 @@ _open_loops: weakref.WeakSet[EngineLoop] = weakref.WeakSet()
 # _open_loops. Tensors on huge pages (torch.frombuffer's, whose deleter takes the GIL) freed after
 # interpreter exit has begun made that daemon thread exit mid-deallocation and the process abort
 # ("terminate called without an active exception", exit status 134). So exit waits for them too.
-_engine_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+# Each with the event it sets as it ends.
+_engine_threads: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @atexit.register
 def _close_open_loops() -> None:
+    # A Ctrl-C during these waits (pressed again to hurry the exit) would end them with the
+    # threads still in a step, and the process aborted as above: they wait through it.
     for loop in list(_open_loops):
         loop._fail_on_close = False
         try:
-            loop.close(timeout=EXIT_JOIN_S)
+            loop.close(timeout=0)  # no waiting here: below, through interrupts
         except Exception:  # exit goes on whatever one engine does
             logger.exception("closing an engine at exit failed")
-    for thread in list(_engine_threads):
-        if thread is not threading.current_thread():
-            thread.join(timeout=EXIT_JOIN_S)
+        except BaseException:  # noqa: S110 - an interrupt: the waits below still run
+            pass
+    for thread, done in list(_engine_threads.items()):
+        if thread is not threading.current_thread() and wait_through_interrupts(
+            done, timeout=EXIT_JOIN_S
+        ):
+            try:
+                thread.join(timeout=EXIT_JOIN_S)  # its last lines, after the event
+            except BaseException:  # noqa: S110 - it has left the engine's code already
+                pass

@@ -156,8 +156,11 @@ class Request:
         return text + self.stop_matcher.flush()
 
     def abort(self, reason: FinishReason = "abort") -> StreamChunk:
+        """End the request with the text so far: what was withheld (a possible start of a stop
+        string, incomplete bytes) goes out in this last chunk, as the output's text has it."""
+        text = "" if self.is_finished else self._release_withheld()
         self._finish(reason, None)
-        return StreamChunk(self.request_id, "", [], finish_reason=reason, usage=self.usage)
+        return StreamChunk(self.request_id, text, [], finish_reason=reason, usage=self.usage)
 
     def _finish(self, reason: FinishReason, stop_reason: str | int | None) -> None:
         self.status = RequestStatus.FINISHED

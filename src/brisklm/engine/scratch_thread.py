@@ -21,6 +21,7 @@ that the wait is short.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -73,7 +74,7 @@ def call_in_scratch_thread(fn: Callable[[], T], name: str = "brisklm-setup") -> 
         done.wait()
     except BaseException:
         cancel.set()
-        _wait_through_interrupts(done)
+        wait_through_interrupts(done)
         raise
     thread.join()
     if "error" in outcome:
@@ -83,10 +84,16 @@ def call_in_scratch_thread(fn: Callable[[], T], name: str = "brisklm-setup") -> 
     return outcome["result"]  # type: ignore[return-value]
 
 
-def _wait_through_interrupts(done: threading.Event) -> None:
-    """Wait for ``done``; a further Ctrl-C while the work finishes its step is ignored, not fatal."""
+def wait_through_interrupts(done: threading.Event, timeout: float | None = None) -> bool:
+    """Wait for ``done`` (at most ``timeout`` seconds); a Ctrl-C meanwhile is ignored, not fatal,
+    since the thread that sets ``done`` is still in native code. Returns whether it was set."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while not done.is_set():
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
         try:
-            done.wait()
-        except BaseException:  # the first interruption is the one raised
+            done.wait(remaining)
+        except BaseException:  # noqa: S110 - the caller has its own interruption to raise, or none
             pass
+    return True
