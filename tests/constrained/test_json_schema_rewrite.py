@@ -198,3 +198,120 @@ def test_strict_schema_rejects_undeclared_keys_open_schema_accepts_them(bpe_comp
         matcher = bpe_compiler.compile(JsonSchema(schema, strict=strict)).matcher()
         ids = bpe_compiler.llg_tokenizer.tokenize_bytes(text)
         assert (matcher.accept_tokens(ids) == len(ids)) is accepted
+
+
+INT = {"type": "integer"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        (  # `required` names a key `properties` does not declare: closing must allow it
+            {"type": "object", "properties": {"a": INT}, "required": ["a", "b"]},
+            [{"a": 1, "b": [True]}],
+            [{"a": 1}, {"a": 1, "b": 2, "zz": 3}],
+        ),
+        (  # properties beside anyOf branches that declare more keys
+            {
+                "type": "object",
+                "properties": {"a": INT},
+                "required": ["a"],
+                "anyOf": [
+                    {"properties": {"b": INT}, "required": ["b"]},
+                    {"properties": {"c": INT}, "required": ["c"]},
+                ],
+            },
+            [{"a": 1, "b": 2}, {"a": 1, "c": 3}],
+            [{"a": 1}, {"b": 2}, {"a": 1, "b": 2, "zz": 0}],
+        ),
+        (  # properties beside a $ref whose target is closed where it stands alone
+            {
+                "$defs": {"B": {"type": "object", "properties": {"b": INT}, "required": ["b"]}},
+                "type": "object",
+                "properties": {"a": INT, "solo": {"$ref": "#/$defs/B"}},
+                "required": ["a"],
+                "$ref": "#/$defs/B",
+            },
+            [{"a": 1, "b": 2}, {"a": 1, "solo": {"b": 3}, "b": 2}],
+            [{"a": 1}, {"a": 1, "b": 2, "zz": 0}],
+        ),
+        (  # allOf members that each declare keys
+            {
+                "type": "object",
+                "properties": {"a": INT},
+                "allOf": [{"properties": {"b": INT}, "required": ["b"]}, {"required": ["c"]}],
+            },
+            [{"a": 1, "b": 2, "c": None}, {"b": 2, "c": 3}],
+            [{"a": 1, "b": 2}, {"b": 2, "c": 3, "zz": 0}],
+        ),
+    ],
+)
+def test_strict_closes_a_combined_object_to_the_keys_its_parts_declare(
+    bpe_compiler: GrammarCompiler, schema: Any, good: list[Any], bad: list[Any]
+) -> None:
+    for instance in good:
+        assert accepts(bpe_compiler, schema, instance), instance
+    for instance in bad:
+        assert not accepts(bpe_compiler, schema, instance), instance
+
+
+def test_strict_does_not_close_one_of_branches(bpe_compiler: GrammarCompiler) -> None:
+    # {"a": 3} matches both open branches, so the schema rejects it; closing the second branch
+    # would make the branches disjoint and {"a": 3} an output.
+    schema = {
+        "oneOf": [
+            {"type": "object", "properties": {"a": INT}, "required": ["a"]},
+            {"$ref": "#/$defs/B"},
+        ],
+        "$defs": {"B": {"type": "object", "properties": {"b": INT}}},
+    }
+    assert "additionalProperties" not in prepare_json_schema(schema, strict=True)["$defs"]["B"]
+    with pytest.raises(ConstraintError, match="oneOf"):
+        bpe_compiler.compile(JsonSchema(schema))
+
+
+def test_a_discriminated_union_is_enforced_and_closed(bpe_compiler: GrammarCompiler) -> None:
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Cat(BaseModel):
+        pet: Literal["cat"]
+        meows: int
+
+    class Dog(BaseModel):
+        pet: Literal["dog"]
+        barks: int
+
+    class Owner(BaseModel):
+        name: str
+        animal: Cat | Dog = Field(discriminator="pet")
+
+    schema = Owner.model_json_schema()
+    assert "oneOf" in schema["properties"]["animal"]
+    prepared = prepare_json_schema(schema, strict=True)
+    assert "anyOf" in prepared["properties"]["animal"]
+    assert prepared["$defs"]["Cat"]["additionalProperties"] is False
+    assert accepts(bpe_compiler, schema, {"name": "x", "animal": {"pet": "cat", "meows": 2}})
+    assert not accepts(
+        bpe_compiler, schema, {"name": "x", "animal": {"pet": "cat", "meows": 2, "barks": 1}}
+    )
+    assert not accepts(bpe_compiler, schema, {"name": "x", "animal": {"pet": "dog", "meows": 2}})
+    # Constants that JSON equates (1 and 1.0) do not tell branches apart: stays oneOf.
+    same = {
+        "oneOf": [
+            {"properties": {"k": {"const": 1}, "a": INT}, "required": ["k"]},
+            {"properties": {"k": {"const": 1.0}}, "required": ["k"]},
+        ]
+    }
+    assert "oneOf" in prepare_json_schema(same)
+
+
+@pytest.mark.parametrize("keyword", ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"])
+def test_integer_bounds_a_float_would_round_are_refused(keyword: str) -> None:
+    with pytest.raises(ConstraintError, match=f"bound {2**60 + 1} at #/{keyword}.*64-bit float"):
+        prepare_json_schema({"type": "integer", keyword: 2**60 + 1})
+    assert prepare_json_schema({"type": "integer", keyword: 2**60}) == {
+        "type": "integer",
+        keyword: 2**60,
+    }

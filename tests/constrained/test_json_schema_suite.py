@@ -187,6 +187,39 @@ def test_json_schema_test_suite(
     assert counts["skipped files"] == len(SKIPPED_FILES)
 
 
+def test_strict_mode_accepts_no_invalid_instance(
+    bpe_compiler: GrammarCompiler, bpe_tokenizer: Any
+) -> None:
+    """Strict mode closes objects; it may reject more valid instances, never accept an invalid
+    one, and it compiles what the open mode compiles (closing must not make a schema
+    unsatisfiable or refused)."""
+    false_accepts = []
+    lost = []
+    num_compiled = 0
+    for path in sorted(SUITE_DIR.rglob("*.json")):
+        name = path.relative_to(SUITE_DIR).as_posix()
+        if name in SKIPPED_FILES:
+            continue
+        for case in json.loads(path.read_text(encoding="utf-8")):
+            try:
+                compiled = bpe_compiler.compile(JsonSchema(case["schema"], strict=True))
+            except ConstraintError:
+                try:
+                    bpe_compiler.compile(JsonSchema(case["schema"], strict=False))
+                except ConstraintError:
+                    continue
+                lost.append((name, case["description"]))
+                continue
+            num_compiled += 1
+            for test in case["tests"]:
+                text = _instance_text(test["data"])
+                if not test["valid"] and _accepts(bpe_compiler, compiled, bpe_tokenizer, text):
+                    false_accepts.append((name, case["description"], text))
+    assert not false_accepts, f"strict grammars accepted invalid instances: {false_accepts}"
+    assert not lost, f"compiled only without strict: {lost}"
+    assert num_compiled >= 200
+
+
 def test_suite_remote_files_are_the_only_skips() -> None:
     for name in SKIPPED_FILES:
         assert (SUITE_DIR / name).is_file(), name

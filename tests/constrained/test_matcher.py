@@ -10,6 +10,7 @@ import torch
 
 from brisklm.constrained import (
     Choice,
+    Grammar,
     GrammarCompiler,
     GrammarMatcher,
     JsonSchema,
@@ -61,6 +62,26 @@ def test_eos_only_when_complete_and_terminates(bpe_compiler: GrammarCompiler) ->
     assert not matcher.accept_token(eos)  # nothing after EOS
     assert matcher.validate_tokens([eos]) == 0
     assert allowed_ids(matcher) <= {eos, other_eos}
+
+
+@pytest.mark.parametrize("name_eos", ["<[{eos}]>", "<[{eos}]>*"])
+def test_a_grammar_may_name_eos_as_a_token(bpe_compiler: GrammarCompiler, name_eos: str) -> None:
+    # The EOS is content there: accepted before the grammar is complete, which llguidance's own
+    # validate_tokens refuses for every EOS id.
+    eos = bpe_compiler.eos_token_ids[0]
+    grammar = 'start: "yes" ' + name_eos.format(eos=eos) + ' "!"'
+    matcher = bpe_compiler.compile(Grammar(grammar)).matcher()
+    yes, bang = ids(bpe_compiler, "yes"), ids(bpe_compiler, "!")
+    assert matcher.validate_tokens([*yes, eos, *bang, eos]) == len(yes) + len(bang) + 2
+    assert matcher.validate_tokens([*yes, *bang]) == len(yes + bang) - ("*" not in name_eos)
+    assert matcher.accept_tokens(yes) == len(yes)
+    assert eos in allowed_ids(matcher)
+    assert matcher.accept_token(eos) and not matcher.is_terminated()
+    assert matcher.accept_tokens(bang) == len(bang) and matcher.is_accepting()
+    assert matcher.accept_token(eos) and matcher.is_terminated()
+    matcher.rollback(len(yes) + len(bang) + 2)
+    assert matcher.num_tokens == 0 and not matcher.accept_token(eos)
+    assert matcher.error is None
 
 
 def test_accept_tokens_counts_prefix(bpe_compiler: GrammarCompiler) -> None:

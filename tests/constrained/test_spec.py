@@ -53,6 +53,10 @@ def test_json_schema_from_pydantic() -> None:
 def test_json_schema_rejects_non_schemas() -> None:
     with pytest.raises(ConstraintError, match="json_schema must be"):
         JsonSchema("not a schema")  # type: ignore[arg-type]
+    with pytest.raises(
+        ConstraintError, match=r"got JsonSchema \(pass a JsonSchema as constraint=\)"
+    ):
+        SamplingParams(json_schema=JsonSchema({}, strict=False))
     with pytest.raises(ConstraintError, match="not JSON-serialisable"):
         JsonSchema({"const": {1, 2}})
 

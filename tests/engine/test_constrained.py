@@ -201,3 +201,38 @@ def test_logprobs_and_a_forced_start_do_not_change_seeded_tokens(llm, seed):
     assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids)
     # The forced start is the forced tokens (no draw picked a shorter token under the mask).
     assert without.token_ids[:2] == llm.tokenizer.encode("ab日本語", add_special_tokens=False)[:2]
+
+
+def test_the_end_of_a_grammar_is_not_text_even_with_ignore_eos(llm):
+    # ignore_eos makes the model's EOS ordinary text; the grammar's end still ends the output, and
+    # skip_special_tokens=False must not print it as '<|im_end|>'.
+    eos = llm.tokenizer.eos_token_ids[0]
+    for ignore_eos in (False, True):
+        params = [
+            SamplingParams(
+                temperature=1.0,
+                seed=seed,
+                max_tokens=60,
+                json_schema={"type": "integer"},
+                ignore_eos=ignore_eos,
+                skip_special_tokens=False,
+            )
+            for seed in range(6)
+        ]
+        outs = llm.generate(["Number:"] * len(params), params)
+        ended = [o for o in outs if o.finish_reason == "stop"]
+        assert any(o.token_ids[-1] == eos for o in ended), "no run ended on EOS"
+        for out in ended:
+            assert re.fullmatch(r"-?(0|[1-9][0-9]*)", out.text), out.text
+        streamed = "".join(llm.stream("Number:", params[0]))
+        assert streamed == outs[0].text
+
+
+def test_a_grammar_that_names_eos_writes_it(llm):
+    eos = llm.tokenizer.eos_token_ids[0]
+    eos_text = llm.tokenizer.decode([eos], skip_special_tokens=False)
+    for grammar in (f'start: "yes" <[{eos}]>', f'start: "yes" {eos_text}'):
+        out = llm.generate("Say yes:", SamplingParams(max_tokens=10, grammar=grammar))
+        assert (out.text, out.finish_reason, out.token_ids[-1]) == ("yes", "stop", eos)
+        kept = SamplingParams(max_tokens=10, grammar=grammar, skip_special_tokens=False)
+        assert llm.generate("Say yes:", kept).text == "yes"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 from llguidance import LLMatcher
 
@@ -50,6 +51,7 @@ _COUNT_KEYWORDS = frozenset(
         "maxContains",
     }
 )
+_BOUND_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _LEGACY_KEYWORDS = {
     "additionalItems": "draft-07 `additionalItems` (2020-12 uses `items` after `prefixItems`)",
     "dependencies": "draft-07 `dependencies` (2020-12: `dependentRequired`/`dependentSchemas`)",
@@ -144,16 +146,29 @@ class _SchemaRewriter:
     With ``strict``, objects that list ``properties`` but say nothing of other keys are closed
     (``additionalProperties: false``), as xgrammar's strict mode and OpenAI's strict schemas do:
     generated objects carry the declared keys only, which every valid-instance consumer accepts
-    and which keeps a model from inventing keys. Subschemas of ``allOf`` stay open, since closing
-    each conjunct would reject keys that another conjunct declares.
+    and which keeps a model from inventing keys. A closed object also declares the keys it
+    requires (``required``, ``dependentRequired``) where ``properties`` does not.
+
+    Closing must not change what a combined schema means, so the parts of a combination stay
+    open, all the way down (``$ref`` targets included): the members of ``allOf``, the branches of
+    ``oneOf`` (closing them could make an instance match one branch where the open schema
+    matches two), and the members of an object that has ``properties`` or ``required`` beside
+    ``anyOf``/``oneOf``/``allOf``/``$ref``; that object is closed to the keys any of its parts
+    declares. A ``oneOf`` whose branches each require a distinct constant discriminator (what
+    Pydantic writes for a discriminated union) matches at most one branch, so it is an
+    ``anyOf`` and is written as one (llguidance enforces no other ``oneOf`` it cannot prove
+    disjoint).
     """
 
-    def __init__(self, strict: bool = False) -> None:
+    def __init__(self, root: Any, strict: bool = False) -> None:
         self.strict = strict
+        self.refs = _LocalRefs(root)
+        self.open_ids = _combined_parts(root, self.refs) if strict else set()
 
     def schema(self, node: Any, path: str, closable: bool = True) -> Any:
         if not isinstance(node, dict):
             return node  # booleans; malformed subschemas are llguidance's to report
+        closable = closable and id(node) not in self.open_ids
         out: dict[str, Any] = {}
         for key, value in node.items():
             where = f"{path}/{key}"
@@ -175,10 +190,11 @@ class _SchemaRewriter:
             elif key in _SCHEMA_VALUES:
                 out[key] = self.schema(value, where)
             elif key in _SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [
-                    self.schema(sub, f"{where}/{k}", closable=key != "allOf")
-                    for k, sub in enumerate(value)
-                ]
+                if key == "oneOf" and "anyOf" not in node and _discriminated(value, self.refs):
+                    key = "anyOf"
+                out[key] = [self.schema(sub, f"{where}/{k}") for k, sub in enumerate(value)]
+            elif key in _BOUND_KEYWORDS:
+                out[key] = self.bound(value, where)
             elif key == "pattern" and isinstance(value, str):
                 out[key] = self.pattern(value, where)
             elif key in _COUNT_KEYWORDS and isinstance(value, float) and value.is_integer():
@@ -188,15 +204,31 @@ class _SchemaRewriter:
                 out[key] = self.unknown(value, where)
         self.rewrite_format(out)
         if self.strict and closable:
-            self.close_object(out)
+            self.close_object(node, out)
         self.check_min_properties(out, path)
         return out
 
-    @staticmethod
-    def close_object(out: dict[str, Any]) -> None:
+    def close_object(self, node: dict[str, Any], out: dict[str, Any]) -> None:
         open_keywords = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-        if isinstance(out.get("properties"), dict) and not any(k in out for k in open_keywords):
-            out["additionalProperties"] = False
+        properties = out.get("properties")
+        if not isinstance(properties, dict) or any(k in out for k in open_keywords):
+            return
+        keys = _declared_keys(node, self.refs, set())
+        if keys is None:
+            return  # a part we cannot read (a remote $ref) may declare any key
+        out["properties"] = {**properties, **{k: {} for k in keys if k not in properties}}
+        out["additionalProperties"] = False
+
+    @staticmethod
+    def bound(value: Any, path: str) -> Any:
+        # llguidance reads a bound as a 64-bit float: an integer it rounds would move the bound.
+        if isinstance(value, int) and not isinstance(value, bool) and float(value) != value:
+            raise ConstraintError(
+                f"the bound {value} at {path} cannot be enforced exactly: llguidance reads bounds "
+                f"as 64-bit floats, which round it to {int(float(value))} (integers beyond "
+                "2**53 are exact only where a float is)"
+            )
+        return value
 
     def unknown(self, value: Any, path: str) -> Any:
         if isinstance(value, dict):
@@ -240,6 +272,140 @@ class _SchemaRewriter:
             )
 
 
+class _LocalRefs:
+    """Resolves the document's own ``$ref`` pointers (``#``, ``#/$defs/name``); None otherwise."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    def target(self, node: Any) -> Any:
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return None
+        target = self.root
+        for part in filter(None, unquote(ref[1:]).split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                return None
+        return target
+
+    def parts(self, node: dict[str, Any]) -> list[Any]:
+        """The schemas an instance of ``node`` must also match, or may match instead."""
+        found = [sub for key in _COMBINATORS for sub in _list(node.get(key))]
+        return [*found, node["$ref"]] if "$ref" in node else found
+
+
+_COMBINATORS = ("allOf", "anyOf", "oneOf")
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _combined_parts(root: Any, refs: _LocalRefs) -> set[int]:
+    """ids of the schema objects strict mode must leave open: the parts of combinations (see
+    ``_SchemaRewriter``) and everything inside them, through ``$ref``."""
+    open_ids: set[int] = set()
+
+    def keep_open(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                keep_open(item)
+        if not isinstance(node, dict) or id(node) in open_ids:
+            return
+        open_ids.add(id(node))
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS:
+                keep_open(value)
+        keep_open(refs.target(node))
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        if not isinstance(node, dict):
+            return
+        all_of = _list(node.get("allOf"))
+        if len(all_of) > 1 or (all_of and ("properties" in node or "required" in node)):
+            keep_open(all_of)
+        one_of = _list(node.get("oneOf"))
+        if one_of and ("anyOf" in node or not _discriminated(one_of, refs)):
+            keep_open(one_of)
+        if ("properties" in node or "required" in node) and refs.parts(node):
+            keep_open([p for key in _COMBINATORS for p in _list(node.get(key))])
+            keep_open(refs.target(node))
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS:
+                walk(value)
+
+    walk(root)
+    return open_ids
+
+
+def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, None] | None:
+    """Keys that ``node`` or the parts combined with it declare or require, in the order they are
+    written (an ordered set); None where a part cannot be read."""
+    if isinstance(node, str):  # a $ref
+        node = refs.target({"$ref": node})
+        if node is None:
+            return None
+    if not isinstance(node, dict) or id(node) in seen:
+        return {}
+    seen.add(id(node))
+    properties = node.get("properties")
+    keys = dict.fromkeys(properties) if isinstance(properties, dict) else {}
+    keys.update(dict.fromkeys(k for k in _list(node.get("required")) if isinstance(k, str)))
+    dependent = node.get("dependentRequired")
+    if isinstance(dependent, dict):
+        names = [k for ks in dependent.values() for k in _list(ks) if isinstance(k, str)]
+        keys.update(dict.fromkeys(names))
+    for part in refs.parts(node):
+        part_keys = _declared_keys(part, refs, seen)
+        if part_keys is None:
+            return None
+        keys.update(part_keys)
+    return keys
+
+
+def _discriminated(branches: list[Any], refs: _LocalRefs) -> bool:
+    """True if some property is required by every branch with a constant unique to it, so an
+    instance matches at most one branch."""
+    resolved = [refs.target(b) if isinstance(b, dict) and "$ref" in b else b for b in branches]
+    if len(resolved) < 2 or not all(isinstance(b, dict) for b in resolved):
+        return False
+    first = resolved[0].get("properties")
+    for name in first if isinstance(first, dict) else ():
+        values = [_constant(b, name) for b in resolved]
+        if None not in values and len(set(values)) == len(values):
+            return True
+    return False
+
+
+def _constant(branch: dict[str, Any], name: str) -> tuple[str, Any] | None:
+    """The one scalar a required property ``name`` of ``branch`` may hold, as a comparable key."""
+    properties = branch.get("properties")
+    if name not in _list(branch.get("required")) or not isinstance(properties, dict):
+        return None
+    sub = properties.get(name)
+    if not isinstance(sub, dict):
+        return None
+    if "const" in sub:
+        value = sub["const"]
+    elif isinstance(sub.get("enum"), list) and len(sub["enum"]) == 1:
+        value = sub["enum"][0]
+    else:
+        return None
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", value)  # 1 and 1.0 are one JSON number: they compare equal here
+    return None
+
+
 def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> dict[str, Any]:
     """The schema rewritten so that llguidance enforces it exactly, or ConstraintError naming why not.
 
@@ -253,7 +419,7 @@ def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> 
         raise ConstraintError(
             f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
         )
-    return _SchemaRewriter(strict).schema(schema, "#")
+    return _SchemaRewriter(schema, strict).schema(schema, "#")
 
 
 def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = False) -> str:

@@ -10,6 +10,8 @@ import torch
 from brisklm.constrained.errors import first_paragraph
 
 if TYPE_CHECKING:
+    from llguidance import LLMatcher
+
     from brisklm.constrained.compiler import CompiledGrammar
 
 
@@ -91,9 +93,7 @@ class GrammarMatcher:
         token_id = int(token_id)  # numpy / torch scalars would miss the EOS set lookup
         if self._terminated or self._llm.is_error() or not 0 <= token_id < self._vocab_size:
             return False
-        if token_id in self._eos_token_ids:
-            if not self._llm.is_accepting():
-                return False
+        if token_id in self._eos_token_ids and self._llm.is_accepting():
             was_stopped = self._llm.is_stopped()
             if not self._llm.consume_token(token_id):
                 return False
@@ -102,7 +102,7 @@ class GrammarMatcher:
             self._num_tokens += 1
             return True
         # Validate first: a failed consume would put llguidance into a permanent error state.
-        if self._llm.validate_tokens([token_id]) != 1 or not self._llm.consume_token(token_id):
+        if not self._valid_next(self._llm, token_id) or not self._llm.consume_token(token_id):
             return False
         self._num_tokens += 1
         return True
@@ -123,18 +123,41 @@ class GrammarMatcher:
             if not 0 <= token_id < self._vocab_size:
                 ids = ids[:n]
                 break
+        return self._count_valid(self._llm, ids)
+
+    def _count_valid(self, llm: LLMatcher, ids: list[int]) -> int:
+        """How many leading ``ids`` ``llm`` would accept; ``llm`` is left as it was."""
         eos_at = next((k for k, t in enumerate(ids) if t in self._eos_token_ids), None)
         if eos_at is None:
-            return self._llm.validate_tokens(ids) if ids else 0
-        # Decide the EOS ourselves: llguidance refuses it where the grammar is already exhausted.
-        num_valid = self._llm.validate_tokens(ids[:eos_at]) if eos_at else 0
+            return llm.validate_tokens(ids) if ids else 0
+        # Decide the EOS ourselves: llguidance refuses it where the grammar is already exhausted
+        # (then it ends the output) and where the grammar names it as a token (then it is content).
+        num_valid = llm.validate_tokens(ids[:eos_at]) if eos_at else 0
         if num_valid < eos_at:
             return num_valid
-        probe = self._llm
+        probe = llm
         if eos_at:
-            probe = self._llm.deep_copy()
+            probe = llm.deep_copy()
             probe.consume_tokens(ids[:eos_at])
-        return eos_at + 1 if probe.is_accepting() else eos_at
+        if probe.is_accepting():
+            return eos_at + 1
+        if probe is llm:
+            probe = llm.deep_copy()
+        if not probe.consume_token(ids[eos_at]) or probe.is_error():
+            return eos_at
+        return eos_at + 1 + self._count_valid(probe, ids[eos_at + 1 :])
+
+    def _valid_next(self, llm: LLMatcher, token_id: int) -> bool:
+        """Whether ``llm`` would consume ``token_id`` next (not as the end of the grammar).
+
+        An EOS there is content only where the grammar names it as a token of its own
+        (``<|im_end|>``, ``<[2]>``); llguidance's validate_tokens refuses every EOS, so try it on
+        a copy.
+        """
+        if token_id not in self._eos_token_ids:
+            return llm.validate_tokens([token_id]) == 1
+        probe = llm.deep_copy()
+        return probe.consume_token(token_id) and not probe.is_error()
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens (EOS included)."""

@@ -29,8 +29,12 @@ def _schema_dict(schema: Any) -> dict[str, Any] | bool:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     if not isinstance(schema, (dict, bool)):
+        hint = ""
+        if isinstance(schema, CONSTRAINT_TYPES):
+            hint = f" (pass a {type(schema).__name__} as constraint=)"
         raise ConstraintError(
-            f"json_schema must be a dict, a boolean or a pydantic model class, got {type(schema).__name__}"
+            "json_schema must be a dict, a boolean or a pydantic model class, "
+            f"got {type(schema).__name__}{hint}"
         )
     return schema
 
@@ -43,8 +47,10 @@ class JsonSchema:
     copied, so later edits of the caller's dict do not change this constraint.
 
     `strict` (the default) generates objects with their declared properties only: an object schema
-    with `properties` and no `additionalProperties` is treated as closed. Every output is still
-    valid under the original schema; `strict=False` lets the grammar produce any valid instance.
+    with `properties` and no `additionalProperties` is treated as closed (an object combined with
+    others, by `allOf` or `properties` beside `anyOf`/`oneOf`/`$ref`, is closed to the keys any
+    part declares, and the parts stay open). Every output is still valid under the original
+    schema; `strict=False` lets the grammar produce any valid instance.
     """
 
     schema: dict[str, Any] | bool

@@ -384,16 +384,18 @@ class LLMEngine:
                 f"request {request.request_id}: the grammar rejected token {token_id} "
                 "(no error reported)"
             )
-        chunk = request.append_token(token_id, logprob)
+        ends_grammar = matcher is not None and matcher.is_terminated()
+        chunk = request.append_token(token_id, logprob, ends_grammar=ends_grammar)
         forced = (
             self.structured.forced_tokens(request)
             if allow_forced and not request.is_finished
             else []
         )
         for token in forced:
-            if not matcher.accept_token(token):  # type: ignore[union-attr]
+            assert matcher is not None  # only a grammar forces tokens
+            if not matcher.accept_token(token):
                 break
-            chunk.extend(request.append_token(token))
+            chunk.extend(request.append_token(token, ends_grammar=matcher.is_terminated()))
             if request.is_finished:
                 break
         if matcher is not None and not request.is_finished and matcher.is_stopped():
