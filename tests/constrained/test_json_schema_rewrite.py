@@ -315,3 +315,40 @@ def test_integer_bounds_a_float_would_round_are_refused(keyword: str) -> None:
         "type": "integer",
         keyword: 2**60,
     }
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"item_separator": ";"}, "item_separator ';' would not be JSON"),
+        ({"key_separator": " = "}, "key_separator ' = ' would not be JSON"),
+        ({"key_separator": ":\u00a0"}, "key_separator"),  # no-break space is not JSON whitespace
+        ({"whitespace_pattern": "\\s*"}, "may match more than JSON whitespace"),
+        ({"whitespace_pattern": "[^x]*"}, "may match more than JSON whitespace"),
+        ({"whitespace_pattern": " 1*"}, "may match more than JSON whitespace"),
+        ({"whitespace_pattern": "(?i) "}, "may match more than JSON whitespace"),
+        ({"whitespace_flexibel": True}, "unknown x-guidance option 'whitespace_flexibel'; known:"),
+        ({"whitespace_flexible": "yes"}, "whitespace_flexible must be a bool"),
+        ({"json_allowed_escapes": "nq"}, "escapes JSON does not have"),
+        ([1], "x-guidance must be an object"),
+    ],
+)
+def test_guidance_options_that_would_not_write_json_are_refused(options: Any, match: str) -> None:
+    with pytest.raises(ConstraintError, match=re.escape(match) if "(" in match else match):
+        prepare_json_schema({"type": "array", "x-guidance": options})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"item_separator": " ,\n", "key_separator": ":\t"},
+        {"whitespace_flexible": True, "whitespace_pattern": "(?:[ \\t]|\\n){0,3}"},
+        {"json_allowed_escapes": 'n"\\'},
+    ],
+)
+def test_guidance_options_that_keep_json_are_used(
+    bpe_compiler: GrammarCompiler, options: dict[str, Any]
+) -> None:
+    schema = {"type": "object", "x-guidance": options}
+    prepare_json_schema(schema)
+    bpe_compiler.compile(JsonSchema(schema))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -419,7 +420,63 @@ def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> 
         raise ConstraintError(
             f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
         )
+    if "x-guidance" in schema:
+        check_guidance_options(schema["x-guidance"])
     return _SchemaRewriter(schema, strict).schema(schema, "#")
+
+
+# JSON whitespace only (RFC 8259: space, tab, line feed, carriage return), as characters, escapes or
+# classes of them, grouped and repeated: what a `whitespace_pattern` may be made of.
+_JSON_SPACE_ATOM = r"(?:[ \t\n\r]|\\[tnr ]|\\x(?:20|09|0[aAdD]))"
+_WHITESPACE_PATTERN = re.compile(
+    rf"(?:{_JSON_SPACE_ATOM}|\[{_JSON_SPACE_ATOM}+\]|\(\?:|[()|]|(?:[*+?]|\{{\d+(?:,\d*)?\}})\??)*"
+)
+_SEPARATORS = {"item_separator": ",", "key_separator": ":"}
+_OPTION_KINDS = {
+    "whitespace_flexible": bool,
+    "whitespace_pattern": str,
+    "item_separator": str,
+    "key_separator": str,
+    "json_allowed_escapes": str,
+    "json_allow_general_unicode_escapes": bool,
+    "lenient": bool,  # forced off (SOUND_JSON_OPTIONS)
+    "coerce_one_of": bool,  # forced off
+}
+
+
+def check_guidance_options(options: Any) -> None:
+    """ConstraintError unless a schema's top-level `x-guidance` options keep the output JSON:
+    known options of the right type, separators of JSON whitespace around `,` / `:`, a whitespace
+    pattern of JSON whitespace, escapes JSON has."""
+    if not isinstance(options, dict):
+        raise ConstraintError(f"x-guidance must be an object of options, got {options!r}")
+    for name, value in options.items():
+        kind = _OPTION_KINDS.get(name)
+        if kind is None:
+            raise ConstraintError(
+                f"unknown x-guidance option {name!r}; known: {', '.join(sorted(_OPTION_KINDS))}"
+            )
+        if value is not None and not isinstance(value, kind):
+            raise ConstraintError(f"x-guidance {name} must be a {kind.__name__}, got {value!r}")
+    for name, mark in _SEPARATORS.items():
+        value = options.get(name)
+        if value is not None and not re.fullmatch(rf"[ \t\n\r]*{mark}[ \t\n\r]*", value):
+            raise ConstraintError(
+                f"x-guidance {name} {value!r} would not be JSON: it must be {mark!r} with JSON "
+                "whitespace (space, \\t, \\n, \\r) around it"
+            )
+    pattern = options.get("whitespace_pattern")
+    if pattern is not None and not _WHITESPACE_PATTERN.fullmatch(pattern):
+        raise ConstraintError(
+            f"x-guidance whitespace_pattern {pattern!r} may match more than JSON whitespace: write "
+            "it with space, \\t, \\n, \\r (or classes of them), groups and repetitions only"
+        )
+    escapes = options.get("json_allowed_escapes")
+    if escapes is not None and not set(escapes) <= set('"\\/bfnrtu'):
+        raise ConstraintError(
+            f"x-guidance json_allowed_escapes {escapes!r} names escapes JSON does not have; "
+            'allowed: " \\ / b f n r t u'
+        )
 
 
 def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = False) -> str:
@@ -428,7 +485,9 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
     Whitespace policy: one line, spaced like `json.dumps`: `{"a": 1, "b": [1, 2]}` (separators `, ` and
     `: `, no other whitespace), the JSON models see most in training. A schema may override this
     with llguidance's top-level `"x-guidance"` options (e.g. `{"whitespace_flexible": true}`); the
-    options that would over-approximate the schema (`lenient`, `coerce_one_of`) are always forced off.
+    options that would over-approximate the schema (`lenient`, `coerce_one_of`) are always forced off,
+    and options that would write something other than JSON (a `;` separator, a whitespace pattern
+    that may match a letter, an unknown option) are refused (``check_guidance_options``).
 
     llguidance either enforces a keyword exactly or rejects it, with these exceptions, which are
     handled here so that a compiled schema never accepts an invalid instance:
