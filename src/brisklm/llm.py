@@ -100,6 +100,14 @@ def _shape_error(prompt: Any) -> TypeError:
     )
 
 
+def _naming_prompt(error: Exception, index: int, count: int) -> Exception:
+    """``error`` (of one prompt of a list) again, its message saying which prompt it was about."""
+    try:
+        return type(error)(f"prompt {index} of {count}: {error}")
+    except Exception:  # an error type whose constructor takes other arguments: keep it as it is
+        return error
+
+
 def _is_bytes(value: Any) -> bool:
     return isinstance(value, bytes | bytearray | memoryview)
 
@@ -454,7 +462,18 @@ class LLM:
                     )
                     + (" (decode bytes to str first)" if _is_bytes(prompt) else "")
                 )
-        return [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
+        if len(prompts) == 1:
+            return [self.make_request(prompts[0], params_list[0])]
+        requests = []
+        for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
+            try:
+                requests.append(self.make_request(prompt, sampling))
+            except (ValueError, TypeError) as e:
+                named = _naming_prompt(e, index, len(prompts))
+                if named is e:
+                    raise
+                raise named.with_traceback(e.__traceback__) from None
+        return requests
 
     @staticmethod
     def _prompt_list(prompts: Any) -> tuple[list[Any], bool]:

@@ -52,9 +52,18 @@ def test_bad_prompts(llm):
         llm.generate(["a", "b"], [GREEDY])
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate("Hello", SamplingParams(logit_bias={10**6: 1.0}))
-    # Validation happens before anything is queued: a batch with one bad prompt runs nothing.
-    with pytest.raises(ValueError):
-        llm.generate(["Hello", list(range(5, 300))], GREEDY)
+    # Validation happens before anything is queued: a batch with one bad prompt runs nothing, and
+    # the error says which prompt it was.
+    with pytest.raises(ValueError, match="^prompt 1 of 3: the prompt has 295 tokens"):
+        llm.generate(["Hello", list(range(5, 300)), "Hi"], GREEDY)
+    with pytest.raises(ValueError, match="^prompt 2 of 3: the prompt is empty"):
+        llm.generate(["Hello", "Hi", []], GREEDY)
+    with pytest.raises(
+        TypeError, match="^prompt 1 of 2: params must be a SamplingParams, got dict"
+    ):
+        llm.generate(["Hello", "Hi"], [GREEDY, {"temperature": 0}])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="^the prompt is empty"):  # one prompt: no index
+        llm.generate([[]], GREEDY)
     assert not llm.engine.has_unfinished
     assert_still_works(llm)
 
