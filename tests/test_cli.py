@@ -449,3 +449,33 @@ def test_a_pipe_closed_before_the_last_newline_ends_quietly(model_dir):
     # It printed "Exception ignored in: ... BrokenPipeError" and exited 120.
     assert process.wait(timeout=120) == 141
     assert err == ""
+
+
+def test_help_and_import_do_not_load_torch():
+    # `import brisklm` imported torch (1.5 of `brisklm --help`'s 2 s here); its names now load on
+    # first use. In a fresh interpreter, since this one has torch.
+    script = (
+        "import sys, brisklm, brisklm.speculative\n"
+        "from brisklm.cli import build_parser\n"
+        "build_parser().format_help()\n"
+        "print('torch' in sys.modules)\n"
+        "from brisklm import LLM, SamplingParams\n"
+        "print('torch' in sys.modules, LLM.__name__, SamplingParams.__name__)\n"
+        "print(all(getattr(brisklm, n) is not None for n in brisklm.__all__),"
+        " set(brisklm.__all__) <= set(dir(brisklm)))\n"
+        "print(brisklm.speculative.DEFAULT_NUM_SPECULATIVE_TOKENS)\n"
+        "try:\n    brisklm.nope\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    from brisklm.speculative import DEFAULT_NUM_SPECULATIVE_TOKENS
+
+    assert result.stdout.splitlines() == [
+        "False",
+        "True LLM SamplingParams",
+        "True True",
+        str(DEFAULT_NUM_SPECULATIVE_TOKENS),
+        "module 'brisklm' has no attribute 'nope'",
+    ]

@@ -1,11 +1,16 @@
 """brisklm: a local LLM inference engine for Llama-family models."""
 
-from brisklm.config import ModelConfig
-from brisklm.engine.llm_engine import EngineConfig
-from brisklm.llm import LLM, default_model_path
-from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
-from brisklm.sampling import SamplingParams
-from brisklm.tokenizer import Tokenizer
+from typing import TYPE_CHECKING
+
+from brisklm._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from brisklm.config import ModelConfig
+    from brisklm.engine.llm_engine import EngineConfig
+    from brisklm.llm import LLM, default_model_path
+    from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
+    from brisklm.sampling import SamplingParams
+    from brisklm.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
@@ -22,3 +27,21 @@ __all__ = [
     "Usage",
     "default_model_path",
 ]
+
+# Imported on first use, so that `import brisklm` and the CLI's `--help` do not load torch.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "ModelConfig": "brisklm.config",
+        "EngineConfig": "brisklm.engine.llm_engine",
+        "LLM": "brisklm.llm",
+        "default_model_path": "brisklm.llm",
+        "ChatOutput": "brisklm.outputs",
+        "GenerationOutput": "brisklm.outputs",
+        "StreamChunk": "brisklm.outputs",
+        "TokenLogprob": "brisklm.outputs",
+        "Usage": "brisklm.outputs",
+        "SamplingParams": "brisklm.sampling",
+        "Tokenizer": "brisklm.tokenizer",
+    },
+)
