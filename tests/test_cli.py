@@ -479,3 +479,26 @@ def test_help_and_import_do_not_load_torch():
         str(DEFAULT_NUM_SPECULATIVE_TOKENS),
         "module 'brisklm' has no attribute 'nope'",
     ]
+
+
+def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
+    # An interrupt inside numpy's or torch's extension modules left them half-initialised ("cannot
+    # load module more than once per process", or the interrupt lost). Here SIGINT arrives as the
+    # import starts: it must wait for the import, then end the run with 130. Fresh interpreter.
+    script = (
+        "import builtins, os, signal, sys\n"
+        "from brisklm import cli\n"
+        "real_import = builtins.__import__\n"
+        "def importing(name, *args, **kwargs):\n"
+        "    if name == 'brisklm.llm':\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real_import(name, *args, **kwargs)\n"
+        "builtins.__import__ = importing\n"
+        "code = cli.main(['generate', '--model', '/nonexistent', 'Hello'])\n"
+        "print(code, 'brisklm.llm' in sys.modules, signal.getsignal(signal.SIGINT).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["130", "True", "default_int_handler"]

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -428,11 +429,35 @@ def _run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_engine() -> None:
+    """Import torch (through the engine's modules) with Ctrl-C held until it is done.
+
+    An interrupt inside numpy's or torch's extension modules leaves them half-initialised: the
+    import then failed with "cannot load module more than once per process", or went on as if
+    nothing was pressed. Held, it is raised here, and ``main`` exits 130.
+    """
+    if "torch" in sys.modules:
+        return
+    pressed: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    except ValueError:  # not the main thread: signals go elsewhere anyway
+        previous = None
+    try:
+        import brisklm.llm  # noqa: F401 - loads torch
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
+        _import_engine()
         code = handlers[args.command](args)
         # What is still buffered (the last newline: a pipe's stdout is not line-buffered) goes
         # now, so that a closed pipe raises here and not in the interpreter's flush at exit.
