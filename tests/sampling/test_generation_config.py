@@ -44,6 +44,20 @@ def test_reads_the_sampling_fields(tmp_path: Path) -> None:
     assert sampling_defaults(tmp_path / "missing") == {}
 
 
+def test_do_sample_false_means_greedy(tmp_path: Path) -> None:
+    # As transformers' generate decodes such a checkpoint (the bundled models say so); the file's
+    # sampling fields do not apply then, its repetition penalty and length do.
+    greedy = {**QWEN_LIKE, "do_sample": False}
+    assert sampling_defaults(_write(tmp_path, greedy)) == {
+        "temperature": 0.0,
+        "repetition_penalty": 1.05,
+        "max_tokens": 7,
+    }
+    assert sampling_defaults(_write(tmp_path, {"do_sample": False})) == {"temperature": 0.0}
+    unsaid = {k: v for k, v in QWEN_LIKE.items() if k != "do_sample"}
+    assert sampling_defaults(_write(tmp_path, unsaid))["temperature"] == 0.7
+
+
 def test_bad_values_are_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         defaults = sampling_defaults(_write(tmp_path, {"top_p": 1.5, "temperature": 0.6}))

@@ -4,7 +4,11 @@ Instruct models ship them (Qwen2.5: temperature 0.7, top_p 0.8, top_k 20, repeti
 Llama 3.1: temperature 0.6, top_p 0.9), and transformers' ``generate`` uses them. brisklm applies
 them where the caller gives no ``SamplingParams`` (as vLLM does with ``generation_config="auto"``):
 ``LLM.default_sampling_params()``, the CLI's unset flags, and ChatBrisk / BriskLLM's unset fields.
-Like vLLM, ``do_sample`` is not read: a checkpoint that names a temperature is sampled with it.
+A checkpoint whose file says ``"do_sample": false`` is decoded greedily (temperature 0; its
+repetition_penalty and max_new_tokens still apply), as transformers' ``generate`` does with it: the
+bundled models say so. vLLM ignores ``do_sample`` and samples such a checkpoint at temperature 1.0
+(or the file's temperature); brisklm takes the file's own word. Without the key, a checkpoint that
+names a temperature is sampled with it.
 """
 
 from __future__ import annotations
@@ -57,4 +61,9 @@ def sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
             logger.warning("%s: %s=%r is not used (%s)", path, key, value, error)
             continue
         defaults[field_name] = value
+    if config.get("do_sample") is False:
+        # Greedy: transformers reads no temperature or filter then (and warns if the file has them).
+        for field_name in ("temperature", "top_k", "top_p", "min_p"):
+            defaults.pop(field_name, None)
+        defaults["temperature"] = 0.0
     return defaults
