@@ -311,6 +311,8 @@ def test_a_discriminated_union_is_enforced_and_closed(bpe_compiler: GrammarCompi
 def test_integer_bounds_a_float_would_round_are_refused(keyword: str) -> None:
     with pytest.raises(ConstraintError, match=f"bound {2**60 + 1} at #/{keyword}.*64-bit float"):
         prepare_json_schema({"type": "integer", keyword: 2**60 + 1})
+    with pytest.raises(ConstraintError, match="64-bit floats, which cannot hold it"):
+        prepare_json_schema({"type": "integer", keyword: -(10**400)})
     assert prepare_json_schema({"type": "integer", keyword: 2**60}) == {
         "type": "integer",
         keyword: 2**60,

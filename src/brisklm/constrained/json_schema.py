@@ -223,11 +223,18 @@ class _SchemaRewriter:
     @staticmethod
     def bound(value: Any, path: str) -> Any:
         # llguidance reads a bound as a 64-bit float: an integer it rounds would move the bound.
-        if isinstance(value, int) and not isinstance(value, bool) and float(value) != value:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return value
+        try:
+            rounded: int | None = int(float(value))
+        except OverflowError:
+            rounded = None
+        if rounded != value:
+            became = "cannot hold it" if rounded is None else f"round it to {rounded}"
             raise ConstraintError(
                 f"the bound {value} at {path} cannot be enforced exactly: llguidance reads bounds "
-                f"as 64-bit floats, which round it to {int(float(value))} (integers beyond "
-                "2**53 are exact only where a float is)"
+                f"as 64-bit floats, which {became} (integers beyond 2**53 are exact only where a "
+                "float is)"
             )
         return value
 
