@@ -40,7 +40,10 @@ Message = Mapping[str, Any]
 
 
 def _is_token_id(value: Any) -> bool:
-    """An int, or an integer scalar of numpy (numbers.Integral); not a bool."""
+    """An int, an integer scalar of numpy (numbers.Integral) or a 0-d integer tensor or array;
+    not a bool."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return not _holds_non_integers(getattr(value, "dtype", None))
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -49,7 +52,12 @@ def _as_list(value: Any) -> Any:
     An array of floats or bools is refused here: as lists, they read as lists of prompts."""
     if hasattr(value, "tolist") and hasattr(value, "ndim") and not isinstance(value, str):
         dtype = getattr(value, "dtype", None)
-        if value.ndim and _holds_non_integers(dtype):
+        if value.ndim == 0 and not _holds_non_integers(dtype):
+            raise TypeError(
+                f"a 0-d {type(value).__name__} ({value!r:.40}) is one token id, not a prompt: "
+                "pass a 1-d one or a list of ids"
+            )
+        if _holds_non_integers(dtype):
             raise TypeError(
                 f"token ids must be integers, but the {type(value).__name__} given holds "
                 f"{str(dtype).removeprefix('torch.')} values"

@@ -88,6 +88,10 @@ def test_bad_prompts(llm):
         (torch.tensor([5.0]), r"token ids must be integers, but the Tensor given holds float32"),
         (np.array([True, False]), r"token ids must be integers, but the ndarray given holds bool"),
         ([np.array([5.0])], r"token ids must be integers, but the ndarray given holds float64"),
+        # These said "... got int": the scalar had become an int.
+        (torch.tensor(5), r"a 0-d Tensor \(tensor\(5\)\) is one token id, not a prompt"),
+        (["Hi", np.int64(5)], r"a 0-d int64 \(np.int64\(5\)\) is one token id, not a prompt"),
+        ([torch.tensor(5.0)], r"token ids must be integers, but the Tensor given holds float32"),
     ],
 )
 def test_prompts_of_the_wrong_type(llm, prompts, message):
@@ -99,7 +103,13 @@ def test_prompts_of_the_wrong_type(llm, prompts, message):
 def test_numpy_and_torch_token_ids_are_prompts(llm):
     # An array of ids was "prompts must be a str, ..., got ndarray"; numpy's int64 items "got int64".
     expected = llm.generate([5, 6, 7], GREEDY).token_ids
-    for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7]), [np.int64(5), 6, np.int32(7)]):
+    scalars = [torch.tensor(5), torch.tensor(6), np.array(7)]  # 0-d: one id each
+    for prompt in (
+        np.array([5, 6, 7]),
+        torch.tensor([5, 6, 7]),
+        [np.int64(5), 6, np.int32(7)],
+        scalars,
+    ):
         assert llm.generate(prompt, GREEDY).token_ids == expected
     two = llm.generate(np.array([[5, 6, 7], [5, 6, 7]]), GREEDY)
     assert [out.token_ids for out in two] == [expected, expected]
