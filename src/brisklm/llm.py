@@ -519,7 +519,7 @@ class LLM:
         pending = {r.request_id for r in requests}
         try:
             while pending:
-                request, result = collector.queue.get()
+                request, result = collector.get()
                 if isinstance(result, BaseException):
                     raise result
                 if result.finished:
@@ -555,7 +555,7 @@ class LLM:
         finished = False
         try:
             while not finished:
-                _, result = collector.queue.get()
+                _, result = collector.get()
                 if isinstance(result, BaseException):
                     finished = True
                     raise result

@@ -334,3 +334,30 @@ def test_a_closed_loop_is_not_closed_again_at_exit(tiny_dir):
     assert llm._loop in loop_module._open_loops
     llm.close()
     assert llm._loop not in loop_module._open_loops
+
+
+@pytest.mark.parametrize("call", ["generate", "stream"])
+def test_an_interrupt_without_a_signal_stops_a_waiting_call(tiny_dir, call):
+    # _thread.interrupt_main() (a watchdog, a notebook's stop button) sets no signal: a blocking
+    # queue get never woke for it, so generate noticed it only once the whole output was done.
+    import _thread
+
+    params = SamplingParams(temperature=0.0, max_tokens=3_000, ignore_eos=True)
+    with LLM.from_pretrained(tiny_dir, max_seq_len=4_096, show_progress=False) as llm:
+        request = llm.make_request("Hello", params)
+        timer = threading.Timer(0.2, _thread.interrupt_main)
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                if call == "generate":
+                    llm.run_requests([request])
+                else:
+                    for _ in llm.stream_request(request):
+                        pass
+        finally:
+            timer.cancel()
+        # The abort is the engine thread's to carry out, before the next request's steps.
+        after = llm.generate("Hello", SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(after.token_ids) == 4
+        assert request.finish_reason == "abort"
+        assert len(request.output_token_ids) < params.max_tokens

@@ -194,6 +194,9 @@ def _skipped(final_only: bool, result: StreamChunk | BaseException) -> bool:
     return final_only and not isinstance(result, BaseException) and not result.finished
 
 
+POLL_S = 0.05  # how soon a waiting caller notices an interrupt raised without a signal
+
+
 class SyncCollector:
     """A sink for blocking consumers: chunks go into a thread-safe queue.
 
@@ -212,6 +215,19 @@ class SyncCollector:
         if _skipped(self.final_only, result):
             return
         self.queue.put((request, result))
+
+    def get(self) -> tuple[Request, StreamChunk | BaseException]:
+        """The next queued result, waiting for it in slices of ``POLL_S``.
+
+        A blocking get wakes for a real signal (Ctrl-C) but not for ``_thread.interrupt_main()``
+        (a watchdog thread, a notebook's or IDE's stop button), which Python raises only when the
+        waiting thread runs again: without the slices, after the whole request.
+        """
+        while True:
+            try:
+                return self.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
 
 
 class AsyncCollector:
