@@ -38,6 +38,8 @@ def accepts(compiler: GrammarCompiler, schema: Any, instance: Any) -> bool:
         ("^a\\/b$", ["a/b"], ["ab"]),
         ("^\\u00e9$", ["é"], ["e"]),
         ("b", ["abc", "b"], ["ac"]),  # unanchored: search semantics
+        ("^a\\0$", ["a\x00"], ["a0", "a"]),  # ECMA's NUL escape (Rust: a backreference)
+        ("^[\\0-\\x1f]$", ["\x00", "\x1f"], [" "]),
     ],
 )
 def test_ecma_pattern_semantics(

@@ -113,6 +113,8 @@ def ecma_regex_to_rust(pattern: str) -> str:
             i += 2
             if e in _ECMA_CLASS_ESCAPES:
                 out.append(_ECMA_CLASS_ESCAPES[e][in_class])
+            elif e == "0" and not (i < n and pattern[i].isdigit()):
+                out.append(r"\x00")  # ECMA's NUL escape; Rust reads \0 as a backreference
             elif e.isascii() and e.isalpha() and e not in _SAME_LETTER_ESCAPES:
                 raise ConstraintError(f"pattern {pattern!r}: escape \\{e} cannot be enforced")
             else:
