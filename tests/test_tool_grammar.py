@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -148,6 +149,33 @@ def test_tools_as_functions_and_bare_dicts(check: Checker) -> None:
     grammar = tool_call_grammar([add, MAGIC["function"]], "required")
     assert check(grammar, call("add", {"a": 1, "b": 2})) == "complete"
     assert check(grammar, CALL_MAGIC) == "complete"
+
+
+def test_optional_parameters_of_function_tools_may_be_null(check: Checker) -> None:
+    # transformers' schema says "nullable": true (OpenAPI), which JSON Schema ignores: the grammar
+    # refused null, and the parameter being required, forced a string.
+    def set_alarm(time: str, label: str | None, repeat: Literal["daily", "weekly"] | None):
+        """Set an alarm.
+
+        Args:
+            time: HH:MM.
+            label: A label, or null.
+            repeat: How often, or null.
+        """
+
+    grammar = tool_call_grammar([set_alarm], "required")
+    assert check(grammar, call("set_alarm", {"time": "7", "label": None, "repeat": None})) == (
+        "complete"
+    )
+    assert check(grammar, call("set_alarm", {"time": "7", "label": "x", "repeat": "daily"})) == (
+        "complete"
+    )
+    assert check(grammar, call("set_alarm", {"time": "7", "label": "x", "repeat": "x"})) == (
+        "rejected"
+    )
+    assert check(grammar, call("set_alarm", {"time": None, "label": None, "repeat": None})) == (
+        "rejected"
+    )
 
 
 def test_bad_input() -> None:

@@ -15,7 +15,12 @@ from llguidance import LLMatcher
 from brisklm.constrained.any_order import any_order_object_rules
 from brisklm.constrained.compiler import check_json_schema_grammar
 from brisklm.constrained.errors import ConstraintError
-from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS, prepare_json_schema
+from brisklm.constrained.json_schema import (
+    JSON_OPTIONS,
+    SOUND_JSON_OPTIONS,
+    nullable_as_json_schema,
+    prepare_json_schema,
+)
 from brisklm.constrained.spec import lark_literal
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_schema import tool_json_schema
@@ -281,7 +286,10 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     # Closed objects (declared keys only) and the sound rewrites of structured output.
     name = function["name"]
     try:
-        prepared = prepare_json_schema(dict(parameters), strict=True)
+        # OpenAPI's `nullable` (transformers writes it for Optional[...] parameters) as JSON
+        # Schema; the arguments object itself is never null.
+        arguments = {k: v for k, v in parameters.items() if k != "nullable"}
+        prepared = prepare_json_schema(nullable_as_json_schema(arguments), strict=True)
         prepared["x-guidance"] = {**JSON_OPTIONS, **SOUND_JSON_OPTIONS}
         check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
     except ConstraintError as e:

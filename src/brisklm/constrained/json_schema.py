@@ -282,6 +282,32 @@ class _SchemaRewriter:
             )
 
 
+def nullable_as_json_schema(node: Any) -> Any:
+    """``node`` with OpenAPI's ``"nullable": true`` written as JSON Schema: ``anyOf`` the schema
+    and ``{"type": "null"}``, at every place a schema can be.
+
+    JSON Schema has no such keyword (it would be ignored, and null refused); transformers writes it
+    for an ``Optional[...]`` parameter of a function tool, so tool schemas are read this way.
+    """
+    if isinstance(node, list):
+        return [nullable_as_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: nullable_as_json_schema(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_VALUES or key in _SCHEMA_LISTS:
+            out[key] = nullable_as_json_schema(value)
+        else:
+            out[key] = value
+    if out.pop("nullable", False) is True:
+        return {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
 class _LocalRefs:
     """Resolves the document's own ``$ref`` pointers (``#``, ``#/$defs/name``); None otherwise."""
 
