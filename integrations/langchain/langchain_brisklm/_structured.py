@@ -1,8 +1,8 @@
-"""Parsers of structured output that refuse a reply the length limit cut off.
+"""Parsers of structured output that refuse a reply the length limit or a stop sequence cut off.
 
 LangChain's JSON parsers accept partial JSON (they stream partial objects), so a reply cut by
-``max_tokens`` or a full context would come back as a result with fields missing or a string cut
-short. The grammar makes every complete reply valid; these parsers make an incomplete one an
+``max_tokens``, a full context or a stop sequence would come back as a result with fields missing
+or a string cut short (and the tools parsers skip a cut call: the result was None). The grammar makes every complete reply valid; these parsers make an incomplete one an
 error (``OutputParserException``, in ``parsing_error`` with ``include_raw=True``), the way
 ChatOpenAI refuses a structured reply whose finish reason is "length"."""
 
@@ -45,30 +45,43 @@ def _calls_complete(message: BaseMessage) -> bool:
 
 
 class _WholeReplyOnly:
-    """Refuses a reply that stopped at its length limit before it was whole (a reply that ends
-    whole on its last allowed token is kept)."""
+    """Refuses a reply that its length limit or a stop sequence cut before it was whole (a reply
+    that ends whole on its last allowed token is kept)."""
 
     _complete = staticmethod(_reply_complete)
 
     def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
         for generation in result:
             message = generation.message if isinstance(generation, ChatGeneration) else None
-            if (
-                message is not None
-                and message.response_metadata.get("finish_reason") == "length"
-                and not self._complete(message)
-            ):
-                usage = getattr(message, "usage_metadata", None) or {}
-                after = (
-                    f" after {usage['output_tokens']} tokens" if usage.get("output_tokens") else ""
-                )
+            if message is None or self._complete(message):
+                continue
+            cut = _cut_by(message)
+            if cut is not None:
                 raise OutputParserException(
-                    f"the structured reply was cut off{after} (finish_reason 'length'), so it is "
-                    "incomplete: raise max_tokens (or the engine's max_seq_len, if the context "
-                    "is full)",
+                    f"the structured reply was cut off{cut}, so it is incomplete",
                     llm_output=message.text,
                 )
         return super().parse_result(result, partial=partial)  # type: ignore[misc]
+
+
+def _cut_by(message: BaseMessage) -> str | None:
+    """What ended an incomplete reply early, with what to do about it; None while it runs on."""
+    metadata = message.response_metadata
+    if metadata.get("finish_reason") == "length":
+        usage = getattr(message, "usage_metadata", None) or {}
+        after = f" after {usage['output_tokens']} tokens" if usage.get("output_tokens") else ""
+        return (
+            f"{after} (finish_reason 'length'): raise max_tokens (or the engine's max_seq_len, "
+            "if the context is full)"
+        )
+    if metadata.get("stop_reason") is not None:
+        return (
+            f" by the stop sequence {metadata['stop_reason']!r}: leave stop sequences out of "
+            "structured output (the grammar ends the reply)"
+        )
+    if isinstance(message, AIMessage) and message.invalid_tool_calls:
+        return " inside its tool call (the call did not parse)"
+    return None
 
 
 class WholeJsonOutputParser(_WholeReplyOnly, JsonOutputParser):

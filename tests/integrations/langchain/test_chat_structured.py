@@ -224,6 +224,20 @@ def test_a_reply_cut_by_max_tokens_is_an_error_not_a_result(chat: ChatBrisk, met
         list(cut.with_structured_output(WeatherDict, method=method).stream(PROMPT))
 
 
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])  # their ', ' is certain
+def test_a_reply_cut_by_a_stop_sequence_is_an_error_not_a_result(
+    chat: ChatBrisk, method: str
+) -> None:
+    """A stop sequence set on the model cut the reply at the first ', ': json_schema returned the
+    fields before it, function_calling None, and neither said why."""
+    cut = chat.model_copy(update={"stop": [", "]})
+    with pytest.raises(OutputParserException, match="cut off by the stop sequence ', '"):
+        cut.with_structured_output(WeatherDict, method=method).invoke(PROMPT)
+    raw = cut.with_structured_output(WeatherDict, method=method, include_raw=True).invoke(PROMPT)
+    assert raw["parsed"] is None
+    assert raw["raw"].response_metadata["stop_reason"] == ", "
+
+
 def _generation(message: AIMessage) -> list[ChatGeneration]:
     return [ChatGeneration(message=message)]
 
