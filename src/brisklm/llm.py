@@ -745,7 +745,9 @@ class LLM:
     @staticmethod
     def _chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
         content, calls = format.parse(output.text) if format else (output.text, [])
-        finish = "tool_calls" if calls and output.finish_reason == "stop" else output.finish_reason
+        finish = output.finish_reason
+        if calls and finish == "stop" and not (format and format.ended_inside_call(output.text)):
+            finish = "tool_calls"  # OpenAI's name for a turn that ended after its calls
         return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
 
     # ---------------------------------------------------------------- lifecycle

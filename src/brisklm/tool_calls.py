@@ -107,6 +107,20 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     return "".join(content).strip(), calls
 
 
+def unclosed_block_start(text: str) -> int:
+    """Where the reply's last tool-call block starts if no end tag closes it, else -1; blocks are
+    read as ``parse_tool_calls`` reads them (a tag inside a call's JSON strings is text)."""
+    position = 0
+    while True:
+        start = text.find(TOOL_CALL_START, position)
+        if start < 0:
+            return -1
+        end = find_unquoted(text, TOOL_CALL_END, start + len(TOOL_CALL_START))
+        if end < 0:
+            return start
+        position = end + len(TOOL_CALL_END)
+
+
 @dataclass(frozen=True)
 class ContentDelta:
     """New plain text of the message."""

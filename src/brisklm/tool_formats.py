@@ -28,6 +28,7 @@ from typing import Any
 
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
 from brisklm.tool_calls import (
+    TOOL_CALL_START,
     ContentDelta,
     ToolCall,
     ToolCallComplete,
@@ -36,10 +37,12 @@ from brisklm.tool_calls import (
     ToolChoiceMode,
     call_alternatives,
     check_tool_choice_mode,
+    parse_tool_call_body,
     parse_tool_calls,
     partial_tag_length,
     tool_call_from_json,
     tool_call_grammar,
+    unclosed_block_start,
 )
 
 FORMAT_NAMES = ("hermes", "llama3_json", "mistral")
@@ -127,6 +130,15 @@ class ToolCallFormat:
         elif not body.startswith("{"):
             return None
         return "", *_leading_json_calls(body, self.new_id, array=False)
+
+    def ended_inside_call(self, text: str) -> bool:
+        """Whether max_tokens, a stop sequence or a stop token ended the reply inside a call,
+        before it was whole (a call whole but for its closing is whole)."""
+        if self.name == "hermes":
+            start = unclosed_block_start(text)
+            return start >= 0 and not parse_tool_call_body(text[start + len(TOOL_CALL_START) :])
+        cut = self.cut_calls(text)
+        return cut is not None and cut[2] is not None
 
     def stream_parser(self) -> ToolCallStreamParser | TailCallStreamParser:
         """An incremental parser whose events add up to ``parse`` of the whole reply."""

@@ -19,7 +19,6 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_calls import (
-    TOOL_CALL_END,
     TOOL_CALL_START,
     ContentDelta,
     ToolCallComplete,
@@ -27,6 +26,7 @@ from brisklm.tool_calls import (
     ToolChoiceMode,
     check_tool_schema,
     parse_tool_call_body,
+    unclosed_block_start,
 )
 from brisklm.tool_formats import ToolCallFormat
 
@@ -292,8 +292,8 @@ def split_cut_call(text: str, error: str) -> tuple[str, InvalidToolCall | None]:
     Returns the text before it and the cut call as an invalid tool call, with its name when the
     name was written and its arguments so far; or the text unchanged and None.
     """
-    start = text.rfind(TOOL_CALL_START)
-    if start < 0 or TOOL_CALL_END in text[start:]:
+    start = unclosed_block_start(text)  # tags inside the calls' JSON strings are text
+    if start < 0:
         return text, None
     body = text[start + len(TOOL_CALL_START) :]
     if parse_tool_call_body(body) is not None:  # complete but for its end tag: a call
@@ -365,12 +365,14 @@ class ToolCallChunker:
         self._calls: dict[int, _CallState] = {}
         self._text = ""
         self._num_calls_before_cut = 0
+        self.cut = False  # the reply ended inside a call (known at finish)
 
     def feed(self, text: str) -> tuple[str, list[ToolCallChunk]]:
         self._text += text
         return self._convert(self._parser.feed(text))
 
     def finish(self) -> tuple[str, list[ToolCallChunk]]:
+        self.cut = self._format.ended_inside_call(self._text)
         events = self._parser.finish()
         cut_calls = self._format.cut_calls(self._text)
         if cut_calls is not None:

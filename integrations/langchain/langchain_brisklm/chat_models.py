@@ -140,9 +140,10 @@ def _usage_metadata(usage: Usage) -> UsageMetadata:
     )
 
 
-def _finish_reason(finish_reason: str | None, num_calls: int) -> str | None:
-    # OpenAI's convention: a turn that ended after calling tools finishes with "tool_calls".
-    return "tool_calls" if num_calls and finish_reason == "stop" else finish_reason
+def _finish_reason(finish_reason: str | None, num_calls: int, cut: bool) -> str | None:
+    # OpenAI's convention: a turn that ended after calling tools finishes with "tool_calls"; one
+    # that a stop sequence ended inside a call keeps "stop", so that the cut is seen.
+    return "tool_calls" if num_calls and finish_reason == "stop" and not cut else finish_reason
 
 
 class ChatBrisk(BriskSettings, BaseChatModel):
@@ -312,7 +313,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         ]
         metadata = {
             "model_name": call.model_name,
-            "finish_reason": _finish_reason(output.finish_reason, len(calls)),
+            "finish_reason": _finish_reason(output.finish_reason, len(calls), bool(invalid)),
         }
         if output.stop_reason is not None:
             metadata["stop_reason"] = output.stop_reason
@@ -611,9 +612,10 @@ class _ChunkConverter:
                 out.append(_chunk(text, tool_chunks))
         if chunk.finished:
             num_calls = self.chunker.num_calls if self.chunker is not None else 0
+            cut = self.chunker is not None and self.chunker.cut
             metadata: dict[str, Any] = {
                 "model_name": self.call.model_name,
-                "finish_reason": _finish_reason(chunk.finish_reason, num_calls),
+                "finish_reason": _finish_reason(chunk.finish_reason, num_calls, cut),
             }
             if chunk.stop_reason is not None:
                 metadata["stop_reason"] = chunk.stop_reason

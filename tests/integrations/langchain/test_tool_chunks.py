@@ -187,3 +187,48 @@ def test_tool_choice_spellings() -> None:
     assert normalize_tool_choice({"type": "function", "function": {"name": "b"}}, names) == "b"
     assert normalize_tool_choice({"type": "tool", "name": "a"}, names) == "a"
     assert normalize_tool_choice({"type": "any"}, names) == "required"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and',
+        '<tool_call>\n{"name": "note", "arguments": {"text": "start with <tool_call> then',
+    ],
+)
+def test_tags_inside_a_cut_calls_strings_are_its_text(text: str) -> None:
+    # split_cut_call looked for the last start tag and any end tag without reading JSON strings:
+    # the call's markup came back as content, or as a call named None with a piece of its text.
+    content, calls, invalid = parse_reply(text, HERMES, "cut")
+    args = text[text.index('{"text"') :]
+    assert (content, calls, [(c["name"], c["args"]) for c in invalid]) == ("", [], [("note", args)])
+    assert HERMES.ended_inside_call(text)
+
+
+@pytest.mark.parametrize("form", CUT_REPLIES)
+def test_a_reply_cut_inside_a_call_is_told_from_one_that_ended_after_its_calls(form: str) -> None:
+    # finish_reason said "tool_calls" (the turn ended after its calls) for a reply a stop sequence
+    # ended inside its second call; it is "stop" then, so that the cut shows.
+    from brisklm import LLM
+    from brisklm.outputs import GenerationOutput, Usage
+    from langchain_brisklm.chat_models import _finish_reason
+
+    tool_format, text = CUT_REPLIES[form]
+    whole = {
+        "hermes": TEXT,
+        "mistral": '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]',
+        "mistral_v11": '[TOOL_CALLS]f[ARGS]{"a": 1}',
+        "llama3_json": '<|python_tag|>{"name": "f", "parameters": {"a": 1}}',
+    }[form]
+    assert tool_format.ended_inside_call(text)
+    assert not tool_format.ended_inside_call(whole)
+    for reply, expected in ((text, "stop"), (whole, "tool_calls")):
+        chunker = ToolCallChunker(tool_format)
+        chunker.feed(reply)
+        chunker.finish()
+        assert chunker.cut == (expected == "stop")
+        _, _, invalid = parse_reply(reply, tool_format, "cut")
+        assert _finish_reason("stop", 1, bool(invalid)) == expected
+        output = GenerationOutput("r", None, [1], reply, [2], "stop", Usage(1, 1), stop_reason="x")
+        chat = LLM._chat_output(output, tool_format)
+        assert chat.finish_reason == (expected if chat.tool_calls else "stop")
