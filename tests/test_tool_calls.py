@@ -99,6 +99,24 @@ def test_end_tag_inside_a_json_string_does_not_end_the_block() -> None:
     assert _summary(calls) == [("note", {"text": 'a </tool_call> b " </tool_call>'})]
 
 
+# A block whose JSON left a string open swallowed the calls after it (its end tag was read as
+# inside the string): the block ends at its first end tag when another block follows.
+UNCLOSED_STRING_THEN_CALLS = (
+    '<tool_call>\n{"name": "a", "arguments": {"q": "x}}\n</tool_call>\nThen '
+    f"{WEATHER} and {NO_ARGS}"
+)
+
+
+def test_a_block_with_an_open_string_does_not_swallow_the_calls_after_it() -> None:
+    content, calls = parse_tool_calls(UNCLOSED_STRING_THEN_CALLS)
+    assert content == '<tool_call>\n{"name": "a", "arguments": {"q": "x}}\n</tool_call>\nThen  and'
+    assert [c.name for c in calls] == ["get_weather", "now"]
+    # Without a block after it, the block runs on: a call cut inside a string argument that
+    # holds the end tag stays one block (content here, an invalid call in LangChain).
+    cut = '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and'
+    assert parse_tool_calls(cut) == (cut, [])
+
+
 def _stream(text: str, cuts: list[int]) -> tuple[str, list[ToolCall], list]:
     parser = ToolCallStreamParser()
     events = []
@@ -127,6 +145,9 @@ STREAM_TEXTS = [
     "   \n  ",
     f"{WEATHER}<",
     END_TAG_IN_STRING,
+    UNCLOSED_STRING_THEN_CALLS,
+    '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and',
+    '<tool_call>\n{"name": "a", "arguments": {"q": "x}}\n</tool_call> no block after',
 ]
 
 

@@ -80,8 +80,10 @@ def tool_call_from_json(data: Any) -> ToolCall | None:
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     """Split an assistant message into its content and its tool calls, in order.
 
-    Blocks run from TOOL_CALL_START to the next TOOL_CALL_END; a final block the model left unclosed
-    counts if its body parses. Blocks that do not parse stay in the content verbatim, tags included.
+    Blocks run from TOOL_CALL_START to the next TOOL_CALL_END outside the call's JSON strings; a
+    final block the model left unclosed counts if its body parses. Blocks that do not parse stay in
+    the content verbatim, tags included. A block with an unclosed string (malformed JSON) that
+    another block follows ends at its first end tag (``block_end``), so the calls after it count.
     The content is the text outside the parsed blocks with surrounding whitespace stripped.
     """
     content: list[str] = []
@@ -94,17 +96,34 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
             break
         content.append(text[position:start])
         body_start = start + len(TOOL_CALL_START)
-        end = find_unquoted(text, TOOL_CALL_END, body_start)
-        block_end = len(text) if end < 0 else end + len(TOOL_CALL_END)
+        end = block_end(text, body_start)
+        block_end_at = len(text) if end < 0 else end + len(TOOL_CALL_END)
         call = parse_tool_call_body(text[body_start : len(text) if end < 0 else end])
         if call is None:
-            content.append(text[start:block_end])
+            content.append(text[start:block_end_at])
         else:
             calls.append(call)
         if end < 0:
             break
-        position = block_end
+        position = block_end_at
     return "".join(content).strip(), calls
+
+
+def block_end(text: str, body_start: int) -> int:
+    """Where the tool-call block whose body starts at ``body_start`` ends (its end tag), or -1.
+
+    The first end tag outside the call's JSON strings, where the arguments may hold the tag. When
+    there is none and the rest does not parse, a string was left open (malformed JSON, or a call
+    cut inside a string): if another block starts after the first end tag, the model closed this
+    one there; otherwise the block runs on (a cut call).
+    """
+    end = find_unquoted(text, TOOL_CALL_END, body_start)
+    if end >= 0:
+        return end
+    plain = text.find(TOOL_CALL_END, body_start)
+    if plain < 0 or text.find(TOOL_CALL_START, plain + len(TOOL_CALL_END)) < 0:
+        return -1
+    return -1 if parse_tool_call_body(text[body_start:]) is not None else plain
 
 
 def unclosed_block_start(text: str) -> int:
@@ -115,7 +134,7 @@ def unclosed_block_start(text: str) -> int:
         start = text.find(TOOL_CALL_START, position)
         if start < 0:
             return -1
-        end = find_unquoted(text, TOOL_CALL_END, start + len(TOOL_CALL_START))
+        end = block_end(text, start + len(TOOL_CALL_START))
         if end < 0:
             return start
         position = end + len(TOOL_CALL_END)
@@ -237,7 +256,15 @@ class ToolCallStreamParser:
         self._take(self._buffer, events)
         self._buffer = ""
         if self._in_block:
-            self._close_block(events, closed=False)
+            end = block_end(self._block, 0)
+            if end < 0:
+                self._close_block(events, closed=False)
+            else:  # an open string: the block ended at its first end tag (see block_end)
+                rest = self._block[end + len(TOOL_CALL_END) :]
+                self._block = self._block[:end]
+                self._close_block(events, closed=True)
+                events += self.feed(rest)
+                return events + self.finish()
         self._pending_whitespace = ""  # trailing whitespace of the content is stripped
         return events
 
