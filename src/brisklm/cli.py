@@ -187,7 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--damp", type=float, default=0.01, help="Hessian dampening (fraction of its mean diagonal)"
     )
     quantize.add_argument(
-        "--quantize-lm-head", action="store_true", help="quantize the output layer too"
+        "--quantize-lm-head",
+        action="store_true",
+        help="quantize the output layer too (brisklm and GPTQModel read such a head; auto-gptq "
+        "and transformers do not: they expect a float lm_head)",
     )
     quantize.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     return parser
@@ -486,6 +489,14 @@ _ENGINE_FLAGS = {
     "draft_length": "--draft-length",
     "num_threads": "--threads",
 }
+# The same for QuantizeOptions' fields, in `brisklm quantize`.
+_QUANTIZE_FLAGS = {
+    "damp_percent": "--damp",
+    "num_samples": "--num-samples",
+    "seq_len": "--seq-len",
+    "batch_size": "--batch-size",
+    "group_size": "--group-size",
+}
 
 
 def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
@@ -502,7 +513,8 @@ def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
         return f"--{name.replace('_', '-')} {shown}: {reason}"
     name, _, rest = message.partition(" ")
     name, equals, value = name.partition("=")
-    flag = _ENGINE_FLAGS.get(name)
+    flags = _QUANTIZE_FLAGS if getattr(args, "command", None) == "quantize" else _ENGINE_FLAGS
+    flag = flags.get(name)
     if flag is None:
         return message
     rest = rest.replace("pass draft=", "pass --draft")

@@ -163,6 +163,7 @@ def write_dequantized_copy(gptq_dir: Path, directory: Path) -> Path:
                 state[f"{module}.scales"],
                 state.get(f"{module}.g_idx"),
                 checkpoint_format=quant.checkpoint_format,
+                group_size=quant.group_size,
             )
         elif kind == "bias" and f"{module}.qweight" in state and not bool(tensor.any()):
             continue  # auto-gptq's placeholder zeros on a bias-free layer

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from brisklm.quant import (
+    GPTQLinear,
     dequantize_gptq,
     pack_gptq,
     pack_int4,
@@ -18,6 +19,7 @@ from brisklm.quant import (
     unpack_qzeros,
 )
 from brisklm.quant.gptq_format import check_gptq_tensors
+from tests.quant.conftest import random_gptq
 
 
 def test_bit_layout_matches_the_documented_format() -> None:
@@ -165,3 +167,22 @@ def test_unstorable_v1_zero_is_warned_about_once(monkeypatch, caplog) -> None:
         unpack_qzeros(fine | 0xF, checkpoint_format="gptq")
         unpack_qzeros(fine | 0xF, checkpoint_format="gptq")
     assert caplog.text.count("zero point of 0") == 1
+
+
+def test_without_g_idx_a_short_last_group_needs_the_group_size() -> None:
+    # 96 inputs in groups of 64 hold two groups, as groups of 48 would: inferred, the groups were
+    # 48 wide and the weights wrong, silently.
+    t = random_gptq(96, 16, 64, sym=False)
+    reference = dequantize_gptq(*t)
+    kept = dequantize_gptq(t.qweight, t.qzeros, t.scales, None, group_size=64)
+    torch.testing.assert_close(kept, reference, rtol=0, atol=0)
+    layer = GPTQLinear.from_gptq_tensors(
+        t.qweight, t.qzeros, t.scales, None, group_size=64, compute_dtype=torch.float32
+    )
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(layer(x), x @ reference.t(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="group_size=32 makes 3 groups of in_features=96, but"):
+        dequantize_gptq(t.qweight, t.qzeros, t.scales, None, group_size=32)
+    odd = random_gptq(136, 16, 64, sym=False)  # 3 groups that cannot be equal: no guess
+    with pytest.raises(ValueError, match="groups of in_features=136 are unequal: pass"):
+        dequantize_gptq(odd.qweight, odd.qzeros, odd.scales, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,6 +225,26 @@ def test_refuses_quantized_input_and_non_empty_output(llama_float, llama_gptq, t
         QuantizeOptions(group_size=48)
 
 
+def test_the_output_may_be_the_current_folder(llama_float, llama_rtn, tmp_path, monkeypatch):
+    # `--out .` quantized the whole model, then failed with "[Errno 22] Invalid argument: '.'"
+    # and wrote nothing: the staging folder went inside the output folder.
+    out = tmp_path / "here"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    options = QuantizeOptions(method="rtn", group_size=32, sym=False)
+    quantize_model(llama_float, ".", options, show_progress=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in llama_rtn.iterdir())
+    assert Path.cwd() == out and out.samefile(".")  # the folder itself was filled, not replaced
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(llama_float, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        quantize_model(llama_float, tmp_path / "file", show_progress=False)
+    with pytest.raises(ValueError, match="is not a writable folder"):
+        quantize_model(llama_float, tmp_path / "file" / "out", show_progress=False)
+
+
 @pytest.mark.parametrize("which", ["llama_gptq", "llama_rtn", "qwen2_gptq_lm_head"])
 def test_reload_matches_dequantized_float_copy(which, request, tmp_path):
     quantized = request.getfixturevalue(which)
@@ -348,7 +369,9 @@ def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys):
     assert GPTQConfig.from_pretrained(gptq_out).lm_head is True
     for bad, message in [
         (["--method", "rtn", "--act-order"], "act_order needs calibration"),
-        (["--group-size", "48"], "group_size=48"),
+        (["--group-size", "48"], "--group-size 48 is not supported"),
+        (["--damp", "2"], "--damp must be in (0, 1), got 2.0"),  # was damp_percent
+        (["--num-samples", "0"], "--num-samples must be >= 1"),
         (["--calibration", str(tmp_path / "missing.txt")], "does not exist"),
     ]:
         assert main([*args[:-1], str(tmp_path / "new"), *bad]) == 1

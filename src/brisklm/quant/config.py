@@ -215,7 +215,9 @@ class GPTQConfig:
         return not any(re.match(pattern, module_name) for pattern in self.skip_patterns)
 
     def to_quantize_config(self) -> dict[str, Any]:
-        """The quantize_config.json that auto-gptq, GPTQModel and transformers all read."""
+        """The quantize_config.json that auto-gptq, GPTQModel and transformers all read (an int4
+        ``lm_head``, though, only GPTQModel and brisklm load: auto-gptq skips the head and
+        transformers' GPTQConfig drops the key)."""
         out: dict[str, Any] = {
             "bits": self.bits,
             "group_size": self.group_size,

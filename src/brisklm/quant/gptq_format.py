@@ -191,11 +191,37 @@ def check_gptq_tensors(
             )
         if g_idx.device.type != "meta" and (g_idx.min() < 0 or g_idx.max() >= num_groups):
             raise ValueError(f"g_idx values must lie in [0, {num_groups})")
-    elif in_features % num_groups:
-        raise ValueError(
-            f"without g_idx, {num_groups} groups must divide in_features={in_features}"
-        )
     return in_features, out_features, num_groups
+
+
+def g_idx_or_default(
+    g_idx: torch.Tensor | None,
+    in_features: int,
+    num_groups: int,
+    group_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """``g_idx``, or for tensors without one (no act-order) each input's group: runs of
+    ``group_size`` inputs (the checkpoint's group size, -1 for one group; the last run may be
+    short). Without ``group_size`` the groups must be equal: the tensors alone cannot tell 96
+    inputs in groups of 64 (one short) from groups of 48."""
+    if g_idx is not None:
+        return g_idx
+    if group_size is None or group_size == -1:
+        if in_features % num_groups:
+            raise ValueError(
+                f"without g_idx, {num_groups} groups of in_features={in_features} are unequal: "
+                "pass the checkpoint's group_size"
+            )
+        size = in_features // num_groups
+    else:
+        if group_size < 1 or -(-in_features // group_size) != num_groups:
+            raise ValueError(
+                f"group_size={group_size} makes {-(-in_features // max(group_size, 1))} groups of "
+                f"in_features={in_features}, but the tensors hold {num_groups}"
+            )
+        size = group_size
+    return default_g_idx(in_features, size, device=device)
 
 
 def pack_gptq(
@@ -223,11 +249,14 @@ def dequantize_gptq(
     *,
     checkpoint_format: str = "gptq",
     dtype: torch.dtype = torch.float32,
+    group_size: int | None = None,
 ) -> torch.Tensor:
-    """Plain-torch reference: GPTQ tensors -> float weight W [N, K] (as nn.Linear stores it)."""
+    """Plain-torch reference: GPTQ tensors -> float weight W [N, K] (as nn.Linear stores it).
+
+    ``group_size``: the checkpoint's, needed without ``g_idx`` when the last group is short.
+    """
     in_features, _, num_groups = check_gptq_tensors(qweight, qzeros, scales, g_idx)
-    if g_idx is None:
-        g_idx = default_g_idx(in_features, in_features // num_groups, device=qweight.device)
+    g_idx = g_idx_or_default(g_idx, in_features, num_groups, group_size, qweight.device)
     q = unpack_qweight(qweight)  # (K, N)
     zeros = unpack_qzeros(qzeros, checkpoint_format=checkpoint_format)  # (G, N)
     groups = g_idx.long()

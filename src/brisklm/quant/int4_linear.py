@@ -32,6 +32,7 @@ from .gptq_format import (
     check_gptq_tensors,
     default_g_idx,
     dequantize_gptq,
+    g_idx_or_default,
     unpack_qweight,
     unpack_qzeros,
 )
@@ -65,9 +66,7 @@ def kernel_layout(
 ) -> KernelLayout | None:
     """Map GPTQ tensors onto equal kernel groups; None when no size in `group_sizes` fits."""
     num_in, _, num_groups = check_gptq_tensors(qweight, qzeros, scales, g_idx)
-    if g_idx is None:
-        g_idx = default_g_idx(num_in, num_in // num_groups, device=qweight.device)
-    groups = g_idx.long()
+    groups = g_idx_or_default(g_idx, num_in, num_groups, device=qweight.device).long()
     q = unpack_qweight(qweight)  # (K, N)
     perm = None
     if bool((groups[1:] < groups[:-1]).any()):
@@ -192,10 +191,16 @@ class GPTQLinear(nn.Module):
         backend: str = "auto",
         compute_dtype: torch.dtype | None = None,
         keep_gptq_tensors: bool = False,
+        group_size: int | None = None,
     ) -> GPTQLinear:
-        """A prepared layer from one layer's checkpoint tensors (g_idx None = no act-order)."""
+        """A prepared layer from one layer's checkpoint tensors (g_idx None = no act-order).
+
+        ``group_size``: the checkpoint's, needed without ``g_idx`` when the last group is short.
+        """
         num_in, num_out, num_groups = check_gptq_tensors(qweight, qzeros, scales, g_idx)
-        group_size = -1 if num_groups == 1 else -(-num_in // num_groups)
+        g_idx = g_idx_or_default(g_idx, num_in, num_groups, group_size, qweight.device)
+        if group_size is None:
+            group_size = -1 if num_groups == 1 else -(-num_in // num_groups)
         layer = cls(
             num_in,
             num_out,
@@ -206,11 +211,7 @@ class GPTQLinear(nn.Module):
             params_dtype=scales.dtype,
         )
         layer.qweight, layer.qzeros, layer.scales = qweight, qzeros, scales
-        layer.g_idx = (
-            g_idx
-            if g_idx is not None
-            else default_g_idx(num_in, num_in // num_groups, qweight.device)
-        )
+        layer.g_idx = g_idx
         if bias is not None:
             if tuple(bias.shape) != (num_out,):
                 raise ValueError(f"bias must be [{num_out}], got {tuple(bias.shape)}")

@@ -126,7 +126,9 @@ def quantize_model(
     ``calibration``: a text file (see ``brisklm.quant.calibration``); default: the built-in text.
     """
     options = options or QuantizeOptions()
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    # Resolved: `--out .` has no name and `.` for a parent, and the staging folder would be made
+    # inside the output folder itself.
+    model_dir, out_dir = Path(model_dir), Path(out_dir).resolve()
     config = ModelConfig.from_pretrained(model_dir)
     if config.quantization is not None or (model_dir / QUANTIZE_CONFIG_FILE).is_file():
         raise ValueError(f"{model_dir} is already quantized: quantize a float checkpoint")
@@ -383,8 +385,16 @@ def _to_cpu(tensors: GPTQTensors) -> GPTQTensors:
 def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
     if out_dir.resolve() == model_dir.resolve():
         raise ValueError("the output directory must differ from the model directory")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"output directory {str(out_dir)!r} is a file")
+    if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"output directory {str(out_dir)!r} exists and is not empty")
+    # Before the work, not after it: the nearest folder that exists must take the new one.
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"cannot write the output directory {str(out_dir)!r}: {existing} is not a writable folder"
+        )
 
 
 def _split_rows(tensor: torch.Tensor, sizes: tuple[int, ...], dim: int) -> list[torch.Tensor]:
@@ -485,9 +495,12 @@ def _write_checkpoint(
         templates = model_dir / CHAT_TEMPLATE_DIR
         if templates.is_dir():
             shutil.copytree(templates, staging / CHAT_TEMPLATE_DIR)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty: checked before quantizing
-        staging.rename(out_dir)
+        if out_dir.exists():  # empty (checked before quantizing): fill it, keep the folder itself
+            for path in sorted(staging.iterdir()):
+                path.rename(out_dir / path.name)
+            staging.rmdir()
+        else:
+            staging.rename(out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
