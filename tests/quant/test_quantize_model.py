@@ -237,6 +237,24 @@ def test_the_output_may_be_the_current_folder(llama_float, llama_rtn, tmp_path, 
     assert Path.cwd() == out and out.samefile(".")  # the folder itself was filled, not replaced
 
 
+def test_a_config_without_a_dtype_keeps_the_stored_one(llama_float, tmp_path):
+    # The float tensors were written as float16 whatever the checkpoint stored.
+    import shutil
+
+    from safetensors import safe_open
+
+    source = tmp_path / "no-dtype"
+    shutil.copytree(llama_float, source)
+    config = json.loads((source / "config.json").read_text())
+    for key in ("torch_dtype", "dtype"):
+        config.pop(key, None)
+    (source / "config.json").write_text(json.dumps(config))
+    options = QuantizeOptions(method="rtn", group_size=32, sym=False)
+    quantize_model(source, tmp_path / "out", options, show_progress=False)
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
+        assert handle.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+
+
 def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(llama_float, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is a file"):

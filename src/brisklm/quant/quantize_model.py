@@ -440,6 +440,26 @@ def _checkpoint_tensors(
     return out
 
 
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _stored_float_dtype(model_dir: Path) -> torch.dtype | None:
+    """The dtype of the first floating-point tensor in the checkpoint's safetensors headers (a
+    float32 checkpoint whose config names no dtype was written back as float16, and bfloat16
+    weights past float16's range would become inf)."""
+    for path in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with path.open("rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                header = json.loads(handle.read(size))
+        except (OSError, ValueError):
+            continue
+        for name, entry in header.items():
+            if name != "__metadata__" and entry.get("dtype") in _SAFETENSORS_DTYPES:
+                return _SAFETENSORS_DTYPES[entry["dtype"]]
+    return None
+
+
 def _write_checkpoint(
     model: LlamaForCausalLM,
     quantized: Quantized,
@@ -450,8 +470,11 @@ def _write_checkpoint(
     from brisklm import __version__
 
     raw_config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    dtype_name = str(raw_config.get("torch_dtype") or raw_config.get("dtype") or "float16")
-    save_dtype = _SAVE_DTYPES.get(dtype_name.removeprefix("torch."), torch.float16)
+    dtype_name = raw_config.get("torch_dtype") or raw_config.get("dtype")
+    if dtype_name is None:  # the config does not say: the dtype the weights were stored in
+        save_dtype = _stored_float_dtype(model_dir) or torch.float16
+    else:
+        save_dtype = _SAVE_DTYPES.get(str(dtype_name).removeprefix("torch."), torch.float16)
     tensors = _checkpoint_tensors(model, quantized, save_dtype)
 
     quant = options.gptq_config().to_quantize_config()
