@@ -391,6 +391,7 @@ def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys):
         (["--damp", "2"], "--damp must be in (0, 1), got 2.0"),  # was damp_percent
         (["--num-samples", "0"], "--num-samples must be >= 1"),
         (["--calibration", str(tmp_path / "missing.txt")], "does not exist"),
+        (["--calibration", str(tmp_path)], "is a directory: pass a text file"),
     ]:
         assert main([*args[:-1], str(tmp_path / "new"), *bad]) == 1
         err = capsys.readouterr().err

@@ -28,6 +28,11 @@ _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 def read_calibration_samples(path: str | Path | None = None) -> list[str]:
     """The samples of a calibration text file (default: the built-in text)."""
     source = Path(path) if path is not None else DEFAULT_CALIBRATION_FILE
+    if source.is_dir():
+        raise IsADirectoryError(
+            f"calibration file {str(source)!r} is a directory: pass a text file (samples "
+            "separated by blank lines)"
+        )
     if not source.is_file():
         raise FileNotFoundError(f"calibration file {str(source)!r} does not exist")
     try:
