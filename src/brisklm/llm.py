@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import itertools
@@ -567,9 +568,10 @@ class LLM:
 
     # ---------------------------------------------------------------- async API
     async def agenerate(self, prompts: Any, params: ParamsArg = None) -> Any:
-        """Async ``generate``: awaits without blocking the event loop."""
+        """Async ``generate``: awaits without blocking the event loop (the prompts are tokenized
+        and their grammars compiled in a worker thread: a new tool grammar takes ~0.1-0.3 s)."""
         prompt_list, single = self._prompt_list(prompts)
-        requests = self._make_requests(prompt_list, params)
+        requests = await asyncio.to_thread(self._make_requests, prompt_list, params)
         outputs = await self.arun_requests(requests)
         return outputs[0] if single else outputs
 
@@ -698,9 +700,12 @@ class LLM:
         tools: Sequence[Any] | None = None,
         **template_kwargs: Any,
     ) -> ChatOutput:
-        ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        format, params = self._chat_format(tools, params, template_kwargs)
-        output = await self.agenerate(ids, params)
+        def prepare() -> tuple[list[int], ToolCallFormat | None, SamplingParams | None]:
+            ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
+            return ids, *self._chat_format(tools, params, template_kwargs)
+
+        ids, format, chosen = await asyncio.to_thread(prepare)  # the template, off the loop
+        output = await self.agenerate(ids, chosen)
         return self._chat_output(output, format)
 
     def stream_chat(

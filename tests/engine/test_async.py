@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from brisklm import SamplingParams
@@ -155,3 +156,29 @@ async def test_abort_stops_one_request_of_a_batch(llm, monkeypatch):
     assert got[0].finish_reason == "length" and len(got[0].token_ids) == 64
     llm.abort("no-such-request")  # unknown ids are ignored
     assert (await llm.agenerate("Hello", GREEDY)).token_ids  # the engine goes on
+
+
+async def test_agenerate_and_achat_prepare_their_requests_off_the_loop(llm, monkeypatch):
+    # Tokenizing, the chat template and compiling a grammar ran on the event loop: a new tool
+    # grammar stalled it for 0.1-0.3 s.
+    loop_thread = threading.current_thread()
+    seen = []
+    make_requests, prompt_ids = llm._make_requests, llm.chat_prompt_ids
+
+    def recording_make_requests(*args, **kwargs):
+        seen.append(("requests", threading.current_thread()))
+        return make_requests(*args, **kwargs)
+
+    def recording_prompt_ids(*args, **kwargs):
+        seen.append(("template", threading.current_thread()))
+        return prompt_ids(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "_make_requests", recording_make_requests)
+    monkeypatch.setattr(llm, "chat_prompt_ids", recording_prompt_ids)
+    out = await llm.agenerate("Hello", GREEDY)
+    assert out.token_ids == llm.generate("Hello", GREEDY).token_ids
+    reply = await llm.achat([{"role": "user", "content": "Hi"}], GREEDY)
+    assert reply.content == llm.chat([{"role": "user", "content": "Hi"}], GREEDY).content
+    async_calls = [seen[0], *seen[2:4]]  # agenerate; achat's template and requests
+    assert [what for what, _ in async_calls] == ["requests", "template", "requests"]
+    assert all(thread is not loop_thread for _, thread in async_calls)

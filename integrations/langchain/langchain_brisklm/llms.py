@@ -157,7 +157,16 @@ class BriskLLM(BriskSettings, BaseLLM):
                     piece = GenerationChunk(text=chunk.text)
                     await manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
 
-        await asyncio.gather(*(consume(i, r) for i, r in enumerate(requests)))
+        tasks = [asyncio.ensure_future(consume(i, r)) for i, r in enumerate(requests)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            # gather leaves the other prompts decoding (and calling back) for no one: cancel
+            # them, and wait for their streams to close, which aborts their requests.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return self._result([r.to_output() for r in requests], model_name)
 
     def _stream(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,41 @@ async def test_async(tiny_chat_dir: Path, llm: BriskLLM) -> None:
     result = await streaming.agenerate(PROMPTS, callbacks=[handler])
     assert [g[0].text for g in result.generations] == expected
     assert ["".join(handler.tokens[i]) for i in range(len(PROMPTS))] == expected
+
+
+async def test_a_streaming_batch_that_fails_stops_all_its_prompts(tiny_chat_dir: Path) -> None:
+    # A callback that raised on one prompt failed the call, but the other prompts decoded on to
+    # max_tokens, calling back for no one (asyncio.gather does not cancel them).
+    class StopsPromptZero(AsyncCallbackHandler):
+        raise_error = True
+
+        def __init__(self) -> None:
+            self.failed = False
+            self.after_failure = 0
+            self.seen = 0
+
+        async def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            self.after_failure += self.failed
+            if kwargs.get("prompt_index") == 0:
+                self.seen += 1
+                if self.seen == 3:
+                    raise RuntimeError("enough")
+
+    base = BriskLLM(model=str(tiny_chat_dir), **TINY_ENGINE)
+    no_end = {eos: -100.0 for eos in base._engine().tokenizer.eos_token_ids}
+    streaming = base.model_copy(
+        update={"temperature": 0, "max_tokens": 400, "streaming": True, "logit_bias": no_end}
+    )
+    handler = StopsPromptZero()
+    with pytest.raises(RuntimeError, match="enough"):
+        await streaming.agenerate(PROMPTS, callbacks=[handler])
+    handler.failed = True
+    engine = streaming._engine().engine  # the shared engine: idle once the aborts are done
+    for _ in range(200):
+        if not engine.has_unfinished:
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.has_unfinished and handler.after_failure == 0
 
 
 def test_stop_from_init_and_call(tiny_chat_dir: Path, llm: BriskLLM) -> None:
