@@ -21,7 +21,7 @@ from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk
+from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.sampling.generation_config import sampling_defaults
@@ -439,6 +439,9 @@ class LLM:
             draft_generator=make_draft_generator(params, self.engine.device)
             if self.engine.speculator
             else None,
+            # With a proposer, outputs always carry stats (zero for one that ends on its first
+            # token), so that out.speculative.acceptance_rate reads without a None check.
+            speculative=SpeculativeStats() if self.engine.speculator else None,
             matcher=matcher,
         )
 

@@ -196,6 +196,17 @@ def test_stop_rules_inside_accepted_runs(plain, speculative):
         out = speculative.generate("Hello", params)
         assert out.token_ids == reference_prefix(plain, "Hello", max_tokens)
         assert out.finish_reason == "length"
+        # Stats on every output (max_tokens=1 had None), counting only emitted proposals (a
+        # stop inside an accepted run counted the dropped ones): each step emits its accepted
+        # proposals and one token of the target's, the first token came from the prompt.
+        stats = out.speculative
+        assert stats is not None
+        assert stats.num_accepted <= len(out.token_ids) - 1
+    stopped = speculative.generate(
+        "The quick brown fox",
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop]),
+    )
+    assert stopped.speculative.num_accepted <= len(stopped.token_ids) - 1
 
 
 def reference_prefix(plain, prompt, n):
@@ -256,3 +267,26 @@ def test_vocabulary_mismatch_is_a_clear_error(tiny_dir, other_draft_dir, tmp_pat
     with pytest.raises(ValueError, match="token"):
         load(tiny_dir, draft=mismatched)
     assert load(tiny_dir, draft="ngram").generate("Hello", GREEDY).finish_reason == "length"
+
+
+def test_dynamic_ntk_past_the_trained_context_gives_the_plain_output(tmp_path):
+    # Past its trained context a dynamic NTK model rotates a pass's rows by their longest
+    # position: a row of proposals rotated them (and the keys it caches) otherwise than one-token
+    # steps, and greedy output diverged from the plain engine's 25-42 tokens in.
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    path = make_tiny_checkpoint(
+        tmp_path / "dynamic", max_position_embeddings=32, rope_parameters=rope
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True, logprobs=1)
+    plain = load(path)  # max_seq_len 256, far past the trained 32
+    expected = plain.generate(PROMPTS, params)
+    plain.close()
+    for draft in ("ngram", path):
+        drafted = load(path, draft=draft, num_speculative_tokens=4)
+        try:
+            for want, got in zip(expected, drafted.generate(PROMPTS, params)):
+                assert got.token_ids == want.token_ids
+                assert [lp.logprob for lp in got.logprobs] == [lp.logprob for lp in want.logprobs]
+                assert got.speculative is not None and got.speculative.num_proposed > 0
+        finally:
+            drafted.close()

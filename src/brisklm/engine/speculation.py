@@ -73,20 +73,33 @@ class Speculator:
         """Tokens to propose for ``request`` this step: 0 while its schedule pauses it."""
         return self.schedule.proposal_size(self._draft_length(request))
 
-    def _rows(self, requests: Sequence[Request]) -> list[DraftRow]:
-        # Each step emits up to n + 1 tokens: never propose past max_tokens or the context.
+    def _rows(self, requests: Sequence[Request], engine: LLMEngine) -> list[DraftRow]:
         return [
             DraftRow(
                 slot=r.slot,  # type: ignore[arg-type]
                 prompt_token_ids=r.prompt_token_ids,
                 output_token_ids=r.output_token_ids,
-                max_draft_tokens=max(0, min(self._proposal_size(r), r.max_new_tokens - 1)),
+                max_draft_tokens=self._max_draft_tokens(r, engine),
                 params=r.params,
                 generator=r.draft_generator,
                 matcher=r.matcher,
             )
             for r in requests
         ]
+
+    def _max_draft_tokens(self, request: Request, engine: LLMEngine) -> int:
+        """How many tokens ``request`` may have verified this step.
+
+        Each step emits up to n + 1 tokens: never past max_tokens or the context. And never past
+        a dynamic NTK model's trained context: there a pass rotates each row by its longest
+        position, so a row of n proposals would rotate them (and the keys it caches) otherwise
+        than the one-token steps of decoding without a draft, and change the output.
+        """
+        size = max(0, min(self._proposal_size(request), request.max_new_tokens - 1))
+        rotary = engine.model.rotary
+        while size and rotary.rotates_by_length(request.num_tokens + size):
+            size -= 1
+        return size
 
     @staticmethod
     def _valid_for_grammar(
@@ -138,7 +151,7 @@ class Speculator:
             results = engine.plain_step(requests, prefill_lens)
             self.record_plain_step(decoding)
             return results
-        rows = self._rows(decoding)
+        rows = self._rows(decoding, engine)
         proposals = self._valid_for_grammar(decoding, self.proposer.propose(rows))
         counts = verification_counts(proposals)
         feeds = [r.uncached_token_ids for r in decoding]
@@ -229,10 +242,12 @@ class Speculator:
             # The cache now holds valid keys for the fed tokens and the n accepted proposals.
             request.num_cached += len(feeds[b]) + n
             self.proposer.rollback(request.slot, len(proposal) - n)  # type: ignore[arg-type]
-            self._record(request, len(proposal), n)
+            before = len(request.output_token_ids)
             result = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )
+            # Accepted proposals a stop (string, token, max_tokens) dropped are not counted.
+            self._record(request, len(proposal), min(n, len(request.output_token_ids) - before))
             results.append((request, result))
         return results
 
