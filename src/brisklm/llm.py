@@ -765,8 +765,19 @@ class LLM:
         self._loop.close()
         self.engine.structured.close()
 
+    async def aclose(self) -> None:
+        """``close`` for a coroutine: it waits for the engine's current step (up to 30 s) in a
+        worker thread, not on the event loop."""
+        await asyncio.to_thread(self.close)
+
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> LLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

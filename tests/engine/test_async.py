@@ -6,6 +6,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from brisklm import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -182,3 +184,13 @@ async def test_agenerate_and_achat_prepare_their_requests_off_the_loop(llm, monk
     async_calls = [seen[0], *seen[2:4]]  # agenerate; achat's template and requests
     assert [what for what, _ in async_calls] == ["requests", "template", "requests"]
     assert all(thread is not loop_thread for _, thread in async_calls)
+
+
+async def test_aclose_and_async_with(tiny_dir):
+    from brisklm import LLM
+
+    async with LLM.from_pretrained(tiny_dir, show_progress=False) as llm:
+        assert len((await llm.agenerate("Hello", GREEDY)).token_ids) == GREEDY.max_tokens
+    with pytest.raises(RuntimeError, match="closed"):
+        await llm.agenerate("Hello", GREEDY)
+    await llm.aclose()  # closing again is harmless
