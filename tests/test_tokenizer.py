@@ -21,7 +21,14 @@ from tests.tokenizer_fixtures import (
 transformers = pytest.importorskip("transformers")
 
 # Kinds whose decoder strips the one leading space that encoding prepends (sentencepiece, add_prefix_space)
-STRIPS_LEADING_SPACE = {"spm", "spm_legacy", "spm_eos", "llama_hub_json", "mistral_hub_json"}
+STRIPS_LEADING_SPACE = {
+    "spm",
+    "spm_legacy",
+    "spm_eos",
+    "spm_added_tokens_json",
+    "llama_hub_json",
+    "mistral_hub_json",
+}
 KINDS = [
     "bytelevel",
     "qwen2",
@@ -35,7 +42,37 @@ KINDS = [
     "mistral_hub_json",  # model_type mistral: tokenizer.json as is, even though LlamaTokenizer is named
     "qwen2_model_type",  # model_type qwen2 makes it a Qwen2Tokenizer whatever the name
     "legacy_layout",  # no added_tokens_decoder: special_tokens_map.json and tokenizer.json's added tokens
+    "spm_added_tokens_json",  # tokenizer.model with added_tokens.json (saved before transformers 4.34)
+    "bytelevel_null_post_processor",  # add_bos_token beside a tokenizer.json without post-processor
 ]
+
+
+def _added_tokens_json(directory: Path) -> Path:
+    import sentencepiece
+
+    size = sentencepiece.SentencePieceProcessor(
+        model_file=str(directory / "tokenizer.model")
+    ).get_piece_size()
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)
+    config["eos_token"] = "<|im_end|>"
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    added = {"<|im_end|>": size, "<|im_start|>": size + 1}
+    (directory / "added_tokens.json").write_text(json.dumps(added))
+    special_tokens_map = {"bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>"}
+    (directory / "special_tokens_map.json").write_text(json.dumps(special_tokens_map))
+    return directory
+
+
+def _null_post_processor(directory: Path) -> Path:
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["post_processor"] = None
+    path.write_text(json.dumps(data), encoding="utf-8")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.update(add_bos_token=True, add_eos_token=True)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
 
 
 def _legacy_layout(directory: Path) -> Path:
@@ -93,6 +130,10 @@ def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             build_llama_hub_json(root / "mistral_hub_json", spm), "mistral"
         ),
         "legacy_layout": _legacy_layout(build_byte_level_bpe(root / "legacy_layout")),
+        "spm_added_tokens_json": _added_tokens_json(build_sentencepiece(root / "spm_added_json")),
+        "bytelevel_null_post_processor": _null_post_processor(
+            build_byte_level_bpe(root / "bytelevel_null_pp")
+        ),
         "qwen2_model_type": _with_model_config(
             build_byte_level_bpe(
                 root / "qwen2_model_type",
@@ -425,6 +466,23 @@ def test_an_added_token_outside_the_byte_table_is_streamed_right(tmp_path) -> No
     joined = tokenizer.token_bytes()[new_id].decode("utf-8", "replace")
     assert tokenizer.decodes_by_concatenation == (tokenizer.decode([new_id]) == joined)
     ids = tokenizer.encode("hi ", add_special_tokens=False) + [new_id] + [new_id]
+    assert "".join(_stream(tokenizer, ids)) == tokenizer.decode(ids)
+
+
+def test_a_byte_level_token_outside_the_byte_table_has_the_bytes_decode_gives(tmp_path) -> None:
+    # "Ġ日": the ByteLevel decoder gives such a token its own UTF-8, whole ("Ġ" and all); the
+    # byte table mapped "Ġ" to a space, so streams (and grammars) disagreed with decode.
+    directory = build_byte_level_bpe(tmp_path / "odd")
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    new_id = max([*vocab.values(), *(t["id"] for t in data["added_tokens"])]) + 1
+    vocab["Ġ日"] = new_id
+    path.write_text(json.dumps(data), encoding="utf-8")
+    tokenizer = Tokenizer.from_pretrained(directory)
+    x = tokenizer.encode("x", add_special_tokens=False)
+    ids = [new_id, *x, new_id]
+    assert tokenizer.token_bytes()[new_id] == tokenizer.decode([new_id]).encode("utf-8")
     assert "".join(_stream(tokenizer, ids)) == tokenizer.decode(ids)
 
 

@@ -215,7 +215,7 @@ class Tokenizer:
             elif token_id in self._added_token_ids:
                 table.append(token.encode("utf-8"))
             elif byte_level:
-                table.append(b"".join(_byte_level_char(c, unicode_to_byte) for c in token))
+                table.append(_byte_level_bytes(token, unicode_to_byte))
             elif byte_fallback and (match := _BYTE_FALLBACK_PIECE.fullmatch(token)):
                 table.append(bytes([int(match.group(1), 16)]))
             else:
@@ -291,6 +291,10 @@ class Tokenizer:
         return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens=skip_special_tokens)
 
 
-def _byte_level_char(char: str, unicode_to_byte: Mapping[str, int]) -> bytes:
-    byte = unicode_to_byte.get(char)
-    return bytes([byte]) if byte is not None else char.encode("utf-8")
+def _byte_level_bytes(token: str, unicode_to_byte: Mapping[str, int]) -> bytes:
+    """A byte-level token's bytes, as the ByteLevel decoder gives them: each character is one
+    byte of GPT-2's table; a token with a character outside the table decodes as its own UTF-8,
+    whole (the decoder's fallback), "Ġ" and all."""
+    if all(char in unicode_to_byte for char in token):
+        return bytes(unicode_to_byte[char] for char in token)
+    return token.encode("utf-8")

@@ -16,6 +16,7 @@ SENTENCEPIECE_MODEL = "tokenizer.model"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MODEL_CONFIG = "config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+ADDED_TOKENS_FILE = "added_tokens.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 
@@ -238,6 +239,25 @@ def _read_added_tokens(
     return added
 
 
+def _legacy_added_tokens(
+    directory: Path, config: dict[str, Any], named: dict[str, Any], extra: list[Any]
+) -> dict[int, AddedToken]:
+    """added_tokens.json ({content: id}), which tokenizers saved before transformers 4.34 wrote
+    beside tokenizer.model instead of an added_tokens_decoder: special when it is a named or
+    extra special token (then not normalized), as transformers reads it."""
+    if "added_tokens_decoder" in config:
+        return {}
+    table = read_json(directory / ADDED_TOKENS_FILE)
+    if not isinstance(table, dict):
+        return {}
+    specials = {str(t) for t in (*named.values(), *extra)}
+    return {
+        int(i): AddedToken(content, special=content in specials, normalized=content not in specials)
+        for content, i in table.items()
+        if isinstance(content, str) and isinstance(i, int)
+    }
+
+
 def _special_tokens(
     config: dict[str, Any], tokenizer_class: str, added_tokens_decoder: dict[int, AddedToken]
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -297,6 +317,9 @@ def load_backend(directory: Path) -> BackendSpec:
     )
     merged_config = {**config, **special_map}
     named, extra = _special_tokens(merged_config, tokenizer_class, added_tokens_decoder)
+    if tokenizer_json is None:  # tokenizer.model alone: added tokens may be in added_tokens.json
+        legacy = _legacy_added_tokens(directory, config, named, extra)
+        added_tokens_decoder = {**legacy, **added_tokens_decoder}
 
     if tokenizer_class != "LlamaTokenizer":
         backend = BackendTokenizer.from_str(json_text)
@@ -337,13 +360,16 @@ def load_backend(directory: Path) -> BackendSpec:
     explicit_bos_eos = tokenizer_json is None and (
         "add_bos_token" in config or "add_eos_token" in config
     )
+    # A tokenizer.json loaded as is decides BOS/EOS by its post-processor alone: with none (null),
+    # transformers adds neither, whatever add_bos_token says.
+    flags_apply = tokenizer_json is None or tokenizer_class == "LlamaTokenizer"
     if explicit_bos_eos or backend.post_processor is None:
         backend.post_processor = _bos_eos_post_processor(
             backend,
             bos=str(named["bos_token"]) if named.get("bos_token") else None,
             eos=str(named["eos_token"]) if named.get("eos_token") else None,
-            add_bos=bool(config.get("add_bos_token", False)),
-            add_eos=bool(config.get("add_eos_token", False)),
+            add_bos=flags_apply and bool(config.get("add_bos_token", False)),
+            add_eos=flags_apply and bool(config.get("add_eos_token", False)),
         )
     return BackendSpec(
         backend=backend,
