@@ -45,6 +45,7 @@ TRICKY_STRINGS = [
     "line one\nline two\r\nline three\n\n",
     "\ttabbed\ttext",
     "naïve café résumé",
+    "cafe\u0301 decomposed, digits 12345 and 2024",  # NFC and one-digit pieces in Qwen2's pipeline
     "Ça va? Straße über Köln",
     "日本語のテキスト",
     "中文测试 mixed with English",

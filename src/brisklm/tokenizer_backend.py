@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -163,6 +163,42 @@ def build_llama_backend(
     if add_prefix_space:
         sequence.append(decoders.Strip(content=" ", left=1))
     backend.decoder = decoders.Sequence(sequence)
+    return backend
+
+
+# transformers 5's Qwen2Tokenizer pre-tokenizer regex (one digit per piece).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def build_qwen2_backend(
+    vocab: dict[str, int], merges: list[tuple[str, str]], *, add_prefix_space: bool
+) -> BackendTokenizer:
+    """The backend transformers 5's Qwen2Tokenizer builds from a tokenizer.json's vocabulary and
+    merges, whatever pipeline the file describes: NFC, Qwen's split regex, byte-level BPE. It is
+    the class of every checkpoint of model_type qwen2 (DeepSeek-R1-Distill-Qwen's files, too)."""
+    backend = BackendTokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False),
+        ]
+    )
     return backend
 
 
@@ -321,16 +357,19 @@ def load_backend(directory: Path) -> BackendSpec:
         legacy = _legacy_added_tokens(directory, config, named, extra)
         added_tokens_decoder = {**legacy, **added_tokens_decoder}
 
-    if tokenizer_class != "LlamaTokenizer":
+    if tokenizer_class == "Qwen2Tokenizer" and tokenizer_json is not None:
+        vocab, merges = _json_vocab_and_merges(tokenizer_json, json_path)
+        backend = build_qwen2_backend(
+            vocab, merges, add_prefix_space=bool(config.get("add_prefix_space") or False)
+        )
+        backend.post_processor = _file_post_processor(tokenizer_json)
+    elif tokenizer_class != "LlamaTokenizer":
         backend = BackendTokenizer.from_str(json_text)
     else:
         post_processor = None
         if tokenizer_json is not None:
             vocab, merges = _json_vocab_and_merges(tokenizer_json, json_path)
-            # Only the post-processor is taken from the file; an empty vocabulary keeps the parse cheap
-            minimal = {**tokenizer_json, "added_tokens": []}
-            minimal["model"] = {**tokenizer_json["model"], "vocab": {}, "merges": []}
-            post_processor = BackendTokenizer.from_str(json.dumps(minimal)).post_processor
+            post_processor = _file_post_processor(tokenizer_json)
         else:
             vocab, spm_added = read_sentencepiece(spm_path)
             merges = generate_merges(vocab)
@@ -376,6 +415,14 @@ def load_backend(directory: Path) -> BackendSpec:
         named_special_tokens={key: str(value) for key, value in named.items()},
         chat_templates=_read_chat_templates(directory, config),
     )
+
+
+def _file_post_processor(tokenizer_json: dict[str, Any]) -> Any:
+    """The post-processor of a tokenizer.json (all that a rebuilt pipeline keeps of the file but its
+    vocabulary and merges); an empty vocabulary keeps the parse cheap."""
+    minimal = {**tokenizer_json, "added_tokens": []}
+    minimal["model"] = {**tokenizer_json["model"], "vocab": {}, "merges": []}
+    return BackendTokenizer.from_str(json.dumps(minimal)).post_processor
 
 
 def _add_tokens_like_transformers(
