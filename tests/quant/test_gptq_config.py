@@ -181,6 +181,8 @@ def test_informational_fields_may_be_null() -> None:
     assert cfg.damp_percent == 0.01
     with pytest.raises(ValueError, match="damp_percent must be a number"):
         GPTQConfig.from_dict(AUTO_GPTQ | {"damp_percent": "lots"})
+    # Out of range, it stopped loading a model whose weights read the same whatever it says.
+    assert GPTQConfig.from_dict(AUTO_GPTQ | {"damp_percent": 1.5}).damp_percent == 0.01
 
 
 def test_modules_in_block_to_quantize() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ _FIELD_KEYS = {
     "modules_to_not_convert": ("modules_to_not_convert",),
     "skip_patterns": ("dynamic",),
 }
+
+logger = logging.getLogger(__name__)
 
 
 def _check_group_size(group_size: int) -> None:
@@ -283,9 +286,13 @@ def _informational_float(
     if value is None:
         return default
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not 0.0 <= number < 1.0:  # the weights read the same: say so, do not refuse the model
+        logger.warning("%s=%r in the quantization config is out of [0, 1); ignored", name, value)
+        return default
+    return number
 
 
 def _read_json(path: Path) -> dict[str, Any]:
