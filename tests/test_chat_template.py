@@ -239,6 +239,14 @@ def test_checkpoint_templates_and_tool_use_selection(chatml_pair) -> None:
             assert ours.apply_chat_template(messages, tools=tools) == expected
     assert ours.apply_chat_template(USER_ONLY, tools=[WEATHER_TOOL]).startswith("<tools>\n[\n  {")
     assert ours.apply_chat_template(USER_ONLY).endswith("<|im_start|>assistant\n")
+    # transformers' output options: tokenize=False is what this does; the others were template
+    # variables, silently (tokenize=True still returned text).
+    assert ours.apply_chat_template(USER_ONLY, tokenize=False) == ours.apply_chat_template(
+        USER_ONLY
+    )
+    for option in ({"tokenize": True}, {"return_tensors": "pt"}, {"return_dict": True}):
+        with pytest.raises(TypeError, match="returns the rendered text .* tokenizer.encode"):
+            ours.apply_chat_template(USER_ONLY, **option)
     assert not ours.apply_chat_template(USER_ONLY, add_generation_prompt=False).endswith(
         "assistant\n"
     )

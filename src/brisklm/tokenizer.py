@@ -240,6 +240,13 @@ class Tokenizer:
         then no generation prompt is added. Extra keyword arguments become template variables
         (`documents` included). Raises ValueError without a chat template.
         """
+        if extra.pop("tokenize", False) or any(
+            extra.get(name) for name in ("return_tensors", "return_dict")
+        ):
+            raise TypeError(
+                "apply_chat_template returns the rendered text (transformers' tokenize=False); "
+                "for ids, encode it: tokenizer.encode(text, add_special_tokens=False)"
+            )
         template = self._select_template(chat_template, has_tools=tools is not None)
         return render_chat_template(
             template,
