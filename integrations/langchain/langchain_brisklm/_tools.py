@@ -312,18 +312,19 @@ _V11_ARGUMENTS = re.compile(r"(?:\[CALL_ID\]\s*[A-Za-z0-9]+\s*)?(?:\[ARGS\]\s*)?
 
 def cut_call(text: str, error: str, call_id: str) -> InvalidToolCall:
     """A call the reply ended inside, from its text in any format, as an invalid tool call: its
-    name once written whole, and its arguments so far once begun (else all of its text)."""
+    name once written whole, and its arguments so far once begun ("" when the name was whole and
+    the arguments not yet begun); all of its text while even the name was not whole."""
     name: str | None = None
     args = text
     json_name = _JSON_NAME.match(text)
     if json_name is not None:
         name = json.loads(json_name.group(1))
         arguments = _JSON_ARGUMENTS.match(text, json_name.end())
-        args = text[arguments.end() :] if arguments else text
+        args = text[arguments.end() :] if arguments else ""
     elif (v11_name := _V11_NAME.match(text)) is not None:
         name = v11_name.group(1)
         arguments = _V11_ARGUMENTS.match(text, v11_name.end())
-        args = text[arguments.end() :] if arguments else text
+        args = text[arguments.end() :] if arguments else ""
     return invalid_tool_call(name=name, args=args, id=call_id, error=error)
 
 

@@ -232,3 +232,19 @@ def test_a_reply_cut_inside_a_call_is_told_from_one_that_ended_after_its_calls(f
         output = GenerationOutput("r", None, [1], reply, [2], "stop", Usage(1, 1), stop_reason="x")
         chat = LLM._chat_output(output, tool_format)
         assert chat.finish_reason == (expected if chat.tool_calls else "stop")
+
+
+@pytest.mark.parametrize(
+    "tool_format, text",
+    [
+        (HERMES, '<tool_call>\n{"name": "get_weather", "arguments'),
+        (MISTRAL, 'Sure. [TOOL_CALLS] [{"name": "get_weather", '),
+        (MISTRAL_V11, "Sure.[TOOL_CALLS]get_weather[ARGS]"),
+    ],
+)
+def test_a_call_cut_after_its_name_has_no_arguments_yet(
+    tool_format: ToolCallFormat, text: str
+) -> None:
+    # Its arguments were the call's markup ('\n{"name": "get_weather", "arguments').
+    _, calls, (cut,) = parse_reply(text, tool_format, "cut")
+    assert (calls, cut["name"], cut["args"]) == ([], "get_weather", "")
