@@ -451,6 +451,15 @@ def test_a_pipe_closed_before_the_last_newline_ends_quietly(model_dir):
     assert err == ""
 
 
+def _fresh_interpreter(script: str) -> str:
+    """What ``script`` prints in a new Python process (this one has imported torch already)."""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def test_help_and_import_do_not_load_torch():
     # `import brisklm` imported torch (1.5 of `brisklm --help`'s 2 s here); its names now load on
     # first use. In a fresh interpreter, since this one has torch.
@@ -466,13 +475,10 @@ def test_help_and_import_do_not_load_torch():
         "print(brisklm.speculative.DEFAULT_NUM_SPECULATIVE_TOKENS)\n"
         "try:\n    brisklm.nope\nexcept AttributeError as e:\n    print(e)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
+    stdout = _fresh_interpreter(script)
     from brisklm.speculative import DEFAULT_NUM_SPECULATIVE_TOKENS
 
-    assert result.stdout.splitlines() == [
+    assert stdout.splitlines() == [
         "False",
         "True LLM SamplingParams",
         "True True",
@@ -497,8 +503,5 @@ def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
         "code = cli.main(['generate', '--model', '/nonexistent', 'Hello'])\n"
         "print(code, 'brisklm.llm' in sys.modules, signal.getsignal(signal.SIGINT).__name__)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["130", "True", "default_int_handler"]
+    stdout = _fresh_interpreter(script)
+    assert stdout.split() == ["130", "True", "default_int_handler"]

@@ -33,6 +33,7 @@ from brisklm.speculative import (
     make_draft_generator,
 )
 from brisklm.tokenizer import Tokenizer
+from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
 
 Prompt = str | Sequence[int]
@@ -753,9 +754,8 @@ class LLM:
     @staticmethod
     def _chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
         content, calls = format.parse(output.text) if format else (output.text, [])
-        finish = output.finish_reason
-        if calls and finish == "stop" and not (format and format.ended_inside_call(output.text)):
-            finish = "tool_calls"  # OpenAI's name for a turn that ended after its calls
+        cut = format is not None and format.ended_inside_call(output.text)
+        finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
         return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
 
     # ---------------------------------------------------------------- lifecycle

@@ -6,7 +6,7 @@ The other families' formats (Llama 3 JSON, Mistral) build on these pieces in ``b
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -89,24 +89,30 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     content: list[str] = []
     calls: list[ToolCall] = []
     position = 0
-    while True:
-        start = text.find(TOOL_CALL_START, position)
-        if start < 0:
-            content.append(text[position:])
-            break
+    for start, body_start, end in _blocks(text):
         content.append(text[position:start])
-        body_start = start + len(TOOL_CALL_START)
-        end = block_end(text, body_start)
         block_end_at = len(text) if end < 0 else end + len(TOOL_CALL_END)
         call = parse_tool_call_body(text[body_start : len(text) if end < 0 else end])
         if call is None:
             content.append(text[start:block_end_at])
         else:
             calls.append(call)
-        if end < 0:
-            break
         position = block_end_at
+    content.append(text[position:])
     return "".join(content).strip(), calls
+
+
+def _blocks(text: str) -> Iterator[tuple[int, int, int]]:
+    """The tool-call blocks of a reply, in order: (start tag, body start, end tag or -1 for a last
+    block left unclosed)."""
+    position = 0
+    while (start := text.find(TOOL_CALL_START, position)) >= 0:
+        body_start = start + len(TOOL_CALL_START)
+        end = block_end(text, body_start)
+        yield start, body_start, end
+        if end < 0:
+            return
+        position = end + len(TOOL_CALL_END)
 
 
 def block_end(text: str, body_start: int) -> int:
@@ -129,15 +135,13 @@ def block_end(text: str, body_start: int) -> int:
 def unclosed_block_start(text: str) -> int:
     """Where the reply's last tool-call block starts if no end tag closes it, else -1; blocks are
     read as ``parse_tool_calls`` reads them (a tag inside a call's JSON strings is text)."""
-    position = 0
-    while True:
-        start = text.find(TOOL_CALL_START, position)
-        if start < 0:
-            return -1
-        end = block_end(text, start + len(TOOL_CALL_START))
-        if end < 0:
-            return start
-        position = end + len(TOOL_CALL_END)
+    return next((start for start, _, end in _blocks(text) if end < 0), -1)
+
+
+def turn_finish_reason(finish_reason: str | None, has_calls: bool, cut: bool) -> str | None:
+    """OpenAI's convention: a turn that ended after calling tools finishes with "tool_calls"; one
+    that a stop ended inside a call (``cut``) keeps "stop", so that the cut is seen."""
+    return "tool_calls" if has_calls and finish_reason == "stop" and not cut else finish_reason
 
 
 @dataclass(frozen=True)

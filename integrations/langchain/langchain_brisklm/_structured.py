@@ -2,9 +2,10 @@
 
 LangChain's JSON parsers accept partial JSON (they stream partial objects), so a reply cut by
 ``max_tokens``, a full context or a stop sequence would come back as a result with fields missing
-or a string cut short (and the tools parsers skip a cut call: the result was None). The grammar makes every complete reply valid; these parsers make an incomplete one an
-error (``OutputParserException``, in ``parsing_error`` with ``include_raw=True``), the way
-ChatOpenAI refuses a structured reply whose finish reason is "length"."""
+or a string cut short (and the tools parsers skip a cut call: the result was None). The grammar
+makes every complete reply valid; these parsers make an incomplete one an error
+(``OutputParserException``, in ``parsing_error`` with ``include_raw=True``), the way ChatOpenAI
+refuses a structured reply whose finish reason is "length"."""
 
 from __future__ import annotations
 

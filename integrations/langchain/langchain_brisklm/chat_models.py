@@ -32,6 +32,7 @@ from brisklm.config import ModelConfig
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
+from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, off_loop, resolve_model_path
@@ -138,12 +139,6 @@ def _usage_metadata(usage: Usage) -> UsageMetadata:
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
     )
-
-
-def _finish_reason(finish_reason: str | None, num_calls: int, cut: bool) -> str | None:
-    # OpenAI's convention: a turn that ended after calling tools finishes with "tool_calls"; one
-    # that a stop sequence ended inside a call keeps "stop", so that the cut is seen.
-    return "tool_calls" if num_calls and finish_reason == "stop" and not cut else finish_reason
 
 
 class ChatBrisk(BriskSettings, BaseChatModel):
@@ -313,7 +308,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         ]
         metadata = {
             "model_name": call.model_name,
-            "finish_reason": _finish_reason(output.finish_reason, len(calls), bool(invalid)),
+            "finish_reason": turn_finish_reason(output.finish_reason, bool(calls), bool(invalid)),
         }
         if output.stop_reason is not None:
             metadata["stop_reason"] = output.stop_reason
@@ -615,7 +610,7 @@ class _ChunkConverter:
             cut = self.chunker is not None and self.chunker.cut
             metadata: dict[str, Any] = {
                 "model_name": self.call.model_name,
-                "finish_reason": _finish_reason(chunk.finish_reason, num_calls, cut),
+                "finish_reason": turn_finish_reason(chunk.finish_reason, num_calls > 0, cut),
             }
             if chunk.stop_reason is not None:
                 metadata["stop_reason"] = chunk.stop_reason

@@ -193,7 +193,7 @@ class _SchemaRewriter:
             elif key in _SCHEMA_VALUES:
                 out[key] = self.schema(value, where)
             elif key in _SCHEMA_LISTS and isinstance(value, list):
-                if key == "oneOf" and "anyOf" not in node and _discriminated(value, self.refs):
+                if key == "oneOf" and _one_of_as_any_of(node, self.refs):
                     key = "anyOf"
                 out[key] = [self.schema(sub, f"{where}/{k}") for k, sub in enumerate(value)]
             elif key in _BOUND_KEYWORDS:
@@ -330,9 +330,10 @@ class _LocalRefs:
         return target
 
     def parts(self, node: dict[str, Any]) -> list[Any]:
-        """The schemas an instance of ``node`` must also match, or may match instead."""
+        """The schemas an instance of ``node`` must also match, or may match instead: its
+        combinators' members and its ``$ref`` target (None where that cannot be read)."""
         found = [sub for key in _COMBINATORS for sub in _list(node.get(key))]
-        return [*found, node["$ref"]] if "$ref" in node else found
+        return [*found, self.target(node)] if "$ref" in node else found
 
 
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
@@ -368,12 +369,10 @@ def _combined_parts(root: Any, refs: _LocalRefs) -> set[int]:
         all_of = _list(node.get("allOf"))
         if len(all_of) > 1 or (all_of and ("properties" in node or "required" in node)):
             keep_open(all_of)
-        one_of = _list(node.get("oneOf"))
-        if one_of and ("anyOf" in node or not _discriminated(one_of, refs)):
-            keep_open(one_of)
-        if ("properties" in node or "required" in node) and refs.parts(node):
-            keep_open([p for key in _COMBINATORS for p in _list(node.get(key))])
-            keep_open(refs.target(node))
+        if "oneOf" in node and not _one_of_as_any_of(node, refs):
+            keep_open(node["oneOf"])
+        if "properties" in node or "required" in node:
+            keep_open(refs.parts(node))
         for key, value in node.items():
             if key not in _DATA_KEYWORDS:
                 walk(value)
@@ -384,11 +383,9 @@ def _combined_parts(root: Any, refs: _LocalRefs) -> set[int]:
 
 def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, None] | None:
     """Keys that ``node`` or the parts combined with it declare or require, in the order they are
-    written (an ordered set); None where a part cannot be read."""
-    if isinstance(node, str):  # a $ref
-        node = refs.target({"$ref": node})
-        if node is None:
-            return None
+    written (an ordered set); None where a part cannot be read (a remote ``$ref``)."""
+    if node is None:
+        return None
     if not isinstance(node, dict) or id(node) in seen:
         return {}
     seen.add(id(node))
@@ -405,6 +402,11 @@ def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, Non
             return None
         keys.update(part_keys)
     return keys
+
+
+def _one_of_as_any_of(node: dict[str, Any], refs: _LocalRefs) -> bool:
+    """Whether ``node``'s ``oneOf`` is written as an ``anyOf`` (see ``_SchemaRewriter``)."""
+    return "anyOf" not in node and _discriminated(_list(node.get("oneOf")), refs)
 
 
 def _discriminated(branches: list[Any], refs: _LocalRefs) -> bool:

@@ -101,8 +101,9 @@ class GrammarMatcher:
             self._eos_unrecorded = was_stopped
             self._num_tokens += 1
             return True
-        # Validate first: a failed consume would put llguidance into a permanent error state.
-        if not self._valid_next(self._llm, token_id) or not self._llm.consume_token(token_id):
+        # Validate first: a failed consume would put llguidance into a permanent error state. An
+        # EOS here is not the end: it is content only where the grammar names it (`<[2]>`).
+        if self._count_valid(self._llm, [token_id]) != 1 or not self._llm.consume_token(token_id):
             return False
         self._num_tokens += 1
         return True
@@ -146,18 +147,6 @@ class GrammarMatcher:
         if not probe.consume_token(ids[eos_at]) or probe.is_error():
             return eos_at
         return eos_at + 1 + self._count_valid(probe, ids[eos_at + 1 :])
-
-    def _valid_next(self, llm: LLMatcher, token_id: int) -> bool:
-        """Whether ``llm`` would consume ``token_id`` next (not as the end of the grammar).
-
-        An EOS there is content only where the grammar names it as a token of its own
-        (``<|im_end|>``, ``<[2]>``); llguidance's validate_tokens refuses every EOS, so try it on
-        a copy.
-        """
-        if token_id not in self._eos_token_ids:
-            return llm.validate_tokens([token_id]) == 1
-        probe = llm.deep_copy()
-        return probe.consume_token(token_id) and not probe.is_error()
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens (EOS included)."""

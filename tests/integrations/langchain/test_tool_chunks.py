@@ -211,7 +211,7 @@ def test_a_reply_cut_inside_a_call_is_told_from_one_that_ended_after_its_calls(f
     # ended inside its second call; it is "stop" then, so that the cut shows.
     from brisklm import LLM
     from brisklm.outputs import GenerationOutput, Usage
-    from langchain_brisklm.chat_models import _finish_reason
+    from brisklm.tool_calls import turn_finish_reason
 
     tool_format, text = CUT_REPLIES[form]
     whole = {
@@ -228,7 +228,7 @@ def test_a_reply_cut_inside_a_call_is_told_from_one_that_ended_after_its_calls(f
         chunker.finish()
         assert chunker.cut == (expected == "stop")
         _, _, invalid = parse_reply(reply, tool_format, "cut")
-        assert _finish_reason("stop", 1, bool(invalid)) == expected
+        assert turn_finish_reason("stop", True, bool(invalid)) == expected
         output = GenerationOutput("r", None, [1], reply, [2], "stop", Usage(1, 1), stop_reason="x")
         chat = LLM._chat_output(output, tool_format)
         assert chat.finish_reason == (expected if chat.tool_calls else "stop")
