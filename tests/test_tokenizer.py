@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from brisklm.sampling import find_stop_string
 from brisklm.tokenizer import Tokenizer
 from tests.tokenizer_fixtures import (
     TRICKY_STRINGS,
@@ -402,6 +404,84 @@ def test_adversarial_byte_runs_in_sentencepiece_streams(loaded) -> None:
     deltas = _stream(ours, word + valid + word)
     assert "".join(deltas) == "helloé€😀 hello"
     assert all("\ufffd" not in d for d in deltas) and any("é€😀" in d for d in deltas)
+
+
+def _stop_request(tokenizer: Tokenizer, stop: list[str], min_tokens: int = 0):
+    from brisklm.engine.request import Request
+    from brisklm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=1000, stop=stop, min_tokens=min_tokens)
+    return Request("r", None, [1], params, frozenset(), 10_000, tokenizer.detokenizer([]))
+
+
+def test_a_stop_string_made_of_byte_pieces_stops_at_the_token_that_completes_it(loaded) -> None:
+    # Llama 2 and Mistral write "\n" as the byte piece <0x0A>: the detokenizer holds a byte run
+    # until a later token ends it, and the stop used to be found there, a token late (the extra
+    # token in token_ids and usage), and short of min_tokens a "\n" that completed before
+    # min_tokens was still a stop once the run was released after it.
+    spm, _ = loaded["spm"]
+    word = spm.encode("hello", add_special_tokens=False)
+    newline = _byte_piece_ids(spm, "\n")
+    crab = _byte_piece_ids(spm, "🦀")
+    for stop, ids, stops_after in (
+        (["\n"], word + newline + word, len(word) + 1),
+        (["\n\n"], word + newline + newline + word, len(word) + 2),
+        (["🦀"], word + crab + word, len(word) + 4),
+        (["o\n"], word + newline + word, len(word) + 1),
+    ):
+        request = _stop_request(spm, stop)
+        for token_id in ids:
+            request.append_token(token_id)
+            if request.is_finished:
+                break
+        assert len(request.output_token_ids) == stops_after, stop
+        assert request.finish_reason == "stop" and request.stop_reason == stop[0]
+        assert request.text == ("hell" if stop == ["o\n"] else "hello")
+    # Short of min_tokens the "\n" is ordinary text; the request runs on
+    request = _stop_request(spm, ["\n"], min_tokens=len(word) + 2)
+    for token_id in word + newline + word:
+        request.append_token(token_id)
+    assert not request.is_finished and request.text == "hello\n hello"
+
+
+def test_stop_strings_over_byte_pieces_match_a_character_stream(loaded) -> None:
+    # Random outputs of words and characters spelled in byte pieces: the request stops at the
+    # first token at or past min_tokens that completes a stop string in the decoded text, with
+    # the text up to the stop, as a stream of characters would.
+    spm, _ = loaded["spm"]
+    rng = random.Random("byte-piece-stops")
+    pieces = [_byte_piece_ids(spm, c) for c in ("\n", "é", "€", "🦀", ".")]
+    pieces += [[i] for w in ("a", "hello", "x.") for i in spm.encode(w, add_special_tokens=False)]
+    for _ in range(300):
+        units = [rng.choice(pieces) for _ in range(rng.randrange(1, 12))]
+        ids = [i for unit in units for i in unit]
+        stop = [rng.choice(["\n", "é", "\né", "🦀", "€\n", "o\n", ".\n", "x"])]
+        min_tokens = rng.choice([0, 0, 2, 5])
+        # The text of the characters complete after each token: a character spelled in byte
+        # pieces arrives with its last byte (decoding a prefix that ends inside one replaces
+        # its whole byte run, earlier characters included, with U+FFFD)
+        texts, previous = [], ""
+        for end in itertools.accumulate(len(unit) for unit in units):
+            texts += [previous] * (end - len(texts) - 1)
+            previous = spm.decode(ids[:end])
+            texts.append(previous)
+        expected_k, expected_text, previous = None, texts[-1], ""
+        for k, text in enumerate(texts, start=1):
+            match = find_stop_string(text, stop, num_new_chars=len(text) - len(previous))
+            previous = text
+            if match is not None and k >= min_tokens:
+                expected_k, expected_text = k, text[: match.start]
+                break
+        request = _stop_request(spm, stop, min_tokens)
+        streamed = ""
+        for token_id in ids:
+            streamed += request.append_token(token_id).text
+            if request.is_finished:
+                break
+        if not request.is_finished:
+            streamed += request.abort("length").text
+        assert request.text == streamed == expected_text, (ids, stop, min_tokens)
+        assert len(request.output_token_ids) == (expected_k or len(ids)), (ids, stop, min_tokens)
 
 
 def test_adversarial_split_characters_in_byte_level_streams(loaded) -> None:

@@ -104,6 +104,33 @@ class IncrementalDetokenizer:
             return ""
         return self._emit(final=False)
 
+    def held_byte_run_text(self) -> str:
+        """The text a held run of byte pieces would add if the run ended here, or "".
+
+        Non-empty only while the last token is a ``<0xNN>`` piece and the run's bytes so far are
+        complete, valid UTF-8: then ending the run now (``flush``) emits exactly what ``decode``
+        gives for these ids, and a stop rule can judge the text at the token that completed it
+        instead of at the later token that ends the run (a Llama 2 ``"\n"`` is ``<0x0A>``).
+        Nothing changes: text held back stays held back."""
+        if self._token_bytes is not None or not self._ids or self._ids[-1] not in self._byte_ids:
+            return ""
+        run = bytearray()
+        for token_id in reversed(self._ids[self.read_offset :]):
+            if token_id not in self._byte_ids:
+                break
+            run.append(int(self._tokenizer.id_to_token(token_id)[3:5], 16))
+        try:
+            bytes(reversed(run)).decode("utf-8")
+        except UnicodeDecodeError:
+            return ""
+        if self._prefix_text is None:
+            self._prefix_text = self._decode(self._ids[self.prefix_offset : self.read_offset])
+        prefix_text = self._prefix_text
+        new_text = self._decode(self._ids[self.prefix_offset :])
+        if new_text.endswith(REPLACEMENT_CHAR):
+            return ""
+        return new_text[_common_prefix_length(prefix_text, new_text) :]
+
     def flush(self) -> str:
         """Emit whatever is held back (call once generation ends); may contain U+FFFD for invalid bytes."""
         if self._token_bytes is not None:

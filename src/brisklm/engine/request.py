@@ -129,7 +129,7 @@ class Request:
         elif ends_grammar or (token_id in self.eos_token_ids and enough):
             self._finish("stop", None)
         else:
-            text = self.stop_matcher.append(self.detokenizer.add(token_id), can_stop=enough)
+            text = self.stop_matcher.append(self._token_text(token_id), can_stop=enough)
             if self.stop_matcher.stopped:
                 self._finish("stop", self.stop_matcher.stop_str)
             elif self.max_new_tokens == 0:
@@ -145,6 +145,18 @@ class Request:
             stop_reason=self.stop_reason,
             usage=self.usage if self.is_finished else None,
         )
+
+    def _token_text(self, token_id: int) -> str:
+        """The text ``token_id`` adds for the stop rules. A run of byte pieces (``<0x0A>``) is held
+        by the detokenizer until a later token ends it; when the run so far would complete a stop
+        string, it ends here, so the stop (or, short of ``min_tokens``, the text passing as
+        ordinary text) is judged at the token that completed it, as a stream of characters would."""
+        delta = self.detokenizer.add(token_id)
+        if self.stop_matcher.stop:
+            held = self.detokenizer.held_byte_run_text()
+            if held and self.stop_matcher.would_stop(delta + held):
+                delta += self.detokenizer.flush()
+        return delta
 
     def finish_with_grammar(self) -> StreamChunk:
         """End the request because its grammar is complete; releases any withheld text."""

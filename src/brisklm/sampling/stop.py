@@ -109,6 +109,13 @@ class StopStringMatcher:
         held = 0 if self.include_stop_str_in_output else hold_back_length(self.text, self.stop)
         return self._emit_up_to(len(self.text) - held)
 
+    def would_stop(self, new_text: str) -> bool:
+        """Whether appending ``new_text`` would complete a stop string (stopping allowed)."""
+        return (
+            find_stop_string(self.text + new_text, self.stop, num_new_chars=len(new_text))
+            is not None
+        )
+
     def flush(self) -> str:
         """Release whatever is withheld: call when the request finishes without a stop string."""
         return self._emit_up_to(len(self.text))
