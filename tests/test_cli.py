@@ -153,6 +153,7 @@ def test_prompt_too_long_is_an_error(model_dir, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "context holds 8" in err and err.count("\n") == 1
+    assert "raise --max-seq-len" in err  # the flag, not the Python keyword
 
 
 def test_generate_with_constraints_and_draft(model_dir, capsys, tmp_path):

@@ -94,6 +94,29 @@ def test_mistral_sliding_window_all_layers():
         ({"vocab_size": None}, "required field 'vocab_size' is null: it must be an integer"),
         ({"intermediate_size": None}, "required field 'intermediate_size' is null"),
         ({"hidden_size": "64x"}, "field 'hidden_size' must be an integer, got '64x'"),
+        # These loaded, then every request failed (ZeroDivisionError, math domain error)
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0, "factor": 2.0}},
+            "yarn rope needs a rope theta other than 1",
+        ),
+        (
+            {
+                "rope_scaling": {
+                    "type": "yarn",
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 0,
+                }
+            },
+            "yarn rope needs original_max_position_embeddings >= 1, got 0",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "llama3", "original_max_position_embeddings": -8}},
+            "llama3 rope needs original_max_position_embeddings >= 1, got -8",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_slow": -1}},
+            "yarn rope needs beta_fast and beta_slow > 0, got 32.0 and -1.0",
+        ),
     ],
 )
 def test_errors_name_the_problem(overrides, message):
@@ -140,3 +163,33 @@ def test_family_defaults_for_missing_fields_follow_transformers():
     assert qwen2.max_position_embeddings == 32768 and qwen2.sliding_windows == (None,) * 4
     assert mistral.max_position_embeddings == 131072 and mistral.sliding_windows == (4096,) * 4
     assert make().max_position_embeddings == 2048
+
+
+def test_one_architecture_name_as_a_string():
+    # It was read as a list of characters: "unsupported architecture 'L'"
+    assert make(architectures="MistralForCausalLM").architecture == "MistralForCausalLM"
+
+
+@pytest.mark.parametrize("rope_type", ["llama3", "yarn"])
+def test_a_top_level_original_context_wins_as_in_transformers(tmp_path, rope_type):
+    # transformers gives a top-level original_max_position_embeddings (Phi-3 writes one) priority
+    # over the rope block's for llama3 and yarn; brisklm took the block's, and other frequencies.
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from brisklm.models.rope import rope_inv_freq
+    from tests.hf_models import build_hf_model, save_hf_model
+
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0}
+    rope["original_max_position_embeddings"] = 16
+    if rope_type == "llama3":
+        rope.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    save_hf_model(build_hf_model("llama", rope_parameters=rope), tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["original_max_position_embeddings"] = 64
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    config = ModelConfig.from_pretrained(tmp_path)
+    assert config.rope.original_max_position_embeddings == 64
+    ours, _ = rope_inv_freq(config.rope, config.head_dim, config.max_position_embeddings)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).model.rotary_emb
+    torch.testing.assert_close(ours, reference.inv_freq, rtol=1e-6, atol=1e-7)

@@ -516,7 +516,7 @@ def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
     flags = _QUANTIZE_FLAGS if getattr(args, "command", None) == "quantize" else _ENGINE_FLAGS
     flag = flags.get(name)
     if flag is None:
-        return message
+        return message.replace("raise max_seq_len", "raise --max-seq-len")
     rest = rest.replace("pass draft=", "pass --draft")
     return f"{flag}{' ' if equals else ''}{value} {rest}"
 

@@ -62,6 +62,20 @@ class RopeConfig:
                 "llama3 rope needs high_freq_factor > low_freq_factor > 0, got "
                 f"{self.high_freq_factor} and {self.low_freq_factor}",
             )
+        if self.rope_type in ("llama3", "yarn"):
+            original = self.original_max_position_embeddings
+            _require(
+                original is not None and original >= 1,
+                f"{self.rope_type} rope needs original_max_position_embeddings >= 1, got {original}",
+            )
+        if self.rope_type == "yarn":
+            # Its correction range divides by log(theta) and takes logs of the betas.
+            _require(self.theta != 1, "yarn rope needs a rope theta other than 1")
+            _require(
+                self.beta_fast > 0 and self.beta_slow > 0,
+                f"yarn rope needs beta_fast and beta_slow > 0, got {self.beta_fast} and "
+                f"{self.beta_slow}",
+            )
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
@@ -84,11 +98,15 @@ class RopeConfig:
         theta = _first_set(
             params.get("rope_theta"), rope_parameters.get("rope_theta"), raw.get("rope_theta")
         )
-        original = params.get(
-            "original_max_position_embeddings", raw.get("original_max_position_embeddings")
-        )
-        if rope_type in ("llama3", "yarn") and original is None:
-            original = max_position_embeddings
+        original = params.get("original_max_position_embeddings")
+        if rope_type in ("llama3", "yarn"):
+            # As transformers: a top-level original_max_position_embeddings (Phi-3 style) wins
+            # over the rope block's, and the context length stands in for a missing one.
+            original = _first_set(
+                raw.get("original_max_position_embeddings"), original, max_position_embeddings
+            )
+        elif original is None:
+            original = raw.get("original_max_position_embeddings")
         factor = params.get("factor")
         if factor is None and rope_type == "yarn" and original:
             factor = max_position_embeddings / original
@@ -198,6 +216,8 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from the parsed contents of a Hugging Face ``config.json``."""
         architectures = raw.get("architectures") or []
+        if isinstance(architectures, str):  # one name, not a list: transformers reads it too
+            architectures = [architectures]
         if not architectures:
             by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
             model_type = raw.get("model_type")
@@ -258,9 +278,7 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
         """Read ``config.json`` from a checkpoint directory."""
-        directory = Path(path)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"model directory {str(directory)!r} does not exist")
+        directory = checkpoint_directory(path)
         config_file = directory / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"no config.json in model directory {str(directory)!r}")
@@ -271,6 +289,20 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ValueError(f"{config_file} must hold a JSON object")
         return cls.from_dict(raw)
+
+
+def checkpoint_directory(path: str | Path, what: str = "model") -> Path:
+    """``path`` as a Path, if it is a directory; a FileNotFoundError or NotADirectoryError (both
+    OSError) naming ``what`` it was to be otherwise."""
+    directory = Path(path)
+    if directory.is_dir():
+        return directory
+    if directory.exists():
+        raise NotADirectoryError(
+            f"{what} directory {str(directory)!r} is a file, not a checkpoint directory: pass the "
+            "directory that holds config.json and the weights"
+        )
+    raise FileNotFoundError(f"{what} directory {str(directory)!r} does not exist")
 
 
 def _first_set(*values: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Any, overload
 
 import torch
 
+from brisklm.config import checkpoint_directory
 from brisklm.engine.llm_engine import EngineConfig, LLMEngine, check_kv_cache_fits
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
@@ -313,9 +314,11 @@ class LLM:
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
         ):
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
-        directory = Path(path) if path is not None else default_model_path()
+        directory = checkpoint_directory(path if path is not None else default_model_path())
         if draft is not None:  # checked before anything loads
             draft_schedule(draft, num_speculative_tokens, draft_length)
+            if str(draft) not in ("ngram", "default"):
+                checkpoint_directory(draft, "draft model")
         elif draft_length is not None:
             raise ValueError(
                 f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "

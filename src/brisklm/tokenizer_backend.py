@@ -236,6 +236,16 @@ def _read_chat_templates(directory: Path, config: dict[str, Any]) -> dict[str, s
     if isinstance(template, str):
         return {"default": template}
     if isinstance(template, list):
+        if not all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("template"), str)
+            for entry in template
+        ):
+            raise ValueError(
+                f"{directory / TOKENIZER_CONFIG}: chat_template, as a list, holds entries with a "
+                'str "name" and a str "template"'
+            )
         return {entry["name"]: entry["template"] for entry in template}
     if isinstance(template, dict):
         return dict(template)

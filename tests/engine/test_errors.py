@@ -309,9 +309,58 @@ def test_model_error_fails_only_that_step(llm, monkeypatch):
     assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
 
 
+@pytest.mark.usefixtures("without_native_kernels")
+def test_a_request_that_overflows_its_float16_cache_spoils_no_later_request(tmp_path):
+    # Token 100's values overflow a float16 cache (~8e4 > 65504). A later, shorter request in the
+    # same slot, padded beside a longer one, read those stale positions masked (weight 0), and
+    # 0 * inf is NaN: its output became token 0 over and over.
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny import make_tiny_checkpoint
+
+    directory = make_tiny_checkpoint(tmp_path / "overflow", initializer_range=0.5)
+    weights = load_file(directory / "model.safetensors")
+    embeddings = weights["model.embed_tokens.weight"]
+    embeddings[:, 0] = 0
+    embeddings[100] = 0
+    embeddings[100, 0] = 1.0
+    weights["model.layers.0.input_layernorm.weight"][0] = 1.0
+    weights["model.layers.0.self_attn.v_proj.weight"][:, 0] = 1e4
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    short, long = [5, 6, 7], list(range(20, 40))
+    settings = dict(show_progress=False, max_batch_size=2, kv_cache_dtype="float16")
+    with LLM.from_pretrained(directory, **settings) as fresh:
+        expected = [o.token_ids for o in fresh.generate([short, long], params)]
+    with LLM.from_pretrained(directory, **settings) as llm:
+        llm.generate([8, 9, 10, 11, 12, 100, 13, 14], params)  # in slot 0, then freed
+        assert [o.token_ids for o in llm.generate([short, long], params)] == expected
+    assert expected[0] != [0] * 8
+
+
 def test_nonexistent_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist|no config.json|tokenizer"):
         LLM.from_pretrained(tmp_path / "nope", show_progress=False)
+
+
+def test_a_file_given_as_the_model_or_draft_directory_is_named_as_such(tiny_dir):
+    # The model's said "tokenizer directory ... does not exist"; the draft's did not say "draft"
+    config_file = tiny_dir / "config.json"
+    with pytest.raises(NotADirectoryError, match=r"model directory .*config.json' is a file, not"):
+        LLM.from_pretrained(config_file, show_progress=False)
+    with pytest.raises(NotADirectoryError, match=r"^draft model directory .* is a file, not"):
+        LLM.from_pretrained(tiny_dir, draft=config_file, show_progress=False)
+    with pytest.raises(FileNotFoundError, match=r"^draft model directory .*nope' does not exist"):
+        LLM.from_pretrained(tiny_dir, draft=tiny_dir / "nope", show_progress=False)
+
+
+def test_a_chat_template_list_with_malformed_entries_is_named(tiny_dir, tmp_path):
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "body": "{{ messages }}"}]
+    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="tokenizer_config.json: chat_template, as a list, holds"):
+        LLM.from_pretrained(broken, show_progress=False)
 
 
 def test_missing_config(tiny_dir, tmp_path):

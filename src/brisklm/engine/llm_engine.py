@@ -197,6 +197,8 @@ class LLMEngine:
         """A finished request leaves its cache slot (and the proposer's state for it)."""
         if self.speculator is not None:
             self.speculator.release(request)
+        if request.slot is not None:
+            self.runner.clear_slot(request.slot)
         self.scheduler.finish(request)
 
     def step(self) -> list[StepResult]:

@@ -61,6 +61,8 @@ class ModelRunner:
             dtype=model.cache_dtype,
             device=self.device,
         )
+        # Per slot, how many leading positions passes have written since the slot was cleared.
+        self._written: dict[int, int] = {}
         self.backend: AttentionBackend = select_backend(attention_backend, self.device)
         # Rows of up to MAX_QUERY_LEN tokens run through the native CPU kernels when the model
         # qualifies (float32 on CPU, dense weights packed for them by the loader); None otherwise.
@@ -121,6 +123,20 @@ class ModelRunner:
                 raise ValueError(f"slot {slot} is not one of the cache's {self.kv_cache.num_slots}")
             if not 0 <= count <= length:
                 raise ValueError(f"a row of {length} tokens cannot give {count} logits")
+        for slot, start, length in zip(batch.slots, batch.start_positions, query_lens):
+            self._written[slot] = max(self._written.get(slot, 0), start + length)
+
+    def clear_slot(self, slot: int) -> None:
+        """Zero what passes wrote to a slot's keys and values, when the sequence in it is done.
+
+        Attention over a padded batch (SDPA, the reference, a CUDA graph's key bucket) reads
+        every row up to the longest and masks the rest; a masked position weighs 0, but 0 times
+        an infinite or NaN value left by the slot's previous sequence (a float16 cache that
+        overflowed) is NaN, which would spoil an unrelated request's output."""
+        written = self._written.pop(slot, 0)
+        if written:
+            self.kv_cache.keys[:, slot, :, :written].zero_()
+            self.kv_cache.values[:, slot, :, :written].zero_()
 
     def forward_greedy(
         self, batch: ForwardBatch, columns: int

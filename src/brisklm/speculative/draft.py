@@ -203,6 +203,7 @@ class DraftModelProposer:
     def release(self, slot: int) -> None:
         """The slot's request is gone: its cached tokens are no longer valid."""
         self._slots[self._check_slot(slot)] = None
+        self.runner.clear_slot(slot)
 
     def _check_slot(self, slot: int) -> int:
         if not 0 <= slot < self.num_slots:
