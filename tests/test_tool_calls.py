@@ -79,6 +79,18 @@ def test_unclosed_final_block() -> None:
     assert (content, calls) == ('Sure.\n<tool_call>\n{"name": "now", "argu', [])
 
 
+def test_a_reply_cut_inside_the_end_tag_of_a_whole_call_has_that_call() -> None:
+    # It was content, markup and all ("<tool_call>...</tool_call")
+    for cut in range(1, len("</tool_call>")):
+        content, calls = parse_tool_calls(
+            'Sure.\n<tool_call>\n{"name": "now", "arguments": {}}\n' + "</tool_call>"[:-cut]
+        )
+        assert (content, _summary(calls)) == ("Sure.", [("now", {})])
+    # What is cut off is only an end tag when the call is whole before it
+    text = 'Sure.\n<tool_call>\n{"name": "now", "arguments": {}</tool_call'
+    assert parse_tool_calls(text) == (text, [])
+
+
 def test_nested_start_tag_makes_the_block_malformed() -> None:
     text = f"{TOOL_CALL_START} oops {WEATHER}"
     content, calls = parse_tool_calls(text)
@@ -148,6 +160,10 @@ STREAM_TEXTS = [
     UNCLOSED_STRING_THEN_CALLS,
     '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and',
     '<tool_call>\n{"name": "a", "arguments": {"q": "x}}\n</tool_call> no block after',
+    # cut inside the end tag of a whole call: the call
+    f"Sure.\n{WEATHER[:-1]}",
+    f"{WEATHER}\n{SEARCH[:-4]}",
+    '<tool_call>\n{"name": "now", "arguments": {}}</tool',
 ]
 
 

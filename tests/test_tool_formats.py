@@ -370,18 +370,24 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
         assert not refused.output.text.lstrip().startswith("{")
 
 
-def test_llama_grammar_matches_what_parse_reads(family_llms) -> None:
-    """One call per turn (Llama 3's templates render no more), and text the grammar allows never
-    parses as a call: x1c-x1f are blanks to Python's strip, not to the grammar's backslash-s."""
+def grammar_acceptor(llm: LLM) -> Any:
+    """accepts(grammar, text): whether a Lark grammar takes the text's tokens and may end there."""
     from brisklm.constrained import Grammar, GrammarCompiler
 
-    llm = family_llms["llama3_json"]
     compiler = GrammarCompiler(llm.tokenizer)
 
     def accepts(grammar: str, text: str) -> bool:
         matcher = compiler.compile(Grammar(grammar)).matcher()
         tokens = llm.tokenizer.encode(text, add_special_tokens=False)
         return matcher.accept_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    return accepts
+
+
+def test_llama_grammar_matches_what_parse_reads(family_llms) -> None:
+    """One call per turn (Llama 3's templates render no more), and text the grammar allows never
+    parses as a call: x1c-x1f are blanks to Python's strip, not to the grammar's backslash-s."""
+    accepts = grammar_acceptor(family_llms["llama3_json"])
 
     one = '{"name": "get_weather", "parameters": {"unit": "celsius"}}'
     auto = LLAMA.grammar([WEATHER], "auto", parallel=True)
@@ -391,6 +397,38 @@ def test_llama_grammar_matches_what_parse_reads(family_llms) -> None:
         assert LLAMA.parse(blank + one)[1]  # a call to the parser ...
         assert not accepts(LLAMA.grammar([WEATHER], "none"), blank + one)  # ... so not text
         assert not accepts(auto, blank + one)  # calls start at once: no unchecked call
+
+
+@pytest.mark.parametrize("family", ["hermes", "mistral", "llama3_json"])
+def test_tools_beside_an_answer_schema_give_calls_or_that_json(family_llms, family) -> None:
+    # OpenAI's tools with a response_format (create_agent's structured answer): the reply is the
+    # calls or JSON under the schema, never free text; "required" is calls, "none" the JSON.
+    llm = family_llms["llama3_json" if family == "hermes" else family]
+    tool_format = HERMES if family == "hermes" else llm.tool_call_format()
+    accepts = grammar_acceptor(llm)
+
+    arguments = '{"unit": "celsius"}'
+    call = {
+        "hermes": f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>',
+        "mistral": f'{MISTRAL_TAG}[{{"name": "get_weather", "arguments": {arguments}}}]',
+        "llama3_json": f'{{"name": "get_weather", "parameters": {arguments}}}',
+    }[family]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+    }
+    answer = '{"city": "Paris", "sunny": true}'
+
+    def grammar(mode: str) -> str:
+        return tool_format.grammar([WEATHER], mode, parallel=False, answer_schema=schema)
+
+    assert accepts(grammar("auto"), answer) and accepts(grammar("auto"), call)
+    for wrong in ("Sunny in Paris.", '{"city": "Paris"}', answer + " Bye."):
+        assert not accepts(grammar("auto"), wrong)
+    assert accepts(grammar("none"), answer) and not accepts(grammar("none"), call)
+    assert accepts(grammar("required"), call) and not accepts(grammar("required"), answer)
+    assert tool_format.parse(answer) == (answer, [])  # the answer is the reply's content
 
 
 def weather_caller(directory: Any) -> Any:

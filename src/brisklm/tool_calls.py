@@ -62,6 +62,23 @@ def parse_tool_call_body(body: str) -> ToolCall | None:
     return tool_call_from_json(data)
 
 
+def unclosed_block_call(body: str) -> ToolCall | None:
+    """The call of a last block that no end tag closes: its body's, or, for a reply that ended
+    inside the end tag (``...}}\n</tool_call``), the body's without that partial tag."""
+    call = parse_tool_call_body(body)
+    if call is None and (whole := without_partial_end_tag(body)) is not None:
+        call = parse_tool_call_body(whole)
+    return call
+
+
+def without_partial_end_tag(body: str) -> str | None:
+    """``body`` without the start of an end tag it ends in (after blanks), or None if it ends in
+    none."""
+    stripped = body.rstrip()
+    cut = partial_tag_length(stripped, TOOL_CALL_END)
+    return stripped[: len(stripped) - cut] if cut else None
+
+
 def tool_call_from_json(data: Any) -> ToolCall | None:
     """A decoded JSON value as a call (see ``parse_tool_call_body``), or None."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
@@ -92,7 +109,10 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     for start, body_start, end in _blocks(text):
         content.append(text[position:start])
         block_end_at = len(text) if end < 0 else end + len(TOOL_CALL_END)
-        call = parse_tool_call_body(text[body_start : len(text) if end < 0 else end])
+        if end < 0:
+            call = unclosed_block_call(text[body_start:])
+        else:
+            call = parse_tool_call_body(text[body_start:end])
         if call is None:
             content.append(text[start:block_end_at])
         else:
@@ -257,6 +277,18 @@ class ToolCallStreamParser:
     def finish(self) -> list[ToolCallEvent]:
         """End of generation: settle held-back text and an unclosed final block."""
         events: list[ToolCallEvent] = []
+        if self._in_block:
+            # Held back as a possible end tag: the reply ended inside the end tag of a call that
+            # is whole without it (as ``unclosed_block_call`` reads it).
+            held = self._block + self._buffer
+            whole = without_partial_end_tag(held)
+            if (
+                whole is not None
+                and len(whole) >= len(self._block)
+                and parse_tool_call_body(held) is None
+                and parse_tool_call_body(whole) is not None
+            ):
+                self._buffer = whole[len(self._block) :]
         self._take(self._buffer, events)
         self._buffer = ""
         if self._in_block:
@@ -342,6 +374,22 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     return prepared
 
 
+def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> str:
+    """A Lark rule ``name`` for a reply that is JSON under ``schema``, enforced as a
+    ``json_schema`` constraint enforces it (strict, spaced like ``json.dumps`` unless the schema's
+    ``x-guidance`` says otherwise); ConstraintError for a schema that cannot be enforced."""
+    prepared = prepare_json_schema(
+        schema if isinstance(schema, bool) else dict(schema), strict=True
+    )
+    prepared["x-guidance"] = {
+        **JSON_OPTIONS,
+        **prepared.get("x-guidance", {}),
+        **SOUND_JSON_OPTIONS,
+    }
+    check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
+    return f"{name}: %json {json.dumps(prepared, ensure_ascii=False)}"
+
+
 def check_tool_schema(tool: Any) -> None:
     """ValueError when ``tool`` cannot be offered: no string name, parameters that are not an
     object schema, or a schema that cannot be enforced (ConstraintError, naming the tool), as
@@ -382,8 +430,13 @@ def call_alternatives(
             alternatives.append(f"{lark_literal(function['name'])} {name_then} arguments_{k}")
             continue
         name = json.dumps(function["name"], ensure_ascii=False)
-        start = f'{head}{{"name": {name}, "{arguments_key}": '
-        alternatives.append(f"{lark_literal(start)} arguments_{k} {lark_literal('}' + tail)}")
+        # "{" a lexeme of its own: beside a JSON answer (``json_answer_rule``), which also opens
+        # with "{", llguidance lexed one long literal and lost the answer.
+        start = f'"name": {name}, "{arguments_key}": '
+        alternatives.append(
+            f"{lark_literal(head + '{')} {lark_literal(start)} arguments_{k} "
+            f"{lark_literal('}' + tail)}"
+        )
     lines = ["call: " + "\n    | ".join(alternatives)]
     for k, function in enumerate(functions):
         schema = _arguments_schema(function)

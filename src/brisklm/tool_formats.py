@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +37,12 @@ from brisklm.tool_calls import (
     ToolChoiceMode,
     call_alternatives,
     check_tool_choice_mode,
-    parse_tool_call_body,
+    json_answer_rule,
     parse_tool_calls,
     partial_tag_length,
     tool_call_from_json,
     tool_call_grammar,
+    unclosed_block_call,
     unclosed_block_start,
 )
 
@@ -136,7 +137,7 @@ class ToolCallFormat:
         before it was whole (a call whole but for its closing is whole)."""
         if self.name == "hermes":
             start = unclosed_block_start(text)
-            return start >= 0 and not parse_tool_call_body(text[start + len(TOOL_CALL_START) :])
+            return start >= 0 and not unclosed_block_call(text[start + len(TOOL_CALL_START) :])
         cut = self.cut_calls(text)
         return cut is not None and cut[2] is not None
 
@@ -145,14 +146,29 @@ class ToolCallFormat:
         return ToolCallStreamParser() if self.name == "hermes" else TailCallStreamParser(self)
 
     def grammar(
-        self, tools: Sequence[Any], mode: ToolChoiceMode = "auto", *, parallel: bool = True
+        self,
+        tools: Sequence[Any],
+        mode: ToolChoiceMode = "auto",
+        *,
+        parallel: bool = True,
+        answer_schema: Mapping[str, Any] | bool | None = None,
     ) -> str:
         """A Lark grammar (llguidance) for one assistant turn that may call ``tools`` in this format.
 
         Modes as ``tool_call_grammar``: "auto" (text, or calls), "required" (calls only), "none"
         (text that does not start calls). llama3_json allows one call per turn (its templates
-        cannot render more), whatever ``parallel`` says.
+        cannot render more), whatever ``parallel`` says. ``answer_schema`` (OpenAI's tools beside
+        a ``response_format``): in "auto" the reply is the calls or, instead of text, JSON under
+        that schema; "required" ignores it, and "none" is that JSON alone.
         """
+        if answer_schema is not None and mode != "required":
+            if mode == "none":
+                return f"%llguidance {{}}\nstart: answer\n{json_answer_rule(answer_schema)}\n"
+            lines = self.grammar(tools, "required", parallel=parallel).splitlines()
+            start = next(i for i, line in enumerate(lines) if line.startswith("start: "))
+            lines[start] = "start: answer | " + lines[start].removeprefix("start: ")
+            lines.append(json_answer_rule(answer_schema))
+            return "\n".join(lines) + "\n"
         if self.name == "hermes":
             return tool_call_grammar(tools, mode, parallel=parallel)
         check_tool_choice_mode(mode)

@@ -16,6 +16,7 @@ from langchain_core.messages.tool import (
 )
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import BaseModel
 
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_calls import (
@@ -25,7 +26,7 @@ from brisklm.tool_calls import (
     ToolCallDelta,
     ToolChoiceMode,
     check_tool_schema,
-    parse_tool_call_body,
+    unclosed_block_call,
     unclosed_block_start,
 )
 from brisklm.tool_formats import ToolCallFormat
@@ -142,6 +143,50 @@ def without_unique_items(schema: Any) -> Any:
     return _schema_without(schema, lambda key, value: key == "uniqueItems" and value is True)
 
 
+def _recursive_model_schema(tool: Any) -> dict[str, Any] | None:
+    """The arguments schema (``model_json_schema()``, $defs kept) of a pydantic class, or of a
+    LangChain tool's pydantic arguments, whose definitions refer to themselves; None otherwise."""
+    model = tool.tool_call_schema if isinstance(tool, BaseTool) else tool
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    schema = dict(model.model_json_schema())
+    definitions = schema.get("$defs") or {}
+    refers = {name: _local_refs(body) for name, body in definitions.items()}
+
+    done: set[str] = set()
+
+    def cycle_from(name: str, path: set[str]) -> bool:  # depth first, each name once
+        if name in path:
+            return True
+        if name in done:
+            return False
+        path.add(name)
+        if any(cycle_from(n, path) for n in refers.get(name, ())):
+            return True
+        path.discard(name)
+        done.add(name)
+        return False
+
+    if not any(cycle_from(name, set()) for name in refers):
+        return None
+    schema.pop("title", None)
+    schema.pop("description", None)
+    return schema
+
+
+def _local_refs(schema: Any) -> set[str]:
+    """The names of the ``#/$defs/NAME`` definitions a schema refers to (at any depth)."""
+    if isinstance(schema, list):
+        return set().union(*(_local_refs(item) for item in schema))
+    if not isinstance(schema, dict):
+        return set()
+    found = set().union(*(_local_refs(value) for value in schema.values()))
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        found.add(ref.removeprefix("#/$defs/"))
+    return found
+
+
 def is_bare_json_schema(tool: Any) -> bool:
     """Whether a tool or schema is a JSON Schema dict rather than an OpenAI/Anthropic tool dict."""
     return (
@@ -171,6 +216,11 @@ def _format_tool(tool: Any, position: int) -> dict[str, Any]:
     function = converted.get("function") if isinstance(converted, dict) else None
     if not isinstance(function, dict):
         raise ValueError(f"{where} is not a tool: {tool!r}; a tool is {_TOOL_FORMS}")
+    recursive = _recursive_model_schema(tool)
+    if recursive is not None:
+        # langchain inlines $defs and cuts a cycle with {} (any value): the grammar would let
+        # through arguments the model rejects. Its own schema, with its $defs, keeps the cycle.
+        function["parameters"] = recursive
     name = function.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError(
@@ -296,7 +346,7 @@ def split_cut_call(text: str, error: str) -> tuple[str, InvalidToolCall | None]:
     if start < 0:
         return text, None
     body = text[start + len(TOOL_CALL_START) :]
-    if parse_tool_call_body(body) is not None:  # complete but for its end tag: a call
+    if unclosed_block_call(body) is not None:  # complete but for its end tag: a call
         return text, None
     return text[:start], cut_call(body, error, new_tool_call_id())
 

@@ -239,24 +239,28 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         response_format = kwargs.get("response_format")
         if response_format == {"type": "text"}:  # OpenAI's default: plain text, no constraint
             response_format = None
-        if tools and response_format is not None:
-            raise ValueError("pass either tools or response_format to one call, not both")
         parallel = kwargs.get("parallel_tool_calls")
         check_parallel_tool_calls(parallel)
         names = [tool["function"]["name"] for tool in tools]
         # Checked without tools too: a choice that requires a call cannot be met without one.
         choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
         constraint: dict[str, Any] = {}
-        if response_format is not None:
-            constraint["json_schema"] = self._response_json_schema(response_format)
+        answer = None if response_format is None else self._response_json_schema(response_format)
         llm = self._engine(model)  # loaded once the call's options are known to be valid
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
         parse_tools = False
-        if tools and response_format is None:
+        if not tools:
+            if answer is not None:
+                constraint["json_schema"] = answer
+        else:
+            # With a response_format too (create_agent's structured answer), as OpenAI: the
+            # reply is tool calls or the answer in that format, never free text.
             mode, allowed = grammar_mode(tools, choice)
             single = choice not in ("auto", "required", "none") or parallel is False
-            constraint["grammar"] = tool_format.grammar(allowed, mode, parallel=not single)
+            constraint["grammar"] = tool_format.grammar(
+                allowed, mode, parallel=not single, answer_schema=answer
+            )
             parse_tools = mode != "none"
             if parse_tools and tool_format.keeps_special_tokens:
                 constraint["skip_special_tokens"] = False  # the calls' tag is a special token

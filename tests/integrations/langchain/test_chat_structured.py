@@ -169,6 +169,34 @@ def test_response_format_shapes(chat: ChatBrisk) -> None:
         json.loads(anything.content)
 
 
+def test_tools_beside_a_response_format_give_calls_or_that_json(chat: ChatBrisk) -> None:
+    # create_agent(model, tools, response_format=...) binds both (OpenAI's semantics: the reply
+    # is tool calls or the answer in the format); ChatBrisk refused every such call.
+    response_format = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY_SCHEMA}}
+    outcomes = set()
+    for seed in range(8):
+        bound = chat.bind_tools([Weather], response_format=response_format)
+        message = bound.invoke(PROMPT, temperature=1.0, seed=seed)
+        if message.tool_calls:
+            assert message.response_metadata["finish_reason"] == "tool_calls"
+            Weather.model_validate(message.tool_calls[0]["args"])
+        else:
+            assert message.response_metadata["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(message.content), CITY_SCHEMA)
+        outcomes.add(bool(message.tool_calls))
+        streamed = list(bound.stream(PROMPT, temperature=1.0, seed=seed))
+        whole = streamed[0]
+        for chunk in streamed[1:]:
+            whole += chunk
+        assert whole.content == message.content
+        assert [c["args"] for c in whole.tool_calls] == [c["args"] for c in message.tool_calls]
+    assert outcomes == {True, False}  # both kinds of reply occur
+    answer = chat.bind_tools([Weather], tool_choice="none", response_format=response_format)
+    jsonschema.validate(json.loads(answer.invoke(PROMPT).content), CITY_SCHEMA)
+    called = chat.bind_tools([Weather], tool_choice="any", response_format=response_format)
+    assert [c["name"] for c in called.invoke(PROMPT).tool_calls] == ["Weather"]
+
+
 @pytest.mark.parametrize(
     ("response_format", "match"),
     [

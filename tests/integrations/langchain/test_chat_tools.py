@@ -313,3 +313,47 @@ def test_call_options_are_checked_before_the_model_loads(tmp_path: Any) -> None:
         chat.invoke(QUESTION, response_format="json")
     with pytest.raises(FileNotFoundError):
         chat.invoke(QUESTION)
+
+
+class Node(BaseModel):
+    """A tree node."""
+
+    value: int
+    children: list[Node] = []
+
+
+def test_a_recursive_pydantic_tool_keeps_its_recursion(tiny_chat_dir: Any) -> None:
+    # langchain's conversion cut the cycle with {} (any value): the grammar let children that
+    # are not Nodes through, which the Node model then rejected.
+    from brisklm.constrained import Grammar, GrammarCompiler
+    from brisklm.tokenizer import Tokenizer
+    from brisklm.tool_calls import tool_call_grammar
+    from langchain_brisklm._tools import format_tools
+
+    @tool
+    def plant(tree: Node) -> str:
+        """Plant a tree."""
+        return "planted"
+
+    tokenizer = Tokenizer.from_pretrained(tiny_chat_dir)
+    compiler = GrammarCompiler(tokenizer)
+    for given, name, arguments in (
+        (Node, "Node", {"value": 1, "children": [{"value": 2}]}),
+        (plant, "plant", {"tree": {"value": 1, "children": [{"value": 2}]}}),
+    ):
+        (formatted,) = format_tools([given])
+        parameters = formatted["function"]["parameters"]
+        assert "$defs" in parameters and "title" not in parameters
+        grammar = tool_call_grammar([formatted], "required")
+
+        def accepts(args: Any, name: str = name, grammar: str = grammar) -> bool:
+            body = json.dumps({"name": name, "arguments": args})
+            tokens = tokenizer.encode(f"<tool_call>\n{body}\n</tool_call>", False)
+            matcher = compiler.compile(Grammar(grammar)).matcher()
+            return matcher.accept_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+        assert accepts(arguments)
+        bad = json.loads(json.dumps(arguments).replace('{"value": 2}', '"not a node"'))
+        assert not accepts(bad)
+    # Not recursive: langchain's conversion as before (definitions inlined)
+    assert "$defs" not in format_tools([get_weather])[0]["function"]["parameters"]

@@ -58,6 +58,25 @@ def test_chunks_rebuild_the_calls_for_any_split(seed: int) -> None:
         assert chunk["id"].startswith("call_")
 
 
+@pytest.mark.parametrize("cut", range(1, len("</tool_call>")))
+def test_a_reply_cut_inside_the_end_tag_of_a_whole_call_has_that_call(cut: int) -> None:
+    # max_tokens ended the reply after "</tool_call" (a token short of ">"): the call was invalid,
+    # its args the wrapper's "}" and the tag's markup, in invoke and stream alike.
+    text = TEXT[: len(TEXT) - cut]
+    content, calls, invalid = parse_reply(text, HERMES, "cut")
+    assert (content, [(c.name, c.arguments) for c in calls], invalid) == (
+        "Let me check.",
+        CALLS,
+        [],
+    )
+    assert not HERMES.ended_inside_call(text)
+    for seed in range(5):
+        rng = random.Random(seed)
+        full = run(text, [rng.randint(1, 6) for _ in range(len(text))])
+        assert full.content == "Let me check." and full.invalid_tool_calls == []
+        assert [(c["name"], c["args"]) for c in full.tool_calls] == CALLS
+
+
 def test_name_arrives_before_the_arguments_end() -> None:
     chunker = ToolCallChunker()
     _, chunks = chunker.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par')
