@@ -116,6 +116,12 @@ def test_bad_regex_has_column(bpe_compiler: GrammarCompiler) -> None:
     assert (info.value.line, info.value.column) == (1, 3)
     with pytest.raises(ConstraintError, match="column 1: look-around"):
         bpe_compiler.compile(Regex("(?=a)b"))
+    # Located in the grammar wrapping the pattern ("at 1(8)", "start: /.../"): no position then
+    with pytest.raises(
+        ConstraintError, match=r"^invalid regex: invalid regex .*WordUnicode"
+    ) as info:
+        bpe_compiler.compile(Regex(r"\bfoo\b"))
+    assert "start:" not in str(info.value) and "\n" not in str(info.value)
 
 
 def test_bad_lark_has_line_and_column(bpe_compiler: GrammarCompiler) -> None:
@@ -144,6 +150,43 @@ def test_bad_gbnf_has_line_and_column(
         bpe_compiler.compile(Grammar(text, "gbnf"))
     assert message in str(info.value)
     assert (info.value.line, info.value.column) == (line, column)
+
+
+def test_an_undefined_gbnf_rule_is_located_where_it_is_used(bpe_compiler) -> None:
+    # It pointed at the name's first appearance, here inside the comment
+    text = '# call foo here\nroot ::= "foo" [foo] foo'
+    with pytest.raises(ConstraintError, match="undefined rule 'foo'") as info:
+        bpe_compiler.compile(Grammar(text, "gbnf"))
+    assert (info.value.line, info.value.column) == (2, 22)
+
+
+@pytest.mark.parametrize(
+    ("gbnf", "accepted", "refused"),
+    [
+        # llama.cpp's escapes (\u00e9 was written \ue9 and \[ stayed \[: both refused)
+        (r'root ::= "\u00e9" "\U0001F642" "\x41"', ["é🙂A"], ["e🙂A"]),
+        (r'root ::= "\[" [\u00e0-\u00ff] "\]" "\"" "\\"', ['[é]"\\'], ['[a]"\\']),
+        # "." is any character, a newline too (the regex "." was not)
+        ('root ::= "a" . "b"', ["a\nb", "a.b", "aéb"], ["ab"]),
+        # class members are characters: "+--" is the range + to -, "~~" and "&&" no operators
+        ("root ::= [+--]", ["+", ",", "-"], ["."]),
+        ("root ::= [a~~b]", ["~", "a", "b"], ["c"]),
+        ("root ::= [&&a]", ["&", "a"], ["b"]),
+        ("root ::= [-a] [a-]", ["-a", "a-"], ["b-"]),
+        ("root ::= [^a-c]", ["d", "\n"], ["b"]),
+    ],
+)
+def test_gbnf_characters_mean_what_llama_cpp_reads(bpe_compiler, gbnf, accepted, refused) -> None:
+    compiled = bpe_compiler.compile(Grammar(gbnf, "gbnf"))
+    tokenize = bpe_compiler.llg_tokenizer.tokenize_str
+
+    def accepts(text: str) -> bool:
+        matcher = compiled.matcher()
+        tokens = tokenize(text)
+        return matcher.accept_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    assert all(accepts(text) for text in accepted), gbnf
+    assert not any(accepts(text) for text in refused), gbnf
 
 
 def test_gbnf_without_root(bpe_compiler: GrammarCompiler) -> None:

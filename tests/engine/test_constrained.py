@@ -236,3 +236,44 @@ def test_a_grammar_that_names_eos_writes_it(llm):
         assert (out.text, out.finish_reason, out.token_ids[-1]) == ("yes", "stop", eos)
         kept = SamplingParams(max_tokens=10, grammar=grammar, skip_special_tokens=False)
         assert llm.generate("Say yes:", kept).text == "yes"
+
+
+def test_an_eos_the_grammar_names_mid_output_is_text_not_the_end(llm):
+    # The output ended at the EOS ("ok", finish "stop"), a grammar's whole output by the README
+    eos = llm.tokenizer.eos_token_ids[0]
+    grammar = f'start: "ok" <[{eos}]> "more"'
+    out = llm.generate("Say:", SamplingParams(max_tokens=10, grammar=grammar))
+    assert (out.text, out.finish_reason, out.token_ids[-1] != eos) == ("okmore", "stop", True)
+    assert eos in out.token_ids
+    kept = SamplingParams(max_tokens=10, grammar=grammar, skip_special_tokens=False)
+    eos_text = llm.tokenizer.decode([eos], skip_special_tokens=False)
+    assert llm.generate("Say:", kept).text == f"ok{eos_text}more"
+
+
+def test_a_grammar_llguidance_fails_on_is_an_error_not_a_finished_output(llm, monkeypatch):
+    # A failure inside llguidance while it computed forced tokens left the matcher stopped, and
+    # the request finished "stop" with a cut, invalid output; the compiled grammar, whose state
+    # the failed copy shares, then failed every later request at once (PoisonError).
+    from brisklm.constrained.matcher import GrammarMatcher
+
+    params = SamplingParams(max_tokens=20, grammar='start: "<a>" /[a-z]+/ "</a>!"')
+    compiler = llm.engine.structured.compiler
+    compute_ff_tokens = GrammarMatcher.compute_ff_tokens
+    calls = {"n": 0}
+
+    def failing(self):
+        calls["n"] += 1
+        if calls["n"] == 3:  # as llguidance's panics do: the matcher stops with an error
+            monkeypatch.setattr(type(self), "error", property(lambda _: "panic: simulated"))
+            monkeypatch.setattr(type(self), "is_stopped", lambda _: True)
+            return []
+        return compute_ff_tokens(self)
+
+    monkeypatch.setattr(GrammarMatcher, "compute_ff_tokens", failing)
+    with pytest.raises(ConstraintError, match="llguidance failed internally .*panic: simulated"):
+        llm.generate("x", params)
+    assert params.constraint.key not in compiler._cache  # compiled afresh next time
+    monkeypatch.undo()
+    out = llm.generate("x", params)
+    assert out.finish_reason == "length" or re.fullmatch("<a>[a-z]+</a>!", out.text)
+    assert not llm.engine.has_unfinished

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from llguidance import LLExecutor, LLMatcher
 
-from brisklm.constrained.errors import ConstraintError, first_paragraph, lark_error
+from brisklm.constrained.errors import LARK_POSITION, ConstraintError, first_paragraph, lark_error
 from brisklm.constrained.spec import (
     CONSTRAINT_TYPES,
     Constraint,
@@ -141,7 +141,10 @@ def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
             return ConstraintError(
                 f"invalid regex at line 1, column {column}: {error}", line=1, column=column
             )
-        return ConstraintError(f"invalid regex: {message}")
+        # Other errors are located in the grammar that wraps the pattern (`start: /.../`), not in
+        # the pattern: drop that position and the wrapper's source lines.
+        first_line = LARK_POSITION.sub("", message.splitlines()[0] if message else message)
+        return ConstraintError(f"invalid regex: {first_line}")
     if isinstance(constraint, Grammar):
         what = (
             "invalid Lark grammar"
@@ -202,6 +205,13 @@ class GrammarCompiler:
             while len(self._cache) > self.max_cache_size:
                 self._cache.popitem(last=False)
         return compiled
+
+    def forget(self, constraint: Constraint) -> None:
+        """Drop ``constraint``'s compiled grammar from the cache, so that it compiles afresh: a
+        matcher that failed inside llguidance (a panic) can leave the state its copies share
+        poisoned, and every later matcher of that grammar would fail at once."""
+        with self._lock:
+            self._cache.pop(constraint.key, None)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         grammar = constraint.to_llguidance()

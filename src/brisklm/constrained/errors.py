@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 # llguidance's Lark errors start with "at 2(6): ..." or "2(6): ..." (line, column; both 1-based).
-_LARK_POSITION = re.compile(r"^(?:at )?(\d+)\((\d+)\):\s*")
+LARK_POSITION = re.compile(r"^(?:at )?(\d+)\((\d+)\):\s*")
 
 
 class ConstraintError(ValueError):
@@ -21,14 +21,17 @@ class ConstraintError(ValueError):
 
 
 def first_paragraph(message: str) -> str:
-    """llguidance error text without the parser-state dump it appends for matcher errors."""
-    return message.split("\n<state>", 1)[0].strip()
+    """llguidance error text without the parser-state dump it appends for matcher errors and the
+    Rust backtrace it appends to a panic's."""
+    for dump in ("\n<state>", "\n<backtrace>", "\nstack backtrace:"):
+        message = message.split(dump, 1)[0]
+    return message.strip()
 
 
 def lark_error(message: str, what: str) -> ConstraintError:
     """ConstraintError for an llguidance Lark/regex error, with its line and column when given."""
     message = first_paragraph(message)
-    match = _LARK_POSITION.match(message)
+    match = LARK_POSITION.match(message)
     if match is None:
         return ConstraintError(f"{what}: {message}")
     line, column = int(match.group(1)), int(match.group(2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
@@ -20,6 +21,109 @@ def _descendants(node: _llg_gbnf.ASTNode) -> Iterator[_llg_gbnf.ASTNode]:
     for child in node.children():
         yield child
         yield from _descendants(child)
+
+
+# llama.cpp's escapes: \\x.., \\u...., \\U........ (hex) and these single characters.
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]"}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+
+class _Literal(_llg_gbnf.LiteralNode):
+    """A GBNF string, written as a JSON string (which llguidance's Lark strings read)."""
+
+    def __str__(self) -> str:
+        return json.dumps(self.value)
+
+
+def _opened(pos: _llg_gbnf.Position, opening: str) -> _llg_gbnf.Position:
+    """The position after ``opening``, which must be there."""
+    if pos.current() != opening:
+        raise _llg_gbnf.GbnfToLarkError(pos, f"Expected {opening!r}")
+    return pos.advance()
+
+
+class _Parser(_llg_gbnf.GrammarParser):
+    """llguidance's GBNF parser, with strings and character classes read as llama.cpp reads them.
+
+    llguidance's own copies the escapes' text into the Lark grammar: ``\\u00e9`` became ``\\ue9``
+    and ``\\[`` stayed ``\\[`` (both refused), and a class's characters went into a regex class
+    as they were, where the regex dialect reads ``--``, ``&&`` and ``~~`` as set operations
+    (``[+--]``, the range + to -, lost ``,`` and ``-``). Here each character is decoded and then
+    written unambiguously: strings as JSON strings, class members as ``\\x{..}``.
+    """
+
+    def _char(self, pos: _llg_gbnf.Position) -> tuple[str, _llg_gbnf.Position]:
+        if pos.current() == "":
+            raise _llg_gbnf.GbnfToLarkError(pos, "Unexpected end of input")
+        if pos.current() != "\\":
+            return pos.current(), pos.advance()
+        kind = pos.peek(2)[1:]
+        if kind in _ESCAPES:
+            return _ESCAPES[kind], pos.advance(2)
+        if kind in _HEX_ESCAPES:
+            width = _HEX_ESCAPES[kind]
+            digits = pos.peek(2 + width)[2:]
+            if len(digits) == width and all(c in "0123456789abcdefABCDEF" for c in digits):
+                code = int(digits, 16)
+                if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF:
+                    return chr(code), pos.advance(2 + width)
+            raise _llg_gbnf.GbnfToLarkError(
+                pos, f"Invalid \\{kind} escape sequence: \\{kind}{digits}"
+            )
+        if not kind:
+            raise _llg_gbnf.GbnfToLarkError(pos, "Incomplete escape sequence")
+        raise _llg_gbnf.GbnfToLarkError(pos, f"Invalid escape sequence \\{kind}")
+
+    def _parse_literal(
+        self, pos: _llg_gbnf.Position
+    ) -> tuple[_llg_gbnf.ASTNode, _llg_gbnf.Position]:
+        pos = _opened(pos, '"')
+        value = ""
+        while pos.current() != '"':
+            char, pos = self._char(pos)
+            value += char
+        return _Literal(value), pos.advance()
+
+    def _parse_char_class(
+        self, pos: _llg_gbnf.Position
+    ) -> tuple[_llg_gbnf.ASTNode, _llg_gbnf.Position]:
+        pos = _opened(pos, "[")
+        regex = "["
+        if pos.current() == "^":
+            regex += "^"
+            pos = pos.advance()
+        members = 0
+        while pos.current() != "]":
+            start = pos
+            low, pos = self._char(pos)
+            regex += f"\\x{{{ord(low):x}}}"
+            if pos.current() == "-" and pos.peek(2)[1:] not in ("]", ""):
+                high, pos = self._char(pos.advance())
+                if ord(high) < ord(low):
+                    raise _llg_gbnf.GbnfToLarkError(start, "Character class range out of order")
+                regex += f"-\\x{{{ord(high):x}}}"
+            members += 1
+        if not members:
+            raise _llg_gbnf.GbnfToLarkError(pos, "Empty character class")
+        return _llg_gbnf.RegexNode(regex + "]"), pos.advance()
+
+
+# What a reference to a rule is not inside: comments, strings and character classes (each with
+# its escapes), and the name a rule defines.
+_NOT_REFERENCES = re.compile(r'#[^\n]*|"(?:\\.|[^"\\])*"?|\[(?:\\.|[^\]\\])*\]?|[\w-]+\s*::=')
+
+
+def _reference_position(text: str, name: str) -> int | None:
+    """Where ``name`` is first used as a rule reference in GBNF ``text``, or None."""
+    word = re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
+    position = 0
+    for skipped in _NOT_REFERENCES.finditer(text):
+        found = word.search(text, position, skipped.start())
+        if found:
+            return found.start()
+        position = skipped.end()
+    found = word.search(text, position)
+    return found.start() if found else None
 
 
 def _lark_name(gbnf_name: str, taken: set[str]) -> str:
@@ -43,7 +147,7 @@ def gbnf_to_lark(text: str) -> str:
     Raises ConstraintError with line and column for syntax errors and undefined rules.
     """
     try:
-        rules = _llg_gbnf.GrammarParser().parse(text)
+        rules = _Parser().parse(text)
     except _llg_gbnf.GbnfToLarkError as e:
         message = str(e)
         suffix = f" at {e.pos}"
@@ -61,12 +165,14 @@ def gbnf_to_lark(text: str) -> str:
         rule.alternatives = rule.alternatives.simplify()
     for rule in rules.values():
         for node in _descendants(rule):
+            if isinstance(node, _llg_gbnf.RegexNode) and node.rx == ".":
+                node.rx = "(?s:.)"  # llama.cpp's "." is any character, a newline too
             if not isinstance(node, _llg_gbnf.RuleRefNode):
                 continue
             if node.name not in rules:
-                ref = re.search(rf"(?<![\w-]){re.escape(node.name)}(?![\w-])", text)
-                line, column = _line_column(text, ref.start()) if ref else (None, None)
-                where = f" at line {line}, column {column}" if ref else ""
+                ref = _reference_position(text, node.name)
+                line, column = _line_column(text, ref) if ref is not None else (None, None)
+                where = f" at line {line}, column {column}" if ref is not None else ""
                 raise ConstraintError(
                     f"invalid GBNF grammar{where}: undefined rule '{node.name}'",
                     line=line,

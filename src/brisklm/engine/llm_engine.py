@@ -195,11 +195,12 @@ class LLMEngine:
 
     def release(self, request: Request) -> None:
         """A finished request leaves its cache slot (and the proposer's state for it)."""
+        slot = request.slot
         if self.speculator is not None:
             self.speculator.release(request)
-        if request.slot is not None:
-            self.runner.clear_slot(request.slot)
         self.scheduler.finish(request)
+        if slot is not None:  # the engine thread's own next step is the first to take it again
+            self.runner.clear_slot(slot)
 
     def step(self) -> list[StepResult]:
         """Run one forward pass: each decoding request's next token (with a speculator, the
@@ -374,20 +375,8 @@ class LLMEngine:
         """Append a chosen token, advance the request's grammar, and append tokens it forces."""
         matcher = request.matcher
         if matcher is not None and not matcher.accept_token(token_id):
-            request.abort("error")
-            if matcher.error is not None:  # llguidance gave up: a limit, not a sampling bug
-                return ConstraintError(
-                    f"request {request.request_id}: the constraint could not be enforced past "
-                    f"{len(request.output_token_ids)} tokens: llguidance stopped with "
-                    f"{matcher.error!r}; a grammar or regex this large or ambiguous exceeds its "
-                    "limits (simplify it, e.g. avoid very long repetitions or single-byte lexemes)"
-                )
-            return RuntimeError(
-                f"request {request.request_id}: the grammar rejected token {token_id} "
-                "(no error reported)"
-            )
-        ends_grammar = matcher is not None and matcher.is_terminated()
-        chunk = request.append_token(token_id, logprob, ends_grammar=ends_grammar)
+            return self._constraint_failed(request, token_id)
+        chunk = request.append_token(token_id, logprob, **self._grammar_role(request, token_id))
         forced = (
             self.structured.forced_tokens(request)
             if allow_forced and not request.is_finished
@@ -397,13 +386,57 @@ class LLMEngine:
             assert matcher is not None  # only a grammar forces tokens
             if not matcher.accept_token(token):
                 break
-            chunk.extend(request.append_token(token, ends_grammar=matcher.is_terminated()))
+            chunk.extend(request.append_token(token, **self._grammar_role(request, token)))
             if request.is_finished:
                 break
         if matcher is not None and not request.is_finished and matcher.is_stopped():
+            if matcher.error is not None:  # stopped by a failure (computing forced tokens)
+                return self._constraint_failed(request, None)
             # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
             chunk.extend(request.finish_with_grammar())
         return chunk
+
+    @staticmethod
+    def _grammar_role(request: Request, token_id: int) -> dict[str, bool]:
+        """How a token the request's grammar just accepted bears on the output's end:
+        ``ends_grammar`` when it is the grammar's end (EOS accepted as the end, or an EOS the
+        grammar names that nothing can follow), ``grammar_content`` when it is an EOS the grammar
+        names with more to follow (text, not the model's end of output)."""
+        matcher = request.matcher
+        if matcher is None or matcher.error is not None:
+            return {}
+        if matcher.is_terminated():
+            return {"ends_grammar": True}
+        if token_id in request.eos_token_ids:
+            return {"ends_grammar": True} if matcher.is_stopped() else {"grammar_content": True}
+        return {}
+
+    def _constraint_failed(self, request: Request, token_id: int | None) -> BaseException:
+        """End a request whose grammar matcher failed, or rejected ``token_id``: the error for
+        its caller."""
+        request.abort("error")
+        matcher = request.matcher
+        error = matcher.error if matcher is not None else None
+        if error is None:
+            return RuntimeError(
+                f"request {request.request_id}: the grammar rejected token {token_id} "
+                "(no error reported)"
+            )
+        # A compiled grammar's copies share llguidance state that a failure (a panic) can leave
+        # broken: the next request with this constraint compiles it afresh.
+        self.structured.forget(request.params.constraint)
+        where = f"request {request.request_id}: the constraint could not be enforced past "
+        where += f"{len(request.output_token_ids)} tokens"
+        if error.startswith("panic:"):
+            return ConstraintError(
+                f"{where}: llguidance failed internally on this grammar ({error}); the request "
+                "was stopped, and other requests are unaffected"
+            )
+        return ConstraintError(  # llguidance gave up: a limit, not a sampling bug
+            f"{where}: llguidance stopped with {error!r}; a grammar or regex this large or "
+            "ambiguous exceeds its limits (simplify it, e.g. avoid very long repetitions or "
+            "single-byte lexemes)"
+        )
 
     def token_logprobs(
         self, requests: list[Request], logits: torch.Tensor, tokens: torch.Tensor

@@ -109,13 +109,19 @@ class Request:
         return max(0, min(by_params, by_context))
 
     def append_token(
-        self, token_id: int, logprob: TokenLogprob | None = None, ends_grammar: bool = False
+        self,
+        token_id: int,
+        logprob: TokenLogprob | None = None,
+        ends_grammar: bool = False,
+        grammar_content: bool = False,
     ) -> StreamChunk:
         """Record one generated token, apply the stop rules, return what a stream should emit.
 
         ``ends_grammar``: the request's grammar accepted this token as its end (EOS): the output
         ends here and the token adds no text, even where ``ignore_eos`` or ``min_tokens`` would
         let an EOS through as text (a grammar's end is not the model's EOS to ignore).
+        ``grammar_content``: an EOS the grammar names with more to follow (``"ok" <|im_end|>
+        "more"``): text of the output, as where ``ignore_eos`` lets an EOS through.
         """
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
@@ -126,7 +132,7 @@ class Request:
         enough = len(self.output_token_ids) >= self.params.min_tokens
         if token_id in self.params.stop_token_ids and enough:
             self._finish("stop", token_id)
-        elif ends_grammar or (token_id in self.eos_token_ids and enough):
+        elif ends_grammar or (token_id in self.eos_token_ids and enough and not grammar_content):
             self._finish("stop", None)
         else:
             text = self.stop_matcher.append(self._token_text(token_id), can_stop=enough)

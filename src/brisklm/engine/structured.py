@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import torch
 
@@ -48,6 +49,11 @@ class StructuredOutputs:
         if params.constraint is None:
             return None
         return self.compiler.compile(params.constraint).matcher()
+
+    def forget(self, constraint: Any) -> None:
+        """Drop a constraint's compiled grammar from the cache (see ``GrammarCompiler.forget``)."""
+        if constraint is not None and self._compiler is not None:
+            self._compiler.forget(constraint)
 
     def start_masks(
         self, requests: Sequence[Request], proposals: Sequence[Sequence[int]] | None = None
