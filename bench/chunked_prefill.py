@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, write_checkpoint
+from common import PRESETS, parse_checked, write_checkpoint
 
 
 def prompt(length: int, vocab: int, seed: int) -> list[int]:
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument(
         "--draft-preset", choices=sorted(PRESETS), help="part 2 with speculative decoding"
     )
-    args = parser.parse_args()
+    args = parse_checked(parser)
     lengths = [int(x) for x in args.lengths.split(",")]
     max_seq_len = max(lengths + [args.arriving]) + 16
     machine = platform.processor() or platform.machine()

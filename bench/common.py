@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Callable
@@ -214,7 +215,11 @@ def gemv_reader(
 ) -> tuple[Callable[[], object], int]:
     """torch's gemv of one row over a weight of about ``nbytes`` (``reader_rows``), the fastest of
     ``memory_bandwidth``'s readers here: F.linear on the column-major weight on CPU, on the
-    row-major one elsewhere. Returns the read and its bytes."""
+    row-major one elsewhere. On CPU the weight is float32 whatever ``dtype`` is: torch's half
+    precision gemv there is bound by its arithmetic (0.4 GB/s in bfloat16 on an AVX2 CPU), not by
+    the memory it reads. Returns the read and its bytes."""
+    if device.type == "cpu":
+        dtype = torch.float32
     weight = torch.randn(reader_rows(nbytes, dtype), 4096, device=device, dtype=dtype)
     if device.type == "cpu":
         weight = weight.t().contiguous().t()
@@ -279,6 +284,19 @@ def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[
     first = min(run(prompts, 1) for _ in range(repeats))
     full = min(run(prompts, num_new) for _ in range(repeats))
     return first, max(full - first, 1e-9) / (num_new - 1)
+
+
+def parse_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """``parser.parse_args()``, with the mistakes a run would only crash on refused by argparse:
+    a CUDA device where torch sees none, and ``--new-tokens`` under 2 (a decode step is timed as
+    the time of N new tokens less that of 1, over N - 1)."""
+    args = parser.parse_args()
+    device = str(getattr(args, "device", "cpu"))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {device} needs a CUDA GPU, and torch sees none here")
+    if getattr(args, "new_tokens", 2) < 2:
+        parser.error(f"--new-tokens {args.new_tokens}: at least 2 (a step is timed between them)")
+    return args
 
 
 def add_model_arguments(parser, preset: str, device: str, dtype: str) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import now, write_checkpoint
+from common import now, parse_checked, write_checkpoint
 
 SCHEMA = {
     "type": "object",
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=120)
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     from brisklm import LLM, SamplingParams, default_model_path
     from brisklm.constrained import GrammarCompiler, JsonSchema

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, write_checkpoint
+from common import PRESETS, parse_checked, write_checkpoint
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument(
         "--positions", type=int, default=64, help="steps cycle over this many cache positions"
     )
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     from brisklm.engine.model_runner import ForwardBatch, ModelRunner
     from brisklm.engine.scratch_thread import call_in_scratch_thread

@@ -25,6 +25,7 @@ from common import (
     adjacent_readers,
     measure,
     memory_bandwidth,
+    parse_checked,
     reader_rows,
     sustained_bandwidth,
     time_brisk,
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument(
         "--no-cuda-graphs", action="store_true", help="run brisklm's CUDA decode steps eagerly"
     )
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     import transformers
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import PRESETS, write_checkpoint
+from common import PRESETS, parse_checked, write_checkpoint
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quantize-lm-head", action="store_true", help="int4 output layer too")
     parser.add_argument("--profile", action="store_true", help="profile int4 decode at batch 1")
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     from brisklm import LLM
     from brisklm.engine.scratch_thread import call_in_scratch_thread

@@ -110,7 +110,7 @@ def main() -> None:
     ]
     print(
         f"{'K x N':>12} {'M':>3} "
-        + " ".join(f"{n:>10}" for n in names)
+        + " ".join(f"{n:>13}" for n in names)
         + f"  {'bf16/int4':>9} {'bf16pk/int4':>11} {'fp32/int4':>9}"
     )
     for shape in args.shapes:
@@ -124,9 +124,7 @@ def main() -> None:
             with torch.inference_mode():
                 times = time_ms(candidates, args.repeats)
             best = {name: t[0] for name, t in times.items()}
-            cells = " ".join(
-                f"{times[n][0]:6.3f}/{times[n][1]:<6.2f}"[:10].rjust(10) for n in names
-            )
+            cells = " ".join(f"{times[n][0]:.3f}/{times[n][1]:.3f}".rjust(13) for n in names)
             print(
                 f"{shape:>12} {rows:>3} {cells}  {best['bf16'] / best['layer bf16']:9.2f} "
                 f"{best['bf16 pk'] / best['layer bf16']:11.2f} {best['fp32'] / best['layer fp32']:9.2f}"

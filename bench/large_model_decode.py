@@ -28,6 +28,7 @@ from common import (
     full_vocab_bpe,
     gemv_reader,
     measure,
+    parse_checked,
     sustained_bandwidth,
     time_brisk,
     time_hf,
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-transformers", action="store_true")
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)

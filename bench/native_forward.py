@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, write_checkpoint
+from common import PRESETS, parse_checked, write_checkpoint
 from engine_vs_transformers import decode_weight_bytes
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=64)
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     from brisklm.engine.model_runner import ForwardBatch, ModelRunner
     from brisklm.engine.scratch_thread import call_in_scratch_thread
@@ -81,7 +81,8 @@ def main() -> None:
                     row[name + " b1"] = (time.perf_counter() - start) / args.steps
                     start = time.perf_counter()
                     for i in range(args.steps // 2):
-                        batch = ForwardBatch(list(range(8)), [100 + i] * 8, [[7]] * 8, [1] * 8)
+                        position = args.prefill_len + i
+                        batch = ForwardBatch(list(range(8)), [position] * 8, [[7]] * 8, [1] * 8)
                         runner.forward(batch)
                     row[name + " b8"] = (time.perf_counter() - start) / (args.steps // 2)
                 rows.append(row)
