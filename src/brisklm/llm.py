@@ -119,6 +119,19 @@ def _naming_prompt(error: Exception, index: int, count: int) -> Exception:
         return error
 
 
+@contextlib.contextmanager
+def naming_prompt(index: int, count: int) -> Iterator[None]:
+    """A ValueError or TypeError raised inside, about prompt ``index`` of a list of ``count``,
+    says which prompt it was (``prompt 1 of 3: ...``)."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        named = _naming_prompt(error, index, count)
+        if named is error:
+            raise
+        raise named.with_traceback(error.__traceback__) from None
+
+
 def _is_bytes(value: Any) -> bool:
     return isinstance(value, bytes | bytearray | memoryview)
 
@@ -482,13 +495,8 @@ class LLM:
             return [self.make_request(prompts[0], params_list[0])]
         requests = []
         for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
-            try:
+            with naming_prompt(index, len(prompts)):
                 requests.append(self.make_request(prompt, sampling))
-            except (ValueError, TypeError) as e:
-                named = _naming_prompt(e, index, len(prompts))
-                if named is e:
-                    raise
-                raise named.with_traceback(e.__traceback__) from None
         return requests
 
     @staticmethod

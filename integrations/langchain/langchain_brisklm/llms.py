@@ -6,6 +6,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -16,6 +17,7 @@ from pydantic import ConfigDict
 
 from brisklm import LLM
 from brisklm.engine.request import Request
+from brisklm.llm import naming_prompt
 from brisklm.outputs import StreamChunk, Usage
 from langchain_brisklm._engines import off_loop
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
@@ -92,10 +94,12 @@ class BriskLLM(BriskSettings, BaseLLM):
         model = kwargs.get("model")
         llm = self._engine(model)
         requests = []
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             ids = llm.tokenizer.encode(prompt, add_special_tokens=True)
-            params = self._sampling_params(llm, len(ids), stop, overrides, **constraint)
-            requests.append(llm.make_request(ids, params))
+            # A bad prompt of a batch is named (LangChain's batch fails them all with its error).
+            with naming_prompt(index, len(prompts)) if len(prompts) > 1 else nullcontext():
+                params = self._sampling_params(llm, len(ids), stop, overrides, **constraint)
+                requests.append(llm.make_request(ids, params))
         return llm, requests, model if isinstance(model, str) else self.model_name
 
     @staticmethod

@@ -23,6 +23,16 @@ def llm(tiny_chat_dir: Path) -> BriskLLM:
     return BriskLLM(model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE)
 
 
+def test_a_bad_prompt_of_a_batch_is_named(tiny_chat_dir: Path) -> None:
+    # LangChain's BaseLLM.batch fails every prompt with the one error, which did not say which
+    long = "word " * 200
+    llm = BriskLLM(model=str(tiny_chat_dir), max_tokens=4, **{**TINY_ENGINE, "max_seq_len": 64})
+    errors = llm.batch(["Hi", long, "Hello"], return_exceptions=True)
+    assert all(str(e).startswith("prompt 1 of 3: the prompt has") for e in errors)
+    with pytest.raises(ValueError, match="^the prompt has"):
+        llm.invoke(long)
+
+
 class Tokens(BaseCallbackHandler):
     def __init__(self) -> None:
         self.tokens: dict[int, list[str]] = {}
