@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 
 import pytest
 import torch
@@ -435,3 +436,17 @@ def test_a_cache_folder_others_can_write_is_refused(monkeypatch, tmp_path, caplo
     (shared / "native").chmod(0o777)
     monkeypatch.setenv("BRISKLM_CACHE_DIR", str(shared))
     assert "not private" in refused_library(monkeypatch, caplog)
+
+
+def test_a_cache_folder_brisklm_makes_under_umask_002_is_private(tmp_path):
+    # Made group-writable by the umask (many distributions' default), it was then refused: every
+    # model ran on torch's ops, and the warning's advice (a new BRISKLM_CACHE_DIR) failed the same
+    folder = tmp_path / "cache" / "native"
+    previous = os.umask(0o002)
+    try:
+        native._make_private_folder(folder)
+    finally:
+        os.umask(previous)
+    assert folder.stat().st_mode & 0o777 == 0o700
+    native._check_private(folder)  # not refused
+    native._make_private_folder(folder)  # there already: left as it is

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -169,7 +170,7 @@ def _build(compiler: str) -> Path:
         ).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"brisk_cpu_forward_{key}.so"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_private_folder(target.parent)
     _check_private(target.parent)
     if target.exists():
         return target
@@ -197,6 +198,20 @@ def compile_library(
         raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
 
 
+def _make_private_folder(folder: Path) -> None:
+    """Create ``folder`` (and its missing parents) if it is not there, itself writable by this user
+    only: a umask such as 002 (many distributions' default for users with their own group) made
+    it group-writable, and ``_check_private`` then refused the folder brisklm had just made."""
+    if folder.is_dir():
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:  # another process made it first
+        return
+    os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask; chmod's is not
+
+
 def _check_private(folder: Path) -> None:
     """Refuse a cache folder that another user could write: its libraries are loaded as code."""
     if not hasattr(os, "getuid"):
@@ -205,7 +220,8 @@ def _check_private(folder: Path) -> None:
     if info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise RuntimeError(
             f"cache folder {str(folder)!r} is not private to this user (owner or group/other "
-            "write permission); set BRISKLM_CACHE_DIR to a folder only you can write"
+            f"write permission): run `chmod go-w {shlex.quote(str(folder))}` if it is yours, or "
+            "set BRISKLM_CACHE_DIR to a folder only you can write"
         )
 
 
