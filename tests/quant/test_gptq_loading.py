@@ -173,7 +173,9 @@ def test_config_not_matching_tensors_names_the_tensor(hf_models, tmp_path):
     directory = write_gptq_checkpoint(hf_models["llama"], tmp_path / "q", group_size=32)
     _rewrite_quant_config(directory, group_size=64)
     with pytest.raises(
-        ValueError, match=r"\.(qzeros|scales).: expected .*groups where group_size=64"
+        # the first of the layer's tensors in the file to disagree with the config
+        ValueError,
+        match=r"\.(qzeros|scales|g_idx).: .*group_size=64.* does the quantization config",
     ):
         load_model(directory, device="cpu", show_progress=False)
 
@@ -233,5 +235,29 @@ def test_missing_gptq_tensor_is_reported(hf_models, tmp_path):
     save_file(state, str(directory / "model.safetensors"))
     with pytest.raises(
         CheckpointError, match=r"missing tensors: model\.layers\.1\.mlp\.up_proj\.scales"
+    ):
+        load_model(directory, device="cpu", show_progress=False)
+
+
+def test_act_order_without_g_idx_or_with_g_idx_out_of_range_is_refused(hf_models, tmp_path):
+    # Loaded in the default order (logits off by 154% of their scale), and a bad value was named
+    # by the fused module ("...qkv_proj"), not the file and tensor
+    from safetensors.torch import load_file, save_file
+
+    missing = write_gptq_checkpoint(
+        hf_models["llama"], tmp_path / "a", group_size=32, act_order=True, omit_g_idx=True
+    )
+    with pytest.raises(CheckpointError, match=r"missing tensors: .*self_attn\.k_proj\.g_idx"):
+        load_model(missing, device="cpu", show_progress=False)
+    directory = write_gptq_checkpoint(
+        hf_models["llama"], tmp_path / "b", group_size=32, act_order=True
+    )
+    state = load_file(str(directory / "model.safetensors"))
+    state["model.layers.1.self_attn.k_proj.g_idx"][5] = 99
+    save_file(state, str(directory / "model.safetensors"))
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: tensor 'model\.layers\.1\.self_attn\.k_proj\.g_idx': "
+        r"g_idx values must lie in \[0, \d+\)",
     ):
         load_model(directory, device="cpu", show_progress=False)

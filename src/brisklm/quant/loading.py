@@ -74,6 +74,8 @@ def gptq_linear_factory(
             device=device,
             backend=backend,
             compute_dtype=compute_dtype,
+            # Act-order groups cannot be rebuilt without it (static groups are the default order)
+            g_idx_required=quant.desc_act and not quant.static_groups and quant.group_size != -1,
         )
 
     return make_linear

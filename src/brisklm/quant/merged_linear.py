@@ -31,7 +31,8 @@ class GPTQMergedLinear(nn.Module):
     Lifecycle (driven by the loader): built on the meta device with no tensors -> ``load_tensor``
     for each checkpoint tensor of each shard -> ``finalize()`` converts everything to the kernel
     layout of ``device`` (``GPTQLinear.prepare``) and drops the checkpoint tensors.
-    ``g_idx`` is optional (a checkpoint without act-order may omit it: default order), and so is
+    ``g_idx`` is optional (a checkpoint without act-order may omit it: default order) unless
+    ``g_idx_required`` (act-order groups, which no default reproduces), and so is
     ``bias`` on a layer without one: auto-gptq writes zero biases for every layer (used if non-zero,
     as auto-gptq's own layer would).
     """
@@ -48,6 +49,7 @@ class GPTQMergedLinear(nn.Module):
         device: torch.device | str,
         backend: str = "auto",
         compute_dtype: torch.dtype | None = None,
+        g_idx_required: bool = False,
     ) -> None:
         super().__init__()
         self.in_features = in_features
@@ -67,16 +69,18 @@ class GPTQMergedLinear(nn.Module):
         self.device = torch.device(device)
         self.backend = backend
         self.compute_dtype = compute_dtype
+        self.g_idx_required = g_idx_required
         self._pending: dict[tuple[str, int], torch.Tensor] = {}
         self.parts = nn.ModuleList()  # filled by finalize(): one GPTQLinear, or one per shard
 
     # ------------------------------------------------------------------ loading
 
     def expected_tensors(self) -> list[str]:
-        return ["qweight", "qzeros", "scales"] + (["bias"] if self.has_bias else [])
+        required = ["g_idx"] if self.g_idx_required else []
+        return ["qweight", "qzeros", "scales", *required] + (["bias"] if self.has_bias else [])
 
     def optional_tensors(self) -> list[str]:
-        return ["g_idx"] + ([] if self.has_bias else ["bias"])
+        return ([] if self.g_idx_required else ["g_idx"]) + ([] if self.has_bias else ["bias"])
 
     def _expected_shape(self, name: str, shard: int) -> tuple[tuple[int, ...], str]:
         size = self.shard_sizes[shard]
@@ -112,6 +116,17 @@ class GPTQMergedLinear(nn.Module):
             raise ValueError(
                 f"{source}: expected {kind} {shape} for a GPTQ layer of {self.in_features} inputs "
                 f"and {self.shard_sizes[index]} outputs, got {tensor.dtype} {tuple(tensor.shape)}{hint}"
+            )
+        if (
+            name == "g_idx"
+            and tensor.numel()
+            and not (0 <= int(tensor.min()) and int(tensor.max()) < self.num_groups)
+        ):
+            raise ValueError(
+                f"{source}: g_idx values must lie in [0, {self.num_groups}) (the groups of "
+                f"group_size={self.group_size} over {self.in_features} inputs), got "
+                f"[{int(tensor.min())}, {int(tensor.max())}]: does the quantization config "
+                "match the tensors?"
             )
         self._pending[(name, index)] = tensor
 
