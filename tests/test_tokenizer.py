@@ -442,6 +442,12 @@ def test_a_stop_string_made_of_byte_pieces_stops_at_the_token_that_completes_it(
     for token_id in word + newline + word:
         request.append_token(token_id)
     assert not request.is_finished and request.text == "hello\n hello"
+    # ... and the run stays whole: an invalid byte after it makes decode's whole run U+FFFD
+    ids = word + newline + _byte_piece_ids(spm, "€")[:1] + word
+    request = _stop_request(spm, ["\n"], min_tokens=len(ids))
+    streamed = "".join(request.append_token(token_id).text for token_id in ids)
+    streamed += request.abort("length").text
+    assert streamed == request.text == spm.decode(ids)
 
 
 def test_stop_strings_over_byte_pieces_match_a_character_stream(loaded) -> None:

@@ -58,6 +58,11 @@ class IncrementalDetokenizer:
         # The bytes of each token, where decoding concatenates them, and the UTF-8 decoder they go
         # through; None: the windows above.
         self._token_bytes: list[bytes] | None = None
+        # The current run of byte pieces through a strict UTF-8 decoder (None once a byte in it
+        # is invalid) and the character its last byte completed (``byte_run_char``).
+        self._run_utf8: codecs.IncrementalDecoder | None = None
+        self._run_char = ""
+        self._end_byte_run()
         if skip_special_tokens and tokenizer.decodes_by_concatenation:
             self._token_bytes = tokenizer.token_bytes()
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
@@ -101,27 +106,39 @@ class IncrementalDetokenizer:
             return delta
         self._ids.append(token_id)
         if token_id in self._byte_ids:
+            self._feed_byte_run(token_id)
             return ""
+        self._end_byte_run()
         return self._emit(final=False)
+
+    @property
+    def byte_run_char(self) -> str:
+        """The character the last token completed, when it is a ``<0xNN>`` piece of a run of byte
+        pieces whose bytes so far are valid UTF-8 ending on a whole character; "" otherwise."""
+        return self._run_char
+
+    def _feed_byte_run(self, token_id: int) -> None:
+        self._run_char = ""
+        if self._run_utf8 is None:
+            return  # an invalid byte earlier in the run: decode makes the whole run U+FFFD
+        byte = int(self._tokenizer.id_to_token(token_id)[3:5], 16)
+        try:
+            self._run_char = self._run_utf8.decode(bytes((byte,)))
+        except UnicodeDecodeError:
+            self._run_utf8 = None
+
+    def _end_byte_run(self) -> None:
+        self._run_utf8 = codecs.getincrementaldecoder("utf-8")("strict")
+        self._run_char = ""
 
     def held_byte_run_text(self) -> str:
         """The text a held run of byte pieces would add if the run ended here, or "".
 
-        Non-empty only while the last token is a ``<0xNN>`` piece and the run's bytes so far are
-        complete, valid UTF-8: then ending the run now (``flush``) emits exactly what ``decode``
-        gives for these ids, and a stop rule can judge the text at the token that completed it
-        instead of at the later token that ends the run (a Llama 2 ``"\n"`` is ``<0x0A>``).
-        Nothing changes: text held back stays held back."""
-        if self._token_bytes is not None or not self._ids or self._ids[-1] not in self._byte_ids:
-            return ""
-        run = bytearray()
-        for token_id in reversed(self._ids[self.read_offset :]):
-            if token_id not in self._byte_ids:
-                break
-            run.append(int(self._tokenizer.id_to_token(token_id)[3:5], 16))
-        try:
-            bytes(reversed(run)).decode("utf-8")
-        except UnicodeDecodeError:
+        Non-empty only while ``byte_run_char`` is: then ending the run now (``flush``) emits
+        exactly what ``decode`` gives for these ids, and a stop rule can judge the text at the
+        token that completed it instead of at the later token that ends the run (a Llama 2
+        ``"\n"`` is ``<0x0A>``). Nothing changes: text held back stays held back."""
+        if not self._run_char:
             return ""
         if self._prefix_text is None:
             self._prefix_text = self._decode(self._ids[self.prefix_offset : self.read_offset])
@@ -137,6 +154,7 @@ class IncrementalDetokenizer:
             delta = self._utf8.decode(b"", final=True)
             self._text += delta
             return delta
+        self._end_byte_run()
         return self._emit(final=True)
 
     def _decode(self, ids: list[int]) -> str:

@@ -135,7 +135,7 @@ class Request:
         elif ends_grammar or (token_id in self.eos_token_ids and enough and not grammar_content):
             self._finish("stop", None)
         else:
-            text = self.stop_matcher.append(self._token_text(token_id), can_stop=enough)
+            text = self.stop_matcher.append(self._token_text(token_id, enough), can_stop=enough)
             if self.stop_matcher.stopped:
                 self._finish("stop", self.stop_matcher.stop_str)
             elif self.max_new_tokens == 0:
@@ -152,16 +152,22 @@ class Request:
             usage=self.usage if self.is_finished else None,
         )
 
-    def _token_text(self, token_id: int) -> str:
+    def _token_text(self, token_id: int, enough: bool) -> str:
         """The text ``token_id`` adds for the stop rules. A run of byte pieces (``<0x0A>``) is held
-        by the detokenizer until a later token ends it; when the run so far would complete a stop
-        string, it ends here, so the stop (or, short of ``min_tokens``, the text passing as
-        ordinary text) is judged at the token that completed it, as a stream of characters would."""
+        by the detokenizer until a later token ends it; a stop string its text completes is
+        judged at the token that completed it, as a stream of characters would judge it: the run
+        ends there when stopping is allowed, and short of ``min_tokens`` that text can end no stop
+        string when it arrives."""
         delta = self.detokenizer.add(token_id)
-        if self.stop_matcher.stop:
+        char = self.detokenizer.byte_run_char
+        if char and self.stop_matcher.may_end_with(char):
             held = self.detokenizer.held_byte_run_text()
             if held and self.stop_matcher.would_stop(delta + held):
-                delta += self.detokenizer.flush()
+                if enough:
+                    delta += self.detokenizer.flush()
+                else:
+                    end = len(self.stop_matcher.text) + len(delta) + len(held)
+                    self.stop_matcher.no_stop_ending_before(end)
         return delta
 
     def finish_with_grammar(self) -> StreamChunk:

@@ -16,7 +16,7 @@ class StopMatch:
 
 
 def find_stop_string(
-    text: str, stop: Sequence[str], num_new_chars: int | None = None
+    text: str, stop: Sequence[str], num_new_chars: int | None = None, min_end: int = 0
 ) -> StopMatch | None:
     """The first stop string to complete in ``text``, or None.
 
@@ -26,12 +26,14 @@ def find_stop_string(
 
     "First" is the match that ends earliest, ties going to the one that starts earliest: that is
     the match a character-by-character stream would hit first, so the result does not depend on
-    how the text was split into chunks.
+    how the text was split into chunks. Matches that end at or before ``min_end`` do not count.
     """
     num_old_chars = 0 if num_new_chars is None else max(0, len(text) - num_new_chars)
     best: StopMatch | None = None
     for stop_str in stop:
-        start = text.find(stop_str, max(0, num_old_chars - len(stop_str) + 1))
+        start = text.find(
+            stop_str, max(0, num_old_chars - len(stop_str) + 1, min_end - len(stop_str) + 1)
+        )
         if start < 0:
             continue
         end = start + len(stop_str)
@@ -72,6 +74,8 @@ class StopStringMatcher:
         self.text = ""
         self.stop_match: StopMatch | None = None
         self._num_emitted = 0
+        self._final_chars = frozenset(s[-1] for s in self.stop)
+        self._min_end = 0  # matches ending at or before this offset do not count
 
     @property
     def stopped(self) -> bool:
@@ -96,7 +100,7 @@ class StopStringMatcher:
         if not self.stop:
             return self._emit_up_to(len(self.text))
         match = (
-            find_stop_string(self.text, self.stop, num_new_chars=len(new_text))
+            find_stop_string(self.text, self.stop, len(new_text), self._min_end)
             if can_stop
             else None
         )
@@ -109,12 +113,19 @@ class StopStringMatcher:
         held = 0 if self.include_stop_str_in_output else hold_back_length(self.text, self.stop)
         return self._emit_up_to(len(self.text) - held)
 
+    def may_end_with(self, char: str) -> bool:
+        """Whether some stop string ends with the character ``char``."""
+        return char in self._final_chars
+
     def would_stop(self, new_text: str) -> bool:
         """Whether appending ``new_text`` would complete a stop string (stopping allowed)."""
-        return (
-            find_stop_string(self.text + new_text, self.stop, num_new_chars=len(new_text))
-            is not None
-        )
+        text = self.text + new_text
+        return find_stop_string(text, self.stop, len(new_text), self._min_end) is not None
+
+    def no_stop_ending_before(self, end: int) -> None:
+        """Let no stop string count that ends at or before character ``end`` of the text (text a
+        request produced short of ``min_tokens`` that reaches the matcher later)."""
+        self._min_end = max(self._min_end, end)
 
     def flush(self) -> str:
         """Release whatever is withheld: call when the request finishes without a stop string."""
