@@ -164,6 +164,10 @@ STREAM_TEXTS = [
     f"Sure.\n{WEATHER[:-1]}",
     f"{WEATHER}\n{SEARCH[:-4]}",
     '<tool_call>\n{"name": "now", "arguments": {}}</tool',
+    # blanks after a partial end tag: not a cut inside the tag (the stream parser kept it as
+    # content while the batch parser took the call)
+    'Sure.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call\n',
+    '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call ',
 ]
 
 

@@ -429,6 +429,8 @@ def test_tools_beside_an_answer_schema_give_calls_or_that_json(family_llms, fami
     assert accepts(grammar("none"), answer) and not accepts(grammar("none"), call)
     assert accepts(grammar("required"), call) and not accepts(grammar("required"), answer)
     assert tool_format.parse(answer) == (answer, [])  # the answer is the reply's content
+    with pytest.raises(ValueError, match="mode"):
+        tool_format.grammar([WEATHER], "bogus", answer_schema=schema)
 
 
 def weather_caller(directory: Any) -> Any:

@@ -72,11 +72,10 @@ def unclosed_block_call(body: str) -> ToolCall | None:
 
 
 def without_partial_end_tag(body: str) -> str | None:
-    """``body`` without the start of an end tag it ends in (after blanks), or None if it ends in
-    none."""
-    stripped = body.rstrip()
-    cut = partial_tag_length(stripped, TOOL_CALL_END)
-    return stripped[: len(stripped) - cut] if cut else None
+    """``body`` without the start of an end tag it ends in, or None if it ends in none (a
+    reply cut inside the tag ends right there: nothing follows a partial tag, blanks included)."""
+    cut = partial_tag_length(body, TOOL_CALL_END)
+    return body[: len(body) - cut] if cut else None
 
 
 def tool_call_from_json(data: Any) -> ToolCall | None:

@@ -161,6 +161,7 @@ class ToolCallFormat:
         a ``response_format``): in "auto" the reply is the calls or, instead of text, JSON under
         that schema; "required" ignores it, and "none" is that JSON alone.
         """
+        check_tool_choice_mode(mode)
         if answer_schema is not None and mode != "required":
             if mode == "none":
                 return f"%llguidance {{}}\nstart: answer\n{json_answer_rule(answer_schema)}\n"
@@ -171,7 +172,6 @@ class ToolCallFormat:
             return "\n".join(lines) + "\n"
         if self.name == "hermes":
             return tool_call_grammar(tools, mode, parallel=parallel)
-        check_tool_choice_mode(mode)
         lines = ["%llguidance {}"]
         tag = f"<[{self.tag_token_id}]>" if self.tag_token_id is not None else None
         if self.name == "mistral":
