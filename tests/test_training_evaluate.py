@@ -127,3 +127,22 @@ def test_no_tool_answers_count_text_without_a_call(constrained: bool) -> None:
     # constrained, each prompt gets its tools' grammar (text or calls); unconstrained, none
     assert all((p.grammar is not None) == constrained for p in run.params)
     assert evaluate.GRAMMAR_TASKS["tool_none"] is evaluate.eval_no_tool
+
+
+def test_chat_turns_are_scored_against_the_first_assistant_reply() -> None:
+    # A chat without a system message took its first two messages as the prompt (user, assistant)
+    # and was scored against the second user question
+    def chat(*messages: tuple[str, str]) -> dict:
+        return {"kind": "chat", "messages": [{"role": r, "content": c} for r, c in messages]}
+
+    samples = [
+        chat(("user", "Thank you!"), ("assistant", "You're welcome!"),
+             ("user", "What day comes after Saturday?"), ("assistant", "Sunday.")),
+        chat(("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!"),
+             ("user", "Bye"), ("assistant", "Goodbye!")),
+        chat(("user", "2+2?"), ("assistant", "4.")),
+    ]  # fmt: skip
+    run = CannedRunner(["You're welcome!", "Hello!", "5."])
+    metrics, failures = evaluate.eval_chat(run, samples, 10)  # type: ignore[arg-type]
+    assert metrics["chat_exact"] == 2 / 3
+    assert [f["expected"] for f in failures] == ["4."]

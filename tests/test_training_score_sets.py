@@ -86,3 +86,22 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
         score_sets.main(["score", "--model", "m", "--tag", "t", "--out-dir", "o", "--limit", "0",
                          str(tmp_path)])  # fmt: skip
     assert "--limit must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (BUNDLED / "model.safetensors").is_file(), reason="no bundled model")
+def test_small_talk_sets_are_scored_by_their_text_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --task tool_none was offered but its scoring looked for exact_match / field_accuracy
+    # (KeyError after the first set's record was written)
+    data = write_set(monkeypatch, tmp_path / "ev13", 13)
+    scores = tmp_path / "scores"
+    score_sets.main(
+        ["score", "--model", str(BUNDLED), "--tag", "a", "--out-dir", str(scores), "--limit", "2",
+         "--task", "tool_none", str(data)]
+    )  # fmt: skip
+    record = json.loads((scores / "a" / "ev13.tool_none.json").read_text())
+    figure = record["metrics"]["text_answer"]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"a tool_none: text_answer {figure:.2%} of 2 (mean)"
+    )

@@ -289,14 +289,13 @@ def eval_json_keys(run: Runner, items: list[dict], json_mode: bool) -> tuple[dic
 def eval_chat(run: Runner, ppl_samples: list[dict], limit: int) -> tuple[dict, list]:
     """First turn of held-out chats (exact answer) and answers after tool results (values used)."""
     chats = [s for s in ppl_samples if s["kind"] == "chat"][:limit]
-    prompts = [
-        run.prompt(s["messages"][:-1] if len(s["messages"]) <= 3 else s["messages"][:2])
-        for s in chats
+    # The first assistant turn, after whatever precedes it (a system message only half the time:
+    # taking two messages as the prompt scored a chat without one against its second question)
+    firsts = [
+        next(i for i, m in enumerate(s["messages"]) if m["role"] == "assistant") for s in chats
     ]
-    expected = [
-        s["messages"][-1]["content"] if len(s["messages"]) <= 3 else s["messages"][2]["content"]
-        for s in chats
-    ]
+    prompts = [run.prompt(s["messages"][:first]) for s, first in zip(chats, firsts, strict=True)]
+    expected = [s["messages"][first]["content"] for s, first in zip(chats, firsts, strict=True)]
     failures = []
     exact = 0
     for _p, e, text in zip(

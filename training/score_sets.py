@@ -60,7 +60,9 @@ def score_with(run: Runner, args: argparse.Namespace, items_by_set: dict[Path, l
     for set_dir, items in items_by_set.items():
         start = time.time()
         metrics, failures = GRAMMAR_TASKS[args.task](run, items, not args.unconstrained)
-        figure = "exact_match" if "exact_match" in metrics else "field_accuracy"
+        figure = next(
+            name for name in ("exact_match", "field_accuracy", "text_answer") if name in metrics
+        )
         record = {
             "model": str(args.model),
             "set": str(set_dir),

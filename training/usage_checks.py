@@ -111,8 +111,8 @@ def score(llm: Any) -> dict[str, Any]:
             ),
         )
         content, calls = parse_tool_calls(out.text)
-        if c.call is None:
-            ok = not calls and bool(content.strip())
+        if c.call is None:  # a text answer: a call cut off by max_tokens is none
+            ok = not calls and bool(content.strip()) and TOOL_CALL_START not in out.text
         else:
             ok = len(calls) == 1 and same_value(
                 {"name": calls[0].name, "arguments": calls[0].arguments},

@@ -54,3 +54,26 @@ def test_model_answers_the_docs_requests() -> None:
     # A known miss now right makes examples/agent_tools.py's docstring stale: update it and the
     # check's known_miss together.
     assert result["known_misses_now_right"] == []
+
+
+def test_a_call_cut_off_is_no_text_answer() -> None:
+    # A reply to "Hello!" that starts a call max_tokens cuts off parses to no calls and its text:
+    # it passed as a text answer
+    from types import SimpleNamespace
+
+    from brisklm.tool_calls import TOOL_CALL_START
+
+    cut = f'{TOOL_CALL_START}\n{{"name": "get_weather", "arguments": {{"city": "Lo'
+
+    class Stub:
+        tokenizer = SimpleNamespace(token_to_id=lambda text: 7)
+
+        def chat_prompt_ids(self, messages: list, tools: list) -> list[int]:
+            return [1, 2]
+
+        def generate(self, prompt: list[int], params: object) -> SimpleNamespace:
+            top = SimpleNamespace(top=[SimpleNamespace(token_id=7, logprob=-0.1)])
+            return SimpleNamespace(text=cut, logprobs=[top])
+
+    result = usage_checks.score(Stub())
+    assert not any(c["ok"] for c in result["checks"] if c["expected"] == "text")
