@@ -93,6 +93,8 @@ class BriskSettings(BaseModel):
                     stacklevel=4,
                 )
                 values = {k: v for k, v in values.items() if k not in _REMOTE_ONLY_PARAMS}
+            if "model" in values and values["model"] is None:  # as if left out
+                values = {**values, "model": default_model()}
         return values
 
     @model_validator(mode="after")

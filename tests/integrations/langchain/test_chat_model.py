@@ -90,6 +90,17 @@ def test_a_bad_model_env_var_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path:
         ChatBrisk().invoke("Hi")
 
 
+def test_model_none_is_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As the README says: model=None is $BRISKLM_MODEL, else the bundled model (it was the
+    # bundled model whatever the variable said)
+    from langchain_brisklm import BriskLLM
+
+    monkeypatch.setenv("BRISKLM_MODEL", "models/from-env")
+    assert ChatBrisk(model=None).model == BriskLLM(model=None).model == "models/from-env"
+    monkeypatch.delenv("BRISKLM_MODEL")
+    assert ChatBrisk(model=None).model is None
+
+
 def test_missing_model_fails_on_first_call_with_a_clear_error(tmp_path: Path) -> None:
     chat = ChatBrisk(model=str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match="no model checkpoint"):
