@@ -157,6 +157,35 @@ def test_rollback_of_eos_after_exhausted_grammar(
     assert matcher.accept_tokens(text[-1:]) == 1 and matcher.is_accepting()
 
 
+def test_rollback_past_an_eos_the_grammar_names_restores_state(bpe_compiler) -> None:
+    # llguidance's own rollback of an EOS it took as content left a state that refused tokens it
+    # took before: with speculative decoding, the request's next token failed ("the grammar
+    # rejected token ...") once a rolled-back proposal held such an EOS
+    eos = bpe_compiler.eos_token_ids[0]
+    grammar = f"start: /[a-z]{{1,4}}/ <[{eos}]> /[a-z]{{1,6}}/"
+    matcher = bpe_compiler.compile(Grammar(grammar)).matcher()
+    word = ids(bpe_compiler, "ab")
+    before = allowed_ids(matcher)
+    assert matcher.accept_tokens([*word, eos]) == len(word) + 1 and not matcher.is_terminated()
+    after_eos = allowed_ids(matcher)
+    matcher.rollback(len(word) + 1)
+    assert matcher.num_tokens == 0 and allowed_ids(matcher) == before
+    assert matcher.accept_tokens([*word, eos]) == len(word) + 1
+    assert allowed_ids(matcher) == after_eos
+    more = ids(bpe_compiler, "cd")
+    assert matcher.accept_tokens(more) == len(more)
+    matcher.rollback(len(more))  # tokens after the EOS only: wrong in llguidance's rollback too
+    assert allowed_ids(matcher) == after_eos
+    matcher.rollback(1)  # the EOS alone
+    assert matcher.num_tokens == len(word) and matcher.accept_token(eos)
+    end = ids(bpe_compiler, "end")
+    assert matcher.accept_tokens(end) == len(end) and matcher.accept_token(eos)
+    assert matcher.is_terminated()
+    matcher.rollback(len(end) + 2)  # the end, "end" and the content EOS
+    assert matcher.num_tokens == len(word) and matcher.accept_tokens([eos, *end]) == len(end) + 1
+    assert matcher.accept_token(eos) and matcher.is_terminated()
+
+
 def test_fast_forward_tokens(bpe_compiler: GrammarCompiler) -> None:
     matcher = bpe_compiler.compile(JsonSchema(PERSON)).matcher()
     forced = matcher.compute_ff_tokens()

@@ -290,3 +290,14 @@ def test_dynamic_ntk_past_the_trained_context_gives_the_plain_output(tmp_path):
                 assert got.speculative is not None and got.speculative.num_proposed > 0
         finally:
             drafted.close()
+
+
+def test_a_grammar_naming_eos_mid_output_gives_the_targets_output(plain, speculative):
+    # Rolling back a rejected proposal that held an EOS the grammar names left llguidance's
+    # state broken: the request's next token failed ("the grammar rejected token ...")
+    eos = plain.tokenizer.eos_token_ids[0]
+    grammar = f'start: /[a-z]{{1,8}}/ <[{eos}]> /[a-z]{{1,8}}/ <[{eos}]> "end"'
+    params = SamplingParams(temperature=0, max_tokens=40, grammar=grammar)
+    prompts = ["Write one lowercase word.", "abc", "Hello world", "def add(a, b):"]
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in speculative.generate(prompts, params)] == expected

@@ -64,6 +64,11 @@ class GrammarMatcher:
         # llguidance does not record an EOS consumed when it was already stopped (the grammar could
         # not continue), so rolling that EOS back must not roll back llguidance.
         self._eos_unrecorded = False
+        # The accepted tokens, and a copy of llguidance's state after each EOS taken as content (a
+        # grammar that names it), with the number of tokens then: once it has consumed such an
+        # EOS, llguidance (1.9) rolls back to a state that refuses tokens it took before.
+        self._tokens: list[int] = []
+        self._after_content_eos: list[tuple[int, LLMatcher]] = []
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +80,11 @@ class GrammarMatcher:
         """Why the matcher failed (an llguidance limit or internal error), or None."""
         message = self._llm.get_error()
         return first_paragraph(message) if message else None
+
+    @property
+    def took_eos_as_content(self) -> bool:
+        """Whether an EOS was accepted as content (a grammar that names it) among the tokens."""
+        return bool(self._after_content_eos)
 
     def is_terminated(self) -> bool:
         """True once EOS has been accepted."""
@@ -94,19 +104,28 @@ class GrammarMatcher:
         if self._terminated or self._llm.is_error() or not 0 <= token_id < self._vocab_size:
             return False
         if token_id in self._eos_token_ids and self._llm.is_accepting():
-            was_stopped = self._llm.is_stopped()
-            if not self._llm.consume_token(token_id):
+            # The end. After an EOS taken as content llguidance (1.9) panics consuming the final
+            # one (and the panic poisons the state every matcher of the grammar shares): nothing
+            # follows the end, so it is recorded here only, as for an exhausted grammar.
+            was_stopped = self._llm.is_stopped() or self.took_eos_as_content
+            if not was_stopped and not self._llm.consume_token(token_id):
                 return False
             self._terminated = True
             self._eos_unrecorded = was_stopped
-            self._num_tokens += 1
+            self._accepted(token_id)
             return True
         # Validate first: a failed consume would put llguidance into a permanent error state. An
         # EOS here is not the end: it is content only where the grammar names it (`<[2]>`).
         if self._count_valid(self._llm, [token_id]) != 1 or not self._llm.consume_token(token_id):
             return False
-        self._num_tokens += 1
+        self._accepted(token_id)
+        if token_id in self._eos_token_ids:
+            self._after_content_eos.append((self._num_tokens, self._llm.deep_copy()))
         return True
+
+    def _accepted(self, token_id: int) -> None:
+        self._tokens.append(token_id)
+        self._num_tokens += 1
 
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         """Accept tokens in order up to the first rejected one; returns how many were accepted."""
@@ -154,6 +173,11 @@ class GrammarMatcher:
             raise ValueError(f"can roll back 0..{self._num_tokens} tokens, got {num_tokens}")
         if num_tokens == 0:
             return
+        keep = self._num_tokens - num_tokens
+        if self._after_content_eos:
+            self._replay(keep)
+            return
+        del self._tokens[keep:]
         num_llg = num_tokens
         if self._terminated:
             self._terminated = False
@@ -163,6 +187,20 @@ class GrammarMatcher:
         if num_llg and not self._llm.rollback(num_llg):
             raise RuntimeError(f"llguidance rollback failed: {self.error}")
         self._num_tokens -= num_tokens
+
+    def _replay(self, keep: int) -> None:
+        """Roll back to the first ``keep`` tokens without llguidance's rollback, which is wrong
+        once an EOS was taken as content: from the state copied after the last such EOS among
+        them (or the start), accept the tokens after it again."""
+        while self._after_content_eos and self._after_content_eos[-1][0] > keep:
+            self._after_content_eos.pop()
+        start, state = self._after_content_eos[-1] if self._after_content_eos else (0, None)
+        self._llm = (state if state is not None else self.compiled._prototype).deep_copy()
+        replayed = self._tokens[start:keep]
+        del self._tokens[start:]
+        self._num_tokens, self._terminated, self._eos_unrecorded = start, False, False
+        if self.accept_tokens(replayed) != len(replayed):
+            raise RuntimeError(f"llguidance rollback failed: {self.error}")
 
     def reset(self) -> None:
         """Back to the start of the grammar."""

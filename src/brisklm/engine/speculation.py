@@ -95,6 +95,10 @@ class Speculator:
         position, so a row of n proposals would rotate them (and the keys it caches) otherwise
         than the one-token steps of decoding without a draft, and change the output.
         """
+        if request.matcher is not None and request.matcher.took_eos_as_content:
+            # llguidance (1.9) can fail on the states that verifying proposals rolls back to once
+            # its grammar has taken an EOS as content: such a request decodes without a draft.
+            return 0
         size = max(0, min(self._proposal_size(request), request.max_new_tokens - 1))
         rotary = engine.model.rotary
         while size and rotary.rotates_by_length(request.num_tokens + size):
@@ -105,16 +109,26 @@ class Speculator:
     def _valid_for_grammar(
         requests: Sequence[Request], proposals: list[Proposal]
     ) -> list[Proposal]:
-        """Cut deterministic (n-gram) proposals at the first token the grammar forbids.
+        """Cut deterministic (n-gram) proposals at the first token the grammar forbids, and any
+        constrained request's proposals before an EOS.
 
         Lossless because such proposals are a function of the context; sampled draft proposals are
-        never cut on their own value (the draft proposer already drafts under the grammar).
+        never cut on their own value (the draft proposer already drafts under the grammar), except
+        before an EOS, which the target then samples itself, from its own distribution, as the
+        token after the accepted proposals: an EOS a grammar takes as content would otherwise
+        enter the request's matcher while masks are computed, and llguidance (1.9) does not roll
+        such an EOS back correctly.
         """
         out = []
         for request, proposal in zip(requests, proposals):
-            if request.matcher is not None and proposal.probs is None and proposal.token_ids:
-                valid = request.matcher.validate_tokens(proposal.token_ids)
-                proposal = Proposal(proposal.token_ids[:valid])
+            if request.matcher is not None and proposal.token_ids:
+                ids = proposal.token_ids
+                end = next((i for i, t in enumerate(ids) if t in request.eos_token_ids), len(ids))
+                if proposal.probs is None:
+                    end = request.matcher.validate_tokens(ids[:end])
+                if end < len(ids):
+                    probs = None if proposal.probs is None else proposal.probs[:end]
+                    proposal = Proposal(ids[:end], probs)
             out.append(proposal)
         return out
 
