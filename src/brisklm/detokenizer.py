@@ -60,8 +60,8 @@ class IncrementalDetokenizer:
         self._token_bytes: list[bytes] | None = None
         # The current run of byte pieces through a strict UTF-8 decoder (None once a byte in it
         # is invalid) and the character its last byte completed (``byte_run_char``).
-        self._run_utf8: codecs.IncrementalDecoder | None = None
-        self._run_char = ""
+        self._run_utf8: codecs.IncrementalDecoder | None
+        self._run_char: str
         self._end_byte_run()
         if skip_special_tokens and tokenizer.decodes_by_concatenation:
             self._token_bytes = tokenizer.token_bytes()
@@ -138,15 +138,7 @@ class IncrementalDetokenizer:
         exactly what ``decode`` gives for these ids, and a stop rule can judge the text at the
         token that completed it instead of at the later token that ends the run (a Llama 2
         ``"\n"`` is ``<0x0A>``). Nothing changes: text held back stays held back."""
-        if not self._run_char:
-            return ""
-        if self._prefix_text is None:
-            self._prefix_text = self._decode(self._ids[self.prefix_offset : self.read_offset])
-        prefix_text = self._prefix_text
-        new_text = self._decode(self._ids[self.prefix_offset :])
-        if new_text.endswith(REPLACEMENT_CHAR):
-            return ""
-        return new_text[_common_prefix_length(prefix_text, new_text) :]
+        return (self._window_delta(final=False) or "") if self._run_char else ""
 
     def flush(self) -> str:
         """Emit whatever is held back (call once generation ends); may contain U+FFFD for invalid bytes."""
@@ -160,18 +152,25 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
 
-    def _emit(self, final: bool) -> str:
+    def _window_delta(self, final: bool) -> str | None:
+        """The text the tokens since ``read_offset`` add, or None while it is held back (not
+        ``final`` and the window's text ends inside a character or has not grown)."""
         if self._prefix_text is None:
             self._prefix_text = self._decode(self._ids[self.prefix_offset : self.read_offset])
         prefix_text = self._prefix_text
         if self.read_offset == len(self._ids):
-            return ""
+            return None
         new_text = self._decode(self._ids[self.prefix_offset :])
         if not final and (len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR)):
-            return ""
+            return None
         # The window's old text is a prefix of its new text except after a prompt that ends inside a
         # character; then emit from where the two part, which resynchronises on the next step
-        delta = new_text[_common_prefix_length(prefix_text, new_text) :]
+        return new_text[_common_prefix_length(prefix_text, new_text) :]
+
+    def _emit(self, final: bool) -> str:
+        delta = self._window_delta(final)
+        if delta is None:
+            return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self._ids)
         self._prefix_text = None
         if self.prefix_offset > self.MAX_STALE_IDS:

@@ -365,28 +365,28 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
         # OpenAPI's `nullable` (transformers writes it for Optional[...] parameters) as JSON
         # Schema; the arguments object itself is never null.
         arguments = {k: v for k, v in parameters.items() if k != "nullable"}
-        prepared = prepare_json_schema(nullable_as_json_schema(arguments), strict=True)
-        prepared["x-guidance"] = {**JSON_OPTIONS, **SOUND_JSON_OPTIONS}
-        check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
+        return _enforced_schema(nullable_as_json_schema(arguments), own_options=False)
     except ConstraintError as e:
         raise ConstraintError(f"the parameters of tool {name!r}: {e}") from e
-    return prepared
 
 
 def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> str:
     """A Lark rule ``name`` for a reply that is JSON under ``schema``, enforced as a
     ``json_schema`` constraint enforces it (strict, spaced like ``json.dumps`` unless the schema's
     ``x-guidance`` says otherwise); ConstraintError for a schema that cannot be enforced."""
-    prepared = prepare_json_schema(
-        schema if isinstance(schema, bool) else dict(schema), strict=True
-    )
-    prepared["x-guidance"] = {
-        **JSON_OPTIONS,
-        **prepared.get("x-guidance", {}),
-        **SOUND_JSON_OPTIONS,
-    }
-    check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
+    prepared = _enforced_schema(schema if isinstance(schema, bool) else dict(schema))
     return f"{name}: %json {json.dumps(prepared, ensure_ascii=False)}"
+
+
+def _enforced_schema(schema: Any, own_options: bool = True) -> dict[str, Any]:
+    """``schema`` (strict) as a Lark ``%json`` embed enforces it exactly, with brisklm's JSON
+    options (and, with ``own_options``, the schema's own ``x-guidance`` over them); checked
+    to compile (ConstraintError)."""
+    prepared = prepare_json_schema(schema, strict=True)
+    own = prepared.get("x-guidance", {}) if own_options else {}
+    prepared["x-guidance"] = {**JSON_OPTIONS, **own, **SOUND_JSON_OPTIONS}
+    check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
+    return prepared
 
 
 def check_tool_schema(tool: Any) -> None:

@@ -376,7 +376,7 @@ class LLMEngine:
         matcher = request.matcher
         if matcher is not None and not matcher.accept_token(token_id):
             return self._constraint_failed(request, token_id)
-        chunk = request.append_token(token_id, logprob, **self._grammar_role(request, token_id))
+        chunk = request.append_token(token_id, logprob)
         forced = (
             self.structured.forced_tokens(request)
             if allow_forced and not request.is_finished
@@ -386,7 +386,7 @@ class LLMEngine:
             assert matcher is not None  # only a grammar forces tokens
             if not matcher.accept_token(token):
                 break
-            chunk.extend(request.append_token(token, **self._grammar_role(request, token)))
+            chunk.extend(request.append_token(token))
             if request.is_finished:
                 break
         if matcher is not None and not request.is_finished and matcher.is_stopped():
@@ -395,21 +395,6 @@ class LLMEngine:
             # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
             chunk.extend(request.finish_with_grammar())
         return chunk
-
-    @staticmethod
-    def _grammar_role(request: Request, token_id: int) -> dict[str, bool]:
-        """How a token the request's grammar just accepted bears on the output's end:
-        ``ends_grammar`` when it is the grammar's end (EOS accepted as the end, or an EOS the
-        grammar names that nothing can follow), ``grammar_content`` when it is an EOS the grammar
-        names with more to follow (text, not the model's end of output)."""
-        matcher = request.matcher
-        if matcher is None or matcher.error is not None:
-            return {}
-        if matcher.is_terminated():
-            return {"ends_grammar": True}
-        if token_id in request.eos_token_ids:
-            return {"ends_grammar": True} if matcher.is_stopped() else {"grammar_content": True}
-        return {}
 
     def _constraint_failed(self, request: Request, token_id: int | None) -> BaseException:
         """End a request whose grammar matcher failed, or rejected ``token_id``: the error for

@@ -85,6 +85,7 @@ class ModelRunner:
         """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row."""
         query_lens = [len(t) for t in batch.token_ids]
         self._check(batch, query_lens)
+        self._record_writes(batch, query_lens)
         if self._graphs_take(batch, query_lens):
             assert self.graphs is not None
             return self.graphs.forward(
@@ -123,6 +124,9 @@ class ModelRunner:
                 raise ValueError(f"slot {slot} is not one of the cache's {self.kv_cache.num_slots}")
             if not 0 <= count <= length:
                 raise ValueError(f"a row of {length} tokens cannot give {count} logits")
+
+    def _record_writes(self, batch: ForwardBatch, query_lens: list[int]) -> None:
+        """Note how far the pass writes each row's slot (what ``clear_slot`` zeroes)."""
         for slot, start, length in zip(batch.slots, batch.start_positions, query_lens):
             self._written[slot] = max(self._written.get(slot, 0), start + length)
 
@@ -154,6 +158,7 @@ class ModelRunner:
         ):
             return self.forward(batch), None
         self._check(batch, query_lens)
+        self._record_writes(batch, query_lens)
         tokens = self.native.forward_greedy(
             batch.token_ids, batch.slots, batch.start_positions, batch.num_logits, columns
         )

@@ -108,21 +108,16 @@ class Request:
         by_context = self.max_seq_len - self.num_tokens
         return max(0, min(by_params, by_context))
 
-    def append_token(
-        self,
-        token_id: int,
-        logprob: TokenLogprob | None = None,
-        ends_grammar: bool = False,
-        grammar_content: bool = False,
-    ) -> StreamChunk:
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> StreamChunk:
         """Record one generated token, apply the stop rules, return what a stream should emit.
 
-        ``ends_grammar``: the request's grammar accepted this token as its end (EOS): the output
-        ends here and the token adds no text, even where ``ignore_eos`` or ``min_tokens`` would
-        let an EOS through as text (a grammar's end is not the model's EOS to ignore).
-        ``grammar_content``: an EOS the grammar names with more to follow (``"ok" <|im_end|>
-        "more"``): text of the output, as where ``ignore_eos`` lets an EOS through.
+        A token the request's grammar has just accepted as its end (EOS, or an EOS the grammar
+        names that nothing can follow) ends the output and adds no text, even where
+        ``ignore_eos`` or ``min_tokens`` would let an EOS through as text (a grammar's end is not
+        the model's EOS to ignore). An EOS the grammar names with more to follow (``"ok"
+        <|im_end|> "more"``) is text of the output, as where ``ignore_eos`` lets an EOS through.
         """
+        ends_grammar, grammar_content = self._grammar_role(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
         self.output_token_ids.append(token_id)
@@ -151,6 +146,18 @@ class Request:
             stop_reason=self.stop_reason,
             usage=self.usage if self.is_finished else None,
         )
+
+    def _grammar_role(self, token_id: int) -> tuple[bool, bool]:
+        """(the grammar's end, grammar content) for a token the request's grammar has just
+        accepted: see ``append_token``."""
+        matcher = self.matcher
+        if matcher is None or matcher.error is not None:
+            return False, False
+        if matcher.is_terminated():
+            return True, False
+        if token_id in self.eos_token_ids:
+            return matcher.is_stopped(), not matcher.is_stopped()
+        return False, False
 
     def _token_text(self, token_id: int, enough: bool) -> str:
         """The text ``token_id`` adds for the stop rules. A run of byte pieces (``<0x0A>``) is held
