@@ -89,6 +89,11 @@ def test_detection_from_the_template() -> None:
     assert detect_tool_call_format(LLAMA_TEMPLATE, ids) == LLAMA
     assert detect_tool_call_format("{{ '<tool_call>' }}", ids) == HERMES
     assert detect_tool_call_format(None, ids) == HERMES
+    # Hermes tags that are special tokens (Hermes 3 on Llama 3.1) are kept as tokens.
+    tags = {"<tool_call>": 5, "</tool_call>": 6}.get
+    assert detect_tool_call_format("{{ '<tool_call>' }}", tags) == HERMES
+    special = detect_tool_call_format("{{ '<tool_call>' }}", tags, {5, 6})
+    assert special == ToolCallFormat("hermes", 5, end_token_id=6) and special.keeps_special_tokens
     # A tag the vocabulary lacks: the format still parses, but decoding has nothing to keep.
     assert not detect_tool_call_format(MISTRAL_TEMPLATE, lambda _: None).keeps_special_tokens
     with pytest.raises(ValueError, match="unknown tool-call format 'json'"):
@@ -173,6 +178,9 @@ def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
         ),
         (MISTRAL, 'Hi. [TOOL_CALLS] [{"name": "f", "arguments": {}}]', None),
         (LLAMA, "Just text.", None),
+        # A whole JSON value that is no call is an answer (JSON mode, an answer beside tools).
+        (LLAMA, ' {"answer": "yes"} ', None),
+        (LLAMA, '{"answer": {"name": "f", "parameters": {}}}', None),
         (HERMES, '<tool_call>{"name": "f"', None),
     ],
 )
@@ -429,6 +437,7 @@ def test_tools_beside_an_answer_schema_give_calls_or_that_json(family_llms, fami
     assert accepts(grammar("none"), answer) and not accepts(grammar("none"), call)
     assert accepts(grammar("required"), call) and not accepts(grammar("required"), answer)
     assert tool_format.parse(answer) == (answer, [])  # the answer is the reply's content
+    assert tool_format.cut_calls(answer) is None and not tool_format.ended_inside_call(answer)
     with pytest.raises(ValueError, match="mode"):
         tool_format.grammar([WEATHER], "bogus", answer_schema=schema)
 
@@ -478,3 +487,42 @@ def test_langchain_cut_calls_in_the_models_format(family_dirs, family: str) -> N
     assert streamed is not None
     assert (streamed.content, streamed.tool_calls, streamed.tool_call_chunks) == ("", [], [])
     assert streamed.response_metadata["finish_reason"] == "length"
+
+
+def test_hermes_tags_that_are_special_tokens(tmp_path) -> None:
+    # Hermes 3 (Llama 3.1) has <tool_call> and </tool_call> as special tokens: decoding dropped
+    # them, so no call parsed, and grammars spelled the tags out of other tokens.
+    from tokenizers import AddedToken, Tokenizer
+
+    bundled = Path(__file__).parents[1] / "src/brisklm/assets/brisk-chat/tokenizer_config.json"
+    directory = _checkpoint(tmp_path / "hermes3", json.loads(bundled.read_text())["chat_template"])
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True) for t in ("<tool_call>", "</tool_call>")]
+    )
+    tokenizer.save(str(directory / "tokenizer.json"))
+    with LLM.from_pretrained(directory, max_batch_size=2) as llm:
+        start, end = (llm.tokenizer.token_to_id(t) for t in ("<tool_call>", "</tool_call>"))
+        tool_format = llm.tool_call_format()
+        assert tool_format == ToolCallFormat("hermes", start, end_token_id=end)
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        grammar = tool_format.grammar([WEATHER], "required", parallel=False)
+        params = SamplingParams(temperature=0.0, max_tokens=80, grammar=grammar)
+        reply = llm.chat(messages, params, tools=[WEATHER])
+        assert reply.finish_reason == "tool_calls", reply.output.text
+        assert [c.name for c in reply.tool_calls] == ["get_weather"] and reply.content == ""
+        ids = reply.output.token_ids
+        assert ids[0] == start and ids.count(start) == ids.count(end) == 1
+        assert "".join(llm.stream_chat(messages, params, tools=[WEATHER])) == reply.output.text
+        history = [*messages, reply.message(), {"role": "tool", "content": "21"}]
+        assert llm.chat(history, SamplingParams(max_tokens=2), tools=[WEATHER]).usage
+        accepts = grammar_acceptor(llm)
+        auto = tool_format.grammar([WEATHER], "auto")
+        assert accepts(auto, "It is sunny.")
+        assert accepts(auto, "Checking.<tool_call>\n" + ('{"name": "get_weather", "arguments": '
+                       '{"unit": "celsius"}}\n</tool_call>'))  # fmt: skip
+        call = (
+            '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "celsius"}}\n</tool_call>'
+        )
+        required = tool_format.grammar([WEATHER], "required")
+        assert accepts(required, call + "\n" + call) and not accepts(required, "It is sunny.")

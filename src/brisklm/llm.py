@@ -743,7 +743,8 @@ class LLM:
             template = self.tokenizer.template_for(chat_template, has_tools=True)
         except ValueError:  # no template: tools cannot be rendered anyway
             template = None
-        return detect_tool_call_format(template, self.tokenizer.token_to_id)
+        tokenizer = self.tokenizer
+        return detect_tool_call_format(template, tokenizer.token_to_id, tokenizer.special_token_ids)
 
     def _chat_format(
         self,

@@ -409,10 +409,12 @@ def call_alternatives(
     tail: str = "",
     *,
     name_then: str | None = None,
+    tail_item: str | None = None,
 ) -> list[str]:
     """Lark rules ``call`` (one alternative per tool: ``{"name": NAME, "<arguments_key>": ARGS}``
-    between ``head`` and ``tail``) and ``arguments_<k>`` (ARGS under the tool's parameters schema;
-    the arguments of a small flat schema may come in any order, see ``constrained.any_order``).
+    between ``head`` and ``tail``, then ``tail_item``, a Lark item such as a token ``<[id]>``) and
+    ``arguments_<k>`` (ARGS under the tool's parameters schema; the arguments of a small flat
+    schema may come in any order, see ``constrained.any_order``).
 
     ``name_then`` (a Lark item, e.g. a token ``<[id]>``) writes a call as the bare name, that item,
     then ARGS instead (Mistral's v11 layout)."""
@@ -434,7 +436,7 @@ def call_alternatives(
         start = f'"name": {name}, "{arguments_key}": '
         alternatives.append(
             f"{lark_literal(head + '{')} {lark_literal(start)} arguments_{k} "
-            f"{lark_literal('}' + tail)}"
+            f"{lark_literal('}' + tail)}" + (f" {tail_item}" if tail_item else "")
         )
     lines = ["call: " + "\n    | ".join(alternatives)]
     for k, function in enumerate(functions):
@@ -448,7 +450,12 @@ def call_alternatives(
 
 
 def tool_call_grammar(
-    tools: Sequence[Any], mode: ToolChoiceMode = "auto", *, parallel: bool = True
+    tools: Sequence[Any],
+    mode: ToolChoiceMode = "auto",
+    *,
+    parallel: bool = True,
+    start_token_id: int | None = None,
+    end_token_id: int | None = None,
 ) -> str:
     """A Lark grammar (llguidance dialect) for one assistant turn that may call `tools`.
 
@@ -462,7 +469,9 @@ def tool_call_grammar(
     - "required": one or more calls and nothing else; pass a single tool to force that tool.
     - "none": free text that never contains `<tool_call>`.
 
-    `parallel=False` allows exactly one call. Tools are OpenAI-style dicts
+    `parallel=False` allows exactly one call. ``start_token_id`` / ``end_token_id``: the ids of
+    `<tool_call>` / `</tool_call>` where they are special tokens (Hermes 3 on Llama 3.1), which
+    text cannot produce: the grammar writes them as those tokens. Tools are OpenAI-style dicts
     (`{"type": "function", "function": {...}}` or the bare function), functions or pydantic classes.
     Raises ValueError for an unknown mode, no tools, or parameters that are not an object schema, and
     ConstraintError (a ValueError) for a schema that cannot be enforced.
@@ -474,7 +483,25 @@ def tool_call_grammar(
         # Any text, minus the texts that contain the tag (regex and-not; the tag has no metacharacters).
         lines.append(f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/")
         return "\n".join(lines) + "\n"
-    rules = call_alternatives(tools, mode, "arguments", head="\n", tail="\n" + TOOL_CALL_END)
+    end = f"<[{end_token_id}]>" if end_token_id is not None else None
+    rules = call_alternatives(
+        tools,
+        mode,
+        "arguments",
+        head="\n",
+        tail="\n" if end else "\n" + TOOL_CALL_END,
+        tail_item=end,
+    )
+    if start_token_id is not None:
+        start = f"<[{start_token_id}]>"
+        more = f' ("\\n" {start} call)*' if parallel else ""
+        # Text cannot produce a special token, so text and calls need no lazy split.
+        lines.append(
+            f"start: TEXT ({start} call{more})?" if mode == "auto" else f"start: {start} call{more}"
+        )
+        lines.append("TEXT: /(?s:.*)/")
+        lines.extend(rules)
+        return "\n".join(lines) + "\n"
     more = f" ({lark_literal(chr(10) + TOOL_CALL_START)} call)*" if parallel else ""
     if mode == "auto":
         lines.append(f"start: TEXT | text_then_call call{more}")

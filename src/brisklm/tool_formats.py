@@ -12,8 +12,8 @@
   (``[CALL_ID]ID`` may follow the name); both layouts parse, and a template that shows ``[ARGS]``
   gets grammars in the newer one.
 
-The tag tokens are special tokens, which decoding drops by default: a chat turn with tools in a
-format with a tag is decoded with ``skip_special_tokens=False`` (``ToolCallFormat.keeps_special_tokens``).
+The tag tokens are special tokens (in Hermes 3 on Llama 3.1 ``<tool_call>`` and ``</tool_call>`` are
+too), which decoding drops by default: a chat turn with tools in a format with a tag token is decoded with ``skip_special_tokens=False`` (``ToolCallFormat.keeps_special_tokens``).
 Grammars (``ToolCallFormat.grammar``) write each format as its templates show calls in the history,
 with the tag as its token (llguidance's ``<[id]>``), so the constrained output stays in distribution.
 """
@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
 from brisklm.tool_calls import (
+    TOOL_CALL_END,
     TOOL_CALL_START,
     ContentDelta,
     ToolCall,
@@ -56,12 +57,15 @@ _V11_HEAD = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)
 
 @dataclass(frozen=True)
 class ToolCallFormat:
-    """One family's way of writing tool calls; ``tag_token_id`` is the tag's id in the model's vocabulary."""
+    """One family's way of writing tool calls; ``tag_token_id`` is the tag's id in the model's
+    vocabulary (Hermes: that of ``<tool_call>`` where it is a special token, else None)."""
 
     name: str = "hermes"
     tag_token_id: int | None = None
     # Mistral v11+ layout ([TOOL_CALLS]NAME[ARGS]{...}): the id of its [ARGS] token.
     args_token_id: int | None = None
+    # Hermes: the id of </tool_call> where it is a special token (Hermes 3 on Llama 3.1).
+    end_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in FORMAT_NAMES:
@@ -70,14 +74,14 @@ class ToolCallFormat:
             )
 
     @property
-    def tag(self) -> str | None:
-        """The special token that opens the calls (None for hermes, whose tags are plain text)."""
-        return {"llama3_json": LLAMA_TAG, "mistral": MISTRAL_TAG}.get(self.name)
+    def tag(self) -> str:
+        """The token that opens the calls (for hermes usually plain text, not a token)."""
+        return {"llama3_json": LLAMA_TAG, "mistral": MISTRAL_TAG}.get(self.name, TOOL_CALL_START)
 
     @property
     def keeps_special_tokens(self) -> bool:
-        """Whether replies must be decoded with special tokens kept, so the tag reaches the parser."""
-        return self.tag_token_id is not None
+        """Whether replies must be decoded with special tokens kept, so the tags reach the parser."""
+        return self.tag_token_id is not None or self.end_token_id is not None
 
     def new_id(self) -> str:
         return mistral_tool_call_id() if self.name == "mistral" else new_tool_call_id()
@@ -128,7 +132,7 @@ class ToolCallFormat:
         body = text.strip()
         if body.startswith(LLAMA_TAG):
             body = body[len(LLAMA_TAG) :]
-        elif not body.startswith("{"):
+        elif not body.startswith("{") or _is_whole_json_answer(body):
             return None
         return "", *_leading_json_calls(body, self.new_id, array=False)
 
@@ -171,7 +175,13 @@ class ToolCallFormat:
             lines.append(json_answer_rule(answer_schema))
             return "\n".join(lines) + "\n"
         if self.name == "hermes":
-            return tool_call_grammar(tools, mode, parallel=parallel)
+            return tool_call_grammar(
+                tools,
+                mode,
+                parallel=parallel,
+                start_token_id=self.tag_token_id,
+                end_token_id=self.end_token_id,
+            )
         lines = ["%llguidance {}"]
         tag = f"<[{self.tag_token_id}]>" if self.tag_token_id is not None else None
         if self.name == "mistral":
@@ -237,10 +247,7 @@ def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list
         position = len(text) - len(rest[1:].lstrip()) if rest else len(text)
     calls = []
     for value in values:
-        # Unlike a tagged Hermes block, bare JSON may be an answer: a call names its arguments.
-        if not isinstance(value, dict) or not ({"arguments", "parameters"} & value.keys()):
-            return []
-        call = tool_call_from_json(value)
+        call = _json_call(value)
         if call is None:
             return []
         calls.append(ToolCall(call.name, call.arguments, id=new_id()))
@@ -266,6 +273,24 @@ def _parse_v11_calls(text: str, new_id: Callable[[], str]) -> list[ToolCall]:
     return calls
 
 
+def _json_call(value: Any) -> ToolCall | None:
+    """A decoded JSON value as a call of the JSON formats, or None. Unlike a tagged Hermes block,
+    bare JSON may be an answer (JSON mode, a response_format beside tools): a call names its
+    arguments, so an answer with a "name" field is no call."""
+    if not isinstance(value, dict) or not ({"arguments", "parameters"} & value.keys()):
+        return None
+    return tool_call_from_json(value)
+
+
+def _is_whole_json_answer(text: str) -> bool:
+    """Whether ``text`` is one whole JSON value that is no call: an answer, not a call cut short."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return _json_call(value) is None
+
+
 def _leading_json_calls(
     text: str, new_id: Callable[[], str], array: bool
 ) -> tuple[list[ToolCall], str | None]:
@@ -282,7 +307,7 @@ def _leading_json_calls(
             value, end = decoder.raw_decode(text, position)
         except json.JSONDecodeError:
             return calls, text[position:]  # a call due here and cut (or not a call at all)
-        call = tool_call_from_json(value)
+        call = _json_call(value)
         if call is None:
             return calls, text[position:]
         calls.append(ToolCall(call.name, call.arguments, id=new_id()))
@@ -306,16 +331,24 @@ def _leading_v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolC
 
 
 def detect_tool_call_format(
-    chat_template: str | None, token_id: Callable[[str], int | None]
+    chat_template: str | None,
+    token_id: Callable[[str], int | None],
+    special_token_ids: Collection[int] = (),
 ) -> ToolCallFormat:
-    """The format a chat template shows tool calls in; ``token_id`` maps a token's text to its id."""
+    """The format a chat template shows tool calls in; ``token_id`` maps a token's text to its id.
+    Hermes tags that are ``special_token_ids`` (Hermes 3 on Llama 3.1) are kept as tokens."""
     template = chat_template or ""
     if MISTRAL_TAG in template:
         args = token_id(MISTRAL_ARGS) if MISTRAL_ARGS in template else None
         return ToolCallFormat("mistral", token_id(MISTRAL_TAG), args)
     if LLAMA_TAG in template or ('"parameters"' in template and "<|start_header_id|>" in template):
         return ToolCallFormat("llama3_json", token_id(LLAMA_TAG))
-    return ToolCallFormat("hermes")
+    start, end = token_id(TOOL_CALL_START), token_id(TOOL_CALL_END)
+    return ToolCallFormat(
+        "hermes",
+        start if start in special_token_ids else None,
+        end_token_id=end if end in special_token_ids else None,
+    )
 
 
 class TailCallStreamParser:

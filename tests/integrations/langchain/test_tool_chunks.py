@@ -197,6 +197,16 @@ def test_whole_calls_are_no_cut() -> None:
         assert parse_reply("Just text.", tool_format, "cut") == ("Just text.", [], [])
 
 
+@pytest.mark.parametrize("text", ['{"answer": "yes"}', '{"sunny": true, "name": "Paris"}'])
+def test_a_json_answer_beside_tools_is_the_content(text: str) -> None:
+    # Llama 3 calls are bare JSON: the JSON answer of a response_format beside tools came back as
+    # an invalid tool call with no content (invoke) and as nothing at all (stream).
+    assert parse_reply(text, LLAMA3, "cut") == (text, [], [])
+    for size in (1, 4, len(text)):
+        full = run(text, [size] * len(text), LLAMA3)
+        assert (full.content, full.tool_call_chunks) == (text, [])
+
+
 def test_tool_choice_spellings() -> None:
     names = ["a", "b"]
     assert normalize_tool_choice(None, names) == "auto"
