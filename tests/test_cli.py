@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -289,6 +290,37 @@ def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, c
     assert "this message alone does not fit the context of 64 tokens" in captured.err
     assert captured.err.endswith("1 message(s) did not fit the context and got no reply\n")
     assert captured.out.count("\n") == 7  # a reply to every turn but the oversized one
+
+
+ALTERNATING_TEMPLATE = (  # as Mistral's and Llama 2's templates: roles must alternate
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_chat_drops_whole_turns_for_templates_that_need_alternating_roles(
+    model_dir, tmp_path, capsys, monkeypatch
+):
+    # Dropping one message at a time left a history starting with the assistant's reply, which
+    # such templates refuse: the session ended with the template's error.
+    strict = tmp_path / "strict"
+    shutil.copytree(model_dir, strict)
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    config["chat_template"] = ALTERNATING_TEMPLATE
+    (strict / "tokenizer_config.json").write_text(json.dumps(config))
+    turns = "".join(f"Tell me about the number {n} please\n" for n in range(6))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(turns))
+    argv = ["chat", "--model", str(strict), "--temperature", "0", "--max-tokens", "8"]
+    code = main([*argv, "--max-seq-len", "64"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "dropped 2 oldest message(s)" in captured.err  # a user message and its reply
+    assert captured.out.count("\n") == 6  # a reply to every turn
 
 
 def test_chat_at_a_terminal_ends_with_0_after_refusing_a_line(model_dir, capsys, monkeypatch):

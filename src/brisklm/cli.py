@@ -394,10 +394,13 @@ def _fit_history(llm: Any, messages: list[dict[str, str]], keep: int) -> bool:
     with room for a reply; False if the newest message alone does not fit."""
     dropped = 0
     while len(llm.chat_prompt_ids(messages)) >= llm.max_seq_len:
-        if len(messages) - keep <= 1:
-            return False
-        del messages[keep]  # the oldest turn: a user message, then (next pass) its reply
-        dropped += 1
+        # The oldest turn whole: its user message and the reply, up to the next user message
+        # (templates that need alternating roles refuse a history starting with a reply).
+        end = next((i for i in range(keep + 1, len(messages)) if messages[i]["role"] == "user"), 0)
+        if not end:
+            return False  # only the newest message is left
+        del messages[keep:end]
+        dropped += end - keep
     if dropped:
         print(
             f"brisklm: the history outgrew the context: dropped {dropped} oldest message(s)",
