@@ -425,12 +425,14 @@ class LLM:
         elif isinstance(prompt, list | tuple) and all(_is_token_id(t) for t in prompt):
             text = None
             ids = [int(t) for t in prompt]
-            vocab = self.engine.num_real_tokens
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
         else:
             raise _shape_error(prompt)
+        # A text's tokens too: a tokenizer may hold tokens added without resizing the embedding.
+        vocab = self.engine.num_real_tokens
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            past = "" if text is None else " (the tokenizer has tokens the model's embedding lacks)"
+            raise ValueError(f"prompt token ids must be in [0, {vocab}){past}; got {bad[:5]}")
         if not ids:
             raise ValueError("the prompt is empty: it encodes to no tokens")
         if len(ids) >= self.max_seq_len:

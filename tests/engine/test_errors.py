@@ -12,6 +12,7 @@ import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.loader import CheckpointError
+from tests.tiny import make_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -116,6 +117,29 @@ def test_numpy_and_torch_token_ids_are_prompts(llm):
     assert "".join(llm.stream(np.array([5, 6, 7]), GREEDY)) == llm.generate([5, 6, 7], GREEDY).text
     with pytest.raises(ValueError, match=r"prompt token ids must be in \[0, "):
         llm.generate(np.array([5, -1]), GREEDY)
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary(tmp_path, caplog):
+    # Tokens added to a tokenizer without resizing the embedding: a text prompt holding one was
+    # admitted and then failed inside the engine step, taking its batch partners down with it; an
+    # eos id past the vocabulary (generation_config.json) failed every sampled request.
+    directory = make_tiny_checkpoint(tmp_path / "small-vocab", vocab_size=300)
+    generation = json.loads((directory / "generation_config.json").read_text())
+    generation["eos_token_id"] = [*generation["eos_token_id"], 350]
+    (directory / "generation_config.json").write_text(json.dumps(generation))
+    with LLM.from_pretrained(directory, max_batch_size=2, show_progress=False) as llm:
+        text = "Zürich 東京 naïve café"
+        assert max(llm.tokenizer.encode(text)) >= 300
+        with pytest.raises(
+            ValueError,
+            match=r"prompt 1 of 2: prompt token ids must be in \[0, 300\) \(the tokenizer has "
+            r"tokens the model's embedding lacks\); got \[3",
+        ):
+            llm.generate([[5, 6, 7], text], GREEDY)
+        sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=4, min_tokens=2)
+        outputs = llm.generate([[5, 6, 7], [8, 9]], [sampled, GREEDY])
+        assert len(outputs[0].token_ids) >= 2 and len(outputs[1].token_ids) == 4
+    assert "eos token id 350 is past the model's vocabulary of 300" in caplog.text
 
 
 def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_refused_before_allocating(tiny_dir):
@@ -315,8 +339,6 @@ def test_a_request_that_overflows_its_float16_cache_spoils_no_later_request(tmp_
     # same slot, padded beside a longer one, read those stale positions masked (weight 0), and
     # 0 * inf is NaN: its output became token 0 over and over.
     from safetensors.torch import load_file, save_file
-
-    from tests.tiny import make_tiny_checkpoint
 
     directory = make_tiny_checkpoint(tmp_path / "overflow", initializer_range=0.5)
     weights = load_file(directory / "model.safetensors")

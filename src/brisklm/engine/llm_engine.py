@@ -174,7 +174,15 @@ class LLMEngine:
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
-        self.eos_token_ids = tuple(tokenizer.eos_token_ids)
+        # An eos the model cannot emit (a tokenizer larger than the embedding) masks nothing.
+        self.eos_token_ids = tuple(t for t in tokenizer.eos_token_ids if t < self.num_real_tokens)
+        for token_id in sorted(set(tokenizer.eos_token_ids) - set(self.eos_token_ids)):
+            logger.warning(
+                "eos token id %d is past the model's vocabulary of %d: the model cannot end a "
+                "reply with it",
+                token_id,
+                self.num_real_tokens,
+            )
         self.structured = StructuredOutputs(tokenizer, config.max_batch_size)
         self.speculator = speculator
 
