@@ -307,3 +307,20 @@ def test_an_aborted_stream_ends_with_the_text_it_held_back(tiny_dir):
     assert last.finish_reason == "abort"
     assert streamed + last.text == request.to_output().text == plain.text
     llm.close()
+
+
+def test_rope_tables_span_the_engines_context_not_the_trained_one(tmp_path):
+    # The cos/sin tables were as long as max_position_embeddings: 1 GiB for a 1M-token config
+    # whose engine holds 4,096 tokens (2.3 GB at the first request's peak).
+    from tests.tiny import make_tiny_checkpoint
+
+    long = make_tiny_checkpoint(tmp_path / "long", max_position_embeddings=1_000_000)
+    short = make_tiny_checkpoint(tmp_path / "short", max_position_embeddings=512)
+    prompt = list(range(5, 45))
+    outputs = []
+    for path in (long, short):
+        with LLM.from_pretrained(path, max_seq_len=96, show_progress=False) as llm:
+            outputs.append(llm.generate(prompt, GREEDY).token_ids)
+            cos, sin = llm.engine.model.rotary.tables(torch.device("cpu"), torch.float32, 10)
+            assert cos.shape[0] == sin.shape[0] == 96
+    assert outputs[0] == outputs[1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -42,6 +44,39 @@ def test_linear_matches_a_float64_reference_and_each_row_alone(request, build, k
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
     for n in (1, 2, 5):  # a row's bits do not depend on the rows beside it
         assert torch.equal(native.linear(x[3 : 3 + n], packed, b, rows, lib=lib), got[3 : 3 + n])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pack_writes_the_panel_layout(dtype):
+    weight = torch.randn(200, 40_000, generator=torch.Generator().manual_seed(1)).to(dtype)
+    packed = native.pack(weight)
+    assert packed.shape == (7, 40_000, native.PANEL)
+    assert torch.equal(native.unpack(packed, 200), weight)
+    assert not native.unpack(packed, 7 * native.PANEL)[200:].any()  # the padding is zeros
+    panel = weight[32:64].t()  # the second panel, k-major (bfloat16 outputs paired)
+    if dtype == torch.bfloat16:
+        panel = panel[:, native._BF16_ORDER]
+    assert torch.equal(packed[1], panel)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pack_holds_one_more_copy_of_the_weight_at_most(dtype):
+    # A padded copy of the whole matrix (and for bfloat16 a reordered one) beside the packed one:
+    # a 128k-token vocabulary's head was held three times at once while loading.
+    script = f"""
+import resource, torch
+from brisklm.kernels import native
+weight = torch.empty(4101, 8192, dtype=torch.{dtype}).uniform_()
+native.pack(weight[:64])  # the library and its first allocations
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+packed = native.pack(weight)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024 / weight.nbytes)
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) < 1.3  # the packed copy (and its last panel on the way)
 
 
 def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):

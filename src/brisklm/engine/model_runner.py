@@ -52,6 +52,7 @@ class ModelRunner:
         self.device = first_param.device
         self.dtype = model.activation_dtype
         self.max_seq_len = max_seq_len
+        model.rotary.size_tables_for(max_seq_len)
         self.kv_cache = KVCache(
             num_layers=config.num_hidden_layers,
             num_slots=num_slots,

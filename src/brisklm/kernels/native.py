@@ -317,13 +317,26 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"native.pack takes {_ALLOWED} weights, got {weight.dtype}")
     rows, k = weight.shape
     panels = -(-rows // PANEL)
-    padded = torch.zeros(panels * PANEL, k, dtype=weight.dtype, device=weight.device)
-    padded[:rows] = weight
-    grouped = padded.view(panels, PANEL, k)
-    if weight.dtype == torch.bfloat16:
-        grouped = grouped[:, _BF16_ORDER.to(weight.device)]
+    full = rows // PANEL
     out = huge_pages.empty((panels, k, PANEL), weight.dtype, weight.device)
-    return out.copy_(grouped.transpose(1, 2))
+
+    def put(first: int, grouped: torch.Tensor) -> None:
+        """Panels (n, PANEL, in) into ``out`` from panel ``first`` on, in one strided copy."""
+        if weight.dtype == torch.bfloat16:  # memory position 2j + h holds output 16h + j
+            n = len(grouped)
+            target = out[first : first + n].view(n, k, PANEL // 2, 2)
+            target.copy_(grouped.view(n, 2, PANEL // 2, k).permute(0, 3, 2, 1))
+        else:
+            out[first : first + len(grouped)].copy_(grouped.transpose(1, 2))
+
+    # Straight from the weight: a padded copy of the whole matrix (and for bfloat16 a reordered
+    # one) held it three times at once (a 128k-token vocabulary's head: 750 MB for 250 MB).
+    put(0, weight[: full * PANEL].reshape(full, PANEL, k))
+    if full < panels:  # the last panel, zero-padded
+        last = torch.zeros(1, PANEL, k, dtype=weight.dtype, device=weight.device)
+        last[0, : rows - full * PANEL] = weight[full * PANEL :]
+        put(full, last)
+    return out
 
 
 # A bfloat16 panel row's outputs in memory order: 0, 16, 1, 17, ..., 15, 31 (each 32-bit word
