@@ -293,20 +293,30 @@ def test_a_seeded_speculative_request_is_unmoved_by_an_arriving_prompt(tiny_dir,
         llm.close()
 
 
+def fail_rows_longer_than(llm: LLM, length: int):
+    """Make the target's passes fail (as out of memory) when a row feeds more than ``length``
+    tokens; returns a function that undoes it."""
+    runner = llm.engine.runner
+    forward, forward_greedy = runner.forward, runner.forward_greedy
+
+    def out_of_memory_on_long_rows(batch, *greedy_columns):
+        if any(len(tokens) > length for tokens in batch.token_ids):
+            raise RuntimeError("simulated out of memory")
+        return forward_greedy(batch, *greedy_columns) if greedy_columns else forward(batch)
+
+    def restore() -> None:
+        runner.forward, runner.forward_greedy = forward, forward_greedy
+
+    runner.forward = runner.forward_greedy = out_of_memory_on_long_rows
+    return restore
+
+
 @pytest.mark.parametrize("draft", [None, "model"])
 def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir, draft):
     speculative = {"draft": tiny_dir, "num_speculative_tokens": 3} if draft else {}
     llm = load(tiny_dir, prefill_chunk_size=64, **speculative)
     try:
-        runner = llm.engine.runner
-        forward, forward_greedy = runner.forward, runner.forward_greedy
-
-        def out_of_memory_on_long_rows(batch, *greedy_columns):
-            if any(len(tokens) > 32 for tokens in batch.token_ids):
-                raise RuntimeError("simulated out of memory")
-            return forward_greedy(batch, *greedy_columns) if greedy_columns else forward(batch)
-
-        runner.forward = runner.forward_greedy = out_of_memory_on_long_rows
+        fail_rows_longer_than(llm, 32)
         decoding, _ = start_decoding(llm, 3)
         arriving = llm.make_request(prompt_ids(100), GREEDY)
         llm.engine.add_request(arriving)
@@ -317,6 +327,35 @@ def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir, draft):
         assert len(decoding.output_token_ids) > before and llm.engine.scheduler.slots.num_free == 3
         run_to_end(llm, [])
         assert decoding.finish_reason == "length" and len(decoding.output_token_ids) == 30
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("draft", [None, "model"])
+@pytest.mark.parametrize("decoding_beside", [False, True])
+def test_a_failed_pass_of_several_prompts_fails_only_the_prompt_that_fails(
+    tiny_dir, draft, decoding_beside
+):
+    # The prompts' chunks of a failed pass ran again together, so a prompt too large for memory
+    # failed the prompts that had arrived with it too.
+    speculative = {"draft": tiny_dir, "num_speculative_tokens": 3} if draft else {}
+    llm = load(tiny_dir, prefill_chunk_size=64, **speculative)
+    try:
+        restore = fail_rows_longer_than(llm, 32)
+        decoding = [start_decoding(llm, 3)[0]] if decoding_beside else []
+        short = [llm.make_request(prompt_ids(n, n), GREEDY) for n in (20, 12)]
+        long = llm.make_request(prompt_ids(100), GREEDY)
+        for request in (short[0], long, short[1]):
+            llm.engine.add_request(request)
+        results = dict(llm.engine.step())
+        assert set(results) == {*decoding, *short, long}
+        assert isinstance(results[long], RuntimeError) and long.finish_reason == "error"
+        assert not any(isinstance(results[r], BaseException) for r in (*decoding, *short))
+        run_to_end(llm, [])
+        restore()
+        for request in short:  # the same tokens as the prompt alone
+            alone = llm.generate(request.prompt_token_ids, GREEDY).token_ids
+            assert request.finish_reason == "length" and request.output_token_ids == alone
     finally:
         llm.close()
 

@@ -231,12 +231,12 @@ class LLMEngine:
             results = self._run(batch)
         except Exception as exc:  # a failed step must not take other requests down with it
             unchanged = before == [(r.num_cached, len(r.output_token_ids)) for r in batch.requests]
-            if unchanged and batch.has_prefill and batch.has_decode:
-                # Nothing was recorded: run the decoding rows and the chunks apart, so that only
-                # the part that fails (a prompt too large for memory, say) fails its requests.
-                logger.warning("a pass of chunks and decode steps failed; running them apart")
-                results = self._run_or_fail(batch.part(prefill=False))
-                results += self._run_or_fail(batch.part(prefill=True))
+            parts = batch.apart()
+            if unchanged and len(parts) > 1:
+                # Nothing was recorded: run the decoding rows and each prompt's chunk apart, so
+                # that only the part that fails (a prompt too large for memory, say) fails.
+                logger.warning("a pass with prompt chunks failed; running its parts apart")
+                results = [result for part in parts for result in self._run_or_fail(part)]
             else:
                 results = self._fail(batch.requests, exc)
         for request, _ in results:

@@ -24,14 +24,13 @@ class ScheduledBatch:
     def has_prefill(self) -> bool:
         return any(self.prefill_lens)
 
-    @property
-    def has_decode(self) -> bool:
-        return not all(self.prefill_lens)
-
-    def part(self, prefill: bool) -> ScheduledBatch:
-        """The requests that feed prompt chunks (``prefill``) or the ones that decode."""
-        rows = [(r, n) for r, n in zip(self.requests, self.prefill_lens) if bool(n) == prefill]
-        return ScheduledBatch([r for r, _ in rows], [n for _, n in rows])
+    def apart(self) -> list[ScheduledBatch]:
+        """The pass split into passes that can fail on their own: the decoding requests together,
+        then each prompt's chunk alone (a prompt too large for memory fails only itself)."""
+        decoding = [r for r, n in zip(self.requests, self.prefill_lens) if not n]
+        parts = [ScheduledBatch(decoding, [0] * len(decoding))] if decoding else []
+        parts += [ScheduledBatch([r], [n]) for r, n in zip(self.requests, self.prefill_lens) if n]
+        return parts
 
 
 class Scheduler:
