@@ -6,8 +6,10 @@ import contextlib
 import itertools
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -627,3 +629,17 @@ def test_model_type_decides_how_a_llama_tokenizer_json_is_read(loaded) -> None:
         text, add_special_tokens=False
     )
     assert as_is.id_to_token(as_is.encode(text, add_special_tokens=False)[1]).startswith("▁")
+
+
+@pytest.mark.parametrize("value", ["</s>", "41", [2, "x"], True, 2.0])
+def test_token_ids_in_the_generation_config_must_be_ids(tmp_path: Path, value: Any) -> None:
+    # A string was read character by character: "41" became eos ids [4, 1], "</s>" failed with
+    # int()'s "invalid literal"; True was the id 1 and 2.0 "'float' object is not iterable".
+    directory = build_byte_level_bpe(tmp_path / "tok")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": value}))
+    with pytest.raises(
+        ValueError,
+        match=r"generation_config.json: eos_token_id must be a token id or a list of token ids, "
+        rf"got {re.escape(repr(value))}",
+    ):
+        Tokenizer.from_pretrained(directory)

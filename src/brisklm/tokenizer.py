@@ -38,12 +38,17 @@ def gpt2_unicode_to_byte() -> dict[str, int]:
     }
 
 
-def _ids_from_config(value: Any) -> list[int]:
+def _ids_from_config(generation_config: Mapping[str, Any], key: str, source: str) -> list[int]:
+    value = generation_config.get(key)
     if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        # A string was read character by character ("</s>": int("<") failed, "41" was [4, 1]).
+        raise ValueError(
+            f"{source}: {key} must be a token id or a list of token ids, got {value!r}"
+        )
+    return list(values)
 
 
 class Tokenizer:
@@ -67,6 +72,7 @@ class Tokenizer:
         chat_templates: Mapping[str, str],
         generation_config: Mapping[str, Any],
         name_or_path: str = "",
+        generation_config_source: str = GENERATION_CONFIG,
     ) -> None:
         self._backend = backend
         self.name_or_path = name_or_path
@@ -87,14 +93,16 @@ class Tokenizer:
         self.bos_token_id: int | None = self._named_id(self.bos_token)
         if self.bos_token_id is None:
             self.bos_token_id = next(
-                iter(_ids_from_config(generation_config.get("bos_token_id"))), None
+                iter(_ids_from_config(generation_config, "bos_token_id", generation_config_source)),
+                None,
             )
         self.pad_token_id: int | None = self._named_id(self.pad_token)
         if self.pad_token_id is None:
             self.pad_token_id = next(
-                iter(_ids_from_config(generation_config.get("pad_token_id"))), None
+                iter(_ids_from_config(generation_config, "pad_token_id", generation_config_source)),
+                None,
             )
-        eos_ids = _ids_from_config(generation_config.get("eos_token_id"))
+        eos_ids = _ids_from_config(generation_config, "eos_token_id", generation_config_source)
         tokenizer_eos = self._named_id(self.eos_token)
         if tokenizer_eos is not None and tokenizer_eos not in eos_ids:
             eos_ids.append(tokenizer_eos)
@@ -114,15 +122,18 @@ class Tokenizer:
                 f"tokenizer directory {directory} does not exist or is not a directory"
             )
         spec = load_backend(directory)
-        generation_config = read_json(directory / GENERATION_CONFIG)
+        source = directory / GENERATION_CONFIG
+        generation_config = read_json(source)
         if generation_config is None:
-            generation_config = read_json(directory / MODEL_CONFIG) or {}
+            source = directory / MODEL_CONFIG
+            generation_config = read_json(source) or {}
         return cls(
             spec.backend,
             named_special_tokens=spec.named_special_tokens,
             chat_templates=spec.chat_templates,
             generation_config=generation_config,
             name_or_path=str(directory),
+            generation_config_source=str(source),
         )
 
     def _named_id(self, token: str | None) -> int | None:
