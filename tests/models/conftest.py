@@ -15,7 +15,13 @@ import pytest
 BUILDS = {"default": None, "avx2": ("-mno-avx512f",), "avx512-code": ("-D__AVX512F__",)}
 # A build without F16C: float16 weights widened lane by lane (CPUs without the instruction).
 F16C_FALLBACK = "no-f16c"
-_ALL_BUILDS = {**BUILDS, F16C_FALLBACK: ("-mno-f16c",)}
+# A build as gcc 11 and older make it, without __builtin_shufflevector (other attention code).
+NO_SHUFFLEVECTOR = "no-shufflevector"
+_ALL_BUILDS = {
+    **BUILDS,
+    F16C_FALLBACK: ("-mno-f16c",),
+    NO_SHUFFLEVECTOR: ("-DBRISK_NO_SHUFFLEVECTOR",),
+}
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from brisklm.kernels import native
-from tests.models.conftest import BUILDS
+from tests.models.conftest import BUILDS, NO_SHUFFLEVECTOR
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels do not build here")
 
@@ -73,7 +73,7 @@ def inputs(shape, cache_dtype):
     return keys, values, qkv
 
 
-@pytest.mark.parametrize("build", sorted(BUILDS))
+@pytest.mark.parametrize("build", [*sorted(BUILDS), NO_SHUFFLEVECTOR])
 @pytest.mark.parametrize(
     "cache_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda t: str(t)[6:]
 )
@@ -94,7 +94,7 @@ def test_attention_matches_a_float64_reference(request, build, cache_dtype, shap
     )
 
 
-@pytest.mark.parametrize("build", sorted(BUILDS))
+@pytest.mark.parametrize("build", [*sorted(BUILDS), NO_SHUFFLEVECTOR])
 @pytest.mark.parametrize("shape", [(64, 6, 2), (72, 18, 1)], ids=lambda s: f"d{s[0]}-{s[1]}q")
 def test_attention_bits_do_not_depend_on_the_threads_or_the_units(request, build, shape):
     """1-3 threads, and 64: for the 6/2 heads more threads than units (24), so that every query

@@ -260,7 +260,8 @@ static inline __attribute__((always_inline)) void key_scores(const void *keys, i
     }
 }
 
-#if defined(__clang__) || __GNUC__ >= 12
+/* gcc 11 and older lack __builtin_shufflevector (BRISK_NO_SHUFFLEVECTOR: their path, for tests). */
+#if !defined(BRISK_NO_SHUFFLEVECTOR) && (defined(__clang__) || __GNUC__ >= 12)
 #define HAVE_SHUFFLEVECTOR 1
 typedef int32_t vi __attribute__((vector_size(64)));
 #define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
