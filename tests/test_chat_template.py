@@ -519,8 +519,53 @@ def test_continue_final_message_matches_transformers(chatml_pair) -> None:
         )
         assert rendered == expected
         assert rendered.endswith('{"answer": "Zürich')
-    with pytest.raises(ValueError, match="no content"):
+    with pytest.raises(ValueError, match="no 'content'"):
         ours.apply_chat_template([{"role": "assistant"}], continue_final_message=True)
+
+
+THINKING_TEMPLATE = (  # as Qwen3's: the reasoning in a <think> block before the content
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "thinking", "reasoning"])
+def test_continue_final_message_may_name_the_field_to_continue(chatml_pair, field) -> None:
+    # continue_final_message="reasoning_content" (transformers 5) continued the content instead:
+    # the <think> block was closed and the model skipped its reasoning.
+    ours, reference = chatml_pair
+    prefill = [*USER_ONLY, {"role": "assistant", field: "The user asks", "content": ""}]
+    kwargs = {"continue_final_message": field, "chat_template": THINKING_TEMPLATE}
+    expected = reference.apply_chat_template(prefill, tokenize=False, **kwargs)
+    assert ours.apply_chat_template(prefill, **kwargs) == expected
+    assert expected.endswith("<think>\nThe user asks")
+    with pytest.raises(ValueError, match="no 'reasoning_content' to continue"):
+        ours.apply_chat_template(
+            USER_ONLY, **{**kwargs, "continue_final_message": "reasoning_content"}
+        )
+    with pytest.raises(ValueError, match="never reads 'summary'"):
+        ours.apply_chat_template(
+            [{"role": "assistant", "summary": "x"}], continue_final_message="summary"
+        )
+    with pytest.raises(TypeError, match="must be a bool or the name"):
+        ours.apply_chat_template(prefill, continue_final_message=1)
+
+
+def test_documents_must_be_dicts(chatml_pair) -> None:
+    # A list of strings rendered `d.title` as "<built-in method title of str object at 0x...>".
+    ours, _ = chatml_pair
+    template = "{% for d in documents %}{{ d.title }}: {{ d.text }}\n{% endfor %}"
+    with pytest.raises(ValueError, match=r"documents\[0\] must be a dict .*got str 'Zürich is"):
+        ours.apply_chat_template(USER_ONLY, documents=["Zürich is a city"], chat_template=template)
+    with pytest.raises(ValueError, match="documents must be a list of dicts"):
+        ours.apply_chat_template(USER_ONLY, documents="Zürich", chat_template=template)
+
+
+def test_sanitize_control_tokens_is_refused_not_ignored(chatml_pair) -> None:
+    ours, _ = chatml_pair
+    with pytest.raises(TypeError, match="sanitize_control_tokens is not supported"):
+        ours.apply_chat_template(USER_ONLY, sanitize_control_tokens=True)
 
 
 def test_documents_reach_the_template(chatml_pair) -> None:

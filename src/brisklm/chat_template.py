@@ -246,7 +246,7 @@ def render_chat_template(
     special_tokens: Mapping[str, str] | None = None,
     *,
     documents: Sequence[Mapping[str, Any]] | None = None,
-    continue_final_message: bool = False,
+    continue_final_message: bool | str = False,
     **extra: Any,
 ) -> str:
     """Render `messages` (and `tools`) with a chat template.
@@ -255,7 +255,8 @@ def render_chat_template(
     by `tool_schema.tool_json_schema`), `documents`, `add_generation_prompt`, the special tokens
     (`bos_token`, `eos_token`, ...) and any extra keyword arguments, which override special tokens of the
     same name. `continue_final_message` renders the last message open-ended, so generation continues
-    its content (a prefill); it implies add_generation_prompt=False. Raises ChatTemplateError (a
+    its content (a prefill), or the field it names (e.g. "reasoning_content", to continue the
+    model's thinking); it implies add_generation_prompt=False. Raises ChatTemplateError (a
     ValueError) for a template that fails, including its own raise_exception calls, and ValueError for
     an empty conversation.
     """
@@ -270,11 +271,18 @@ def render_chat_template(
     tool_schemas = None if tools is None else [tool_json_schema(tool) for tool in tools]
     if tool_schemas is not None:
         _check_tools(tool_schemas)
+    _check_documents(documents)
     variables = _plain_data({**(special_tokens or {}), **extra})
     final_content = None
+    if not isinstance(continue_final_message, bool | str):
+        raise TypeError(
+            "continue_final_message must be a bool or the name of the final message's field to "
+            f"continue (e.g. 'reasoning_content'), got {continue_final_message!r}"
+        )
     if continue_final_message:
         add_generation_prompt = False
-        final_content = _tag_final_message(messages, template)
+        field = continue_final_message if isinstance(continue_final_message, str) else "content"
+        final_content = _tag_final_message(messages, template, field)
     try:
         rendered = compiled.render(
             messages=_plain_data(messages),
@@ -326,16 +334,21 @@ def _nine_character_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-def _tag_final_message(messages: list[dict[str, Any]], template: str) -> str:
-    """Append the marker to the last message's (last text block's) content; return that content."""
-    final = messages[-1].get("content")
+def _tag_final_message(messages: list[dict[str, Any]], template: str, field: str) -> str:
+    """Append the marker to the last message's ``field`` (its last text block, for a list);
+    return the text it continues. Reasoning comes under several names (``_normalize_messages``
+    copies it to each): every copy is tagged, whichever the template reads."""
+    final = messages[-1].get(field)
     if final is None:
         raise ValueError(
-            "continue_final_message is set but the final message has no content to continue"
+            f"continue_final_message is set but the final message has no {field!r} to continue"
         )
-    if "content" not in template:
+    fields = [field]
+    if field in _REASONING_FIELDS:
+        fields = [name for name in _REASONING_FIELDS if messages[-1].get(name) == final]
+    if not any(name in template for name in fields):
         raise ValueError(
-            "continue_final_message is set but the chat template never reads 'content'"
+            f"continue_final_message is set but the chat template never reads {field!r}"
         )
     if isinstance(final, list | tuple):
         for block in reversed(final):
@@ -344,8 +357,32 @@ def _tag_final_message(messages: list[dict[str, Any]], template: str) -> str:
                 block["text"] = text + _CONTINUE_TAG
                 return text
         raise ValueError("continue_final_message is set but the final message has no text block")
-    messages[-1]["content"] = final + _CONTINUE_TAG
+    if not isinstance(final, str):
+        raise ValueError(
+            f"continue_final_message is set but the final message's {field!r} is a "
+            f"{type(final).__name__}, not text"
+        )
+    for name in fields:
+        messages[-1][name] = final + _CONTINUE_TAG
     return final
+
+
+def _check_documents(documents: Any) -> None:
+    """Documents for RAG templates, as transformers takes them: a list of dicts ('title' and
+    'text' in most templates). A string's attributes rendered as Python reprs."""
+    if documents is None:
+        return
+    if not isinstance(documents, list | tuple):
+        raise ValueError(
+            f"documents must be a list of dicts (e.g. with 'title' and 'text'), got "
+            f"{type(documents).__name__}"
+        )
+    for i, document in enumerate(documents):
+        if not isinstance(document, Mapping):
+            raise ValueError(
+                f"documents[{i}] must be a dict (e.g. with 'title' and 'text'), got "
+                f"{type(document).__name__} {document!r:.60}"
+            )
 
 
 def _cut_at_final_message(rendered: str, final_content: str) -> str:

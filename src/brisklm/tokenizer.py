@@ -240,16 +240,17 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         *,
         chat_template: str | None = None,
-        continue_final_message: bool = False,
+        continue_final_message: bool | str = False,
         **extra: Any,
     ) -> str:
         """Render a conversation with the checkpoint's chat template, as transformers' tokenize=False does.
 
         `chat_template` may name one of the checkpoint's templates or be a template itself; by default the
         "tool_use" template is used when tools are given and the checkpoint has one, else "default".
-        `continue_final_message` leaves the last message open for the model to continue (a prefill) and
-        then no generation prompt is added. Extra keyword arguments become template variables
-        (`documents` included). Raises ValueError without a chat template.
+        `continue_final_message` leaves the last message (or the field it names, e.g.
+        "reasoning_content") open for the model to continue (a prefill) and then no generation
+        prompt is added. Extra keyword arguments become template variables (`documents`
+        included). Raises ValueError without a chat template.
         """
         if extra.pop("tokenize", False) or any(
             extra.get(name) for name in ("return_tensors", "return_dict")
@@ -257,6 +258,13 @@ class Tokenizer:
             raise TypeError(
                 "apply_chat_template returns the rendered text (transformers' tokenize=False); "
                 "for ids, encode it: tokenizer.encode(text, add_special_tokens=False)"
+            )
+        if extra.pop("sanitize_control_tokens", False):
+            # A variable the template never reads: the caller would think the prompt guarded.
+            raise TypeError(
+                "sanitize_control_tokens is not supported: control tokens written in message "
+                "text (e.g. '<|im_end|>') are encoded as those tokens; remove them from "
+                "untrusted text before rendering"
             )
         template = self._select_template(chat_template, has_tools=tools is not None)
         return render_chat_template(
