@@ -32,6 +32,7 @@ STRIPS_LEADING_SPACE = {
     "spm_added_tokens_json",
     "llama_hub_json",
     "mistral_hub_json",
+    "codellama_hub_json",
 }
 KINDS = [
     "bytelevel",
@@ -49,7 +50,18 @@ KINDS = [
     "legacy_layout",  # no added_tokens_decoder: special_tokens_map.json and tokenizer.json's added tokens
     "spm_added_tokens_json",  # tokenizer.model with added_tokens.json (saved before transformers 4.34)
     "bytelevel_null_post_processor",  # add_bos_token beside a tokenizer.json without post-processor
+    "codellama_hub_json",  # CodeLlamaTokenizer rebuilds it as LlamaTokenizer does, never legacy
 ]
+
+
+def _code_llama(directory: Path) -> Path:
+    """CodeLlama's layout: a Llama 2 hub tokenizer.json named CodeLlamaTokenizer (whose `legacy`
+    transformers ignores) and its infilling tokens."""
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.update(tokenizer_class="CodeLlamaTokenizer", legacy=True)
+    path.write_text(json.dumps(config))
+    return directory
 
 
 def _added_tokens_json(directory: Path) -> Path:
@@ -131,6 +143,7 @@ def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bytelevel_named_llama": build_byte_level_bpe(
             root / "bytelevel_named_llama", config_overrides={"tokenizer_class": "LlamaTokenizer"}
         ),
+        "codellama_hub_json": _code_llama(build_llama_hub_json(root / "codellama", spm)),
         "mistral_hub_json": _with_model_config(
             build_llama_hub_json(root / "mistral_hub_json", spm), "mistral"
         ),
@@ -591,6 +604,18 @@ def test_first_delta_keeps_its_leading_space_after_a_prompt(loaded, kind: str) -
     assert continuation.startswith(" Hello")
     if kind in STRIPS_LEADING_SPACE:
         assert ours.decode(output) == continuation[1:]  # decoding alone loses the space
+
+
+def test_an_invalid_byte_after_a_prompt_ending_in_byte_pieces_is_one_replacement(loaded) -> None:
+    # The decoder reads adjacent byte pieces as one run, and a run holding an invalid byte is all
+    # U+FFFD: with the prompt's last character ("\n" as <0x0A> in Llama 2 chat prompts, "☃") in
+    # the first window, an output starting with a lone lead byte was 2-4 U+FFFD instead of one.
+    spm, _ = loaded["spm"]
+    lead = _byte_piece_ids(spm, "🦄")[:1]
+    for tail in ("\n", "☃", "ЖЖ"):
+        prompt = spm.encode("Say") + _byte_piece_ids(spm, tail)
+        for output in (lead, lead + spm.encode(" ok", add_special_tokens=False), lead * 3):
+            assert "".join(_stream(spm, output, prompt=prompt)) == spm.decode(output)
 
 
 def test_first_token_keeps_its_space_after_a_prompt_ending_in_byte_pieces(loaded) -> None:

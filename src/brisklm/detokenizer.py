@@ -68,14 +68,22 @@ class IncrementalDetokenizer:
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def _prompt_context(self, ids: list[int]) -> list[int]:
-        """The last few prompt tokens, starting where a character starts.
+        """The last few prompt tokens before any byte pieces that end the prompt, starting where a
+        character starts.
 
-        A window that starts inside a UTF-8 sequence of byte pieces decodes to U+FFFD, so the start
-        moves back (at most three bytes) to the piece holding the character's first byte. Dropping
-        the byte pieces instead could leave no context at all (a prompt ending in emoji or other
-        characters the vocabulary lacks), and then the sentencepiece decoder strips the first
-        generated token's leading space.
+        Byte pieces that end the prompt are left out: the decoder reads adjacent byte pieces as one
+        run, and a run with an invalid byte becomes U+FFFD throughout, so an output starting with
+        an invalid byte turned the prompt's last character ("\n" as <0x0A> in Llama 2 and Mistral
+        chat prompts) into U+FFFD output too. A window that starts inside a UTF-8 sequence of byte
+        pieces decodes to U+FFFD, so the start moves back (at most three bytes) to the piece
+        holding the character's first byte. A prompt of byte pieces alone leaves no context, and
+        then the sentencepiece decoder strips the first generated token's leading space, as
+        ``decode`` of the output does.
         """
+        end = len(ids)
+        while end and ids[end - 1] in self._byte_ids:
+            end -= 1
+        ids = ids[:end]
         start = max(0, len(ids) - self.PROMPT_CONTEXT_TOKENS)
         for _ in range(3):
             if start == 0 or not self._is_continuation_byte(ids[start]):

@@ -33,6 +33,17 @@ NAMED_SPECIAL_TOKENS = (
 # Defaults the tokenizer classes' __init__ signatures give when tokenizer_config.json leaves a token out
 CLASS_SPECIAL_TOKEN_DEFAULTS: dict[str, dict[str, str]] = {
     "LlamaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    # CodeLlamaTokenizer also adds its infilling tokens (as additional special tokens).
+    "CodeLlamaTokenizer": {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "prefix_token": "▁<PRE>",
+        "middle_token": "▁<MID>",
+        "suffix_token": "▁<SUF>",
+        "eot_token": "▁<EOT>",
+        "fill_token": "<FILL_ME>",
+    },
     "Qwen2Tokenizer": {
         "unk_token": "<|endoftext|>",
         "eos_token": "<|endoftext|>",
@@ -45,6 +56,9 @@ REGISTERED_TOKENIZER_CLASSES = {
     "mixtral": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
 }
+# Classes that rebuild a sentencepiece-style tokenizer.json from its vocab and merges
+# (``build_llama_backend``); CodeLlama's never in the legacy way.
+LLAMA_CLASSES = ("LlamaTokenizer", "CodeLlamaTokenizer")
 SENTENCEPIECE_CONTROL, SENTENCEPIECE_USER_DEFINED = 3, 4
 SENTENCEPIECE_BPE = 2
 
@@ -253,20 +267,22 @@ def _read_chat_templates(directory: Path, config: dict[str, Any]) -> dict[str, s
 
 
 def _effective_class(hub_class: str | None, model_type: str | None, json_text: str | None) -> str:
-    """The transformers class AutoTokenizer ends up with: LlamaTokenizer, Qwen2Tokenizer or TokenizersBackend.
+    """The transformers class AutoTokenizer ends up with: LlamaTokenizer, CodeLlamaTokenizer,
+    Qwen2Tokenizer or TokenizersBackend.
 
     Follows AutoTokenizer's checks: a byte-level tokenizer.json named LlamaTokenizer loads as is, and a
     config.json model_type whose registered tokenizer differs from the named one (mistral, mixtral:
-    TokenizersBackend; qwen2: Qwen2Tokenizer) wins. A lone tokenizer.model is always read as LlamaTokenizer.
+    TokenizersBackend; qwen2: Qwen2Tokenizer) wins. A lone tokenizer.model is read as LlamaTokenizer
+    (CodeLlamaTokenizer when so named).
     """
     if json_text is None:
-        return "LlamaTokenizer"
+        return "CodeLlamaTokenizer" if hub_class == "CodeLlamaTokenizer" else "LlamaTokenizer"
     registered = REGISTERED_TOKENIZER_CLASSES.get(model_type or "")
     if registered is not None and registered != hub_class:
         return registered
-    if hub_class == "LlamaTokenizer" and '"ByteLevel"' in json_text:
+    if hub_class in LLAMA_CLASSES and '"ByteLevel"' in json_text:
         return "TokenizersBackend"
-    if hub_class in ("LlamaTokenizer", "Qwen2Tokenizer"):
+    if hub_class in (*LLAMA_CLASSES, "Qwen2Tokenizer"):
         return hub_class
     return "TokenizersBackend"
 
@@ -373,7 +389,7 @@ def load_backend(directory: Path) -> BackendSpec:
             vocab, merges, add_prefix_space=bool(config.get("add_prefix_space") or False)
         )
         backend.post_processor = _file_post_processor(tokenizer_json)
-    elif tokenizer_class != "LlamaTokenizer":
+    elif tokenizer_class not in LLAMA_CLASSES:
         backend = BackendTokenizer.from_str(json_text)
     else:
         post_processor = None
@@ -388,7 +404,7 @@ def load_backend(directory: Path) -> BackendSpec:
         backend = build_llama_backend(
             vocab,
             merges,
-            legacy=bool(config.get("legacy", False)),
+            legacy=tokenizer_class == "LlamaTokenizer" and bool(config.get("legacy", False)),
             add_prefix_space=True if add_prefix_space is None else bool(add_prefix_space),
         )
         backend.post_processor = post_processor
@@ -411,7 +427,7 @@ def load_backend(directory: Path) -> BackendSpec:
     )
     # A tokenizer.json loaded as is decides BOS/EOS by its post-processor alone: with none (null),
     # transformers adds neither, whatever add_bos_token says.
-    flags_apply = tokenizer_json is None or tokenizer_class == "LlamaTokenizer"
+    flags_apply = tokenizer_json is None or tokenizer_class in LLAMA_CLASSES
     if explicit_bos_eos or backend.post_processor is None:
         backend.post_processor = _bos_eos_post_processor(
             backend,
