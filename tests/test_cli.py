@@ -288,7 +288,7 @@ def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, c
     assert code == 1
     assert "dropped" in captured.err
     assert "this message alone does not fit the context of 64 tokens" in captured.err
-    assert captured.err.endswith("1 message(s) did not fit the context and got no reply\n")
+    assert captured.err.endswith("1 message(s) got no reply\n")
     assert captured.out.count("\n") == 7  # a reply to every turn but the oversized one
 
 
@@ -321,6 +321,34 @@ def test_chat_drops_whole_turns_for_templates_that_need_alternating_roles(
     assert code == 0, captured.err
     assert "dropped 2 oldest message(s)" in captured.err  # a user message and its reply
     assert captured.out.count("\n") == 6  # a reply to every turn
+
+
+def test_chat_leaves_room_for_the_reply_and_reads_crlf_and_bad_lines(
+    model_dir, capsys, monkeypatch
+):
+    # Old turns were dropped only once the prompt filled the context, so replies near the limit
+    # were cut off mid-sentence by it; "\r\n" kept the "\r" in the message; a line that was not
+    # UTF-8 ended the session with an error about a position in the rendered prompt.
+    from brisklm.llm import LLM
+
+    calls = []
+    stream_chat = LLM.stream_chat
+
+    def recording(self, messages, params=None, **kwargs):
+        calls.append((len(self.chat_prompt_ids(messages)), params.max_tokens, messages[-1]))
+        return stream_chat(self, messages, params, **kwargs)
+
+    monkeypatch.setattr(LLM, "stream_chat", recording)
+    turns = "".join(f"Tell me about the number {n} please\r\n" for n in range(6))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(turns + "Hi \udcff there\nBye\n"))
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "12"]
+    code = main([*argv, "--max-seq-len", "64"])
+    captured = capsys.readouterr()
+    assert code == 1 and len(calls) == 7
+    assert all(length + 12 <= 64 for length, _, _ in calls), calls
+    assert all("\r" not in message["content"] for _, _, message in calls)
+    assert "brisklm: error: this line is not UTF-8 text (column 4); it got no reply" in captured.err
+    assert calls[-1][2]["content"] == "Bye"
 
 
 def test_chat_at_a_terminal_ends_with_0_after_refusing_a_line(model_dir, capsys, monkeypatch):
@@ -382,6 +410,91 @@ def test_a_json_schema_file_with_bad_json_is_named_as_such(model_dir, capsys, tm
     assert code == 1 and err.count("\n") == 1
     assert f"--json-schema file {str(schema)!r} is not valid JSON: " in err
     assert "at line 2, column 1" in err  # it used to say "neither a file nor valid JSON"
+
+
+def _pipe_holding(text: str) -> str:
+    """A /dev/fd path to a pipe holding ``text``, as a shell's <(...) gives: no regular file."""
+    read, write = os.pipe()
+    os.write(write, text.encode("utf-8"))
+    os.close(write)
+    return f"/dev/fd/{read}"
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="no /dev/fd")
+def test_schemas_grammars_and_calibration_text_may_come_from_pipes(model_dir, capsys):
+    # <(...) and /dev/stdin were "file ... does not exist" (grammar, calibration) or "neither a
+    # file nor valid JSON text" (schema): only regular files were read.
+    from brisklm.quant.calibration import read_calibration_samples
+
+    argv = ["generate", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "3"]
+    schema = _pipe_holding('{"type": "string", "enum": ["yes", "no"]}')
+    assert main([*argv, "--json-schema", schema, "x"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert '"yes"'.startswith(out) or '"no"'.startswith(out), out
+    grammar = _pipe_holding('start: "ok"\n')
+    assert main([*argv, "--grammar", grammar, "x"]) == 0
+    assert capsys.readouterr().out.startswith("ok")
+    assert read_calibration_samples(_pipe_holding("one\n\ntwo\n")) == ["one", "two"]
+
+
+def _broken_copy(model_dir, directory, file: str, text: str):
+    shutil.copytree(model_dir, directory)
+    (directory / file).write_text(text)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "message"),
+    [
+        # Tracebacks: the tokenizers library's bare Exception, a template's ZeroDivisionError,
+        # jinja's OverflowError for range() past 100,000.
+        ("tokenizer.json", "{}", "tokenizer.json: not a tokenizer the tokenizers library can load"),
+        ("chat_template.jinja", "{{ 1 // 0 }}", "the chat template failed on these messages (Zero"),
+        ("chat_template.jinja", "{% for i in range(10**6) %}{% endfor %}", "(OverflowError: "),
+        # Reported as "unsupported quantization: .../config.json: not valid JSON".
+        ("config.json", "[]", "config.json: expected a JSON object"),
+    ],
+)
+def test_broken_checkpoint_files_are_one_line_errors(
+    model_dir, tmp_path, capsys, monkeypatch, file, text, message
+):
+    broken = _broken_copy(model_dir, tmp_path / "broken", file, text)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    assert main(["chat", "--model", str(broken), "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("brisklm: error: ") and err.count("\n") == 1
+    assert message in err and "unsupported quantization" not in err
+
+
+def test_closed_standard_streams_and_text_flags_that_are_not_utf8(model_dir, capsys, monkeypatch):
+    # A closed stdin/stdout (`<&-`, `>&-`) was an AttributeError traceback; a --choice with bytes
+    # that are not UTF-8 an llguidance message about lone surrogates.
+    argv = ["--model", str(model_dir), "--max-tokens", "2"]
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main(["chat", *argv]) == 1
+    assert "stdin is closed: chat reads the messages from it" in capsys.readouterr().err
+    assert main(["generate", *argv, "-"]) == 1
+    assert "stdin is closed: `generate -` reads the prompt from it" in capsys.readouterr().err
+    assert main(["generate", *argv, "--choice", "yes", "--choice", "n\udcffo", "x"]) == 1
+    assert "--choice 'n\\udcffo' is not UTF-8 text (column 2)" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["generate", *argv, "x"]) == 1
+    assert "stdout is closed" in capsys.readouterr().err
+
+
+def test_a_model_without_a_chat_template_names_what_the_cli_can_do(
+    model_dir, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    plain = tmp_path / "plain"
+    shutil.copytree(model_dir, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["chat", "--model", str(plain)]) == 1
+    err = capsys.readouterr().err
+    assert "has no chat template" in err and "use `brisklm generate` instead" in err
+    assert "chat_template=" not in err  # the API's keyword, which the CLI has no flag for
 
 
 def test_a_json_schema_directory_is_named_as_such(model_dir, capsys, tmp_path):

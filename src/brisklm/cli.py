@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -200,7 +201,9 @@ def _json_schema(value: str) -> Any:
     """--json-schema's value: a file holding JSON, or the JSON text itself."""
     path = Path(value)
     try:  # "" is no path (Path("") is the current directory)
-        is_file, is_dir = (path.is_file(), path.is_dir()) if value else (False, False)
+        # Not is_file(): a pipe (<(...), /dev/stdin) is read too.
+        is_dir = path.is_dir() if value else False
+        is_file = not is_dir and path.exists() if value else False
     except OSError:  # not a name the system takes: JSON text longer than a file name can be
         is_file = is_dir = False
     if is_dir:
@@ -226,6 +229,9 @@ def _json_schema(value: str) -> Any:
 
 
 def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The constraint flags' SamplingParams options, their files read once (a pipe reads once)."""
+    if hasattr(args, "constraint_options"):
+        return args.constraint_options
     options: dict[str, Any] = {}
     if args.json_schema is not None:  # an empty value is an error below, not "no schema"
         options["json_schema"] = _json_schema(args.json_schema)
@@ -237,7 +243,7 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
         options["choice"] = args.choice
     if args.grammar is not None:
         path = Path(args.grammar)
-        if not path.is_file():
+        if path.is_dir() or not path.exists():  # a pipe (<(...), /dev/stdin) is read too
             what = "is a directory" if path.is_dir() else "does not exist"
             raise CliError(f"--grammar file {args.grammar!r} {what}")
         try:
@@ -247,6 +253,7 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
                 f"--grammar file {args.grammar!r} is not UTF-8 text ({exc.reason})"
             ) from None
         options["grammar_syntax"] = "gbnf" if path.suffix == ".gbnf" else "lark"
+    args.constraint_options = options
     return options
 
 
@@ -291,6 +298,8 @@ def _load(args: argparse.Namespace) -> Any:
 def _read_stdin_prompt() -> str:
     """stdin's text without its final line break: `echo "Once upon a time" | brisklm generate -`
     continues the sentence, not a new line after it."""
+    if sys.stdin is None:  # `brisklm generate - <&-`
+        raise CliError("stdin is closed: `generate -` reads the prompt from it")
     text = sys.stdin.read()
     for ending in ("\r\n", "\n"):
         if text.endswith(ending):
@@ -323,8 +332,13 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _run_chat(args: argparse.Namespace) -> int:
+    if sys.stdin is None:  # `brisklm chat <&-`
+        raise CliError("stdin is closed: chat reads the messages from it")
     _sampling_params(args)
     llm = _load(args)
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # A line that is not UTF-8 is refused alone; strict decoding would end the session.
+        sys.stdin.reconfigure(errors="surrogateescape")
     params = _sampling_params(args, llm.sampling_defaults)
     interactive = sys.stdin.isatty()
     messages: list[dict[str, str]] = []
@@ -343,7 +357,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     if interactive:
         print(
             "Chatting with",
-            llm.model_path.name,
+            llm.model_path.resolve().name,  # `--model .` has no name of its own
             "- /reset clears the history, /exit or Ctrl-D quits.",
         )
     while True:
@@ -353,8 +367,16 @@ def _run_chat(args: argparse.Namespace) -> int:
         line = sys.stdin.readline()
         if not line:
             break
-        user = line.rstrip("\n")
+        user = line.removesuffix("\n").removesuffix("\r")  # "\r\n" from Windows tools too
         if not user.strip():
+            continue
+        bad = _undecodable_column(user)
+        if bad:
+            refused += 1
+            print(
+                f"brisklm: error: this line is not UTF-8 text (column {bad}); it got no reply",
+                file=sys.stderr,
+            )
             continue
         if user.strip() == "/exit":
             break
@@ -362,7 +384,7 @@ def _run_chat(args: argparse.Namespace) -> int:
             messages = messages[:1] if args.system else []
             continue
         messages.append({"role": "user", "content": user})
-        if not _fit_history(llm, messages, 1 if args.system else 0):
+        if not _fit_history(llm, messages, 1 if args.system else 0, params.max_tokens):
             messages.pop()
             refused += 1
             print(
@@ -381,24 +403,44 @@ def _run_chat(args: argparse.Namespace) -> int:
     if refused and not interactive:
         # A script reading the replies must learn that some are missing; typed at a terminal,
         # each refusal was seen as it happened.
-        print(
-            f"brisklm: error: {refused} message(s) did not fit the context and got no reply",
-            file=sys.stderr,
-        )
+        print(f"brisklm: error: {refused} message(s) got no reply", file=sys.stderr)
         return 1
     return 0
 
 
-def _fit_history(llm: Any, messages: list[dict[str, str]], keep: int) -> bool:
-    """Drop the oldest turns (after the first ``keep`` messages) until the chat fits the context
-    with room for a reply; False if the newest message alone does not fit."""
+def _check_text_flags(args: argparse.Namespace) -> None:
+    """Refuse flags of text (not paths: file names need not be UTF-8) holding bytes that are not
+    UTF-8, naming the flag (llguidance's message for a --choice spoke of lone surrogates)."""
+    for name in ("stop", "choice", "regex", "system"):
+        value = getattr(args, name, None)
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and (column := _undecodable_column(text)):
+                raise CliError(f"--{name} {text!r} is not UTF-8 text (column {column})")
+
+
+def _undecodable_column(line: str) -> int:
+    """The 1-based column of the first byte in ``line`` that was not UTF-8 (stdin reads such
+    bytes as surrogates), or 0."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start + 1
+    return 0
+
+
+def _fit_history(llm: Any, messages: list[dict[str, str]], keep: int, reply_room: int) -> bool:
+    """Drop the oldest turns (after the first ``keep`` messages) until the chat leaves room for
+    a reply of ``reply_room`` tokens (replies were cut off mid-sentence by the context otherwise);
+    the newest message alone may leave less. False if it leaves none."""
     dropped = 0
-    while len(llm.chat_prompt_ids(messages)) >= llm.max_seq_len:
+    while (length := len(llm.chat_prompt_ids(messages))) + reply_room > llm.max_seq_len:
         # The oldest turn whole: its user message and the reply, up to the next user message
         # (templates that need alternating roles refuse a history starting with a reply).
         end = next((i for i in range(keep + 1, len(messages)) if messages[i]["role"] == "user"), 0)
-        if not end:
-            return False  # only the newest message is left
+        if not end:  # only the newest message is left
+            if length < llm.max_seq_len:
+                break
+            return False
         del messages[keep:end]
         dropped += end - keep
     if dropped:
@@ -463,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
+        if sys.stdout is None:  # `brisklm ... >&-`
+            raise CliError("stdout is closed: brisklm writes its output there")
+        _check_text_flags(args)
         _import_engine()
         code = handlers[args.command](args)
         # What is still buffered (the last newline: a pipe's stdout is not line-buffered) goes
@@ -499,7 +544,18 @@ _QUANTIZE_FLAGS = {
     "seq_len": "--seq-len",
     "batch_size": "--batch-size",
     "group_size": "--group-size",
+    "act_order": "--act-order",
 }
+
+
+# Advice in the API's terms an error may end with, in the CLI's.
+_API_WORDS = (
+    ("raise max_seq_len", "raise --max-seq-len"),
+    ("pass chat_template=... or use plain text prompts", "use `brisklm generate` instead"),
+    ("; pass chat_template=<name>", " (the CLI renders with 'default')"),
+    ("use method 'gptq'", "use --method gptq"),
+    ("pass draft=", "pass --draft"),
+)
 
 
 def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
@@ -518,10 +574,11 @@ def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
     name, equals, value = name.partition("=")
     flags = _QUANTIZE_FLAGS if getattr(args, "command", None) == "quantize" else _ENGINE_FLAGS
     flag = flags.get(name)
-    if flag is None:
-        return message.replace("raise max_seq_len", "raise --max-seq-len")
-    rest = rest.replace("pass draft=", "pass --draft")
-    return f"{flag}{' ' if equals else ''}{value} {rest}"
+    if flag is not None:
+        message = f"{flag}{' ' if equals else ''}{value} {rest}"
+    for api, cli in _API_WORDS:
+        message = message.replace(api, cli)
+    return message
 
 
 if __name__ == "__main__":

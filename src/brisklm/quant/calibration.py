@@ -33,7 +33,7 @@ def read_calibration_samples(path: str | Path | None = None) -> list[str]:
             f"calibration file {str(source)!r} is a directory: pass a text file (samples "
             "separated by blank lines)"
         )
-    if not source.is_file():
+    if not source.exists():  # not is_file(): a pipe (<(...), /dev/stdin) is read too
         raise FileNotFoundError(f"calibration file {str(source)!r} does not exist")
     try:
         text = source.read_text(encoding="utf-8")
