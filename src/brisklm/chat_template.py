@@ -293,9 +293,10 @@ def render_chat_template(
         )
     except jinja2.TemplateError as error:
         raise ChatTemplateError(f"the chat template raised an error: {error}") from error
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+    except Exception as error:
         # Python errors inside the template: values of a type it does not handle (e.g. content
-        # blocks for a template that concatenates strings).
+        # blocks for a template that concatenates strings), a division by zero, jinja's sandbox
+        # refusing range() past 100,000 (OverflowError).
         raise ChatTemplateError(
             f"the chat template failed on these messages ({type(error).__name__}: {error}); "
             "check the types of the message fields and tools it reads"

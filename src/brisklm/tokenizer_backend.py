@@ -390,7 +390,12 @@ def load_backend(directory: Path) -> BackendSpec:
         )
         backend.post_processor = _file_post_processor(tokenizer_json)
     elif tokenizer_class not in LLAMA_CLASSES:
-        backend = BackendTokenizer.from_str(json_text)
+        try:
+            backend = BackendTokenizer.from_str(json_text)
+        except Exception as error:  # the tokenizers library raises a bare Exception
+            raise ValueError(
+                f"{json_path}: not a tokenizer the tokenizers library can load ({error})"
+            ) from None
     else:
         post_processor = None
         if tokenizer_json is not None:

@@ -70,6 +70,12 @@ def test_compiled_grammar_facts(bpe_compiler: GrammarCompiler, bpe_tokenizer: An
         ({"$ref": "#/$defs/missing"}, "does not exist"),
         (False, "accepts no instance"),
         ({"type": "string", "pattern": "a("}, "unclosed group"),
+        # The reason was on the message's fourth line, which the CLI (one line) dropped.
+        (
+            {"type": "string", "pattern": "[a-"},
+            r"^invalid JSON schema: pattern '\[a-' is not a valid regex: unclosed character class$",
+        ),
+        ({"type": "string", "pattern": "a{5,2}"}, r"'a\{5,2\}' is not a valid regex: invalid rep"),
     ],
 )
 def test_invalid_json_schema(bpe_compiler: GrammarCompiler, schema: Any, message: str) -> None:

@@ -386,7 +386,11 @@ def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys):
     assert "calibrated on 4 x 32 tokens" in capsys.readouterr().out
     assert GPTQConfig.from_pretrained(gptq_out).lm_head is True
     for bad, message in [
-        (["--method", "rtn", "--act-order"], "act_order needs calibration"),
+        # It named the API's options (act_order, method 'gptq').
+        (
+            ["--method", "rtn", "--act-order"],
+            "--act-order needs calibration data: use --method gptq",
+        ),
         (["--group-size", "48"], "--group-size 48 is not supported"),
         (["--damp", "2"], "--damp must be in (0, 1), got 2.0"),  # was damp_percent
         (["--num-samples", "0"], "--num-samples must be >= 1"),

@@ -68,8 +68,22 @@ def _json_schema_error(message: str) -> ConstraintError:
     if message.startswith("Unknown format"):
         fmt = message.removeprefix("Unknown format:").strip()
         return ConstraintError(f"JSON schema format {fmt!r} cannot be enforced")
-    # No line/column for bad patterns: they would point into the rewritten (Rust) pattern.
+    if message.startswith("regex parse error:"):
+        # "regex parse error:\n    PATTERN\n    ^^^\nerror: REASON": the CLI shows one line. No
+        # column: it would point into the rewritten (Rust) pattern.
+        lines = message.splitlines()
+        pattern = lines[1].strip() if len(lines) > 1 else ""
+        return ConstraintError(
+            f"invalid JSON schema: pattern {pattern!r} is not a valid regex: "
+            f"{_regex_reason(message)}"
+        )
     return ConstraintError(f"invalid or unsupported JSON schema: {message}")
+
+
+def _regex_reason(message: str, start: int = 0) -> str:
+    """The reason line ("error: ...") of a regex parse error at or after ``start``."""
+    reasons = [ln for ln in message[start:].splitlines() if ln.startswith("error:")]
+    return reasons[0].removeprefix("error:").strip() if reasons else message
 
 
 def check_json_schema_grammar(grammar: str) -> None:
@@ -134,10 +148,7 @@ def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
         caret = _REGEX_CARET.search(message)
         if caret:
             column = len(caret.group("caret")) + 1
-            error_lines = [
-                ln for ln in message[caret.end() :].splitlines() if ln.startswith("error:")
-            ]
-            error = error_lines[0].removeprefix("error:").strip() if error_lines else message
+            error = _regex_reason(message, caret.end())
             return ConstraintError(
                 f"invalid regex at line 1, column {column}: {error}", line=1, column=column
             )

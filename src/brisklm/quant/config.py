@@ -295,13 +295,17 @@ def _informational_float(
     return number
 
 
+class UnreadableConfigError(ValueError):
+    """A config file that is not a JSON object: the checkpoint is broken, not its quantization."""
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+        raise UnreadableConfigError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+        raise UnreadableConfigError(f"{path}: expected a JSON object")
     return data
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from brisklm.models.layers import Linear, LinearFactory, dense_linear
 from brisklm.models.llama import PACKED_MODULES
 
-from .config import GPTQConfig
+from .config import GPTQConfig, UnreadableConfigError
 from .merged_linear import GPTQMergedLinear
 
 
@@ -94,6 +94,8 @@ def linear_factory_for(
     """
     try:
         quant = GPTQConfig.from_pretrained(model_dir)
+    except UnreadableConfigError:
+        raise
     except ValueError as exc:
         raise ValueError(f"{model_dir}: unsupported quantization: {exc}") from None
     if quant is None:
