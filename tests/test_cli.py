@@ -351,6 +351,25 @@ def test_chat_leaves_room_for_the_reply_and_reads_crlf_and_bad_lines(
     assert calls[-1][2]["content"] == "Bye"
 
 
+def test_a_refused_line_leaves_the_history_as_it_was(model_dir, capsys, monkeypatch):
+    # The turns before a message too long for the context were dropped while trying to fit it.
+    from brisklm.llm import LLM
+
+    histories = []
+    stream_chat = LLM.stream_chat
+
+    def recording(self, messages, params=None, **kwargs):
+        histories.append([m["content"] for m in messages if m["role"] == "user"])
+        return stream_chat(self, messages, params, **kwargs)
+
+    monkeypatch.setattr(LLM, "stream_chat", recording)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n" + "word " * 80 + "\nBye\n"))
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "4"]
+    assert main([*argv, "--max-seq-len", "64"]) == 1
+    assert histories == [["Hi"], ["Hi", "Bye"]]
+    assert "dropped" not in capsys.readouterr().err
+
+
 def test_chat_at_a_terminal_ends_with_0_after_refusing_a_line(model_dir, capsys, monkeypatch):
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -616,6 +616,10 @@ def test_an_invalid_byte_after_a_prompt_ending_in_byte_pieces_is_one_replacement
         prompt = spm.encode("Say") + _byte_piece_ids(spm, tail)
         for output in (lead, lead + spm.encode(" ok", add_special_tokens=False), lead * 3):
             assert "".join(_stream(spm, output, prompt=prompt)) == spm.decode(output)
+    # A prompt of byte pieces alone keeps them as context: without, " done" lost its space.
+    done = spm.encode(" done", add_special_tokens=False)
+    for prompt in ([spm.bos_token_id, *_byte_piece_ids(spm, "\n")], _byte_piece_ids(spm, "☃")):
+        assert "".join(_stream(spm, done, prompt=prompt)) == " done"
 
 
 def test_first_token_keeps_its_space_after_a_prompt_ending_in_byte_pieces(loaded) -> None:

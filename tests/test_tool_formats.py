@@ -94,6 +94,7 @@ def test_detection_from_the_template() -> None:
     assert detect_tool_call_format("{{ '<tool_call>' }}", tags) == HERMES
     special = detect_tool_call_format("{{ '<tool_call>' }}", tags, {5, 6})
     assert special == ToolCallFormat("hermes", 5, end_token_id=6) and special.keeps_special_tokens
+    assert (HERMES.tag, special.tag) == (None, "<tool_call>")  # a tag only where it is a token
     # A tag the vocabulary lacks: the format still parses, but decoding has nothing to keep.
     assert not detect_tool_call_format(MISTRAL_TEMPLATE, lambda _: None).keeps_special_tokens
     with pytest.raises(ValueError, match="unknown tool-call format 'json'"):

@@ -430,19 +430,23 @@ def _undecodable_column(line: str) -> int:
 
 def _fit_history(llm: Any, messages: list[dict[str, str]], keep: int, reply_room: int) -> bool:
     """Drop the oldest turns (after the first ``keep`` messages) until the chat leaves room for
-    a reply of ``reply_room`` tokens (replies were cut off mid-sentence by the context otherwise);
-    the newest message alone may leave less. False if it leaves none."""
+    a reply of ``reply_room`` tokens, at most half the context (replies were cut off
+    mid-sentence by the context otherwise); the newest message alone may leave less. False,
+    with the history as it was, if it leaves none."""
+    reply_room = min(reply_room, llm.max_seq_len // 2)
+    fitted = list(messages)
     dropped = 0
-    while (length := len(llm.chat_prompt_ids(messages))) + reply_room > llm.max_seq_len:
+    while (length := len(llm.chat_prompt_ids(fitted))) + reply_room > llm.max_seq_len:
         # The oldest turn whole: its user message and the reply, up to the next user message
         # (templates that need alternating roles refuse a history starting with a reply).
-        end = next((i for i in range(keep + 1, len(messages)) if messages[i]["role"] == "user"), 0)
+        end = next((i for i in range(keep + 1, len(fitted)) if fitted[i]["role"] == "user"), 0)
         if not end:  # only the newest message is left
             if length < llm.max_seq_len:
                 break
             return False
-        del messages[keep:end]
+        del fitted[keep:end]
         dropped += end - keep
+    messages[:] = fitted
     if dropped:
         print(
             f"brisklm: the history outgrew the context: dropped {dropped} oldest message(s)",

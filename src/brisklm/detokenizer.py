@@ -76,14 +76,14 @@ class IncrementalDetokenizer:
         an invalid byte turned the prompt's last character ("\n" as <0x0A> in Llama 2 and Mistral
         chat prompts) into U+FFFD output too. A window that starts inside a UTF-8 sequence of byte
         pieces decodes to U+FFFD, so the start moves back (at most three bytes) to the piece
-        holding the character's first byte. A prompt of byte pieces alone leaves no context, and
-        then the sentencepiece decoder strips the first generated token's leading space, as
-        ``decode`` of the output does.
+        holding the character's first byte. A prompt of byte pieces alone keeps them: without
+        context the sentencepiece decoder would strip the first generated token's leading space
+        (every word's), which matters more than an invalid first byte's U+FFFDs.
         """
         end = len(ids)
         while end and ids[end - 1] in self._byte_ids:
             end -= 1
-        ids = ids[:end]
+        ids = ids[:end] if end else ids
         start = max(0, len(ids) - self.PROMPT_CONTEXT_TOKENS)
         for _ in range(3):
             if start == 0 or not self._is_continuation_byte(ids[start]):

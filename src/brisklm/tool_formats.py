@@ -74,9 +74,11 @@ class ToolCallFormat:
             )
 
     @property
-    def tag(self) -> str:
-        """The token that opens the calls (for hermes usually plain text, not a token)."""
-        return {"llama3_json": LLAMA_TAG, "mistral": MISTRAL_TAG}.get(self.name, TOOL_CALL_START)
+    def tag(self) -> str | None:
+        """The special token that opens the calls (None for hermes when its tags are plain text)."""
+        if self.name == "hermes":
+            return TOOL_CALL_START if self.tag_token_id is not None else None
+        return {"llama3_json": LLAMA_TAG, "mistral": MISTRAL_TAG}[self.name]
 
     @property
     def keeps_special_tokens(self) -> bool:

@@ -73,9 +73,10 @@ def test_compiled_grammar_facts(bpe_compiler: GrammarCompiler, bpe_tokenizer: An
         # The reason was on the message's fourth line, which the CLI (one line) dropped.
         (
             {"type": "string", "pattern": "[a-"},
-            r"^invalid JSON schema: pattern '\[a-' is not a valid regex: unclosed character class$",
+            r"^invalid or unsupported JSON schema: a pattern cannot be read as a regex: "
+            r"unclosed character class$",
         ),
-        ({"type": "string", "pattern": "a{5,2}"}, r"'a\{5,2\}' is not a valid regex: invalid rep"),
+        ({"type": "string", "pattern": "a{5,2}"}, r"a regex: invalid repetition count range"),
     ],
 )
 def test_invalid_json_schema(bpe_compiler: GrammarCompiler, schema: Any, message: str) -> None:

@@ -129,17 +129,26 @@ def test_a_tokenizer_larger_than_the_models_vocabulary(tmp_path, caplog):
     (directory / "generation_config.json").write_text(json.dumps(generation))
     with LLM.from_pretrained(directory, max_batch_size=2, show_progress=False) as llm:
         text = "Zürich 東京 naïve café"
-        assert max(llm.tokenizer.encode(text)) >= 300
-        with pytest.raises(
-            ValueError,
-            match=r"prompt 1 of 2: prompt token ids must be in \[0, 300\) \(the tokenizer has "
-            r"tokens the model's embedding lacks\); got \[3",
-        ):
-            llm.generate([[5, 6, 7], text], GREEDY)
-        sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=4, min_tokens=2)
-        outputs = llm.generate([[5, 6, 7], [8, 9]], [sampled, GREEDY])
-        assert len(outputs[0].token_ids) >= 2 and len(outputs[1].token_ids) == 4
+        _check_small_vocabulary(llm, text)
     assert "eos token id 350 is past the model's vocabulary of 300" in caplog.text
+    # With a draft model too: its proposals were sampled against the unfiltered eos ids.
+    with LLM.from_pretrained(
+        directory, max_batch_size=2, draft=directory, show_progress=False
+    ) as llm:
+        _check_small_vocabulary(llm, text)
+
+
+def _check_small_vocabulary(llm: LLM, text: str) -> None:
+    assert max(llm.tokenizer.encode(text)) >= 300
+    with pytest.raises(
+        ValueError,
+        match=r"prompt 1 of 2: prompt token ids must be in \[0, 300\) \(the tokenizer has "
+        r"tokens the model's embedding lacks\); got \[3",
+    ):
+        llm.generate([[5, 6, 7], text], GREEDY)
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=4, min_tokens=2)
+    outputs = llm.generate([[5, 6, 7], [8, 9]], [sampled, GREEDY])
+    assert len(outputs[0].token_ids) >= 2 and len(outputs[1].token_ids) == 4
 
 
 def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_refused_before_allocating(tiny_dir):

@@ -69,12 +69,10 @@ def _json_schema_error(message: str) -> ConstraintError:
         fmt = message.removeprefix("Unknown format:").strip()
         return ConstraintError(f"JSON schema format {fmt!r} cannot be enforced")
     if message.startswith("regex parse error:"):
-        # "regex parse error:\n    PATTERN\n    ^^^\nerror: REASON": the CLI shows one line. No
-        # column: it would point into the rewritten (Rust) pattern.
-        lines = message.splitlines()
-        pattern = lines[1].strip() if len(lines) > 1 else ""
+        # "regex parse error:\n    PATTERN\n    ^^^\nerror: REASON": the CLI shows one line. Not
+        # the pattern or a column: llguidance quotes its rewriting (\d as [0-9]).
         return ConstraintError(
-            f"invalid JSON schema: pattern {pattern!r} is not a valid regex: "
+            f"invalid or unsupported JSON schema: a pattern cannot be read as a regex: "
             f"{_regex_reason(message)}"
         )
     return ConstraintError(f"invalid or unsupported JSON schema: {message}")

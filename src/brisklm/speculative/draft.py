@@ -173,9 +173,9 @@ class DraftModelProposer:
         self.num_real_tokens = min(self.vocab_size, draft_config.vocab_size)
         if tokenizer is not None:
             self.num_real_tokens = min(self.num_real_tokens, tokenizer.vocab_size)
-            self.eos_token_ids: tuple[int, ...] = tuple(tokenizer.eos_token_ids)
-        else:
-            self.eos_token_ids = tuple(draft_config.eos_token_ids)
+        eos = tokenizer.eos_token_ids if tokenizer is not None else draft_config.eos_token_ids
+        # An eos past the vocabulary masks nothing (the engine drops it too, with a warning).
+        self.eos_token_ids: tuple[int, ...] = tuple(t for t in eos if t < self.num_real_tokens)
         self._slots: list[_SlotState | None] = [None] * num_slots
 
     # ----------------------------------------------------------------- slot bookkeeping
