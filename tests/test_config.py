@@ -94,6 +94,9 @@ def test_mistral_sliding_window_all_layers():
         ({"vocab_size": None}, "required field 'vocab_size' is null: it must be an integer"),
         ({"intermediate_size": None}, "required field 'intermediate_size' is null"),
         ({"hidden_size": "64x"}, "field 'hidden_size' must be an integer, got '64x'"),
+        # 16.5 was read as 16; a string eos list loaded as strings.
+        ({"head_dim": 16.5}, "field 'head_dim' must be an integer, got 16.5"),
+        ({"eos_token_id": ["</s>"]}, "'eos_token_id' must be a token id or a list of token ids"),
         # These loaded, then every request failed (ZeroDivisionError, math domain error)
         (
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0, "factor": 2.0}},

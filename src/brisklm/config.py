@@ -240,7 +240,8 @@ class ModelConfig:
         intermediate_size = _int_field(raw, "intermediate_size")
         vocab_size = _int_field(raw, "vocab_size")
         num_kv_heads = _int_field(raw, "num_key_value_heads", num_heads)
-        head_dim = raw.get("head_dim") or hidden_size // num_heads
+        # 0 or null: derived, as transformers does; 16.5 was read as 16.
+        head_dim = _int_field(raw, "head_dim", 0) or hidden_size // num_heads
         max_positions = _int_field(raw, "max_position_embeddings", _DEFAULT_MAX_POSITIONS[family])
         windows = _sliding_windows(raw, family, num_layers)
         if family == "qwen2":
@@ -249,7 +250,12 @@ class ModelConfig:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
         eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in eos_ids):
+            raise ValueError(
+                f"config.json's field 'eos_token_id' must be a token id or a list of token ids, "
+                f"got {eos!r}"
+            )
         quant = raw.get("quantization_config")
         return cls(
             architecture=architecture,
@@ -259,7 +265,7 @@ class ModelConfig:
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=int(head_dim),
+            head_dim=head_dim,
             max_position_embeddings=max_positions,
             rms_norm_eps=float(_first_set(raw.get("rms_norm_eps"), 1e-6)),
             hidden_act=raw.get("hidden_act", "silu"),
