@@ -157,6 +157,17 @@ def test_prompt_too_long_is_an_error(model_dir, capsys):
     assert "raise --max-seq-len" in err  # the flag, not the Python keyword
 
 
+def test_generate_says_when_the_context_ended_the_output(model_dir, capsys):
+    # It stopped at the context with exit 0 and no word, --max-tokens far from reached.
+    argv = ["generate", "--model", str(model_dir), "--temperature", "0", "--ignore-eos"]
+    assert main([*argv, "--max-seq-len", "24", "--max-tokens", "100", "word " * 10]) == 0
+    err = capsys.readouterr().err
+    assert "brisklm: the context of 24 tokens ended the output after " in err
+    assert "of --max-tokens 100 (raise --max-seq-len for more)" in err
+    assert main([*argv, "--max-seq-len", "24", "--max-tokens", "3", "word"]) == 0
+    assert capsys.readouterr().err == ""  # --max-tokens reached: no notice
+
+
 def test_generate_with_constraints_and_draft(model_dir, capsys, tmp_path):
     code = main(
         [

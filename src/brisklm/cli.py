@@ -311,12 +311,20 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt = _read_stdin_prompt() if args.prompt == "-" else args.prompt
     _sampling_params(args)
     llm = _load(args)
-    request = llm.make_request(prompt, _sampling_params(args, llm.sampling_defaults))
+    params = _sampling_params(args, llm.sampling_defaults)
+    request = llm.make_request(prompt, params)
     for chunk in llm.stream_request(request):
         if chunk.text:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     sys.stdout.write("\n")
+    if request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens:
+        print(
+            f"brisklm: the context of {llm.max_seq_len} tokens ended the output after "
+            f"{request.usage.completion_tokens} of --max-tokens {params.max_tokens} "
+            "(raise --max-seq-len for more)",
+            file=sys.stderr,
+        )
     if args.usage:
         usage = request.usage
         report: dict[str, Any] = {
@@ -366,6 +374,8 @@ def _run_chat(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         line = sys.stdin.readline()
         if not line:
+            if interactive:  # Ctrl-D: the shell's prompt on a line of its own
+                sys.stdout.write("\n")
             break
         user = line.removesuffix("\n").removesuffix("\r")  # "\r\n" from Windows tools too
         if not user.strip():
