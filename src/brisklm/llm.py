@@ -210,6 +210,26 @@ def draft_schedule(draft: str | Path, num_speculative_tokens: int, draft_length:
     return schedule
 
 
+def check_draft_options(
+    draft: str | Path | None, num_speculative_tokens: int, draft_length: str | None
+) -> str | None:
+    """ValueError (FileNotFoundError for a missing directory) for speculative options
+    ``from_pretrained`` would refuse, checked before anything loads; the draft length schedule
+    they resolve to (None without a draft)."""
+    if draft is not None:
+        schedule = draft_schedule(draft, num_speculative_tokens, draft_length)
+        if str(draft) not in ("ngram", "default"):
+            checkpoint_directory(draft, "draft model")
+        return schedule
+    if draft_length is not None:
+        raise ValueError(
+            f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "
+            "model directory, 'default' or 'ngram')"
+        )
+    draft_schedule("ngram", num_speculative_tokens, None)  # unused, but a bad value is a mistake
+    return None
+
+
 def build_speculator(
     draft: str | Path,
     num_speculative_tokens: int,
@@ -328,17 +348,7 @@ class LLM:
         ):
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
         directory = checkpoint_directory(path if path is not None else default_model_path())
-        if draft is not None:  # checked before anything loads
-            draft_schedule(draft, num_speculative_tokens, draft_length)
-            if str(draft) not in ("ngram", "default"):
-                checkpoint_directory(draft, "draft model")
-        elif draft_length is not None:
-            raise ValueError(
-                f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "
-                "model directory, 'default' or 'ngram')"
-            )
-        else:  # unused without a draft, but a bad value is still a mistake to name
-            draft_schedule("ngram", num_speculative_tokens, None)
+        check_draft_options(draft, num_speculative_tokens, draft_length)
         config = EngineConfig(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,

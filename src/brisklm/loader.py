@@ -68,15 +68,22 @@ def resolve_kv_cache_dtype(
         raise ValueError(f"kv_cache_dtype: {error}") from None
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def check_device_name(device: str | torch.device) -> torch.device:
+    """The device a name means, ValueError unless it is a CPU or CUDA one (whether this machine
+    has CUDA is ``resolve_device``'s question)."""
     try:
         resolved = torch.device(device)
     except RuntimeError:
         raise ValueError(f"unsupported device {str(device)!r}; supported: cpu, cuda") from None
     if resolved.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {str(device)!r}; supported: cpu, cuda")
+    return resolved
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = check_device_name(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available")
     return resolved

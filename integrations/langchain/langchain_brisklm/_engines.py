@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from brisklm import LLM, Tokenizer, default_model_path
+from brisklm.config import ModelConfig
 from brisklm.engine.llm_engine import EngineConfig
+from brisklm.llm import check_draft_options
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
@@ -25,13 +27,14 @@ MODEL_ENV_VAR = "BRISKLM_MODEL"
 class EngineKey:
     """What makes two engines different: the checkpoint, where it runs, and the engine's limits.
 
-    The cache dtype and chunk size are stored resolved (the model's dtype, the device's default)."""
+    Settings are stored resolved (the model's dtype, the device's default chunk size, the
+    context the model's config gives, the draft's directory and its length schedule)."""
 
     path: str
     device: str
     dtype: str
     max_batch_size: int
-    max_seq_len: int | None
+    max_seq_len: int
     draft: str | None = None
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     draft_length: str | None = None
@@ -112,18 +115,19 @@ def get_engine(
     # Settings are keyed as the engine resolves them, so that ways of asking for the same engine
     # (None, "auto" or the model's own cache dtype; None or the device's chunk size) share one.
     cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, device_) or dtype_
-    chunk_size = EngineConfig(prefill_chunk_size=prefill_chunk_size).resolved_prefill_chunk_size(
-        device_
-    )
+    engine = EngineConfig(prefill_chunk_size=prefill_chunk_size, max_seq_len=max_seq_len)
+    chunk_size = engine.resolved_prefill_chunk_size(device_)
+    context = engine.resolved_max_seq_len(ModelConfig.from_pretrained(path).max_position_embeddings)
+    schedule = check_draft_options(draft, num_speculative_tokens, draft_length)
     key = EngineKey(
         path=str(path),
         device=str(device_),
         dtype=str(dtype_),
         max_batch_size=max_batch_size,
-        max_seq_len=max_seq_len,
-        draft=str(draft) if draft is not None else None,
+        max_seq_len=context,
+        draft=_draft_key(draft),
         num_speculative_tokens=num_speculative_tokens if draft is not None else 0,
-        draft_length=draft_length if draft is not None else None,
+        draft_length=schedule,
         kv_cache_dtype=str(cache_dtype),
         prefill_chunk_size=chunk_size,
     )
@@ -153,6 +157,14 @@ def get_engine(
             with _lock:
                 _engines[key] = llm
         return llm
+
+
+def _draft_key(draft: str | os.PathLike[str] | None) -> str | None:
+    """The draft as the engine resolves it: "default" is the bundled draft's directory."""
+    if draft is None or str(draft) == "ngram":
+        return None if draft is None else "ngram"
+    directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
+    return str(directory.expanduser().resolve())
 
 
 async def off_loop(prepare: Callable[..., T], *args: Any) -> T:

@@ -9,7 +9,8 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from brisklm import LLM, EngineConfig, SamplingParams
-from brisklm.loader import resolve_dtype, resolve_kv_cache_dtype
+from brisklm.llm import check_draft_options
+from brisklm.loader import check_device_name, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from langchain_brisklm._engines import (
     default_model,
@@ -112,14 +113,23 @@ class BriskSettings(BaseModel):
             prefill_chunk_size=self.prefill_chunk_size,
         )
         cpu = torch.device("cpu")  # names only: whether the device has CUDA is the engine's
+        if self.device not in (None, "auto"):
+            check_device_name(self.device)
         resolve_dtype(self.dtype, cpu)
         resolve_kv_cache_dtype(self.kv_cache_dtype, cpu)
+        # Checked here too: the shared engine for these settings may be loaded already, and then
+        # LLM.from_pretrained (which checks them) is not called.
+        check_draft_options(self.draft, self.num_speculative_tokens, self.draft_length)
         return self
 
     @property
     def model_name(self) -> str:
         """The model's name as reported in metadata and traces."""
         return model_display_name(self.model)
+
+    def _display_name(self, model: Any) -> str:
+        """The name of a call's model: its per-call ``model`` (str or Path), else this one's."""
+        return model_display_name(model) if model is not None else self.model_name
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -129,6 +139,11 @@ class BriskSettings(BaseModel):
             "dtype": self.dtype,
             "draft": self.draft,
             **{name: getattr(self, name) for name in SAMPLING_FIELDS if name != "logit_bias"},
+            # JSON-friendly (traces); in LangChain's cache key, so outputs under other biases,
+            # context sizes or cache precisions are not served for these.
+            "logit_bias": sorted(self.logit_bias.items()) if self.logit_bias else None,
+            "max_seq_len": self.max_seq_len,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "stop": self.stop,
         }
 

@@ -211,7 +211,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "brisklm"
         model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.model_name
+        params["ls_model_name"] = self._display_name(model)
         if "ls_stop" not in params and (stop or self.stop):
             params["ls_stop"] = stop or self.stop
         return params
@@ -267,7 +267,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         request = llm.make_request(prompt_ids, params)
-        name = model if isinstance(model, str) else self.model_name
+        name = self._display_name(model)
         return _Call(llm, request, parse_tools, name, tool_format)
 
     @staticmethod

@@ -83,7 +83,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "brisklm"
         model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.model_name
+        params["ls_model_name"] = self._display_name(model)
         return params
 
     def _requests(
@@ -100,7 +100,7 @@ class BriskLLM(BriskSettings, BaseLLM):
             with naming_prompt(index, len(prompts)) if len(prompts) > 1 else nullcontext():
                 params = self._sampling_params(llm, len(ids), stop, overrides, **constraint)
                 requests.append(llm.make_request(ids, params))
-        return llm, requests, model if isinstance(model, str) else self.model_name
+        return llm, requests, self._display_name(model)
 
     @staticmethod
     def _result(outputs: Sequence[Any], model_name: str) -> LLMResult:

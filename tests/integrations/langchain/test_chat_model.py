@@ -38,6 +38,70 @@ def test_construction_loads_nothing_and_engines_are_shared(tiny_chat_dir: Path) 
     assert other._engine() is models[0]._engine()
 
 
+def test_equivalent_settings_share_an_engine(tiny_chat_dir: Path) -> None:
+    # Each of these pairs loaded a second model and KV cache (and their requests did not batch).
+    import json
+
+    other_spelling = str(tiny_chat_dir / ".." / tiny_chat_dir.name)
+    settings = {**TINY_ENGINE, "max_batch_size": 2}
+    pairs = [
+        ({"draft": "ngram"}, {"draft": "ngram", "draft_length": "fixed"}),
+        ({"draft": str(tiny_chat_dir)}, {"draft": other_spelling, "draft_length": "adaptive"}),
+    ]
+    context = json.loads((tiny_chat_dir / "config.json").read_text())["max_position_embeddings"]
+    unset = {k: v for k, v in settings.items() if k != "max_seq_len"}
+    pairs.append(({**unset, "max_seq_len": None}, {**unset, "max_seq_len": min(context, 4096)}))
+    for first, second in pairs:
+        a = ChatBrisk(model=str(tiny_chat_dir), **{**settings, **first})
+        b = ChatBrisk(model=str(tiny_chat_dir), **{**settings, **second})
+        assert a._engine() is b._engine(), (first, second)
+    # A per-call model given as a Path is the one reported (it was the instance's).
+    called = ChatBrisk(model=str(tiny_chat_dir), **TINY_ENGINE).invoke(
+        "Hi", model=Path(other_spelling), max_tokens=1
+    )
+    assert called.response_metadata["model_name"] == other_spelling
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"device": "tpu"}, "unsupported device 'tpu'"),
+        ({"draft": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"num_speculative_tokens": -3}, "num_speculative_tokens"),
+        ({"draft": "ngram", "draft_length": "bogus"}, "bogus"),
+        ({"draft_length": "fixed"}, "draft_length='fixed' needs speculative decoding"),
+        ({"draft": "/nonexistent/draft"}, "draft model"),
+    ],
+)
+def test_engine_settings_are_checked_at_construction(settings: dict, message: str) -> None:
+    # These failed only at the first call, or not at all once an engine of the same key was
+    # loaded (the key ignores speculative settings without a draft).
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        ChatBrisk(**settings)
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        BriskLLM(**settings)
+
+
+def test_llm_cache_keys_hold_every_setting_that_changes_outputs(tiny_chat_dir: Path) -> None:
+    # BriskLLM's cache key left out logit_bias (and max_seq_len, kv_cache_dtype): with
+    # LangChain's LLM cache on, a biased instance got the unbiased one's cached text.
+    from langchain_core.caches import InMemoryCache
+    from langchain_core.globals import set_llm_cache
+
+    plain = BriskLLM(model=str(tiny_chat_dir), temperature=0, max_tokens=4, **TINY_ENGINE)
+    token = plain._engine().tokenizer.encode("#", add_special_tokens=False)[0]
+    biased = plain.model_copy(update={"logit_bias": {token: 100.0}})
+    set_llm_cache(InMemoryCache())
+    try:
+        first = plain.invoke("Hello")
+        assert biased.invoke("Hello") == "####" != first
+    finally:
+        set_llm_cache(None)
+    for name, value in [("max_seq_len", 512), ("kv_cache_dtype", "bfloat16")]:
+        other = plain.model_copy(update={name: value})
+        assert other._identifying_params != plain._identifying_params, name
+
+
 def test_tokens_are_counted_with_the_models_tokenizer(
     chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
