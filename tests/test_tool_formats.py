@@ -520,6 +520,18 @@ def test_hermes_tags_that_are_special_tokens(tmp_path) -> None:
         accepts = grammar_acceptor(llm)
         auto = tool_format.grammar([WEATHER], "auto")
         assert accepts(auto, "It is sunny.")
+        # The tag spelled out of other tokens (an unchecked call to the parser) is no text.
+        from brisklm.constrained import Grammar, GrammarCompiler
+
+        spelled = [
+            *llm.tokenizer.encode("Checking. <tool_", add_special_tokens=False),
+            *llm.tokenizer.encode(
+                'call>\n{"name": "f", "arguments": {}}', add_special_tokens=False
+            ),
+        ]
+        assert start not in spelled
+        matcher = GrammarCompiler(llm.tokenizer).compile(Grammar(auto)).matcher()
+        assert matcher.accept_tokens(spelled) < len(spelled)
         assert accepts(auto, "Checking.<tool_call>\n" + ('{"name": "get_weather", "arguments": '
                        '{"unit": "celsius"}}\n</tool_call>'))  # fmt: skip
         call = (
@@ -527,3 +539,22 @@ def test_hermes_tags_that_are_special_tokens(tmp_path) -> None:
         )
         required = tool_format.grammar([WEATHER], "required")
         assert accepts(required, call + "\n" + call) and not accepts(required, "It is sunny.")
+
+
+@pytest.mark.parametrize(
+    ("tool_format", "text"),
+    [
+        (MISTRAL, 'Sure. [TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "argu'),
+        (LLAMA, '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "param'),
+    ],
+)
+def test_chat_keeps_the_calls_before_a_cut(tool_format: ToolCallFormat, text: str) -> None:
+    # LLM.chat read such a reply as content, markup and all, with no calls (a Hermes reply, and
+    # LangChain's reading of every format, keep the calls complete before the cut).
+    from brisklm.outputs import GenerationOutput, Usage
+
+    output = GenerationOutput("r", None, [1], text, [2], "length", Usage(1, 1))
+    reply = LLM._chat_output(output, tool_format)
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("f", {"a": 1})]
+    assert reply.content == ("Sure." if tool_format is MISTRAL else "")
+    assert reply.finish_reason == "length"

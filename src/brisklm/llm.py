@@ -777,8 +777,16 @@ class LLM:
 
     @staticmethod
     def _chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
-        content, calls = format.parse(output.text) if format else (output.text, [])
-        cut = format is not None and format.ended_inside_call(output.text)
+        """The turn's content and calls. A Llama 3 / Mistral reply cut inside its calls
+        (``cut_calls``) keeps the calls complete before the cut and the content before the calls,
+        as a Hermes reply does (it was all content, markup included, and no calls)."""
+        cut_calls = format.cut_calls(output.text) if format else None
+        if cut_calls is not None:
+            content, calls, rest = cut_calls
+            cut = rest is not None
+        else:
+            content, calls = format.parse(output.text) if format else (output.text, [])
+            cut = format is not None and format.ended_inside_call(output.text)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
         return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
 

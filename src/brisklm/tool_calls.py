@@ -478,10 +478,11 @@ def tool_call_grammar(
     """
     check_tool_choice_mode(mode)
     lines = ["%llguidance {}"]
+    # Any text, minus the texts that contain the tag (regex and-not; the tag has no metacharacters).
+    text_without_calls = f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/"
     if mode == "none":
         lines.append("start: TEXT_WITHOUT_CALLS")
-        # Any text, minus the texts that contain the tag (regex and-not; the tag has no metacharacters).
-        lines.append(f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/")
+        lines.append(text_without_calls)
         return "\n".join(lines) + "\n"
     end = f"<[{end_token_id}]>" if end_token_id is not None else None
     rules = call_alternatives(
@@ -495,11 +496,14 @@ def tool_call_grammar(
     if start_token_id is not None:
         start = f"<[{start_token_id}]>"
         more = f' ("\\n" {start} call)*' if parallel else ""
-        # Text cannot produce a special token, so text and calls need no lazy split.
+        # Text cannot produce a special token, so text and calls need no lazy split; nor may it
+        # spell the tag out of other tokens (the parser would read an unchecked call there).
         lines.append(
-            f"start: TEXT ({start} call{more})?" if mode == "auto" else f"start: {start} call{more}"
+            f"start: TEXT_WITHOUT_CALLS ({start} call{more})?"
+            if mode == "auto"
+            else f"start: {start} call{more}"
         )
-        lines.append("TEXT: /(?s:.*)/")
+        lines.append(text_without_calls)
         lines.extend(rules)
         return "\n".join(lines) + "\n"
     more = f" ({lark_literal(chr(10) + TOOL_CALL_START)} call)*" if parallel else ""
