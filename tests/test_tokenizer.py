@@ -325,9 +325,15 @@ def test_missing_tokenizer_errors_name_directory_and_files(tmp_path: Path) -> No
 
 
 def _stream(
-    tokenizer: Tokenizer, ids: list[int], prompt: list[int] = (), skip: bool = True
+    tokenizer: Tokenizer,
+    ids: list[int],
+    prompt: list[int] = (),
+    skip: bool = True,
+    keep_first_space: bool = False,
 ) -> list[str]:
-    detokenizer = tokenizer.detokenizer(prompt, skip_special_tokens=skip)
+    detokenizer = tokenizer.detokenizer(
+        prompt, skip_special_tokens=skip, keep_first_space=keep_first_space
+    )
     deltas = [detokenizer.add(token_id) for token_id in ids]
     deltas.append(detokenizer.flush())
     assert detokenizer.text == "".join(deltas)
@@ -620,6 +626,18 @@ def test_an_invalid_byte_after_a_prompt_ending_in_byte_pieces_is_one_replacement
     done = spm.encode(" done", add_special_tokens=False)
     for prompt in ([spm.bos_token_id, *_byte_piece_ids(spm, "\n")], _byte_piece_ids(spm, "☃")):
         assert "".join(_stream(spm, done, prompt=prompt)) == " done"
+
+
+@pytest.mark.parametrize("kind", ["spm", "spm_legacy", "llama_hub_json", "bytelevel", "qwen2"])
+def test_keep_first_space_without_prompt_text(loaded, kind: str) -> None:
+    # A constrained request with no prompt text (an empty prompt, BOS alone): sentencepiece
+    # decoding stripped the first token's space, which the grammar had counted (" yes" -> "yes").
+    ours, _ = loaded[kind]
+    output = ours.encode(" no way", add_special_tokens=False)
+    for prompt in ([], [ours.bos_token_id] if ours.bos_token_id is not None else []):
+        plain = "".join(_stream(ours, output, prompt=prompt))
+        assert plain == ours.decode(output)
+        assert "".join(_stream(ours, output, prompt=prompt, keep_first_space=True)) == " no way"
 
 
 def test_first_token_keeps_its_space_after_a_prompt_ending_in_byte_pieces(loaded) -> None:

@@ -33,8 +33,9 @@ class IncrementalDetokenizer:
 
     Invariant: the concatenation of all deltas plus `flush()` equals
     `decode(prompt_ids + ids)[len(decode(prompt_ids)):]` for prompts that end on a complete character;
-    with an empty prompt that is exactly `decode(ids)`. With `skip_special_tokens` special tokens add no
-    text and do not break byte runs, as in `decode`.
+    with an empty prompt that is exactly `decode(ids)` (unless `keep_first_space`: then the first
+    token keeps the leading space sentencepiece decoding strips). With `skip_special_tokens` special
+    tokens add no text and do not break byte runs, as in `decode`.
     """
 
     PROMPT_CONTEXT_TOKENS = 6
@@ -42,7 +43,11 @@ class IncrementalDetokenizer:
     MAX_STALE_IDS = 256
 
     def __init__(
-        self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        keep_first_space: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
@@ -51,6 +56,11 @@ class IncrementalDetokenizer:
         self._ids: list[int] = self._prompt_context(
             [i for i in prompt_ids if i not in self._skipped_ids]
         )
+        if keep_first_space and not self._ids and tokenizer.context_token_id is not None:
+            # No prompt text to decode after (an empty prompt, or special tokens alone): an
+            # ordinary token stands in, so the first token keeps its leading space. Constrained
+            # requests ask for it: their grammar counted that space (" yes" came out "yes").
+            self._ids = [tokenizer.context_token_id]
         self.prefix_offset = 0
         self.read_offset = len(self._ids)
         self._prefix_text: str | None = None

@@ -462,7 +462,9 @@ class LLM:
             else frozenset(self.tokenizer.eos_token_ids),
             max_seq_len=self.max_seq_len,
             detokenizer=self.tokenizer.detokenizer(
-                ids, skip_special_tokens=params.skip_special_tokens
+                ids,
+                skip_special_tokens=params.skip_special_tokens,
+                keep_first_space=matcher is not None,  # the grammar counted it
             ),
             generator=make_generator(params, self.engine.device),
             draft_generator=make_draft_generator(params, self.engine.device)

@@ -190,6 +190,22 @@ class Tokenizer:
         )
 
     @cached_property
+    def context_token_id(self) -> int | None:
+        """An ordinary one-letter token ("a", ...) to put before text decoded without context:
+        sentencepiece decoders strip the leading space of the text's first token, which a
+        grammar (matching each token's bytes, '▁' as a space) counted. None if there is none."""
+        for letter in "abcdefghijklmnopqrstuvwxyz":
+            token_id = self._backend.token_to_id(letter)
+            if (
+                token_id is not None
+                and token_id not in self._added_token_ids
+                and token_id not in self.byte_fallback_ids
+                and self.decode([token_id]) == letter
+            ):
+                return token_id
+        return None
+
+    @cached_property
     def decodes_by_concatenation(self) -> bool:
         """Whether ``decode(ids)`` (special tokens skipped) is the UTF-8 decoding, invalid bytes
         replaced, of the ids' ``token_bytes`` joined: a byte-level BPE (the decoder is ByteLevel
@@ -311,10 +327,19 @@ class Tokenizer:
         )
 
     def detokenizer(
-        self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+        self,
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        keep_first_space: bool = False,
     ) -> IncrementalDetokenizer:
-        """A streaming decoder for the tokens generated after `prompt_ids`."""
-        return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens=skip_special_tokens)
+        """A streaming decoder for the tokens generated after `prompt_ids` (see
+        ``IncrementalDetokenizer`` for ``keep_first_space``)."""
+        return IncrementalDetokenizer(
+            self,
+            prompt_ids,
+            skip_special_tokens=skip_special_tokens,
+            keep_first_space=keep_first_space,
+        )
 
 
 def _byte_level_bytes(token: str, unicode_to_byte: Mapping[str, int]) -> bytes:

@@ -84,3 +84,34 @@ def test_added_non_special_tokens_stay_text(tmp_path):
     forced = matcher.compute_ff_tokens()
     assert forced[:1] == [tag]
     assert matcher.accept_tokens(forced) == len(forced)
+
+
+def test_constrained_output_keeps_its_leading_space_without_prompt_text(tmp_path):
+    # Sentencepiece decoding strips the first token's "▁", which the grammar counted as a space:
+    # with an empty prompt (or BOS alone), choice=[" yes", " no"] gave "no".
+    import sentencepiece
+
+    from brisklm import LLM, SamplingParams
+    from tests.hf_models import build_hf_model, save_hf_model
+
+    directory = build_sentencepiece(tmp_path / "spm")
+    size = sentencepiece.SentencePieceProcessor(
+        model_file=str(directory / "tokenizer.model")
+    ).vocab_size()
+    model = build_hf_model(
+        "llama", seed=0, vocab_size=size + 8, bos_token_id=1, eos_token_id=2, initializer_range=0.1
+    )
+    save_hf_model(model, directory)
+    with LLM.from_pretrained(directory, max_seq_len=64, show_progress=False) as llm:
+        spaced = {i: 8.0 for i in range(size) if llm.tokenizer.id_to_token(i).startswith("▁")}
+        for prompt in ("", [llm.tokenizer.bos_token_id], "Say:"):
+            for constraint, valid in (
+                ({"choice": [" yes", " no"]}, {" yes", " no"}.__contains__),
+                ({"regex": " [a-z]{2,8}"}, lambda t: t[0] == " " and t[1:].isalpha()),
+            ):
+                params = SamplingParams(
+                    temperature=0, max_tokens=12, logit_bias=spaced, **constraint
+                )
+                text = llm.generate(prompt, params).text
+                assert valid(text), (prompt, constraint, text)
+                assert "".join(llm.stream(prompt, params)) == text
