@@ -166,6 +166,9 @@ def test_generate_says_when_the_context_ended_the_output(model_dir, capsys):
     assert "of --max-tokens 100 (raise --max-seq-len for more)" in err
     assert main([*argv, "--max-seq-len", "24", "--max-tokens", "3", "word"]) == 0
     assert capsys.readouterr().err == ""  # --max-tokens reached: no notice
+    # With --usage stderr stays one JSON line (its finish_reason says it).
+    assert main([*argv, "--max-seq-len", "24", "--max-tokens", "100", "--usage", "word"]) == 0
+    assert json.loads(capsys.readouterr().err)["finish_reason"] == "length"
 
 
 def test_generate_with_constraints_and_draft(model_dir, capsys, tmp_path):

@@ -678,10 +678,10 @@ def test_model_type_decides_how_a_llama_tokenizer_json_is_read(loaded) -> None:
     assert as_is.id_to_token(as_is.encode(text, add_special_tokens=False)[1]).startswith("▁")
 
 
-@pytest.mark.parametrize("value", ["</s>", "41", [2, "x"], True, 2.0])
+@pytest.mark.parametrize("value", ["</s>", "41", [2, "x"], True, 2.5])
 def test_token_ids_in_the_generation_config_must_be_ids(tmp_path: Path, value: Any) -> None:
     # A string was read character by character: "41" became eos ids [4, 1], "</s>" failed with
-    # int()'s "invalid literal"; True was the id 1 and 2.0 "'float' object is not iterable".
+    # int()'s "invalid literal"; True was the id 1 and 2.5 "'float' object is not iterable".
     directory = build_byte_level_bpe(tmp_path / "tok")
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": value}))
     with pytest.raises(
@@ -690,3 +690,9 @@ def test_token_ids_in_the_generation_config_must_be_ids(tmp_path: Path, value: A
         rf"got {re.escape(repr(value))}",
     ):
         Tokenizer.from_pretrained(directory)
+
+
+def test_integral_float_token_ids_in_the_generation_config_are_ids(tmp_path: Path) -> None:
+    directory = build_byte_level_bpe(tmp_path / "tok")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2.0, 3]}))
+    assert Tokenizer.from_pretrained(directory).eos_token_ids[:2] == (2, 3)

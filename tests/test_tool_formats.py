@@ -558,3 +558,27 @@ def test_chat_keeps_the_calls_before_a_cut(tool_format: ToolCallFormat, text: st
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("f", {"a": 1})]
     assert reply.content == ("Sure." if tool_format is MISTRAL else "")
     assert reply.finish_reason == "length"
+    # Ended at eos, the same text is no cut: content, as parse reads it.
+    at_eos = LLM._chat_output(
+        GenerationOutput("r", None, [1], text, [2], "stop", Usage(1, 1)), tool_format
+    )
+    assert (at_eos.content, at_eos.tool_calls) == (text.strip(), [])
+
+
+@pytest.mark.parametrize("finish", [("stop", None), ("length", None), ("stop", "\n\n")])
+@pytest.mark.parametrize(
+    ("tool_format", "text"),
+    [
+        (LLAMA, "{x | x > 0} is the set of positive numbers."),
+        (LLAMA, '<|python_tag|>brave_search.call(query="weather")'),
+        (MISTRAL, "Sure. [TOOL_CALLS] I cannot call that."),
+    ],
+)
+def test_chat_keeps_text_that_only_looks_like_calls(tool_format, text, finish) -> None:
+    # With no complete call before it, such text was dropped from the content (it came back "").
+    from brisklm.outputs import GenerationOutput, Usage
+
+    reason, stop_reason = finish
+    output = GenerationOutput("r", None, [1], text, [2], reason, Usage(1, 1), stop_reason)
+    reply = LLM._chat_output(output, tool_format)
+    assert (reply.content, reply.tool_calls) == (text, [])

@@ -318,7 +318,8 @@ def _run_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     sys.stdout.write("\n")
-    if request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens:
+    context_ended = request.usage.completion_tokens < params.max_tokens
+    if request.finish_reason == "length" and context_ended and not args.usage:  # --usage: JSON
         print(
             f"brisklm: the context of {llm.max_seq_len} tokens ended the output after "
             f"{request.usage.completion_tokens} of --max-tokens {params.max_tokens} "

@@ -251,11 +251,12 @@ class ModelConfig:
             mlp_bias = bool(raw.get("mlp_bias", False))
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in eos_ids):
+        if not all(is_token_id_value(t) for t in eos_ids):
             raise ValueError(
                 f"config.json's field 'eos_token_id' must be a token id or a list of token ids, "
                 f"got {eos!r}"
             )
+        eos_ids = tuple(int(t) for t in eos_ids)
         quant = raw.get("quantization_config")
         return cls(
             architecture=architecture,
@@ -314,6 +315,11 @@ def checkpoint_directory(path: str | Path, what: str = "model") -> Path:
 def _first_set(*values: Any) -> Any:
     """The first value that is not None (None if all are)."""
     return next((v for v in values if v is not None), None)
+
+
+def is_token_id_value(value: Any) -> bool:
+    """Whether a JSON config value is a token id: an integer (2.0 too, as int() read it)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == int(value)
 
 
 def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> int:

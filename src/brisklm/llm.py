@@ -779,11 +779,15 @@ class LLM:
 
     @staticmethod
     def _chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
-        """The turn's content and calls. A Llama 3 / Mistral reply cut inside its calls
-        (``cut_calls``) keeps the calls complete before the cut and the content before the calls,
-        as a Hermes reply does (it was all content, markup included, and no calls)."""
+        """The turn's content and calls. A Llama 3 / Mistral reply that max_tokens, a stop string
+        or a stop token cut inside its calls (``cut_calls``) keeps the calls complete before the
+        cut and the content before the calls, as a Hermes reply does (it was all content, markup
+        included, and no calls); the cut call's text is in ``output.text``. A reply that ended at
+        eos, or shows no complete call, is read by ``parse`` (text that does not parse is
+        content)."""
         cut_calls = format.cut_calls(output.text) if format else None
-        if cut_calls is not None:
+        was_cut = output.finish_reason == "length" or output.stop_reason is not None
+        if cut_calls is not None and cut_calls[1] and was_cut:
             content, calls, rest = cut_calls
             cut = rest is not None
         else:
