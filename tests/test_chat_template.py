@@ -468,6 +468,27 @@ def test_function_schemas_match_transformers(function) -> None:
     assert function_json_schema(function) == get_json_schema(function)
 
 
+def test_a_pydantic_tool_without_a_docstring_has_no_description() -> None:
+    # It got pydantic's BaseModel docstring (2,284 characters in the prompt: the bundled model's
+    # context could not hold the chat), and a subclass its parent's.
+    from pydantic import BaseModel
+
+    class GetWeather(BaseModel):
+        city: str
+
+    class Documented(BaseModel):
+        """Weather for a city."""
+
+        city: str
+
+    class Child(Documented):
+        unit: str
+
+    assert pydantic_json_schema(GetWeather)["function"]["description"] == ""
+    assert pydantic_json_schema(Documented)["function"]["description"] == "Weather for a city."
+    assert pydantic_json_schema(Child)["function"]["description"] == ""
+
+
 def test_function_and_pydantic_tools(chatml_pair) -> None:
     import pydantic
 

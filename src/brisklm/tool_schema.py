@@ -192,7 +192,9 @@ def pydantic_json_schema(model: type) -> dict[str, Any]:
     """The tool schema of a pydantic model class: its name, docstring and model_json_schema() parameters."""
     parameters = dict(model.model_json_schema())  # type: ignore[attr-defined]
     parameters.pop("title", None)
-    description = parameters.pop("description", None) or inspect.getdoc(model) or ""
+    # pydantic's schema holds the class's own docstring; inspect.getdoc would fall back to the
+    # parents' (pydantic's 2,284-character BaseModel docstring for a class without one).
+    description = parameters.pop("description", None) or ""
     return {
         "type": "function",
         "function": {"name": model.__name__, "description": description, "parameters": parameters},
