@@ -201,9 +201,8 @@ def _json_schema(value: str) -> Any:
     """--json-schema's value: a file holding JSON, or the JSON text itself."""
     path = Path(value)
     try:  # "" is no path (Path("") is the current directory)
-        # Not is_file(): a pipe (<(...), /dev/stdin) is read too.
-        is_dir = path.is_dir() if value else False
-        is_file = not is_dir and path.exists() if value else False
+        is_dir = bool(value) and path.is_dir()
+        is_file = bool(value) and not is_dir and path.exists()  # a pipe (<(...)) is read too
     except OSError:  # not a name the system takes: JSON text longer than a file name can be
         is_file = is_dir = False
     if is_dir:

@@ -250,13 +250,12 @@ class ModelConfig:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
         eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        if not all(is_token_id_value(t) for t in eos_ids):
+        eos_ids = token_ids(eos)
+        if eos_ids is None:
             raise ValueError(
                 f"config.json's field 'eos_token_id' must be a token id or a list of token ids, "
                 f"got {eos!r}"
             )
-        eos_ids = tuple(int(t) for t in eos_ids)
         quant = raw.get("quantization_config")
         return cls(
             architecture=architecture,
@@ -317,9 +316,19 @@ def _first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def is_token_id_value(value: Any) -> bool:
-    """Whether a JSON config value is a token id: an integer (2.0 too, as int() read it)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == int(value)
+def token_ids(value: Any) -> tuple[int, ...] | None:
+    """A config's token id or list of them (null: none) as ids; None when it holds anything else
+    (a string was read character by character: "41" became ids 4 and 1). Integral floats are
+    ids, as int() read them."""
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    integral = (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+        for v in values
+    )
+    if not all(integral):
+        return None
+    return tuple(int(v) for v in values)
 
 
 def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> int:

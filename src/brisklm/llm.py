@@ -788,11 +788,10 @@ class LLM:
         cut_calls = format.cut_calls(output.text) if format else None
         was_cut = output.finish_reason == "length" or output.stop_reason is not None
         if cut_calls is not None and cut_calls[1] and was_cut:
-            content, calls, rest = cut_calls
-            cut = rest is not None
+            content, calls, _ = cut_calls
         else:
             content, calls = format.parse(output.text) if format else (output.text, [])
-            cut = format is not None and format.ended_inside_call(output.text)
+        cut = format is not None and format.ended_inside_call(output.text)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
         return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from brisklm.chat_template import render_chat_template
-from brisklm.config import is_token_id_value
+from brisklm.config import token_ids
 from brisklm.detokenizer import IncrementalDetokenizer
 from brisklm.tokenizer_backend import MODEL_CONFIG, load_backend, read_json
 
@@ -41,15 +41,12 @@ def gpt2_unicode_to_byte() -> dict[str, int]:
 
 def _ids_from_config(generation_config: Mapping[str, Any], key: str, source: str) -> list[int]:
     value = generation_config.get(key)
-    if value is None:
-        return []
-    values = value if isinstance(value, list) else [value]
-    if not all(is_token_id_value(v) for v in values):
-        # A string was read character by character ("</s>": int("<") failed, "41" was [4, 1]).
+    ids = token_ids(value)
+    if ids is None:
         raise ValueError(
             f"{source}: {key} must be a token id or a list of token ids, got {value!r}"
         )
-    return [int(v) for v in values]
+    return list(ids)
 
 
 class Tokenizer:

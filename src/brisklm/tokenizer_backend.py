@@ -31,13 +31,12 @@ NAMED_SPECIAL_TOKENS = (
     "mask_token",
 )
 # Defaults the tokenizer classes' __init__ signatures give when tokenizer_config.json leaves a token out
+_LLAMA_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 CLASS_SPECIAL_TOKEN_DEFAULTS: dict[str, dict[str, str]] = {
-    "LlamaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "LlamaTokenizer": _LLAMA_SPECIAL_TOKENS,
     # CodeLlamaTokenizer also adds its infilling tokens (as additional special tokens).
     "CodeLlamaTokenizer": {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
+        **_LLAMA_SPECIAL_TOKENS,
         "prefix_token": "▁<PRE>",
         "middle_token": "▁<MID>",
         "suffix_token": "▁<SUF>",

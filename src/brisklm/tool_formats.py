@@ -12,8 +12,9 @@
   (``[CALL_ID]ID`` may follow the name); both layouts parse, and a template that shows ``[ARGS]``
   gets grammars in the newer one.
 
-The tag tokens are special tokens (in Hermes 3 on Llama 3.1 ``<tool_call>`` and ``</tool_call>`` are
-too), which decoding drops by default: a chat turn with tools in a format with a tag token is decoded with ``skip_special_tokens=False`` (``ToolCallFormat.keeps_special_tokens``).
+The tag tokens are special tokens (in Hermes 3 on Llama 3.1 ``<tool_call>`` and ``</tool_call>``
+are too), which decoding drops by default: a chat turn with tools in a format with a tag token is
+decoded with ``skip_special_tokens=False`` (``ToolCallFormat.keeps_special_tokens``).
 Grammars (``ToolCallFormat.grammar``) write each format as its templates show calls in the history,
 with the tag as its token (llguidance's ``<[id]>``), so the constrained output stays in distribution.
 """

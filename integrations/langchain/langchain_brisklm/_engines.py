@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from brisklm import LLM, Tokenizer, default_model_path
 from brisklm.config import ModelConfig
 from brisklm.engine.llm_engine import EngineConfig
-from brisklm.llm import check_draft_options
+from brisklm.llm import draft_schedule
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
@@ -118,7 +118,8 @@ def get_engine(
     engine = EngineConfig(prefill_chunk_size=prefill_chunk_size, max_seq_len=max_seq_len)
     chunk_size = engine.resolved_prefill_chunk_size(device_)
     context = engine.resolved_max_seq_len(ModelConfig.from_pretrained(path).max_position_embeddings)
-    schedule = check_draft_options(draft, num_speculative_tokens, draft_length)
+    # (Checked at construction and by LLM.from_pretrained: no directory look-up per call.)
+    schedule = draft_schedule(draft, num_speculative_tokens, draft_length) if draft else None
     key = EngineKey(
         path=str(path),
         device=str(device_),
@@ -162,7 +163,7 @@ def get_engine(
 def _draft_key(draft: str | os.PathLike[str] | None) -> str | None:
     """The draft as the engine resolves it: "default" is the bundled draft's directory."""
     if draft is None or str(draft) == "ngram":
-        return None if draft is None else "ngram"
+        return None if draft is None else str(draft)
     directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
     return str(directory.expanduser().resolve())
 
