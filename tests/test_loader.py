@@ -243,3 +243,21 @@ def test_loading_does_not_import_torch_dynamo(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_cuda_device_this_machine_lacks_is_a_clear_error(monkeypatch):
+    """cuda without CUDA, and cuda:N past the machine's devices (torch's "invalid device ordinal"
+    with its debugging advice came from the first allocation, deep in the load)."""
+    from brisklm.loader import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda:1' was requested but CUDA is not available"):
+        resolve_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"'cuda:2' .* has 2 CUDA device\(s\): cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    with pytest.raises(ValueError, match="'cuda:7'"):
+        resolve_device(torch.device("cuda", 7))

@@ -85,7 +85,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = check_device_name(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but CUDA is not available")
+        raise ValueError(f"device {str(device)!r} was requested but CUDA is not available")
+    if resolved.type == "cuda" and resolved.index is not None:
+        count = torch.cuda.device_count()
+        if resolved.index >= count:
+            raise ValueError(
+                f"device {str(device)!r} was requested but this machine has {count} CUDA "
+                f"device(s): cuda:0 to cuda:{count - 1}"
+            )
     return resolved
 
 

@@ -57,7 +57,7 @@ def test_chunked_prompts_beside_decoding_rows_give_the_cpu_tokens(tiny_dir, llm,
     from brisklm.attention.xformers import probe_xformers
 
     if backend == "xformers":
-        reason = probe_xformers(torch.device("cuda"))
+        reason = probe_xformers(torch.device("cuda"), torch.float32)
         if reason is not None:
             pytest.skip(reason)
     # Chunks of 4 tokens: the longer prompts are fed over several passes while the shorter ones
@@ -68,3 +68,34 @@ def test_chunked_prompts_beside_decoding_rows_give_the_cpu_tokens(tiny_dir, llm,
         assert got == [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     finally:
         gpu.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_models_on_the_second_gpu_give_the_cpu_tokens(tiny_dir, llm, tmp_path):
+    """cuda:1 after an engine on cuda:0 captured its graphs: the graphs capture on a stream of
+    cuda:1 (torch's default capture stream belongs to the first device that captured: empty graphs
+    replaying stale logits), and Triton's int4 kernel launches on cuda:1 (it launches on the current
+    device, cuda:0)."""
+    from tests.hf_models import build_hf_model
+    from tests.quant.gptq_checkpoints import write_gptq_checkpoint
+
+    expected = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    first = LLM.from_pretrained(tiny_dir, device="cuda:0", dtype="float32", show_progress=False)
+    second = LLM.from_pretrained(tiny_dir, device="cuda:1", dtype="float32", show_progress=False)
+    try:
+        assert [o.token_ids for o in first.generate(PROMPTS, GREEDY)] == expected
+        assert [o.token_ids for o in second.generate(PROMPTS, GREEDY)] == expected
+        assert second.engine.runner.graphs is not None and second.engine.runner.graphs._passes
+    finally:
+        first.close()
+        second.close()
+    directory = write_gptq_checkpoint(build_hf_model("llama"), tmp_path / "gptq", group_size=32)
+    prompts = [[1, 17, 93, 5, 44], [1, 120, 8]]
+    outputs = []
+    for device in ("cuda:0", "cuda:1"):  # the same Triton products, so the same tokens
+        gptq = LLM.from_pretrained(directory, device=device, dtype="float32", show_progress=False)
+        try:
+            outputs.append([o.token_ids for o in gptq.generate(prompts, GREEDY)])
+        finally:
+            gptq.close()
+    assert outputs[0] == outputs[1]

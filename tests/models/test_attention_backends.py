@@ -98,3 +98,105 @@ def test_backend_choice_and_fallback(caplog):
     assert "xformers attention unavailable, using SDPA" in caplog.text and "CUDA" in caplog.text
     with pytest.raises(ValueError, match="auto, sdpa, xformers, reference"):
         select_backend("flash", cpu)
+
+
+class FakeXformersOps:
+    """xformers' memory_efficient_attention written out in torch, for the CPU: the grouped 5-D call
+    the backend makes, (B, M, G, H, D) queries, (B, S, G, H, D) keys and values, a (B, G, H, M, S)
+    additive bias. ``refuse`` names dtypes it has no operator for; ``ignore_bias`` makes it wrong."""
+
+    def __init__(self, refuse=(), ignore_bias=False):
+        self.refuse, self.ignore_bias, self.calls = refuse, ignore_bias, []
+
+    def memory_efficient_attention(self, q, k, v, attn_bias):
+        self.calls.append((q.dtype, tuple(q.shape)))
+        if q.dtype in self.refuse:
+            raise NotImplementedError(
+                f"No operator found for `memory_efficient_attention_forward` ({q.dtype})"
+            )
+        assert q.dim() == k.dim() == v.dim() == 5 and attn_bias.dim() == 5
+        scores = torch.einsum("bmghd,bsghd->bghms", q.float(), k.float()) / q.shape[-1] ** 0.5
+        if not self.ignore_bias:
+            scores = scores + attn_bias.float()
+        out = torch.einsum("bghms,bsghd->bmghd", scores.softmax(-1), v.float())
+        return out.to(q.dtype)
+
+
+@pytest.fixture
+def fake_xformers(monkeypatch):
+    import sys
+    import types
+
+    from brisklm.attention.xformers import probe_xformers
+
+    def install(**kwargs):
+        ops = FakeXformersOps(**kwargs)
+        package = types.ModuleType("xformers")
+        package.ops = ops
+        monkeypatch.setitem(sys.modules, "xformers", package)
+        monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+        probe_xformers.cache_clear()
+        return ops
+
+    yield install
+    probe_xformers.cache_clear()
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_xformers_layout_and_bias_match_the_reference(case, window, fake_xformers):
+    """The backend's grouped layout, ragged rows and padded bias, through the attention xformers
+    computes (written out in torch), against the reference: CI's only run of xformers.py."""
+    from brisklm.attention.xformers import XformersAttention
+
+    fake_xformers()
+    slots, starts, lens = CASES[case]
+    expected, k_ref, v_ref = run(ReferenceAttention(), slots, starts, lens, window)
+    got, k_x, v_x = run(XformersAttention(), slots, starts, lens, window)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(k_x, k_ref) and torch.equal(v_x, v_ref)
+
+
+def test_the_xformers_probe_makes_the_models_call(fake_xformers):
+    """An xformers without an operator for the model's dtype (bfloat16 before Ampere) or head layout
+    fails the probe, whatever a float16 call of another shape does; a wrong result fails it too."""
+    from brisklm.attention.xformers import probe_xformers
+
+    cpu = torch.device("cpu")
+    ops = fake_xformers(refuse=(torch.bfloat16,))
+    assert probe_xformers(cpu, torch.float16) is None
+    reason = probe_xformers(cpu, torch.bfloat16, 8, 2, 128)
+    assert "NotImplementedError" in reason and "No operator found" in reason
+    assert (
+        torch.bfloat16,
+        (2, 9, 2, 4, 128),
+    ) in ops.calls  # 8 heads over 2 kv heads, head size 128
+    fake_xformers(ignore_bias=True)
+    assert "differs from SDPA" in probe_xformers(cpu, torch.float32)
+
+
+def test_the_runner_probes_xformers_with_its_models_layout(tmp_path, monkeypatch):
+    from brisklm.attention import SdpaAttention
+    from brisklm.engine import model_runner
+    from brisklm.loader import load_model
+    from tests.tiny import make_tiny_checkpoint
+
+    seen = {}
+
+    def spy(name, device, **layout):
+        seen.update(layout, name=name)
+        return SdpaAttention()
+
+    monkeypatch.setattr(model_runner, "select_backend", spy)
+    model = load_model(
+        make_tiny_checkpoint(tmp_path), device="cpu", dtype=torch.bfloat16, show_progress=False
+    )
+    model_runner.ModelRunner(model, num_slots=1, max_seq_len=32, attention_backend="xformers")
+    config = model.config
+    assert seen == {
+        "name": "xformers",
+        "dtype": model.activation_dtype,  # what attention computes in
+        "num_heads": config.num_attention_heads,
+        "num_kv_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+    }

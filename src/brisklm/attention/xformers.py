@@ -14,22 +14,56 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def probe_xformers(device: torch.device) -> str | None:
-    """Run one tiny real call (once per device); None if xformers works here, else why it does not."""
-    if device.type != "cuda":
-        return f"xformers needs a CUDA device, not {device.type}"
+def probe_xformers(
+    device: torch.device,
+    dtype: torch.dtype = torch.float16,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+) -> str | None:
+    """None if xformers attends correctly here for a model of this dtype and head layout, else why
+    not; the answer is kept per (device, dtype, heads, head size).
+
+    The probe is the backend's own call (grouped 5-D layout, padded tensor bias) on a prompt chunk
+    beside a decoding row, checked against SDPA: which of xformers' operators takes a call depends
+    on the dtype, the head size, the bias and the GPU (no bfloat16 before Ampere, no tensor bias
+    in some operators), so a call of another shape proves nothing about the model's.
+    """
     try:
-        from xformers import ops as xops  # type: ignore[import-not-found]
+        from xformers import ops as xops  # type: ignore[import-not-found]  # noqa: F401
     except Exception as exc:  # ImportError, or a broken C++ extension raising at import
         return f"xformers is not importable ({type(exc).__name__}: {exc}); install the 'gpu' extra"
+    from brisklm.attention.sdpa import SdpaAttention
+
+    generator = torch.Generator().manual_seed(0)
+    cache_shape = (2, num_kv_heads, 24, head_dim)
+    lens = [1, 9]  # a decoding row at position 12 beside a 9-token prompt chunk at 0
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+
+    q, k, v = (
+        draw(10, num_heads, head_dim),
+        draw(10, num_kv_heads, head_dim),
+        draw(10, num_kv_heads, head_dim),
+    )
+    k_cache, v_cache = draw(*cache_shape), draw(*cache_shape)
+    outputs = []
     try:
-        q = torch.randn(1, 4, 2, 64, device=device, dtype=torch.float16)
-        out = xops.memory_efficient_attention(q, q, q, attn_bias=xops.LowerTriangularMask())
-        torch.cuda.synchronize(device)
-        if not torch.isfinite(out).all():
-            return "xformers probe returned non-finite values"
-    except Exception as exc:  # its kernels may be built for another torch / CUDA
+        for backend in (XformersAttention(), SdpaAttention()):
+            meta = AttentionMetadata.build([0, 1], [12, 0], lens, device)
+            outputs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, None))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # no operator for this call, or kernels built for another torch / CUDA
         return f"xformers kernels failed to run ({type(exc).__name__}: {exc})"
+    got, expected = (out.float() for out in outputs)
+    if not torch.isfinite(got).all():
+        return "xformers probe returned non-finite values"
+    tolerance = 1e-3 if dtype == torch.float32 else 5e-2
+    if not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
+        error = (got - expected).abs().max().item()
+        return f"xformers attention differs from SDPA by {error:.3g} in the probe call"
     return None
 
 

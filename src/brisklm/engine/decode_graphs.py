@@ -181,6 +181,10 @@ class DecodeGraphs:
         self._rotary_tables = model.rotary.tables(self.device, model.activation_dtype, max_seq_len)
         self._passes: dict[tuple[int, int], tuple[_StaticPass, torch.cuda.CUDAGraph | None]] = {}
         self._pool: object | None = None  # the graphs' memory pool, made at the first capture
+        # The stream every capture runs on, made on this device at the first capture. Left to
+        # torch, a capture takes one stream per process, made on whichever device first captured:
+        # an engine on cuda:1 after one on cuda:0 captured on a cuda:0 stream (empty graphs).
+        self._capture_stream: torch.cuda.Stream | None = None
 
     @staticmethod
     def supported(model: LlamaForCausalLM, max_seq_len: int) -> bool:
@@ -251,7 +255,9 @@ class DecodeGraphs:
     def _capture(self, static: _StaticPass) -> torch.cuda.CUDAGraph:
         with _CAPTURE_LOCK, torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
-            side = torch.cuda.Stream()
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream()
+            side = self._capture_stream
             try:
                 side.wait_stream(current)
                 with torch.cuda.stream(side):
@@ -261,7 +267,9 @@ class DecodeGraphs:
                     self._pool = torch.cuda.graph_pool_handle()
                 graph = torch.cuda.CUDAGraph()
                 # Thread-local: another engine's thread may run CUDA work while this one captures.
-                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                with torch.cuda.graph(
+                    graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
+                ):
                     static.run()
                 return graph
             finally:

@@ -64,7 +64,14 @@ class ModelRunner:
         )
         # Per slot, how many leading positions passes have written since the slot was cleared.
         self._written: dict[int, int] = {}
-        self.backend: AttentionBackend = select_backend(attention_backend, self.device)
+        self.backend: AttentionBackend = select_backend(
+            attention_backend,
+            self.device,
+            dtype=self.dtype,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+        )
         # Rows of up to MAX_QUERY_LEN tokens run through the native CPU kernels when the model
         # qualifies (float32 on CPU, dense weights packed for them by the loader); None otherwise.
         # The native pass does its own attention, the SDPA backend's computation: not used when

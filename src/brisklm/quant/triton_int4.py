@@ -161,6 +161,9 @@ def int4_matmul(
     if interpret:
         kernels.int4_matmul_kernel[grid](*args, **meta)
     else:
-        kernels.int4_matmul_kernel[grid](*args, **meta, num_warps=4, num_stages=3)
+        # Triton launches on the current CUDA device, not on its arguments' device: a model on
+        # cuda:1 ran its kernels against cuda:0 ("Pointer argument cannot be accessed").
+        with torch.cuda.device(x.device):
+            kernels.int4_matmul_kernel[grid](*args, **meta, num_warps=4, num_stages=3)
     out = partial[0] if split == 1 else partial.sum(0)
     return out.to(x.dtype)
