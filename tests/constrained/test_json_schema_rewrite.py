@@ -311,14 +311,22 @@ def test_a_discriminated_union_is_enforced_and_closed(bpe_compiler: GrammarCompi
 
 @pytest.mark.parametrize("keyword", ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"])
 def test_integer_bounds_a_float_would_round_are_refused(keyword: str) -> None:
-    with pytest.raises(ConstraintError, match=f"bound {2**60 + 1} at #/{keyword}.*64-bit float"):
+    with pytest.raises(ConstraintError, match=f"{2**60 + 1} at #/{keyword}.*64-bit float"):
         prepare_json_schema({"type": "integer", keyword: 2**60 + 1})
     with pytest.raises(ConstraintError, match="64-bit floats, which cannot hold it"):
         prepare_json_schema({"type": "integer", keyword: -(10**400)})
-    assert prepare_json_schema({"type": "integer", keyword: 2**60}) == {
-        "type": "integer",
-        keyword: 2**60,
-    }
+    if keyword.startswith("exclusive"):  # moved by one in a float: 2**60 + 1 is 2**60
+        with pytest.raises(ConstraintError, match=f"{keyword}={2**60} at #/{keyword}"):
+            prepare_json_schema({"type": "integer", keyword: 2**60})
+        assert prepare_json_schema({"type": "integer", keyword: 2**53 - 1}) == {
+            "type": "integer",
+            keyword: 2**53 - 1,
+        }
+    else:
+        assert prepare_json_schema({"type": "integer", keyword: 2**60}) == {
+            "type": "integer",
+            keyword: 2**60,
+        }
 
 
 @pytest.mark.parametrize(
@@ -356,3 +364,108 @@ def test_guidance_options_that_keep_json_are_used(
     schema = {"type": "object", "x-guidance": options}
     prepare_json_schema(schema)
     bpe_compiler.compile(JsonSchema(schema))
+
+
+def test_exclusive_bounds_past_2_to_the_53_are_refused(bpe_compiler: GrammarCompiler) -> None:
+    """llguidance moves an exclusive bound by one in a float: past 2**53 it allowed the bound."""
+    for schema in (
+        {"type": "integer", "exclusiveMinimum": 2**53},
+        {"type": "integer", "exclusiveMaximum": -(2**53)},
+        {"type": "number", "exclusiveMaximum": 2.0**60},
+    ):
+        with pytest.raises(ConstraintError, match="exclusive bound by one .* use minimum/maximum"):
+            prepare_json_schema(schema)
+    below = {"type": "integer", "exclusiveMinimum": 2**53 - 2}
+    assert accepts(bpe_compiler, below, 2**53 - 1)
+    assert not accepts(bpe_compiler, below, 2**53 - 2)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
+        {"type": "number", "exclusiveMinimum": 3, "exclusiveMaximum": 3.5},
+        {"type": "number", "minimum": 1, "exclusiveMinimum": 1, "maximum": 1.75},
+        {"type": ["number", "null"], "exclusiveMinimum": 1, "maximum": 1.5},
+        {"exclusiveMinimum": 2, "maximum": 2.25},
+        {"type": "number", "minimum": -1.5, "exclusiveMaximum": -1},
+        {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0},
+    ],
+)
+def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(
+    schema: dict[str, Any],
+) -> None:
+    """With no integer in the range and on the bound's side away from zero, llguidance's number
+    range accepted the integral exclusive bound itself (`1` for (1, 1.5], `-0` for [-0.5, 0))."""
+    with pytest.raises(ConstraintError, match="lets its exclusive.* itself through"):
+        prepare_json_schema(schema)
+    with pytest.raises(ConstraintError, match="at #/properties/x"):
+        prepare_json_schema({"type": "object", "properties": {"x": schema}})
+
+
+def test_exclusive_ranges_llguidance_enforces_are_kept(bpe_compiler: GrammarCompiler) -> None:
+    for schema, good, bad in [
+        ({"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1}, [0.75], [1, 0.5]),
+        ({"type": "number", "exclusiveMinimum": -1, "maximum": -0.5}, [-0.75], [-1]),
+        ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, [0.5], [0, 1]),
+        ({"type": "number", "exclusiveMinimum": 1, "maximum": 2.5}, [1.5, 2], [1]),
+        ({"type": "integer", "exclusiveMinimum": 1, "maximum": 3}, [2, 3], [1]),
+    ]:
+        assert all(accepts(bpe_compiler, schema, value) for value in good), schema
+        assert not any(accepts(bpe_compiler, schema, value) for value in bad), schema
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"const": 29.544827403386506}, "#/const"),
+        ({"enum": ["x", -1.3989665676299339]}, "#/enum/1"),
+        ({"const": {"a": [1, 14.187967625272819]}}, "#/const/a/1"),
+        ({"type": "number", "minimum": 29.544827403386506}, "#/minimum"),
+        ({"type": "number", "multipleOf": 0.014187967625272819}, "#/multipleOf"),
+    ],
+)
+def test_floats_llguidance_would_read_as_other_floats_are_refused(
+    schema: dict[str, Any], where: str
+) -> None:
+    """`const: 29.544827403386506` was generated as 29.544827403386503 (finish "stop", invalid)."""
+    with pytest.raises(
+        ConstraintError, match=f"at {where} cannot be enforced exactly: llguidance reads"
+    ):
+        prepare_json_schema(schema)
+
+
+def test_the_float_reading_is_llguidances(bpe_compiler: GrammarCompiler) -> None:
+    """read_as_llguidance against llguidance itself: the text a const schema of each value forces
+    (given to llguidance directly, past our refusal) is that value exactly when the reading says
+    llguidance reads that value."""
+    import random
+
+    from llguidance import LLMatcher
+
+    from brisklm.constrained.json_numbers import read_as_llguidance
+    from brisklm.constrained.json_schema import JSON_OPTIONS, SOUND_JSON_OPTIONS
+
+    rng = random.Random(0)
+    values = [rng.uniform(-100, 100) for _ in range(40)]
+    values += [rng.uniform(-1, 1) * 10 ** rng.randint(-40, 40) for _ in range(40)]
+    values += [0.1 + 0.2, 1e23, 2.5e-30, 1.7976931348623157e308, 29.5448274033865, 0.5]
+    outcomes = set()
+    for value in values:
+        grammar = LLMatcher.grammar_from_json_schema(
+            {"const": value}, defaults=JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS
+        )
+        matcher = LLMatcher(bpe_compiler.llg_tokenizer, grammar, log_level=0)
+        forced = matcher.compute_ff_bytes().decode()  # written without an exponent
+        exact = read_as_llguidance(value) == value
+        assert (float(forced) == value) == exact, (value, forced, read_as_llguidance(value))
+        outcomes.add(exact)
+    assert outcomes == {True, False}
+
+
+def test_keywords_that_assert_nothing_are_dropped(bpe_compiler: GrammarCompiler) -> None:
+    schema = {"type": "array", "uniqueItems": False, "minContains": 2, "maxContains": 3}
+    assert prepare_json_schema(schema) == {"type": "array"}
+    assert accepts(bpe_compiler, schema, [1, 1])
+    with pytest.raises(ConstraintError, match="uniqueItems"):  # still unenforceable when true
+        bpe_compiler.compile(JsonSchema({"type": "array", "uniqueItems": True}))

@@ -181,6 +181,25 @@ def test_constraint_past_llguidance_limits_is_a_constraint_error(llm):
     assert llm.generate("x", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
 
 
+def test_a_dead_end_in_llguidances_grammar_is_named_as_one(llm):
+    """llguidance 1.9's multipleOf ranges can leave no token to continue (NoExtensionBias) once a
+    branch is chosen: the error says so rather than blaming the grammar's size."""
+    narrow = {"type": "number", "minimum": 2.5, "exclusiveMaximum": 2.500001, "multipleOf": 0.25}
+    schema = {"anyOf": [{"type": "object", "properties": {"x": narrow}, "required": ["x"]}]}
+    schema["anyOf"].append({"type": "null"})
+    errors = []
+    for seed in range(8):
+        try:
+            llm.generate("x", SamplingParams(json_schema=schema, seed=seed, max_tokens=20))
+        except ConstraintError as error:
+            errors.append(str(error))
+    if not errors:
+        pytest.skip("this llguidance finds no dead end in the schema")
+    assert all("NoExtensionBias': no token continues the output" in e for e in errors)
+    assert not any("exceeds its limits" in e for e in errors)
+    assert llm.generate("x", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
+
+
 def test_chat_with_constraint(llm):
     reply = llm.chat(
         [{"role": "user", "content": "Pick"}], SamplingParams(choice=["red", "blue"], max_tokens=5)

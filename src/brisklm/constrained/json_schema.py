@@ -9,6 +9,11 @@ from urllib.parse import unquote
 from llguidance import LLMatcher
 
 from brisklm.constrained.errors import ConstraintError
+from brisklm.constrained.json_numbers import (
+    check_exact_numbers,
+    check_exclusive_bound,
+    check_number_range,
+)
 
 # One line, spaced like json.dumps: what models see most in training (and what the bundled model
 # was trained on), at one extra token per separator over compact JSON.
@@ -53,6 +58,13 @@ _COUNT_KEYWORDS = frozenset(
     }
 )
 _BOUND_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+# Keywords that assert nothing in these cases (2020-12: `uniqueItems: false` is the default;
+# `minContains`/`maxContains` act only beside `contains`): dropped, as llguidance refuses them.
+_VACUOUS = {
+    "uniqueItems": lambda node: node["uniqueItems"] is False,
+    "minContains": lambda node: "contains" not in node,
+    "maxContains": lambda node: "contains" not in node,
+}
 _LEGACY_KEYWORDS = {
     "additionalItems": "draft-07 `additionalItems` (2020-12 uses `items` after `prefixItems`)",
     "dependencies": "draft-07 `dependencies` (2020-12: `dependentRequired`/`dependentSchemas`)",
@@ -181,7 +193,11 @@ class _SchemaRewriter:
                 raise ConstraintError(
                     f"draft-07 array-form `items` at {where} cannot be enforced (use `prefixItems`)"
                 )
+            if key in _VACUOUS and _VACUOUS[key](node):
+                continue  # asserts nothing, and llguidance refuses the keyword
             if key in _DATA_KEYWORDS:
+                if key in ("const", "enum"):
+                    check_exact_numbers(value, where)
                 out[key] = value
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {
@@ -198,6 +214,10 @@ class _SchemaRewriter:
                 out[key] = [self.schema(sub, f"{where}/{k}") for k, sub in enumerate(value)]
             elif key in _BOUND_KEYWORDS:
                 out[key] = self.bound(value, where)
+                check_exclusive_bound(key, value, where)
+            elif key == "multipleOf":
+                check_exact_numbers(value, where)
+                out[key] = value
             elif key == "pattern" and isinstance(value, str):
                 out[key] = self.pattern(value, where)
             elif key in _COUNT_KEYWORDS and isinstance(value, float) and value.is_integer():
@@ -206,6 +226,7 @@ class _SchemaRewriter:
                 # Unknown keywords can still be $ref targets, so their objects are walked too.
                 out[key] = self.unknown(value, where)
         self.rewrite_format(out)
+        check_number_range(out, path or "#")
         if self.strict and closable:
             self.close_object(node, out)
         self.check_min_properties(out, path)
@@ -225,6 +246,8 @@ class _SchemaRewriter:
     @staticmethod
     def bound(value: Any, path: str) -> Any:
         # llguidance reads a bound as a 64-bit float: an integer it rounds would move the bound.
+        if isinstance(value, float):
+            check_exact_numbers(value, path)
         if not isinstance(value, int) or isinstance(value, bool):
             return value
         try:
@@ -539,6 +562,9 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
       defeats `minProperties` above max(1, number of required keys): rejected.
     - draft-07 / 2019-09 keywords that 2020-12 dropped (`items` as an array, `additionalItems`,
       `dependencies`, `$recursiveRef`) would be ignored silently: rejected.
+    - numbers llguidance reads or bounds inexactly (``json_numbers``): floats its JSON parser reads as
+      other floats, exclusive bounds past 2**53, and integer-free ranges whose integral exclusive
+      bound it lets through: rejected.
     Known departures that are not over-approximations: property order follows `properties`, numbers
     are decimal text (`1.0` is not an integer, `1e2` is refused where bounds apply), strings use raw
     UTF-8 rather than `\\uXXXX` escapes for printable characters, and `format` is an assertion.

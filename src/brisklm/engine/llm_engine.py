@@ -425,6 +425,13 @@ class LLMEngine:
                 f"{where}: llguidance failed internally on this grammar ({error}); the request "
                 "was stopped, and other requests are unaffected"
             )
+        if "NoExtensionBias" in error:  # no token continues the output: a dead end in its grammar
+            return ConstraintError(
+                f"{where}: llguidance stopped with {error!r}: no token continues the output "
+                "(the grammar llguidance built for the constraint has a dead end there, as it "
+                "does for some multipleOf ranges); the request was stopped, and other requests "
+                "are unaffected"
+            )
         return ConstraintError(  # llguidance gave up: a limit, not a sampling bug
             f"{where}: llguidance stopped with {error!r}; a grammar or regex this large or "
             "ambiguous exceeds its limits (simplify it, e.g. avoid very long repetitions or "

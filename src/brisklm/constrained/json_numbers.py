@@ -1,0 +1,132 @@
+"""The numbers of a JSON schema that llguidance cannot enforce exactly, refused with the reason.
+
+llguidance reads a schema's numbers with serde_json's fast float parser, which rounds twice where a
+value's digits do not fit a 64-bit float's mantissa (most 17-digit values): a ``const`` of
+29.544827403386506 is generated as 29.544827403386503, a bound moves by one unit in the last
+place. ``read_as_llguidance`` computes what that parser reads, exactly (the same integer-to-float
+rounding, then one multiplication or division by a power of ten, as IEEE arithmetic does in
+Python), so such values are found before a request is made.
+
+Its number ranges have two more gaps: an exclusive bound beyond 2**53 moves by one in a float
+(2**53 + 1 rounds back to 2**53, which is then allowed), and an integral exclusive bound is
+allowed itself when the range holds no integer and lies on the bound's side away from zero
+(``exclusiveMinimum: 1, maximum: 1.5`` accepts ``1``; ``minimum: -0.5, exclusiveMaximum: 0``
+accepts ``-0``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from brisklm.constrained.errors import ConstraintError
+
+_JSON_NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
+_U64_LIMIT = 2**64
+_EXACT_LIMIT = 2**53  # past this, not every integer is a float
+
+
+def read_as_llguidance(value: float) -> float:
+    """The float llguidance's JSON parser reads from ``json.dumps(value)``."""
+    text = json.dumps(value)
+    match = _JSON_NUMBER.fullmatch(text)
+    if match is None:  # inf / nan: json.dumps writes them, no JSON parser reads them
+        return math.nan
+    whole, fraction, exponent_text = match.group(1), match.group(2) or "", match.group(3)
+    exponent = int(exponent_text or 0) - len(fraction)
+    digits = (whole + fraction).lstrip("0")
+    significand = 0
+    for index, digit in enumerate(digits):  # digits past a u64 only move the exponent
+        widened = significand * 10 + int(digit)
+        if widened >= _U64_LIMIT:
+            exponent += len(digits) - index
+            break
+        significand = widened
+    result = float(significand)
+    while abs(exponent) > 308:
+        if result == 0.0 or exponent > 0:
+            return math.inf if result else 0.0
+        result /= 1e308
+        exponent += 308
+    power = float(f"1e{abs(exponent)}")
+    result = result * power if exponent >= 0 else result / power
+    return -result if text.startswith("-") else result
+
+
+def check_exact_numbers(value: Any, path: str) -> None:
+    """ConstraintError if a float in ``value`` (a bound, or a const / enum instance, walked into
+    arrays and objects) is read by llguidance as another float."""
+    if isinstance(value, float):
+        read = read_as_llguidance(value)
+        if read != value:
+            raise ConstraintError(
+                f"the number {value!r} at {path} cannot be enforced exactly: llguidance reads it "
+                f"as {read!r} (its JSON parser rounds twice where the digits do not fit a 64-bit "
+                "float's mantissa, as in most values of 17 significant digits, or the power of "
+                "ten passes 1e22); use a nearby value of fewer digits"
+            )
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_exact_numbers(item, f"{path}/{index}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_exact_numbers(item, f"{path}/{key}")
+
+
+def check_exclusive_bound(key: str, value: Any, path: str) -> None:
+    """ConstraintError for an exclusive bound beyond 2**53 (llguidance moves it by one)."""
+    if key.startswith("exclusive") and _is_number(value) and abs(value) >= _EXACT_LIMIT:
+        raise ConstraintError(
+            f"the bound {key}={value} at {path} cannot be enforced exactly: llguidance moves an "
+            "exclusive bound by one in 64-bit floats, which do not hold every integer past 2**53; "
+            "use minimum/maximum"
+        )
+
+
+def check_number_range(schema: dict[str, Any], path: str) -> None:
+    """ConstraintError for a range llguidance would let its integral exclusive bound through: no
+    integer inside, on the bound's side away from zero (see the module docstring)."""
+    kinds = schema.get("type", "number")
+    if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
+        return  # "integer" ranges are enforced; a malformed type is llguidance's to report
+    low = _tightest(schema, "minimum", "exclusiveMinimum", max)
+    high = _tightest(schema, "maximum", "exclusiveMaximum", min)
+    if low is None or high is None:
+        return
+    (low_value, low_exclusive), (high_value, high_exclusive) = low, high
+    if low_exclusive and _integral(low_value) and low_value >= 0 and high_value < low_value + 1:
+        bound = f"exclusiveMinimum {low_value}"
+    elif (
+        high_exclusive and _integral(high_value) and high_value <= 0 and low_value > high_value - 1
+    ):
+        bound = f"exclusiveMaximum {high_value}"
+    else:
+        return
+    raise ConstraintError(
+        f"the range at {path} cannot be enforced exactly: llguidance lets its {bound} itself "
+        "through when no integer lies in the range (a gap in its number ranges); widen the "
+        "range to hold an integer, or make the bound inclusive"
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _integral(value: float) -> bool:
+    return float(value).is_integer()
+
+
+def _tightest(schema: dict[str, Any], inclusive: str, exclusive: str, pick: Any) -> Any:
+    """(value, is_exclusive) of the tighter of a schema's two bounds on one side, or None."""
+    bounds = [
+        (schema[key], key == exclusive)
+        for key in (inclusive, exclusive)
+        if _is_number(schema.get(key)) and math.isfinite(schema[key])
+    ]
+    if not bounds:
+        return None
+    value = pick(v for v, _ in bounds)
+    return value, any(exclusive and v == value for v, exclusive in bounds)
