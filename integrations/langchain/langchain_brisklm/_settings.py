@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -35,6 +36,10 @@ SAMPLING_FIELDS = (
 # Accepted for compatibility with hosted chat models' standard parameters; a local engine has no
 # network connection, so none of them does anything here.
 _REMOTE_ONLY_PARAMS = frozenset({"api_key", "base_url", "timeout", "max_retries", "organization"})
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, os.PathLike)
 
 
 class BriskSettings(BaseModel):
@@ -96,6 +101,9 @@ class BriskSettings(BaseModel):
                 values = {k: v for k, v in values.items() if k not in _REMOTE_ONLY_PARAMS}
             if "model" in values and values["model"] is None:  # as if left out
                 values = {**values, "model": default_model()}
+            # Directories may be given as paths (pathlib.Path), as a per-call model may be.
+            paths = {k: os.fspath(values[k]) for k in ("model", "draft") if _is_path(values.get(k))}
+            values = {**values, **paths}
         return values
 
     @model_validator(mode="after")

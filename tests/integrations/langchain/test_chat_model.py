@@ -60,6 +60,13 @@ def test_equivalent_settings_share_an_engine(tiny_chat_dir: Path) -> None:
         "Hi", model=Path(other_spelling), max_tokens=1
     )
     assert called.response_metadata["model_name"] == other_spelling
+    # So may the instance's model and draft (pydantic refused a Path: "a valid string").
+    by_path = ChatBrisk(model=Path(other_spelling), draft=Path(tiny_chat_dir), **settings)
+    assert by_path.model == other_spelling and by_path.draft == str(tiny_chat_dir)
+    assert (
+        by_path._engine()
+        is ChatBrisk(model=str(tiny_chat_dir), draft=str(tiny_chat_dir), **settings)._engine()
+    )
 
 
 @pytest.mark.parametrize(
