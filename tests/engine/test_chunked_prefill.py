@@ -462,6 +462,36 @@ def test_dynamic_ntk_past_the_trained_context_feeds_prompts_whole(tmp_path):
             llm.close()
 
 
+def test_dynamic_ntk_past_the_trained_context_takes_forced_tokens_one_a_step(tmp_path):
+    """Tokens a grammar forces were fed with the sampled one as one row: past the trained context
+    dynamic NTK rotated that row by its last position, and the output differed (from 19 tokens in)
+    from the same request with logprobs, which takes forced tokens one a step as transformers'
+    decoding does."""
+    from tests.tiny import make_tiny_checkpoint
+
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    path = make_tiny_checkpoint(
+        tmp_path / "dynamic",
+        max_position_embeddings=64,
+        rope_parameters=rope,
+        initializer_range=0.5,
+    )
+    llm = load(path, max_seq_len=300)
+    try:
+        prompt = prompt_ids(90)
+        regex = r"[a-z]{3} the quick brown fox jumps over the lazy dog and then [a-z ]{40}"
+        outputs = [
+            llm.generate(
+                prompt, SamplingParams(temperature=0, max_tokens=120, regex=regex, logprobs=n)
+            )
+            for n in (None, 1)
+        ]
+        assert outputs[0].token_ids == outputs[1].token_ids
+        assert outputs[0].finish_reason == "stop"
+    finally:
+        llm.close()
+
+
 def test_native_calls_take_rows_longest_first(tiny_dir, kernels):
     if kernels != "native":
         pytest.skip("the native pass's call limit")

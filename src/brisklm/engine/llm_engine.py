@@ -390,6 +390,12 @@ class LLMEngine:
             if allow_forced and not request.is_finished
             else []
         )
+        # The next pass feeds this token and the forced ones as one row: past the trained context,
+        # dynamic NTK would rotate that row by its last position, unlike one-token steps. Those
+        # forced tokens are taken one a step (``forced_next``), as proposals are cut (speculation).
+        rotary = self.model.rotary
+        while forced and rotary.rotates_by_length(request.num_tokens + len(forced)):
+            forced.pop()
         for token in forced:
             assert matcher is not None  # only a grammar forces tokens
             if not matcher.accept_token(token):
