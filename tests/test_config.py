@@ -70,6 +70,11 @@ def test_qwen2_bias_and_sliding_layers():
     assert (
         make(architectures=["Qwen2ForCausalLM"], sliding_window=16).sliding_windows == (None,) * 4
     )
+    # Without a sliding_window key, transformers' default window (4096) applies.
+    defaulted = make(
+        architectures=["Qwen2ForCausalLM"], use_sliding_window=True, max_window_layers=2
+    )
+    assert defaulted.sliding_windows == (None, None, 4096, 4096)
 
 
 def test_mistral_sliding_window_all_layers():

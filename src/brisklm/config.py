@@ -346,7 +346,7 @@ def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> in
 
 # transformers' defaults where a config.json leaves these out.
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
-_DEFAULT_SLIDING_WINDOW = {"mistral": 4096}
+_DEFAULT_SLIDING_WINDOW = {"mistral": 4096, "qwen2": 4096}
 
 
 def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
