@@ -188,7 +188,9 @@ class ToolCallFormat:
         lines = ["%llguidance {}"]
         tag = f"<[{self.tag_token_id}]>" if self.tag_token_id is not None else None
         if self.name == "mistral":
-            # Text cannot produce the special tag, so content and calls need no lazy split.
+            # Text cannot produce the special tag, so content and calls need no lazy split; nor may
+            # it spell the tag out of other tokens ("[TOOL_" "CALLS]"): ``parse`` reads the text,
+            # and would find a call there that no tool schema checked.
             if mode == "none" or tag is None and mode == "auto":
                 lines.append("start: TEXT")
             else:
@@ -204,7 +206,7 @@ class ToolCallFormat:
                     calls = f'{tag} " "? "[" call{more} "]"'
                 # "auto": text, which may end in the calls (or end the reply as it is).
                 lines.append(f"start: TEXT ({calls})?" if mode == "auto" else f"start: {calls}")
-            lines.append("TEXT: /(?s:.*)/")
+            lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(MISTRAL_TAG)}(?s:.*)/")
             key = "arguments"
         else:
             # A reply that starts with "{" (after blanks) is a call; text must not. One call per
@@ -218,7 +220,12 @@ class ToolCallFormat:
             else:
                 lines.append("start: call")
             # Blanks as Python's str.strip (what ``parse`` strips) sees them: \s plus \x1c-\x1f.
-            lines.append(r"TEXT: /(?s:[\s\x1c-\x1f]*|[\s\x1c-\x1f]*[^\s\x1c-\x1f{].*)/")
+            # Nor may text start with the tag spelled out of other tokens (``parse`` skips it).
+            blanks = r"[\s\x1c-\x1f]*"
+            lines.append(
+                rf"TEXT: /(?s:{blanks}|{blanks}[^\s\x1c-\x1f{{].*)/"
+                rf" & ~/(?s:{blanks}{re.escape(LLAMA_TAG)}.*)/"
+            )
             key = "parameters"
         if mode != "none":
             args = None if self.args_token_id is None else f"<[{self.args_token_id}]>"
