@@ -301,3 +301,45 @@ def test_a_grammar_naming_eos_mid_output_gives_the_targets_output(plain, specula
     prompts = ["Write one lowercase word.", "abc", "Hello world", "def add(a, b):"]
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     assert [o.token_ids for o in speculative.generate(prompts, params)] == expected
+
+
+# Found by fuzzing: a grammar so ambiguous that llguidance passes its item limit mid-output.
+TOO_AMBIGUOUS_GBNF = r"""root ::= (my-rule-2)* | ("é [")+ "}+東" "]"
+a1-1 ::= ("z")* ("(\t "){1,3} "🙂" |
+    ((([\x7f🙂-🙃0]){0,2} root my-rule-2 | .)){0,2}
+my-rule-2 ::= ("b{\x01")* a1-1 (([^z] (b_c-3)? ("'+" "xx1" my-rule-2) | ([\]🙂-🙃一-丏] | [A-C\x00-\x1f] (root)* [^y\na-c]) a1-1))? |
+    (.)* my-rule-2 "9" |
+    [一-丏a\]] ([à-ÿ]){2}
+b_c-3 ::= "\"" (root){1,3} ("z"){2,} | ((("é[-"){2}) my-rule-2 (my-rule-2)*) [\x00-\x1f] ([🙂-🙃\[{]){1,3} | ".*\x01" (my-rule-2)+ (b_c-3){0,2}
+"""
+
+
+def test_a_grammar_past_llguidances_limits_fails_only_its_request(tiny_dir):
+    """With a draft, a matcher that failed while the proposals' masks were computed could not be
+    rolled back: "llguidance rollback failed" (RuntimeError) failed every request of the batch,
+    unconstrained ones too. Now, as without a draft, each such request gets its ConstraintError."""
+    import asyncio
+
+    from brisklm.constrained import ConstraintError
+
+    settings = dict(draft="ngram", num_speculative_tokens=3, max_batch_size=8, show_progress=False)
+    with LLM.from_pretrained(tiny_dir, max_seq_len=256, **settings) as llm:
+        free = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        requests = [llm.make_request("Hello there", free)]
+        for seed, prompt in enumerate(["The quick brown", "abc 123", "東京 🙂", "Hi"], start=1):
+            params = SamplingParams(
+                grammar=TOO_AMBIGUOUS_GBNF, grammar_syntax="gbnf", seed=seed, max_tokens=48
+            )
+            requests.append(llm.make_request(prompt, params))
+
+        async def run():
+            return dict([pair async for pair in llm.arun_requests_each(requests)])
+
+        results = asyncio.run(run())
+        assert results[0].finish_reason == "length" and len(results[0].token_ids) == 40
+        failed = [r for r in results.values() if isinstance(r, BaseException)]
+        assert all(isinstance(r, ConstraintError) for r in failed), failed
+        assert all("could not be enforced past" in str(r) for r in failed)
+        assert llm.generate("Hi", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
+        if not failed:
+            pytest.skip("this llguidance stays within its limits on the grammar")

@@ -95,7 +95,11 @@ class StructuredOutputs:
                         if not matcher.accept_token(proposals[b][j]):
                             break  # verification rejects here: later positions are never reached
                         accepted += 1
-                matcher.rollback(accepted)
+                # A matcher that failed (an llguidance limit, here or at a proposal) allows only
+                # EOS from there, and llguidance cannot roll it back: left as it is, it fails its
+                # own request when the verified tokens reach it (``update_request``), not the batch.
+                if matcher.error is None:
+                    matcher.rollback(accepted)
             return bitmask, rows
 
         return self._pool.submit(fill)
