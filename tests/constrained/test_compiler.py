@@ -181,6 +181,15 @@ def test_an_undefined_gbnf_rule_is_located_where_it_is_used(bpe_compiler) -> Non
         ("root ::= [&&a]", ["&", "a"], ["b"]),
         ("root ::= [-a] [a-]", ["-a", "a-"], ["b-"]),
         ("root ::= [^a-c]", ["d", "\n"], ["b"]),
+        # strings are read character by character (one greedy lexeme each refused these)
+        ('root ::= " "? "  " "x"', ["  x", "   x"], [" x", "    x"]),
+        ('root ::= ("a" | "ab") "b"', ["ab", "abb"], ["a", "abbb"]),
+        ('root ::= "a"? ("aa")+ "x"', ["aax", "aaax", "aaaax"], ["ax", "x"]),
+        # a repetition of a repetition, and x{0} (both refused as invalid Lark)
+        ('root ::= ([0-9]+)? "x"', ["x", "12x"], ["1", "ax"]),
+        ('root ::= ("a"{2}){3} "b"', ["aaaaaab"], ["aaaab", "aaaaab"]),
+        ('root ::= ("a"*)+ "b"', ["b", "aab"], ["c"]),
+        ('root ::= "x" "a"{0} "b"', ["xb"], ["xab"]),
     ],
 )
 def test_gbnf_characters_mean_what_llama_cpp_reads(bpe_compiler, gbnf, accepted, refused) -> None:

@@ -132,3 +132,20 @@ def test_json_grammar_is_one_line_and_sound() -> None:
     options = grammar["grammars"][0]["json_schema"]["x-guidance"]
     assert options["whitespace_flexible"] is True and options["lenient"] is False
     assert LLMatcher.validate_grammar(JsonObject().to_llguidance()) == ""
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Regex("a\ud800"), r"regex holds a lone surrogate \(U\+D800\) at index 1"),
+        (lambda: Choice(("x", "\udfff")), r"choice option 1 holds a lone surrogate \(U\+DFFF\)"),
+        (lambda: Grammar('start: "\ud800"'), "grammar holds a lone surrogate"),
+        (lambda: Grammar('root ::= "\ud800"', "gbnf"), "grammar holds a lone surrogate"),
+    ],
+)
+def test_lone_surrogates_are_named(make, message) -> None:
+    # They failed inside llguidance's translation: a bare UnicodeEncodeError, or "unexpected end
+    # of hex escape" at a position in Lark text the caller never wrote.
+    with pytest.raises(ConstraintError, match=message):
+        make()
+    assert Choice(("🙂",)).options == ("🙂",)  # a real astral character is fine

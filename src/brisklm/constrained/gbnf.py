@@ -29,10 +29,37 @@ _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
 
 class _Literal(_llg_gbnf.LiteralNode):
-    """A GBNF string, written as a JSON string (which llguidance's Lark strings read)."""
+    """A GBNF string, written as JSON strings (which llguidance's Lark strings read) of one
+    character each: a Lark string is one lexeme, and lexemes are matched greedily, so
+    `" "? "  " "x"` refused three spaces and `("a" | "ab") "b"` refused "ab", where llama.cpp
+    reads every string character by character."""
 
     def __str__(self) -> str:
-        return json.dumps(self.value)
+        return " ".join(json.dumps(c) for c in self.value) if self.value else '""'
+
+    def is_atomic(self) -> bool:
+        return len(self.value) <= 1
+
+
+def _repaired(node: _llg_gbnf.ASTNode) -> _llg_gbnf.ASTNode:
+    """``node`` with the repetitions Lark cannot write as llguidance writes them: a repetition
+    of a repetition (`([0-9]+)?`, which ``simplify`` leaves as `/[0-9]/+?`) gets its group back,
+    and `x{0}` (nothing, in llama.cpp) becomes the empty string."""
+    if isinstance(node, _llg_gbnf.RepetitionNode):
+        node.node = _repaired(node.node)
+        if node.max_times == 0 or _is_empty(node.node):
+            return _llg_gbnf.SequenceNode([])
+        if isinstance(node.node, _llg_gbnf.RepetitionNode):
+            node.node = _llg_gbnf.SequenceNode([node.node])  # not atomic: written in parentheses
+    elif isinstance(node, _llg_gbnf.SequenceNode):
+        node.nodes = [_repaired(child) for child in node.nodes]
+    elif isinstance(node, _llg_gbnf.AlternativeNode):
+        node.alternatives = [_repaired(child) for child in node.alternatives]
+    return node
+
+
+def _is_empty(node: _llg_gbnf.ASTNode) -> bool:
+    return isinstance(node, _llg_gbnf.SequenceNode) and not node.nodes
 
 
 def _opened(pos: _llg_gbnf.Position, opening: str) -> _llg_gbnf.Position:
@@ -143,7 +170,8 @@ def gbnf_to_lark(text: str) -> str:
     llguidance's own translator turns rules made only of terminals into lexemes, and lexemes are
     matched greedily: in llama.cpp's arithmetic.gbnf `num ::= [0-9]+ ws` then swallows the newline
     that `root` requires, so no output can ever complete. Here every GBNF rule becomes a Lark rule
-    (only literals and character classes are lexemes), which parses exactly what llama.cpp parses.
+    and the only lexemes are single characters (a class, or one character of a string), which
+    parses exactly what llama.cpp parses.
     Raises ConstraintError with line and column for syntax errors and undefined rules.
     """
     try:
@@ -162,7 +190,7 @@ def gbnf_to_lark(text: str) -> str:
     if "root" not in rules:
         raise ConstraintError("invalid GBNF grammar: no 'root' rule")
     for rule in rules.values():
-        rule.alternatives = rule.alternatives.simplify()
+        rule.alternatives = _repaired(rule.alternatives.simplify())
     for rule in rules.values():
         for node in _descendants(rule):
             if isinstance(node, _llg_gbnf.RegexNode) and node.rx == ".":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +38,20 @@ def _schema_dict(schema: Any) -> dict[str, Any] | bool:
             f"got {type(schema).__name__}{hint}"
         )
     return schema
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(text: str, what: str) -> None:
+    """ConstraintError for a lone surrogate (no UTF-8 text holds one; it failed deep inside)."""
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise ConstraintError(
+            f"{what} holds a lone surrogate (U+{ord(found.group()):04X}) at index {found.start()}: "
+            "no UTF-8 text has one (a pair of them read from JSON or UTF-16 is one character; "
+            "decode it first)"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +127,7 @@ class Regex:
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, str):
             raise ConstraintError(f"regex must be a str, got {type(self.pattern).__name__}")
+        _check_text(self.pattern, "regex")
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -139,6 +155,8 @@ class Choice:
         bad = [o for o in options if not isinstance(o, str)]
         if bad:
             raise ConstraintError(f"choice options must be strings, got {bad[0]!r}")
+        for index, option in enumerate(options):
+            _check_text(option, f"choice option {index}")
         object.__setattr__(self, "options", options)
 
     @property
@@ -157,7 +175,8 @@ class Grammar:
     """Output must match a context-free grammar written in Lark (llguidance dialect) or GBNF.
 
     GBNF (llama.cpp) grammars keep llama.cpp's character-level semantics: every rule becomes a
-    Lark rule, so no rule turns into a greedy lexeme that could swallow text a later rule needs.
+    Lark rule and every string a run of one-character strings, so no greedy lexeme can swallow
+    text a later rule or string needs.
     """
 
     text: str
@@ -166,6 +185,7 @@ class Grammar:
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise ConstraintError(f"grammar must be a str, got {type(self.text).__name__}")
+        _check_text(self.text, "grammar")
         if self.syntax not in GRAMMAR_SYNTAXES:
             raise ConstraintError(
                 f"grammar_syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {self.syntax!r}"
