@@ -19,7 +19,7 @@ from brisklm import LLM
 from brisklm.engine.request import Request
 from brisklm.llm import naming_prompt
 from brisklm.outputs import StreamChunk, Usage
-from langchain_brisklm._engines import off_loop
+from langchain_brisklm._engines import get_tokenizer, off_loop
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 
 # Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").
@@ -85,6 +85,11 @@ class BriskLLM(BriskSettings, BaseLLM):
         model = kwargs.get("model")
         params["ls_model_name"] = self._display_name(model)
         return params
+
+    def get_num_tokens(self, text: str) -> int:
+        """The tokens ``text`` takes as a prompt, as usage reports them: its token ids and the
+        special tokens the tokenizer adds to a prompt (BOS), which ``get_token_ids`` leaves out."""
+        return len(get_tokenizer(self.model).encode(text, add_special_tokens=True))
 
     def _requests(
         self, prompts: Sequence[str], stop: list[str] | None, kwargs: dict[str, Any]

@@ -141,8 +141,12 @@ def test_tokens_are_counted_with_the_models_tokenizer(
         strategy="last",
     )
     assert [m.content for m in trimmed] == ["b", "c"]
+    # A completion model's prompt also holds the tokens its tokenizer adds (BOS): counted as
+    # usage counts them (get_num_tokens was one short, the count of get_token_ids).
     llm = BriskLLM(model=chat.model, **TINY_ENGINE)
-    assert llm.get_num_tokens(text) == chat.get_num_tokens(text)
+    assert llm.get_token_ids(text) == chat.get_token_ids(text)
+    usage = llm.generate([text], max_tokens=1).llm_output["token_usage"]
+    assert llm.get_num_tokens(text) == usage["prompt_tokens"] == len(llm.get_token_ids(text)) + 1
 
 
 def test_token_counting_reads_the_tokenizer_only(tiny_chat_dir: Path) -> None:
