@@ -42,14 +42,11 @@ def probe_xformers(
     def draw(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
 
-    q, k, v = (
-        draw(10, num_heads, head_dim),
-        draw(10, num_kv_heads, head_dim),
-        draw(10, num_kv_heads, head_dim),
-    )
-    k_cache, v_cache = draw(*cache_shape), draw(*cache_shape)
     outputs = []
     try:
+        q = draw(10, num_heads, head_dim)
+        k, v = draw(10, num_kv_heads, head_dim), draw(10, num_kv_heads, head_dim)
+        k_cache, v_cache = draw(*cache_shape), draw(*cache_shape)
         for backend in (XformersAttention(), SdpaAttention()):
             meta = AttentionMetadata.build([0, 1], [12, 0], lens, device)
             outputs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, None))
