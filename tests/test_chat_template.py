@@ -410,10 +410,26 @@ def test_chat_template_jinja_file_takes_priority(tmp_path: Path) -> None:
 
 def test_templates_compile_once() -> None:
     assert compile_chat_template(QWEN25_TEMPLATE) is compile_chat_template(QWEN25_TEMPLATE)
-    rendered = render_chat_template(
-        "{{ bos_token }}{{ messages[0].content }}", USER_ONLY, special_tokens={"bos_token": "<s>"}
-    )
+    template = "{{ bos_token }}{{ messages[0].content }}"
+    rendered = render_chat_template(template, USER_ONLY, None, True, {"bos_token": "<s>"})
     assert rendered == "<s>  hello  "
+
+
+def test_template_variables_may_share_a_parameters_name(tmp_path) -> None:
+    """`template` and `special_tokens` are template variables like any other (they collided with
+    render_chat_template's own parameters: a bare TypeError "got multiple values")."""
+    directory = build_byte_level_bpe(
+        tmp_path / "tok",
+        config_overrides={"chat_template": "x|{{ template }}|{{ special_tokens }}"},
+    )
+    ours, reference = (
+        Tokenizer.from_pretrained(directory),
+        transformers.AutoTokenizer.from_pretrained(directory),
+    )
+    for variables in ({"template": "T1"}, {"special_tokens": "S1"}):
+        assert ours.apply_chat_template(USER_ONLY, add_generation_prompt=False, **variables) == (
+            reference.apply_chat_template(USER_ONLY, tokenize=False, **variables)
+        )
 
 
 class Unit(Enum):

@@ -612,3 +612,22 @@ def test_chat_keeps_text_that_only_looks_like_calls(tool_format, text, finish) -
     output = GenerationOutput("r", None, [1], text, [2], reason, Usage(1, 1), stop_reason)
     reply = LLM._chat_output(output, tool_format)
     assert (reply.content, reply.tool_calls) == (text, [])
+
+
+def test_an_empty_tool_list_renders_as_transformers_renders_it(tmp_path) -> None:
+    """tools=[] is a list of no tools, not None (Llama 3.1's template then still writes its
+    ipython environment, Mistral Nemo its empty [AVAILABLE_TOOLS]); chat rendered it as None."""
+    import transformers
+
+    template = "{{ 'none' if tools is none else tools|length }}|{{ messages[0].content }}"
+    directory = _checkpoint(tmp_path / "tools", template)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    messages = [{"role": "user", "content": "hi"}]
+    with LLM.from_pretrained(directory, max_batch_size=1) as llm:
+        for tools in ([], None, [WEATHER]):
+            ids = llm.chat_prompt_ids(messages, tools=tools)
+            expected = reference.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            )
+            assert llm.tokenizer.decode(ids, False) == expected, tools
+        assert llm.tokenizer.decode(llm.chat_prompt_ids(messages, tools=[]), False) == "0|hi"

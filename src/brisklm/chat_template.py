@@ -244,6 +244,7 @@ def render_chat_template(
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = True,
     special_tokens: Mapping[str, str] | None = None,
+    /,
     *,
     documents: Sequence[Mapping[str, Any]] | None = None,
     continue_final_message: bool | str = False,
@@ -254,7 +255,8 @@ def render_chat_template(
     The template sees `messages`, `tools` (JSON schema dicts; functions and pydantic models are converted
     by `tool_schema.tool_json_schema`), `documents`, `add_generation_prompt`, the special tokens
     (`bos_token`, `eos_token`, ...) and any extra keyword arguments, which override special tokens of the
-    same name. `continue_final_message` renders the last message open-ended, so generation continues
+    same name (the parameters before `/` are positional, so a template variable may be called
+    `template` or `special_tokens`, as in transformers). `continue_final_message` renders the last message open-ended, so generation continues
     its content (a prefill), or the field it names (e.g. "reasoning_content", to continue the
     model's thinking); it implies add_generation_prompt=False. Raises ChatTemplateError (a
     ValueError) for a template that fails, including its own raise_exception calls, and ValueError for

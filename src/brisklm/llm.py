@@ -698,7 +698,7 @@ class LLM:
             )
         text = self.tokenizer.apply_chat_template(
             list(messages),
-            tools=list(tools) if tools else None,
+            tools=None if tools is None else list(tools),  # [] renders as transformers does
             add_generation_prompt=True,
             **template_kwargs,
         )

@@ -284,9 +284,9 @@ class Tokenizer:
         return render_chat_template(
             template,
             messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            special_tokens=self.named_special_tokens,
+            tools,
+            add_generation_prompt,
+            self.named_special_tokens,
             continue_final_message=continue_final_message,
             **extra,
         )
