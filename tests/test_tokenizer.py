@@ -33,6 +33,7 @@ STRIPS_LEADING_SPACE = {
     "llama_hub_json",
     "mistral_hub_json",
     "codellama_hub_json",
+    "llama_hub_json_null_post_processor",
 }
 KINDS = [
     "bytelevel",
@@ -51,6 +52,8 @@ KINDS = [
     "spm_added_tokens_json",  # tokenizer.model with added_tokens.json (saved before transformers 4.34)
     "bytelevel_null_post_processor",  # add_bos_token beside a tokenizer.json without post-processor
     "codellama_hub_json",  # CodeLlamaTokenizer rebuilds it as LlamaTokenizer does, never legacy
+    "llama_hub_json_null_post_processor",  # ... and no BOS without a post-processor, as above
+    "bytelevel_eos_added_not_special",  # a named token listed as not special is special
 ]
 
 
@@ -89,6 +92,21 @@ def _null_post_processor(directory: Path) -> Path:
     config = json.loads((directory / "tokenizer_config.json").read_text())
     config.update(add_bos_token=True, add_eos_token=True)
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _eos_added_not_special(directory: Path) -> Path:
+    """A ChatML fine-tune's layout: <|im_end|> added with add_tokens (special: false) and then
+    named eos_token; transformers makes every named token special."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        data = json.loads((directory / name).read_text(encoding="utf-8"))
+        tokens = data["added_tokens"] if name == "tokenizer.json" else data["added_tokens_decoder"]
+        for entry in tokens if isinstance(tokens, list) else tokens.values():
+            if entry["content"] == "<|im_end|>":
+                entry["special"] = False
+        if name == "tokenizer_config.json":
+            data["eos_token"] = "<|im_end|>"
+        (directory / name).write_text(json.dumps(data), encoding="utf-8")
     return directory
 
 
@@ -154,6 +172,12 @@ def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "spm_added_tokens_json": _added_tokens_json(build_sentencepiece(root / "spm_added_json")),
         "bytelevel_null_post_processor": _null_post_processor(
             build_byte_level_bpe(root / "bytelevel_null_pp")
+        ),
+        "llama_hub_json_null_post_processor": _null_post_processor(
+            build_llama_hub_json(root / "llama_null_pp", spm)
+        ),
+        "bytelevel_eos_added_not_special": _eos_added_not_special(
+            build_byte_level_bpe(root / "eos_not_special")
         ),
         "qwen2_model_type": _with_model_config(
             build_byte_level_bpe(

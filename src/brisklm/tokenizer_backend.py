@@ -429,9 +429,10 @@ def load_backend(directory: Path) -> BackendSpec:
     explicit_bos_eos = tokenizer_json is None and (
         "add_bos_token" in config or "add_eos_token" in config
     )
-    # A tokenizer.json loaded as is decides BOS/EOS by its post-processor alone: with none (null),
-    # transformers adds neither, whatever add_bos_token says.
-    flags_apply = tokenizer_json is None or tokenizer_class in LLAMA_CLASSES
+    # With a tokenizer.json, BOS/EOS come from its post-processor alone: with none (null),
+    # transformers adds neither, whatever add_bos_token says (it drops the two keys whenever
+    # there is a tokenizer.json, for the rebuilt Llama classes too).
+    flags_apply = tokenizer_json is None
     if explicit_bos_eos or backend.post_processor is None:
         backend.post_processor = _bos_eos_post_processor(
             backend,
@@ -489,6 +490,20 @@ def _add_tokens_like_transformers(
                 special=True,
             )
         tokens.append(token)
+    # A named token that the files list as not special (an eos added with add_tokens, then
+    # named) is made special with its flags, as transformers re-adds every named token.
+    for token in backend.get_added_tokens_decoder().values():
+        if not token.special and token.content in named_contents:
+            tokens.append(
+                AddedToken(
+                    token.content,
+                    single_word=token.single_word,
+                    lstrip=token.lstrip,
+                    rstrip=token.rstrip,
+                    normalized=token.normalized,
+                    special=True,
+                )
+            )
     if tokens:
         backend.add_tokens(tokens)
 
