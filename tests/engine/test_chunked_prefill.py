@@ -331,6 +331,34 @@ def test_a_pass_that_fails_on_a_chunk_fails_only_that_request(tiny_dir, draft):
         llm.close()
 
 
+def test_a_failed_pass_leaves_a_seeded_requests_draft_draws_alone(tiny_dir, tmp_path):
+    """The draft's sampled proposals of a pass that failed (on another request's prompt) had
+    drawn from the seeded request's draft generator: run again, it proposed and emitted other
+    tokens than alone (from the 4th token)."""
+    from tests.tiny import make_tiny_checkpoint
+
+    draft = make_tiny_checkpoint(tmp_path / "draft", seed=7, num_hidden_layers=1)
+    settings = dict(draft=draft, num_speculative_tokens=3, draft_length="fixed")
+    seeded = SamplingParams(temperature=1.0, seed=5, max_tokens=40, ignore_eos=True)
+    llm = load(tiny_dir, prefill_chunk_size=32, **settings)
+    try:
+        alone = llm.generate(prompt_ids(5), seeded).token_ids
+        fail_rows_longer_than(llm, 19)
+        request = llm.make_request(prompt_ids(5), seeded)
+        llm.engine.add_request(request)
+        for _ in range(2):
+            llm.engine.step()
+        arriving = llm.make_request(prompt_ids(100), GREEDY)
+        llm.engine.add_request(arriving)
+        results = dict(llm.engine.step())
+        assert isinstance(results[arriving], RuntimeError)
+        assert not isinstance(results[request], BaseException)
+        run_to_end(llm, [])
+        assert request.output_token_ids == alone
+    finally:
+        llm.close()
+
+
 @pytest.mark.parametrize("draft", [None, "model"])
 @pytest.mark.parametrize("decoding_beside", [False, True])
 def test_a_failed_pass_of_several_prompts_fails_only_the_prompt_that_fails(

@@ -166,7 +166,16 @@ class Speculator:
             self.record_plain_step(decoding)
             return results
         rows = self._rows(decoding, engine)
-        proposals = self._valid_for_grammar(decoding, self.proposer.propose(rows))
+        # Sampled proposals draw from each request's draft generator: a pass that fails (and is
+        # run again, see LLMEngine._step) must leave them where they were, or a seeded request
+        # would propose, and so emit, other tokens than alone.
+        drawn = [r for r in decoding if r.draft_generator is not None]
+        states = [r.draft_generator.get_state() for r in drawn]  # type: ignore[union-attr]
+        try:
+            proposals = self._valid_for_grammar(decoding, self.proposer.propose(rows))
+        except BaseException:
+            _restore(drawn, states)
+            raise
         counts = verification_counts(proposals)
         feeds = [r.uncached_token_ids for r in decoding]
         chunk_feeds = [engine.feed(r, n) for r, n in chunked]
@@ -189,6 +198,7 @@ class Speculator:
             maybe_logits, choices = engine.forward_pass(forward, [*decoding, *sampled])
         except BaseException:
             engine.structured.settle(pending_masks)
+            _restore(drawn, states)
             raise
         for (request, _), feed in zip(chunked, chunk_feeds):
             request.num_cached += len(feed)
@@ -313,3 +323,9 @@ class Speculator:
             per_row.append(flat[start : start + n + 1])
             start += n + 1
         return per_row
+
+
+def _restore(requests: list[Request], states: list[torch.Tensor]) -> None:
+    """Put the requests' draft generators back to ``states`` (taken before a failed pass)."""
+    for request, state in zip(requests, states, strict=True):
+        request.draft_generator.set_state(state)  # type: ignore[union-attr]
