@@ -150,6 +150,13 @@ def test_llama3_json_parse(text: str, content: str | None, calls: list) -> None:
         (MISTRAL_TAG + 'f{"x": 2}', "", [("f", {"x": 2})]),
         (MISTRAL_TAG + 'f[ARGS]{"x": 2', None, []),
         (MISTRAL_TAG + "two words[ARGS]{}", None, []),
+        # An argument may hold the tag's text (the calls were split at every tag: no call parsed).
+        (
+            MISTRAL_TAG + 'say[ARGS]{"text": "a [TOOL_CALLS] b"}' + MISTRAL_TAG + "g[ARGS]{}",
+            "",
+            [("say", {"text": "a [TOOL_CALLS] b"}), ("g", {})],
+        ),
+        (MISTRAL_TAG + 'f[ARGS]{"x": 1} junk', None, []),
     ],
 )
 def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
@@ -178,6 +185,11 @@ def test_mistral_parse(text: str, content: str | None, calls: list) -> None:
             ("", ["f"], 'g[ARGS]{"y'),
         ),
         (MISTRAL, 'Hi. [TOOL_CALLS] [{"name": "f", "arguments": {}}]', None),
+        (
+            MISTRAL,
+            MISTRAL_TAG + 'f[ARGS]{"t": "[TOOL_CALLS]"}' + MISTRAL_TAG + 'g[ARGS]{"t": "[TOOL',
+            ("", ["f"], 'g[ARGS]{"t": "[TOOL'),
+        ),
         (LLAMA, "Just text.", None),
         # A whole JSON value that is no call is an answer (JSON mode, an answer beside tools).
         (LLAMA, ' {"answer": "yes"} ', None),

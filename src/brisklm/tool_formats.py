@@ -267,20 +267,34 @@ def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list
 def _parse_v11_calls(text: str, new_id: Callable[[], str]) -> list[ToolCall]:
     """Mistral v11+ calls after the first [TOOL_CALLS]: NAME ([CALL_ID]ID)? [ARGS]? {...}, each
     further call after another [TOOL_CALLS]. Empty unless all of it parses."""
+    calls, stop = _v11_calls(text, new_id)
+    return calls if stop is None else []
+
+
+def _v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolCall], int | None]:
+    """The Mistral v11+ calls at the start of ``text`` (after the first [TOOL_CALLS]), read in
+    order, and where the first that does not parse begins (None when all of it parses). Read call
+    by call, not split at the tags: an argument may hold the text "[TOOL_CALLS]"."""
     decoder = json.JSONDecoder()
-    calls = []
-    for segment in text.split(MISTRAL_TAG):
-        head = _V11_HEAD.match(segment)
+    calls: list[ToolCall] = []
+    position = 0
+    while True:
+        head = _V11_HEAD.match(text, position)
         if head is None:
-            return []
+            return calls, position
         try:
-            arguments, end = decoder.raw_decode(segment, head.end())
+            arguments, end = decoder.raw_decode(text, head.end())
         except json.JSONDecodeError:
-            return []
-        if not isinstance(arguments, dict) or segment[end:].strip():
-            return []
+            return calls, position
+        rest = len(text) - len(text[end:].lstrip())
+        if not isinstance(arguments, dict) or not (
+            rest == len(text) or text.startswith(MISTRAL_TAG, rest)
+        ):
+            return calls, position
         calls.append(ToolCall(head.group(1), arguments, id=head.group(2) or new_id()))
-    return calls
+        if rest == len(text):
+            return calls, None
+        position = rest + len(MISTRAL_TAG)
 
 
 def _json_call(value: Any) -> ToolCall | None:
@@ -330,14 +344,8 @@ def _leading_json_calls(
 def _leading_v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolCall], str | None]:
     """Of Mistral v11+ calls cut short (after their first [TOOL_CALLS]): the calls complete
     before the cut, and the text of the one it is in."""
-    calls: list[ToolCall] = []
-    segments = text.split(MISTRAL_TAG)
-    for i, segment in enumerate(segments):
-        call = _parse_v11_calls(segment, new_id)
-        if not call:
-            return calls, MISTRAL_TAG.join(segments[i:]).strip()
-        calls.extend(call)
-    return calls, None
+    calls, stop = _v11_calls(text, new_id)
+    return calls, (None if stop is None else text[stop:].strip())
 
 
 def detect_tool_call_format(
