@@ -266,7 +266,11 @@ def test_from_pretrained_sources(tmp_path: Path) -> None:
         tmp_path / "partial" / "quantize_config.json",
         AUTO_GPTQ | {"sym": False, "checkpoint_format": "gptq_v2"},
     )
-    assert GPTQConfig.from_pretrained(tmp_path / "partial").checkpoint_format == "gptq_v2"
+    partial_config = GPTQConfig.from_pretrained(tmp_path / "partial")
+    assert partial_config.checkpoint_format == "gptq_v2"
+    # desc_act, sym and static_groups only quantize_config.json states are taken from it too:
+    # config.json's default desc_act (False) loaded an act-order checkpoint missing its g_idx.
+    assert partial_config.desc_act is True and partial_config.sym is False
 
     # Which modules are quantized is taken from whichever file says it; module lists compare as sets.
     (tmp_path / "modules").mkdir()

@@ -184,6 +184,29 @@ def test_unpackable_layer_sizes_are_refused_before_any_work(tmp_path, monkeypatc
     assert load_model(tmp_path / "q", device="cpu", show_progress=False).config.vocab_size == 405
 
 
+def test_sizes_other_loaders_cannot_read_are_named(tmp_path, caplog):
+    """A layer size that is a multiple of 8 but not of 32 quantizes and loads here, but auto-gptq
+    (buffers of size // 32 * 4 words) refuses the files: said at quantize time, not found later."""
+    import logging
+
+    narrow = make_tiny_checkpoint(tmp_path / "mlp200", intermediate_size=200, num_hidden_layers=1)
+    options = QuantizeOptions(method="rtn", group_size=32, sym=False)
+    with caplog.at_level(logging.WARNING, logger="brisklm.quant.quantize_model"):
+        quantize_model(narrow, tmp_path / "q", options, show_progress=False)
+    warning = caplog.text
+    assert "3 layer size(s) are multiples of 8 but not of 32" in warning
+    assert "model.layers.0.mlp.gate_proj (output 200)" in warning
+    assert "model.layers.0.mlp.down_proj (input 200)" in warning and "auto-gptq" in warning
+    assert (
+        load_model(tmp_path / "q", device="cpu", show_progress=False).config.intermediate_size
+        == 200
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="brisklm.quant.quantize_model"):
+        quantize_model(make_tiny_checkpoint(tmp_path / "aligned"), tmp_path / "q2", options)
+    assert "not of 32" not in caplog.text
+
+
 @pytest.mark.parametrize("quantize_lm_head", [False, True])
 def test_tied_config_with_its_own_stored_head_quantizes_that_head(tmp_path, quantize_lm_head):
     """config.json says tied but the checkpoint stores a different lm_head.weight: the loader

@@ -34,8 +34,15 @@ _FORMAT_FIELDS = (
     "modules_to_not_convert",
     "skip_patterns",
 )
+# Fields taken from quantize_config.json where config.json leaves them out, but not compared: a
+# missing g_idx is an error only for desc_act checkpoints, so config.json's default (False) must not
+# hide quantize_config.json's true.
+_MERGED_FIELDS = (*_FORMAT_FIELDS, "desc_act", "sym", "static_groups")
 # The config keys behind each field, to tell whether a file states it.
 _FIELD_KEYS = {
+    "desc_act": ("desc_act",),
+    "sym": ("sym",),
+    "static_groups": ("static_groups",),
     "bits": ("bits",),
     "group_size": ("group_size",),
     "checkpoint_format": ("format", "checkpoint_format"),
@@ -189,10 +196,10 @@ class GPTQConfig:
                     f"{model_dir}: config.json's quantization_config and {QUANTIZE_CONFIG_FILE} "
                     f"disagree ({'; '.join(diff)})"
                 )
-            # What only quantize_config.json states (e.g. checkpoint_format) is not a default.
+            # What only quantize_config.json states (checkpoint_format, desc_act) is not a default.
             stated = {
                 name: getattr(from_quantize_json, name)
-                for name in _FORMAT_FIELDS
+                for name in _MERGED_FIELDS
                 if _states(from_quantize_json, name) and not _states(from_config_json, name)
             }
             return dataclasses.replace(from_config_json, **stated)

@@ -191,9 +191,12 @@ def _check_packable_shapes(config: ModelConfig, options: QuantizeOptions) -> Non
     input, qzeros [groups, out/8] along the output. So every quantized layer's input size and the
     output size of each checkpoint layer must be multiples of 8 (a merged q/k/v or gate/up is
     split back into its layers along packed qzeros words, so each part counts on its own).
+    Sizes that are multiples of 8 but not of 32 are logged: brisklm reads them, but auto-gptq and
+    GPTQModel size their buffers as size // 32 * 4 words and refuse such a checkpoint.
     """
     with torch.device("meta"):
         model = LlamaForCausalLM(config, strided_dense_linear)
+    unaligned: list[str] = []
     for name in _quantized_linears(model, options):
         module = model.get_submodule(name)
         sizes = [("input", name, module.in_features)] + [
@@ -202,6 +205,8 @@ def _check_packable_shapes(config: ModelConfig, options: QuantizeOptions) -> Non
         ]
         for side, layer, size in sizes:
             if size % PACK_FACTOR == 0:
+                if size % 32:
+                    unaligned.append(f"{layer} ({side} {size})")
                 continue
             if name == "lm_head":
                 field = "vocab_size" if side == "output" else "hidden_size"
@@ -219,6 +224,15 @@ def _check_packable_shapes(config: ModelConfig, options: QuantizeOptions) -> Non
                 f"quantized layer's input and output, so both must be multiples of "
                 f"{PACK_FACTOR}; {fix}"
             )
+    if unaligned:
+        logger.warning(
+            "%d layer size(s) are multiples of 8 but not of 32: %s%s. brisklm loads the "
+            "checkpoint; auto-gptq and GPTQModel (which size their buffers as size // 32 * 4 "
+            "int32 words) and transformers through them do not",
+            len(unaligned),
+            ", ".join(unaligned[:4]),
+            f" and {len(unaligned) - 4} more" if len(unaligned) > 4 else "",
+        )
 
 
 @torch.no_grad()
