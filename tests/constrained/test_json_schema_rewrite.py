@@ -390,6 +390,8 @@ def test_exclusive_bounds_past_2_to_the_53_are_refused(bpe_compiler: GrammarComp
         {"exclusiveMinimum": 2, "maximum": 2.25},
         {"type": "number", "minimum": -1.5, "exclusiveMaximum": -1},
         {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0},
+        # bounds of allOf members make one range in llguidance
+        {"allOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1.5}, {"maximum": 0.5}]},
     ],
 )
 def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(

@@ -87,12 +87,15 @@ def check_exclusive_bound(key: str, value: Any, path: str) -> None:
 
 def check_number_range(schema: dict[str, Any], path: str) -> None:
     """ConstraintError for a range llguidance would let its integral exclusive bound through: no
-    integer inside, on the bound's side away from zero (see the module docstring)."""
-    kinds = schema.get("type", "number")
-    if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
-        return  # "integer" ranges are enforced; a malformed type is llguidance's to report
-    low = _tightest(schema, "minimum", "exclusiveMinimum", max)
-    high = _tightest(schema, "maximum", "exclusiveMaximum", min)
+    integer inside, on the bound's side away from zero (see the module docstring). Bounds that
+    ``allOf`` members state count together, as llguidance intersects them into one range."""
+    parts = _all_of_parts(schema)
+    for part in parts:
+        kinds = part.get("type", "number")
+        if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
+            return  # "integer" ranges are enforced; a malformed type is llguidance's to report
+    low = _tightest(parts, "minimum", "exclusiveMinimum", max)
+    high = _tightest(parts, "maximum", "exclusiveMaximum", min)
     if low is None or high is None:
         return
     (low_value, low_exclusive), (high_value, high_exclusive) = low, high
@@ -119,12 +122,23 @@ def _integral(value: float) -> bool:
     return float(value).is_integer()
 
 
-def _tightest(schema: dict[str, Any], inclusive: str, exclusive: str, pick: Any) -> Any:
-    """(value, is_exclusive) of the tighter of a schema's two bounds on one side, or None."""
+def _all_of_parts(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schema and the object members of its ``allOf`` (theirs too), whose bounds all hold."""
+    parts = [schema]
+    members = schema.get("allOf")
+    for member in members if isinstance(members, list) else []:
+        if isinstance(member, dict):
+            parts.extend(_all_of_parts(member))
+    return parts
+
+
+def _tightest(parts: list[dict[str, Any]], inclusive: str, exclusive: str, pick: Any) -> Any:
+    """(value, is_exclusive) of the tightest of the parts' bounds on one side, or None."""
     bounds = [
-        (schema[key], key == exclusive)
+        (part[key], key == exclusive)
+        for part in parts
         for key in (inclusive, exclusive)
-        if _is_number(schema.get(key)) and math.isfinite(schema[key])
+        if _is_number(part.get(key)) and math.isfinite(part[key])
     ]
     if not bounds:
         return None
