@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -361,3 +362,86 @@ def test_an_interrupt_without_a_signal_stops_a_waiting_call(tiny_dir, call):
         assert len(after.token_ids) == 4
         assert request.finish_reason == "abort"
         assert len(request.output_token_ids) < params.max_tokens
+
+
+FORK_SCRIPT = """
+import os, sys, time
+from brisklm import LLM, SamplingParams
+
+params = SamplingParams(max_tokens=4, temperature=0.0)
+llm = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=128, show_progress=False)
+expected = llm.generate("a b c", params).token_ids  # the engine thread is alive at the fork
+pid = os.fork()
+if pid == 0:
+    try:
+        llm.generate("a b c", params)
+        print("child: the parent's LLM served", flush=True)
+    except RuntimeError as error:
+        print("child:", error, flush=True)
+    started = time.monotonic()
+    llm.close()
+    own = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=128, show_progress=False)
+    print("child: own LLM", own.generate("a b c", params).token_ids == expected, flush=True)
+    print("child: close took under 1 s", time.monotonic() - started < 1.0, flush=True)
+    sys.exit(0)  # interpreter exit: brisklm's exit handler waits for no parent thread
+started = time.monotonic()
+_, status = os.waitpid(pid, 0)
+print("parent: child exit", os.waitstatus_to_exitcode(status), time.monotonic() - started < 8)
+print("parent: still serving", llm.generate("a b c", params).token_ids == expected, flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_a_clear_error_and_may_make_its_own_llm(tiny_dir, tmp_path):
+    # A forked child inherited the loop but not its engine thread: its requests waited forever
+    # (and its exit waited 10 s for the parent's thread).
+    script = tmp_path / "fork.py"
+    script.write_text(FORK_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(
+        line.startswith("child: this LLM was made in process") and "forked from it" in line
+        for line in lines
+    ), lines
+    for line in (
+        "child: own LLM True",
+        "child: close took under 1 s True",
+        "parent: child exit 0 True",
+        "parent: still serving True",
+    ):
+        assert line in lines, lines
+
+
+AFTER_MAIN_SCRIPT = """
+import sys, threading
+from brisklm import LLM, SamplingParams
+
+llm = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=128, show_progress=False)
+params = SamplingParams(max_tokens=8, json_object=True, temperature=0.0)
+expected = llm.generate("a b c", params).text
+
+def later():
+    main = threading.main_thread()
+    main.join()  # the main thread has ended: Python's exit hook has shut thread pools down
+    text = llm.generate("a b c", params).text
+    print("after main:", text == expected, flush=True)
+
+threading.Thread(target=later).start()  # not a daemon: the interpreter waits for it
+"""
+
+
+def test_constrained_requests_after_the_main_thread_ended(tiny_dir, tmp_path):
+    # The grammar masks' thread pool refuses work once the main thread has ended ("cannot
+    # schedule new futures after interpreter shutdown"): every constrained request of a
+    # non-daemon thread then failed.
+    script = tmp_path / "after_main.py"
+    script.write_text(AFTER_MAIN_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["after main: True"], (done.stdout, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr

@@ -47,6 +47,18 @@ _lock = threading.Lock()  # guards the two dicts; held for lookups only, never a
 _loading: dict[EngineKey, threading.Lock] = {}  # one per key: its first callers load it once
 
 
+def _forget_the_parents_engines() -> None:
+    """In a forked child (a preforking server's worker): the parent's engines cannot serve here
+    (their threads are the parent's), so the child loads its own; the locks may be copied held."""
+    global _lock
+    _engines.clear()
+    _loading.clear()
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_engines)
+
+
 def default_model() -> str | None:
     """The model named by $BRISKLM_MODEL, or None for the bundled default model."""
     return os.environ.get(MODEL_ENV_VAR) or None

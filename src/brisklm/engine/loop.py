@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -51,6 +52,9 @@ class EngineLoop:
         self._start_lock = threading.Lock()
         self._fail_lock = threading.Lock()
         self._closed = False
+        # The process whose thread serves this loop: a forked child has a copy of the loop but
+        # not of its thread (nor of the requests' consumers), so it may not use it.
+        self._pid = os.getpid()
         # False once the interpreter is exiting: requests still open then are dropped, not
         # failed (their callers, daemon threads by then, end with the process as they would have).
         self._fail_on_close = True
@@ -58,6 +62,7 @@ class EngineLoop:
 
     def submit(self, requests: list[Request], sink: Sink) -> None:
         """Queue requests (admitted together, so they can share a prefill); ``sink`` gets their chunks."""
+        self._check_process()  # before the lock, which the fork may have copied held
         with self._start_lock:  # no request slips in after close() has failed the pending ones
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -79,13 +84,27 @@ class EngineLoop:
     def closed(self) -> bool:
         return self._closed
 
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this LLM was made in process {self._pid} and cannot serve requests in process "
+                f"{os.getpid()}, forked from it (its engine thread does not exist here): make the "
+                "LLM in the child process, or start workers with multiprocessing's 'spawn' method"
+            )
+
     def abort(self, request_id: str) -> None:
+        if os.getpid() != self._pid:
+            return  # nothing of this loop runs here
         self._inbox.put(("abort", request_id, None))
         self._wakeup.set()
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the engine thread (waiting up to ``timeout`` seconds for the step it is in); every
         request still queued or running fails with an error."""
+        if os.getpid() != self._pid:  # a forked child's copy: no thread, and its requests' callers
+            self._closed = True  # are the parent's
+            _open_loops.discard(self)
+            return
         with self._start_lock:
             self._closed = True
             thread, done = self._thread, self._thread_done
@@ -271,6 +290,14 @@ _open_loops: weakref.WeakSet[EngineLoop] = weakref.WeakSet()
 _engine_threads: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _forget_the_parents_threads() -> None:
+    """In a forked child: the parent's engine threads do not exist here, so exit waits for none."""
+    _engine_threads.clear()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_threads)
 
 
 @atexit.register

@@ -102,7 +102,15 @@ class StructuredOutputs:
                     matcher.rollback(accepted)
             return bitmask, rows
 
-        return self._pool.submit(fill)
+        try:
+            return self._pool.submit(fill)
+        except RuntimeError:
+            # Once the main thread has ended, Python's exit hook refuses new work to every
+            # thread pool ("cannot schedule new futures after interpreter shutdown"), while
+            # non-daemon threads may still make requests: their masks are filled here instead.
+            done: Future[tuple[torch.Tensor, list[int]]] = Future()
+            done.set_result(fill())
+            return done
 
     @staticmethod
     def apply(pending: Future[tuple[torch.Tensor, list[int]]] | None, logits: torch.Tensor) -> None:
