@@ -390,8 +390,11 @@ def test_exclusive_bounds_past_2_to_the_53_are_refused(bpe_compiler: GrammarComp
         {"exclusiveMinimum": 2, "maximum": 2.25},
         {"type": "number", "minimum": -1.5, "exclusiveMaximum": -1},
         {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0},
-        # bounds of allOf members make one range in llguidance
+        # bounds of allOf members, a $ref target or an anyOf/oneOf branch make one range there
         {"allOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1.5}, {"maximum": 0.5}]},
+        {"type": "number", "exclusiveMinimum": 0, "anyOf": [{"maximum": 2}, {"maximum": 0.5}]},
+        {"type": "number", "exclusiveMinimum": 0, "oneOf": [{"maximum": 0.5}, {"type": "null"}]},
+        {"$defs": {"small": {"maximum": 0.5}}, "$ref": "#/$defs/small", "exclusiveMinimum": 0},
     ],
 )
 def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(
@@ -401,12 +404,15 @@ def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(
     range accepted the integral exclusive bound itself (`1` for (1, 1.5], `-0` for [-0.5, 0))."""
     with pytest.raises(ConstraintError, match="lets its exclusive.* itself through"):
         prepare_json_schema(schema)
+    defs = schema.pop("$defs", None)  # stays at the root, where "#/$defs/..." points
     with pytest.raises(ConstraintError, match="at #/properties/x"):
-        prepare_json_schema({"type": "object", "properties": {"x": schema}})
+        prepare_json_schema({"type": "object", "properties": {"x": schema}, "$defs": defs or {}})
 
 
 def test_exclusive_ranges_llguidance_enforces_are_kept(bpe_compiler: GrammarCompiler) -> None:
     for schema, good, bad in [
+        # listed values are enforced exactly whatever the range
+        ({"exclusiveMinimum": 0, "maximum": 0.5, "enum": [0.25, 0.5]}, [0.25, 0.5], [0, 0.3]),
         ({"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1}, [0.75], [1, 0.5]),
         ({"type": "number", "exclusiveMinimum": -1, "maximum": -0.5}, [-0.75], [-1]),
         ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, [0.5], [0, 1]),
@@ -425,15 +431,16 @@ def test_exclusive_ranges_llguidance_enforces_are_kept(bpe_compiler: GrammarComp
         ({"const": {"a": [1, 14.187967625272819]}}, "#/const/a/1"),
         ({"type": "number", "minimum": 29.544827403386506}, "#/minimum"),
         ({"type": "number", "multipleOf": 0.014187967625272819}, "#/multipleOf"),
+        # integers a float does not hold (const and enum numbers are written from floats)
+        ({"const": 12345678901234567}, "#/const"),
+        ({"enum": [1, 2**53 + 1]}, "#/enum/1"),
     ],
 )
 def test_floats_llguidance_would_read_as_other_floats_are_refused(
     schema: dict[str, Any], where: str
 ) -> None:
     """`const: 29.544827403386506` was generated as 29.544827403386503 (finish "stop", invalid)."""
-    with pytest.raises(
-        ConstraintError, match=f"at {where} cannot be enforced exactly: llguidance reads"
-    ):
+    with pytest.raises(ConstraintError, match=f"at {where} cannot be enforced exactly: llguidance"):
         prepare_json_schema(schema)
 
 
@@ -471,3 +478,8 @@ def test_keywords_that_assert_nothing_are_dropped(bpe_compiler: GrammarCompiler)
     assert accepts(bpe_compiler, schema, [1, 1])
     with pytest.raises(ConstraintError, match="uniqueItems"):  # still unenforceable when true
         bpe_compiler.compile(JsonSchema({"type": "array", "uniqueItems": True}))
+
+
+def test_integers_a_float_holds_are_kept_as_constants(bpe_compiler: GrammarCompiler) -> None:
+    for value in (2**53, 2**60, 10**17, -(2**62)):
+        assert accepts(bpe_compiler, {"const": value}, value)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from brisklm.constrained.errors import ConstraintError
@@ -56,9 +57,22 @@ def read_as_llguidance(value: float) -> float:
 
 
 def check_exact_numbers(value: Any, path: str) -> None:
-    """ConstraintError if a float in ``value`` (a bound, or a const / enum instance, walked into
-    arrays and objects) is read by llguidance as another float."""
-    if isinstance(value, float):
+    """ConstraintError if a number in ``value`` (a bound, or a const / enum instance, walked into
+    arrays and objects) is read by llguidance as another: a float its parser misreads, or an
+    integer a float does not hold (llguidance writes const and enum numbers from floats:
+    12345678901234567 came out as 12345678901234568)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _EXACT_LIMIT:
+        try:
+            exact = float(value) == value
+        except OverflowError:
+            exact = False
+        if not exact:
+            raise ConstraintError(
+                f"the integer {value} at {path} cannot be enforced exactly: llguidance holds "
+                "constant numbers as 64-bit floats, which do not hold every integer past 2**53 "
+                "(write it as a string)"
+            )
+    elif isinstance(value, float):
         read = read_as_llguidance(value)
         if read != value:
             raise ConstraintError(
@@ -85,11 +99,28 @@ def check_exclusive_bound(key: str, value: Any, path: str) -> None:
         )
 
 
-def check_number_range(schema: dict[str, Any], path: str) -> None:
+def check_number_range(
+    schema: dict[str, Any], path: str, resolve: Callable[[Any], Any] | None = None
+) -> None:
     """ConstraintError for a range llguidance would let its integral exclusive bound through: no
     integer inside, on the bound's side away from zero (see the module docstring). Bounds that
-    ``allOf`` members state count together, as llguidance intersects them into one range."""
-    parts = _all_of_parts(schema)
+    ``allOf`` members and a ``$ref`` target (``resolve``: the target of a node's $ref, or None)
+    state count with the schema's own, as llguidance intersects them into one range, and so do
+    those of each ``anyOf`` / ``oneOf`` branch."""
+    base = _conjoined_parts(schema, resolve, set())
+    branches = [
+        _conjoined_parts(branch, resolve, set())
+        for key in ("anyOf", "oneOf")
+        for branch in (schema.get(key) if isinstance(schema.get(key), list) else [])
+        if isinstance(branch, dict)
+    ]
+    for parts in [base, *(base + branch for branch in branches)]:
+        _check_range(parts, path)
+
+
+def _check_range(parts: list[dict[str, Any]], path: str) -> None:
+    if any("enum" in part or "const" in part for part in parts):
+        return  # the values are listed, and llguidance enforces those exactly
     for part in parts:
         kinds = part.get("type", "number")
         if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
@@ -122,13 +153,20 @@ def _integral(value: float) -> bool:
     return float(value).is_integer()
 
 
-def _all_of_parts(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """The schema and the object members of its ``allOf`` (theirs too), whose bounds all hold."""
+def _conjoined_parts(
+    schema: dict[str, Any], resolve: Callable[[Any], Any] | None, seen: set[int]
+) -> list[dict[str, Any]]:
+    """The schema, the object members of its ``allOf`` and its ``$ref`` target (theirs too):
+    the parts whose bounds all hold for an instance."""
+    if id(schema) in seen:
+        return []
+    seen.add(id(schema))
     parts = [schema]
     members = schema.get("allOf")
-    for member in members if isinstance(members, list) else []:
+    target = resolve(schema) if resolve is not None and "$ref" in schema else None
+    for member in [*(members if isinstance(members, list) else []), target]:
         if isinstance(member, dict):
-            parts.extend(_all_of_parts(member))
+            parts.extend(_conjoined_parts(member, resolve, seen))
     return parts
 
 

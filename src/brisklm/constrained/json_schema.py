@@ -226,7 +226,7 @@ class _SchemaRewriter:
                 # Unknown keywords can still be $ref targets, so their objects are walked too.
                 out[key] = self.unknown(value, where)
         self.rewrite_format(out)
-        check_number_range(out, path or "#")
+        check_number_range(out, path or "#", self.refs.target)
         if self.strict and closable:
             self.close_object(node, out)
         self.check_min_properties(out, path)
