@@ -91,3 +91,44 @@ def test_models_load_side_by_side_and_each_once(tiny_chat_dir: Path, loads: Bloc
     assert not loads.timed_out
     assert sorted(loads.loads) == [1003, 1004]  # three callers, one load
     assert len({id(engines[i]) for i in range(3)}) == 1 and engines[3] is not engines[0]
+
+
+FORKED_WORKER_SCRIPT = """
+import os, sys
+from langchain_brisklm import ChatBrisk, _engines
+
+chat = ChatBrisk(model=sys.argv[1], device="cpu", max_seq_len=256, max_tokens=3, temperature=0)
+expected = chat.invoke("Hi").content  # the parent's shared engine, its thread alive at the fork
+pid = os.fork()
+if pid == 0:
+    print("child: registry empty", not _engines._engines, flush=True)
+    print("child: reply", chat.invoke("Hi").content == expected, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("parent: child exit", os.waitstatus_to_exitcode(status), flush=True)
+print("parent: reply", chat.invoke("Hi").content == expected, flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_worker_loads_its_own_engine(tiny_chat_dir: Path, tmp_path: Path) -> None:
+    # A preforking server's worker used the parent's engine, whose thread it does not have: its
+    # calls now load an engine of its own.
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(FORKED_WORKER_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_chat_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "child: registry empty True",
+        "child: reply True",
+        "parent: child exit 0",
+        "parent: reply True",
+    ], (done.stdout, done.stderr[-2000:])
