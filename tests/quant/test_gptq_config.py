@@ -307,3 +307,12 @@ def test_from_pretrained_sources(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="awq"):
         GPTQConfig.from_pretrained(tmp_path / "awq")
+
+
+def test_flags_written_as_strings_read_as_they_say() -> None:
+    """bool("false") is True: an act-order flag written as a string was always on."""
+    read = GPTQConfig.from_dict(AUTO_GPTQ | {"desc_act": "false", "sym": "False", "lm_head": 0})
+    assert (read.desc_act, read.sym, read.lm_head) == (False, False, False)
+    assert GPTQConfig.from_dict(AUTO_GPTQ | {"desc_act": "true"}).desc_act is True
+    with pytest.raises(ValueError, match="desc_act must be true or false, got 'yes'"):
+        GPTQConfig.from_dict(AUTO_GPTQ | {"desc_act": "yes"})

@@ -149,18 +149,22 @@ class GPTQConfig:
         return cls(
             bits=bits,
             group_size=group_size,
-            desc_act=bool(cfg.get("desc_act", False)),
-            sym=bool(cfg.get("sym", True)),
+            desc_act=_as_bool(cfg.get("desc_act", False), "desc_act"),
+            sym=_as_bool(cfg.get("sym", True), "sym"),
             checkpoint_format=fmt,
-            lm_head=bool(cfg.get("lm_head", False)),
+            lm_head=_as_bool(cfg.get("lm_head", False), "lm_head"),
             modules_to_not_convert=tuple(str(m) for m in not_convert),
             skip_patterns=skip,
             modules_in_block_to_quantize=_read_block_modules(
                 cfg.get("modules_in_block_to_quantize")
             ),
             damp_percent=_informational_float(cfg, meta, "damp_percent", 0.01),
-            true_sequential=bool(cfg.get("true_sequential", meta.get("true_sequential", True))),
-            static_groups=bool(cfg.get("static_groups", meta.get("static_groups", False))),
+            true_sequential=_as_bool(
+                cfg.get("true_sequential", meta.get("true_sequential", True)), "true_sequential"
+            ),
+            static_groups=_as_bool(
+                cfg.get("static_groups", meta.get("static_groups", False)), "static_groups"
+            ),
             extra=dict(raw),
         )
 
@@ -314,6 +318,20 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UnreadableConfigError(f"{path}: expected a JSON object")
     return data
+
+
+def _as_bool(value: Any, name: str) -> bool:
+    """A flag as JSON writes it; "true"/"false" strings and 0/1 too (bool("false") is True: an
+    act-order checkpoint read so would group its columns wrong)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if value is None:
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def _as_int(value: Any, name: str) -> int:
