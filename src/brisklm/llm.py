@@ -328,8 +328,8 @@ class LLM:
         ``num_speculative_tokens``. The output is unchanged: greedy output is the target's own,
         sampled output follows the target's distribution exactly.
         GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
-        is what their kernels compute in: default bfloat16 on CPU (the fast kernel), "float32"
-        gives exact products at a large cost in speed. Other quantizations are refused.
+        is what their kernels compute in: default (or "auto") bfloat16 on CPU (the fast kernel),
+        "float32" gives exact products at a large cost in speed. Other quantizations are refused.
         ``num_threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``;
         default: torch's, one per core). On CPU, leave one core free of other busy processes per
         thread: with one of two cores taken by another process, two threads decoded the bundled
@@ -361,7 +361,9 @@ class LLM:
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads
         try:
             compute_dtype = (
-                None if int4_compute_dtype is None else resolve_dtype(int4_compute_dtype, device_)
+                None  # the kernel's own (bfloat16 on CPU), as "auto" means for the other dtypes
+                if int4_compute_dtype is None or int4_compute_dtype == "auto"
+                else resolve_dtype(int4_compute_dtype, device_)
             )
         except ValueError as error:
             raise ValueError(f"int4_compute_dtype: {error}") from None
