@@ -385,7 +385,7 @@ def _enforced_schema(schema: Any, own_options: bool = True) -> dict[str, Any]:
     prepared = prepare_json_schema(schema, strict=True)
     own = prepared.get("x-guidance", {}) if own_options else {}
     prepared["x-guidance"] = {**JSON_OPTIONS, **own, **SOUND_JSON_OPTIONS}
-    check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared))
+    check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared), schema)
     return prepared
 
 

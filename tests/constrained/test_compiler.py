@@ -111,6 +111,41 @@ def test_unenforceable_keywords_are_named(
     assert keyword in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        # where, and what to do instead (the bare keyword or format named nothing more)
+        (
+            {"properties": {"tags": {"type": "array", "uniqueItems": True}}},
+            r"uniqueItems \(at #/properties/tags\) \(a Pydantic set field: use a list\)",
+        ),
+        (
+            {"properties": {"a": {"not": {"type": "null"}}}},
+            r"keyword\(s\) cannot be enforced: not \(at #/properties/a\)",
+        ),
+        (
+            {"properties": {"data": {"type": "string", "format": "binary"}}},
+            r"format 'binary' at #/properties/data cannot be enforced; the formats enforced are "
+            r"date, time, date-time, duration, email, hostname, ipv4, ipv6, uri, uuid",
+        ),
+        (
+            {"properties": {"x": {"type": "number", "multipleOf": 0.10000000000000002}}},
+            r"multipleOf 0.10000000000000002 at #/properties/x has more significant digits",
+        ),
+        (
+            {"$ref": "https://example.com/s.json"},
+            r"\$ref 'https://example.com/s.json' is not in the schema.*put the schema it names in "
+            r"\$defs",
+        ),
+    ],
+)
+def test_refusals_say_where_and_what_instead(
+    bpe_compiler: GrammarCompiler, schema: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConstraintError, match=message):
+        bpe_compiler.compile(JsonSchema(schema))
+
+
 def test_min_properties_allowed_when_sound(bpe_compiler: GrammarCompiler) -> None:
     # At least one key, or no more than the required (distinct, enforced) keys: duplicates cannot hurt.
     bpe_compiler.compile(JsonSchema({"type": "object", "minProperties": 1}))

@@ -6,11 +6,12 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llguidance import LLExecutor, LLMatcher
 
 from brisklm.constrained.errors import LARK_POSITION, ConstraintError, first_paragraph, lark_error
+from brisklm.constrained.json_schema import schema_path_of
 from brisklm.constrained.spec import (
     CONSTRAINT_TYPES,
     Constraint,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from brisklm.constrained.matcher import GrammarMatcher
 
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
+_REMOTE_REF = re.compile(r"Resource '([^']*)' is not present in a registry")
 # The regex-syntax caret line under the pattern ("    a(" / "     ^") gives the column.
 _REGEX_CARET = re.compile(r"regex parse error:\n {4}(?P<pattern>.*)\n {4}(?P<caret> *)\^")
 
@@ -56,18 +58,61 @@ class CompiledGrammar:
         return GrammarMatcher(self)
 
 
-def _json_schema_error(message: str) -> ConstraintError:
+# Formats llguidance enforces (date, time, date-time and hostname through brisklm's exact patterns).
+ENFORCED_FORMATS = (
+    "date",
+    "time",
+    "date-time",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uuid",
+)
+# What to do instead, for keywords Pydantic writes.
+_KEYWORD_HINTS = {"uniqueItems": " (a Pydantic set field: use a list)"}
+
+
+def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:
+    """llguidance's refusal of a JSON schema in our words; with ``schema``, the place named."""
     unimplemented = _UNIMPLEMENTED.search(message)
     if unimplemented:
-        keywords = unimplemented.group(1).replace('"', "")
-        return ConstraintError(f"JSON schema keyword(s) cannot be enforced: {keywords}")
+        keywords = [k.strip() for k in unimplemented.group(1).replace('"', "").split(",")]
+        where = schema_path_of(schema, lambda node: any(k in node for k in keywords))
+        hints = "".join(_KEYWORD_HINTS.get(k, "") for k in keywords)
+        return ConstraintError(
+            f"JSON schema keyword(s) cannot be enforced: {', '.join(keywords)}"
+            f"{f' (at {where})' if where else ''}{hints}"
+        )
     if message.startswith("oneOf constraints are not supported"):
         return ConstraintError(
             "JSON schema keyword oneOf cannot be enforced: its branches are not provably disjoint"
         )
     if message.startswith("Unknown format"):
         fmt = message.removeprefix("Unknown format:").strip()
-        return ConstraintError(f"JSON schema format {fmt!r} cannot be enforced")
+        where = schema_path_of(schema, lambda node: node.get("format") == fmt)
+        return ConstraintError(
+            f"JSON schema format {fmt!r}{f' at {where}' if where else ''} cannot be enforced; "
+            f"the formats enforced are {', '.join(ENFORCED_FORMATS)} (leave the format out, or "
+            "give a pattern)"
+        )
+    remote = _REMOTE_REF.search(message)
+    if remote and "does not fetch" in message:
+        return ConstraintError(
+            f"the JSON schema's $ref {remote.group(1)!r} is not in the schema, and brisklm does "
+            "not fetch schemas: put the schema it names in $defs and refer to it as "
+            "'#/$defs/NAME'"
+        )
+    if message.startswith("Value for 'multipleOf' has too many digits"):
+        where = schema_path_of(schema, lambda node: "multipleOf" in node)
+        value = _first_value(schema, where, "multipleOf")
+        return ConstraintError(
+            f"multipleOf{f' {value!r}' if value is not None else ''}"
+            f"{f' at {where}' if where else ''} has more significant digits than llguidance "
+            "handles; use a value of fewer digits"
+        )
     if message.startswith("regex parse error:"):
         # "regex parse error:\n    PATTERN\n    ^^^\nerror: REASON": the CLI shows one line. Not
         # the pattern or a column: llguidance quotes its rewriting (\d as [0-9]).
@@ -78,19 +123,30 @@ def _json_schema_error(message: str) -> ConstraintError:
     return ConstraintError(f"invalid or unsupported JSON schema: {message}")
 
 
+def _first_value(schema: Any, where: str | None, key: str) -> Any:
+    """``schema``'s value of ``key`` in the object at JSON pointer ``where`` (None if absent)."""
+    if where is None:
+        return None
+    node = schema
+    for step in where.split("/")[1:]:
+        step = step.replace("~1", "/").replace("~0", "~")
+        node = node[int(step)] if isinstance(node, list) else node[step]
+    return node.get(key)
+
+
 def _regex_reason(message: str, start: int = 0) -> str:
     """The reason line ("error: ...") of a regex parse error at or after ``start``."""
     reasons = [ln for ln in message[start:].splitlines() if ln.startswith("error:")]
     return reasons[0].removeprefix("error:").strip() if reasons else message
 
 
-def check_json_schema_grammar(grammar: str) -> None:
+def check_json_schema_grammar(grammar: str, schema: Any = None) -> None:
     """ConstraintError, worded as for a JSON schema, when llguidance cannot enforce a grammar
     made from one (``LLMatcher.grammar_from_json_schema``); needs no tokenizer, so a schema is
     checked where it is given (a tool's parameters) rather than when a request compiles it."""
     error = LLMatcher.validate_grammar(grammar)
     if error:
-        raise _json_schema_error(first_paragraph(error))
+        raise _json_schema_error(first_paragraph(error), schema)
 
 
 def _constraint_name(constraint: Constraint) -> str:
@@ -140,7 +196,9 @@ def _check_first_step(constraint: Constraint, prototype: LLMatcher) -> None:
 
 def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
     message = first_paragraph(message)
-    if isinstance(constraint, (JsonSchema, JsonObject)):
+    if isinstance(constraint, JsonSchema):
+        return _json_schema_error(message, constraint.schema)
+    if isinstance(constraint, JsonObject):
         return _json_schema_error(message)
     if isinstance(constraint, Regex):
         caret = _REGEX_CARET.search(message)

@@ -305,6 +305,25 @@ class _SchemaRewriter:
             )
 
 
+def schema_path_of(schema: Any, matches: Any, path: str = "#") -> str | None:
+    """The JSON pointer of the first schema object in ``schema`` that ``matches`` (a predicate on
+    dicts), walking into subschemas but not into instances (const, enum, default, examples)."""
+    if isinstance(schema, dict):
+        if matches(schema):
+            return path
+        children = ((k, v) for k, v in schema.items() if k not in _DATA_KEYWORDS)
+    elif isinstance(schema, list):
+        children = enumerate(schema)
+    else:
+        return None
+    for key, child in children:
+        step = str(key).replace("~", "~0").replace("/", "~1")
+        found = schema_path_of(child, matches, f"{path}/{step}")
+        if found is not None:
+            return found
+    return None
+
+
 def nullable_as_json_schema(node: Any) -> Any:
     """``node`` with OpenAPI's ``"nullable": true`` written as JSON Schema: ``anyOf`` the schema
     and ``{"type": "null"}``, at every place a schema can be.
