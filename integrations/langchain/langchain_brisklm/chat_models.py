@@ -29,6 +29,7 @@ from pydantic import ConfigDict
 
 from brisklm import LLM, EngineConfig
 from brisklm.config import ModelConfig
+from brisklm.constrained.compiler import check_json_schema
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
@@ -516,6 +517,13 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             else:
                 parser = WholeJsonOutputKeyToolsParser(key_name=tool_name, first_tool_only=True)
         elif method in ("json_schema", "json_mode"):
+            if method == "json_schema":  # refused here, as function_calling's are, not at a call
+                try:
+                    check_json_schema(_json_schema_of(schema))
+                except ValueError as e:
+                    raise ValueError(
+                        f"with_structured_output(method='json_schema') cannot use this schema: {e}"
+                    ) from e
             response_format = (
                 {"type": "json_schema", "schema": _json_schema_of(schema)}
                 if method == "json_schema"

@@ -140,6 +140,14 @@ def _regex_reason(message: str, start: int = 0) -> str:
     return reasons[0].removeprefix("error:").strip() if reasons else message
 
 
+def check_json_schema(schema: Any, strict: bool = True) -> None:
+    """ConstraintError unless ``json_schema=schema`` (a dict, bool or pydantic class) can be
+    enforced, as a request would find; needs no tokenizer, so a schema can be checked where it is
+    given (LangChain's with_structured_output) rather than at the first call."""
+    constraint = JsonSchema(schema, strict=strict)
+    check_json_schema_grammar(constraint.to_llguidance(), constraint.schema)
+
+
 def check_json_schema_grammar(grammar: str, schema: Any = None) -> None:
     """ConstraintError, worded as for a JSON schema, when llguidance cannot enforce a grammar
     made from one (``LLMatcher.grammar_from_json_schema``); needs no tokenizer, so a schema is

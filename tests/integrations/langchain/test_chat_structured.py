@@ -141,6 +141,19 @@ def test_json_mode_gives_json_objects(tiny_chat_dir: Any) -> None:
     assert finished >= 2
 
 
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_a_schema_that_cannot_be_enforced_is_refused_when_bound(
+    chat: ChatBrisk, method: str
+) -> None:
+    """json_schema refused it only at the first invoke (function_calling already at binding)."""
+
+    class Share(BaseModel):
+        part: float = Field(gt=0, le=0.5)
+
+    with pytest.raises(ValueError, match=f"method='{method}'.*#/properties/part"):
+        chat.with_structured_output(Share, method=method)
+
+
 def test_unknown_method(chat: ChatBrisk) -> None:
     with pytest.raises(ValueError, match="method"):
         chat.with_structured_output(Weather, method="xml")  # type: ignore[arg-type]
