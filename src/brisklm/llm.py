@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import itertools
@@ -22,6 +21,7 @@ from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.models.llama import LlamaForCausalLM
+from brisklm.offload import run_off_loop
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
@@ -602,7 +602,7 @@ class LLM:
         """Async ``generate``: awaits without blocking the event loop (the prompts are tokenized
         and their grammars compiled in a worker thread: a new tool grammar takes ~0.1-0.3 s)."""
         prompt_list, single = self._prompt_list(prompts)
-        requests = await asyncio.to_thread(self._make_requests, prompt_list, params)
+        requests = await run_off_loop(self._make_requests, prompt_list, params)
         outputs = await self.arun_requests(requests)
         return outputs[0] if single else outputs
 
@@ -735,7 +735,7 @@ class LLM:
             ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
             return ids, *self._chat_format(tools, params, template_kwargs)
 
-        ids, format, chosen = await asyncio.to_thread(prepare)  # the template, off the loop
+        ids, format, chosen = await run_off_loop(prepare)  # the template, off the loop
         output = await self.agenerate(ids, chosen)
         return self._chat_output(output, format)
 
@@ -807,7 +807,7 @@ class LLM:
     async def aclose(self) -> None:
         """``close`` for a coroutine: it waits for the engine's current step (up to 30 s) in a
         worker thread, not on the event loop."""
-        await asyncio.to_thread(self.close)
+        await run_off_loop(self.close)
 
     def __enter__(self) -> LLM:
         return self

@@ -416,7 +416,7 @@ def test_a_forked_child_gets_a_clear_error_and_may_make_its_own_llm(tiny_dir, tm
 
 
 AFTER_MAIN_SCRIPT = """
-import sys, threading
+import asyncio, sys, threading
 from brisklm import LLM, SamplingParams
 
 llm = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=128, show_progress=False)
@@ -428,6 +428,9 @@ def later():
     main.join()  # the main thread has ended: Python's exit hook has shut thread pools down
     text = llm.generate("a b c", params).text
     print("after main:", text == expected, flush=True)
+    # asyncio's default executor refuses work then too (the prompt is prepared off the loop)
+    text = asyncio.run(llm.agenerate("a b c", params)).text
+    print("after main, async:", text == expected, flush=True)
 
 threading.Thread(target=later).start()  # not a daemon: the interpreter waits for it
 """
@@ -443,5 +446,8 @@ def test_constrained_requests_after_the_main_thread_ended(tiny_dir, tmp_path):
         [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines() == ["after main: True"], (done.stdout, done.stderr[-2000:])
+    assert done.stdout.splitlines() == ["after main: True", "after main, async: True"], (
+        done.stdout,
+        done.stderr[-2000:],
+    )
     assert "Traceback" not in done.stderr

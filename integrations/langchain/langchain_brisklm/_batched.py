@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from brisklm.offload import run_off_loop
 from brisklm.outputs import GenerationOutput
 
 Prepared = Any  # chat_models._Call: .llm (the engine) and .request
@@ -96,7 +97,7 @@ async def _run_group(group: list[Waiting]) -> None:
                 results.append((None, error))
         return results
 
-    prepared = await asyncio.to_thread(prepare_all)
+    prepared = await run_off_loop(prepare_all)
     by_engine: dict[int, list[tuple[Prepared, asyncio.Future[Any]]]] = {}
     for (call, error), (_, future) in zip(prepared, group):
         if error is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from brisklm.config import ModelConfig
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.llm import draft_schedule
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from brisklm.offload import run_off_loop
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 T = TypeVar("T")
@@ -184,7 +184,7 @@ async def off_loop(prepare: Callable[..., T], *args: Any) -> T:
     """`prepare(*args)` on a worker thread, for the async calls: a first call loads the model (see
     `get_engine`), and rendering a prompt and compiling a grammar take milliseconds to seconds,
     which on the event loop would stall every other task."""
-    return await asyncio.to_thread(prepare, *args)
+    return await run_off_loop(prepare, *args)
 
 
 def loaded_engines() -> dict[EngineKey, LLM]:

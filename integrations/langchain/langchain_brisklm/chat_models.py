@@ -7,7 +7,6 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Literal
@@ -31,6 +30,7 @@ from brisklm import LLM, EngineConfig
 from brisklm.config import ModelConfig
 from brisklm.constrained.compiler import check_json_schema
 from brisklm.constrained.json_schema import JSON_OPTIONS
+from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
 from brisklm.tool_calls import turn_finish_reason
@@ -588,14 +588,30 @@ def _run_cancellable(work: Any) -> Any:
     engine, before it propagates: the batch used to run to its end first."""
     runner = _Cancellable(work)
     context = contextvars.copy_context()  # tracing and callback context go along
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisklm-batch") as pool:
-        future = pool.submit(context.run, asyncio.run, runner.run())
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
         try:
-            return future.result()
-        except BaseException:
-            if not future.done():  # interrupted while waiting; else the work raised it itself
-                runner.cancel()  # the pool's shutdown then waits only for the cancellation
-            raise
+            outcome["value"] = context.run(asyncio.run, runner.run())
+        except BaseException as error:  # handed to the waiting thread
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    # A plain thread, not a pool's: once the main thread has ended, Python refuses new work to
+    # every thread pool, and a batch made then by another thread failed.
+    threading.Thread(target=run, name="brisklm-batch", daemon=True).start()
+    try:
+        while not done.wait(POLL_S):  # in slices, so an interrupt without a signal is seen
+            pass
+    except BaseException:
+        runner.cancel()
+        done.wait()  # its requests are aborted before the interrupt goes on
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class _ChunkConverter:

@@ -132,3 +132,36 @@ def test_a_forked_worker_loads_its_own_engine(tiny_chat_dir: Path, tmp_path: Pat
         "parent: child exit 0",
         "parent: reply True",
     ], (done.stdout, done.stderr[-2000:])
+
+
+AFTER_MAIN_SCRIPT = """
+import sys, threading
+from langchain_brisklm import ChatBrisk
+
+chat = ChatBrisk(model=sys.argv[1], device="cpu", max_seq_len=256, max_tokens=3, temperature=0)
+expected = [m.content for m in chat.batch(["Hi", "Yo"])]
+
+def later():
+    threading.main_thread().join()  # Python's exit hook has shut thread pools down
+    print("after main:", [m.content for m in chat.batch(["Hi", "Yo"])] == expected, flush=True)
+
+threading.Thread(target=later).start()  # not a daemon: the interpreter waits for it
+"""
+
+
+def test_a_batch_after_the_main_thread_ended(tiny_chat_dir: Path, tmp_path: Path) -> None:
+    # batch ran its calls on a thread pool's thread, which Python refuses to start once the main
+    # thread has ended ("cannot schedule new futures after interpreter shutdown").
+    import subprocess
+    import sys
+
+    script = tmp_path / "after_main.py"
+    script.write_text(AFTER_MAIN_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_chat_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["after main: True"], (done.stdout, done.stderr[-2000:])
