@@ -371,8 +371,16 @@ from brisklm import LLM, SamplingParams
 params = SamplingParams(max_tokens=4, temperature=0.0)
 llm = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=128, show_progress=False)
 expected = llm.generate("a b c", params).token_ids  # the engine thread is alive at the fork
+long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+in_flight = llm.stream("a b c", long)
+next(in_flight)
 pid = os.fork()
 if pid == 0:
+    try:
+        list(in_flight)  # what was delivered before the fork, then nothing more will come
+        print("child: the stream ended", flush=True)
+    except RuntimeError as error:
+        print("child: in flight:", error, flush=True)
     try:
         llm.generate("a b c", params)
         print("child: the parent's LLM served", flush=True)
@@ -388,6 +396,7 @@ started = time.monotonic()
 _, status = os.waitpid(pid, 0)
 print("parent: child exit", os.waitstatus_to_exitcode(status), time.monotonic() - started < 8)
 print("parent: still serving", llm.generate("a b c", params).token_ids == expected, flush=True)
+print("parent: its stream went on", len("".join(in_flight)) > 0, flush=True)
 """
 
 
@@ -406,7 +415,9 @@ def test_a_forked_child_gets_a_clear_error_and_may_make_its_own_llm(tiny_dir, tm
         line.startswith("child: this LLM was made in process") and "forked from it" in line
         for line in lines
     ), lines
+    assert any(line.startswith("child: in flight: this call was made in process") for line in lines)
     for line in (
+        "parent: its stream went on True",
         "child: own LLM True",
         "child: close took under 1 s True",
         "parent: child exit 0 True",

@@ -229,6 +229,7 @@ class SyncCollector:
         self.queue: queue.SimpleQueue[tuple[Request, StreamChunk | BaseException]] = (
             queue.SimpleQueue()
         )
+        self._pid = os.getpid()
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
         if _skipped(self.final_only, result):
@@ -246,7 +247,12 @@ class SyncCollector:
             try:
                 return self.queue.get(timeout=POLL_S)
             except queue.Empty:
-                continue
+                if os.getpid() != self._pid:  # a call in flight at a fork, waited for in the child
+                    raise RuntimeError(
+                        "this call was made in process "
+                        f"{self._pid}; its output is delivered there, not in process "
+                        f"{os.getpid()}, forked from it"
+                    ) from None
 
 
 class AsyncCollector:
