@@ -132,6 +132,27 @@ def test_unenforceable_keywords_are_named(
             {"properties": {"x": {"type": "number", "multipleOf": 0.10000000000000002}}},
             r"multipleOf 0.10000000000000002 at #/properties/x has more significant digits",
         ),
+        # the offending one of several, not a map of properties (a property named like a keyword)
+        (
+            {
+                "properties": {
+                    "uniqueItems": {"type": "array", "uniqueItems": False},
+                    "b": {"type": "number", "multipleOf": 0.5},
+                    "c": {"type": "number", "multipleOf": 0.1234567890123},
+                    "d": {"type": "array", "uniqueItems": True},
+                }
+            },
+            r"multipleOf 0.1234567890123 at #/properties/c",
+        ),
+        (
+            {
+                "properties": {
+                    "uniqueItems": {"type": "array", "uniqueItems": False},
+                    "d": {"type": "array", "uniqueItems": True},
+                }
+            },
+            r"uniqueItems \(at #/properties/d\)",
+        ),
         (
             {"$ref": "https://example.com/s.json"},
             r"\$ref 'https://example.com/s.json' is not in the schema.*put the schema it names in "

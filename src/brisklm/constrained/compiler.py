@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from llguidance import LLExecutor, LLMatcher
 
 from brisklm.constrained.errors import LARK_POSITION, ConstraintError, first_paragraph, lark_error
-from brisklm.constrained.json_schema import schema_path_of
+from brisklm.constrained.json_schema import schema_path_of, states_keyword
 from brisklm.constrained.spec import (
     CONSTRAINT_TYPES,
     Constraint,
@@ -80,7 +80,7 @@ def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:
     unimplemented = _UNIMPLEMENTED.search(message)
     if unimplemented:
         keywords = [k.strip() for k in unimplemented.group(1).replace('"', "").split(",")]
-        where = schema_path_of(schema, lambda node: any(k in node for k in keywords))
+        where = schema_path_of(schema, lambda node: any(states_keyword(node, k) for k in keywords))
         hints = "".join(_KEYWORD_HINTS.get(k, "") for k in keywords)
         return ConstraintError(
             f"JSON schema keyword(s) cannot be enforced: {', '.join(keywords)}"
@@ -106,7 +106,13 @@ def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:
             "'#/$defs/NAME'"
         )
     if message.startswith("Value for 'multipleOf' has too many digits"):
-        where = schema_path_of(schema, lambda node: "multipleOf" in node)
+        digits = message.rsplit(":", 1)[-1].strip().lstrip("0")
+
+        def too_long(node: dict[str, Any]) -> bool:  # the multipleOf of these digits
+            value = node.get("multipleOf")
+            return isinstance(value, int | float) and _digits(value) == digits
+
+        where = schema_path_of(schema, too_long)
         value = _first_value(schema, where, "multipleOf")
         return ConstraintError(
             f"multipleOf{f' {value!r}' if value is not None else ''}"
@@ -121,6 +127,11 @@ def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:
             f"{_regex_reason(message)}"
         )
     return ConstraintError(f"invalid or unsupported JSON schema: {message}")
+
+
+def _digits(value: float) -> str:
+    """A number's significant digits as llguidance quotes them (no sign, point or leading 0)."""
+    return re.sub(r"\D", "", repr(value).split("e")[0]).lstrip("0")
 
 
 def _first_value(schema: Any, where: str | None, key: str) -> Any:

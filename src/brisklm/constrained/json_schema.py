@@ -307,21 +307,42 @@ class _SchemaRewriter:
 
 def schema_path_of(schema: Any, matches: Any, path: str = "#") -> str | None:
     """The JSON pointer of the first schema object in ``schema`` that ``matches`` (a predicate on
-    dicts), walking into subschemas but not into instances (const, enum, default, examples)."""
+    dicts), walking into subschemas but not into instances (const, enum, default, examples) and
+    not taking a name-to-schema map (``properties``, ``$defs``, ...) for a schema."""
     if isinstance(schema, dict):
         if matches(schema):
             return path
-        children = ((k, v) for k, v in schema.items() if k not in _DATA_KEYWORDS)
+        children = [(k, v) for k, v in schema.items() if k not in _DATA_KEYWORDS]
     elif isinstance(schema, list):
-        children = enumerate(schema)
+        children = list(enumerate(schema))
     else:
         return None
     for key, child in children:
-        step = str(key).replace("~", "~0").replace("/", "~1")
-        found = schema_path_of(child, matches, f"{path}/{step}")
+        where = f"{path}/{_pointer_step(key)}"
+        if key in _SCHEMA_MAPS and isinstance(child, dict) and isinstance(schema, dict):
+            found = next(
+                (
+                    hit
+                    for name, sub in child.items()
+                    if (hit := schema_path_of(sub, matches, f"{where}/{_pointer_step(name)}"))
+                ),
+                None,
+            )
+        else:
+            found = schema_path_of(child, matches, where)
         if found is not None:
             return found
     return None
+
+
+def _pointer_step(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def states_keyword(node: dict[str, Any], keyword: str) -> bool:
+    """Whether ``node`` holds ``keyword`` with a value that asserts something (not one the
+    rewriter drops, as ``uniqueItems: false``)."""
+    return keyword in node and not (keyword in _VACUOUS and _VACUOUS[keyword](node))
 
 
 def nullable_as_json_schema(node: Any) -> Any:
