@@ -395,6 +395,16 @@ def test_exclusive_bounds_past_2_to_the_53_are_refused(bpe_compiler: GrammarComp
         {"type": "number", "exclusiveMinimum": 0, "anyOf": [{"maximum": 2}, {"maximum": 0.5}]},
         {"type": "number", "exclusiveMinimum": 0, "oneOf": [{"maximum": 0.5}, {"type": "null"}]},
         {"$defs": {"small": {"maximum": 0.5}}, "$ref": "#/$defs/small", "exclusiveMinimum": 0},
+        # ... through those parts' own unions too (an Optional[float] = Field(gt=0) in $defs)
+        {
+            "$defs": {
+                "opt": {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]}
+            },
+            "$ref": "#/$defs/opt",
+            "maximum": 0.5,
+        },
+        {"allOf": [{"anyOf": [{"exclusiveMinimum": 0}, {"type": "null"}]}], "maximum": 0.5},
+        {"anyOf": [{"anyOf": [{"exclusiveMinimum": 0}, {"type": "null"}]}], "maximum": 0.5},
     ],
 )
 def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(
@@ -411,6 +421,16 @@ def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(
 
 def test_exclusive_ranges_llguidance_enforces_are_kept(bpe_compiler: GrammarCompiler) -> None:
     for schema, good, bad in [
+        # no branch is a number: the bounds beside bind nothing llguidance gets wrong
+        (
+            {
+                "anyOf": [{"type": "integer"}, {"type": "null"}],
+                "exclusiveMinimum": 0,
+                "maximum": 0.5,
+            },
+            [None],
+            [0],
+        ),
         # listed values are enforced exactly whatever the range
         ({"exclusiveMinimum": 0, "maximum": 0.5, "enum": [0.25, 0.5]}, [0.25, 0.5], [0, 0.3]),
         ({"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1}, [0.75], [1, 0.5]),

@@ -107,15 +107,47 @@ def check_number_range(
     ``allOf`` members and a ``$ref`` target (``resolve``: the target of a node's $ref, or None)
     state count with the schema's own, as llguidance intersects them into one range, and so do
     those of each ``anyOf`` / ``oneOf`` branch."""
-    base = _conjoined_parts(schema, resolve, set())
-    branches = [
-        _conjoined_parts(branch, resolve, set())
-        for key in ("anyOf", "oneOf")
-        for branch in (schema.get(key) if isinstance(schema.get(key), list) else [])
-        if isinstance(branch, dict)
-    ]
-    for parts in [base, *(base + branch for branch in branches)]:
+    for parts in _alternatives(schema, resolve, frozenset()):
         _check_range(parts, path)
+
+
+# Most combinations of branches checked per schema object (a schema of many nested unions is
+# checked in its first ones; each object is also checked on its own where the rewriter meets it).
+_MAX_ALTERNATIVES = 64
+
+
+def _alternatives(
+    schema: dict[str, Any], resolve: Callable[[Any], Any] | None, seen: frozenset[int]
+) -> list[list[dict[str, Any]]]:
+    """The ways an instance can match ``schema``, each as the schema objects whose bounds all
+    hold for it: the schema, its ``allOf`` members and ``$ref`` target (all of them), and one
+    branch of each ``anyOf`` / ``oneOf``, through those parts' own combinators too."""
+    if id(schema) in seen:
+        return [[]]
+    seen = seen | {id(schema)}
+    alternatives: list[list[dict[str, Any]]] = [[schema]]
+    members = schema.get("allOf")
+    target = resolve(schema) if resolve is not None and "$ref" in schema else None
+    for member in [*(members if isinstance(members, list) else []), target]:
+        if isinstance(member, dict):
+            alternatives = _combine(alternatives, _alternatives(member, resolve, seen))
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        options = [
+            option
+            for branch in (branches if isinstance(branches, list) else [])
+            if isinstance(branch, dict)
+            for option in _alternatives(branch, resolve, seen)
+        ]
+        if options:
+            alternatives = _combine(alternatives, options)
+    return alternatives
+
+
+def _combine(
+    left: list[list[dict[str, Any]]], right: list[list[dict[str, Any]]]
+) -> list[list[dict[str, Any]]]:
+    return [a + b for a in left for b in right][:_MAX_ALTERNATIVES]
 
 
 def _check_range(parts: list[dict[str, Any]], path: str) -> None:
@@ -151,23 +183,6 @@ def _is_number(value: Any) -> bool:
 
 def _integral(value: float) -> bool:
     return float(value).is_integer()
-
-
-def _conjoined_parts(
-    schema: dict[str, Any], resolve: Callable[[Any], Any] | None, seen: set[int]
-) -> list[dict[str, Any]]:
-    """The schema, the object members of its ``allOf`` and its ``$ref`` target (theirs too):
-    the parts whose bounds all hold for an instance."""
-    if id(schema) in seen:
-        return []
-    seen.add(id(schema))
-    parts = [schema]
-    members = schema.get("allOf")
-    target = resolve(schema) if resolve is not None and "$ref" in schema else None
-    for member in [*(members if isinstance(members, list) else []), target]:
-        if isinstance(member, dict):
-            parts.extend(_conjoined_parts(member, resolve, seen))
-    return parts
 
 
 def _tightest(parts: list[dict[str, Any]], inclusive: str, exclusive: str, pick: Any) -> Any:
