@@ -289,6 +289,33 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
     for key in ("steps", "train_loss_ema", "heldout_loss"):
         assert summaries[0][key] == summaries[1][key], key
 
+    # A step count --max-minutes lowered stays lowered when the run resumes: saved as the plan,
+    # it wins over the command line's (the schedule went back to it: a jump in the learning
+    # rate, then a cliff). Here the count 4 stands for the lowered one, 6 for the command's.
+    def run_steps(out: Path, steps: str, *extra: str) -> None:
+        run_main(
+            monkeypatch,
+            train.main,
+            *("--preset", "draft", "--data", str(root / "data"), "--tokenizer"),
+            *(str(root / "tokenizer"), "--out", str(out), "--steps", steps, "--warmup", "1"),
+            *("--batch-tokens", "1024", "--drill-frac", "0.5", "--optimizer", "muon"),
+            *("--checkpoint-every", "2", "--eval-every", "0", "--no-compile", "--device", "cpu"),
+            *("--threads", str(threads), *extra),
+        )
+
+    run_steps(tmp_path / "planned", "4")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", save_then_stop)
+        with pytest.raises(Stopped):
+            run_steps(tmp_path / "lowered", "4", "--resume")
+    run_steps(tmp_path / "lowered", "6", "--resume")
+    torch.set_num_threads(threads)
+    planned = load_file(str(tmp_path / "planned" / "model" / "model.safetensors"))
+    lowered = load_file(str(tmp_path / "lowered" / "model" / "model.safetensors"))
+    assert all(torch.equal(planned[name], lowered[name]) for name in planned)
+    summary = json.loads((tmp_path / "lowered" / "train_summary.json").read_text())
+    assert summary["steps"] == 4
+
 
 def test_sets_packed_apart_train_together(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture

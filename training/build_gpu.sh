@@ -14,10 +14,11 @@
 # get a tool call and prose perplexity is worse than the shipped target's: not shipped
 # (training/README.md, "The GPU build"). Since session 47 the sets also hold small talk with tools
 # offered (--small-talk 0.1, answered in text), not yet run on a GPU.
-# Run from the repository root:
+# Run from the repository root (the evaluation reads the defaults of OUT and ASSETS below; export
+# them if the build was given others):
 #   bash training/build_gpu.sh
-#   python -m training.evaluate --data "$OUT/data" --target "$ASSETS/brisk-chat" \
-#       --draft "$ASSETS/brisk-draft"
+#   python -m training.evaluate --data training/out-gpu/data \
+#       --target training/out-gpu/assets/brisk-chat --draft training/out-gpu/assets/brisk-draft
 # Environment overrides: OUT (work dir, default training/out-gpu), ASSETS (where the two models go,
 # default $OUT/assets: the shipped models are left alone; src/brisklm/assets replaces them),
 # DEVICE (default cuda), EAGER (default 1: no torch.compile, as the shipped run), MAX_MINUTES (if

@@ -1046,6 +1046,9 @@ def main() -> None:
         opt.load_state_dict(resumed["opt"])
         start_step = resumed["step"]
         elapsed_before = resumed.get("elapsed_s", 0.0)
+        # A count --max-minutes lowered stays lowered: the schedule resumes where it was (from
+        # the command line's count the learning rate jumped back up, then fell off a cliff).
+        args.steps = min(args.steps, resumed.get("steps", args.steps))
         print(
             f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)",
             flush=True,
@@ -1160,6 +1163,7 @@ def main() -> None:
                     "model": model.state_dict(),
                     "opt": opt.state_dict(),
                     "step": step + 1,
+                    "steps": args.steps,  # the planned count, as --max-minutes may have set it
                     "elapsed_s": elapsed_before + time.time() - t_train,
                     "drill_rng": drill_rng.getstate(),
                     "ema": ema,
