@@ -405,6 +405,15 @@ def test_exclusive_bounds_past_2_to_the_53_are_refused(bpe_compiler: GrammarComp
         },
         {"allOf": [{"anyOf": [{"exclusiveMinimum": 0}, {"type": "null"}]}], "maximum": 0.5},
         {"anyOf": [{"anyOf": [{"exclusiveMinimum": 0}, {"type": "null"}]}], "maximum": 0.5},
+        # ... however many unions sit beside (cut at 64 combinations, one past six let 0 through)
+        {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "allOf": [
+                {"anyOf": [{"maximum": 5}, {"maximum": 0.5}]},
+                *[{"anyOf": [{"minimum": -10}, {"minimum": -20 - k}]} for k in range(12)],
+            ],
+        },
     ],
 )
 def test_ranges_llguidance_would_let_their_exclusive_bound_through_are_refused(

@@ -20,7 +20,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from brisklm.constrained.errors import ConstraintError
 
@@ -107,25 +107,58 @@ def check_number_range(
     ``allOf`` members and a ``$ref`` target (``resolve``: the target of a node's $ref, or None)
     state count with the schema's own, as llguidance intersects them into one range, and so do
     those of each ``anyOf`` / ``oneOf`` branch."""
-    for parts in _alternatives(schema, resolve, frozenset()):
-        _check_range(parts, path)
+    for summary in _alternatives(schema, resolve, frozenset()):
+        _check_range(summary, path)
 
 
-# Most combinations of branches checked per schema object (a schema of many nested unions is
-# checked in its first ones; each object is also checked on its own where the rewriter meets it).
-_MAX_ALTERNATIVES = 64
+class _Range(NamedTuple):
+    """What one way of matching a schema says of a number: its tightest bounds ((value,
+    exclusive) or None), whether its values are listed (enum / const: enforced exactly), and
+    whether a part excludes numbers (a type without "number")."""
+
+    low: tuple[float, bool] | None
+    high: tuple[float, bool] | None
+    listed: bool
+    not_a_number: bool
+
+
+def _own_range(schema: dict[str, Any]) -> _Range:
+    kinds = schema.get("type", "number")
+    return _Range(
+        _tightest([schema], "minimum", "exclusiveMinimum", max),
+        _tightest([schema], "maximum", "exclusiveMaximum", min),
+        "enum" in schema or "const" in schema,
+        "number" not in (kinds if isinstance(kinds, list) else [kinds]),
+    )
+
+
+def _tighter(a: tuple[float, bool] | None, b: tuple[float, bool] | None, pick: Any) -> Any:
+    if a is None or b is None:
+        return a if b is None else b
+    value = pick(a[0], b[0])
+    return value, (a[0] == value and a[1]) or (b[0] == value and b[1])
+
+
+def _merged(a: _Range, b: _Range) -> _Range:
+    return _Range(
+        _tighter(a.low, b.low, max),
+        _tighter(a.high, b.high, min),
+        a.listed or b.listed,
+        a.not_a_number or b.not_a_number,
+    )
 
 
 def _alternatives(
     schema: dict[str, Any], resolve: Callable[[Any], Any] | None, seen: frozenset[int]
-) -> list[list[dict[str, Any]]]:
-    """The ways an instance can match ``schema``, each as the schema objects whose bounds all
-    hold for it: the schema, its ``allOf`` members and ``$ref`` target (all of them), and one
-    branch of each ``anyOf`` / ``oneOf``, through those parts' own combinators too."""
+) -> set[_Range]:
+    """The ways an instance can match ``schema``, each as the range all its parts bound: the
+    schema, its ``allOf`` members and ``$ref`` target (all of them), and one branch of each
+    ``anyOf`` / ``oneOf``, through those parts' own combinators too. Kept as a set of merged
+    ranges, so unions that bound nothing collapse and no combination is dropped."""
     if id(schema) in seen:
-        return [[]]
+        return {_Range(None, None, False, False)}
     seen = seen | {id(schema)}
-    alternatives: list[list[dict[str, Any]]] = [[schema]]
+    alternatives = {_own_range(schema)}
     members = schema.get("allOf")
     target = resolve(schema) if resolve is not None and "$ref" in schema else None
     for member in [*(members if isinstance(members, list) else []), target]:
@@ -133,35 +166,27 @@ def _alternatives(
             alternatives = _combine(alternatives, _alternatives(member, resolve, seen))
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
-        options = [
+        options = {
             option
             for branch in (branches if isinstance(branches, list) else [])
             if isinstance(branch, dict)
             for option in _alternatives(branch, resolve, seen)
-        ]
+        }
         if options:
             alternatives = _combine(alternatives, options)
     return alternatives
 
 
-def _combine(
-    left: list[list[dict[str, Any]]], right: list[list[dict[str, Any]]]
-) -> list[list[dict[str, Any]]]:
-    return [a + b for a in left for b in right][:_MAX_ALTERNATIVES]
+def _combine(left: set[_Range], right: set[_Range]) -> set[_Range]:
+    return {_merged(a, b) for a in left for b in right}
 
 
-def _check_range(parts: list[dict[str, Any]], path: str) -> None:
-    if any("enum" in part or "const" in part for part in parts):
-        return  # the values are listed, and llguidance enforces those exactly
-    for part in parts:
-        kinds = part.get("type", "number")
-        if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
-            return  # "integer" ranges are enforced; a malformed type is llguidance's to report
-    low = _tightest(parts, "minimum", "exclusiveMinimum", max)
-    high = _tightest(parts, "maximum", "exclusiveMaximum", min)
-    if low is None or high is None:
+def _check_range(summary: _Range, path: str) -> None:
+    if summary.listed or summary.not_a_number:
+        return  # listed values are enforced exactly; "integer" ranges are enforced
+    if summary.low is None or summary.high is None:
         return
-    (low_value, low_exclusive), (high_value, high_exclusive) = low, high
+    (low_value, low_exclusive), (high_value, high_exclusive) = summary.low, summary.high
     if low_exclusive and _integral(low_value) and low_value >= 0 and high_value < low_value + 1:
         bound = f"exclusiveMinimum {low_value}"
     elif (
