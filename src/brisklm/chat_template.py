@@ -256,9 +256,9 @@ def render_chat_template(
     by `tool_schema.tool_json_schema`), `documents`, `add_generation_prompt`, the special tokens
     (`bos_token`, `eos_token`, ...) and any extra keyword arguments, which override special tokens of the
     same name (the parameters before `/` are positional, so a template variable may be called
-    `template` or `special_tokens`, as in transformers). `continue_final_message` renders the last message open-ended, so generation continues
-    its content (a prefill), or the field it names (e.g. "reasoning_content", to continue the
-    model's thinking); it implies add_generation_prompt=False. Raises ChatTemplateError (a
+    `template` or `special_tokens`, as in transformers). `continue_final_message` renders the last
+    message open-ended, so generation continues its content (a prefill), or the field it names
+    (e.g. "reasoning_content", to continue the model's thinking); it implies add_generation_prompt=False. Raises ChatTemplateError (a
     ValueError) for a template that fails, including its own raise_exception calls, and ValueError for
     an empty conversation.
     """

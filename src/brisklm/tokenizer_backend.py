@@ -481,31 +481,29 @@ def _add_tokens_like_transformers(
         if isinstance(token, str):
             token = AddedToken(token, special=True)
         elif not token.special and token.content in named_contents:
-            token = AddedToken(
-                token.content,
-                single_word=token.single_word,
-                lstrip=token.lstrip,
-                rstrip=token.rstrip,
-                normalized=token.normalized,
-                special=True,
-            )
+            token = _as_special(token)
         tokens.append(token)
     # A named token that the files list as not special (an eos added with add_tokens, then
     # named) is made special with its flags, as transformers re-adds every named token.
-    for token in backend.get_added_tokens_decoder().values():
-        if not token.special and token.content in named_contents:
-            tokens.append(
-                AddedToken(
-                    token.content,
-                    single_word=token.single_word,
-                    lstrip=token.lstrip,
-                    rstrip=token.rstrip,
-                    normalized=token.normalized,
-                    special=True,
-                )
-            )
+    tokens += [
+        _as_special(token)
+        for token in backend.get_added_tokens_decoder().values()
+        if not token.special and token.content in named_contents
+    ]
     if tokens:
         backend.add_tokens(tokens)
+
+
+def _as_special(token: AddedToken) -> AddedToken:
+    """``token`` with its flags, made special."""
+    return AddedToken(
+        token.content,
+        single_word=token.single_word,
+        lstrip=token.lstrip,
+        rstrip=token.rstrip,
+        normalized=token.normalized,
+        special=True,
+    )
 
 
 def _bos_eos_post_processor(

@@ -6,6 +6,7 @@ The other families' formats (Llama 3 JSON, Mistral) build on these pieces in ``b
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -449,6 +450,13 @@ def call_alternatives(
     return lines
 
 
+def text_without(tag: str) -> str:
+    """A Lark regex lexeme for any text that does not hold ``tag``, spelled out of any tokens
+    (regex and-not): where the tag is a special token, text still must not spell it, or the
+    parser, which reads text, would find a call there that no tool schema checked."""
+    return f"/(?s:.*)/ & ~/(?s:.*){re.escape(tag)}(?s:.*)/"
+
+
 def tool_call_grammar(
     tools: Sequence[Any],
     mode: ToolChoiceMode = "auto",
@@ -479,7 +487,7 @@ def tool_call_grammar(
     check_tool_choice_mode(mode)
     lines = ["%llguidance {}"]
     # Any text, minus the texts that contain the tag (regex and-not; the tag has no metacharacters).
-    text_without_calls = f"TEXT_WITHOUT_CALLS: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_START}(?s:.*)/"
+    text_without_calls = f"TEXT_WITHOUT_CALLS: {text_without(TOOL_CALL_START)}"
     if mode == "none":
         lines.append("start: TEXT_WITHOUT_CALLS")
         lines.append(text_without_calls)

@@ -42,6 +42,7 @@ from brisklm.tool_calls import (
     json_answer_rule,
     parse_tool_calls,
     partial_tag_length,
+    text_without,
     tool_call_from_json,
     tool_call_grammar,
     unclosed_block_call,
@@ -206,7 +207,7 @@ class ToolCallFormat:
                     calls = f'{tag} " "? "[" call{more} "]"'
                 # "auto": text, which may end in the calls (or end the reply as it is).
                 lines.append(f"start: TEXT ({calls})?" if mode == "auto" else f"start: {calls}")
-            lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(MISTRAL_TAG)}(?s:.*)/")
+            lines.append(f"TEXT: {text_without(MISTRAL_TAG)}")
             key = "arguments"
         else:
             # A reply that starts with "{" (after blanks) is a call; text must not. One call per

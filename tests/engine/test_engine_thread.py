@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from brisklm import LLM, SamplingParams
+from tests.scripts import run_script
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -262,15 +261,7 @@ def test_exiting_with_a_request_running_stops_the_engine_thread_first(tiny_dir, 
     # close() is freed by its engine thread when that retires, after its loop has left the ones
     # closed at exit; freeing its huge-page tensors once exit had begun aborted the same way
     # (tests/test_bundled_models.py alone, one run in three).
-    script = tmp_path / "exit.py"
-    script.write_text(EXIT_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_dir), how],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, EXIT_SCRIPT, str(tiny_dir), how)
     assert done.stdout.splitlines()[-2:] == ["leaving", "engine threads alive at exit: 0"]
     assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
 
@@ -315,12 +306,7 @@ def test_a_ctrl_c_during_exit_does_not_cut_the_wait_for_the_engine_thread(tiny_d
     # Ctrl-C pressed again while the process exits interrupted the exit handler's join: the engine
     # thread was still in its step at teardown, and the process aborted (exit status 134, one run
     # in three with the bundled model and a long prefill).
-    script = tmp_path / "exit.py"
-    script.write_text(INTERRUPTED_EXIT_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, INTERRUPTED_EXIT_SCRIPT, str(tiny_dir))
     assert done.stdout.splitlines()[-2:] == [
         "leaving",
         "engine steps in progress after brisklm's exit handler: 0",
@@ -404,12 +390,7 @@ print("parent: its stream went on", len("".join(in_flight)) > 0, flush=True)
 def test_a_forked_child_gets_a_clear_error_and_may_make_its_own_llm(tiny_dir, tmp_path):
     # A forked child inherited the loop but not its engine thread: its requests waited forever
     # (and its exit waited 10 s for the parent's thread).
-    script = tmp_path / "fork.py"
-    script.write_text(FORK_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, FORK_SCRIPT, str(tiny_dir))
     lines = done.stdout.splitlines()
     assert any(
         line.startswith("child: this LLM was made in process") and "forked from it" in line
@@ -451,12 +432,7 @@ def test_constrained_requests_after_the_main_thread_ended(tiny_dir, tmp_path):
     # The grammar masks' thread pool refuses work once the main thread has ended ("cannot
     # schedule new futures after interpreter shutdown"): every constrained request of a
     # non-daemon thread then failed.
-    script = tmp_path / "after_main.py"
-    script.write_text(AFTER_MAIN_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, AFTER_MAIN_SCRIPT, str(tiny_dir))
     assert done.stdout.splitlines() == ["after main: True", "after main, async: True"], (
         done.stdout,
         done.stderr[-2000:],

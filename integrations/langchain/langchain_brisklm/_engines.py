@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from brisklm import LLM, Tokenizer, default_model_path
 from brisklm.config import ModelConfig
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.llm import draft_schedule
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
-from brisklm.offload import run_off_loop
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 T = TypeVar("T")
@@ -178,13 +176,6 @@ def _draft_key(draft: str | os.PathLike[str] | None) -> str | None:
         return None if draft is None else str(draft)
     directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
     return str(directory.expanduser().resolve())
-
-
-async def off_loop(prepare: Callable[..., T], *args: Any) -> T:
-    """`prepare(*args)` on a worker thread, for the async calls: a first call loads the model (see
-    `get_engine`), and rendering a prompt and compiling a grammar take milliseconds to seconds,
-    which on the event loop would stall every other task."""
-    return await run_off_loop(prepare, *args)
 
 
 def loaded_engines() -> dict[EngineKey, LLM]:

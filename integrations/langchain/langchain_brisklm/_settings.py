@@ -38,10 +38,6 @@ SAMPLING_FIELDS = (
 _REMOTE_ONLY_PARAMS = frozenset({"api_key", "base_url", "timeout", "max_retries", "organization"})
 
 
-def _is_path(value: Any) -> bool:
-    return isinstance(value, os.PathLike)
-
-
 class BriskSettings(BaseModel):
     """Which model to run and how to sample from it."""
 
@@ -102,7 +98,11 @@ class BriskSettings(BaseModel):
             if "model" in values and values["model"] is None:  # as if left out
                 values = {**values, "model": default_model()}
             # Directories may be given as paths (pathlib.Path), as a per-call model may be.
-            paths = {k: os.fspath(values[k]) for k in ("model", "draft") if _is_path(values.get(k))}
+            paths = {
+                k: os.fspath(values[k])
+                for k in ("model", "draft")
+                if isinstance(values.get(k), os.PathLike)
+            }
             values = {**values, **paths}
         return values
 

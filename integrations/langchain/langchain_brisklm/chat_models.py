@@ -32,11 +32,12 @@ from brisklm.constrained.compiler import check_json_schema
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
+from brisklm.offload import run_off_loop
 from brisklm.outputs import GenerationOutput, StreamChunk, Usage
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
-from langchain_brisklm._engines import get_tokenizer, off_loop, resolve_model_path
+from langchain_brisklm._engines import get_tokenizer, resolve_model_path
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._structured import (
@@ -358,7 +359,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         if batch is not None:
             call, output = await batch.run(lambda: self._prepare(messages, stop, kwargs))
             return self._result(call, output)
-        call = await off_loop(self._prepare, messages, stop, kwargs)
+        call = await run_off_loop(self._prepare, messages, stop, kwargs)
         (output,) = await call.llm.arun_requests([call.request])
         return self._result(call, output)
 
@@ -428,7 +429,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        call = await off_loop(self._prepare, messages, stop, kwargs)
+        call = await run_off_loop(self._prepare, messages, stop, kwargs)
         converter = _ChunkConverter(call)
         async for stream_chunk in call.llm.astream_request(call.request):
             for chunk in converter.convert(stream_chunk):

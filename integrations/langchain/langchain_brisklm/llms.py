@@ -18,8 +18,9 @@ from pydantic import ConfigDict
 from brisklm import LLM
 from brisklm.engine.request import Request
 from brisklm.llm import naming_prompt
+from brisklm.offload import run_off_loop
 from brisklm.outputs import StreamChunk, Usage
-from langchain_brisklm._engines import get_tokenizer, off_loop
+from langchain_brisklm._engines import get_tokenizer
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 
 # Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").
@@ -155,7 +156,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        llm, requests, model_name = await off_loop(self._requests, prompts, stop, kwargs)
+        llm, requests, model_name = await run_off_loop(self._requests, prompts, stop, kwargs)
         if not (self.streaming and run_manager is not None):
             return self._result(await llm.arun_requests(requests), model_name)
         manager = run_manager
@@ -201,7 +202,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        llm, (request,), _ = await off_loop(self._requests, [prompt], stop, kwargs)
+        llm, (request,), _ = await run_off_loop(self._requests, [prompt], stop, kwargs)
         async for chunk in llm.astream_request(request):
             piece = _generation_chunk(chunk)
             if piece is None:

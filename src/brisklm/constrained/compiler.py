@@ -107,15 +107,17 @@ def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:
         )
     if message.startswith("Value for 'multipleOf' has too many digits"):
         digits = message.rsplit(":", 1)[-1].strip().lstrip("0")
+        found: list[float] = []
 
         def too_long(node: dict[str, Any]) -> bool:  # the multipleOf of these digits
             value = node.get("multipleOf")
-            return isinstance(value, int | float) and _digits(value) == digits
+            if isinstance(value, int | float) and _digits(value) == digits:
+                found.append(value)
+            return bool(found)
 
         where = schema_path_of(schema, too_long)
-        value = _first_value(schema, where, "multipleOf")
         return ConstraintError(
-            f"multipleOf{f' {value!r}' if value is not None else ''}"
+            f"multipleOf{f' {found[0]!r}' if found else ''}"
             f"{f' at {where}' if where else ''} has more significant digits than llguidance "
             "handles; use a value of fewer digits"
         )
@@ -132,17 +134,6 @@ def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:
 def _digits(value: float) -> str:
     """A number's significant digits as llguidance quotes them (no sign, point or leading 0)."""
     return re.sub(r"\D", "", repr(value).split("e")[0]).lstrip("0")
-
-
-def _first_value(schema: Any, where: str | None, key: str) -> Any:
-    """``schema``'s value of ``key`` in the object at JSON pointer ``where`` (None if absent)."""
-    if where is None:
-        return None
-    node = schema
-    for step in where.split("/")[1:]:
-        step = step.replace("~1", "/").replace("~0", "~")
-        node = node[int(step)] if isinstance(node, list) else node[step]
-    return node.get(key)
 
 
 def _regex_reason(message: str, start: int = 0) -> str:

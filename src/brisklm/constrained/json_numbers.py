@@ -59,18 +59,19 @@ def read_as_llguidance(value: float) -> float:
 def check_exact_numbers(value: Any, path: str) -> None:
     """ConstraintError if a number in ``value`` (a bound, or a const / enum instance, walked into
     arrays and objects) is read by llguidance as another: a float its parser misreads, or an
-    integer a float does not hold (llguidance writes const and enum numbers from floats:
-    12345678901234567 came out as 12345678901234568)."""
+    integer a float does not hold (llguidance holds bounds and writes const and enum numbers as
+    floats: 12345678901234567 came out as 12345678901234568)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _EXACT_LIMIT:
         try:
-            exact = float(value) == value
+            rounded: int | None = int(float(value))
         except OverflowError:
-            exact = False
-        if not exact:
+            rounded = None
+        if rounded != value:
+            became = "cannot hold it" if rounded is None else f"round it to {rounded}"
             raise ConstraintError(
                 f"the integer {value} at {path} cannot be enforced exactly: llguidance holds "
-                "constant numbers as 64-bit floats, which do not hold every integer past 2**53 "
-                "(write it as a string)"
+                f"numbers as 64-bit floats, which {became} (integers beyond 2**53 are exact only "
+                "where a float is)"
             )
     elif isinstance(value, float):
         read = read_as_llguidance(value)
@@ -125,14 +126,20 @@ class _Range(NamedTuple):
 def _own_range(schema: dict[str, Any]) -> _Range:
     kinds = schema.get("type", "number")
     return _Range(
-        _tightest([schema], "minimum", "exclusiveMinimum", max),
-        _tightest([schema], "maximum", "exclusiveMaximum", min),
+        _tighter(_bound(schema, "minimum", False), _bound(schema, "exclusiveMinimum", True), max),
+        _tighter(_bound(schema, "maximum", False), _bound(schema, "exclusiveMaximum", True), min),
         "enum" in schema or "const" in schema,
         "number" not in (kinds if isinstance(kinds, list) else [kinds]),
     )
 
 
+def _bound(schema: dict[str, Any], key: str, exclusive: bool) -> tuple[float, bool] | None:
+    value = schema.get(key)
+    return (value, exclusive) if _is_number(value) and math.isfinite(value) else None
+
+
 def _tighter(a: tuple[float, bool] | None, b: tuple[float, bool] | None, pick: Any) -> Any:
+    """The tighter of two bounds ((value, exclusive) or None) on the side ``pick`` says."""
     if a is None or b is None:
         return a if b is None else b
     value = pick(a[0], b[0])
@@ -208,17 +215,3 @@ def _is_number(value: Any) -> bool:
 
 def _integral(value: float) -> bool:
     return float(value).is_integer()
-
-
-def _tightest(parts: list[dict[str, Any]], inclusive: str, exclusive: str, pick: Any) -> Any:
-    """(value, is_exclusive) of the tightest of the parts' bounds on one side, or None."""
-    bounds = [
-        (part[key], key == exclusive)
-        for part in parts
-        for key in (inclusive, exclusive)
-        if _is_number(part.get(key)) and math.isfinite(part[key])
-    ]
-    if not bounds:
-        return None
-    value = pick(v for v, _ in bounds)
-    return value, any(exclusive and v == value for v, exclusive in bounds)

@@ -212,11 +212,10 @@ class _SchemaRewriter:
                 if key == "oneOf" and _one_of_as_any_of(node, self.refs):
                     key = "anyOf"
                 out[key] = [self.schema(sub, f"{where}/{k}") for k, sub in enumerate(value)]
-            elif key in _BOUND_KEYWORDS:
-                out[key] = self.bound(value, where)
-                check_exclusive_bound(key, value, where)
-            elif key == "multipleOf":
+            elif key in _BOUND_KEYWORDS or key == "multipleOf":
+                # llguidance reads these as 64-bit floats: a value it rounds would move them.
                 check_exact_numbers(value, where)
+                check_exclusive_bound(key, value, where)
                 out[key] = value
             elif key == "pattern" and isinstance(value, str):
                 out[key] = self.pattern(value, where)
@@ -242,26 +241,6 @@ class _SchemaRewriter:
             return  # a part we cannot read (a remote $ref) may declare any key
         out["properties"] = {**properties, **{k: {} for k in keys if k not in properties}}
         out["additionalProperties"] = False
-
-    @staticmethod
-    def bound(value: Any, path: str) -> Any:
-        # llguidance reads a bound as a 64-bit float: an integer it rounds would move the bound.
-        if isinstance(value, float):
-            check_exact_numbers(value, path)
-        if not isinstance(value, int) or isinstance(value, bool):
-            return value
-        try:
-            rounded: int | None = int(float(value))
-        except OverflowError:
-            rounded = None
-        if rounded != value:
-            became = "cannot hold it" if rounded is None else f"round it to {rounded}"
-            raise ConstraintError(
-                f"the bound {value} at {path} cannot be enforced exactly: llguidance reads bounds "
-                f"as 64-bit floats, which {became} (integers beyond 2**53 are exact only where a "
-                "float is)"
-            )
-        return value
 
     def unknown(self, value: Any, path: str) -> Any:
         if isinstance(value, dict):

@@ -84,8 +84,13 @@ class EngineLoop:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def _forked(self) -> bool:
+        """Whether this is a forked child's copy of the loop (see ``_pid``)."""
+        return os.getpid() != self._pid
+
     def _check_process(self) -> None:
-        if os.getpid() != self._pid:
+        if self._forked:
             raise RuntimeError(
                 f"this LLM was made in process {self._pid} and cannot serve requests in process "
                 f"{os.getpid()}, forked from it (its engine thread does not exist here): make the "
@@ -93,7 +98,7 @@ class EngineLoop:
             )
 
     def abort(self, request_id: str) -> None:
-        if os.getpid() != self._pid:
+        if self._forked:
             return  # nothing of this loop runs here
         self._inbox.put(("abort", request_id, None))
         self._wakeup.set()
@@ -101,8 +106,8 @@ class EngineLoop:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the engine thread (waiting up to ``timeout`` seconds for the step it is in); every
         request still queued or running fails with an error."""
-        if os.getpid() != self._pid:  # a forked child's copy: no thread, and its requests' callers
-            self._closed = True  # are the parent's
+        if self._forked:  # no thread to stop here, and the requests' callers are the parent's
+            self._closed = True
             _open_loops.discard(self)
             return
         with self._start_lock:

@@ -11,6 +11,7 @@ import pytest
 
 from langchain_brisklm import BriskLLM, ChatBrisk, _engines
 from tests.integrations.langchain.conftest import TINY_ENGINE
+from tests.scripts import run_script
 
 WAIT = 30  # seconds a blocked load waits before the test gives up on it (a failure, not a timing)
 
@@ -114,18 +115,7 @@ print("parent: reply", chat.invoke("Hi").content == expected, flush=True)
 def test_a_forked_worker_loads_its_own_engine(tiny_chat_dir: Path, tmp_path: Path) -> None:
     # A preforking server's worker used the parent's engine, whose thread it does not have: its
     # calls now load an engine of its own.
-    import subprocess
-    import sys
-
-    script = tmp_path / "worker.py"
-    script.write_text(FORKED_WORKER_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_chat_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, FORKED_WORKER_SCRIPT, str(tiny_chat_dir))
     assert done.stdout.splitlines() == [
         "child: registry empty True",
         "child: reply True",
@@ -152,16 +142,5 @@ threading.Thread(target=later).start()  # not a daemon: the interpreter waits fo
 def test_a_batch_after_the_main_thread_ended(tiny_chat_dir: Path, tmp_path: Path) -> None:
     # batch ran its calls on a thread pool's thread, which Python refuses to start once the main
     # thread has ended ("cannot schedule new futures after interpreter shutdown").
-    import subprocess
-    import sys
-
-    script = tmp_path / "after_main.py"
-    script.write_text(AFTER_MAIN_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_chat_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, AFTER_MAIN_SCRIPT, str(tiny_chat_dir))
     assert done.stdout.splitlines() == ["after main: True"], (done.stdout, done.stderr[-2000:])
