@@ -5,6 +5,7 @@ runs the same code on another device (its precision: tests/test_training_precisi
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -289,9 +290,10 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
     for key in ("steps", "train_loss_ema", "heldout_loss"):
         assert summaries[0][key] == summaries[1][key], key
 
-    # A step count --max-minutes lowered stays lowered when the run resumes: saved as the plan,
-    # it wins over the command line's (the schedule went back to it: a jump in the learning
-    # rate, then a cliff). Here the count 4 stands for the lowered one, 6 for the command's.
+    # A step count --max-minutes lowered stays lowered when the run resumes with the same
+    # command: saved as the plan, it wins over the command line's (the schedule went back to it:
+    # a jump in the learning rate, then a cliff). Here the checkpoint of a run of 4 steps is
+    # edited to say its command asked for 6: 4 stands for the lowered count.
     def run_steps(out: Path, steps: str, *extra: str) -> None:
         run_main(
             monkeypatch,
@@ -308,13 +310,24 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
         m.setattr(torch, "save", save_then_stop)
         with pytest.raises(Stopped):
             run_steps(tmp_path / "lowered", "4", "--resume")
+    checkpoint_path = tmp_path / "lowered" / "checkpoint.pt"
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    assert (checkpoint["steps"], checkpoint["command_steps"]) == (4, 4)
+    shutil.copytree(tmp_path / "lowered", tmp_path / "raised")
+    checkpoint["command_steps"] = 6
+    torch.save(checkpoint, checkpoint_path)
     run_steps(tmp_path / "lowered", "6", "--resume")
-    torch.set_num_threads(threads)
     planned = load_file(str(tmp_path / "planned" / "model" / "model.safetensors"))
     lowered = load_file(str(tmp_path / "lowered" / "model" / "model.safetensors"))
     assert all(torch.equal(planned[name], lowered[name]) for name in planned)
     summary = json.loads((tmp_path / "lowered" / "train_summary.json").read_text())
     assert summary["steps"] == 4
+    # A resume whose command asks for a different count than the checkpoint's command did
+    # is a deliberate change: it trains to the new count.
+    run_steps(tmp_path / "raised", "6", "--resume")
+    torch.set_num_threads(threads)
+    summary = json.loads((tmp_path / "raised" / "train_summary.json").read_text())
+    assert summary["steps"] == 6
 
 
 def test_sets_packed_apart_train_together(

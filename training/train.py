@@ -1039,6 +1039,7 @@ def main() -> None:
     ckpt_path = args.out / "checkpoint.pt"
     start_step = 0
     elapsed_before = 0.0
+    command_steps = args.steps
     resumed: dict[str, Any] = {}
     if args.resume and ckpt_path.exists():
         resumed = torch.load(ckpt_path, map_location=device, weights_only=False)
@@ -1046,9 +1047,11 @@ def main() -> None:
         opt.load_state_dict(resumed["opt"])
         start_step = resumed["step"]
         elapsed_before = resumed.get("elapsed_s", 0.0)
-        # A count --max-minutes lowered stays lowered: the schedule resumes where it was (from
-        # the command line's count the learning rate jumped back up, then fell off a cliff).
-        args.steps = min(args.steps, resumed.get("steps", args.steps))
+        # A count --max-minutes lowered stays lowered when the command gives the count it gave
+        # before: the schedule resumes where it was (from the command line's count the learning
+        # rate jumped back up, then fell off a cliff). A different count is a deliberate change.
+        if args.steps == resumed.get("command_steps", args.steps):
+            args.steps = min(args.steps, resumed.get("steps", args.steps))
         print(
             f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)",
             flush=True,
@@ -1164,6 +1167,7 @@ def main() -> None:
                     "opt": opt.state_dict(),
                     "step": step + 1,
                     "steps": args.steps,  # the planned count, as --max-minutes may have set it
+                    "command_steps": command_steps,
                     "elapsed_s": elapsed_before + time.time() - t_train,
                     "drill_rng": drill_rng.getstate(),
                     "ema": ema,
