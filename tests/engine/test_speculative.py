@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import pytest
 
@@ -343,3 +344,60 @@ def test_a_grammar_past_llguidances_limits_fails_only_its_request(tiny_dir):
         assert llm.generate("Hi", SamplingParams(choice=["ok"], max_tokens=5)).text == "ok"
         if not failed:
             pytest.skip("this llguidance stays within its limits on the grammar")
+
+
+def test_a_seeded_constrained_request_does_not_depend_on_its_batch(other_drafted):
+    """A request its schedule pauses takes a plain step alone (a forced token drawing nothing)
+    but a verification row beside drafting requests: that row drew for its forced token, and
+    from there its seeded tokens differed (logprobs take forced tokens one a step)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer"},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["name", "age"],
+    }
+    for seed in range(20):
+        params = SamplingParams(
+            temperature=0.8, seed=seed, max_tokens=36, json_schema=schema, logprobs=2
+        )
+        alone = other_drafted.generate("JSON:", params)
+        beside = other_drafted.generate(["JSON:", "The quick brown fox"], [params, GREEDY])[0]
+        assert beside.token_ids == alone.token_ids, seed
+
+
+@pytest.mark.parametrize("draft_length", ["fixed", "adaptive"])
+def test_constrained_sampling_ends_as_often_as_the_targets(tiny_dir, plain, draft_length):
+    """A drafted EOS under a grammar was dropped and the target drew that position afresh, so
+    with the target as its own draft output ended at the first chance with p(EOS)^2, not
+    p(EOS) (TV 0.19 from the target's length distribution here). Seeds are fixed: the figures
+    are the same each run."""
+    eos = plain.tokenizer.eos_token_ids[0]
+    n = 2000
+    params = [
+        SamplingParams(
+            temperature=1.0, seed=s, max_tokens=4, regex="[a-z]{1,8}", logit_bias={eos: 4.0}
+        )
+        for s in range(n)
+    ]
+    drafted = LLM.from_pretrained(
+        tiny_dir,
+        device="cpu",
+        max_batch_size=64,
+        max_seq_len=64,
+        show_progress=False,
+        draft=tiny_dir,
+        num_speculative_tokens=4,
+        draft_length=draft_length,
+    )
+    try:
+        outputs = [llm.generate(["Hello"] * n, params) for llm in (plain, drafted)]
+    finally:
+        drafted.close()
+    assert sum(o.speculative.num_accepted for o in outputs[1]) > n
+    lengths = [Counter(len(o.token_ids) for o in outs) for outs in outputs]
+    assert lengths[0][2] > 0.1 * n  # the first chance to end is taken often
+    tv = sum(abs(lengths[0][k] - lengths[1][k]) for k in range(1, 5)) / (2 * n)
+    assert tv < 0.05, lengths

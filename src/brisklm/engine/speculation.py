@@ -108,29 +108,35 @@ class Speculator:
     @staticmethod
     def _valid_for_grammar(
         requests: Sequence[Request], proposals: list[Proposal]
-    ) -> list[Proposal]:
-        """Cut deterministic (n-gram) proposals at the first token the grammar forbids, and any
-        constrained request's proposals before an EOS.
-
-        Lossless because such proposals are a function of the context; sampled draft proposals are
-        never cut on their own value (the draft proposer already drafts under the grammar), except
-        before an EOS, which the target then samples itself, from its own distribution, as the
-        token after the accepted proposals: an EOS a grammar takes as content would otherwise
-        enter the request's matcher while masks are computed, and llguidance (1.9) does not roll
-        such an EOS back correctly.
+    ) -> tuple[list[Proposal], list[Proposal]]:
+        """``(fed, tested)``: the proposals the verification pass feeds and those rejection
+        sampling tests. A constrained request's proposals are fed only up to an EOS: an EOS a
+        grammar takes as content would otherwise enter the request's matcher while masks are
+        computed, and llguidance (1.9) does not roll such an EOS back correctly. An EOS needs no
+        feeding (nothing follows it), so a sampled draft's EOS is still tested, as the token
+        after the fed ones, against the target's distribution there (kept with probability
+        min(1, p/q), else a draw from max(0, p - q)): drawn afresh instead, constrained output
+        ended less often than the target's own. Greedy and deterministic (n-gram) proposals are
+        a function of the context, so cutting them is lossless: those are also cut at the first
+        token the grammar forbids, and the target picks the token after them itself.
         """
-        out = []
+        fed, tested = [], []
         for request, proposal in zip(requests, proposals):
+            cut = proposal
             if request.matcher is not None and proposal.token_ids:
-                ids = proposal.token_ids
+                ids, probs = proposal.token_ids, proposal.probs
                 end = next((i for i, t in enumerate(ids) if t in request.eos_token_ids), len(ids))
-                if proposal.probs is None:
+                if probs is None:
                     end = request.matcher.validate_tokens(ids[:end])
                 if end < len(ids):
-                    probs = None if proposal.probs is None else proposal.probs[:end]
-                    proposal = Proposal(ids[:end], probs)
-            out.append(proposal)
-        return out
+                    cut = Proposal(ids[:end], None if probs is None else probs[:end])
+                    if probs is None or request.params.is_greedy:
+                        proposal = cut
+                    else:  # ids[end] is the EOS
+                        proposal = Proposal(ids[: end + 1], probs[: end + 1])
+            fed.append(cut)
+            tested.append(proposal)
+        return fed, tested
 
     def _record(self, request: Request, num_proposed: int, num_accepted: int) -> None:
         """Count a target step of ``request`` in its stats and advance its draft length."""
@@ -172,7 +178,7 @@ class Speculator:
         drawn = [r for r in decoding if r.draft_generator is not None]
         states = [r.draft_generator.get_state() for r in drawn]  # type: ignore[union-attr]
         try:
-            proposals = self._valid_for_grammar(decoding, self.proposer.propose(rows))
+            proposals, tested = self._valid_for_grammar(decoding, self.proposer.propose(rows))
         except BaseException:
             _restore(drawn, states)
             raise
@@ -213,7 +219,9 @@ class Speculator:
         assert logits is not None
         engine.mask_padding(logits)
         engine.structured.apply(pending_masks, logits)
-        results = self._verify(engine, decoding, rows, proposals, logits[:num_verified], feeds)
+        results = self._verify(
+            engine, decoding, rows, proposals, tested, logits[:num_verified], feeds
+        )
         if sampled:
             results += engine.sample_and_update(sampled, logits[num_verified:])
         return results
@@ -224,26 +232,44 @@ class Speculator:
         requests: list[Request],
         rows: list[DraftRow],
         proposals: list[Proposal],
+        tested: list[Proposal],
         logits: torch.Tensor,
         feeds: list[list[int]],
     ) -> list[StepResult]:
         """Accept each request's proposals against the target's ``logits`` (a row per position
-        verified), roll the rejected ones back, and append the accepted run and the next token."""
+        of the fed ``proposals``; ``tested`` may add an EOS after them, see
+        ``_valid_for_grammar``), roll the rejected ones back, and append the accepted run and the
+        next token."""
         counts = verification_counts(proposals)
+        # A row with nothing to test whose grammar forces the next token takes it without a draw,
+        # as a plain step does: a seeded request paused by its schedule takes a plain step when
+        # alone and a row here beside drafting requests, and its tokens must not depend on that.
+        forced = [
+            engine.structured.forced_next(r) if not t.token_ids else None
+            for r, t in zip(requests, tested)
+        ]
         if all(r.params.is_greedy for r in requests):
             out_rows, accepted = greedy_verification(logits, rows, proposals, engine.eos_token_ids)
         else:
             probs = target_probs(logits, rows, proposals, engine.eos_token_ids)
-            batch = batch_proposals(proposals, logits.shape[1], logits.device)
+            if any(len(t) > len(p) for t, p in zip(tested, proposals)):
+                probs = _after_tested_eos(probs, proposals, tested)
+            batch = batch_proposals(tested, logits.shape[1], logits.device)
             out, num_accepted = rejection_sample(
                 probs,
                 batch.token_ids,
                 batch.num_draft,
                 batch.probs,
-                [r.params.is_greedy for r in requests],
+                [r.params.is_greedy or f is not None for r, f in zip(requests, forced)],
                 [r.generator for r in requests],
             )
             out_rows, accepted = out.tolist(), num_accepted.tolist()
+            for b, proposal in enumerate(proposals):
+                if accepted[b] > len(proposal):  # the tested EOS was kept: it is the next token
+                    out_rows[b], accepted[b] = tested[b].token_ids, len(proposal)
+        for b, token in enumerate(forced):
+            if token is not None:
+                out_rows[b], accepted[b] = [token], 0
         offsets = [sum(counts[:b]) for b in range(len(counts))]
         logprobs = self._logprobs(engine, requests, logits, out_rows, accepted, offsets)
         return self._accept(engine, requests, proposals, feeds, out_rows, accepted, logprobs)
@@ -323,6 +349,21 @@ class Speculator:
             per_row.append(flat[start : start + n + 1])
             start += n + 1
         return per_row
+
+
+def _after_tested_eos(
+    probs: torch.Tensor, fed: list[Proposal], tested: list[Proposal]
+) -> torch.Tensor:
+    """``probs`` (B, K+1, V) of the fed proposals widened for the tested ones: a row whose tested
+    proposals end with an unfed EOS tests it at its bonus position, and gets a copy of that
+    position after it (the bonus draw after an EOS kept, whose token is dropped)."""
+    width = max(len(t) for t in tested) + 1
+    out = probs.new_zeros((probs.shape[0], width, probs.shape[2]))
+    out[:, : probs.shape[1]] = probs
+    for b, (f, t) in enumerate(zip(fed, tested)):
+        if len(t) > len(f):
+            out[b, len(f) + 1] = probs[b, len(f)]
+    return out
 
 
 def _restore(requests: list[Request], states: list[torch.Tensor]) -> None:
