@@ -343,16 +343,16 @@ def test_chat_leaves_room_for_the_reply_and_reads_crlf_and_bad_lines(
     # Old turns were dropped only once the prompt filled the context, so replies near the limit
     # were cut off mid-sentence by it; "\r\n" kept the "\r" in the message; a line that was not
     # UTF-8 ended the session with an error about a position in the rendered prompt.
-    from brisklm.llm import LLM
+    from brisklm import cli
 
     calls = []
-    stream_chat = LLM.stream_chat
+    reply_request = cli._reply_request
 
-    def recording(self, messages, params=None, **kwargs):
-        calls.append((len(self.chat_prompt_ids(messages)), params.max_tokens, messages[-1]))
-        return stream_chat(self, messages, params, **kwargs)
+    def recording(llm, messages, params):
+        calls.append((len(llm.chat_prompt_ids(messages)), params.max_tokens, messages[-1]))
+        return reply_request(llm, messages, params)
 
-    monkeypatch.setattr(LLM, "stream_chat", recording)
+    monkeypatch.setattr(cli, "_reply_request", recording)
     turns = "".join(f"Tell me about the number {n} please\r\n" for n in range(6))
     monkeypatch.setattr(sys, "stdin", io.StringIO(turns + "Hi \udcff there\nBye\n"))
     argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "12"]
@@ -367,16 +367,16 @@ def test_chat_leaves_room_for_the_reply_and_reads_crlf_and_bad_lines(
 
 def test_a_refused_line_leaves_the_history_as_it_was(model_dir, capsys, monkeypatch):
     # The turns before a message too long for the context were dropped while trying to fit it.
-    from brisklm.llm import LLM
+    from brisklm import cli
 
     histories = []
-    stream_chat = LLM.stream_chat
+    reply_request = cli._reply_request
 
-    def recording(self, messages, params=None, **kwargs):
+    def recording(llm, messages, params):
         histories.append([m["content"] for m in messages if m["role"] == "user"])
-        return stream_chat(self, messages, params, **kwargs)
+        return reply_request(llm, messages, params)
 
-    monkeypatch.setattr(LLM, "stream_chat", recording)
+    monkeypatch.setattr(cli, "_reply_request", recording)
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n" + "word " * 80 + "\nBye\n"))
     argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "4"]
     assert main([*argv, "--max-seq-len", "64"]) == 1
@@ -513,6 +513,73 @@ def test_closed_standard_streams_and_text_flags_that_are_not_utf8(model_dir, cap
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["generate", *argv, "x"]) == 1
     assert "stdout is closed" in capsys.readouterr().err
+
+
+def test_chat_says_when_the_context_ended_a_reply(model_dir, capsys, monkeypatch):
+    # The newest message alone may leave less than --max-tokens of room: the reply was cut
+    # there with no word (generate says so).
+    monkeypatch.setattr(sys, "stdin", io.StringIO("word " * 10 + "\nHi\n"))
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--ignore-eos"]
+    assert main([*argv, "--max-tokens", "100", "--max-seq-len", "64"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("brisklm: the context of 64 tokens ended the output after ") == 2, err
+    assert "of --max-tokens 100 (raise --max-seq-len for more)" in err
+
+
+def test_a_closed_stderr_keeps_stdout_to_the_output(model_dir, capsys, monkeypatch):
+    # print(..., file=None) writes to stdout: --usage's JSON and errors landed in the output.
+    monkeypatch.setattr(sys, "stderr", None)
+    argv = ["generate", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "3"]
+    assert main([*argv, "--usage", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt_tokens" not in out and out.endswith("\n") and out.count("\n") == 1
+    assert main([*argv, "--top-p", "0", "x"]) == 1
+    assert capsys.readouterr().out == ""
+
+
+def test_prompts_that_are_not_utf8_are_named_in_the_clis_terms(model_dir, capsys, monkeypatch):
+    # It said "surrogates not allowed at position 2 ('\udce9')", a 0-based Python position.
+    argv = ["generate", "--model", str(model_dir), "--max-tokens", "2"]
+    assert main([*argv, "ab\udce9c"]) == 1
+    assert "brisklm: error: the prompt is not UTF-8 text (column 3)\n" == capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("caf\udce9\n"))
+    assert main([*argv, "-"]) == 1
+    err = capsys.readouterr().err
+    assert err == "brisklm: error: the prompt read from stdin is not UTF-8 text (column 4)\n"
+
+
+def test_empty_paths_and_speculative_flags_without_a_draft_are_refused(model_dir, capsys):
+    # Path("") is the current directory: `--model ""` loaded a checkpoint from there.
+    argv = ["generate", "--max-tokens", "2"]
+    for flags, message in [
+        (["--model", ""], "--model is empty: give a directory"),
+        (["--model", str(model_dir), "--draft", ""], "--draft is empty: give a directory"),
+        # It was ignored (no speculation, exit 0) where --draft-length was refused.
+        (
+            ["--model", str(model_dir), "--num-speculative-tokens", "3"],
+            "--num-speculative-tokens needs speculative decoding: pass --draft",
+        ),
+    ]:
+        assert main([*argv, *flags, "x"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"brisklm: error: {message}") and err.count("\n") == 1
+    quantize = ["quantize", "--model", str(model_dir), "--out", ""]
+    assert main(quantize) == 1
+    assert "--out is empty: give a directory" in capsys.readouterr().err
+    ngram = ["--model", str(model_dir), "--draft", "ngram"]
+    assert main([*argv, *ngram, "x"]) == 0
+    assert main([*argv, *ngram, "--num-speculative-tokens", "2", "x"]) == 0
+
+
+def test_python_m_brisklm_runs_the_cli():
+    result = subprocess.run(
+        [sys.executable, "-m", "brisklm", "generate", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    assert result.returncode == 0 and "--max-tokens" in result.stdout
 
 
 def test_a_model_without_a_chat_template_names_what_the_cli_can_do(

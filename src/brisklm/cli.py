@@ -63,8 +63,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--num-speculative-tokens",
         type=int,
-        default=DEFAULT_NUM_SPECULATIVE_TOKENS,
-        help=f"most tokens proposed per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS})",
+        default=None,
+        help=f"with --draft: most tokens proposed per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS})",
     )
     group.add_argument(
         "--draft-length",
@@ -279,6 +279,13 @@ def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | 
 def _load(args: argparse.Namespace) -> Any:
     from brisklm.llm import LLM
 
+    if args.num_speculative_tokens is None:
+        args.num_speculative_tokens = DEFAULT_NUM_SPECULATIVE_TOKENS
+    elif args.draft is None:
+        raise CliError(
+            "--num-speculative-tokens needs speculative decoding: pass --draft (a draft model "
+            "directory, 'default' or 'ngram')"
+        )
     return LLM.from_pretrained(
         args.model,
         device=args.device,
@@ -307,7 +314,11 @@ def _read_stdin_prompt() -> str:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    prompt = _read_stdin_prompt() if args.prompt == "-" else args.prompt
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = _read_stdin_prompt()
+        if column := _undecodable_column(prompt):
+            raise CliError(f"the prompt read from stdin is not UTF-8 text (column {column})")
     _sampling_params(args)
     llm = _load(args)
     params = _sampling_params(args, llm.sampling_defaults)
@@ -317,14 +328,8 @@ def _run_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     sys.stdout.write("\n")
-    context_ended = request.usage.completion_tokens < params.max_tokens
-    if request.finish_reason == "length" and context_ended and not args.usage:  # --usage: JSON
-        print(
-            f"brisklm: the context of {llm.max_seq_len} tokens ended the output after "
-            f"{request.usage.completion_tokens} of --max-tokens {params.max_tokens} "
-            "(raise --max-seq-len for more)",
-            file=sys.stderr,
-        )
+    if not args.usage:  # --usage: JSON, with the finish reason
+        _say_if_the_context_ended(llm, request, params)
     if args.usage:
         usage = request.usage
         report: dict[str, Any] = {
@@ -337,6 +342,23 @@ def _run_generate(args: argparse.Namespace) -> int:
             report["mean_accepted_per_step"] = round(request.speculative.mean_accepted_per_step, 3)
         print(json.dumps(report), file=sys.stderr)
     return 0
+
+
+def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
+    """On stderr: the output ended because the context was full, before --max-tokens."""
+    if request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens:
+        print(
+            f"brisklm: the context of {llm.max_seq_len} tokens ended the output after "
+            f"{request.usage.completion_tokens} of --max-tokens {params.max_tokens} "
+            "(raise --max-seq-len for more)",
+            file=sys.stderr,
+        )
+
+
+def _reply_request(llm: Any, messages: list[dict[str, str]], params: Any) -> Any:
+    """The request for the assistant's reply to ``messages`` (streamed with its finish reason,
+    which ``stream_chat`` does not give)."""
+    return llm.make_request(llm.chat_prompt_ids(messages), params)
 
 
 def _run_chat(args: argparse.Namespace) -> int:
@@ -404,11 +426,14 @@ def _run_chat(args: argparse.Namespace) -> int:
             )
             continue
         reply = []
-        for text in llm.stream_chat(messages, params):
-            reply.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        request = _reply_request(llm, messages, params)
+        for chunk in llm.stream_request(request):
+            if chunk.text:
+                reply.append(chunk.text)
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
         sys.stdout.write("\n")
+        _say_if_the_context_ended(llm, request, params)
         messages.append({"role": "assistant", "content": "".join(reply)})
     if refused and not interactive:
         # A script reading the replies must learn that some are missing; typed at a terminal,
@@ -420,7 +445,15 @@ def _run_chat(args: argparse.Namespace) -> int:
 
 def _check_text_flags(args: argparse.Namespace) -> None:
     """Refuse flags of text (not paths: file names need not be UTF-8) holding bytes that are not
-    UTF-8, naming the flag (llguidance's message for a --choice spoke of lone surrogates)."""
+    UTF-8, naming the flag (llguidance's message for a --choice spoke of lone surrogates), and
+    empty paths (``Path("")`` is the current directory)."""
+    for name, what in (("model", "directory"), ("draft", "directory"), ("out", "directory")):
+        if getattr(args, name, None) == "":
+            raise CliError(f"--{name} is empty: give a {what}")
+    if getattr(args, "calibration", None) == "":
+        raise CliError("--calibration is empty: give a text file")
+    if getattr(args, "prompt", "-") != "-" and (column := _undecodable_column(args.prompt)):
+        raise CliError(f"the prompt is not UTF-8 text (column {column})")
     for name in ("stop", "choice", "regex", "system"):
         value = getattr(args, name, None)
         for text in value if isinstance(value, list) else [value]:
@@ -518,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
+    if sys.stderr is None:  # `brisklm ... 2>&-`: messages and progress bars go nowhere
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open for the process's life)
     try:
         if sys.stdout is None:  # `brisklm ... >&-`
             raise CliError("stdout is closed: brisklm writes its output there")

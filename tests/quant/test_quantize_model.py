@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -391,13 +392,20 @@ def test_calibration_windows(llama_float, tmp_path):
         read_calibration_samples(empty)
 
 
-def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys):
+def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys, monkeypatch):
     from brisklm.cli import main
 
     out = tmp_path / "rtn"
     args = ["quantize", "--model", str(llama_float), "--out", str(out)]
     assert main([*args, "--method", "rtn", "--group-size", "64", "--asym"]) == 0
     assert "wrote" in capsys.readouterr().out
+    with monkeypatch.context() as m:
+        # With stderr closed (`2>&-`) the progress bar raised: exit 1 and no message anywhere.
+        m.setattr(sys, "stderr", None)
+        quiet = ["quantize", "--model", str(llama_float), "--out", str(tmp_path / "quiet")]
+        assert main([*quiet, "--method", "rtn"]) == 0
+    assert GPTQConfig.from_pretrained(tmp_path / "quiet").bits == 4
+    capsys.readouterr()
     config = GPTQConfig.from_pretrained(out)
     assert (config.group_size, config.sym, config.desc_act) == (64, False, False)
     calibration = tmp_path / "calibration.txt"

@@ -1,0 +1,5 @@
+"""``python -m brisklm``: the ``brisklm`` command."""
+
+from brisklm.cli import main
+
+raise SystemExit(main())
