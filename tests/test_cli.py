@@ -291,6 +291,15 @@ def test_empty_constraint_flags_are_not_ignored(model_dir, capsys, tmp_path):
     assert code == 1 and f"--grammar file {str(latin1)!r} is not UTF-8 text" in err
 
 
+def test_a_gbnf_grammar_file_is_known_by_its_suffix_in_any_case(model_dir, capsys, tmp_path):
+    # `.GBNF` was read as Lark: "root ::= ..." is not a Lark rule.
+    argv = ["generate", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "3"]
+    for name in ("g.gbnf", "G.GBNF"):
+        (tmp_path / name).write_text('root ::= "ok"\n')
+        assert main([*argv, "--grammar", str(tmp_path / name), "x"]) == 0
+        assert capsys.readouterr().out == "ok\n"
+
+
 def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, capsys, monkeypatch):
     turns = "".join(f"Tell me about the number {n} please\n" for n in range(6))
     monkeypatch.setattr(sys, "stdin", io.StringIO(turns + "word " * 80 + "\nHi\n"))

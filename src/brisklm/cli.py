@@ -251,7 +251,7 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
             raise CliError(
                 f"--grammar file {args.grammar!r} is not UTF-8 text ({exc.reason})"
             ) from None
-        options["grammar_syntax"] = "gbnf" if path.suffix == ".gbnf" else "lark"
+        options["grammar_syntax"] = "gbnf" if path.suffix.lower() == ".gbnf" else "lark"
     args.constraint_options = options
     return options
 
