@@ -664,6 +664,34 @@ def test_keep_first_space_without_prompt_text(loaded, kind: str) -> None:
         assert "".join(_stream(ours, output, prompt=prompt, keep_first_space=True)) == " no way"
 
 
+def test_output_after_a_prompt_ending_inside_a_character_is_decoded_alone(loaded) -> None:
+    # A prompt of byte pieces alone was kept as context, and its dangling lead byte joined the
+    # output's byte run: after [<s>, <0xC3>] "n" + "aïve" came out "� aïve", a constrained
+    # choice "naïve café" came out "��ïve café". The output text is decode(output).
+    spm, _ = loaded["spm"]
+    ok = spm.encode(" ok", add_special_tokens=False)
+    for prompt in (
+        [spm.bos_token_id, *_byte_piece_ids(spm, "é")[:1]],
+        [spm.bos_token_id, *_byte_piece_ids(spm, "€")[:2]],
+        spm.encode("Say") + _byte_piece_ids(spm, "é")[:1],
+    ):
+        for output in (
+            _byte_piece_ids(spm, "n") + spm.encode("aïve café", add_special_tokens=False),
+            _byte_piece_ids(spm, "é") + ok,
+            _byte_piece_ids(spm, "é")[1:] + ok,
+        ):
+            assert "".join(_stream(spm, output, prompt=prompt)) == spm.decode(output)
+    # Byte-level BPE decoded in windows (special tokens kept) completed the prompt's lead byte
+    # with the output's first byte: "é..." where decode(output), and the default path, give U+FFFD.
+    bytelevel, _ = loaded["bytelevel"]
+    table = bytelevel.token_bytes()
+    single = {b[0]: i for i, b in enumerate(table) if len(b) == 1}
+    prompt = bytelevel.encode("Say") + [single[0xC3]]
+    output = [single[0xA9], *bytelevel.encode(" ok", add_special_tokens=False)]
+    for skip in (True, False):
+        assert "".join(_stream(bytelevel, output, prompt=prompt, skip=skip)) == "\ufffd ok"
+
+
 def test_first_token_keeps_its_space_after_a_prompt_ending_in_byte_pieces(loaded) -> None:
     # The prompt context used to be the last 6 tokens minus a leading byte run: all of them here,
     # so it was empty and sentencepiece stripped the space of "▁done".

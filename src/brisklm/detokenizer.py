@@ -32,7 +32,8 @@ class IncrementalDetokenizer:
     with a 32,000-token vocabulary.
 
     Invariant: the concatenation of all deltas plus `flush()` equals
-    `decode(prompt_ids + ids)[len(decode(prompt_ids)):]` for prompts that end on a complete character;
+    `decode(prompt_ids + ids)[len(decode(prompt_ids)):]` for prompts that end on a complete character,
+    and `decode(ids)` (with the first token's leading space) after one that ends inside a character;
     with an empty prompt that is exactly `decode(ids)` (unless `keep_first_space`: then the first
     token keeps the leading space sentencepiece decoding strips). With `skip_special_tokens` special
     tokens add no text and do not break byte runs, as in `decode`.
@@ -86,20 +87,33 @@ class IncrementalDetokenizer:
         an invalid byte turned the prompt's last character ("\n" as <0x0A> in Llama 2 and Mistral
         chat prompts) into U+FFFD output too. A window that starts inside a UTF-8 sequence of byte
         pieces decodes to U+FFFD, so the start moves back (at most three bytes) to the piece
-        holding the character's first byte. A prompt of byte pieces alone keeps them: without
-        context the sentencepiece decoder would strip the first generated token's leading space
-        (every word's), which matters more than an invalid first byte's U+FFFDs.
+        holding the character's first byte. A prompt of byte pieces alone gets the tokenizer's
+        one-letter ``context_token_id`` instead: without context the sentencepiece decoder would
+        strip the first generated token's leading space (every word's), and kept as context the
+        pieces joined the output's (after ``[<s>, <0xC3>]``, "naïve" came out "��ïve").
+
+        Other tokens that leave the prompt inside a character (a byte-level BPE byte token, when
+        special tokens are kept and the text is decoded in windows) are left out too: the window
+        completed the character with the output's first bytes ("é" where ``decode`` of the output
+        gives U+FFFD).
         """
         end = len(ids)
         while end and ids[end - 1] in self._byte_ids:
             end -= 1
+        if not end and ids and self._tokenizer.context_token_id is not None:
+            return [self._tokenizer.context_token_id]
         ids = ids[:end] if end else ids
         start = max(0, len(ids) - self.PROMPT_CONTEXT_TOKENS)
         for _ in range(3):
             if start == 0 or not self._is_continuation_byte(ids[start]):
                 break
             start -= 1
-        return ids[start:]
+        context = ids[start:]
+        for _ in range(3):  # a character is at most four bytes
+            if not context or not self._decode(context).endswith(REPLACEMENT_CHAR):
+                break
+            context = context[:-1]
+        return context
 
     def _is_continuation_byte(self, token_id: int) -> bool:
         """Whether the token is a byte piece ``<0xNN>`` with NN in 0x80-0xBF (inside a character)."""
