@@ -61,6 +61,7 @@ def test_rope_keys_v4_and_v5_agree():
 def test_qwen2_bias_and_sliding_layers():
     qwen = make(
         architectures=["Qwen2ForCausalLM"],
+        num_key_value_heads=8,
         use_sliding_window=True,
         sliding_window=16,
         max_window_layers=2,
@@ -68,11 +69,17 @@ def test_qwen2_bias_and_sliding_layers():
     assert qwen.qkv_bias and not qwen.o_proj_bias
     assert qwen.sliding_windows == (None, None, 16, 16)
     assert (
-        make(architectures=["Qwen2ForCausalLM"], sliding_window=16).sliding_windows == (None,) * 4
+        make(
+            architectures=["Qwen2ForCausalLM"], num_key_value_heads=8, sliding_window=16
+        ).sliding_windows
+        == (None,) * 4
     )
     # Without a sliding_window key, transformers' default window (4096) applies.
     defaulted = make(
-        architectures=["Qwen2ForCausalLM"], use_sliding_window=True, max_window_layers=2
+        architectures=["Qwen2ForCausalLM"],
+        num_key_value_heads=8,
+        use_sliding_window=True,
+        max_window_layers=2,
     )
     assert defaulted.sliding_windows == (None, None, 4096, 4096)
 
@@ -166,11 +173,38 @@ def test_null_settings_are_unset():
 
 def test_family_defaults_for_missing_fields_follow_transformers():
     # A missing max_position_embeddings was 2048 and a missing Mistral window none, for all.
-    qwen2 = make(architectures=["Qwen2ForCausalLM"])
+    qwen2 = make(architectures=["Qwen2ForCausalLM"], num_key_value_heads=8)
     mistral = make(architectures=["MistralForCausalLM"])
     assert qwen2.max_position_embeddings == 32768 and qwen2.sliding_windows == (None,) * 4
     assert mistral.max_position_embeddings == 131072 and mistral.sliding_windows == (4096,) * 4
     assert make().max_position_embeddings == 2048
+
+
+def test_model_type_decides_the_family_as_in_transformers(caplog):
+    # AutoModelForCausalLM builds what model_type names; brisklm followed "architectures" and
+    # built Llama (no window) for a Mistral config saved with a Llama architecture name.
+    with caplog.at_level("WARNING", logger="brisklm.config"):
+        config = make(model_type="mistral", sliding_window=6)
+    assert config.architecture == "MistralForCausalLM" and config.sliding_windows == (6,) * 4
+    assert "names architecture 'LlamaForCausalLM' but model_type 'mistral'" in caplog.text
+    assert make(model_type="qwen2", num_key_value_heads=2).qkv_bias
+    assert make(model_type="gemma").architecture == "LlamaForCausalLM"  # unknown: the name's
+
+
+def test_missing_kv_heads_take_each_familys_default():
+    # transformers' MistralConfig defaults to 8 key/value heads, Qwen2Config to 32; brisklm
+    # took num_attention_heads for all and refused the checkpoint's k_proj shape.
+    assert (
+        make(architectures=["MistralForCausalLM"], num_attention_heads=32).num_key_value_heads == 8
+    )
+    assert (
+        make(architectures=["Qwen2ForCausalLM"], num_attention_heads=32).num_key_value_heads == 32
+    )
+    assert make(num_attention_heads=32).num_key_value_heads == 32
+    with pytest.raises(
+        ValueError, match=r"default for qwen2 \(32\) does not divide num_attention_"
+    ):
+        make(architectures=["Qwen2ForCausalLM"])
 
 
 def test_one_architecture_name_as_a_string():

@@ -123,6 +123,27 @@ def test_tied_config_with_an_equal_stored_head_stays_tied(
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+def test_tied_checkpoint_storing_the_head_alone_loads_it_as_the_shared_matrix(tmp_path):
+    """safetensors' save_model keeps one name of tensors sharing memory, the first sorted:
+    lm_head.weight. transformers loads such a file; brisklm said embed_tokens was missing."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    hf = build_hf_model("llama", tie_word_embeddings=True)
+    directory = save_hf_model(hf, tmp_path / "m")
+    state = load_file(str(directory / "model.safetensors"))
+    state["lm_head.weight"] = state.pop("model.embed_tokens.weight")
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        theirs = theirs_model(torch.tensor([PROMPT])).logits[0].float()
+    model = load_model(directory, device="cpu", show_progress=False)
+    torch.testing.assert_close(logits_of(model), theirs, atol=1e-4, rtol=1e-4)
+    assert torch.equal(model.model.embed_tokens.weight, hf.model.embed_tokens.weight)
+
+
 def test_broken_shard_index_names_file(tmp_path):
     hf = build_hf_model("llama")
     sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")

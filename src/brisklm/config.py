@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # Architecture name in config.json -> our model family. All three share one network definition.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -218,9 +221,9 @@ class ModelConfig:
         architectures = raw.get("architectures") or []
         if isinstance(architectures, str):  # one name, not a list: transformers reads it too
             architectures = [architectures]
+        by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+        model_type = raw.get("model_type")
         if not architectures:
-            by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
-            model_type = raw.get("model_type")
             if model_type not in by_type:
                 raise ValueError(
                     f"config.json names no architecture and model_type {model_type!r} is not one of "
@@ -234,12 +237,31 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[architecture]
+        if model_type != family and model_type in by_type:
+            # transformers' AutoModelForCausalLM builds the network model_type names (its config
+            # class picks the model class); "architectures" only records what saved the file.
+            logger.warning(
+                "config.json names architecture %r but model_type %r: building %s, as "
+                "transformers does",
+                architecture,
+                model_type,
+                by_type[model_type],
+            )
+            architecture, family = by_type[model_type], model_type
         hidden_size = _int_field(raw, "hidden_size")
         num_heads = _int_field(raw, "num_attention_heads")
         num_layers = _int_field(raw, "num_hidden_layers")
         intermediate_size = _int_field(raw, "intermediate_size")
         vocab_size = _int_field(raw, "vocab_size")
-        num_kv_heads = _int_field(raw, "num_key_value_heads", num_heads)
+        num_kv_heads = _int_field(
+            raw, "num_key_value_heads", _DEFAULT_KV_HEADS.get(family, num_heads)
+        )
+        if raw.get("num_key_value_heads") is None and num_heads % num_kv_heads:
+            raise ValueError(
+                f"config.json leaves out num_key_value_heads, and transformers' default for "
+                f"{family} ({num_kv_heads}) does not divide num_attention_heads ({num_heads}): "
+                "give num_key_value_heads"
+            )
         # 0 or null: derived, as transformers does; 16.5 was read as 16.
         head_dim = _int_field(raw, "head_dim", 0) or hidden_size // num_heads
         max_positions = _int_field(raw, "max_position_embeddings", _DEFAULT_MAX_POSITIONS[family])
@@ -347,6 +369,8 @@ def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> in
 # transformers' defaults where a config.json leaves these out.
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
 _DEFAULT_SLIDING_WINDOW = {"mistral": 4096, "qwen2": 4096}
+# (Llama's is num_attention_heads.)
+_DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32}
 
 
 def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:

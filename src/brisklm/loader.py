@@ -161,13 +161,8 @@ _EMBEDDING = "model.embed_tokens.weight"
 _COMPARE_ROWS = 4096  # rows of the head and the embedding read at a time when comparing them
 
 
-def _stored_head_that_differs(files: list[Path]) -> Path | None:
-    """The file storing an lm_head.weight that differs from the embedding matrix, if any.
-
-    A tied checkpoint normally stores only the embedding; some store both, equal (torch .bin
-    exports, some converters), and those stay tied. One whose head differs was trained untied
-    with a wrong config: transformers then keeps both (and warns), and so do we. Compared a
-    slice of rows at a time, so neither matrix is read whole here."""
+def _head_and_embedding_files(files: list[Path]) -> dict[str, Path]:
+    """The file storing each of lm_head.weight and the embedding matrix, of those stored."""
     where: dict[str, Path] = {}
     for path in files:
         try:
@@ -177,10 +172,19 @@ def _stored_head_that_differs(files: list[Path]) -> Path | None:
                         where.setdefault(name, path)
         except Exception as exc:  # safetensors raises its own error types for corrupt files
             raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
-    if _HEAD not in where:
-        return None
-    if _EMBEDDING not in where:
-        return None  # nothing to compare with: the loader names the missing embedding
+    return where
+
+
+def _stored_head_that_differs(where: dict[str, Path]) -> Path | None:
+    """The file storing an lm_head.weight that differs from the embedding matrix, if any
+    (``where``: ``_head_and_embedding_files``).
+
+    A tied checkpoint normally stores only the embedding; some store both, equal (torch .bin
+    exports, some converters), and those stay tied. One whose head differs was trained untied
+    with a wrong config: transformers then keeps both (and warns), and so do we. Compared a
+    slice of rows at a time, so neither matrix is read whole here."""
+    if _HEAD not in where or _EMBEDDING not in where:
+        return None  # the head alone is the shared matrix (see load_model)
     try:
         with (
             safe_open(str(where[_HEAD]), framework="pt", device="cpu") as head_file,
@@ -319,10 +323,15 @@ def load_model(
     files = checkpoint_files(directory)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
+    # A tied checkpoint may store the shared matrix as the head alone: safetensors' save_model
+    # keeps the first name of tensors that share memory, and "lm_head" sorts first.
+    head_is_the_embedding = False
     if config.tie_word_embeddings and isinstance(
         getattr(model.lm_head, "weight", None), nn.Parameter
     ):
-        head_file = _stored_head_that_differs(files)
+        where = _head_and_embedding_files(files)
+        head_is_the_embedding = _EMBEDDING not in where and _HEAD in where
+        head_file = _stored_head_that_differs(where)
         if head_file is not None:
             # As transformers does: a stored head that differs from the embedding is the head.
             logger.warning(
@@ -352,7 +361,9 @@ def load_model(
             continue
         entry = _checkpoint_name_to_entry(name)
         if config.tie_word_embeddings and entry == ("lm_head", "weight", None):
-            continue  # tied: the embedding matrix is the head
+            if not head_is_the_embedding:
+                continue  # tied: the embedding matrix is the head
+            entry = _checkpoint_name_to_entry(_EMBEDDING)
         if entry not in expected and entry not in optional:
             hint = ""
             if entry[1] in _GPTQ_TENSOR_NAMES:
