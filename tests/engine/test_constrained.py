@@ -269,6 +269,23 @@ def test_an_eos_the_grammar_names_mid_output_is_text_not_the_end(llm):
     assert llm.generate("Say:", kept).text == f"ok{eos_text}more"
 
 
+def test_a_grammar_llguidance_panics_on_after_an_eos_as_content_fails_that_request_only(llm):
+    # llguidance (1.9) panics checking the second EOS this grammar names after a one-letter
+    # word (its mask allowed it): the request failed "the grammar rejected token 4 (no error
+    # reported)", and the compiled grammar, poisoned, failed every later request with it.
+    eos = llm.tokenizer.eos_token_ids[0]
+    grammar = f'start: /[a-z]{{1,4}}/ <[{eos}]> /[a-z]{{1,4}}/ <[{eos}]> "end"'
+    biased = SamplingParams(temperature=0, max_tokens=20, grammar=grammar, logit_bias={eos: 3.0})
+    try:
+        out = llm.generate("Hello", biased)
+    except ConstraintError as exc:
+        assert "llguidance failed internally on this grammar (panic:" in str(exc)
+    else:  # a later llguidance
+        assert out.finish_reason == "length" or out.text.endswith("end")
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=20, grammar=grammar))
+    assert out.finish_reason == "length" or re.fullmatch("[a-z]{1,8}end", out.text), out.text
+
+
 def test_a_grammar_llguidance_fails_on_is_an_error_not_a_finished_output(llm, monkeypatch):
     # A failure inside llguidance while it computed forced tokens left the matcher stopped, and
     # the request finished "stop" with a cut, invalid output; the compiled grammar, whose state

@@ -397,6 +397,9 @@ def test_constrained_sampling_ends_as_often_as_the_targets(tiny_dir, plain, draf
     finally:
         drafted.close()
     assert sum(o.speculative.num_accepted for o in outputs[1]) > n
+    # A kept EOS counts as an accepted proposal: the target drafting for itself keeps what it
+    # proposes (452 of these requests reported an acceptance rate of 0 when it did not count).
+    assert sum(o.speculative.acceptance_rate < 0.5 for o in outputs[1]) < 0.02 * n
     lengths = [Counter(len(o.token_ids) for o in outs) for outs in outputs]
     assert lengths[0][2] > 0.1 * n  # the first chance to end is taken often
     tv = sum(abs(lengths[0][k] - lengths[1][k]) for k in range(1, 5)) / (2 * n)

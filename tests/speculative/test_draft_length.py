@@ -114,6 +114,9 @@ def test_every_entry_point_shares_the_default_maximum():
 
     signature = inspect.signature(LLM.from_pretrained)
     assert signature.parameters["num_speculative_tokens"].default == DEFAULT_NUM_SPECULATIVE_TOKENS
-    args = build_parser().parse_args(["generate", "hi"])
-    assert args.num_speculative_tokens == DEFAULT_NUM_SPECULATIVE_TOKENS
+    # The CLI's flag stays None unless given (it needs --draft) and means the same default.
+    assert build_parser().parse_args(["generate", "hi"]).num_speculative_tokens is None
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    (flag,) = [a for a in generate._actions if a.dest == "num_speculative_tokens"]
+    assert f"(default {DEFAULT_NUM_SPECULATIVE_TOKENS})" in flag.help
     assert NgramProposer().num_speculative_tokens == DEFAULT_NUM_SPECULATIVE_TOKENS

@@ -69,6 +69,8 @@ class GrammarMatcher:
         # EOS, llguidance (1.9) rolls back to a state that refuses tokens it took before.
         self._tokens: list[int] = []
         self._after_content_eos: list[tuple[int, LLMatcher]] = []
+        # A failure of a copy that probed a token (its panic poisons the state they share).
+        self._probe_error: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -78,7 +80,7 @@ class GrammarMatcher:
     @property
     def error(self) -> str | None:
         """Why the matcher failed (an llguidance limit or internal error), or None."""
-        message = self._llm.get_error()
+        message = self._llm.get_error() or self._probe_error
         return first_paragraph(message) if message else None
 
     @property
@@ -164,6 +166,8 @@ class GrammarMatcher:
         if probe is llm:
             probe = llm.deep_copy()
         if not probe.consume_token(ids[eos_at]) or probe.is_error():
+            if probe.is_error():  # llguidance (1.9) can panic here after an EOS taken as content
+                self._probe_error = self._probe_error or probe.get_error()
             return eos_at
         return eos_at + 1 + self._count_valid(probe, ids[eos_at + 1 :])
 

@@ -414,6 +414,9 @@ class LLMEngine:
         """End a request whose grammar matcher failed, or rejected ``token_id``: the error for
         its caller."""
         request.abort("error")
+        # A compiled grammar's copies share llguidance state that a failure (a panic) can leave
+        # broken: the next request with this constraint compiles it afresh.
+        self.structured.forget(request.params.constraint)
         matcher = request.matcher
         error = matcher.error if matcher is not None else None
         if error is None:
@@ -421,9 +424,6 @@ class LLMEngine:
                 f"request {request.request_id}: the grammar rejected token {token_id} "
                 "(no error reported)"
             )
-        # A compiled grammar's copies share llguidance state that a failure (a panic) can leave
-        # broken: the next request with this constraint compiles it afresh.
-        self.structured.forget(request.params.constraint)
         where = f"request {request.request_id}: the constraint could not be enforced past "
         where += f"{len(request.output_token_ids)} tokens"
         if error.startswith("panic:"):

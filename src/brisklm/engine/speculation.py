@@ -272,7 +272,9 @@ class Speculator:
                 out_rows[b], accepted[b] = [token], 0
         offsets = [sum(counts[:b]) for b in range(len(counts))]
         logprobs = self._logprobs(engine, requests, logits, out_rows, accepted, offsets)
-        return self._accept(engine, requests, proposals, feeds, out_rows, accepted, logprobs)
+        return self._accept(
+            engine, requests, proposals, feeds, out_rows, accepted, logprobs, tested
+        )
 
     def _accept(
         self,
@@ -283,12 +285,17 @@ class Speculator:
         out_rows: list[list[int]],
         accepted: list[int],
         logprobs: list[list[TokenLogprob]] | None,
+        tested: list[Proposal] | None = None,
     ) -> list[StepResult]:
         """Keep each request's ``accepted[b]`` proposals and the token after them (``out_rows[b]``):
-        the cache keeps their keys, the proposer forgets the rest, the tokens are appended."""
+        the cache keeps their keys, the proposer forgets the rest, the tokens are appended. A
+        tested EOS after the fed proposals (``tested``), when kept, is that token, and counts in
+        the stats as an accepted proposal."""
         results: list[StepResult] = []
         for b, request in enumerate(requests):
             proposal, n = proposals[b], accepted[b]
+            whole = tested[b] if tested is not None else proposal
+            kept_eos = len(whole) > n == len(proposal) and out_rows[b][n] == whole.token_ids[-1]
             # The cache now holds valid keys for the fed tokens and the n accepted proposals.
             request.num_cached += len(feeds[b]) + n
             self.proposer.rollback(request.slot, len(proposal) - n)  # type: ignore[arg-type]
@@ -297,7 +304,8 @@ class Speculator:
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )
             # Accepted proposals a stop (string, token, max_tokens) dropped are not counted.
-            self._record(request, len(proposal), min(n, len(request.output_token_ids) - before))
+            emitted = len(request.output_token_ids) - before
+            self._record(request, len(whole), min(n + kept_eos, emitted))
             results.append((request, result))
         return results
 
