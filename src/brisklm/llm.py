@@ -256,13 +256,16 @@ def build_speculator(
     draft_model = load_model(directory, device=device, dtype=dtype, show_progress=show_progress)
     if kv_cache_dtype is not None:
         draft_model.kv_cache_dtype = kv_cache_dtype
+    # Both caches, before the draft's is allocated (the target's was checked alone).
+    max_seq_len = config.resolved_max_seq_len(target.config.max_position_embeddings)
+    check_kv_cache_fits(target, config.max_batch_size, max_seq_len, draft=draft_model)
     has_tokenizer = any(
         (directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
     )
     proposer = DraftModelProposer(
         draft_model,
         config.max_batch_size,
-        config.resolved_max_seq_len(target.config.max_position_embeddings),
+        max_seq_len,
         num_speculative_tokens,
         config.attention_backend,
         cuda_graphs=config.cuda_graphs,

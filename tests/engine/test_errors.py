@@ -180,6 +180,22 @@ def test_a_kv_cache_larger_than_the_free_memory_is_refused(tiny_dir, monkeypatch
         LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=2048, show_progress=False)
 
 
+def test_the_target_and_draft_caches_must_fit_together(tiny_dir, monkeypatch):
+    # Only the target's cache was checked: room for it alone let the draft's be allocated
+    # too, past the free memory (on Linux, the out-of-memory killer's business).
+    from brisklm.engine import llm_engine
+    from brisklm.loader import load_model
+
+    per_token = llm_engine.kv_cache_bytes_per_token(load_model(tiny_dir, show_progress=False))
+    free = per_token * 2 * 256 + 1  # the target's cache of 2 x 256 positions, not the draft's
+    monkeypatch.setattr(llm_engine, "available_memory", lambda device: free)
+    settings = dict(device="cpu", max_batch_size=2, max_seq_len=256, show_progress=False)
+    LLM.from_pretrained(tiny_dir, **settings).close()
+    with pytest.raises(ValueError, match=r"needs KV caches \(the model's and its draft's\) of "):
+        LLM.from_pretrained(tiny_dir, draft=tiny_dir, **settings)
+    LLM.from_pretrained(tiny_dir, draft="ngram", **settings).close()
+
+
 def test_a_kv_cache_the_allocator_refuses_is_a_memory_error_naming_its_size():
     from brisklm.cache.contiguous import KVCache
 

@@ -91,17 +91,31 @@ class EngineConfig:
         return DEFAULT_PREFILL_CHUNK.get(device.type, DEFAULT_PREFILL_CHUNK["cuda"])
 
 
-def check_kv_cache_fits(model: LlamaForCausalLM, max_batch_size: int, max_seq_len: int) -> None:
+def kv_cache_bytes_per_token(model: LlamaForCausalLM) -> int:
+    """The bytes one position of one sequence takes in ``model``'s KV cache."""
+    config = model.config
+    return KVCache.bytes_per_token(
+        config.num_hidden_layers, config.num_key_value_heads, config.head_dim, model.cache_dtype
+    )
+
+
+def check_kv_cache_fits(
+    model: LlamaForCausalLM,
+    max_batch_size: int,
+    max_seq_len: int,
+    draft: LlamaForCausalLM | None = None,
+) -> None:
     """A ValueError, before anything is allocated, when the KV cache for ``max_batch_size``
-    sequences of ``max_seq_len`` tokens is larger than the memory free on the model's device (the
-    allocator's own error only says how many bytes it was asked for; on Linux a CPU cache that
-    the allocator grants but the machine cannot hold brings the out-of-memory killer)."""
+    sequences of ``max_seq_len`` tokens (and the ``draft`` model's beside it) is larger than the
+    memory free on the model's device (the allocator's own error only says how many bytes it was
+    asked for; on Linux a CPU cache that the allocator grants but the machine cannot hold brings
+    the out-of-memory killer)."""
     config = model.config
     device = next(model.parameters()).device
     free = available_memory(device)
-    per_token = KVCache.bytes_per_token(
-        config.num_hidden_layers, config.num_key_value_heads, config.head_dim, model.cache_dtype
-    )
+    per_token = kv_cache_bytes_per_token(model)
+    if draft is not None:
+        per_token += kv_cache_bytes_per_token(draft)
     needed = per_token * max_batch_size * max_seq_len
     if free is None or needed <= free:
         return
@@ -112,8 +126,9 @@ def check_kv_cache_fits(model: LlamaForCausalLM, max_batch_size: int, max_seq_le
         else f"the {memory} free on {device}"
     )
     size = cache_size_text(per_token, max_batch_size * max_seq_len, model.cache_dtype)
+    caches = "KV caches (the model's and its draft's)" if draft is not None else "a KV cache"
     raise ValueError(
-        f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size} needs a KV cache of "
+        f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size} needs {caches} of "
         f"{size}, more than {where}: "
         f"max_seq_len can be at most {free // (per_token * max_batch_size)} here; the model's "
         f"max_position_embeddings is {config.max_position_embeddings} (the default max_seq_len, "
