@@ -82,6 +82,17 @@ LLAMA = ToolCallFormat("llama3_json", 7)
 MISTRAL = ToolCallFormat("mistral", 9)
 
 
+def test_grammar_arguments_of_the_wrong_type_are_named() -> None:
+    # A dict of tools was iterated by its keys ("got 'type'"); answer_schema="x" was "dictionary
+    # update sequence element #0 has length 1; 2 is required".
+    for tools in (WEATHER, None, "weather"):
+        with pytest.raises(ValueError, match="tools must be a list of tool definitions"):
+            HERMES.grammar(tools)  # type: ignore[arg-type]
+    for schema in ("x", 5, [1]):
+        with pytest.raises(ValueError, match="answer_schema must be a JSON schema"):
+            LLAMA.grammar([WEATHER], answer_schema=schema)  # type: ignore[arg-type]
+
+
 def test_detection_from_the_template() -> None:
     ids = {MISTRAL_TAG: 9, LLAMA_TAG: 7, "[ARGS]": 11}.get
     assert detect_tool_call_format(MISTRAL_TEMPLATE, ids) == MISTRAL

@@ -36,6 +36,7 @@ from brisklm.speculative import (
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
+from brisklm.tool_schema import check_tools_list
 
 Prompt = str | Sequence[int]
 ParamsArg = SamplingParams | Sequence[SamplingParams] | None
@@ -413,6 +414,14 @@ class LLM:
         return cls(call_in_scratch_thread(build), directory)
 
     # ----------------------------------------------------------------- requests
+    def _params_or_default(self, params: SamplingParams | None) -> SamplingParams:
+        """``params`` of a call about one prompt, checked; None: ``default_sampling_params()``."""
+        if params is None:
+            return self.default_sampling_params()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams or None, got {type(params).__name__}")
+        return params
+
     def default_sampling_params(self, **changes: Any) -> SamplingParams:
         """The SamplingParams used when a call passes none: brisklm's defaults, overridden by the
         checkpoint's generation_config.json (``sampling_defaults``: temperature, top_k, top_p,
@@ -576,7 +585,7 @@ class LLM:
     ) -> Iterator[StreamChunk]:
         """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
         prompt = _one_prompt(prompt, "stream")
-        request = self.make_request(prompt, params or self.default_sampling_params())
+        request = self.make_request(prompt, self._params_or_default(params))
         self._check_open()
         return self.stream_request(request)
 
@@ -653,7 +662,7 @@ class LLM:
     ) -> AsyncIterator[StreamChunk]:
         """Async ``stream_chunks`` (use with ``async for``); bad input raises at the call."""
         prompt = _one_prompt(prompt, "astream")
-        request = self.make_request(prompt, params or self.default_sampling_params())
+        request = self.make_request(prompt, self._params_or_default(params))
         self._check_open()
         return self.astream_request(request)
 
@@ -694,13 +703,8 @@ class LLM:
                 "the assistant's next turn"
             )
         _check_template_kwargs(template_kwargs)
-        if tools is not None and (
-            isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence)
-        ):
-            raise ValueError(
-                "tools must be a list of tool definitions (OpenAI-style dicts, functions or "
-                f"pydantic classes), got {type(tools).__name__}"
-            )
+        if tools is not None:
+            check_tools_list(tools)
         text = self.tokenizer.apply_chat_template(
             list(messages),
             tools=None if tools is None else list(tools),  # [] renders as transformers does
@@ -773,13 +777,12 @@ class LLM:
     ) -> tuple[ToolCallFormat | None, SamplingParams | None]:
         """The tool-call format to parse a reply with (None without tools), and the params to
         decode it with: special tokens kept when the format's calls start with one."""
+        params = self._params_or_default(params)
         if not tools:
             return None, params
         format = self.tool_call_format(template_kwargs.get("chat_template"))
         if format.keeps_special_tokens:
-            params = (params or self.default_sampling_params()).with_changes(
-                skip_special_tokens=False
-            )
+            params = params.with_changes(skip_special_tokens=False)
         return format, params
 
     @staticmethod

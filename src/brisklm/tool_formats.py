@@ -48,6 +48,7 @@ from brisklm.tool_calls import (
     unclosed_block_call,
     unclosed_block_start,
 )
+from brisklm.tool_schema import check_tools_list
 
 FORMAT_NAMES = ("hermes", "llama3_json", "mistral")
 MISTRAL_TAG = "[TOOL_CALLS]"
@@ -170,6 +171,12 @@ class ToolCallFormat:
         that schema; "required" ignores it, and "none" is that JSON alone.
         """
         check_tool_choice_mode(mode)
+        check_tools_list(tools)
+        if answer_schema is not None and not isinstance(answer_schema, Mapping | bool):
+            raise ValueError(
+                "answer_schema must be a JSON schema (a dict) or a bool, got "
+                f"{type(answer_schema).__name__}"
+            )
         if answer_schema is not None and mode != "required":
             if mode == "none":
                 return f"%llguidance {{}}\nstart: answer\n{json_answer_rule(answer_schema)}\n"

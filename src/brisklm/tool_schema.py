@@ -6,7 +6,7 @@ import inspect
 import json
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -199,6 +199,16 @@ def pydantic_json_schema(model: type) -> dict[str, Any]:
         "type": "function",
         "function": {"name": model.__name__, "description": description, "parameters": parameters},
     }
+
+
+def check_tools_list(tools: Any) -> None:
+    """ValueError unless ``tools`` is a list (or other sequence) of tool definitions; a dict, str
+    or None would be iterated as something else (a dict by its keys)."""
+    if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence):
+        raise ValueError(
+            "tools must be a list of tool definitions (OpenAI-style dicts, functions or "
+            f"pydantic classes), got {type(tools).__name__}"
+        )
 
 
 def tool_json_schema(tool: Any) -> dict[str, Any]:

@@ -59,6 +59,11 @@ def test_json_schema_rejects_non_schemas() -> None:
         SamplingParams(json_schema=JsonSchema({}, strict=False))
     with pytest.raises(ConstraintError, match="not JSON-serialisable"):
         JsonSchema({"const": {1, 2}})
+    deep: dict = {"type": "string"}
+    for _ in range(3000):  # a RecursionError from json.dumps
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(ConstraintError, match="nested too deeply to serialise"):
+        SamplingParams(json_schema=deep)
 
 
 def test_keys_differ_across_kinds() -> None:

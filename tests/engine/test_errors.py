@@ -232,6 +232,23 @@ def test_params_of_the_wrong_type(llm):
         llm.generate("Hello", SamplingParams)
     with pytest.raises(TypeError, match="params must be a SamplingParams, got dict"):
         llm.generate(["Hello"], [{"temperature": 0}])
+    # `params or defaults`: {} and [] ran with the defaults; with tools on a model whose call
+    # tag is a special token, a dict was an AttributeError ('dict' has no 'with_changes').
+    messages = [{"role": "user", "content": "Hi"}]
+    for call in (
+        lambda: llm.stream("Hello", {}),
+        lambda: llm.stream_chunks("Hello", []),
+        lambda: llm.astream("Hello", {}),
+        lambda: llm.chat(messages, {"temperature": 0}),
+        lambda: llm.stream_chat(messages, "greedy"),
+        lambda: asyncio.run(llm.achat(messages, [GREEDY])),
+    ):
+        with pytest.raises(TypeError, match="params must be a SamplingParams or None, got"):
+            call()
+    # Not Requests: AttributeError ('str' object has no attribute 'submitted') from the loop.
+    for requests in (["Hello"], [None], [GREEDY]):
+        with pytest.raises(TypeError, match=r"requests must be Request objects \(LLM.make_req"):
+            llm.run_requests(requests)
     assert_still_works(llm)
 
 

@@ -159,3 +159,20 @@ def test_constraint_and_bias_shapes_are_checked_at_construction(kwargs, message)
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
     assert SamplingParams(logit_bias={"12": 1.0}).logit_bias == ((12, 1.0),)  # JSON keys
+
+
+def test_with_changes_keeps_the_constraint_and_its_options() -> None:
+    # An option changed to its unset value dropped the constraint (choice -> none at all), and
+    # every copy lost the options it came from: with_changes() != the original.
+    from brisklm.constrained import Choice, Regex
+
+    params = SamplingParams(choice=["yes", "no"])
+    assert params.with_changes() == params and params.with_changes().choice == ("yes", "no")
+    for changes in ({"json_object": False}, {"regex": None}, {"temperature": 0.5}):
+        assert params.with_changes(**changes).constraint == Choice(("yes", "no")), changes
+    assert params.with_changes(regex="a+").constraint == Regex("a+")  # replaced
+    assert params.with_changes(constraint=None).constraint is None
+    gbnf = SamplingParams(grammar='root ::= "x"', grammar_syntax="gbnf")
+    assert gbnf.with_changes(max_tokens=3).constraint == gbnf.constraint
+    direct = SamplingParams(constraint=Regex("b"))
+    assert direct.with_changes(max_tokens=3).constraint == Regex("b")

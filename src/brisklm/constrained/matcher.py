@@ -69,7 +69,7 @@ class GrammarMatcher:
         # EOS, llguidance (1.9) rolls back to a state that refuses tokens it took before.
         self._tokens: list[int] = []
         self._after_content_eos: list[tuple[int, LLMatcher]] = []
-        # A failure of a copy that probed a token (its panic poisons the state they share).
+        # A panic of a copy that probed a token (it poisons the state they share).
         self._probe_error: str | None = None
 
     @property
@@ -166,8 +166,9 @@ class GrammarMatcher:
         if probe is llm:
             probe = llm.deep_copy()
         if not probe.consume_token(ids[eos_at]) or probe.is_error():
-            if probe.is_error():  # llguidance (1.9) can panic here after an EOS taken as content
-                self._probe_error = self._probe_error or probe.get_error()
+            error = probe.get_error() if probe.is_error() else ""
+            if error.startswith("panic"):  # llguidance (1.9), after an EOS taken as content
+                self._probe_error = self._probe_error or error
             return eos_at
         return eos_at + 1 + self._count_valid(probe, ids[eos_at + 1 :])
 

@@ -78,6 +78,10 @@ class JsonSchema:
             # Not sort_keys: llguidance emits properties in schema order and resolves applicators
             # left to right, so key order changes the grammar and must be part of the cache key.
             text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except RecursionError:
+            raise ConstraintError(
+                "json_schema is nested too deeply to serialise (Python's recursion limit)"
+            ) from None
         except (TypeError, ValueError) as e:
             raise ConstraintError(f"json_schema is not JSON-serialisable: {e}") from e
         object.__setattr__(self, "schema", json.loads(text))

@@ -68,6 +68,11 @@ class EngineLoop:
                 raise RuntimeError("the engine is closed")
             seen: set[int] = set()
             for request in requests:
+                if not isinstance(request, Request):
+                    raise TypeError(
+                        f"requests must be Request objects (LLM.make_request), got "
+                        f"{type(request).__name__}"
+                    )
                 if request.submitted or id(request) in seen:
                     raise ValueError(
                         f"request {request.request_id} was already submitted: a request runs "

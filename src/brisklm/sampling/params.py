@@ -197,13 +197,20 @@ class SamplingParams:
             _as_bool(name, getattr(self, name))
 
     def with_changes(self, **changes: Any) -> SamplingParams:
-        """A copy with ``changes`` applied, validated like a new instance. The resolved
-        ``constraint`` carries over (the options it came from are not repeated), unless
-        ``changes`` set a constraint option of their own."""
+        """A copy with ``changes`` applied, validated like a new instance. The constraint carries
+        over (with the options it came from: ``grammar_syntax=`` alone re-reads the grammar),
+        unless ``changes`` give one of their own (``constraint=``, or a constraint option set)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(_NO_CONSTRAINT_OPTIONS)
-        if changes.keys() & {*_NO_CONSTRAINT_OPTIONS, "constraint"}:
+        replaced = "constraint" in changes or any(
+            name in changes and changes[name] != unset
+            for name, unset in _NO_CONSTRAINT_OPTIONS.items()
+            if name != "grammar_syntax"
+        )
+        if replaced:
+            values.update(_NO_CONSTRAINT_OPTIONS)
             values["constraint"] = None
+        elif any(values[name] != unset for name, unset in _NO_CONSTRAINT_OPTIONS.items()):
+            values["constraint"] = None  # made from the options: made from them again
         values.update(changes)
         return SamplingParams(**values)
 
