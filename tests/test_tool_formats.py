@@ -337,6 +337,8 @@ def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> No
     llm = family_llms[family]
     tool_format = llm.tool_call_format()
     assert tool_format.name == family.removesuffix("_v11")
+    with pytest.raises(ValueError, match="is neither a template of this tokenizer"):
+        llm.tool_call_format("no-such-template")  # it was hermes, silently
     assert tool_format.tag_token_id == llm.tokenizer.token_to_id(tool_format.tag)
     assert (tool_format.args_token_id is not None) == (family == "mistral_v11")
     messages = [{"role": "user", "content": "Weather in Paris?"}]

@@ -765,6 +765,8 @@ class LLM:
         try:
             template = self.tokenizer.template_for(chat_template, has_tools=True)
         except ValueError:  # no template: tools cannot be rendered anyway
+            if chat_template is not None:  # a name that is not one of them: a mistake
+                raise
             template = None
         tokenizer = self.tokenizer
         return detect_tool_call_format(template, tokenizer.token_to_id, tokenizer.special_token_ids)
