@@ -544,6 +544,10 @@ def test_a_closed_stderr_keeps_stdout_to_the_output(model_dir, capsys, monkeypat
     assert "prompt_tokens" not in out and out.endswith("\n") and out.count("\n") == 1
     assert main([*argv, "--top-p", "0", "x"]) == 1
     assert capsys.readouterr().out == ""
+    monkeypatch.setattr(sys, "stderr", None)  # (main made it devnull)
+    with pytest.raises(SystemExit):  # argparse's own errors too (they came before the swap)
+        main(["generate", "--bogus", "x"])
+    assert capsys.readouterr().out == ""
 
 
 def test_prompts_that_are_not_utf8_are_named_in_the_clis_terms(model_dir, capsys, monkeypatch):
@@ -554,7 +558,21 @@ def test_prompts_that_are_not_utf8_are_named_in_the_clis_terms(model_dir, capsys
     monkeypatch.setattr(sys, "stdin", io.StringIO("caf\udce9\n"))
     assert main([*argv, "-"]) == 1
     err = capsys.readouterr().err
-    assert err == "brisklm: error: the prompt read from stdin is not UTF-8 text (column 4)\n"
+    assert (
+        err == "brisklm: error: the prompt read from stdin is not UTF-8 text (line 1, column 4)\n"
+    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO("first line\nsecond \udce9\n"))
+    assert main([*argv, "-"]) == 1
+    assert "is not UTF-8 text (line 2, column 8)" in capsys.readouterr().err
+    # A strict decoder (a UTF-8 locale's) raised "'utf-8' codec can't decode byte 0xff" first.
+    env = {**cli_env(), "PYTHONIOENCODING": "utf-8:strict"}
+    result = subprocess.run(
+        [*CLI, *argv, "-"], input=b"ab\xffc", capture_output=True, timeout=120, env=env
+    )
+    assert result.returncode == 1
+    assert result.stderr.decode() == (
+        "brisklm: error: the prompt read from stdin is not UTF-8 text (line 1, column 3)\n"
+    )
 
 
 def test_empty_paths_and_speculative_flags_without_a_draft_are_refused(model_dir, capsys):
@@ -572,6 +590,8 @@ def test_empty_paths_and_speculative_flags_without_a_draft_are_refused(model_dir
         assert main([*argv, *flags, "x"]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"brisklm: error: {message}") and err.count("\n") == 1
+    assert main([*argv, "--model", str(model_dir), "--grammar", "", "x"]) == 1
+    assert "--grammar is empty: give a grammar file" in capsys.readouterr().err
     quantize = ["quantize", "--model", str(model_dir), "--out", ""]
     assert main(quantize) == 1
     assert "--out is empty: give a directory" in capsys.readouterr().err

@@ -201,6 +201,8 @@ def test_missing_kv_heads_take_each_familys_default():
         make(architectures=["Qwen2ForCausalLM"], num_attention_heads=32).num_key_value_heads == 32
     )
     assert make(num_attention_heads=32).num_key_value_heads == 32
+    null = make(architectures=["Qwen2ForCausalLM"], num_key_value_heads=None)  # as transformers
+    assert null.num_key_value_heads == 8
     with pytest.raises(
         ValueError, match=r"default for qwen2 \(32\) does not divide num_attention_"
     ):

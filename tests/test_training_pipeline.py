@@ -314,6 +314,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
     checkpoint = torch.load(checkpoint_path, weights_only=False)
     assert (checkpoint["steps"], checkpoint["command_steps"]) == (4, 4)
     shutil.copytree(tmp_path / "lowered", tmp_path / "raised")
+    shutil.copytree(tmp_path / "lowered", tmp_path / "below")
     checkpoint["command_steps"] = 6
     torch.save(checkpoint, checkpoint_path)
     run_steps(tmp_path / "lowered", "6", "--resume")
@@ -328,6 +329,10 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
     torch.set_num_threads(threads)
     summary = json.loads((tmp_path / "raised" / "train_summary.json").read_text())
     assert summary["steps"] == 6
+    # Fewer steps than the checkpoint reached: an IndexError deep in the batch plan before.
+    with pytest.raises(SystemExit, match=r"--steps 1 is below the step the checkpoint in .* \(2\)"):
+        run_steps(tmp_path / "below", "1", "--resume")
+    torch.set_num_threads(threads)
 
 
 def test_sets_packed_apart_train_together(

@@ -1052,6 +1052,12 @@ def main() -> None:
         # rate jumped back up, then fell off a cliff). A different count is a deliberate change.
         if args.steps == resumed.get("command_steps", args.steps):
             args.steps = min(args.steps, resumed.get("steps", args.steps))
+        if args.steps < start_step:
+            raise SystemExit(
+                f"[{args.preset}] --steps {args.steps} is below the step the checkpoint in "
+                f"{args.out} reached ({start_step}): give at least {start_step}, or start afresh "
+                "(another --out, or without --resume)"
+            )
         print(
             f"[{args.preset}] resumed at step {start_step} ({elapsed_before / 60:.1f} min in)",
             flush=True,

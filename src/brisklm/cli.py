@@ -306,6 +306,10 @@ def _read_stdin_prompt() -> str:
     continues the sentence, not a new line after it."""
     if sys.stdin is None:  # `brisklm generate - <&-`
         raise CliError("stdin is closed: `generate -` reads the prompt from it")
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # Bytes that are not UTF-8 are named by _run_generate (a strict locale's decoder raised
+        # its own "'utf-8' codec can't decode byte ..." first).
+        sys.stdin.reconfigure(errors="surrogateescape")
     text = sys.stdin.read()
     for ending in ("\r\n", "\n"):
         if text.endswith(ending):
@@ -318,7 +322,11 @@ def _run_generate(args: argparse.Namespace) -> int:
     if prompt == "-":
         prompt = _read_stdin_prompt()
         if column := _undecodable_column(prompt):
-            raise CliError(f"the prompt read from stdin is not UTF-8 text (column {column})")
+            line = prompt.count("\n", 0, column - 1) + 1
+            column -= prompt.rfind("\n", 0, column - 1) + 1
+            raise CliError(
+                f"the prompt read from stdin is not UTF-8 text (line {line}, column {column})"
+            )
     _sampling_params(args)
     llm = _load(args)
     params = _sampling_params(args, llm.sampling_defaults)
@@ -447,11 +455,15 @@ def _check_text_flags(args: argparse.Namespace) -> None:
     """Refuse flags of text (not paths: file names need not be UTF-8) holding bytes that are not
     UTF-8, naming the flag (llguidance's message for a --choice spoke of lone surrogates), and
     empty paths (``Path("")`` is the current directory)."""
-    for name, what in (("model", "directory"), ("draft", "directory"), ("out", "directory")):
+    for name, what in (
+        ("model", "directory"),
+        ("draft", "directory"),
+        ("out", "directory"),
+        ("calibration", "text file"),
+        ("grammar", "grammar file"),
+    ):
         if getattr(args, name, None) == "":
             raise CliError(f"--{name} is empty: give a {what}")
-    if getattr(args, "calibration", None) == "":
-        raise CliError("--calibration is empty: give a text file")
     if getattr(args, "prompt", "-") != "-" and (column := _undecodable_column(args.prompt)):
         raise CliError(f"the prompt is not UTF-8 text (column {column})")
     for name in ("stop", "choice", "regex", "system"):
@@ -548,11 +560,11 @@ def _import_engine() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:  # `brisklm ... 2>&-`: messages and progress bars go nowhere
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open for the process's life)
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
-    if sys.stderr is None:  # `brisklm ... 2>&-`: messages and progress bars go nowhere
-        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open for the process's life)
     try:
         if sys.stdout is None:  # `brisklm ... >&-`
             raise CliError("stdout is closed: brisklm writes its output there")

@@ -253,10 +253,15 @@ class ModelConfig:
         num_layers = _int_field(raw, "num_hidden_layers")
         intermediate_size = _int_field(raw, "intermediate_size")
         vocab_size = _int_field(raw, "vocab_size")
+        # Left out: transformers' default for the family; null: one per attention head (Qwen2
+        # and transformers 4's Mistral read it so; transformers 5's Mistral refuses it).
+        missing = "num_key_value_heads" not in raw
         num_kv_heads = _int_field(
-            raw, "num_key_value_heads", _DEFAULT_KV_HEADS.get(family, num_heads)
+            raw,
+            "num_key_value_heads",
+            _DEFAULT_KV_HEADS.get(family, num_heads) if missing else num_heads,
         )
-        if raw.get("num_key_value_heads") is None and num_heads % num_kv_heads:
+        if missing and num_heads % num_kv_heads:
             raise ValueError(
                 f"config.json leaves out num_key_value_heads, and transformers' default for "
                 f"{family} ({num_kv_heads}) does not divide num_attention_heads ({num_heads}): "

@@ -64,6 +64,14 @@ def test_json_schema_rejects_non_schemas() -> None:
         deep = {"type": "array", "items": deep}
     with pytest.raises(ConstraintError, match="nested too deeply to serialise"):
         SamplingParams(json_schema=deep)
+    # The tool grammars' and answer schemas' path (a RecursionError there too).
+    from brisklm.constrained.json_schema import prepare_json_schema
+
+    deep = {"type": "string"}
+    for _ in range(1500):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(ConstraintError, match="nested too deeply to read"):
+        prepare_json_schema(deep)
 
 
 def test_keys_differ_across_kinds() -> None:

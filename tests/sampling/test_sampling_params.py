@@ -176,3 +176,11 @@ def test_with_changes_keeps_the_constraint_and_its_options() -> None:
     assert gbnf.with_changes(max_tokens=3).constraint == gbnf.constraint
     direct = SamplingParams(constraint=Regex("b"))
     assert direct.with_changes(max_tokens=3).constraint == Regex("b")
+    assert gbnf.with_changes(grammar=None).constraint is None  # "grammar_syntax without grammar"
+    # A copy's constraint is made from the field again: an edit of the caller's dict after the
+    # params were made changed it (the chat of a tool model decoded under the edited schema).
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    made = SamplingParams(json_schema=schema)
+    schema["properties"]["n"] = {"type": "string"}
+    assert made.with_changes(temperature=0).constraint == made.constraint
+    assert made.with_changes() == made

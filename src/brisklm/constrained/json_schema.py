@@ -501,7 +501,12 @@ def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> 
         )
     if "x-guidance" in schema:
         check_guidance_options(schema["x-guidance"])
-    return _SchemaRewriter(schema, strict).schema(schema, "#")
+    try:
+        return _SchemaRewriter(schema, strict).schema(schema, "#")
+    except RecursionError:
+        raise ConstraintError(
+            "the JSON schema is nested too deeply to read (Python's recursion limit)"
+        ) from None
 
 
 # JSON whitespace only (RFC 8259: space, tab, line feed, carriage return), as characters, escapes or

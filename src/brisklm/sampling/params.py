@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any
 
-from brisklm.constrained.spec import CONSTRAINT_TYPES, Constraint, constraint_from_options
+from brisklm.constrained.spec import (
+    CONSTRAINT_TYPES,
+    Constraint,
+    JsonSchema,
+    constraint_from_options,
+)
 
 MAX_LOGPROBS = 20
 MAX_ABS_LOGIT_BIAS = 100.0
@@ -161,6 +167,10 @@ class SamplingParams:
             )
         if self.choice is not None:
             put("choice", tuple(self.choice))
+        if isinstance(self.json_schema, dict) and isinstance(from_fields, JsonSchema):
+            # The constraint's copy: with_changes makes a copy's constraint from this field, and
+            # later edits of the caller's dict must change neither.
+            put("json_schema", copy.deepcopy(from_fields.schema))
         if from_fields is None and self.constraint is not None:
             if not isinstance(self.constraint, CONSTRAINT_TYPES):
                 raise _fail(
@@ -212,6 +222,8 @@ class SamplingParams:
         elif any(values[name] != unset for name, unset in _NO_CONSTRAINT_OPTIONS.items()):
             values["constraint"] = None  # made from the options: made from them again
         values.update(changes)
+        if values["grammar"] is None and "grammar_syntax" not in changes:
+            values["grammar_syntax"] = "lark"  # with_changes(grammar=None) on a GBNF grammar
         return SamplingParams(**values)
 
     @classmethod
