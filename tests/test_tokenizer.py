@@ -748,3 +748,38 @@ def test_integral_float_token_ids_in_the_generation_config_are_ids(tmp_path: Pat
     directory = build_byte_level_bpe(tmp_path / "tok")
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2.0, 3]}))
     assert Tokenizer.from_pretrained(directory).eos_token_ids[:2] == (2, 3)
+
+
+def test_named_tokens_missing_from_the_file_get_transformers_ids(tmp_path) -> None:
+    # They were appended in the config's key order (save_pretrained sorts the keys: pad before
+    # unk), transformers appends bos, eos, unk, sep, pad, cls, mask: <unk> and <mask> swapped ids.
+    directory = build_byte_level_bpe(tmp_path / "t")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("pad_token")
+    config.update(pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    (directory / "tokenizer_config.json").write_text(json.dumps(dict(sorted(config.items()))))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+    ours = Tokenizer.from_pretrained(directory)
+    for token in ("<unk>", "<pad>", "<mask>"):
+        assert ours.token_to_id(token) == theirs.convert_tokens_to_ids(token), token
+    assert ours.encode("<mask> hi <unk>") == theirs.encode("<mask> hi <unk>")
+
+
+def test_extra_special_tokens_of_the_config_and_the_map_are_both_kept(tmp_path) -> None:
+    # Without added_tokens_decoder (the old layout), special_tokens_map.json's list replaced the
+    # config's: "<extra1>" was encoded letter by letter.
+    directory = build_byte_level_bpe(
+        tmp_path / "t", config_overrides={"additional_special_tokens": ["<extra1>"]}
+    )
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "special_tokens_map.json").write_text(
+        json.dumps({"extra_special_tokens": ["<extra2>"]})
+    )
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+    ours = Tokenizer.from_pretrained(directory)
+    text = "a <extra1> b <extra2> c"
+    expected = theirs.encode(text, add_special_tokens=False)
+    assert ours.encode(text, add_special_tokens=False) == expected
+    assert len(expected) < len(theirs.encode("a extra1 b extra2 c", add_special_tokens=False))

@@ -319,6 +319,11 @@ def _legacy_added_tokens(
     }
 
 
+def _token_content(token: Any) -> str:
+    """A token's text, given as a string or an AddedToken dict."""
+    return str(token.get("content")) if isinstance(token, dict) else str(token)
+
+
 def _special_tokens(
     config: dict[str, Any], tokenizer_class: str, added_tokens_decoder: dict[int, AddedToken]
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -336,6 +341,11 @@ def _special_tokens(
     if isinstance(extra, dict):  # model-specific named tokens, e.g. {"image_token": "<image>"}
         named.update({key: to_added_token(value) for key, value in extra.items()})
     named = {key: added_by_content.get(str(value), value) for key, value in named.items() if value}
+    # transformers' order (missing tokens get ids in it): bos, eos, ..., mask, then the others.
+    named = {
+        **{key: named[key] for key in NAMED_SPECIAL_TOKENS if key in named},
+        **{key: value for key, value in named.items() if key not in NAMED_SPECIAL_TOKENS},
+    }
     extra_tokens = [to_added_token(token) for token in extra] if isinstance(extra, list) else []
     return named, extra_tokens
 
@@ -377,6 +387,15 @@ def load_backend(directory: Path) -> BackendSpec:
         {} if "added_tokens_decoder" in config else read_json(directory / SPECIAL_TOKENS_MAP) or {}
     )
     merged_config = {**config, **special_map}
+    extra_in_map = special_map.get("extra_special_tokens")
+    extra_in_config = config.get("extra_special_tokens") or config.get("additional_special_tokens")
+    if isinstance(extra_in_map, list) and isinstance(extra_in_config, list):
+        # Both lists, as transformers 5 merges them (the map's replaced the config's).
+        known = {_token_content(token) for token in extra_in_config}
+        merged_config["extra_special_tokens"] = [
+            *extra_in_config,
+            *(token for token in extra_in_map if _token_content(token) not in known),
+        ]
     named, extra = _special_tokens(merged_config, tokenizer_class, added_tokens_decoder)
     if tokenizer_json is None:  # tokenizer.model alone: added tokens may be in added_tokens.json
         legacy = _legacy_added_tokens(directory, config, named, extra)
