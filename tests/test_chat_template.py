@@ -381,6 +381,11 @@ def test_a_template_name_that_is_not_there_is_an_error_not_the_text(chatml_pair)
         ours.apply_chat_template(USER_ONLY, chat_template="{{ messages[0].content }}")
         == (USER_ONLY[0]["content"])
     )
+    # Only a tool_use template: it said "several chat templates".
+    only_tools = Tokenizer.from_pretrained(ours.name_or_path)
+    only_tools.chat_templates = {"tool_use": ours.chat_templates["tool_use"]}
+    with pytest.raises(ValueError, match=r"no chat template named 'default', only \['tool_use'\]"):
+        only_tools.apply_chat_template(USER_ONLY)
 
 
 def test_python_errors_inside_a_template_are_template_errors(chatml_pair) -> None:

@@ -320,7 +320,7 @@ class Tokenizer:
         if "default" in self.chat_templates:
             return self.chat_templates["default"]
         raise ValueError(
-            f"the tokenizer has several chat templates and none named 'default': "
+            f"the tokenizer has no chat template named 'default', only "
             f"{sorted(self.chat_templates)}; pass chat_template=<name>"
         )
 
