@@ -290,6 +290,21 @@ class LLM:
         self._request_counter = itertools.count()
         self._id_prefix = uuid.uuid4().hex[:8]
 
+    def __reduce__(self) -> Any:
+        # pickle (a process pool's arguments, Ray, celery) and copy.deepcopy went into the engine
+        # and failed on a ctypes pointer; copy.copy shared the engine, whose close() it had.
+        raise TypeError(
+            "an LLM cannot be pickled or copied: it owns loaded weights and an engine thread; "
+            "pass the model path and make the LLM in the worker (e.g. in a ProcessPoolExecutor "
+            "initializer), or share this one between threads"
+        )
+
+    def __copy__(self) -> LLM:
+        return self.__reduce__()  # type: ignore[no-any-return]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LLM:
+        return self.__reduce__()  # type: ignore[no-any-return]
+
     @classmethod
     def from_pretrained(
         cls,

@@ -539,3 +539,15 @@ def test_num_threads(tiny_dir):
             )
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_llm_cannot_be_pickled_or_copied(llm):
+    # pickle (a process pool's argument) failed on a ctypes pointer deep in the engine;
+    # copy.copy gave a second handle whose close() closed the original.
+    import copy
+    import pickle
+
+    for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="an LLM cannot be pickled or copied"):
+            attempt(llm)
+    assert_still_works(llm)
