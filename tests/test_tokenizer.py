@@ -783,3 +783,27 @@ def test_extra_special_tokens_of_the_config_and_the_map_are_both_kept(tmp_path) 
     expected = theirs.encode(text, add_special_tokens=False)
     assert ours.encode(text, add_special_tokens=False) == expected
     assert len(expected) < len(theirs.encode("a extra1 b extra2 c", add_special_tokens=False))
+
+
+@pytest.mark.parametrize(
+    "config_extra, map_extra",
+    [
+        # transformers 5 keeps the config's list and reads the map's old key no more.
+        ({"additional_special_tokens": ["<A>"]}, {"additional_special_tokens": ["<B>"]}),
+        # A dict of named extras in the config, a list in the map: both.
+        ({"extra_special_tokens": {"image_token": "<image>"}}, {"extra_special_tokens": ["<B>"]}),
+    ],
+)
+def test_old_layout_extra_tokens_are_read_as_transformers_reads_them(
+    tmp_path, config_extra, map_extra
+) -> None:
+    directory = build_byte_level_bpe(tmp_path / "t")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder")
+    config.update(config_extra)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "special_tokens_map.json").write_text(json.dumps(map_extra))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+    ours = Tokenizer.from_pretrained(directory)
+    for token in ("<A>", "<B>", "<image>"):
+        assert ours.token_to_id(token) == theirs.get_vocab().get(token), token

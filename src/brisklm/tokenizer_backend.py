@@ -324,10 +324,35 @@ def _token_content(token: Any) -> str:
     return str(token.get("content")) if isinstance(token, dict) else str(token)
 
 
-def _special_tokens(
-    config: dict[str, Any], tokenizer_class: str, added_tokens_decoder: dict[int, AddedToken]
+def _extra_special_tokens(
+    config: dict[str, Any], special_map: dict[str, Any]
 ) -> tuple[dict[str, Any], list[Any]]:
-    """Named special tokens (bos_token, ..., and any other "*_token" string) and the extra special tokens.
+    """Model-specific named tokens and the list of extra special tokens, as transformers 5 reads
+    them: tokenizer_config.json's extra_special_tokens (or additional_special_tokens), a dict of
+    named tokens or a list, then special_tokens_map.json's extra_special_tokens added to them; the
+    map's additional_special_tokens only where the config has neither."""
+    own = config.get("extra_special_tokens") or config.get("additional_special_tokens")
+    named = dict(own) if isinstance(own, dict) else {}
+    tokens = list(own) if isinstance(own, list) else []
+    in_map = special_map.get("extra_special_tokens")
+    if in_map is None and not own:
+        in_map = special_map.get("additional_special_tokens")
+    if isinstance(in_map, dict):
+        named.update(in_map)
+    elif isinstance(in_map, list):
+        known = {_token_content(token) for token in tokens}
+        tokens += [token for token in in_map if _token_content(token) not in known]
+    return named, tokens
+
+
+def _special_tokens(
+    config: dict[str, Any],
+    tokenizer_class: str,
+    added_tokens_decoder: dict[int, AddedToken],
+    extra: tuple[dict[str, Any], list[Any]] = ({}, []),
+) -> tuple[dict[str, Any], list[Any]]:
+    """Named special tokens (bos_token, ..., any other "*_token" string and the model-specific
+    ones of ``extra``) and the extra special tokens (``extra``'s list).
 
     Named tokens start from the class defaults; a token also listed in added_tokens_decoder takes that
     entry's flags, as transformers maps them.
@@ -337,17 +362,16 @@ def _special_tokens(
     for key, value in config.items():
         if key in NAMED_SPECIAL_TOKENS or (key.endswith("_token") and isinstance(value, str)):
             named[key] = to_added_token(value)
-    extra = config.get("extra_special_tokens") or config.get("additional_special_tokens")
-    if isinstance(extra, dict):  # model-specific named tokens, e.g. {"image_token": "<image>"}
-        named.update({key: to_added_token(value) for key, value in extra.items()})
+    extra_named, extra_list = extra
+    # Model-specific named tokens, e.g. {"image_token": "<image>"}.
+    named.update({key: to_added_token(value) for key, value in extra_named.items()})
     named = {key: added_by_content.get(str(value), value) for key, value in named.items() if value}
     # transformers' order (missing tokens get ids in it): bos, eos, ..., mask, then the others.
     named = {
         **{key: named[key] for key in NAMED_SPECIAL_TOKENS if key in named},
         **{key: value for key, value in named.items() if key not in NAMED_SPECIAL_TOKENS},
     }
-    extra_tokens = [to_added_token(token) for token in extra] if isinstance(extra, list) else []
-    return named, extra_tokens
+    return named, [to_added_token(token) for token in extra_list]
 
 
 def load_backend(directory: Path) -> BackendSpec:
@@ -386,17 +410,12 @@ def load_backend(directory: Path) -> BackendSpec:
     special_map = (
         {} if "added_tokens_decoder" in config else read_json(directory / SPECIAL_TOKENS_MAP) or {}
     )
-    merged_config = {**config, **special_map}
-    extra_in_map = special_map.get("extra_special_tokens")
-    extra_in_config = config.get("extra_special_tokens") or config.get("additional_special_tokens")
-    if isinstance(extra_in_map, list) and isinstance(extra_in_config, list):
-        # Both lists, as transformers 5 merges them (the map's replaced the config's).
-        known = {_token_content(token) for token in extra_in_config}
-        merged_config["extra_special_tokens"] = [
-            *extra_in_config,
-            *(token for token in extra_in_map if _token_content(token) not in known),
-        ]
-    named, extra = _special_tokens(merged_config, tokenizer_class, added_tokens_decoder)
+    named, extra = _special_tokens(
+        {**config, **special_map},
+        tokenizer_class,
+        added_tokens_decoder,
+        _extra_special_tokens(config, special_map),
+    )
     if tokenizer_json is None:  # tokenizer.model alone: added tokens may be in added_tokens.json
         legacy = _legacy_added_tokens(directory, config, named, extra)
         added_tokens_decoder = {**legacy, **added_tokens_decoder}

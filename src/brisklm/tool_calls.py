@@ -369,14 +369,22 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
         return _enforced_schema(nullable_as_json_schema(arguments), own_options=False)
     except ConstraintError as e:
         raise ConstraintError(f"the parameters of tool {name!r}: {e}") from e
+    except RecursionError:
+        raise ConstraintError(f"the parameters of tool {name!r}: {_TOO_DEEP}") from None
 
 
 def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> str:
     """A Lark rule ``name`` for a reply that is JSON under ``schema``, enforced as a
     ``json_schema`` constraint enforces it (strict, spaced like ``json.dumps`` unless the schema's
     ``x-guidance`` says otherwise); ConstraintError for a schema that cannot be enforced."""
-    prepared = _enforced_schema(schema if isinstance(schema, bool) else dict(schema))
-    return f"{name}: %json {json.dumps(prepared, ensure_ascii=False)}"
+    try:
+        prepared = _enforced_schema(schema if isinstance(schema, bool) else dict(schema))
+        return f"{name}: %json {json.dumps(prepared, ensure_ascii=False)}"
+    except RecursionError:
+        raise ConstraintError(f"the answer schema: {_TOO_DEEP}") from None
+
+
+_TOO_DEEP = "the JSON schema is nested too deeply to read (Python's recursion limit)"
 
 
 def _enforced_schema(schema: Any, own_options: bool = True) -> dict[str, Any]:

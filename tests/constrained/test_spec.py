@@ -72,6 +72,20 @@ def test_json_schema_rejects_non_schemas() -> None:
         deep = {"type": "array", "items": deep}
     with pytest.raises(ConstraintError, match="nested too deeply to read"):
         prepare_json_schema(deep)
+    from brisklm.tool_calls import check_tool_schema
+
+    nested: dict = {"type": "integer"}
+    for _ in range(600):
+        nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested}}
+    with pytest.raises(ConstraintError, match="tool 'f': the JSON schema is nested too deeply"):
+        check_tool_schema(tool)
+    # Deep, but within what the constraint reads: its copy in SamplingParams too (a deepcopy
+    # overflowed Python's stack first).
+    nested = {"type": "integer"}
+    for _ in range(300):
+        nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
+    assert SamplingParams(json_schema=nested).json_schema == nested
 
 
 def test_keys_differ_across_kinds() -> None:

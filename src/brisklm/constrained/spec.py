@@ -87,6 +87,11 @@ class JsonSchema:
         object.__setattr__(self, "schema", json.loads(text))
         object.__setattr__(self, "_text", text)
 
+    def schema_copy(self) -> dict[str, Any] | bool:
+        """A new copy of the schema (read back from its JSON text: no recursion in Python, so a
+        schema as deep as the constraint holds copies too)."""
+        return json.loads(self._text)
+
     @classmethod
     def from_pydantic(cls, model: type, strict: bool = True) -> JsonSchema:
         """The schema of a pydantic model class (`model.model_json_schema()`)."""

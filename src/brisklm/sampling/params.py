@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -170,7 +169,7 @@ class SamplingParams:
         if isinstance(self.json_schema, dict) and isinstance(from_fields, JsonSchema):
             # The constraint's copy: with_changes makes a copy's constraint from this field, and
             # later edits of the caller's dict must change neither.
-            put("json_schema", copy.deepcopy(from_fields.schema))
+            put("json_schema", from_fields.schema_copy())
         if from_fields is None and self.constraint is not None:
             if not isinstance(self.constraint, CONSTRAINT_TYPES):
                 raise _fail(
