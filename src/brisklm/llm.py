@@ -242,10 +242,12 @@ def build_speculator(
     show_progress: bool = True,
     draft_length: str | None = None,
     kv_cache_dtype: torch.dtype | None = None,
+    int4_compute_dtype: torch.dtype | None = None,
 ) -> Speculator:
     """A proposer for ``draft``: "ngram" (prompt lookup), "default" (the bundled draft) or a model
     directory; ``draft_length`` is the schedule of tokens proposed per step (:func:`draft_schedule`);
-    ``kv_cache_dtype``: the draft's cache dtype (None: the draft model's own)."""
+    ``kv_cache_dtype``: the draft's cache dtype (None: the draft model's own);
+    ``int4_compute_dtype``: what a GPTQ draft's int4 layers compute in, as the target's."""
     schedule = draft_schedule(draft, num_speculative_tokens, draft_length)
     if str(draft) == "ngram":
         return Speculator(
@@ -254,7 +256,14 @@ def build_speculator(
             schedule,
         )
     directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
-    draft_model = load_model(directory, device=device, dtype=dtype, show_progress=show_progress)
+
+    draft_model = load_model(
+        directory,
+        device=device,
+        dtype=dtype,
+        make_linear=linear_factory_for(directory, device=device, compute_dtype=int4_compute_dtype),
+        show_progress=show_progress,
+    )
     if kv_cache_dtype is not None:
         draft_model.kv_cache_dtype = kv_cache_dtype
     # Both caches, before the draft's is allocated (the target's was checked alone).
@@ -421,6 +430,7 @@ class LLM:
                     show_progress,
                     draft_length,
                     cache_dtype,
+                    compute_dtype,
                 )
             return LLMEngine(model, tokenizer, config, speculator)
 

@@ -436,3 +436,16 @@ def test_cli_quantize(llama_float, llama_gptq, tmp_path, capsys, monkeypatch):
         assert message in err and len(err.strip().splitlines()) == 1
     assert main(["quantize", "--model", str(llama_gptq), "--out", str(tmp_path / "x")]) == 1
     assert "already quantized" in capsys.readouterr().err
+
+
+def test_a_gptq_draft_computes_in_the_targets_int4_compute_dtype(llama_rtn):
+    # The draft was loaded with the kernel's default (bfloat16) whatever int4_compute_dtype said.
+    llm = LLM.from_pretrained(
+        llama_rtn, draft=llama_rtn, int4_compute_dtype="float32", show_progress=False
+    )
+    try:
+        draft = llm.engine.speculator.proposer.runner.model
+        for model in (llm.engine.model, draft):
+            assert model.model.layers[0].mlp.down_proj.parts[0].compute_dtype == torch.float32
+    finally:
+        llm.close()
