@@ -338,7 +338,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     if not args.usage:  # --usage: JSON, with the finish reason
         _say_if_the_context_ended(llm, request, params)
-    if args.usage:
+    else:
         usage = request.usage
         report: dict[str, Any] = {
             "prompt_tokens": usage.prompt_tokens,

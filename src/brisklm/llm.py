@@ -256,7 +256,6 @@ def build_speculator(
             schedule,
         )
     directory = default_model_path(draft=True) if str(draft) == "default" else Path(draft)
-
     draft_model = load_model(
         directory,
         device=device,
@@ -286,6 +285,13 @@ def build_speculator(
     return Speculator(proposer, num_speculative_tokens, schedule)
 
 
+_NOT_COPYABLE = (
+    "an LLM cannot be pickled or copied: it owns loaded weights and an engine thread; pass the "
+    "model path and make the LLM in the worker (e.g. in a ProcessPoolExecutor initializer), or "
+    "share this one between threads"
+)
+
+
 class LLM:
     """A loaded model and tokenizer with an engine thread that batches every caller's requests."""
 
@@ -299,20 +305,16 @@ class LLM:
         self._request_counter = itertools.count()
         self._id_prefix = uuid.uuid4().hex[:8]
 
+    # pickle (a process pool's arguments, Ray, celery) and copy.deepcopy went into the engine
+    # and failed on a ctypes pointer; copy.copy shared the engine, whose close() it had.
     def __reduce__(self) -> Any:
-        # pickle (a process pool's arguments, Ray, celery) and copy.deepcopy went into the engine
-        # and failed on a ctypes pointer; copy.copy shared the engine, whose close() it had.
-        raise TypeError(
-            "an LLM cannot be pickled or copied: it owns loaded weights and an engine thread; "
-            "pass the model path and make the LLM in the worker (e.g. in a ProcessPoolExecutor "
-            "initializer), or share this one between threads"
-        )
+        raise TypeError(_NOT_COPYABLE)
 
     def __copy__(self) -> LLM:
-        return self.__reduce__()  # type: ignore[no-any-return]
+        raise TypeError(_NOT_COPYABLE)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LLM:
-        return self.__reduce__()  # type: ignore[no-any-return]
+        raise TypeError(_NOT_COPYABLE)
 
     @classmethod
     def from_pretrained(

@@ -349,7 +349,7 @@ def _special_tokens(
     config: dict[str, Any],
     tokenizer_class: str,
     added_tokens_decoder: dict[int, AddedToken],
-    extra: tuple[dict[str, Any], list[Any]] = ({}, []),
+    extra: tuple[dict[str, Any], list[Any]],
 ) -> tuple[dict[str, Any], list[Any]]:
     """Named special tokens (bos_token, ..., any other "*_token" string and the model-specific
     ones of ``extra``) and the extra special tokens (``extra``'s list).

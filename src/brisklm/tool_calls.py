@@ -18,6 +18,7 @@ from brisklm.constrained.compiler import check_json_schema_grammar
 from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_schema import (
     JSON_OPTIONS,
+    SCHEMA_TOO_DEEP,
     SOUND_JSON_OPTIONS,
     nullable_as_json_schema,
     prepare_json_schema,
@@ -370,7 +371,7 @@ def _arguments_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     except ConstraintError as e:
         raise ConstraintError(f"the parameters of tool {name!r}: {e}") from e
     except RecursionError:
-        raise ConstraintError(f"the parameters of tool {name!r}: {_TOO_DEEP}") from None
+        raise ConstraintError(f"the parameters of tool {name!r}: {SCHEMA_TOO_DEEP}") from None
 
 
 def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> str:
@@ -381,10 +382,7 @@ def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> 
         prepared = _enforced_schema(schema if isinstance(schema, bool) else dict(schema))
         return f"{name}: %json {json.dumps(prepared, ensure_ascii=False)}"
     except RecursionError:
-        raise ConstraintError(f"the answer schema: {_TOO_DEEP}") from None
-
-
-_TOO_DEEP = "the JSON schema is nested too deeply to read (Python's recursion limit)"
+        raise ConstraintError(f"the answer schema: {SCHEMA_TOO_DEEP}") from None
 
 
 def _enforced_schema(schema: Any, own_options: bool = True) -> dict[str, Any]:

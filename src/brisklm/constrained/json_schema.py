@@ -486,6 +486,10 @@ def _constant(branch: dict[str, Any], name: str) -> tuple[str, Any] | None:
     return None
 
 
+# Why a schema is refused when reading it passes Python's recursion limit.
+SCHEMA_TOO_DEEP = "the JSON schema is nested too deeply to read (Python's recursion limit)"
+
+
 def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> dict[str, Any]:
     """The schema rewritten so that llguidance enforces it exactly, or ConstraintError naming why not.
 
@@ -504,9 +508,7 @@ def prepare_json_schema(schema: dict[str, Any] | bool, strict: bool = False) -> 
     try:
         return _SchemaRewriter(schema, strict).schema(schema, "#")
     except RecursionError:
-        raise ConstraintError(
-            "the JSON schema is nested too deeply to read (Python's recursion limit)"
-        ) from None
+        raise ConstraintError(SCHEMA_TOO_DEEP) from None
 
 
 # JSON whitespace only (RFC 8259: space, tab, line feed, carriage return), as characters, escapes or
