@@ -22,7 +22,7 @@ CASES = {
 }
 
 
-def run(backend, slots, starts, lens, window, seed=0, device="cpu"):
+def run(backend, slots, starts, lens, window, seed=0, device="cpu", stepwise=None):
     generator = torch.Generator().manual_seed(seed)
     shape = (NUM_SLOTS, NUM_KV_HEADS, MAX_LEN, HEAD_DIM)
     # Prior cache contents are random: every row attends to keys written before this pass.
@@ -31,7 +31,7 @@ def run(backend, slots, starts, lens, window, seed=0, device="cpu"):
         (sum(lens), NUM_KV_HEADS, HEAD_DIM)
     ]
     k_cache, v_cache, q, k, v = (torch.randn(s, generator=generator).to(device) for s in shapes)
-    meta = AttentionMetadata.build(slots, starts, lens, device)
+    meta = AttentionMetadata.build(slots, starts, lens, device, stepwise=stepwise)
     out = backend.forward(q, k, v, k_cache, v_cache, meta, window)
     return out, k_cache, v_cache
 
@@ -45,6 +45,52 @@ def test_sdpa_matches_reference(case, window):
     assert got.shape == (sum(lens), NUM_HEADS * HEAD_DIM)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(k_sdpa, k_ref) and torch.equal(v_sdpa, v_ref)  # identical cache writes
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("row_invariant", [False, True])
+def test_stepwise_rows_attend_as_their_decode_steps(window, row_invariant):
+    """A verification row's queries come out with the bits of one-token decode steps at their
+    positions (the masked k+1-query call rounds differently); the other rows as alone."""
+    slots, starts, lens = [4, 1, 2], [10, 3, 0], [5, 1, 6]
+    generator = torch.Generator().manual_seed(3)
+    shape = (NUM_SLOTS, NUM_KV_HEADS, MAX_LEN, HEAD_DIM)
+    cache = [torch.randn(shape, generator=generator) for _ in range(2)]
+    n = sum(lens)
+    q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=generator)
+    k, v = (torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=generator) for _ in range(2))
+    sdpa = SdpaAttention()
+    k_cache, v_cache = (c.clone() for c in cache)
+    meta = AttentionMetadata.build(
+        slots, starts, lens, "cpu", row_invariant, stepwise=[True, True, False]
+    )
+    assert meta.stepwise == (True, False, False)  # a one-token row is a decode step already
+    got = sdpa.forward(q, k, v, k_cache, v_cache, meta, window)
+    masked = sdpa.forward(
+        q,
+        k,
+        v,
+        *(c.clone() for c in cache),
+        AttentionMetadata.build(slots, starts, lens, "cpu"),
+        window,
+    )
+    # Decode steps one after another on a fresh cache, then the other rows alone.
+    k_steps, v_steps = (c.clone() for c in cache)
+    steps = []
+    for t in range(5):
+        one = AttentionMetadata.build([4], [10 + t], [1], "cpu")
+        steps.append(
+            sdpa.forward(q[t : t + 1], k[t : t + 1], v[t : t + 1], k_steps, v_steps, one, window)
+        )
+    for slot, start, length, first in ((1, 3, 1, 5), (2, 0, 6, 6)):
+        alone = AttentionMetadata.build([slot], [start], [length], "cpu")
+        part = slice(first, first + length)
+        steps.append(sdpa.forward(q[part], k[part], v[part], k_steps, v_steps, alone, window))
+    assert torch.equal(got, torch.cat(steps))
+    assert torch.equal(k_cache, k_steps) and torch.equal(v_cache, v_steps)
+    torch.testing.assert_close(got, masked, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one entry per row"):
+        AttentionMetadata.build(slots, starts, lens, "cpu", stepwise=[True])
 
 
 @pytest.mark.gpu

@@ -449,3 +449,33 @@ def test_a_gptq_draft_computes_in_the_targets_int4_compute_dtype(llama_rtn):
             assert model.model.layers[0].mlp.down_proj.parts[0].compute_dtype == torch.float32
     finally:
         llm.close()
+
+
+def test_a_gptq_target_with_a_draft_gives_the_plain_output_bit_for_bit(llama_gptq):
+    """Verification attends query by query on CPU (AttentionMetadata.stepwise): the masked call
+    over a row's k+1 queries rounded differently from one-token steps, which the bfloat16 int4
+    compute magnified to logprobs ~1e-2 apart and, at near-ties, other tokens."""
+    prompts = ["The quick brown fox", "Once upon a time there", "A small boat drifted"]
+    greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, logprobs=2)
+    seeded = SamplingParams(temperature=0.9, seed=11, max_tokens=80, ignore_eos=True)
+    with LLM.from_pretrained(llama_gptq, show_progress=False) as plain:
+        expected = [plain.generate(p, greedy) for p in prompts]
+    for draft in (llama_gptq, "ngram"):
+        with LLM.from_pretrained(
+            llama_gptq, draft=draft, num_speculative_tokens=4, show_progress=False
+        ) as drafted:
+            accepted = 0
+            for prompt, want in zip(prompts, expected):
+                got = drafted.generate(prompt, greedy)
+                assert got.token_ids == want.token_ids
+                assert [e.logprob for e in got.logprobs] == [e.logprob for e in want.logprobs]
+                assert [[t.logprob for t in e.top] for e in got.logprobs] == [
+                    [t.logprob for t in e.top] for e in want.logprobs
+                ]
+                accepted += got.speculative.num_accepted
+            assert accepted > 0
+            # Beside a seeded request every row is computed as alone, verification included.
+            outputs = drafted.generate(prompts, [seeded, greedy, greedy])
+            for got, want in zip(outputs[1:], expected[1:]):
+                assert got.token_ids == want.token_ids
+                assert [e.logprob for e in got.logprobs] == [e.logprob for e in want.logprobs]

@@ -30,6 +30,10 @@ class AttentionMetadata:
     padded_positions: torch.Tensor | None = None  # (B, T_max) int64
     # Rows must come out exactly as computed alone (see ForwardBatch.row_invariant).
     row_invariant: bool = False
+    # Per row, whether each of its queries must come out exactly as a one-token decode step at its
+    # position computes it (speculative verification of a request alone or beside a seeded one:
+    # plain decoding computed those tokens one by one). None: no such row.
+    stepwise: tuple[bool, ...] | None = None
     # Backend-private values computed once per forward (masks per window size, ...).
     cache: dict[object, object] = field(default_factory=dict)
 
@@ -82,6 +86,7 @@ class AttentionMetadata:
         query_lens: list[int],
         device: torch.device | str,
         row_invariant: bool = False,
+        stepwise: list[bool] | tuple[bool, ...] | None = None,
     ) -> AttentionMetadata:
         positions = [
             p for start, n in zip(start_positions, query_lens) for p in range(start, start + n)
@@ -109,6 +114,7 @@ class AttentionMetadata:
             pad_index=pad_index,
             padded_positions=padded_positions,
             row_invariant=row_invariant,
+            stepwise=_rows_of_several_queries(stepwise, query_lens),
         )
 
     def rows(self) -> list[AttentionMetadata]:
@@ -154,6 +160,7 @@ class AttentionMetadata:
                         [self.query_lens[b] for b in rows],
                         device,
                         self.row_invariant,
+                        None if self.stepwise is None else [self.stepwise[b] for b in rows],
                     )
                     parts.append((sub, index))
             self.cache["split"] = parts
@@ -201,3 +208,15 @@ class AttentionMetadata:
             mask = mask[:, None]
             self.cache[key] = mask
         return mask  # type: ignore[return-value]
+
+
+def _rows_of_several_queries(
+    stepwise: list[bool] | tuple[bool, ...] | None, query_lens: list[int]
+) -> tuple[bool, ...] | None:
+    """The stepwise flags that matter: a one-token row is a decode step already."""
+    if stepwise is None:
+        return None
+    if len(stepwise) != len(query_lens):
+        raise ValueError("stepwise flags need one entry per row")
+    flags = tuple(bool(s) and n > 1 for s, n in zip(stepwise, query_lens))
+    return flags if any(flags) else None

@@ -18,6 +18,12 @@ class SdpaAttention(AttentionBackend):
     come out exactly as alone: then one call per row over exactly its own keys. Masked padding
     keys still move the sums (~5e-8), and the per-row calls cost a ragged 8-row decode step 8-24%
     (docs/benchmarks.md), so they run only for batches that hold a seeded request.
+
+    On CPU, the queries of ``meta.stepwise`` rows (speculative verification) each run as the
+    one-token decode step at their position would: the masked call over a row's k+1 queries rounds
+    differently (~2e-7) from one-token steps, which a bfloat16 int4 target magnified into other
+    tokens than plain decoding. Not on CUDA: there the linear layers themselves round k+1 rows
+    differently from one (cuBLAS picks kernels by shape), so one call per query would buy nothing.
     """
 
     name = "sdpa"
@@ -33,16 +39,69 @@ class SdpaAttention(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         self.write_cache(k, v, k_cache, v_cache, meta)
-        if meta.is_uniform or not meta.row_invariant:
+        if meta.batch_size == 1 and meta.query_lens[0] == 1:
+            return self._decode_steps(q, k_cache, v_cache, meta, sliding_window)
+        if meta.stepwise is not None and q.device.type == "cpu":
+            stepwise = meta.stepwise
+        elif meta.is_uniform or not meta.row_invariant:
             return self._attend(q, k, v, k_cache, v_cache, meta, sliding_window)
+        else:
+            stepwise = (False,) * meta.batch_size
+        # Row by row: each stepwise row's queries as decode steps, every other row alone.
         outputs = []
-        for row, (start, end) in zip(meta.rows(), meta.row_token_ranges()):
-            outputs.append(
-                self._attend(
-                    q[start:end], k[start:end], v[start:end], k_cache, v_cache, row, sliding_window
+        for row, one_by_one, (start, end) in zip(meta.rows(), stepwise, meta.row_token_ranges()):
+            if one_by_one:
+                outputs.append(
+                    self._decode_steps(q[start:end], k_cache, v_cache, row, sliding_window)
                 )
-            )
+            else:
+                outputs.append(
+                    self._attend(
+                        q[start:end],
+                        k[start:end],
+                        v[start:end],
+                        k_cache,
+                        v_cache,
+                        row,
+                        sliding_window,
+                    )
+                )
         return torch.cat(outputs)
+
+    @staticmethod
+    def _decode_steps(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        row: AttentionMetadata,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        """The T queries of one row (its cache written), each attending as the one-token decode
+        step at its position: one unmasked call over exactly the keys that step sees. A batch's
+        only row decoding one token takes this path too, so a stepwise query and a decode step
+        are the same call on the same views (bookkeeping kept to narrow views: ~40 us a query
+        less than ``_attend``)."""
+        num_queries, num_heads, head_dim = q.shape
+        gqa = num_heads != k_cache.shape[1]
+        widen = k_cache.dtype != q.dtype
+        queries = q.view(num_queries, 1, num_heads, head_dim).transpose(1, 2)  # (T, H, 1, D)
+        slot, first_position = row.slot_list[0], row.start_positions[0]
+        slot_keys, slot_values = k_cache.narrow(0, slot, 1), v_cache.narrow(0, slot, 1)
+        outputs = []
+        for t in range(num_queries):
+            num_keys = first_position + t + 1
+            first_key = 0
+            if sliding_window is not None and sliding_window < num_keys:
+                first_key = num_keys - sliding_window
+            keys = slot_keys.narrow(2, first_key, num_keys - first_key)
+            values = slot_values.narrow(2, first_key, num_keys - first_key)
+            if widen:
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
+            out = F.scaled_dot_product_attention(
+                queries.narrow(0, t, 1), keys, values, enable_gqa=gqa
+            )  # (1, H, 1, D)
+            outputs.append(out.reshape(1, num_heads * head_dim))
+        return outputs[0] if num_queries == 1 else torch.cat(outputs)
 
     def _attend(
         self,

@@ -29,10 +29,15 @@ class ForwardBatch:
     # Compute every row exactly as it would be computed alone (rows of a ragged batch attend one by
     # one): set when a seeded request is in the batch, so its tokens do not depend on the others.
     row_invariant: bool = False
+    # Per row, whether its queries must each come out as a one-token decode step at its position
+    # would compute them (speculative verification rows: AttentionMetadata.stepwise); None: none.
+    stepwise: list[bool] | None = None
 
     def __post_init__(self) -> None:
         if not self.slots:
             raise ValueError("a forward batch needs at least one row")
+        if self.stepwise is not None and len(self.stepwise) != len(self.slots):
+            raise ValueError("a forward batch's stepwise flags need one entry per row")
 
 
 class ModelRunner:
@@ -216,6 +221,7 @@ class ModelRunner:
                 [batch.token_ids[i] for i in group],
                 [batch.num_logits[i] for i in group],
                 batch.row_invariant,
+                None if batch.stepwise is None else [batch.stepwise[i] for i in group],
             )
             logits = self.forward(part)
             for index, chunk in zip(group, logits.split(part.num_logits)):
@@ -224,7 +230,12 @@ class ModelRunner:
 
     def _forward_torch(self, batch: ForwardBatch, query_lens: list[int]) -> torch.Tensor:
         meta = AttentionMetadata.build(
-            batch.slots, batch.start_positions, query_lens, self.device, batch.row_invariant
+            batch.slots,
+            batch.start_positions,
+            query_lens,
+            self.device,
+            batch.row_invariant,
+            batch.stepwise,
         )
         ids = torch.tensor([t for tokens in batch.token_ids for t in tokens], dtype=torch.int64)
         hidden = self.model(ids.to(self.device), meta, self.kv_cache, self.backend)  # (N, E)
