@@ -451,6 +451,25 @@ def test_a_gptq_draft_computes_in_the_targets_int4_compute_dtype(llama_rtn):
         llm.close()
 
 
+FORCED_RUNS_SCHEMA = {
+    "type": "array",
+    "minItems": 6,
+    "items": {
+        "type": "object",
+        "properties": {
+            "description_of_the_item": {"type": "string", "maxLength": 6},
+            "quantity_currently_in_stock": {"type": "integer", "maximum": 999},
+            "is_available_for_shipping": {"type": "boolean"},
+        },
+        "required": [
+            "description_of_the_item",
+            "quantity_currently_in_stock",
+            "is_available_for_shipping",
+        ],
+    },
+}
+
+
 def test_a_gptq_target_with_a_draft_gives_the_plain_output_bit_for_bit(llama_gptq):
     """Verification attends query by query on CPU (AttentionMetadata.stepwise): the masked call
     over a row's k+1 queries rounded differently from one-token steps, which the bfloat16 int4
@@ -458,8 +477,11 @@ def test_a_gptq_target_with_a_draft_gives_the_plain_output_bit_for_bit(llama_gpt
     prompts = ["The quick brown fox", "Once upon a time there", "A small boat drifted"]
     greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, logprobs=2)
     seeded = SamplingParams(temperature=0.9, seed=11, max_tokens=80, ignore_eos=True)
+    # Without logprobs a grammar's forced runs are fed as one row: query by query there too.
+    constrained = SamplingParams(temperature=0, max_tokens=200, json_schema=FORCED_RUNS_SCHEMA)
     with LLM.from_pretrained(llama_gptq, show_progress=False) as plain:
         expected = [plain.generate(p, greedy) for p in prompts]
+        expected_json = [plain.generate(p, constrained) for p in ["JSON:", prompts[0]]]
     for draft in (llama_gptq, "ngram"):
         with LLM.from_pretrained(
             llama_gptq, draft=draft, num_speculative_tokens=4, show_progress=False
@@ -474,6 +496,8 @@ def test_a_gptq_target_with_a_draft_gives_the_plain_output_bit_for_bit(llama_gpt
                 ]
                 accepted += got.speculative.num_accepted
             assert accepted > 0
+            got_json = [drafted.generate(p, constrained) for p in ["JSON:", prompts[0]]]
+            assert [o.token_ids for o in got_json] == [o.token_ids for o in expected_json]
             # Beside a seeded request every row is computed as alone, verification included.
             outputs = drafted.generate(prompts, [seeded, greedy, greedy])
             for got, want in zip(outputs[1:], expected[1:]):

@@ -31,8 +31,8 @@ class AttentionMetadata:
     # Rows must come out exactly as computed alone (see ForwardBatch.row_invariant).
     row_invariant: bool = False
     # Per row, whether each of its queries must come out exactly as a one-token decode step at its
-    # position computes it (speculative verification of a request alone or beside a seeded one:
-    # plain decoding computed those tokens one by one). None: no such row.
+    # position computes it (generated tokens fed several at once: a verification row, a run of
+    # grammar-forced tokens; brisklm.engine.model_runner.decode_rows_stepwise). None: no such row.
     stepwise: tuple[bool, ...] | None = None
     # Backend-private values computed once per forward (masks per window size, ...).
     cache: dict[object, object] = field(default_factory=dict)

@@ -19,8 +19,9 @@ class SdpaAttention(AttentionBackend):
     keys still move the sums (~5e-8), and the per-row calls cost a ragged 8-row decode step 8-24%
     (docs/benchmarks.md), so they run only for batches that hold a seeded request.
 
-    On CPU, the queries of ``meta.stepwise`` rows (speculative verification) each run as the
-    one-token decode step at their position would: the masked call over a row's k+1 queries rounds
+    On CPU, the queries of ``meta.stepwise`` rows (generated tokens fed several at once:
+    speculative verification, grammar-forced runs) each run as the one-token decode step at their
+    position would: the masked call over a row's k+1 queries rounds
     differently (~2e-7) from one-token steps, which a bfloat16 int4 target magnified into other
     tokens than plain decoding. Not on CUDA: there the linear layers themselves round k+1 rows
     differently from one (cuBLAS picks kernels by shape), so one call per query would buy nothing.

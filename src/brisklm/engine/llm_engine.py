@@ -9,7 +9,7 @@ import torch
 
 from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
 from brisklm.constrained.errors import ConstraintError
-from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_stepwise
 from brisklm.engine.request import Request
 from brisklm.engine.scheduler import ScheduledBatch, Scheduler
 from brisklm.engine.speculation import Speculator
@@ -289,12 +289,15 @@ class LLMEngine:
             prefill_lens = [0] * len(requests)
         feeds = [self.feed(r, n) for r, n in zip(requests, prefill_lens)]
         num_logits = [int(self.samples_after(r, n)) for r, n in zip(requests, prefill_lens)]
+        row_invariant = any(r.params.is_seeded for r in requests)
         forward = ForwardBatch(
             slots=[r.slot for r in requests],  # type: ignore[misc]
             start_positions=[r.num_cached for r in requests],
             token_ids=feeds,
             num_logits=num_logits,
-            row_invariant=any(r.params.is_seeded for r in requests),
+            row_invariant=row_invariant,
+            # a decoding row of several tokens: a run of grammar-forced tokens
+            stepwise=decode_rows_stepwise([n == 0 for n in prefill_lens], row_invariant),
         )
         sampled = [r for r, n in zip(requests, num_logits) if n]
         pending_masks = self.structured.start_masks(sampled)

@@ -30,7 +30,7 @@ class ForwardBatch:
     # one): set when a seeded request is in the batch, so its tokens do not depend on the others.
     row_invariant: bool = False
     # Per row, whether its queries must each come out as a one-token decode step at its position
-    # would compute them (speculative verification rows: AttentionMetadata.stepwise); None: none.
+    # would compute them (AttentionMetadata.stepwise; see ``decode_rows_stepwise``); None: none.
     stepwise: list[bool] | None = None
 
     def __post_init__(self) -> None:
@@ -38,6 +38,19 @@ class ForwardBatch:
             raise ValueError("a forward batch needs at least one row")
         if self.stepwise is not None and len(self.stepwise) != len(self.slots):
             raise ValueError("a forward batch's stepwise flags need one entry per row")
+
+
+def decode_rows_stepwise(decoding: list[bool], row_invariant: bool) -> list[bool] | None:
+    """The ``ForwardBatch.stepwise`` flags of a pass whose rows ``decoding`` feed generated tokens
+    (the others prompt chunks): those rows attend query by query when their output must not depend
+    on the batch (a single decoding row, or a seeded request in the batch).
+
+    Every generated token then attends as a one-token step whichever pass feeds it (a plain
+    step, a run of grammar-forced tokens, a speculative verification row), so a draft leaves the
+    output bit for bit the plain one where the linear layers round each row alike (CPU)."""
+    if row_invariant or sum(decoding) == 1:
+        return list(decoding)
+    return None
 
 
 class ModelRunner:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from brisklm.engine.model_runner import ForwardBatch
+from brisklm.engine.model_runner import ForwardBatch, decode_rows_stepwise
 from brisklm.engine.request import Request
 from brisklm.outputs import SpeculativeStats, StreamChunk, TokenLogprob
 from brisklm.speculative import (
@@ -188,17 +188,15 @@ class Speculator:
         chunk_logits = [int(engine.samples_after(r, n)) for r, n in chunked]
         sampled = [r for (r, _), k in zip(chunked, chunk_logits) if k]
         row_invariant = any(r.params.is_seeded for r in requests)
-        # A verifying row whose plain decoding would not depend on its batch (a request verifying
-        # alone; any row beside a seeded request) attends query by query, as its one-token decode
-        # steps would have (AttentionMetadata.stepwise).
-        stepwise = len(decoding) == 1 or row_invariant
         forward = ForwardBatch(
             slots=[r.slot for r in decoding] + [r.slot for r, _ in chunked],  # type: ignore[misc]
             start_positions=[r.num_cached for r in decoding] + [r.num_cached for r, _ in chunked],
             token_ids=[feed + p.token_ids for feed, p in zip(feeds, proposals)] + chunk_feeds,
             num_logits=counts + chunk_logits,
             row_invariant=row_invariant,
-            stepwise=[stepwise] * len(decoding) + [False] * len(chunked),
+            stepwise=decode_rows_stepwise(
+                [True] * len(decoding) + [False] * len(chunked), row_invariant
+            ),
         )
         # Verification rows first, then one row per completed prompt: one mask row each position.
         pending_masks = engine.structured.start_masks(
