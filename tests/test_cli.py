@@ -136,6 +136,12 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
             ["generate", "--draft-length", "fixed", "hi"],
             "error: --draft-length 'fixed' needs speculative decoding: pass --draft (a draft",
         ),
+        # The subcommand's help lists its flags ("see: brisklm --help" lists the subcommands).
+        (
+            ["generate", "hi", "--bogus", "x"],
+            "error: unrecognized arguments: --bogus x (see: brisklm generate --help)",
+        ),
+        (["chat", "--temprature", "0"], "(see: brisklm chat --help)"),
     ],
 )
 def test_errors_are_one_line_without_traceback(argv, message):

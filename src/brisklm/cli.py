@@ -119,6 +119,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's error format: one line on stderr and exit status 1 (argparse's own
     prints the whole usage and exits 2). Subcommand parsers are of this class too."""
 
+    commands: argparse._SubParsersAction[_Parser]  # the subcommands (build_parser)
+
     def error(self, message: str) -> NoReturn:
         print(f"brisklm: error: {message} (see: {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_ERROR)
@@ -127,6 +129,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="brisklm", description="Fast local LLM inference.")
     commands = parser.add_subparsers(dest="command", required=True)
+    parser.commands = commands
 
     generate = commands.add_parser("generate", help="complete a prompt, streaming to stdout")
     generate.add_argument(
@@ -563,7 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stderr is None:  # `brisklm ... 2>&-`: messages and progress bars go nowhere
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open for the process's life)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand, whose --help lists its flags (not brisklm's)
+        parser.commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
         if sys.stdout is None:  # `brisklm ... >&-`

@@ -204,6 +204,10 @@ def test_bad_lark_has_line_and_column(bpe_compiler: GrammarCompiler) -> None:
         ('root ::= "a"\nitem := "b"', 2, 6, "Expected ::="),
         ('root ::= "a" [b-', 1, 17, "Unexpected end of input"),
         ('root ::= "a" item\nitem ::= other', 2, 10, "undefined rule 'other'"),
+        # llama.cpp's token references ("Expected name" before)
+        ('root ::= <[1000]> "x"', 1, 10, "token references (<[id]>, <token>, !<...>) are not"),
+        ('root ::= "x" (<|im_end|>)', 1, 15, "token references"),
+        ('root ::= "a"\nitem ::= "b" !<[7]>', 2, 14, "token references"),
     ],
 )
 def test_bad_gbnf_has_line_and_column(

@@ -101,6 +101,20 @@ class _Parser(_llg_gbnf.GrammarParser):
             raise _llg_gbnf.GbnfToLarkError(pos, "Incomplete escape sequence")
         raise _llg_gbnf.GbnfToLarkError(pos, f"Invalid escape sequence \\{kind}")
 
+    def _parse_sequence(
+        self, pos: _llg_gbnf.Position, is_nested: bool
+    ) -> tuple[_llg_gbnf.SequenceNode, _llg_gbnf.Position]:
+        node, end = super()._parse_sequence(pos, is_nested)
+        # llama.cpp's token references (<[1000]>, <|im_end|>, !<...>) stopped the sequence, and
+        # the parse failed further on with "Expected name".
+        if end.current() == "<" or (end.current() == "!" and end.peek(2)[1:] == "<"):
+            raise _llg_gbnf.GbnfToLarkError(
+                end,
+                "token references (<[id]>, <token>, !<...>) are not supported: write the text "
+                "the token stands for as a string",
+            )
+        return node, end
+
     def _parse_literal(
         self, pos: _llg_gbnf.Position
     ) -> tuple[_llg_gbnf.ASTNode, _llg_gbnf.Position]:
