@@ -6,6 +6,8 @@ from brisklm._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from brisklm.config import ModelConfig
+    from brisklm.constrained.errors import ConstraintError
+    from brisklm.constrained.spec import Choice, Grammar, JsonObject, JsonSchema, Regex
     from brisklm.engine.llm_engine import EngineConfig
     from brisklm.llm import LLM, default_model_path
     from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
@@ -17,9 +19,15 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "ChatOutput",
+    "Choice",
+    "ConstraintError",
     "EngineConfig",
     "GenerationOutput",
+    "Grammar",
+    "JsonObject",
+    "JsonSchema",
     "ModelConfig",
+    "Regex",
     "SamplingParams",
     "StreamChunk",
     "TokenLogprob",
@@ -33,6 +41,13 @@ __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
         "ModelConfig": "brisklm.config",
+        # SamplingParams(constraint=...) and the error a constraint raises
+        "ConstraintError": "brisklm.constrained.errors",
+        "Choice": "brisklm.constrained.spec",
+        "Grammar": "brisklm.constrained.spec",
+        "JsonObject": "brisklm.constrained.spec",
+        "JsonSchema": "brisklm.constrained.spec",
+        "Regex": "brisklm.constrained.spec",
         "EngineConfig": "brisklm.engine.llm_engine",
         "LLM": "brisklm.llm",
         "default_model_path": "brisklm.llm",

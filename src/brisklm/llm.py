@@ -9,7 +9,7 @@ import numbers
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import torch
 
@@ -38,7 +38,12 @@ from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
 
-Prompt = str | Sequence[int]
+if TYPE_CHECKING:
+    import numpy as np
+
+# One prompt: text, or token ids (a list of ints, a 1-D array or tensor; a 2-D one is a batch).
+TokenIds: TypeAlias = "Sequence[int] | torch.Tensor | np.ndarray"
+Prompt: TypeAlias = "str | TokenIds"
 ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
@@ -571,11 +576,17 @@ class LLM:
 
     # ----------------------------------------------------------------- sync API
     @overload
-    def generate(self, prompts: str, params: ParamsArg = None) -> GenerationOutput: ...
+    def generate(
+        self, prompts: str | Sequence[int], params: ParamsArg = None
+    ) -> GenerationOutput: ...
     @overload
     def generate(
         self, prompts: Sequence[Prompt], params: ParamsArg = None
     ) -> list[GenerationOutput]: ...
+    @overload  # 1-D: one prompt, 2-D: a batch
+    def generate(
+        self, prompts: torch.Tensor | np.ndarray, params: ParamsArg = None
+    ) -> GenerationOutput | list[GenerationOutput]: ...
 
     def generate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch)."""
@@ -637,6 +648,19 @@ class LLM:
                 self._loop.abort(request.request_id)
 
     # ---------------------------------------------------------------- async API
+    @overload
+    async def agenerate(
+        self, prompts: str | Sequence[int], params: ParamsArg = None
+    ) -> GenerationOutput: ...
+    @overload
+    async def agenerate(
+        self, prompts: Sequence[Prompt], params: ParamsArg = None
+    ) -> list[GenerationOutput]: ...
+    @overload  # 1-D: one prompt, 2-D: a batch
+    async def agenerate(
+        self, prompts: torch.Tensor | np.ndarray, params: ParamsArg = None
+    ) -> GenerationOutput | list[GenerationOutput]: ...
+
     async def agenerate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Async ``generate``: awaits without blocking the event loop (the prompts are tokenized
         and their grammars compiled in a worker thread: a new tool grammar takes ~0.1-0.3 s)."""
