@@ -370,6 +370,29 @@ def test_a_failed_build_is_logged_and_falls_back(monkeypatch, tmp_path, caplog):
     assert "native CPU kernels unavailable" in refused_library(monkeypatch, caplog)
 
 
+def test_no_compiler_is_a_warning_that_says_what_to_install(monkeypatch, caplog):
+    # It was logged at INFO: a host without gcc decoded through torch's ops, silently slower.
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    logged = refused_library(monkeypatch, caplog)
+    assert "no C compiler found" in logged and "install one (e.g. gcc)" in logged
+
+
+def test_cc_may_carry_arguments_and_a_missing_one_is_named(monkeypatch, tmp_path, caplog):
+    # "ccache gcc" was looked up as one program name and cc used instead, silently.
+    monkeypatch.setenv("CC", "env cc")
+    assert native._compiler() == "env cc"
+    monkeypatch.setenv("BRISKLM_CACHE_DIR", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None  # built by `env cc ...`
+    finally:
+        native.library.cache_clear()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with caplog.at_level("WARNING"):
+        assert native._compiler() in ("cc", "gcc", "clang")
+    assert "$CC='/nonexistent/cc' is not a command found on the PATH" in caplog.text
+
+
 def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("BRISKLM_CACHE_DIR", str(tmp_path))
     native.library.cache_clear()

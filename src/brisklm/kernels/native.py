@@ -153,15 +153,23 @@ def _cache_dir() -> Path:
 
 
 def _compiler() -> str | None:
-    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if candidate and shutil.which(candidate):
-            return candidate
-    return None
+    """The C compiler command: ``$CC`` (which may carry arguments, e.g. ``ccache gcc``), else
+    the first of cc, gcc and clang on the PATH."""
+    chosen = os.environ.get("CC", "").strip()
+    if chosen:
+        try:
+            words = shlex.split(chosen)
+        except ValueError:
+            words = []
+        if words and shutil.which(words[0]):
+            return chosen
+        logger.warning("$CC=%r is not a command found on the PATH: trying cc, gcc, clang", chosen)
+    return next((name for name in ("cc", "gcc", "clang") if shutil.which(name)), None)
 
 
 def _build(compiler: str) -> Path:
     version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, timeout=30
+        [*shlex.split(compiler), "--version"], capture_output=True, text=True, timeout=30
     ).stdout
     key = hashlib.sha256(
         "\0".join(
@@ -189,7 +197,7 @@ def compile_library(
     ``extra_flags`` (also used by bench/native_kernel_ab.py, and by the tests to build the AVX2
     variant on an AVX-512 machine); RuntimeError with the compiler's message if it fails."""
     result = subprocess.run(
-        [compiler, *_FLAGS, *extra_flags, str(source), "-o", str(output), "-lm"],
+        [*shlex.split(compiler), *_FLAGS, *extra_flags, str(source), "-o", str(output), "-lm"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -279,7 +287,12 @@ def library() -> ctypes.CDLL | None:
         return None
     compiler = _compiler()
     if compiler is None:
-        logger.info("no C compiler found (cc, gcc, clang or $CC): native CPU kernels not used")
+        # A warning, not info: CPU decoding through torch's ops instead runs several times slower
+        # (a slim container without gcc got that silently).
+        logger.warning(
+            "no C compiler found (cc, gcc, clang or $CC): native CPU kernels not used, torch ops "
+            "run instead (several times slower on CPU); install one (e.g. gcc) to use them"
+        )
         return None
     try:
         path = _build(compiler)
