@@ -39,11 +39,17 @@ from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
 
 if TYPE_CHECKING:
-    import numpy as np
+    from numpy import ndarray
+else:
+    try:
+        from numpy import ndarray
+    except ImportError:  # torch runs without numpy; the name serves the annotations below
+        ndarray = torch.Tensor
 
 # One prompt: text, or token ids (a list of ints, a 1-D array or tensor; a 2-D one is a batch).
-TokenIds: TypeAlias = "Sequence[int] | torch.Tensor | np.ndarray"
-Prompt: TypeAlias = "str | TokenIds"
+# Real objects, not strings: typing.get_type_hints and pydantic's validate_call resolve them.
+TokenIds: TypeAlias = list[int] | tuple[int, ...] | torch.Tensor | ndarray
+Prompt: TypeAlias = str | TokenIds
 ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
@@ -575,18 +581,16 @@ class LLM:
         )
 
     # ----------------------------------------------------------------- sync API
-    @overload
-    def generate(
-        self, prompts: str | Sequence[int], params: ParamsArg = None
+    @overload  # a str is also a Sequence[str]: the first overload wins
+    def generate(  # type: ignore[overload-overlap]
+        self, prompts: str | list[int] | tuple[int, ...], params: ParamsArg = None
     ) -> GenerationOutput: ...
     @overload
     def generate(
         self, prompts: Sequence[Prompt], params: ParamsArg = None
     ) -> list[GenerationOutput]: ...
-    @overload  # 1-D: one prompt, 2-D: a batch
-    def generate(
-        self, prompts: torch.Tensor | np.ndarray, params: ParamsArg = None
-    ) -> GenerationOutput | list[GenerationOutput]: ...
+    @overload  # 1-D: one prompt, 2-D: a batch (not told apart by a type): Any, not a union
+    def generate(self, prompts: torch.Tensor | ndarray, params: ParamsArg = None) -> Any: ...
 
     def generate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch)."""
@@ -648,18 +652,16 @@ class LLM:
                 self._loop.abort(request.request_id)
 
     # ---------------------------------------------------------------- async API
-    @overload
-    async def agenerate(
-        self, prompts: str | Sequence[int], params: ParamsArg = None
+    @overload  # a str is also a Sequence[str]: the first overload wins
+    async def agenerate(  # type: ignore[overload-overlap]
+        self, prompts: str | list[int] | tuple[int, ...], params: ParamsArg = None
     ) -> GenerationOutput: ...
     @overload
     async def agenerate(
         self, prompts: Sequence[Prompt], params: ParamsArg = None
     ) -> list[GenerationOutput]: ...
-    @overload  # 1-D: one prompt, 2-D: a batch
-    async def agenerate(
-        self, prompts: torch.Tensor | np.ndarray, params: ParamsArg = None
-    ) -> GenerationOutput | list[GenerationOutput]: ...
+    @overload  # 1-D: one prompt, 2-D: a batch (not told apart by a type): Any, not a union
+    async def agenerate(self, prompts: torch.Tensor | ndarray, params: ParamsArg = None) -> Any: ...
 
     async def agenerate(self, prompts: Any, params: ParamsArg = None) -> Any:
         """Async ``generate``: awaits without blocking the event loop (the prompts are tokenized

@@ -324,3 +324,22 @@ def test_rope_tables_span_the_engines_context_not_the_trained_one(tmp_path):
             cos, sin = llm.engine.model.rotary.tables(torch.device("cpu"), torch.float32, 10)
             assert cos.shape[0] == sin.shape[0] == 96
     assert outputs[0] == outputs[1]
+
+
+def test_the_public_methods_type_hints_resolve_at_run_time():
+    # The prompt aliases were strings ("str | TokenIds"): typing.get_type_hints, which pydantic's
+    # validate_call and documentation tools use, raised TypeError on stream, make_request, ...
+    import typing
+
+    methods = [
+        getattr(LLM, name)
+        for name in ("stream", "stream_chunks", "astream", "astream_chunks", "make_request")
+    ]
+    methods += [*typing.get_overloads(LLM.generate), *typing.get_overloads(LLM.agenerate)]
+    assert len(methods) == 11
+    for method in methods:
+        hints = typing.get_type_hints(method)
+        assert "prompt" in hints or "prompts" in hints
+    assert {str, torch.Tensor} <= set(typing.get_args(typing.get_type_hints(LLM.stream)["prompt"]))
+    one = typing.get_type_hints(typing.get_overloads(LLM.generate)[0])
+    assert set(typing.get_args(one["prompts"])) == {str, list[int], tuple[int, ...]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 
@@ -387,10 +388,17 @@ def test_cc_may_carry_arguments_and_a_missing_one_is_named(monkeypatch, tmp_path
         assert native.library() is not None  # built by `env cc ...`
     finally:
         native.library.cache_clear()
+    # A path with a space is one program (it was split into two words).
+    spaced = tmp_path / "my tools"
+    spaced.mkdir()
+    (spaced / "gcc").symlink_to(shutil.which("cc"))
+    monkeypatch.setenv("CC", str(spaced / "gcc"))
+    assert native._compiler() == str(spaced / "gcc")
+    assert native._command(str(spaced / "gcc")) == [str(spaced / "gcc")]
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with caplog.at_level("WARNING"):
         assert native._compiler() in ("cc", "gcc", "clang")
-    assert "$CC='/nonexistent/cc' is not a command found on the PATH" in caplog.text
+    assert "$CC='/nonexistent/cc' is not a command brisklm can run" in caplog.text
 
 
 def test_the_library_builds_into_an_empty_cache(monkeypatch, tmp_path):

@@ -503,3 +503,19 @@ def test_a_gptq_target_with_a_draft_gives_the_plain_output_bit_for_bit(llama_gpt
             for got, want in zip(outputs[1:], expected[1:]):
                 assert got.token_ids == want.token_ids
                 assert [e.logprob for e in got.logprobs] == [e.logprob for e in want.logprobs]
+
+
+def test_an_int4_model_is_not_told_to_install_a_compiler(llama_rtn, monkeypatch, caplog):
+    # The loader asked whether the native kernels load before whether the model could use them:
+    # on a host without gcc, an int4 model (which never runs them) got "install one (e.g. gcc)".
+    from brisklm.kernels import native
+
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            LLM.from_pretrained(llama_rtn, show_progress=False).close()
+        assert "no C compiler" not in caplog.text
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()

@@ -153,23 +153,31 @@ def _cache_dir() -> Path:
 
 
 def _compiler() -> str | None:
-    """The C compiler command: ``$CC`` (which may carry arguments, e.g. ``ccache gcc``), else
-    the first of cc, gcc and clang on the PATH."""
+    """The C compiler command: ``$CC`` (a program, or a command line such as ``ccache gcc``),
+    else the first of cc, gcc and clang on the PATH."""
     chosen = os.environ.get("CC", "").strip()
     if chosen:
-        try:
-            words = shlex.split(chosen)
-        except ValueError:
-            words = []
+        words = _command(chosen)
         if words and shutil.which(words[0]):
             return chosen
-        logger.warning("$CC=%r is not a command found on the PATH: trying cc, gcc, clang", chosen)
+        logger.warning("$CC=%r is not a command brisklm can run: trying cc, gcc, clang", chosen)
     return next((name for name in ("cc", "gcc", "clang") if shutil.which(name)), None)
+
+
+def _command(compiler: str) -> list[str]:
+    """A compiler setting as the words to run: one program (a path may hold spaces), else the
+    words of a shell-quoted command line; [] if it is neither."""
+    if shutil.which(compiler):
+        return [compiler]
+    try:
+        return shlex.split(compiler)
+    except ValueError:  # unbalanced quotes
+        return []
 
 
 def _build(compiler: str) -> Path:
     version = subprocess.run(
-        [*shlex.split(compiler), "--version"], capture_output=True, text=True, timeout=30
+        [*_command(compiler), "--version"], capture_output=True, text=True, timeout=30
     ).stdout
     key = hashlib.sha256(
         "\0".join(
@@ -197,7 +205,7 @@ def compile_library(
     ``extra_flags`` (also used by bench/native_kernel_ab.py, and by the tests to build the AVX2
     variant on an AVX-512 machine); RuntimeError with the compiler's message if it fails."""
     result = subprocess.run(
-        [*shlex.split(compiler), *_FLAGS, *extra_flags, str(source), "-o", str(output), "-lm"],
+        [*_command(compiler), *_FLAGS, *extra_flags, str(source), "-o", str(output), "-lm"],
         capture_output=True,
         text=True,
         timeout=300,
