@@ -9,9 +9,10 @@ import numbers
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, overload
+from typing import Any, TypeAlias, overload
 
 import torch
+from numpy import ndarray
 
 from brisklm.config import checkpoint_directory
 from brisklm.engine.llm_engine import EngineConfig, LLMEngine, check_kv_cache_fits
@@ -37,14 +38,6 @@ from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
-
-if TYPE_CHECKING:
-    from numpy import ndarray
-else:
-    try:
-        from numpy import ndarray
-    except ImportError:  # torch runs without numpy; the name serves the annotations below
-        ndarray = torch.Tensor
 
 # One prompt: text, or token ids (a list of ints, a 1-D array or tensor; a 2-D one is a batch).
 # Real objects, not strings: typing.get_type_hints and pydantic's validate_call resolve them.

@@ -152,7 +152,8 @@ class Regex:
 class Choice:
     """Output must be exactly one of `options`."""
 
-    options: tuple[str, ...]
+    # Any sequence of strings (a list, as SamplingParams' choice takes); kept as a tuple.
+    options: Sequence[str]
 
     def __post_init__(self) -> None:
         options = self.options
