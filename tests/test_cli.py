@@ -130,8 +130,9 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
             "error: --temperature -1.0: must be a finite float >= 0",
         ),
         (["generate", "--top-p", "0", "hi"], "error: --top-p 0.0: must be a float in (0, 1]"),
-        (["generate", "--stop", "", "hi"], "error: --stop '': must be None, a non-empty str"),
-        (["generate", "--threads", "0", "hi"], "error: --threads must be None or an int >= 1"),
+        # "None" is the Python option's unset value, which no flag takes
+        (["generate", "--stop", "", "hi"], "error: --stop '': must be a non-empty str or a seq"),
+        (["generate", "--threads", "0", "hi"], "error: --threads must be an int >= 1, got 0"),
         (
             ["generate", "--draft-length", "fixed", "hi"],
             "error: --draft-length 'fixed' needs speculative decoding: pass --draft (a draft",

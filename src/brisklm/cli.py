@@ -621,6 +621,9 @@ _API_WORDS = (
     ("; pass chat_template=<name>", " (the CLI renders with 'default')"),
     ("use method 'gptq'", "use --method gptq"),
     ("pass draft=", "pass --draft"),
+    # None is the Python option's unset value: no flag takes it
+    ("must be None or ", "must be "),
+    ("must be None, ", "must be "),
 )
 
 
@@ -635,13 +638,17 @@ def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
             return message
         values = given if isinstance(given, list) else [given]
         shown = " ".join(shlex.quote(str(value)) for value in values)
-        return f"--{name.replace('_', '-')} {shown}: {reason}"
+        return _in_cli_words(f"--{name.replace('_', '-')} {shown}: {reason}")
     name, _, rest = message.partition(" ")
     name, equals, value = name.partition("=")
     flags = _QUANTIZE_FLAGS if getattr(args, "command", None) == "quantize" else _ENGINE_FLAGS
     flag = flags.get(name)
     if flag is not None:
         message = f"{flag}{' ' if equals else ''}{value} {rest}"
+    return _in_cli_words(message)
+
+
+def _in_cli_words(message: str) -> str:
     for api, cli in _API_WORDS:
         message = message.replace(api, cli)
     return message
