@@ -48,10 +48,11 @@ class SdpaAttention(AttentionBackend):
             return self._attend(q, k, v, k_cache, v_cache, meta, sliding_window)
         else:
             stepwise = (False,) * meta.batch_size
-        # Row by row: each stepwise row's queries as decode steps, every other row alone.
+        # Row by row: each stepwise row's queries and each one-token row as decode steps (one path
+        # for every decode step of a row alone), every other row alone.
         outputs = []
         for row, one_by_one, (start, end) in zip(meta.rows(), stepwise, meta.row_token_ranges()):
-            if one_by_one:
+            if one_by_one or end - start == 1:
                 outputs.append(
                     self._decode_steps(q[start:end], k_cache, v_cache, row, sliding_window)
                 )
@@ -78,9 +79,9 @@ class SdpaAttention(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         """The T queries of one row (its cache written), each attending as the one-token decode
-        step at its position: one unmasked call over exactly the keys that step sees. A batch's
-        only row decoding one token takes this path too, so a stepwise query and a decode step
-        are the same call on the same views (bookkeeping kept to narrow views: ~40 us a query
+        step at its position: one unmasked call over exactly the keys that step sees. A one-token
+        row attended alone takes this path too, so a stepwise query and a decode step are the
+        same call on the same views (bookkeeping kept to narrow views: ~40 us a query
         less than ``_attend``)."""
         num_queries, num_heads, head_dim = q.shape
         gqa = num_heads != k_cache.shape[1]
