@@ -143,6 +143,9 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
             "error: unrecognized arguments: --bogus x (see: brisklm generate --help)",
         ),
         (["chat", "--temprature", "0"], "(see: brisklm chat --help)"),
+        # An option typed before the subcommand is no subcommand's: brisklm's own help.
+        (["--bogus", "generate", "hi"], "arguments: --bogus (see: brisklm --help)"),
+        (["--bogus", "generate", "hi", "--more"], "(see: brisklm generate --help)"),
     ],
 )
 def test_errors_are_one_line_without_traceback(argv, message):

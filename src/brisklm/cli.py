@@ -562,13 +562,28 @@ def _import_engine() -> None:
         raise KeyboardInterrupt
 
 
+def parser_at_fault(
+    parser: _Parser, command: str, argv: Sequence[str] | None, unknown: list[str]
+) -> _Parser:
+    """The parser whose --help lists the flags the unknown arguments stood among: the
+    subcommand's for those typed after it (its --help lists its flags, brisklm's only the
+    subcommands), brisklm's for options typed before the subcommand (`brisklm --bogus generate`)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    before = words[: words.index(command)] if command in words else []
+    if before and all(word in before for word in unknown):
+        return parser
+    return parser.commands.choices[command]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if sys.stderr is None:  # `brisklm ... 2>&-`: messages and progress bars go nowhere
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open for the process's life)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # named by the subcommand, whose --help lists its flags (not brisklm's)
-        parser.commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        parser_at_fault(parser, args.command, argv, unknown).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
         if sys.stdout is None:  # `brisklm ... >&-`
