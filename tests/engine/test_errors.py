@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 
 import numpy as np
@@ -149,6 +150,17 @@ def _check_small_vocabulary(llm: LLM, text: str) -> None:
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=4, min_tokens=2)
     outputs = llm.generate([[5, 6, 7], [8, 9]], [sampled, GREEDY])
     assert len(outputs[0].token_ids) >= 2 and len(outputs[1].token_ids) == 4
+    # Text a grammar forces is spelled in the ids the model has: the grammar forced the
+    # tokenizer's own ids (past the embedding), which failed the request at its next step (an
+    # index error; on CUDA a device-side assert that breaks every later request).
+    forced = [
+        SamplingParams(max_tokens=40, choice=[text]),
+        SamplingParams(max_tokens=40, regex=re.escape(text) + " [a-z]{1,3}"),
+    ]
+    outputs = llm.generate([[5, 6, 7, 5, 6], [8, 9]], forced)
+    assert outputs[0].text == text and outputs[1].text.startswith(text + " ")
+    for out in outputs:
+        assert out.finish_reason == "stop" and max(out.token_ids) < 300, out
 
 
 def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_refused_before_allocating(tiny_dir):

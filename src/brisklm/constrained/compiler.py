@@ -20,7 +20,11 @@ from brisklm.constrained.spec import (
     JsonSchema,
     Regex,
 )
-from brisklm.constrained.tokenizer_bridge import TokenizerLike, llg_tokenizer_for
+from brisklm.constrained.tokenizer_bridge import (
+    TokenizerLike,
+    llg_tokenizer_for,
+    usable_eos_token_ids,
+)
 
 if TYPE_CHECKING:
     from brisklm.constrained.matcher import GrammarMatcher
@@ -236,7 +240,9 @@ class GrammarCompiler:
     """Compiles constraints for one tokenizer; one compiler per tokenizer, shared by all requests.
 
     `compile` is thread-safe. Compiled grammars are kept in an LRU cache of `max_cache_size`
-    entries keyed by the constraint's key, so the same schema compiles once.
+    entries keyed by the constraint's key, so the same schema compiles once. `usable_tokens`: the
+    model's share of the vocabulary when its embedding is smaller than the tokenizer (see
+    `llg_tokenizer_for`); grammars then neither allow nor force the ids past it.
     """
 
     def __init__(
@@ -245,13 +251,14 @@ class GrammarCompiler:
         *,
         max_cache_size: int = 256,
         num_threads: int | None = None,
+        usable_tokens: int | None = None,
     ) -> None:
         if max_cache_size < 1:
             raise ValueError(f"max_cache_size must be >= 1, got {max_cache_size}")
         self.tokenizer = tokenizer
-        self.llg_tokenizer = llg_tokenizer_for(tokenizer)
+        self.llg_tokenizer = llg_tokenizer_for(tokenizer, usable_tokens)
         self.vocab_size: int = self.llg_tokenizer.vocab_size
-        self.eos_token_ids: tuple[int, ...] = tuple(tokenizer.eos_token_ids)
+        self.eos_token_ids: tuple[int, ...] = usable_eos_token_ids(tokenizer, usable_tokens)
         self.max_cache_size = max_cache_size
         # Thread pool for fill_bitmasks; None = llguidance's default (80% of CPUs, at most 32).
         self._executor = LLExecutor(num_threads)

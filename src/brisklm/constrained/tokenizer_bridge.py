@@ -37,13 +37,20 @@ class _ExactTokenize:
 
     is_tokenizer_wrapper = True  # the attribute LLTokenizer checks
 
-    def __init__(self, tokenizer: TokenizerLike, token_bytes: Sequence[bytes]) -> None:
+    def __init__(
+        self,
+        tokenizer: TokenizerLike,
+        token_bytes: Sequence[bytes],
+        eos_token_ids: Sequence[int],
+        usable_tokens: int,
+    ) -> None:
         vocab_size = tokenizer.vocab_size
         special = set(tokenizer.special_token_ids)
-        tokens = list(token_bytes[:vocab_size]) + [b""] * (vocab_size - len(token_bytes))
+        usable = min(usable_tokens, len(token_bytes), vocab_size)
+        tokens = list(token_bytes[:usable]) + [b""] * (vocab_size - usable)
         special.update(i for i, b in enumerate(tokens) if not b)  # empty ids can never be text
         self.tokens = tokens
-        self.eos_token_id = tokenizer.eos_token_ids[0]
+        self.eos_token_id = eos_token_ids[0]
         self.bos_token_id = None
         self.special_token_ids = sorted(special)
         self._encode = tokenizer.encode
@@ -102,12 +109,22 @@ class _ExactTokenize:
         return self._greedy(data)
 
 
-def llg_tokenizer_for(tokenizer: TokenizerLike) -> LLTokenizer:
+def usable_eos_token_ids(tokenizer: TokenizerLike, usable_tokens: int | None) -> tuple[int, ...]:
+    """The tokenizer's EOS ids the model can emit (below `usable_tokens`; None: all of them)."""
+    limit = tokenizer.vocab_size if usable_tokens is None else usable_tokens
+    return tuple(t for t in tokenizer.eos_token_ids if t < limit)
+
+
+def llg_tokenizer_for(tokenizer: TokenizerLike, usable_tokens: int | None = None) -> LLTokenizer:
     """The llguidance tokenizer for `tokenizer`; expensive (vocabulary-sized), so callers cache it.
 
     The token trie is built from `token_bytes()`, `special_token_ids` are special (no text can
     produce them), and forced text is tokenized with `encode` (see `_ExactTokenize`). All of
     `eos_token_ids` end a constrained output.
+
+    `usable_tokens`: how many of the ids a model can read and emit, when its embedding is smaller
+    than the tokenizer (added tokens without a resize): the ids past it spell no text here, so a
+    grammar neither allows nor forces them (a forced id would index past the embedding).
 
     llguidance can also read a tokenizer.json itself, but HF `tokenizers` reads a special token's
     text as that token (`encode("<|im_end|>")` gives its id; no setting saved in the file turns
@@ -115,8 +132,18 @@ def llg_tokenizer_for(tokenizer: TokenizerLike) -> LLTokenizer:
     was a special token where text was required. Tokenizing in Python costs ~7 us a call against
     ~3 us in Rust, once per forced run of text.
     """
+    eos_token_ids = usable_eos_token_ids(tokenizer, usable_tokens)
     if not tokenizer.eos_token_ids:
         raise ValueError("constrained decoding needs a tokenizer with at least one EOS token id")
-    return LLTokenizer(
-        _ExactTokenize(tokenizer, tokenizer.token_bytes()), eos_token=list(tokenizer.eos_token_ids)
+    if not eos_token_ids:
+        raise ValueError(
+            f"constrained decoding needs an EOS token the model can emit: the tokenizer's "
+            f"{list(tokenizer.eos_token_ids)} are past the model's vocabulary of {usable_tokens}"
+        )
+    wrapper = _ExactTokenize(
+        tokenizer,
+        tokenizer.token_bytes(),
+        eos_token_ids,
+        tokenizer.vocab_size if usable_tokens is None else usable_tokens,
     )
+    return LLTokenizer(wrapper, eos_token=list(eos_token_ids))

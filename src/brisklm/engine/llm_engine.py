@@ -198,7 +198,9 @@ class LLMEngine:
                 token_id,
                 self.num_real_tokens,
             )
-        self.structured = StructuredOutputs(tokenizer, config.max_batch_size)
+        self.structured = StructuredOutputs(
+            tokenizer, config.max_batch_size, usable_tokens=self.num_real_tokens
+        )
         self.speculator = speculator
 
     @property

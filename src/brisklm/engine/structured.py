@@ -25,8 +25,11 @@ from brisklm.tokenizer import Tokenizer
 class StructuredOutputs:
     """Owns the grammar compiler (one per tokenizer, with its cache) and the per-step token bitmask."""
 
-    def __init__(self, tokenizer: Tokenizer, max_batch_size: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, max_batch_size: int, usable_tokens: int | None = None
+    ) -> None:
         self.tokenizer = tokenizer
+        self.usable_tokens = usable_tokens  # the ids the model has (GrammarCompiler)
         self.max_batch_size = max_batch_size
         self._compiler: GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
@@ -37,7 +40,7 @@ class StructuredOutputs:
     def compiler(self) -> GrammarCompiler:
         with self._compiler_lock:
             if self._compiler is None:
-                self._compiler = GrammarCompiler(self.tokenizer)
+                self._compiler = GrammarCompiler(self.tokenizer, usable_tokens=self.usable_tokens)
             return self._compiler
 
     def matcher_for(self, params: SamplingParams) -> GrammarMatcher | None:
