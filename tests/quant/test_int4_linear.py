@@ -237,6 +237,50 @@ def test_bad_arguments() -> None:
         GPTQLinear(64, 16).prepare("cpu", backend="cuda_int4pack")
 
 
+def test_auto_on_cuda_takes_the_first_backend_whose_probe_passes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Triton installed but unable to build or launch its kernel (no compiler for its launcher,
+    # bfloat16 products before Ampere) failed every int4 forward: "auto" took it untried.
+    from brisklm.quant import int4_linear
+
+    monkeypatch.setattr(int4_linear, "_PROBED", {})
+    monkeypatch.setattr(int4_linear.triton_int4, "triton_available", lambda: True)
+    probed = []
+
+    def probe(backend: str, device: torch.device, compute_dtype: torch.dtype | None) -> None:
+        probed.append(backend)
+        if backend == "triton":
+            raise RuntimeError("PTX .bf16 requires sm_80\nmore")
+
+    monkeypatch.setattr(int4_linear, "_probe_backend", probe)
+    cuda = torch.device("cuda", 0)
+    with caplog.at_level(logging.WARNING, logger="brisklm.quant.int4_linear"):
+        assert int4_linear._select_backend("auto", cuda) == "cuda_int4pack"
+        assert int4_linear._select_backend("auto", cuda) == "cuda_int4pack"  # probed once
+    assert probed == ["triton", "cuda_int4pack"]
+    assert "backend 'triton' does not work on cuda:0 (RuntimeError: PTX .bf16 requires sm_80)" in (
+        caplog.text
+    )
+    # An explicit backend is taken as asked (its errors are the caller's to see).
+    assert int4_linear._select_backend("triton", cuda) == "triton"
+
+
+def test_backend_probes_fail_where_a_kernel_cannot_run_and_pass_where_it_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from brisklm.quant import int4_linear
+
+    monkeypatch.setattr(int4_linear, "_PROBED", {})
+    cpu = torch.device("cpu")
+    # Neither CUDA kernel runs on a CPU device: the dense layer is what is left.
+    assert int4_linear._working_backend(("triton", "cuda_int4pack"), cpu, None) == "dense"
+    for backend in ("cpu", "dense"):
+        for compute_dtype in (None, torch.float32):
+            int4_linear._probe_backend(backend, cpu, compute_dtype)  # raises if it fails
+    assert int4_linear._working_backend(("cpu",), cpu, torch.float32) == "cpu"
+
+
 # ---------------------------------------------------------------- CUDA (skipped without a GPU)
 
 

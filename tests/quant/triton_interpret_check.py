@@ -82,6 +82,19 @@ def main() -> None:
         y = layer(x)
         assert y.shape == (2, 3, num_out) and y.dtype == torch.bfloat16
         check(f"GPTQLinear triton {idx}", y.reshape(6, -1), x.reshape(6, -1), weight, 2.0**-7, bias)
+        # compute_dtype=float32 (int4_compute_dtype="float32"): exact products whatever the
+        # activations' dtype (it was ignored: half-precision activations rounded the weight).
+        exact = GPTQLinear.from_gptq_tensors(
+            *t, checkpoint_format=fmt, backend="triton", compute_dtype=torch.float32
+        )
+        assert exact.compute_dtype == torch.float32
+        x = torch.randn(5, num_in, generator=gen).half()
+        want = int4_matmul(x.float(), tw).half()  # the kernel's float32 path
+        assert not torch.equal(int4_matmul(x, tw), want)  # the half path rounds otherwise
+        assert torch.equal(exact(x), want), (
+            f"float32 compute {idx}: {(exact(x) - want).abs().max()}"
+        )
+        check(f"GPTQLinear triton float32 {idx}", exact(x), x, weight, 2.0**-10)
     # A strided (non-contiguous) activation view.
     t = random_gptq(128, 32, 32, act_order=True, seed=9)
     layout = kernel_layout(*t)
@@ -90,6 +103,11 @@ def main() -> None:
     )
     x = torch.randn(256, 5, generator=gen).t()[:, :128]
     check("strided x", int4_matmul(x, tw), x, dequantize_gptq(*t), REL[torch.float32])
+    # The probe that "auto" runs before choosing triton on CUDA passes where the kernel works.
+    from brisklm.quant import int4_linear
+
+    for compute_dtype in (None, torch.float32, torch.float16):
+        int4_linear._probe_backend("triton", torch.device("cpu"), compute_dtype)
     print("all triton interpreter checks passed")
 
 

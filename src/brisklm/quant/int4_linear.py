@@ -5,6 +5,8 @@ Kernels (backend names):
   "triton"         our fused Triton kernel (CUDA; triton_int4.py)
   "cuda_int4pack"  torch's _weight_int4pack_mm (CUDA, bf16): the baseline, and the fallback without triton
   "dense"          dequantized weight + F.linear: any device, any shape (the fallback of last resort)
+"auto" takes "cpu" on CPU; on CUDA the first of triton, cuda_int4pack and dense whose probe (one
+small checked product, once per device and compute dtype) passes, warning of each that fails.
 
 Act-order: the kernel columns are the input columns sorted by group (argsort of g_idx); the
 activations are permuted the same way at run time. The torch kernels take groups of 32..256 columns:
@@ -90,14 +92,70 @@ def kernel_layout(
     return None
 
 
-def _select_backend(requested: str, device: torch.device) -> str:
+# (device, compute dtype) -> the first CUDA backend whose probe passed (see _working_backend).
+_PROBED: dict[tuple[str, torch.dtype | None], str] = {}
+
+
+def _probe_backend(backend: str, device: torch.device, compute_dtype: torch.dtype | None) -> None:
+    """One small product through `backend` on `device`, checked against the dequantized weight;
+    raises (any exception) where the kernel cannot build, launch or compute it right."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 128, generator=generator)
+    layer = GPTQLinear.from_float(
+        weight,
+        group_size=32,
+        device=device,
+        backend=backend,
+        compute_dtype=compute_dtype,
+        keep_gptq_tensors=True,
+    )
+    x = torch.randn(3, 128, generator=generator).to(device, compute_dtype or torch.bfloat16)
+    got = layer(x).float()
+    want = F.linear(x.float(), layer.dequantize())
+    error = (got - want).abs().max().item()
+    if not error <= 0.05 * want.abs().max().item():  # NaN fails too
+        raise RuntimeError(f"its product differs from the dequantized weight's by {error:.3g}")
+
+
+def _working_backend(
+    candidates: tuple[str, ...], device: torch.device, compute_dtype: torch.dtype | None
+) -> str:
+    """The first of `candidates` whose probe passes on `device` ("dense" when none does), probed
+    once per device and compute dtype: triton may be installed yet unable to build or launch its
+    kernel (no compiler for its launcher; bfloat16 products before Ampere), and torch's int4 CUDA
+    kernel needs Ampere too."""
+    key = (str(device), compute_dtype)
+    if key not in _PROBED:
+        chosen = "dense"
+        for backend in candidates:
+            try:
+                _probe_backend(backend, device, compute_dtype)
+            except Exception as error:  # a kernel that cannot run on this device: try the next
+                logger.warning(
+                    "GPTQ int4 backend %r does not work on %s (%s: %s); trying the next",
+                    backend,
+                    device,
+                    type(error).__name__,
+                    str(error).splitlines()[0][:200] if str(error) else "",
+                )
+                continue
+            chosen = backend
+            break
+        _PROBED[key] = chosen
+    return _PROBED[key]
+
+
+def _select_backend(
+    requested: str, device: torch.device, compute_dtype: torch.dtype | None = None
+) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     if requested == "auto":
         if device.type == "cpu":
             return "cpu"
         if device.type == "cuda":
-            return "triton" if triton_int4.triton_available() else "cuda_int4pack"
+            candidates = ("triton",) if triton_int4.triton_available() else ()
+            return _working_backend((*candidates, "cuda_int4pack"), device, compute_dtype)
         return "dense"
     if requested == "cpu" and device.type != "cpu":
         raise ValueError(f"backend 'cpu' needs a CPU device, got {device}")
@@ -264,7 +322,8 @@ class GPTQLinear(nn.Module):
         compute_dtype: what the kernel computes in. "cpu" and "cuda_int4pack" default to bfloat16
         (the CPU kernel is ~50x slower in fp32/fp16; the CUDA one only takes bf16); "cpu" also takes
         float32/float16, exact but slow (tests use float32 to check the layout exactly). "triton"
-        computes in the activations' dtype; "dense" defaults to bfloat16.
+        computes in the activations' dtype unless given one (float32: exact products); "dense"
+        defaults to bfloat16.
         """
         if self.backend is not None:
             raise RuntimeError("GPTQLinear.prepare was already called")
@@ -273,7 +332,7 @@ class GPTQLinear(nn.Module):
                 "GPTQLinear: load the GPTQ tensors (they are on the meta device) before prepare"
             )
         device = torch.device(device) if device is not None else self.qweight.device
-        chosen = _select_backend(backend, device)
+        chosen = _select_backend(backend, device, compute_dtype)
         for name in (*_GPTQ_BUFFERS, "bias"):
             tensor = getattr(self, name)
             if tensor is not None:
@@ -299,7 +358,7 @@ class GPTQLinear(nn.Module):
         elif chosen == "cuda_int4pack":
             self._prepare_cuda_int4pack(layout, compute_dtype or torch.bfloat16)
         elif chosen == "triton":
-            self._prepare_triton(layout)
+            self._prepare_triton(layout, compute_dtype)
         else:
             self._prepare_dense(compute_dtype or torch.bfloat16)
         use_perm = layout is not None and layout.perm is not None and chosen != "dense"
@@ -372,7 +431,7 @@ class GPTQLinear(nn.Module):
         self.kernel_group_size = layout.group_size
         self.compute_dtype = dtype
 
-    def _prepare_triton(self, layout: KernelLayout) -> None:
+    def _prepare_triton(self, layout: KernelLayout, dtype: torch.dtype | None) -> None:
         # The kernel reads scales as stored (fp16 in checkpoints): no precision lost at load.
         scales = layout.scales.to(self.scales.dtype)
         weight = triton_int4.make_triton_weight(
@@ -380,7 +439,7 @@ class GPTQLinear(nn.Module):
         )
         self._triton_weight = weight
         self.kernel_group_size = layout.group_size
-        self.compute_dtype = None  # the activations' dtype
+        self.compute_dtype = dtype  # None: the activations' dtype
 
     def _prepare_dense(self, dtype: torch.dtype) -> None:
         weight = dequantize_gptq(
@@ -429,11 +488,13 @@ class GPTQLinear(nn.Module):
             else:
                 y = F.linear(rows.to(self.compute_dtype), self._dense_weight)
         elif self.backend == "triton":
-            xk = (
-                rows
-                if rows.dtype in (torch.float16, torch.bfloat16, torch.float32)
-                else rows.float()
-            )
+            # The kernel computes in its input's dtype (float32: exact products of the weight).
+            if self.compute_dtype is not None:
+                xk = rows.to(self.compute_dtype)
+            elif rows.dtype in (torch.float16, torch.bfloat16, torch.float32):
+                xk = rows
+            else:
+                xk = rows.float()
             y = triton_int4.int4_matmul(xk, self._triton_weight)
         else:
             xk = rows.to(self.compute_dtype)
