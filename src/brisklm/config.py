@@ -87,8 +87,10 @@ class RopeConfig:
         rope_parameters = raw.get("rope_parameters")
         if not isinstance(rope_parameters, dict):
             rope_parameters = {}
-        # As transformers 5 reads them: a rope_scaling block replaces rope_parameters whole (model
-        # cards tell users to add one for long context to a config that has rope_parameters).
+        # A rope_scaling block replaces rope_parameters whole (model cards tell users to add one
+        # for long context to a config that has rope_parameters), as transformers 5 reads them,
+        # but for rope_theta: taken from rope_parameters if the block has none (transformers 5.25
+        # falls back to 10000 there; the model was trained with its own theta).
         params: dict[str, Any] = {
             k: v
             for k, v in (
@@ -273,6 +275,8 @@ class ModelConfig:
         windows = _sliding_windows(raw, family, num_layers)
         if family == "qwen2":
             qkv_bias, o_bias, mlp_bias = True, False, False
+        elif family == "mistral":  # transformers' Mistral layers have no biases, whatever it says
+            qkv_bias = o_bias = mlp_bias = False
         else:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
