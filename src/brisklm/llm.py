@@ -340,6 +340,7 @@ class LLM:
         prefill_chunk_size: int | None = None,
         max_prefill_tokens: int = 8192,
         cuda_graphs: bool = True,
+        prefix_caching: bool = True,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -375,7 +376,13 @@ class LLM:
         all requests together per pass (at least one chunk runs). ``cuda_graphs``: on CUDA, decode
         steps (one token per request, no seeded request in the batch) replay CUDA graphs captured
         per batch size and key-length bucket, one launch a step instead of hundreds (the draft
-        model's too); False runs every pass eagerly. No effect on CPU.
+        model's too); False runs every pass eagerly. No effect on CPU. ``prefix_caching``: a
+        finished request's keys and values stay in its cache slot, and a request whose prompt
+        starts with the same tokens (a chat's system prompt and tools) takes that slot and computes
+        only the rest (``usage.cached_prompt_tokens`` counts what it reused); the output is the
+        same either way through the native CPU pass (float models on CPU), which reuses any shared
+        prefix; other paths reuse whole prompt chunks, and their batches (without a seeded
+        request) round each row by what shares its pass, which prefix caching changes.
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -390,6 +397,7 @@ class LLM:
             attention_backend=attention_backend,
             prefill_chunk_size=prefill_chunk_size,
             cuda_graphs=cuda_graphs,
+            prefix_caching=prefix_caching,
         )
         device_ = resolve_device(device)
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads

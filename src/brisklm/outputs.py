@@ -39,6 +39,9 @@ class TokenLogprob:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # Of prompt_tokens, those whose keys and values an earlier request left in the cache (prefix
+    # caching), so this request did not compute them: OpenAI's prompt_tokens_details.cached_tokens.
+    cached_prompt_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -16,7 +16,7 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.output_parsers.base import OutputParserLike
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -136,11 +136,14 @@ def _response_format_schema(response_format: dict[str, Any]) -> Any:
 
 
 def _usage_metadata(usage: Usage) -> UsageMetadata:
-    return UsageMetadata(
+    metadata = UsageMetadata(
         input_tokens=usage.prompt_tokens,
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
     )
+    if usage.cached_prompt_tokens:  # prompt tokens an earlier request's cache served
+        metadata["input_token_details"] = InputTokenDetails(cache_read=usage.cached_prompt_tokens)
+    return metadata
 
 
 class ChatBrisk(BriskSettings, BaseChatModel):

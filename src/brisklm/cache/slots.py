@@ -24,6 +24,16 @@ class SlotAllocator:
             raise RuntimeError("no free KV cache slot")
         return heapq.heappop(self._free)
 
+    def free_slots(self) -> list[int]:
+        return sorted(self._free)
+
+    def take(self, slot: int) -> None:
+        """Allocate a given free slot (one a PrefixCache chose)."""
+        if slot not in self._free:
+            raise ValueError(f"slot {slot} is not free")
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+
     def free(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots or slot in self._free:
             raise ValueError(f"slot {slot} is not allocated")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
+from brisklm.cache.prefix_cache import PrefixCache
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_stepwise
 from brisklm.engine.request import Request
@@ -62,7 +63,11 @@ class EngineConfig:
     carries every decoding request's next token. ``max_prefill_tokens``: the most prompt tokens
     of all requests together per pass (at least one chunk always runs). ``cuda_graphs``: on CUDA,
     replay plain decode passes from CUDA graphs (``brisklm.engine.decode_graphs``); no effect on
-    CPU.
+    CPU. ``prefix_caching``: a finished request's keys and values stay in its slot, and a request
+    whose prompt starts with the same tokens takes that slot and computes only the rest
+    (``brisklm.cache.prefix_cache``): any shared prefix through the native CPU pass, else whole
+    prompt chunks, so that the output is the same as without it; off for dynamic NTK rope past
+    the trained context, whose keys depend on the sequence's length.
     """
 
     max_batch_size: int = 8
@@ -71,6 +76,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     prefill_chunk_size: int | None = None
     cuda_graphs: bool = True
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)
@@ -81,6 +87,8 @@ class EngineConfig:
             _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, " or None (by device)")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
@@ -182,10 +190,21 @@ class LLMEngine:
                     self.prefill_chunk_size,
                 )
             self.prefill_chunk_size = self.max_seq_len
+        self.prefix_cache = (
+            PrefixCache(
+                1
+                if self.runner.computes_rows_alike(self.prefill_chunk_size)
+                else self.prefill_chunk_size
+            )
+            if config.prefix_caching and not model.rotary.rotates_by_length(self.max_seq_len)
+            else None
+        )
         self.scheduler = Scheduler(
             config.max_batch_size,
             config.max_prefill_tokens,
             self.prefill_chunk_size,
+            prefix_cache=self.prefix_cache,
+            claim_slot=self.runner.keep_slot_prefix if self.prefix_cache is not None else None,
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -224,7 +243,22 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.release(request)
         self.scheduler.finish(request)
-        if slot is not None:  # the engine thread's own next step is the first to take it again
+        if slot is None:
+            return
+        # The engine thread's own next step is the first to take the slot again.
+        if self.prefix_cache is not None and request.finish_reason != "error":
+            # Keys and values of the tokens fed so far stay for a request that starts alike; where
+            # a pass computes tokens alike only in the same prompt chunks, only the prompt's (the
+            # output's came from decode steps, rounded otherwise than a prompt chunk would).
+            fed = self.runner.positions_computed_alike(slot, request.num_cached)
+            if self.prefix_cache.granularity > 1:
+                fed = min(fed, request.num_prompt_tokens)
+            cached = (request.prompt_token_ids + request.output_token_ids)[:fed]
+            self.prefix_cache.retain(slot, cached)
+            self.runner.keep_slot_prefix(slot, len(cached))
+        else:
+            if self.prefix_cache is not None:
+                self.prefix_cache.forget(slot)
             self.runner.clear_slot(slot)
 
     def step(self) -> list[StepResult]:

@@ -82,6 +82,9 @@ class ModelRunner:
         )
         # Per slot, how many leading positions passes have written since the slot was cleared.
         self._written: dict[int, int] = {}
+        # Per slot, the first position a row longer than the native pass takes wrote (through
+        # torch's ops, which round otherwise): prefix caching reuses no key from there on.
+        self._torch_written_from: dict[int, int] = {}
         self.backend: AttentionBackend = select_backend(
             attention_backend,
             self.device,
@@ -105,6 +108,18 @@ class ModelRunner:
             and DecodeGraphs.supported(model, max_seq_len)
         ):
             self.graphs = DecodeGraphs(model, self.kv_cache, num_slots, max_seq_len)
+
+    def positions_computed_alike(self, slot: int, length: int) -> int:
+        """Of a slot's first ``length`` positions, how many lead up to the first a row longer
+        than the native pass wrote (a grammar's long forced run): those before it are each
+        token's keys and values as any native pass computes them (``computes_rows_alike``)."""
+        return min(length, self._torch_written_from.get(slot, length))
+
+    def computes_rows_alike(self, max_row_len: int) -> bool:
+        """Whether every row of up to ``max_row_len`` tokens gets each token's keys, values and
+        logits bit for bit as in any other pass, whatever its offset and batch (the native pass:
+        it computes each token alike in any call)."""
+        return self.native is not None and max_row_len <= MAX_QUERY_LEN
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -155,6 +170,10 @@ class ModelRunner:
         """Note how far the pass writes each row's slot (what ``clear_slot`` zeroes)."""
         for slot, start, length in zip(batch.slots, batch.start_positions, query_lens):
             self._written[slot] = max(self._written.get(slot, 0), start + length)
+            if self.native is not None and length > MAX_QUERY_LEN:
+                self._torch_written_from[slot] = min(
+                    self._torch_written_from.get(slot, start), start
+                )
 
     def clear_slot(self, slot: int) -> None:
         """Zero what passes wrote to a slot's keys and values, when the sequence in it is done.
@@ -163,10 +182,25 @@ class ModelRunner:
         every row up to the longest and masks the rest; a masked position weighs 0, but 0 times
         an infinite or NaN value left by the slot's previous sequence (a float16 cache that
         overflowed) is NaN, which would spoil an unrelated request's output."""
+        self.keep_slot_prefix(slot, 0)
+
+    def keep_slot_prefix(self, slot: int, length: int, source: int | None = None) -> None:
+        """Keep a slot's first ``length`` positions for a new sequence that starts with the same
+        tokens (prefix caching) and zero the rest its previous sequence wrote (see
+        ``clear_slot``). With a ``source`` slot, its first ``length`` positions are copied in
+        first (the slot's own sequence is dropped)."""
+        self._torch_written_from.pop(slot, None)  # a retained prefix ends before it
+        if source is not None:
+            self.keep_slot_prefix(slot, 0)
+            self.kv_cache.copy_slot(source, slot, length)
+            self._written[slot] = length
+            return
         written = self._written.pop(slot, 0)
-        if written:
-            self.kv_cache.keys[:, slot, :, :written].zero_()
-            self.kv_cache.values[:, slot, :, :written].zero_()
+        if written > length:
+            self.kv_cache.keys[:, slot, :, length:written].zero_()
+            self.kv_cache.values[:, slot, :, length:written].zero_()
+        if length:
+            self._written[slot] = min(written, length)
 
     def forward_greedy(
         self, batch: ForwardBatch, columns: int

@@ -50,6 +50,8 @@ class Request:
     slot: int | None = None
     # Tokens (prompt + output) whose keys/values are in the KV cache.
     num_cached: int = 0
+    # Prompt tokens whose keys/values a previous request left in the slot (prefix caching).
+    num_cached_prompt_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
@@ -208,7 +210,9 @@ class Request:
     @property
     def usage(self) -> Usage:
         return Usage(
-            prompt_tokens=self.num_prompt_tokens, completion_tokens=len(self.output_token_ids)
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=len(self.output_token_ids),
+            cached_prompt_tokens=self.num_cached_prompt_tokens,
         )
 
     @property

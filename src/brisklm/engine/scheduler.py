@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from brisklm.cache.prefix_cache import PrefixCache
 from brisklm.cache.slots import SlotAllocator
 from brisklm.engine.request import Request, RequestStatus
 
@@ -44,6 +46,11 @@ class Scheduler:
     therefore delays the requests decoding beside it by one chunk's compute per token, not by its
     whole prefill. Rows of different lengths in one pass are packed, not padded (see
     ``AttentionMetadata.split_single_token_rows`` for attention).
+
+    With a ``prefix_cache``, a request takes the free slot whose retained tokens share the longest
+    prefix with its prompt and starts past them; ``claim_slot(slot, length, source)`` is called
+    then, to keep the slot's first ``length`` positions (copied from slot ``source`` first unless
+    it is None) and clear the rest.
     """
 
     def __init__(
@@ -51,7 +58,13 @@ class Scheduler:
         num_slots: int,
         max_prefill_tokens: int,
         prefill_chunk_size: int,
+        prefix_cache: PrefixCache | None = None,
+        claim_slot: Callable[[int, int, int | None], None] | None = None,
     ) -> None:
+        if (prefix_cache is None) != (claim_slot is None):
+            raise ValueError("a prefix cache needs claim_slot, and claim_slot a prefix cache")
+        self.prefix_cache = prefix_cache
+        self._claim_slot = claim_slot
         self.slots = SlotAllocator(num_slots)
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_chunk_size = prefill_chunk_size
@@ -71,7 +84,7 @@ class Scheduler:
         admitted = False
         while self.waiting and self.slots.num_free:
             request = self.waiting.popleft()
-            request.slot = self.slots.allocate()
+            self._admit(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.prefilling.append(request)
@@ -91,6 +104,18 @@ class Scheduler:
             budget -= size
         requests = [r for r in self.running if id(r) in chunks or not r.is_prefilling]
         return ScheduledBatch(requests, [chunks.get(id(r), 0) for r in requests])
+
+    def _admit(self, request: Request) -> None:
+        if self.prefix_cache is None or self._claim_slot is None:
+            request.slot = self.slots.allocate()
+            return
+        slot, reused, source = self.prefix_cache.choose(
+            request.prompt_token_ids, self.slots.free_slots()
+        )
+        self.slots.take(slot)
+        self._claim_slot(slot, reused, source)
+        request.slot = slot
+        request.num_cached = request.num_cached_prompt_tokens = reused
 
     def finish(self, request: Request) -> None:
         """Release a finished or aborted request's slot (whether it was waiting or running)."""

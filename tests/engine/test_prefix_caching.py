@@ -1,0 +1,230 @@
+"""Prefix caching: a finished request's keys and values serve a later prompt that starts alike,
+and the outputs are those of an engine that computes every prompt whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from brisklm import LLM, SamplingParams
+from brisklm.cache.prefix_cache import MIN_REUSE, PrefixCache, common_prefix_length
+from brisklm.engine.llm_engine import EngineConfig
+from brisklm.quant import QuantizeOptions, quantize_model
+from tests.tiny import make_tiny_checkpoint
+
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+SYSTEM = (
+    "You are a helpful assistant. The quick brown fox jumps over the lazy dog in São Paulo, "
+    "and the cities of the world answer in kind. "
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, logprobs=2)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=12, logprobs=1)
+
+
+def test_common_prefix_length() -> None:
+    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([5], [1]) == 0
+
+
+def test_a_request_takes_the_slot_sharing_its_longest_prefix() -> None:
+    cache = PrefixCache()
+    shared = list(range(100, 100 + MIN_REUSE + 4))
+    cache.retain(0, [*shared, 1, 2])
+    cache.retain(1, [*shared[:-2], 9])
+    # Slot 0 holds more than the shared prefix: the prefix is copied to the empty slot 2.
+    assert cache.choose([*shared, 7], [0, 1, 2]) == (2, len(shared), 0)
+    assert cache.cached_tokens(0) == [*shared, 1, 2]
+    # With no empty slot, the request takes slot 0 itself.
+    assert cache.choose([*shared, 7], [0, 1]) == (0, len(shared), None)
+    assert cache.cached_tokens(0) == []  # taken: what it held is the new request's to overwrite
+    # A prompt the slot holds whole still computes its last token (its logits start the output),
+    # and a slot holding just the shared prefix is taken, not copied.
+    cache.retain(0, shared)
+    assert cache.choose(shared, [0, 1, 2]) == (0, len(shared) - 1, None)
+    cache.retain(0, shared)
+    assert cache.choose([*shared, 3], [0, 1, 2]) == (0, len(shared), None)
+
+
+def test_a_short_match_takes_an_empty_slot_and_a_full_cache_gives_up_its_oldest() -> None:
+    cache = PrefixCache()
+    cache.retain(0, [1, 2, 3, 4])
+    cache.retain(1, [5, 6])
+    # Three shared tokens are not worth another prompt's slot while slot 2 is empty.
+    assert cache.choose([1, 2, 3, 9], [0, 1, 2]) == (2, 0, None)
+    # No empty slot: any reuse beats none, and with none the slot retained longest ago goes.
+    assert cache.choose([1, 2, 3, 9], [0, 1]) == (0, 3, None)
+    cache.retain(0, [7, 8])
+    assert cache.choose([3, 3], [0, 1]) == (1, 0, None)
+    assert cache.cached_tokens(1) == [] and cache.cached_tokens(0) == [7, 8]
+    with pytest.raises(ValueError, match="no free slot"):
+        cache.choose([1], [])
+
+
+def test_prefix_caching_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="prefix_caching must be True or False, got 'yes'"):
+        EngineConfig(prefix_caching="yes")  # type: ignore[arg-type]
+
+
+def _run(llm: LLM) -> list:
+    prompts = [
+        SYSTEM + "Tell me about the dog.",
+        SYSTEM + "Tell me about the fox and the cities.",
+        SYSTEM + "Tell me about the dog.",  # the same prompt again
+        SYSTEM[:30] + " something else entirely",  # a short shared start
+        SYSTEM + "Tell me about the dog. And then more about the lazy fox, please.",
+    ]
+    outputs = []
+    for prompt in prompts:  # one at a time: each finds the previous ones' slots
+        for params in (GREEDY, SEEDED):
+            outputs.append(llm.generate(prompt, params))
+    # The previous output continued: its whole sequence (prompt and output) is in a slot.
+    last = outputs[-1]
+    outputs.append(llm.generate(last.prompt_token_ids + last.token_ids + [5], GREEDY))
+    # A batch of three admitted together, beside each other's prefixes, and a constrained one.
+    outputs += llm.generate(
+        [SYSTEM + "Who are you?", SYSTEM + "Where is São Paulo?", SYSTEM + "Why?"],
+        [
+            GREEDY,
+            SEEDED,
+            SamplingParams(temperature=0.0, max_tokens=30, regex="(yes|no), [a-z ]{3,12}"),
+        ],
+    )
+    return outputs
+
+
+def _same(cached: list, plain: list) -> None:
+    for a, b in zip(cached, plain, strict=True):
+        assert a.token_ids == b.token_ids and a.text == b.text
+        assert a.finish_reason == b.finish_reason
+        assert a.logprobs == b.logprobs
+        assert a.usage.prompt_tokens == b.usage.prompt_tokens
+        assert b.usage.cached_prompt_tokens == 0
+
+
+def _with_and_without(directory, run, **options) -> dict[bool, list]:
+    """``run(llm)``'s outputs on an engine with prefix caching (True) and one without (False),
+    checked equal."""
+    outputs = {}
+    for prefix_caching in (True, False):
+        with LLM.from_pretrained(
+            directory, show_progress=False, prefix_caching=prefix_caching, **options
+        ) as llm:
+            outputs[prefix_caching] = run(llm)
+    _same(outputs[True], outputs[False])
+    return outputs
+
+
+def _check(directory, granularity: int = 1, **options) -> None:
+    def run(llm: LLM) -> list:
+        if llm.engine.prefix_cache is not None:
+            assert llm.engine.prefix_cache.granularity == granularity
+        return _run(llm)
+
+    outputs = _with_and_without(directory, run, max_batch_size=3, max_seq_len=256, **options)
+    out = outputs[True]
+    reused = [o.usage.cached_prompt_tokens for o in out]
+
+    def cut(n: int) -> int:
+        return n // granularity * granularity
+
+    assert reused[0] == 0 and reused[2] > 20, reused  # the system prompt
+    # The same prompt again: all but its last token (whose logits give the first output).
+    for index in (1, 3, 4, 5, 9):
+        assert reused[index] == cut(len(out[index].prompt_token_ids) - 1), (index, reused)
+    # A continued sequence: its prompt and output but the last token (never fed) are reused
+    # through the native pass; elsewhere the prompt's whole chunks (decode steps compute the
+    # output's keys otherwise than prompt chunks).
+    previous = len(out[9].prompt_token_ids)
+    if granularity == 1:
+        assert reused[10] == previous + len(out[9].token_ids) - 1, reused
+    else:
+        assert reused[10] == cut(previous), reused
+    # The batch: two slots hold the system prompt, the third only the short shared start.
+    assert min(reused[11:13]) > 20 and reused[13] > 0, reused
+
+
+@pytest.fixture(scope="module")
+def float_dir(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("prefix-llama"), **SHAPE)
+
+
+def test_outputs_with_prefix_caching_are_those_without(float_dir, kernels) -> None:
+    # The native pass reuses any prefix (a reused prefix ends inside a chunk of 8); torch's ops
+    # whole chunks.
+    _check(float_dir, 1 if kernels == "native" else 8, prefill_chunk_size=8)
+
+
+def test_a_sliding_window_model_reuses_prefixes_longer_than_its_window(tmp_path) -> None:
+    directory = make_tiny_checkpoint(tmp_path / "mistral", family="mistral", sliding_window=8)
+    _check(directory)
+
+
+def test_an_int4_model_and_a_draft_reuse_prefixes_with_the_same_output(float_dir, tmp_path) -> None:
+    gptq = tmp_path / "gptq"
+    quantize_model(
+        float_dir, gptq, QuantizeOptions(method="rtn", group_size=32), show_progress=False
+    )
+    _check(gptq, 8, prefill_chunk_size=8)
+    _check(float_dir, draft=float_dir)
+    _check(gptq, 16, draft="ngram", prefill_chunk_size=16)
+
+
+def test_keys_a_long_forced_run_wrote_through_torchs_ops_are_not_reused(
+    float_dir, monkeypatch
+) -> None:
+    # A grammar's forced run is fed as one row; one longer than the native pass takes runs through
+    # torch's ops, which round otherwise: its keys were reused, and the next request's logprobs
+    # moved (the native pass gave 512 tokens; 16 here).
+    from brisklm.engine import model_runner
+
+    monkeypatch.setattr(model_runner, "MAX_QUERY_LEN", 16)
+    literal = "the quick brown fox jumps over the lazy dog " * 3
+    forced = SamplingParams(temperature=0.0, max_tokens=80, regex="Yes: " + literal + "(ok|no)")
+
+    def run(llm: LLM) -> list:
+        first = llm.generate("Question: say it.", forced)
+        assert len(first.token_ids) > 20
+        return [first, llm.generate(first.prompt_token_ids + first.token_ids + [5], GREEDY)]
+
+    outputs = _with_and_without(float_dir, run, max_batch_size=2, prefill_chunk_size=8)
+    first = outputs[True][0]
+    # Reused: the prompt and the output up to the forced run (its first token or two are sampled).
+    reused = outputs[True][1].usage.cached_prompt_tokens
+    assert len(first.prompt_token_ids) <= reused < len(first.prompt_token_ids) + 4
+
+
+def test_a_failed_request_leaves_nothing_to_reuse(float_dir, monkeypatch) -> None:
+    with LLM.from_pretrained(float_dir, max_batch_size=2, show_progress=False) as llm:
+        first = llm.generate(SYSTEM + "one", GREEDY)
+        engine = llm.engine
+        retained = [s for s in range(2) if engine.prefix_cache.cached_tokens(s)]
+        assert len(retained) == 1
+        real = engine._run
+
+        def fail(batch):
+            raise RuntimeError("the pass failed")
+
+        monkeypatch.setattr(engine, "_run", fail)
+        with pytest.raises(RuntimeError, match="the pass failed"):
+            llm.generate(SYSTEM + "two", GREEDY)
+        monkeypatch.setattr(engine, "_run", real)
+        # The failed request had the prefix copied into the other slot: that slot is cleared.
+        (other,) = set(range(2)) - set(retained)
+        assert engine.prefix_cache.cached_tokens(other) == []
+        assert not engine.runner.kv_cache.keys[:, other].any()
+        assert [s for s in range(2) if engine.prefix_cache.cached_tokens(s)] == retained
+        again = llm.generate(SYSTEM + "one", GREEDY)
+        assert again.token_ids == first.token_ids and again.usage.cached_prompt_tokens > 20
+
+
+def test_dynamic_rope_past_the_trained_context_does_not_cache_prefixes(tmp_path) -> None:
+    directory = make_tiny_checkpoint(
+        tmp_path / "dynamic",
+        max_position_embeddings=64,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+    with LLM.from_pretrained(directory, max_seq_len=128, show_progress=False) as llm:
+        assert llm.engine.prefix_cache is None
+    with LLM.from_pretrained(directory, max_seq_len=64, show_progress=False) as llm:
+        assert llm.engine.prefix_cache is not None
