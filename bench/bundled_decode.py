@@ -70,7 +70,12 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, options in loads.items():
                 llm = LLM.from_pretrained(
-                    directory, max_batch_size=8, max_seq_len=1024, show_progress=False, **options
+                    directory,
+                    max_batch_size=8,
+                    max_seq_len=1024,
+                    show_progress=False,
+                    prefix_caching=False,  # repeated prompts: time their compute
+                    **options,
                 )
                 try:
                     measure_all(name, lambda p, n, llm=llm: time_brisk(llm, p, n))

@@ -99,7 +99,13 @@ def main() -> None:
             tmp = tempfile.TemporaryDirectory()
             model_dir = Path(tmp.name)
             write_checkpoint(model_dir, "125m", torch.float32)
-    llm = LLM.from_pretrained(model_dir, max_batch_size=8, max_seq_len=512, show_progress=False)
+    llm = LLM.from_pretrained(
+        model_dir,
+        max_batch_size=8,
+        max_seq_len=512,
+        show_progress=False,
+        prefix_caching=False,  # repeated prompts: time their compute
+    )
 
     start = time.perf_counter()
     GrammarCompiler(llm.tokenizer).compile(JsonSchema(SCHEMA))

@@ -163,6 +163,7 @@ def main() -> None:
             max_seq_len=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8,
             show_progress=False,
             cuda_graphs=not args.no_cuda_graphs,
+            prefix_caching=False,  # repeated prompts: time their compute, as transformers'
         )
         step_bytes = decode_weight_bytes(llm.engine.model)
         sample_bandwidth(step_bytes)

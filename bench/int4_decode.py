@@ -152,6 +152,7 @@ def main() -> None:
                 max_batch_size=max(args.batch_sizes),
                 max_seq_len=max_seq_len,
                 show_progress=False,
+                prefix_caching=False,  # repeated prompts: time their compute
             )
             memory[name] = weight_bytes(llm.engine.model)
             if name == "float32":

@@ -166,6 +166,7 @@ def brisklm_steps(directory: Path, args: argparse.Namespace, prompt: list[list[i
         max_batch_size=8,
         max_seq_len=len(prompt[0]) + args.new_tokens + 8,
         show_progress=False,
+        prefix_caching=False,  # repeated prompts: time their compute
     )
     runner = llm.engine.runner
     graphs = runner.graphs

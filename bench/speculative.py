@@ -150,7 +150,12 @@ def main() -> None:
 
     def load(**kwargs):
         return LLM.from_pretrained(
-            args.model, max_batch_size=1, max_seq_len=1024, show_progress=False, **kwargs
+            args.model,
+            max_batch_size=1,
+            max_seq_len=1024,
+            show_progress=False,
+            prefix_caching=False,  # repeated prompts: time their compute
+            **kwargs,
         )
 
     def chat_ids(llm) -> list[list[int]]:
