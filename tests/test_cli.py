@@ -146,6 +146,12 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
         # An option typed before the subcommand is no subcommand's: brisklm's own help.
         (["--bogus", "generate", "hi"], "arguments: --bogus (see: brisklm --help)"),
         (["--bogus", "generate", "hi", "--more"], "(see: brisklm generate --help)"),
+        # The subcommand's own option typed before it: where it goes.
+        (
+            ["--usage", "generate", "hi"],
+            "--usage (--usage goes after the subcommand: brisklm generate --usage ...) (see: "
+            "brisklm generate --help)",
+        ),
     ],
 )
 def test_errors_are_one_line_without_traceback(argv, message):

@@ -562,17 +562,26 @@ def _import_engine() -> None:
         raise KeyboardInterrupt
 
 
-def parser_at_fault(
+def unknown_arguments_error(
     parser: _Parser, command: str, argv: Sequence[str] | None, unknown: list[str]
-) -> _Parser:
-    """The parser whose --help lists the flags the unknown arguments stood among: the
+) -> NoReturn:
+    """Name the unknown arguments with the help that lists the flags they stood among: the
     subcommand's for those typed after it (its --help lists its flags, brisklm's only the
-    subcommands), brisklm's for options typed before the subcommand (`brisklm --bogus generate`)."""
+    subcommands), brisklm's for options typed before the subcommand (`brisklm --bogus generate`),
+    and where such an option is the subcommand's own (`brisklm --usage generate`), where it goes."""
     words = list(sys.argv[1:] if argv is None else argv)
-    before = words[: words.index(command)] if command in words else []
-    if before and all(word in before for word in unknown):
-        return parser
-    return parser.commands.choices[command]
+    at = words.index(command) if command in words else 0
+    subcommand = parser.commands.choices[command]
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    if at and len(unknown) <= at and words[: len(unknown)] == unknown:  # all typed before it
+        misplaced = [w for w in unknown if w.split("=")[0] in subcommand._option_string_actions]
+        if misplaced:
+            subcommand.error(
+                f"{message} ({misplaced[0]} goes after the subcommand: brisklm "
+                f"{command} {misplaced[0]} ...)"
+            )
+        parser.error(message)
+    subcommand.error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -581,9 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        parser_at_fault(parser, args.command, argv, unknown).error(
-            f"unrecognized arguments: {' '.join(unknown)}"
-        )
+        unknown_arguments_error(parser, args.command, argv, unknown)
     handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
     try:
         if sys.stdout is None:  # `brisklm ... >&-`

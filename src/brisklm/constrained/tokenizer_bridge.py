@@ -138,7 +138,8 @@ def llg_tokenizer_for(tokenizer: TokenizerLike, usable_tokens: int | None = None
     if not eos_token_ids:
         raise ValueError(
             f"constrained decoding needs an EOS token the model can emit: the tokenizer's "
-            f"{list(tokenizer.eos_token_ids)} are past the model's vocabulary of {usable_tokens}"
+            f"{list(tokenizer.eos_token_ids)} are past the model's vocabulary of "
+            f"{tokenizer.vocab_size if usable_tokens is None else usable_tokens}"
         )
     wrapper = _ExactTokenize(
         tokenizer,
