@@ -355,3 +355,27 @@ def test_a_tool_schema_that_cannot_be_enforced_names_the_tool(
         with pytest.raises(ConstraintError, match="the parameters of tool 'tag_city'") as info:
             call()
         assert message in str(info.value) and "Lark" not in str(info.value)
+
+
+def test_enforced_schemas_are_kept_per_schema_text_in_their_key_order() -> None:
+    # Kept per schema (a chat with tools asked llguidance to check each tool on every call): a
+    # second call gives an equal, independent schema, with the properties in the schema's order.
+    from brisklm.tool_calls import _enforced_schema, _enforced_schema_text
+
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+    first = _enforced_schema(schema)
+    hits = _enforced_schema_text.cache_info().hits
+    second = _enforced_schema(dict(schema))
+    assert _enforced_schema_text.cache_info().hits == hits + 1
+    assert first == second and first is not second
+    assert list(second["properties"]) == ["b", "a"]
+    first["properties"].clear()  # the caller's to change: the kept one is untouched
+    assert list(_enforced_schema(schema)["properties"]) == ["b", "a"]
+    reordered = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+    }
+    assert list(_enforced_schema(reordered)["properties"]) == ["a", "b"]
+    # Not plain JSON (a tuple): checked as before, not kept.
+    with_tuple = {"type": "object", "properties": {"c": {"enum": ("x", "y")}}}
+    assert list(_enforced_schema(with_tuple)["properties"]["c"]["enum"]) == ["x", "y"]

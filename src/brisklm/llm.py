@@ -485,6 +485,9 @@ class LLM:
             _check_encodable(prompt)
             text: str | None = prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        elif isinstance(prompt, list | tuple) and all(type(t) is int for t in prompt):
+            text = None  # plain ints (what chat and LangChain pass): no per-id conversion
+            ids = list(prompt)
         elif isinstance(prompt, list | tuple) and all(_is_token_id(t) for t in prompt):
             text = None
             ids = [int(t) for t in prompt]
@@ -492,7 +495,11 @@ class LLM:
             raise _shape_error(prompt)
         # A text's tokens too: a tokenizer may hold tokens added without resizing the embedding.
         vocab = self.engine.num_real_tokens
-        bad = [t for t in ids if not 0 <= t < vocab]
+        bad = (
+            [t for t in ids if not 0 <= t < vocab]
+            if ids and (min(ids) < 0 or max(ids) >= vocab)
+            else []
+        )
         if bad:
             past = "" if text is None else " (the tokenizer has tokens the model's embedding lacks)"
             raise ValueError(f"prompt token ids must be in [0, {vocab}){past}; got {bad[:5]}")

@@ -5,6 +5,7 @@ The other families' formats (Llama 3 JSON, Mistral) build on these pieces in ``b
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -388,7 +389,24 @@ def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> 
 def _enforced_schema(schema: Any, own_options: bool = True) -> dict[str, Any]:
     """``schema`` (strict) as a Lark ``%json`` embed enforces it exactly, with brisklm's JSON
     options (and, with ``own_options``, the schema's own ``x-guidance`` over them); checked
-    to compile (ConstraintError)."""
+    to compile (ConstraintError). Kept per schema text: a chat with tools asks it for each tool
+    on every call (~0.2 ms each, mostly llguidance's check)."""
+    try:
+        key = json.dumps(schema, allow_nan=False)  # in its own key order: properties' order counts
+        plain_json = json.loads(key) == schema
+    except (TypeError, ValueError, RecursionError):  # prepare_json_schema names what is wrong
+        plain_json = False
+    if not plain_json:  # (int keys, tuples: not what it reads)
+        return _enforce_schema(schema, own_options)
+    return json.loads(_enforced_schema_text(key, own_options))
+
+
+@functools.lru_cache(maxsize=256)
+def _enforced_schema_text(key: str, own_options: bool) -> str:
+    return json.dumps(_enforce_schema(json.loads(key), own_options), ensure_ascii=False)
+
+
+def _enforce_schema(schema: Any, own_options: bool) -> dict[str, Any]:
     prepared = prepare_json_schema(schema, strict=True)
     own = prepared.get("x-guidance", {}) if own_options else {}
     prepared["x-guidance"] = {**JSON_OPTIONS, **own, **SOUND_JSON_OPTIONS}
