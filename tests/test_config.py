@@ -94,14 +94,11 @@ def test_mistral_sliding_window_all_layers():
     )
 
 
-def test_bias_keys_apply_to_llama_only_as_in_transformers():
-    # transformers' Mistral layers have no biases whatever the config says: a config with
-    # attention_bias/mlp_bias true was refused for "missing tensors" (transformers loads it).
+def test_bias_keys_are_read_for_llama_and_mistral():
     biased = dict(attention_bias=True, mlp_bias=True)
-    mistral = make(architectures=["MistralForCausalLM"], **biased)
-    assert not (mistral.qkv_bias or mistral.o_proj_bias or mistral.mlp_bias)
-    llama = make(architectures=["LlamaForCausalLM"], **biased)
-    assert llama.qkv_bias and llama.o_proj_bias and llama.mlp_bias
+    for architecture in ("LlamaForCausalLM", "MistralForCausalLM"):
+        config = make(architectures=[architecture], **biased)
+        assert config.qkv_bias and config.o_proj_bias and config.mlp_bias
 
 
 @pytest.mark.parametrize(

@@ -282,3 +282,31 @@ def test_a_cuda_device_this_machine_lacks_is_a_clear_error(monkeypatch):
         resolve_device("cuda:2")
     with pytest.raises(ValueError, match="'cuda:7'"):
         resolve_device(torch.device("cuda", 7))
+
+
+def _all_logits(directory, prompt: list[int]) -> torch.Tensor:
+    runner = ModelRunner(load_model(directory, show_progress=False), 1, 64, "sdpa")
+    return runner.forward(ForwardBatch([0], [0], [prompt], [len(prompt)]))
+
+
+def test_mistral_biases_are_applied_where_stored_and_not_required_otherwise(tmp_path):
+    # transformers' Mistral has no biases whatever config.json says (it loads such a checkpoint
+    # and ignores stored ones); vLLM applies stored ones. brisklm refused a config with
+    # attention_bias/mlp_bias true and no bias tensors ("missing tensors").
+    prompt = [1, 17, 93, 5, 44, 120, 8]
+    ids = torch.tensor([prompt])
+    mistral = build_hf_model("mistral", attention_bias=True, mlp_bias=True)
+    directory = save_hf_model(mistral, tmp_path / "mistral")
+    assert json.loads((directory / "config.json").read_text())["attention_bias"] is True
+    with torch.no_grad():
+        expected = mistral(ids).logits[0]
+    torch.testing.assert_close(_all_logits(directory, prompt), expected, atol=5e-4, rtol=0)
+    # Biases stored (a Llama with biases relabelled Mistral): applied.
+    llama = build_hf_model("llama", attention_bias=True, mlp_bias=True)
+    directory = save_hf_model(llama, tmp_path / "relabelled")
+    config = json.loads((directory / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None)
+    (directory / "config.json").write_text(json.dumps(config))
+    with torch.no_grad():
+        expected = llama(ids).logits[0]
+    torch.testing.assert_close(_all_logits(directory, prompt), expected, atol=5e-4, rtol=0)

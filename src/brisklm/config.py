@@ -275,9 +275,7 @@ class ModelConfig:
         windows = _sliding_windows(raw, family, num_layers)
         if family == "qwen2":
             qkv_bias, o_bias, mlp_bias = True, False, False
-        elif family == "mistral":  # transformers' Mistral layers have no biases, whatever it says
-            qkv_bias = o_bias = mlp_bias = False
-        else:
+        else:  # Mistral's too: the loader keeps only the biases its checkpoint stores
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
         eos = raw.get("eos_token_id")

@@ -264,7 +264,12 @@ def build_speculator(
         directory,
         device=device,
         dtype=dtype,
-        make_linear=linear_factory_for(directory, device=device, compute_dtype=int4_compute_dtype),
+        make_linear=linear_factory_for(
+            directory,
+            device=device,
+            compute_dtype=int4_compute_dtype,
+            activation_dtype=resolve_dtype(dtype, torch.device(device)),
+        ),
         show_progress=show_progress,
     )
     if kv_cache_dtype is not None:
@@ -414,7 +419,12 @@ class LLM:
             torch.set_num_threads(num_threads)
 
         def build() -> LLMEngine:
-            make_linear = linear_factory_for(directory, device=device_, compute_dtype=compute_dtype)
+            make_linear = linear_factory_for(
+                directory,
+                device=device_,
+                compute_dtype=compute_dtype,
+                activation_dtype=resolve_dtype(dtype, device_),
+            )
             tokenizer = Tokenizer.from_pretrained(directory)
             model = load_model(
                 directory,

@@ -161,6 +161,43 @@ _EMBEDDING = "model.embed_tokens.weight"
 _COMPARE_ROWS = 4096  # rows of the head and the embedding read at a time when comparing them
 
 
+# A Mistral bias flag of config.json and the tensor name that shows the checkpoint stores it.
+_MISTRAL_BIASES = {
+    "qkv_bias": "self_attn.q_proj.bias",
+    "o_proj_bias": "self_attn.o_proj.bias",
+    "mlp_bias": "mlp.down_proj.bias",
+}
+
+
+def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelConfig:
+    """A Mistral config whose attention_bias/mlp_bias the checkpoint does not bear out:
+    transformers' Mistral layers have no biases whatever config.json says (it loads such a
+    checkpoint and ignores biases it stores); vLLM's apply them. So biases are applied where the
+    checkpoint stores them and not required where it does not."""
+    flags = [flag for flag in _MISTRAL_BIASES if getattr(config, flag)]
+    if not flags:
+        return config
+    stored: set[str] = set()
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                stored.update(handle.keys())
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+    absent = {
+        flag: False
+        for flag in flags
+        if not any(name.endswith(_MISTRAL_BIASES[flag]) for name in stored)
+    }
+    if absent:
+        logger.info(
+            "config.json sets %s, but the checkpoint stores no such biases: none applied (as "
+            "transformers' Mistral, which has none)",
+            " and ".join(sorted(absent)),
+        )
+    return dataclasses.replace(config, **absent)
+
+
 def _head_and_embedding_files(files: list[Path]) -> dict[str, Path]:
     """The file storing each of lm_head.weight and the embedding matrix, of those stored."""
     where: dict[str, Path] = {}
@@ -319,8 +356,10 @@ def load_model(
     if make_linear is None:
         from brisklm.quant.loading import linear_factory_for
 
-        make_linear = linear_factory_for(directory, device=device_)
+        make_linear = linear_factory_for(directory, device=device_, activation_dtype=dtype_)
     files = checkpoint_files(directory)
+    if config.architecture == "MistralForCausalLM":
+        config = _mistral_biases_as_stored(config, files)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
     # A tied checkpoint may store the shared matrix as the head alone: safetensors' save_model

@@ -248,9 +248,14 @@ def test_auto_on_cuda_takes_the_first_backend_whose_probe_passes(
     monkeypatch.setattr(int4_linear.triton_int4, "triton_available", lambda: True)
     probed = []
 
-    def probe(backend: str, device: torch.device, compute_dtype: torch.dtype | None) -> None:
-        probed.append(backend)
-        if backend == "triton":
+    def probe(
+        backend: str,
+        device: torch.device,
+        compute_dtype: torch.dtype | None,
+        activation_dtype: torch.dtype,
+    ) -> None:
+        probed.append((backend, activation_dtype))
+        if backend == "triton" and activation_dtype == torch.bfloat16:
             raise RuntimeError("PTX .bf16 requires sm_80\nmore")
 
     monkeypatch.setattr(int4_linear, "_probe_backend", probe)
@@ -258,10 +263,13 @@ def test_auto_on_cuda_takes_the_first_backend_whose_probe_passes(
     with caplog.at_level(logging.WARNING, logger="brisklm.quant.int4_linear"):
         assert int4_linear._select_backend("auto", cuda) == "cuda_int4pack"
         assert int4_linear._select_backend("auto", cuda) == "cuda_int4pack"  # probed once
-    assert probed == ["triton", "cuda_int4pack"]
+    assert probed == [("triton", torch.bfloat16), ("cuda_int4pack", torch.bfloat16)]
     assert "backend 'triton' does not work on cuda:0 (RuntimeError: PTX .bf16 requires sm_80)" in (
         caplog.text
     )
+    # Probed in the model's dtype: a float16 model keeps the kernel that works for it.
+    assert int4_linear._select_backend("auto", cuda, None, torch.float16) == "triton"
+    assert probed[-1] == ("triton", torch.float16)
     # An explicit backend is taken as asked (its errors are the caller's to see).
     assert int4_linear._select_backend("triton", cuda) == "triton"
 
@@ -277,7 +285,8 @@ def test_backend_probes_fail_where_a_kernel_cannot_run_and_pass_where_it_can(
     assert int4_linear._working_backend(("triton", "cuda_int4pack"), cpu, None) == "dense"
     for backend in ("cpu", "dense"):
         for compute_dtype in (None, torch.float32):
-            int4_linear._probe_backend(backend, cpu, compute_dtype)  # raises if it fails
+            for activations in (torch.bfloat16, torch.float32):  # raises if it fails
+                int4_linear._probe_backend(backend, cpu, compute_dtype, activations)
     assert int4_linear._working_backend(("cpu",), cpu, torch.float32) == "cpu"
 
 

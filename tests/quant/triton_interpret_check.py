@@ -107,7 +107,8 @@ def main() -> None:
     from brisklm.quant import int4_linear
 
     for compute_dtype in (None, torch.float32, torch.float16):
-        int4_linear._probe_backend("triton", torch.device("cpu"), compute_dtype)
+        for activations in (torch.bfloat16, torch.float16, torch.float32):
+            int4_linear._probe_backend("triton", torch.device("cpu"), compute_dtype, activations)
     print("all triton interpreter checks passed")
 
 

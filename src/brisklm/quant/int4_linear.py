@@ -6,7 +6,8 @@ Kernels (backend names):
   "cuda_int4pack"  torch's _weight_int4pack_mm (CUDA, bf16): the baseline, and the fallback without triton
   "dense"          dequantized weight + F.linear: any device, any shape (the fallback of last resort)
 "auto" takes "cpu" on CPU; on CUDA the first of triton, cuda_int4pack and dense whose probe (one
-small checked product, once per device and compute dtype) passes, warning of each that fails.
+small checked product in the model's dtype, once per device, compute dtype and model dtype)
+passes, warning of each that fails.
 
 Act-order: the kernel columns are the input columns sorted by group (argsort of g_idx); the
 activations are permuted the same way at run time. The torch kernels take groups of 32..256 columns:
@@ -93,12 +94,18 @@ def kernel_layout(
 
 
 # (device, compute dtype) -> the first CUDA backend whose probe passed (see _working_backend).
-_PROBED: dict[tuple[str, torch.dtype | None], str] = {}
+_PROBED: dict[tuple[str, torch.dtype | None, torch.dtype], str] = {}
 
 
-def _probe_backend(backend: str, device: torch.device, compute_dtype: torch.dtype | None) -> None:
-    """One small product through `backend` on `device`, checked against the dequantized weight;
-    raises (any exception) where the kernel cannot build, launch or compute it right."""
+def _probe_backend(
+    backend: str,
+    device: torch.device,
+    compute_dtype: torch.dtype | None,
+    activation_dtype: torch.dtype = torch.bfloat16,
+) -> None:
+    """One small product through `backend` on `device`, of activations in the model's dtype,
+    checked against the dequantized weight; raises (any exception) where the kernel cannot
+    build, launch or compute it right."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(64, 128, generator=generator)
     layer = GPTQLinear.from_float(
@@ -109,7 +116,7 @@ def _probe_backend(backend: str, device: torch.device, compute_dtype: torch.dtyp
         compute_dtype=compute_dtype,
         keep_gptq_tensors=True,
     )
-    x = torch.randn(3, 128, generator=generator).to(device, compute_dtype or torch.bfloat16)
+    x = torch.randn(3, 128, generator=generator).to(device, activation_dtype)
     got = layer(x).float()
     want = F.linear(x.float(), layer.dequantize())
     error = (got - want).abs().max().item()
@@ -118,18 +125,23 @@ def _probe_backend(backend: str, device: torch.device, compute_dtype: torch.dtyp
 
 
 def _working_backend(
-    candidates: tuple[str, ...], device: torch.device, compute_dtype: torch.dtype | None
+    candidates: tuple[str, ...],
+    device: torch.device,
+    compute_dtype: torch.dtype | None,
+    activation_dtype: torch.dtype = torch.bfloat16,
 ) -> str:
     """The first of `candidates` whose probe passes on `device` ("dense" when none does), probed
-    once per device and compute dtype: triton may be installed yet unable to build or launch its
-    kernel (no compiler for its launcher; bfloat16 products before Ampere), and torch's int4 CUDA
-    kernel needs Ampere too."""
-    key = (str(device), compute_dtype)
+    once per device, compute dtype and activation dtype: triton may be installed yet unable to
+    build or launch its kernel (no compiler for its launcher; bfloat16 products before Ampere,
+    where float16 ones work), and torch's int4 CUDA kernel needs Ampere too."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (str(device), compute_dtype, activation_dtype)
     if key not in _PROBED:
         chosen = "dense"
         for backend in candidates:
             try:
-                _probe_backend(backend, device, compute_dtype)
+                _probe_backend(backend, device, compute_dtype, activation_dtype)
             except Exception as error:  # a kernel that cannot run on this device: try the next
                 logger.warning(
                     "GPTQ int4 backend %r does not work on %s (%s: %s); trying the next",
@@ -146,7 +158,10 @@ def _working_backend(
 
 
 def _select_backend(
-    requested: str, device: torch.device, compute_dtype: torch.dtype | None = None
+    requested: str,
+    device: torch.device,
+    compute_dtype: torch.dtype | None = None,
+    activation_dtype: torch.dtype | None = None,
 ) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
@@ -155,7 +170,12 @@ def _select_backend(
             return "cpu"
         if device.type == "cuda":
             candidates = ("triton",) if triton_int4.triton_available() else ()
-            return _working_backend((*candidates, "cuda_int4pack"), device, compute_dtype)
+            return _working_backend(
+                (*candidates, "cuda_int4pack"),
+                device,
+                compute_dtype,
+                activation_dtype or torch.bfloat16,  # CUDA's default model dtype
+            )
         return "dense"
     if requested == "cpu" and device.type != "cpu":
         raise ValueError(f"backend 'cpu' needs a CPU device, got {device}")
@@ -250,6 +270,7 @@ class GPTQLinear(nn.Module):
         compute_dtype: torch.dtype | None = None,
         keep_gptq_tensors: bool = False,
         group_size: int | None = None,
+        activation_dtype: torch.dtype | None = None,
     ) -> GPTQLinear:
         """A prepared layer from one layer's checkpoint tensors (g_idx None = no act-order).
 
@@ -280,6 +301,7 @@ class GPTQLinear(nn.Module):
             backend=backend,
             compute_dtype=compute_dtype,
             keep_gptq_tensors=keep_gptq_tensors,
+            activation_dtype=activation_dtype,
         )
 
     @classmethod
@@ -316,6 +338,7 @@ class GPTQLinear(nn.Module):
         backend: str = "auto",
         compute_dtype: torch.dtype | None = None,
         keep_gptq_tensors: bool = False,
+        activation_dtype: torch.dtype | None = None,
     ) -> GPTQLinear:
         """Convert the GPTQ tensors to `backend`'s layout on `device` (default: where they are).
 
@@ -323,7 +346,8 @@ class GPTQLinear(nn.Module):
         (the CPU kernel is ~50x slower in fp32/fp16; the CUDA one only takes bf16); "cpu" also takes
         float32/float16, exact but slow (tests use float32 to check the layout exactly). "triton"
         computes in the activations' dtype unless given one (float32: exact products); "dense"
-        defaults to bfloat16.
+        defaults to bfloat16. `activation_dtype`: the model's, which "auto" tries the CUDA
+        kernels in (default bfloat16).
         """
         if self.backend is not None:
             raise RuntimeError("GPTQLinear.prepare was already called")
@@ -332,7 +356,7 @@ class GPTQLinear(nn.Module):
                 "GPTQLinear: load the GPTQ tensors (they are on the meta device) before prepare"
             )
         device = torch.device(device) if device is not None else self.qweight.device
-        chosen = _select_backend(backend, device, compute_dtype)
+        chosen = _select_backend(backend, device, compute_dtype, activation_dtype)
         for name in (*_GPTQ_BUFFERS, "bias"):
             tensor = getattr(self, name)
             if tensor is not None:

@@ -42,6 +42,7 @@ def gptq_linear_factory(
     *,
     backend: str = "auto",
     compute_dtype: torch.dtype | None = None,
+    activation_dtype: torch.dtype | None = None,
 ) -> LinearFactory:
     """A factory of GPTQ int4 layers, with dense layers where ``quant`` leaves modules in float.
 
@@ -74,6 +75,7 @@ def gptq_linear_factory(
             device=device,
             backend=backend,
             compute_dtype=compute_dtype,
+            activation_dtype=activation_dtype,
             # Act-order groups cannot be rebuilt without it (static groups are the default order)
             g_idx_required=quant.desc_act and not quant.static_groups and quant.group_size != -1,
         )
@@ -87,8 +89,10 @@ def linear_factory_for(
     device: torch.device | str,
     backend: str = "auto",
     compute_dtype: torch.dtype | None = None,
+    activation_dtype: torch.dtype | None = None,
 ) -> LinearFactory:
     """The linear-layer factory a checkpoint directory needs (dense unless it is GPTQ-quantized).
+    ``activation_dtype``: the model's dtype, in which ``auto`` tries the CUDA int4 kernels.
 
     Raises ValueError naming the directory for a quantization brisklm cannot run (AWQ, 3-bit, ...).
     """
@@ -100,4 +104,10 @@ def linear_factory_for(
         raise ValueError(f"{model_dir}: unsupported quantization: {exc}") from None
     if quant is None:
         return dense_linear
-    return gptq_linear_factory(quant, device, backend=backend, compute_dtype=compute_dtype)
+    return gptq_linear_factory(
+        quant,
+        device,
+        backend=backend,
+        compute_dtype=compute_dtype,
+        activation_dtype=activation_dtype,
+    )

@@ -50,6 +50,7 @@ class GPTQMergedLinear(nn.Module):
         backend: str = "auto",
         compute_dtype: torch.dtype | None = None,
         g_idx_required: bool = False,
+        activation_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.in_features = in_features
@@ -69,6 +70,7 @@ class GPTQMergedLinear(nn.Module):
         self.device = torch.device(device)
         self.backend = backend
         self.compute_dtype = compute_dtype
+        self.activation_dtype = activation_dtype  # the model's dtype (the CUDA kernels' probe)
         self.g_idx_required = g_idx_required
         self._pending: dict[tuple[str, int], torch.Tensor] = {}
         self.parts = nn.ModuleList()  # filled by finalize(): one GPTQLinear, or one per shard
@@ -156,6 +158,7 @@ class GPTQMergedLinear(nn.Module):
             device=self.device,
             backend=self.backend,
             compute_dtype=self.compute_dtype,
+            activation_dtype=self.activation_dtype,
         )
         if all(torch.equal(g_idx[0], g) for g in g_idx[1:]):
             qweight, qzeros, scales = (
