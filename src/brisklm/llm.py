@@ -386,8 +386,9 @@ class LLM:
         starts with the same tokens (a chat's system prompt and tools) takes that slot and computes
         only the rest (``usage.cached_prompt_tokens`` counts what it reused); the output is the
         same either way through the native CPU pass (float models on CPU), which reuses any shared
-        prefix; other paths reuse whole prompt chunks, and their batches (without a seeded
-        request) round each row by what shares its pass, which prefix caching changes.
+        prefix; other paths reuse whole prompt chunks a pass computed for their request alone,
+        and there the same holds for a request alone (a batch rounds each row by what shares its
+        pass, which prefix caching changes).
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1

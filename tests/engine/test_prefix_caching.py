@@ -4,6 +4,7 @@ and the outputs are those of an engine that computes every prompt whole."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.cache.prefix_cache import MIN_REUSE, PrefixCache, common_prefix_length
@@ -228,3 +229,98 @@ def test_dynamic_rope_past_the_trained_context_does_not_cache_prefixes(tmp_path)
         assert llm.engine.prefix_cache is None
     with LLM.from_pretrained(directory, max_seq_len=64, show_progress=False) as llm:
         assert llm.engine.prefix_cache is not None
+
+
+def test_chunks_longer_than_the_native_pass_are_reused_whole(float_dir, monkeypatch) -> None:
+    # Chunks the native pass does not take (over 512 tokens; 16 here) are reused whole: the guard
+    # against keys written through torch's ops cut every prompt's retained tokens to nothing.
+    from brisklm.engine import model_runner
+
+    monkeypatch.setattr(model_runner, "MAX_QUERY_LEN", 16)
+
+    def run(llm: LLM) -> list:
+        assert llm.engine.prefix_cache.granularity == 24 if llm.engine.prefix_cache else True
+        prompt = llm.tokenizer.encode(SYSTEM * 2)[:70]
+        return [llm.generate(prompt + [tail], GREEDY) for tail in (5, 5, 6)]
+
+    outputs = _with_and_without(float_dir, run, max_batch_size=2, prefill_chunk_size=24)
+    assert [o.usage.cached_prompt_tokens for o in outputs[True]] == [0, 48, 48]
+
+
+def test_a_draft_takes_a_reused_prefix_in_the_chunks_it_takes_without_reuse(
+    float_dir, monkeypatch
+) -> None:
+    # The draft's cache lags the target's by the reused prefix: it took the gap as one row (past
+    # the native pass's length, through torch's ops), so its keys, and a seeded request's
+    # acceptances, differed from a run without prefix caching.
+    from brisklm.engine import model_runner
+
+    monkeypatch.setattr(model_runner, "MAX_QUERY_LEN", 16)
+    keys = {}
+
+    def run(llm: LLM) -> list:
+        engine = llm.engine
+        proposer = engine.speculator.proposer
+        release = engine.release
+
+        def keep_keys(request) -> None:
+            keys[engine.prefix_cache is not None] = proposer.runner.kv_cache.keys[
+                :, request.slot, :, : request.num_cached
+            ].clone()
+            release(request)
+
+        prompt = llm.tokenizer.encode(SYSTEM * 2)[:60]
+        first = llm.generate(prompt + [5], SEEDED)
+        engine.release = keep_keys  # type: ignore[method-assign]
+        return [first, llm.generate(prompt + [6], SEEDED)]
+
+    outputs = _with_and_without(
+        float_dir, run, max_batch_size=2, prefill_chunk_size=8, draft=float_dir
+    )
+    assert outputs[True][1].usage.cached_prompt_tokens == 60
+    assert torch.equal(keys[True], keys[False])
+
+
+def test_requests_admitted_together_all_copy_a_prefix_one_of_them_claimed() -> None:
+    cache = PrefixCache()
+    shared = list(range(100, 100 + MIN_REUSE + 4))
+    cache.retain(0, shared)
+    cache.new_round()
+    # The first takes slot 0 in place; the next two copy the prefix from it (its keys stay
+    # untouched until the round's pass), into the empty slots.
+    assert cache.choose([*shared, 1], [0, 1, 2]) == (0, len(shared), None)
+    assert cache.choose([*shared, 2], [1, 2]) == (1, len(shared), 0)
+    assert cache.choose([*shared, 3], [2]) == (2, len(shared), 0)
+    cache.new_round()  # after the pass: nothing left to copy
+    cache.retain(3, [7] * 20)
+    assert cache.choose([*shared, 4], [3, 4]) == (4, 0, None)
+
+
+def test_n_samples_of_one_prompt_each_reuse_its_cached_prefix(float_dir) -> None:
+    # Several requests admitted in one step that share a retained prefix: only the first reused it
+    # (it took the slot, and the others saw only empty ones).
+    def run(llm: LLM) -> list:
+        first = llm.generate(SYSTEM + "one", GREEDY)
+        prompt = first.prompt_token_ids + first.token_ids + [5, 6]
+        seeded = [SamplingParams(temperature=1.0, seed=s, max_tokens=8) for s in (1, 2, 3)]
+        return [first, *llm.generate([prompt] * 3, seeded)]
+
+    outputs = _with_and_without(float_dir, run, max_batch_size=4)
+    reused = [o.usage.cached_prompt_tokens for o in outputs[True][1:]]
+    first = outputs[True][0]
+    assert reused == [len(first.prompt_token_ids) + len(first.token_ids) - 1] * 3
+
+
+def test_prefixes_computed_beside_other_rows_are_not_reused_off_the_native_pass(float_dir):
+    # Off the native pass a row rounds by the rows beside it (torch's products and attention),
+    # so keys computed in a shared pass are not those a request alone computes: reusing them
+    # moved a later request's logprobs, alone (~1e-6).
+    def run(llm: LLM) -> list:
+        together = llm.generate([SYSTEM + "alpha beta", SYSTEM[:40] + " gamma"], [GREEDY] * 2)
+        alone = llm.generate(SYSTEM + "alpha delta", GREEDY)
+        return [*together, alone]
+
+    outputs = _with_and_without(
+        float_dir, run, max_batch_size=2, prefill_chunk_size=8, attention_backend="reference"
+    )
+    assert outputs[True][2].usage.cached_prompt_tokens == 0

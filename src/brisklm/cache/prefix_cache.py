@@ -41,6 +41,8 @@ class PrefixCache:
         self.granularity = granularity
         self._tokens: dict[int, list[int]] = {}
         self._retained_at: dict[int, int] = {}
+        # Slots claimed in this admission round -> the prefix their keys hold (see choose).
+        self._claimed: dict[int, list[int]] = {}
         self._clock = 0
 
     def retain(self, slot: int, token_ids: Sequence[int]) -> None:
@@ -61,11 +63,20 @@ class PrefixCache:
         """The tokens retained in ``slot`` (empty if none)."""
         return list(self._tokens.get(slot, ()))
 
+    def new_round(self) -> None:
+        """Requests admitted from here on come after a forward pass: the slots claimed since
+        the last round hold their new requests' keys now, no longer a prefix to copy."""
+        self._claimed.clear()
+
     def choose(
         self, prompt: Sequence[int], free_slots: Sequence[int]
     ) -> tuple[int, int, int | None]:
         """(the slot a request with ``prompt`` takes, how many of its tokens it reuses, the slot
-        to copy those tokens' keys and values from first, or None: they are in place)."""
+        to copy those tokens' keys and values from first, or None: they are in place).
+
+        A slot claimed earlier in the same round (``new_round``) still holds the prefix its
+        request reuses, untouched until the round's pass: later requests sharing it (n samples
+        of one prompt, a batch of one conversation's branches) copy it from there."""
         if not free_slots:
             raise ValueError("no free slot to choose from")
         best_slot, best, best_common = -1, 0, 0
@@ -74,20 +85,39 @@ class PrefixCache:
             if cached is None or not prompt or cached[0] != prompt[0]:
                 continue
             common = common_prefix_length(cached, prompt)
-            reuse = min(common, len(prompt) - 1) // self.granularity * self.granularity
+            reuse = self._reusable(common, prompt)
             if reuse > best or (reuse == best and reuse and self._older(slot, best_slot)):
                 best_slot, best, best_common = slot, reuse, common
+        claimed_slot, claimed = -1, 0
+        for slot, kept in self._claimed.items():
+            reuse = self._reusable(common_prefix_length(kept, prompt), prompt)
+            if reuse > claimed:
+                claimed_slot, claimed = slot, reuse
         empty = [slot for slot in free_slots if slot not in self._tokens]
+        if claimed > best and claimed >= MIN_REUSE:
+            destination = min(empty) if empty else self._oldest(free_slots)
+            return self._claim(destination, prompt, claimed, claimed_slot)
         if best >= MIN_REUSE and empty and len(self._tokens[best_slot]) > best_common:
-            return min(empty), best, best_slot
+            return self._claim(min(empty), prompt, best, best_slot)
         if best >= MIN_REUSE or (best and not empty):
-            self.forget(best_slot)
-            return best_slot, best, None
+            return self._claim(best_slot, prompt, best, None)
         if empty:
-            return min(empty), 0, None
-        oldest = min(free_slots, key=lambda slot: self._retained_at[slot])
-        self.forget(oldest)
-        return oldest, 0, None
+            return self._claim(min(empty), prompt, 0, None)
+        return self._claim(self._oldest(free_slots), prompt, 0, None)
+
+    def _reusable(self, common: int, prompt: Sequence[int]) -> int:
+        return min(common, len(prompt) - 1) // self.granularity * self.granularity
+
+    def _oldest(self, free_slots: Sequence[int]) -> int:
+        return min(free_slots, key=lambda slot: self._retained_at.get(slot, -1))
+
+    def _claim(
+        self, slot: int, prompt: Sequence[int], reuse: int, source: int | None
+    ) -> tuple[int, int, int | None]:
+        self.forget(slot)
+        if reuse:
+            self._claimed[slot] = list(prompt[:reuse])
+        return slot, reuse, source
 
     def _older(self, slot: int, other: int) -> bool:
         return self._retained_at[slot] < self._retained_at.get(other, self._clock + 1)

@@ -66,8 +66,9 @@ class EngineConfig:
     CPU. ``prefix_caching``: a finished request's keys and values stay in its slot, and a request
     whose prompt starts with the same tokens takes that slot and computes only the rest
     (``brisklm.cache.prefix_cache``): any shared prefix through the native CPU pass, else whole
-    prompt chunks, so that the output is the same as without it; off for dynamic NTK rope past
-    the trained context, whose keys depend on the sequence's length.
+    prompt chunks a pass computed for their request alone, so that the output is the same as
+    without it; off for dynamic NTK rope past the trained context, whose keys depend on the
+    sequence's length.
     """
 
     max_batch_size: int = 8
@@ -250,8 +251,9 @@ class LLMEngine:
             # Keys and values of the tokens fed so far stay for a request that starts alike; where
             # a pass computes tokens alike only in the same prompt chunks, only the prompt's (the
             # output's came from decode steps, rounded otherwise than a prompt chunk would).
-            fed = self.runner.positions_computed_alike(slot, request.num_cached)
-            if self.prefix_cache.granularity > 1:
+            any_offset = self.prefix_cache.granularity == 1
+            fed = self.runner.positions_computed_alike(slot, request.num_cached, any_offset)
+            if not any_offset:  # whole prompt chunks, recomputed as they were
                 fed = min(fed, request.num_prompt_tokens)
             cached = (request.prompt_token_ids + request.output_token_ids)[:fed]
             self.prefix_cache.retain(slot, cached)

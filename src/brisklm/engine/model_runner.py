@@ -83,8 +83,11 @@ class ModelRunner:
         # Per slot, how many leading positions passes have written since the slot was cleared.
         self._written: dict[int, int] = {}
         # Per slot, the first position a row longer than the native pass takes wrote (through
-        # torch's ops, which round otherwise): prefix caching reuses no key from there on.
+        # torch's ops, which round otherwise), and the first a call of torch's ops over several
+        # rows wrote (its products and attention round each row by the others): prefix caching
+        # reuses no key from there on (see positions_computed_alike).
         self._torch_written_from: dict[int, int] = {}
+        self._shared_written_from: dict[int, int] = {}
         self.backend: AttentionBackend = select_backend(
             attention_backend,
             self.device,
@@ -109,11 +112,17 @@ class ModelRunner:
         ):
             self.graphs = DecodeGraphs(model, self.kv_cache, num_slots, max_seq_len)
 
-    def positions_computed_alike(self, slot: int, length: int) -> int:
-        """Of a slot's first ``length`` positions, how many lead up to the first a row longer
-        than the native pass wrote (a grammar's long forced run): those before it are each
-        token's keys and values as any native pass computes them (``computes_rows_alike``)."""
-        return min(length, self._torch_written_from.get(slot, length))
+    def positions_computed_alike(self, slot: int, length: int, any_offset: bool) -> int:
+        """Of a slot's first ``length`` positions, how many a later request recomputing them
+        would compute bit for bit alike, and so may reuse. ``any_offset`` (the native pass:
+        ``computes_rows_alike``): recomputed from any position, so up to the first a row longer
+        than the native pass wrote (a grammar's long forced run, through torch's ops). Otherwise
+        recomputed alone in the same prompt chunks: up to the first a call of torch's ops over
+        several rows wrote."""
+        limit = self._shared_written_from.get(slot, length)
+        if any_offset:
+            limit = min(limit, self._torch_written_from.get(slot, length))
+        return min(length, limit)
 
     def computes_rows_alike(self, max_row_len: int) -> bool:
         """Whether every row of up to ``max_row_len`` tokens gets each token's keys, values and
@@ -189,7 +198,8 @@ class ModelRunner:
         tokens (prefix caching) and zero the rest its previous sequence wrote (see
         ``clear_slot``). With a ``source`` slot, its first ``length`` positions are copied in
         first (the slot's own sequence is dropped)."""
-        self._torch_written_from.pop(slot, None)  # a retained prefix ends before it
+        self._torch_written_from.pop(slot, None)  # a retained prefix ends before them
+        self._shared_written_from.pop(slot, None)
         if source is not None:
             self.keep_slot_prefix(slot, 0)
             self.kv_cache.copy_slot(source, slot, length)
@@ -276,6 +286,11 @@ class ModelRunner:
         return torch.cat([per_row[i] for i in range(len(batch.slots))])
 
     def _forward_torch(self, batch: ForwardBatch, query_lens: list[int]) -> torch.Tensor:
+        if len(query_lens) > 1:
+            for slot, start in zip(batch.slots, batch.start_positions):
+                self._shared_written_from[slot] = min(
+                    self._shared_written_from.get(slot, start), start
+                )
         meta = AttentionMetadata.build(
             batch.slots,
             batch.start_positions,

@@ -82,6 +82,8 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         admitted = False
+        if self.prefix_cache is not None:
+            self.prefix_cache.new_round()
         while self.waiting and self.slots.num_free:
             request = self.waiting.popleft()
             self._admit(request)

@@ -43,25 +43,43 @@ class Speculator:
         if request.slot is not None:
             self.proposer.release(request.slot)
 
-    def prefill(self, requests: Sequence[Request], prefill_lens: Sequence[int]) -> None:
+    def prefill(
+        self,
+        requests: Sequence[Request],
+        prefill_lens: Sequence[int],
+        chunk_size: int | None = None,
+    ) -> None:
         """Before the target takes ``prefill_lens[i]`` more prompt tokens of request i, let a
-        proposer with a cache of its own (one that defines ``prefill``) take them too."""
+        proposer with a cache of its own (one that defines ``prefill``) take them too. Where its
+        cache lags further behind (the target reused a prefix from its prefix cache), it takes
+        the gap in the prompt chunks of ``chunk_size`` it would have taken without that reuse,
+        one pass each, so its keys and proposals are the same either way."""
         prefill = getattr(self.proposer, "prefill", None)
         if prefill is None:
             return
-        rows = [
-            DraftRow(
-                slot=r.slot,  # type: ignore[arg-type]
-                prompt_token_ids=r.prompt_token_ids[: r.num_cached + n],
-                output_token_ids=(),
-                max_draft_tokens=0,
-                params=r.params,
-            )
-            for r, n in zip(requests, prefill_lens)
-            if n
-        ]
-        if rows:
+        cached = getattr(self.proposer, "num_cached_tokens", None)
+        pending = [(r, r.num_cached + n, -1) for r, n in zip(requests, prefill_lens) if n]
+        while pending:
+            rows, later = [], []
+            for request, end, before in pending:
+                cut = end
+                if chunk_size is not None and cached is not None:
+                    have = cached(request.slot)
+                    if have > before:  # (a cache that did not advance takes the rest at once)
+                        cut = min(end, (have // chunk_size + 1) * chunk_size)
+                    if cut < end:
+                        later.append((request, end, have))
+                rows.append(
+                    DraftRow(
+                        slot=request.slot,  # type: ignore[arg-type]
+                        prompt_token_ids=request.prompt_token_ids[:cut],
+                        output_token_ids=(),
+                        max_draft_tokens=0,
+                        params=request.params,
+                    )
+                )
             prefill(rows)
+            pending = later
 
     def _draft_length(self, request: Request) -> DraftLength:
         """Where ``request`` stands in its draft length schedule."""
@@ -165,7 +183,9 @@ class Speculator:
         chunked = [(r, n) for r, n in zip(requests, prefill_lens) if n]
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
         if chunked:
-            self.prefill([r for r, _ in chunked], [n for _, n in chunked])
+            self.prefill(
+                [r for r, _ in chunked], [n for _, n in chunked], engine.prefill_chunk_size
+            )
         if not any(self._proposal_size(r) for r in decoding):
             # No chunks but prompts, or every decoding row paused by its schedule: a plain pass.
             results = engine.plain_step(requests, prefill_lens)
