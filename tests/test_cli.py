@@ -440,23 +440,31 @@ def test_kv_cache_dtype_flag_reaches_the_engine(model_dir, capsys, monkeypatch):
     assert capsys.readouterr().out  # the completion streamed
 
 
-@pytest.mark.parametrize("flags, expected", [([], True), (["--no-cuda-graphs"], False)])
-def test_the_cuda_graphs_flag_reaches_the_engine(model_dir, capsys, monkeypatch, flags, expected):
+@pytest.mark.parametrize(
+    "option, flags, expected",
+    [
+        ("cuda_graphs", [], True),
+        ("cuda_graphs", ["--no-cuda-graphs"], False),
+        ("prefix_caching", [], True),
+        ("prefix_caching", ["--no-prefix-caching"], False),
+    ],
+)
+def test_engine_switches_reach_the_engine(model_dir, capsys, monkeypatch, option, flags, expected):
     from brisklm.llm import LLM
 
     seen = {}
     original = LLM.from_pretrained.__func__
 
     def spy(cls, *args, **kwargs):
-        seen["cuda_graphs"] = kwargs["cuda_graphs"]
+        seen["argument"] = kwargs[option]
         llm = original(cls, *args, **kwargs)
-        seen["config"] = llm.engine.config.cuda_graphs
+        seen["config"] = getattr(llm.engine.config, option)
         return llm
 
     monkeypatch.setattr(LLM, "from_pretrained", classmethod(spy))
     argv = ["generate", "--model", str(model_dir), *flags, "--max-tokens", "2", "hi"]
     assert main(argv) == 0
-    assert seen == {"cuda_graphs": expected, "config": expected}
+    assert seen == {"argument": expected, "config": expected}
     assert capsys.readouterr().out
 
 

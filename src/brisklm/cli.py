@@ -50,6 +50,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs",
     )
     group.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt whole (chat reuses the earlier turns' keys by default)",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -301,6 +307,7 @@ def _load(args: argparse.Namespace) -> Any:
         draft_length=args.draft_length,
         num_threads=args.threads,
         cuda_graphs=args.cuda_graphs,
+        prefix_caching=args.prefix_caching,
     )
 
 

@@ -39,6 +39,7 @@ class EngineKey:
     draft_length: str | None = None
     kv_cache_dtype: str | None = None
     prefill_chunk_size: int | None = None
+    prefix_caching: bool = True
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -133,6 +134,7 @@ def get_engine(
     draft_length: str | None = None,
     kv_cache_dtype: str | None = None,
     prefill_chunk_size: int | None = None,
+    prefix_caching: bool = True,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -141,7 +143,11 @@ def get_engine(
     # Settings are keyed as the engine resolves them, so that ways of asking for the same engine
     # (None, "auto" or the model's own cache dtype; None or the device's chunk size) share one.
     cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, device_) or dtype_
-    engine = EngineConfig(prefill_chunk_size=prefill_chunk_size, max_seq_len=max_seq_len)
+    engine = EngineConfig(
+        prefill_chunk_size=prefill_chunk_size,
+        max_seq_len=max_seq_len,
+        prefix_caching=prefix_caching,
+    )
     chunk_size = engine.resolved_prefill_chunk_size(device_)
     context = engine.resolved_max_seq_len(_max_positions(path))
     # (Checked at construction and by LLM.from_pretrained: no directory look-up per call.)
@@ -157,6 +163,7 @@ def get_engine(
         draft_length=schedule,
         kv_cache_dtype=str(cache_dtype),
         prefill_chunk_size=chunk_size,
+        prefix_caching=prefix_caching,
     )
     with _lock:
         llm = _engines.get(key)
@@ -179,6 +186,7 @@ def get_engine(
                 draft_length=draft_length,
                 kv_cache_dtype=kv_cache_dtype,
                 prefill_chunk_size=prefill_chunk_size,
+                prefix_caching=prefix_caching,
                 show_progress=False,
             )
             with _lock:

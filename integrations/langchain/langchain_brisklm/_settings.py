@@ -64,6 +64,9 @@ class BriskSettings(BaseModel):
     prefill_chunk_size: int | None = None
     """Most prompt tokens a request feeds per forward pass (default: 512 on CPU, 2048 on CUDA):
     a long prompt then does not stall the requests decoding beside it."""
+    prefix_caching: bool = True
+    """Reuse the keys and values of an earlier prompt's shared start (the system prompt, tools
+    and earlier turns of a conversation); the output is the same either way."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's
@@ -119,6 +122,7 @@ class BriskSettings(BaseModel):
             max_batch_size=self.max_batch_size,
             max_seq_len=self.max_seq_len,
             prefill_chunk_size=self.prefill_chunk_size,
+            prefix_caching=self.prefix_caching,
         )
         cpu = torch.device("cpu")  # names only: whether the device has CUDA is the engine's
         if self.device not in (None, "auto"):
@@ -168,6 +172,7 @@ class BriskSettings(BaseModel):
             draft_length=self.draft_length,
             kv_cache_dtype=self.kv_cache_dtype,
             prefill_chunk_size=self.prefill_chunk_size,
+            prefix_caching=self.prefix_caching,
         )
 
     def get_token_ids(self, text: str) -> list[int]:

@@ -469,6 +469,12 @@ def test_engine_settings_reach_the_engine(tiny_chat_dir: Path) -> None:
     )
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         plain.model_copy(update={"prefill_chunk_size": 0}).invoke(prompt)
+    uncached = plain.model_copy(update={"prefix_caching": False})
+    assert uncached._engine() is not plain._engine()
+    assert uncached._engine().engine.prefix_cache is None
+    assert plain._engine().engine.prefix_cache is not None
+    for _ in range(2):  # the second call finds nothing cached
+        assert "input_token_details" not in uncached.invoke(prompt).usage_metadata
 
 
 def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> None:
