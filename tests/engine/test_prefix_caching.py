@@ -58,6 +58,11 @@ def test_a_short_match_takes_an_empty_slot_and_a_full_cache_gives_up_its_oldest(
     cache.retain(0, [7, 8])
     assert cache.choose([3, 3], [0, 1]) == (1, 0, None)
     assert cache.cached_tokens(1) == [] and cache.cached_tokens(0) == [7, 8]
+    # A few more shared tokens (a template's opening) do not outweigh age: the older slot goes,
+    # with what it shares (it took the newer, a conversation more likely to come back).
+    cache.retain(0, [1, 2, 9, 9])
+    cache.retain(1, [1, 2, 3, 9])
+    assert cache.choose([1, 2, 3, 5], [0, 1]) == (0, 2, None)
     with pytest.raises(ValueError, match="no free slot"):
         cache.choose([1], [])
 

@@ -324,8 +324,19 @@ def _settled_arguments(text: str) -> str:
     return text[:-1] if text.endswith("}") else text
 
 
-def cut_call_error(finish_reason: str | None, stop_reason: str | int | None) -> str:
-    """What ended a reply inside a tool call, for the cut call's error."""
+def cut_call_error(
+    finish_reason: str | None,
+    stop_reason: str | int | None,
+    context: int | None = None,
+) -> str:
+    """What ended a reply inside a tool call, for the cut call's error; ``context``: the
+    engine's max_seq_len when the context, not max_tokens, ended a reply of finish reason
+    "length" (what to raise differs)."""
+    if finish_reason == "length" and context is not None:
+        return (
+            f"the reply ended inside this tool call: the context of {context} tokens was full "
+            "(raise max_seq_len or shorten the conversation)"
+        )
     if finish_reason == "length":
         return "the reply ended inside this tool call (max_tokens reached)"
     if isinstance(stop_reason, str):

@@ -308,7 +308,10 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
         invalid = []
         if call.parse_tools:
-            error = cut_call_error(output.finish_reason, output.stop_reason)
+            full = output.usage.completion_tokens < call.request.params.max_tokens
+            error = cut_call_error(
+                output.finish_reason, output.stop_reason, call.llm.max_seq_len if full else None
+            )
             content, calls, invalid = parse_reply(output.text, call.tool_format, error)
         else:
             content, calls = output.text, []

@@ -80,12 +80,13 @@ class PrefixCache:
         if not free_slots:
             raise ValueError("no free slot to choose from")
         best_slot, best, best_common = -1, 0, 0
+        reuses: dict[int, int] = {}
         for slot in free_slots:
             cached = self._tokens.get(slot)
             if cached is None or not prompt or cached[0] != prompt[0]:
                 continue
             common = common_prefix_length(cached, prompt)
-            reuse = self._reusable(common, prompt)
+            reuse = reuses[slot] = self._reusable(common, prompt)
             if reuse > best or (reuse == best and reuse and self._older(slot, best_slot)):
                 best_slot, best, best_common = slot, reuse, common
         claimed_slot, claimed = -1, 0
@@ -99,11 +100,14 @@ class PrefixCache:
             return self._claim(destination, prompt, claimed, claimed_slot)
         if best >= MIN_REUSE and empty and len(self._tokens[best_slot]) > best_common:
             return self._claim(min(empty), prompt, best, best_slot)
-        if best >= MIN_REUSE or (best and not empty):
+        if best >= MIN_REUSE:
             return self._claim(best_slot, prompt, best, None)
         if empty:
             return self._claim(min(empty), prompt, 0, None)
-        return self._claim(self._oldest(free_slots), prompt, 0, None)
+        # A few shared tokens (a chat template's opening) do not make a slot worth giving up
+        # before the one retained longest ago, which keeps what it shares.
+        oldest = self._oldest(free_slots)
+        return self._claim(oldest, prompt, reuses.get(oldest, 0), None)
 
     def _reusable(self, common: int, prompt: Sequence[int]) -> int:
         return min(common, len(prompt) - 1) // self.granularity * self.granularity

@@ -209,6 +209,18 @@ def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
     assert message.tool_calls == [] and message.content == ""
     (cut,) = message.invalid_tool_calls
     assert "max_tokens" in cut["error"]
+    # The context, not max_tokens, ended it: the error said "max_tokens reached", which raising
+    # max_tokens does nothing about.
+    prompt = message.usage_metadata["input_tokens"]
+    tight = chat.model_copy(update={"max_seq_len": prompt + 10})
+    message = tight.bind_tools(TOOLS, tool_choice="get_weather").invoke(QUESTION, max_tokens=90)
+    assert message.response_metadata["finish_reason"] == "length"
+    assert message.usage_metadata["output_tokens"] == 10
+    (cut,) = message.invalid_tool_calls
+    assert cut["error"] == (
+        f"the reply ended inside this tool call: the context of {prompt + 10} tokens was full "
+        "(raise max_seq_len or shorten the conversation)"
+    )
 
 
 def test_a_stop_sequence_inside_a_call_makes_it_invalid_in_invoke_and_stream(

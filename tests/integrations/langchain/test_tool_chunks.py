@@ -103,6 +103,11 @@ def test_what_cut_a_call_is_named() -> None:
     )
     assert cut_call_error("stop", 7) == "the stop token id 7 ended the reply inside this tool call"
     assert "max_tokens reached" in cut_call_error("length", None)
+    # The context ended it (fewer tokens than max_tokens): raising max_tokens would do nothing.
+    assert cut_call_error("length", None, 200) == (
+        "the reply ended inside this tool call: the context of 200 tokens was full (raise "
+        "max_seq_len or shorten the conversation)"
+    )
 
 
 MISTRAL = ToolCallFormat("mistral", tag_token_id=5)
