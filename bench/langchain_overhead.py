@@ -118,8 +118,15 @@ def main() -> None:
     if model is None:
         model = str(write_random_chat_checkpoint(Path(scratch.name), args.preset))
 
-    llm: LLM = get_engine(model, device=args.device)
-    chat = ChatBrisk(model=model, device=args.device, temperature=0, max_tokens=args.max_tokens)
+    # Repeated prompts: time their compute (the prefix cache would serve them).
+    llm: LLM = get_engine(model, device=args.device, prefix_caching=False)
+    chat = ChatBrisk(
+        model=model,
+        device=args.device,
+        temperature=0,
+        max_tokens=args.max_tokens,
+        prefix_caching=False,
+    )
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     conversations = [[SystemMessage(SYSTEM), HumanMessage(p)] for p in PROMPTS]
     dicts = [

@@ -53,7 +53,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--no-prefix-caching",
         dest="prefix_caching",
         action="store_false",
-        help="compute every prompt whole (chat reuses the earlier turns' keys by default)",
+        help="reuse no earlier prompt's keys and values (by default chat reuses the earlier "
+        "turns')",
     )
     group.add_argument(
         "--threads",

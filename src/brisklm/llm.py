@@ -386,8 +386,10 @@ class LLM:
         starts with the same tokens (a chat's system prompt and tools) takes that slot and computes
         only the rest (``usage.cached_prompt_tokens`` counts what it reused); the output is the
         same either way through the native CPU pass (float models on CPU), which reuses any shared
-        prefix; other paths reuse whole prompt chunks a pass computed for their request alone,
-        and there the same holds for a request alone (a batch rounds each row by what shares its
+        prefix; other paths (CUDA, GPTQ int4, ``prefill_chunk_size`` over 512) reuse whole prompt
+        chunks a pass computed for their request alone (a prompt shorter than a chunk reuses
+        nothing: lower ``prefill_chunk_size`` to reuse more), and there the same holds for a
+        request alone (a batch rounds each row by what shares its
         pass, which prefix caching changes).
         """
         if num_threads is not None and (

@@ -93,7 +93,8 @@ def kernel_layout(
     return None
 
 
-# (device, compute dtype) -> the first CUDA backend whose probe passed (see _working_backend).
+# (device, compute dtype, model dtype) -> the first CUDA backend whose probe passed, or "dense"
+# (see _working_backend).
 _PROBED: dict[tuple[str, torch.dtype | None, torch.dtype], str] = {}
 
 
