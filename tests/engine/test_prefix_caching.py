@@ -252,6 +252,21 @@ def test_chunks_longer_than_the_native_pass_are_reused_whole(float_dir, monkeypa
     assert [o.usage.cached_prompt_tokens for o in outputs[True]] == [0, 48, 48]
 
 
+def _keep_draft_keys_at_release(engine, keys: dict) -> None:
+    """Have ``engine`` copy each finishing request's draft keys into ``keys`` (by whether the
+    engine caches prefixes) before it releases the request."""
+    proposer = engine.speculator.proposer
+    release = engine.release
+
+    def keep_keys(request) -> None:
+        keys[engine.prefix_cache is not None] = proposer.runner.kv_cache.keys[
+            :, request.slot, :, : request.num_cached
+        ].clone()
+        release(request)
+
+    engine.release = keep_keys
+
+
 def test_a_draft_takes_a_reused_prefix_in_the_chunks_it_takes_without_reuse(
     float_dir, monkeypatch
 ) -> None:
@@ -266,17 +281,10 @@ def test_a_draft_takes_a_reused_prefix_in_the_chunks_it_takes_without_reuse(
     def run(llm: LLM) -> list:
         engine = llm.engine
         proposer = engine.speculator.proposer
-        release = engine.release
-
-        def keep_keys(request) -> None:
-            keys[engine.prefix_cache is not None] = proposer.runner.kv_cache.keys[
-                :, request.slot, :, : request.num_cached
-            ].clone()
-            release(request)
-
+        proposer.keeps_prefixes = False  # a draft that keeps nothing: it takes the whole gap
         prompt = llm.tokenizer.encode(SYSTEM * 2)[:60]
         first = llm.generate(prompt + [5], SEEDED)
-        engine.release = keep_keys  # type: ignore[method-assign]
+        _keep_draft_keys_at_release(engine, keys)
         return [first, llm.generate(prompt + [6], SEEDED)]
 
     outputs = _with_and_without(
@@ -284,6 +292,35 @@ def test_a_draft_takes_a_reused_prefix_in_the_chunks_it_takes_without_reuse(
     )
     assert outputs[True][1].usage.cached_prompt_tokens == 60
     assert torch.equal(keys[True], keys[False])
+
+
+def test_a_draft_model_keeps_and_reuses_prefixes_beside_the_target(float_dir) -> None:
+    # The draft recomputed every reused prefix (a fifth of a chat call with tools on the bundled
+    # pair); its kept keys are those it computes itself, so the output is unchanged.
+    keys, first_feeds = {}, {}
+
+    def run(llm: LLM) -> list:
+        engine = llm.engine
+        proposer = engine.speculator.proposer
+        prefill = proposer.prefill
+
+        def record_feed(rows) -> None:
+            for row in rows:
+                first_feeds.setdefault(engine.prefix_cache is not None, []).append(
+                    proposer.num_cached_tokens(row.slot)
+                )
+            prefill(rows)
+
+        prompt = llm.tokenizer.encode(SYSTEM * 2)[:60]
+        first = llm.generate(prompt + [5], SEEDED)
+        proposer.prefill = record_feed
+        _keep_draft_keys_at_release(engine, keys)
+        return [first, llm.generate(prompt + [6], SEEDED), llm.generate(prompt + [6], GREEDY)]
+
+    outputs = _with_and_without(float_dir, run, max_batch_size=2, draft=float_dir)
+    assert first_feeds[True][0] == 60 and first_feeds[False][0] == 0  # the draft reused 60
+    assert torch.equal(keys[True], keys[False])
+    assert [o.usage.cached_prompt_tokens for o in outputs[True][1:]] == [60, 60]
 
 
 def test_requests_admitted_together_all_copy_a_prefix_one_of_them_claimed() -> None:

@@ -205,7 +205,7 @@ class LLMEngine:
             config.max_prefill_tokens,
             self.prefill_chunk_size,
             prefix_cache=self.prefix_cache,
-            claim_slot=self.runner.keep_slot_prefix if self.prefix_cache is not None else None,
+            claim_slot=self._claim_slot if self.prefix_cache is not None else None,
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -222,6 +222,8 @@ class LLMEngine:
             tokenizer, config.max_batch_size, usable_tokens=self.num_real_tokens
         )
         self.speculator = speculator
+        if speculator is not None and self.prefix_cache is not None:
+            speculator.enable_prefix_reuse(self.prefill_chunk_size)
 
     @property
     def has_unfinished(self) -> bool:
@@ -238,30 +240,46 @@ class LLMEngine:
         self.release(request)
         return request, chunk
 
+    def _claim_slot(self, slot: int, length: int, source: int | None, prompt: list[int]) -> None:
+        """A new request takes ``slot`` reusing ``length`` tokens' keys (see Scheduler)."""
+        self.runner.keep_slot_prefix(slot, length, source)
+        if self.speculator is not None:
+            self.speculator.claim(slot, prompt, source)
+
     def release(self, request: Request) -> None:
         """A finished request leaves its cache slot (and the proposer's state for it)."""
         slot = request.slot
+        retained = self._retained_tokens(request)
         if self.speculator is not None:
-            self.speculator.release(request)
+            if retained:
+                self.speculator.retain(request, retained)
+            else:
+                self.speculator.release(request)
         self.scheduler.finish(request)
         if slot is None:
             return
         # The engine thread's own next step is the first to take the slot again.
-        if self.prefix_cache is not None and request.finish_reason != "error":
-            # Keys and values of the tokens fed so far stay for a request that starts alike; where
-            # a pass computes tokens alike only in the same prompt chunks, only the prompt's (the
-            # output's came from decode steps, rounded otherwise than a prompt chunk would).
-            any_offset = self.prefix_cache.granularity == 1
-            fed = self.runner.positions_computed_alike(slot, request.num_cached, any_offset)
-            if not any_offset:  # whole prompt chunks, recomputed as they were
-                fed = min(fed, request.num_prompt_tokens)
-            cached = (request.prompt_token_ids + request.output_token_ids)[:fed]
-            self.prefix_cache.retain(slot, cached)
-            self.runner.keep_slot_prefix(slot, len(cached))
+        if retained:
+            self.prefix_cache.retain(slot, retained)  # type: ignore[union-attr]
+            self.runner.keep_slot_prefix(slot, len(retained))
         else:
             if self.prefix_cache is not None:
                 self.prefix_cache.forget(slot)
             self.runner.clear_slot(slot)
+
+    def _retained_tokens(self, request: Request) -> list[int]:
+        """The tokens whose keys and values a finished request leaves for prefix caching."""
+        slot = request.slot
+        if slot is None or self.prefix_cache is None or request.finish_reason == "error":
+            return []
+        # Keys and values of the tokens fed so far stay for a request that starts alike; where
+        # a pass computes tokens alike only in the same prompt chunks, only the prompt's (the
+        # output's came from decode steps, rounded otherwise than a prompt chunk would).
+        any_offset = self.prefix_cache.granularity == 1
+        fed = self.runner.positions_computed_alike(slot, request.num_cached, any_offset)
+        if not any_offset:  # whole prompt chunks, recomputed as they were
+            fed = min(fed, request.num_prompt_tokens)
+        return (request.prompt_token_ids + request.output_token_ids)[:fed]
 
     def step(self) -> list[StepResult]:
         """Run one forward pass: each decoding request's next token (with a speculator, the

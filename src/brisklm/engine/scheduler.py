@@ -48,9 +48,9 @@ class Scheduler:
     ``AttentionMetadata.split_single_token_rows`` for attention).
 
     With a ``prefix_cache``, a request takes the free slot whose retained tokens share the longest
-    prefix with its prompt and starts past them; ``claim_slot(slot, length, source)`` is called
-    then, to keep the slot's first ``length`` positions (copied from slot ``source`` first unless
-    it is None) and clear the rest.
+    prefix with its prompt and starts past them; ``claim_slot(slot, length, source, prompt)`` is
+    called then, to keep the slot's first ``length`` positions (copied from slot ``source`` first
+    unless it is None) and clear the rest.
     """
 
     def __init__(
@@ -59,7 +59,7 @@ class Scheduler:
         max_prefill_tokens: int,
         prefill_chunk_size: int,
         prefix_cache: PrefixCache | None = None,
-        claim_slot: Callable[[int, int, int | None], None] | None = None,
+        claim_slot: Callable[[int, int, int | None, list[int]], None] | None = None,
     ) -> None:
         if (prefix_cache is None) != (claim_slot is None):
             raise ValueError("a prefix cache needs claim_slot, and claim_slot a prefix cache")
@@ -115,7 +115,7 @@ class Scheduler:
             request.prompt_token_ids, self.slots.free_slots()
         )
         self.slots.take(slot)
-        self._claim_slot(slot, reused, source)
+        self._claim_slot(slot, reused, source, request.prompt_token_ids)
         request.slot = slot
         request.num_cached = request.num_cached_prompt_tokens = reused
 

@@ -43,6 +43,27 @@ class Speculator:
         if request.slot is not None:
             self.proposer.release(request.slot)
 
+    # Prefix caching: a proposer with a cache of its own (the draft model) keeps and reuses the
+    # same prefixes as the target; the others only hear that the slot's request is gone.
+    def enable_prefix_reuse(self, chunk_size: int) -> None:
+        enable = getattr(self.proposer, "enable_prefix_reuse", None)
+        if enable is not None:
+            enable(chunk_size)
+
+    def retain(self, request: Request, token_ids: Sequence[int]) -> None:
+        """The request is gone and the engine keeps its prefix ``token_ids`` in its slot."""
+        retain = getattr(self.proposer, "retain", None)
+        if request.slot is not None and retain is not None:
+            retain(request.slot, token_ids)
+        else:
+            self.release(request)
+
+    def claim(self, slot: int, prompt: Sequence[int], source: int | None) -> None:
+        """A new request took ``slot``, reusing the target's keys there (or from ``source``)."""
+        claim = getattr(self.proposer, "claim", None)
+        if claim is not None:
+            claim(slot, prompt, source)
+
     def prefill(
         self,
         requests: Sequence[Request],

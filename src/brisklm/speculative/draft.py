@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from brisklm.cache.prefix_cache import common_prefix_length
 from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
@@ -177,6 +178,10 @@ class DraftModelProposer:
         # An eos past the vocabulary masks nothing (the engine drops it too, with a warning).
         self.eos_token_ids: tuple[int, ...] = tuple(t for t in eos if t < self.num_real_tokens)
         self._slots: list[_SlotState | None] = [None] * num_slots
+        # Prefix caching (enable_prefix_reuse): per slot, the tokens whose keys and values the
+        # draft cache holds for a later request that starts alike.
+        self.keeps_prefixes = False
+        self._kept: dict[int, list[int]] = {}
 
     # ----------------------------------------------------------------- slot bookkeeping
     def num_cached_tokens(self, slot: int) -> int:
@@ -203,7 +208,40 @@ class DraftModelProposer:
     def release(self, slot: int) -> None:
         """The slot's request is gone: its cached tokens are no longer valid."""
         self._slots[self._check_slot(slot)] = None
+        self._kept.pop(slot, None)
         self.runner.clear_slot(slot)
+
+    # ----------------------------------------------------------------- prefix caching
+    def enable_prefix_reuse(self, chunk_size: int) -> None:
+        """The engine keeps finished requests' prefixes: keep the draft's alongside where its
+        pass computes each token alike whatever the row (the native pass, chunks of at most
+        its length), so a reused prefix gives the draft the keys it would compute itself."""
+        self.keeps_prefixes = self.runner.computes_rows_alike(chunk_size)
+
+    def retain(self, slot: int, token_ids: Sequence[int]) -> None:
+        """The slot's request is gone and the engine keeps its prefix ``token_ids``: keep the
+        draft's keys and values of as much of it as the draft cache holds."""
+        state = self._slots[self._check_slot(slot)]
+        valid = 0 if state is None else min(state.num_cached, state.num_context, len(token_ids))
+        valid = self.runner.positions_computed_alike(slot, valid, True)
+        if not self.keeps_prefixes or not valid:
+            self.release(slot)
+            return
+        self._slots[slot] = None
+        self._kept[slot] = list(token_ids[:valid])
+        self.runner.keep_slot_prefix(slot, valid)
+
+    def claim(self, slot: int, prompt: Sequence[int], source: int | None) -> None:
+        """The engine gave ``slot`` to a new request with ``prompt``, reusing the target's keys
+        there (or copied from slot ``source``): reuse the draft's kept keys of the same start
+        (at least the prompt's last token is fed: its logits start the first proposal)."""
+        kept = self._kept.get(self._check_slot(slot if source is None else source), [])
+        length = 0
+        if self.keeps_prefixes and prompt:
+            length = min(common_prefix_length(kept, prompt), len(prompt) - 1)
+        self.runner.keep_slot_prefix(slot, length, source if length else None)
+        self._kept[slot] = list(prompt[:length])  # still there while the request runs
+        self._slots[slot] = _SlotState(num_context=length, num_cached=length) if length else None
 
     def _check_slot(self, slot: int) -> int:
         if not 0 <= slot < self.num_slots:
