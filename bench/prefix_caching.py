@@ -6,6 +6,7 @@ same tokens (checked).
 
     python bench/prefix_caching.py                 # the bundled brisk-chat
     python bench/prefix_caching.py --model DIR --calls 24 --max-tokens 32
+    python bench/prefix_caching.py --draft default     # with the bundled draft model
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=18)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="speculative decoding: a draft directory, default (the bundled draft) or ngram",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -72,7 +78,9 @@ def main() -> None:
 
     results = {}
     for caching in (False, True):
-        with LLM.from_pretrained(directory, show_progress=False, prefix_caching=caching) as llm:
+        with LLM.from_pretrained(
+            directory, show_progress=False, prefix_caching=caching, draft=args.draft
+        ) as llm:
             times, tokens, reused, prompt = [], [], [], []
             llm.chat(chats[0], tools=TOOLS, params=params)  # warm-up (kernels, template)
             for chat in chats:
@@ -112,7 +120,10 @@ def main() -> None:
     print(
         f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     )
-    print(f"model: {directory}; {args.calls} chat calls with {len(TOOLS)} tools, greedy")
+    print(
+        f"model: {directory}; {args.calls} chat calls with {len(TOOLS)} tools, greedy; "
+        f"draft: {args.draft}"
+    )
     print(
         f"prompt tokens per call: {statistics.mean(results[True][3]):.0f}, reused with caching: "
         f"{statistics.mean(results[True][2][1:]):.0f}"
