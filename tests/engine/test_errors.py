@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from brisklm import LLM, SamplingParams
+from brisklm.constrained import ConstraintError
 from brisklm.loader import CheckpointError
 from tests.tiny import make_tiny_checkpoint
 
@@ -137,6 +138,20 @@ def test_a_tokenizer_larger_than_the_models_vocabulary(tmp_path, caplog):
         directory, max_batch_size=2, draft=directory, show_progress=False
     ) as llm:
         _check_small_vocabulary(llm, text)
+
+
+def test_a_constraint_only_ids_past_the_embedding_spell_names_that(tmp_path):
+    # A model of 100 ids under a 400-id tokenizer: " " exists only past the embedding, so "a b"
+    # cannot be generated; the refusal blamed the constraint alone ("matches no output").
+    directory = make_tiny_checkpoint(tmp_path / "tiny-vocab", vocab_size=100)
+    with LLM.from_pretrained(directory, max_batch_size=2, show_progress=False) as llm:
+        with pytest.raises(
+            ConstraintError,
+            match=r"matches no output at all .*; or its text needs tokens past the model's "
+            r"vocabulary \(the embedding has 100 of the tokenizer's 400 ids\)",
+        ):
+            llm.generate([5, 6, 7], SamplingParams(max_tokens=20, regex="a b"))
+        assert llm.generate([5, 6, 7], SamplingParams(max_tokens=20, regex="a( b)?")).text == "a"
 
 
 def _check_small_vocabulary(llm: LLM, text: str) -> None:

@@ -366,3 +366,23 @@ def test_prefixes_computed_beside_other_rows_are_not_reused_off_the_native_pass(
         float_dir, run, max_batch_size=2, prefill_chunk_size=8, attention_backend="reference"
     )
     assert outputs[True][2].usage.cached_prompt_tokens == 0
+
+
+def test_a_draft_with_dynamic_rope_past_its_context_keeps_no_prefixes(float_dir, tmp_path):
+    # Its keys rotate by the longest position of the pass that computed them: kept ones were not
+    # those a later request computes, and every seeded output moved.
+    draft = make_tiny_checkpoint(
+        tmp_path / "dynamic-draft",
+        max_position_embeddings=64,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+
+    def run(llm: LLM) -> list:
+        if llm.engine.prefix_cache is not None:
+            assert llm.engine.speculator.proposer.keeps_prefixes is False
+        ids = llm.tokenizer.encode(SYSTEM * 3)
+        outputs = [llm.generate(ids[:100] + [5], GREEDY)]
+        return outputs + [llm.generate(ids[:90] + [6, 7], SEEDED) for _ in range(2)]
+
+    outputs = _with_and_without(float_dir, run, max_batch_size=1, max_seq_len=256, draft=draft)
+    assert outputs[True][1].usage.cached_prompt_tokens == 90

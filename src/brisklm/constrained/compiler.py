@@ -173,7 +173,18 @@ def _constraint_name(constraint: Constraint) -> str:
     return "choice"
 
 
-def _check_first_step(constraint: Constraint, prototype: LLMatcher) -> None:
+def vocabulary_note(usable_tokens: int | None, vocab_size: int) -> str:
+    """For a constraint that matches nothing, or stops, with a model whose embedding is smaller
+    than its tokenizer: text only the ids past the embedding spell cannot be generated."""
+    if usable_tokens is None or usable_tokens >= vocab_size:
+        return ""
+    return (
+        f"; or its text needs tokens past the model's vocabulary (the embedding has "
+        f"{usable_tokens} of the tokenizer's {vocab_size} ids)"
+    )
+
+
+def _check_first_step(constraint: Constraint, prototype: LLMatcher, note: str = "") -> None:
     """Compute the first token mask once (on a copy), so a constraint that can never produce
     output fails here, before any request is queued, instead of mid-generation: an empty language
     (a regex nothing matches, a rule with no base case) or a grammar past llguidance's limits."""
@@ -198,7 +209,8 @@ def _check_first_step(constraint: Constraint, prototype: LLMatcher) -> None:
     ):
         raise ConstraintError(
             f"the {_constraint_name(constraint)} matches no output at all (its language is "
-            "empty): check for a rule that only refers to itself or a pattern nothing matches"
+            f"empty): check for a rule that only refers to itself or a pattern nothing matches"
+            f"{note}"
         )
     if error is not None:
         raise ConstraintError(
@@ -256,6 +268,7 @@ class GrammarCompiler:
         if max_cache_size < 1:
             raise ValueError(f"max_cache_size must be >= 1, got {max_cache_size}")
         self.tokenizer = tokenizer
+        self.usable_tokens = usable_tokens
         self.llg_tokenizer = llg_tokenizer_for(tokenizer, usable_tokens)
         self.vocab_size: int = self.llg_tokenizer.vocab_size
         self.eos_token_ids: tuple[int, ...] = usable_eos_token_ids(tokenizer, usable_tokens)
@@ -303,7 +316,9 @@ class GrammarCompiler:
         prototype = LLMatcher(self.llg_tokenizer, grammar, log_level=0)
         if prototype.is_error():
             raise _compile_error(constraint, prototype.get_error())
-        _check_first_step(constraint, prototype)
+        _check_first_step(
+            constraint, prototype, vocabulary_note(self.usable_tokens, self.vocab_size)
+        )
         return CompiledGrammar(
             constraint=constraint,
             grammar=grammar,

@@ -9,6 +9,7 @@ import torch
 
 from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
 from brisklm.cache.prefix_cache import PrefixCache
+from brisklm.constrained.compiler import vocabulary_note
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_stepwise
 from brisklm.engine.request import Request
@@ -509,8 +510,9 @@ class LLMEngine:
             return ConstraintError(
                 f"{where}: llguidance stopped with {error!r}: no token continues the output "
                 "(the grammar llguidance built for the constraint has a dead end there, as it "
-                "does for some multipleOf ranges); the request was stopped, and other requests "
-                "are unaffected"
+                "does for some multipleOf ranges"
+                f"{vocabulary_note(self.num_real_tokens, self.tokenizer.vocab_size)}); the "
+                "request was stopped, and other requests are unaffected"
             )
         return ConstraintError(  # llguidance gave up: a limit, not a sampling bug
             f"{where}: llguidance stopped with {error!r}; a grammar or regex this large or "

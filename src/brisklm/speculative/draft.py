@@ -215,8 +215,12 @@ class DraftModelProposer:
     def enable_prefix_reuse(self, chunk_size: int) -> None:
         """The engine keeps finished requests' prefixes: keep the draft's alongside where its
         pass computes each token alike whatever the row (the native pass, chunks of at most
-        its length), so a reused prefix gives the draft the keys it would compute itself."""
-        self.keeps_prefixes = self.runner.computes_rows_alike(chunk_size)
+        its length), so a reused prefix gives the draft the keys it would compute itself; not
+        with dynamic NTK rope past the draft's trained context (a key rotates by its pass's
+        longest position there)."""
+        self.keeps_prefixes = self.runner.computes_rows_alike(
+            chunk_size
+        ) and not self.runner.model.rotary.rotates_by_length(self.max_seq_len)
 
     def retain(self, slot: int, token_ids: Sequence[int]) -> None:
         """The slot's request is gone and the engine keeps its prefix ``token_ids``: keep the
