@@ -192,6 +192,28 @@ def test_forward_prepares_lazily_and_checks_input(make_gptq) -> None:
         layer(torch.randn(1, 65))
 
 
+def test_lazy_prepare_chooses_the_backend_for_the_activations_dtype(make_gptq, monkeypatch):
+    # "auto" probes the CUDA kernels in the model's dtype; a layer prepared by its first forward
+    # probed in bfloat16 whatever the activations were.
+    from brisklm.quant import int4_linear
+
+    asked = []
+    select = int4_linear._select_backend
+
+    def spy(requested, device, compute_dtype=None, activation_dtype=None):
+        asked.append(activation_dtype)
+        return select(requested, device, compute_dtype, activation_dtype)
+
+    monkeypatch.setattr(int4_linear, "_select_backend", spy)
+    t = make_gptq(64, 16, 32, seed=4)
+    layer = GPTQLinear(64, 16, bias=False, group_size=32)
+    layer.load_state_dict(
+        {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": t.g_idx}
+    )
+    layer(torch.randn(1, 64, dtype=torch.float16))
+    assert asked == [torch.float16]
+
+
 def test_model_dtype_casts_leave_the_layer_alone(make_gptq) -> None:
     t = make_gptq(128, 32, 32, act_order=True, seed=6)
     model = torch.nn.Sequential(GPTQLinear(128, 32, group_size=32))

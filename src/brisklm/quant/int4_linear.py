@@ -497,7 +497,7 @@ class GPTQLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend is None:
-            self.prepare(x.device)
+            self.prepare(x.device, activation_dtype=x.dtype)  # (auto's CUDA probe runs in it)
         if x.device != self._device:
             raise RuntimeError(
                 f"GPTQLinear was prepared for {self._device}, got input on {x.device}"
