@@ -177,13 +177,7 @@ def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelCo
     flags = [flag for flag in _MISTRAL_BIASES if getattr(config, flag)]
     if not flags:
         return config
-    stored: set[str] = set()
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                stored.update(handle.keys())
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+    stored = _tensor_files(files)
     absent = {
         flag: False
         for flag in flags
@@ -198,18 +192,23 @@ def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelCo
     return dataclasses.replace(config, **absent)
 
 
-def _head_and_embedding_files(files: list[Path]) -> dict[str, Path]:
-    """The file storing each of lm_head.weight and the embedding matrix, of those stored."""
+def _tensor_files(files: list[Path]) -> dict[str, Path]:
+    """Each tensor name the checkpoint stores -> the first file storing it (headers only)."""
     where: dict[str, Path] = {}
     for path in files:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in (_HEAD, _EMBEDDING):
-                    if name in handle.keys():
-                        where.setdefault(name, path)
+                for name in handle.keys():
+                    where.setdefault(name, path)
         except Exception as exc:  # safetensors raises its own error types for corrupt files
             raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
     return where
+
+
+def _head_and_embedding_files(files: list[Path]) -> dict[str, Path]:
+    """The file storing each of lm_head.weight and the embedding matrix, of those stored."""
+    stored = _tensor_files(files)
+    return {name: stored[name] for name in (_HEAD, _EMBEDDING) if name in stored}
 
 
 def _stored_head_that_differs(where: dict[str, Path]) -> Path | None:

@@ -11,12 +11,19 @@ MIN_REUSE = 16
 
 
 def common_prefix_length(cached: Sequence[int], prompt: Sequence[int]) -> int:
-    """How many leading tokens the two sequences share."""
-    length = min(len(cached), len(prompt))
-    for index in range(length):
-        if cached[index] != prompt[index]:
-            return index
-    return length
+    """How many leading tokens the two sequences share: a bisection over slice comparisons,
+    which run in C (a token-by-token loop took ~2 ms for 8 slots of 4k-token prompts)."""
+    cached, prompt = list(cached), list(prompt)
+    low, high = 0, min(len(cached), len(prompt))  # [0, low) matches; the first mismatch < high
+    if cached[:high] == prompt[:high]:
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if cached[low:middle] == prompt[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 class PrefixCache:

@@ -180,9 +180,7 @@ class ModelRunner:
         for slot, start, length in zip(batch.slots, batch.start_positions, query_lens):
             self._written[slot] = max(self._written.get(slot, 0), start + length)
             if self.native is not None and length > MAX_QUERY_LEN:
-                self._torch_written_from[slot] = min(
-                    self._torch_written_from.get(slot, start), start
-                )
+                _mark_from(self._torch_written_from, slot, start)
 
     def clear_slot(self, slot: int) -> None:
         """Zero what passes wrote to a slot's keys and values, when the sequence in it is done.
@@ -288,9 +286,7 @@ class ModelRunner:
     def _forward_torch(self, batch: ForwardBatch, query_lens: list[int]) -> torch.Tensor:
         if len(query_lens) > 1:
             for slot, start in zip(batch.slots, batch.start_positions):
-                self._shared_written_from[slot] = min(
-                    self._shared_written_from.get(slot, start), start
-                )
+                _mark_from(self._shared_written_from, slot, start)
         meta = AttentionMetadata.build(
             batch.slots,
             batch.start_positions,
@@ -316,3 +312,8 @@ class ModelRunner:
         if len(index) == len(query_lens) and all(n == 1 for n in query_lens):
             return hidden
         return hidden.index_select(0, torch.tensor(index, dtype=torch.int64, device=hidden.device))
+
+
+def _mark_from(marks: dict[int, int], slot: int, start: int) -> None:
+    """Record that ``slot`` was written from ``start`` on (the earliest such start is kept)."""
+    marks[slot] = min(marks.get(slot, start), start)
