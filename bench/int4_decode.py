@@ -2,8 +2,11 @@
 
 The int4 model is the float model quantized by `brisklm quantize --method rtn --group-size 128`
 (round-to-nearest: quick to make, and the same checkpoint format and kernel as GPTQ), loaded by
-LLM.from_pretrained like any GPTQ checkpoint. It runs with bfloat16 activations ("int4") and with
-float32 activations ("int4/f32-act"); on CPU the int4 kernel itself computes in bfloat16.
+LLM.from_pretrained like any GPTQ checkpoint. On CPU it runs through brisklm's native kernels
+(float32 arithmetic) with its embedding table and head in bfloat16 ("int4") and in float32
+("int4/f32-act"), and through PyTorch's int4 kernel, which computes in bfloat16, with bfloat16
+activations ("int4/torch", `int4_compute_dtype="bfloat16"`: the default before the native
+kernels took int4).
 
     python bench/int4_decode.py                              # ~245M params, CPU
     python bench/int4_decode.py --preset 125m --new-tokens 16 --repeats 2
@@ -113,11 +116,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    variants = {  # name -> (checkpoint, activation dtype)
-        "float32": ("float", "float32"),
-        "bfloat16": ("float", "bfloat16"),
-        "int4": ("int4", "bfloat16"),
-        "int4/f32-act": ("int4", "float32"),
+    variants = {  # name -> (checkpoint, dtype, int4_compute_dtype)
+        "float32": ("float", "float32", None),
+        "bfloat16": ("float", "bfloat16", None),
+        "int4": ("int4", "bfloat16", None),
+        "int4/f32-act": ("int4", "float32", None),
+        "int4/torch": ("int4", "bfloat16", "bfloat16"),
     }
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {"float": Path(tmp) / "float", "int4": Path(tmp) / "int4"}
@@ -144,11 +148,12 @@ def main() -> None:
         memory: dict[str, tuple[int, int, int]] = {}
         # One variant at a time, closed before the next loads: a live idle engine's thread pool
         # would slow the others down.
-        for name, (kind, dtype) in variants.items():
+        for name, (kind, dtype, int4_compute_dtype) in variants.items():
             llm = LLM.from_pretrained(
                 dirs[kind],
                 device="cpu",
                 dtype=dtype,
+                int4_compute_dtype=int4_compute_dtype,
                 max_batch_size=max(args.batch_sizes),
                 max_seq_len=max_seq_len,
                 show_progress=False,
@@ -164,7 +169,7 @@ def main() -> None:
                     rates[batch].update(
                         decode_rates(runs, batches[batch], args.new_tokens, args.repeats)
                     )
-                if args.profile and name in ("bfloat16", "int4"):
+                if args.profile and name in ("bfloat16", "int4", "int4/torch"):
                     print(f"--- profile: {name}, batch 1 decode")
                     profile_decode(llm, batches[args.batch_sizes[0]][0], 16)
             llm.close()

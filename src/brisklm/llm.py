@@ -368,8 +368,10 @@ class LLM:
         ``num_speculative_tokens``. The output is unchanged: greedy output is the target's own,
         sampled output follows the target's distribution exactly.
         GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
-        is what their kernels compute in: default (or "auto") bfloat16 on CPU (the fast kernel),
-        "float32" gives exact products at a large cost in speed. Other quantizations are refused.
+        is what their kernels compute in: by default (or "auto") float32 on CPU through the native
+        kernels (exact products of the dequantized weight; without a C compiler, torch's kernel in
+        bfloat16), "bfloat16" takes torch's kernel (2.3x slower a token at batch 1 on a 245M
+        model); on CUDA the kernel's own. Other quantizations are refused.
         ``num_threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``;
         default: torch's, one per core). On CPU, leave one core free of other busy processes per
         thread: with one of two cores taken by another process, two threads decoded the bundled
@@ -385,8 +387,9 @@ class LLM:
         finished request's keys and values stay in its cache slot, and a request whose prompt
         starts with the same tokens (a chat's system prompt and tools) takes that slot and computes
         only the rest (``usage.cached_prompt_tokens`` counts what it reused); the output is the
-        same either way through the native CPU pass (float models on CPU), which reuses any shared
-        prefix; other paths (CUDA, GPTQ int4, ``prefill_chunk_size`` over 512) reuse whole prompt
+        same either way through the native CPU pass (float and GPTQ int4 models on CPU), which
+        reuses any shared prefix; other paths (CUDA, int4 on torch's kernel,
+        ``prefill_chunk_size`` over 512) reuse whole prompt
         chunks a pass computed for their request alone (a prompt shorter than a chunk reuses
         nothing: lower ``prefill_chunk_size`` to reuse more), and there the same holds for a
         request alone (a batch rounds each row by what shares its

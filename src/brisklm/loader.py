@@ -383,7 +383,7 @@ def load_model(
             with torch.device("meta"):
                 model = LlamaForCausalLM(config, make_linear)
     exact_half = None
-    # Structure first: an int4 model never runs the kernels, and shall not be told to install gcc.
+    # Structure first: a model the kernels cannot run shall not be told to install gcc.
     if float32_by_default and native_forward.supports_structure(model) and native.available():
         exact_half = _stored_half_dtype(files)
         if exact_half is not None:

@@ -109,7 +109,7 @@ def test_gptq_checkpoint_matches_dequantized_float_copy(variant, hf_models, tmp_
         assert isinstance(model.model.layers[1].self_attn.o_proj, Linear)
     if family == "qwen2":  # tied: the table itself, or on CPU a packed copy of it
         table = model.model.embed_tokens.weight
-        if model.lm_head.is_packed:
+        if model.lm_head.is_packed or model.lm_head.is_native_packed:
             assert torch.equal(model.lm_head.dense_weight(), table)
         else:
             assert model.lm_head.weight is table

@@ -59,10 +59,10 @@ def test_cpu_kernel_matches_reference(
     )
     bias = torch.randn(96).half()
     exact = GPTQLinear.from_gptq_tensors(
-        *t, bias=bias, compute_dtype=torch.float32, keep_gptq_tensors=True
+        *t, bias=bias, backend="cpu", compute_dtype=torch.float32, keep_gptq_tensors=True
     )
-    fast = GPTQLinear.from_gptq_tensors(*t, bias=bias, keep_gptq_tensors=True)  # default: bf16
-    assert exact.backend == fast.backend == "cpu"
+    fast = GPTQLinear.from_gptq_tensors(*t, bias=bias, backend="cpu", keep_gptq_tensors=True)
+    assert exact.backend == fast.backend == "cpu" and fast.compute_dtype == torch.bfloat16
     # One group (-1) has nothing to sort: act-order then needs no permutation.
     assert (exact._perm is not None) == (act_order and group_size != -1)
     gen = torch.Generator().manual_seed(11)
@@ -71,6 +71,78 @@ def test_cpu_kernel_matches_reference(
         check_against_reference(exact, t, x, FP32_REL)
         check_against_reference(fast, t, x, BF16_REL)
         check_against_reference(fast, t, x.bfloat16(), BF16_REL)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, -1])
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
+def test_native_kernel_gives_the_bits_of_the_dequantized_float32_product(
+    make_gptq, group_size: int, act_order: bool, fmt: str
+) -> None:
+    """On CPU "auto" runs the native kernels: float32 arithmetic over (q - z) * s, exactly the
+    dequantized weight, so a row gets the bits of the native float32 product over that weight
+    (and of the float model the checkpoint dequantizes to), alone or among others; act-order's
+    groups are looked up per input, with no permutation of the activations."""
+    from brisklm.kernels import native
+
+    if not native.available():
+        pytest.skip("the native kernels do not build here")
+    t = make_gptq(256, 88, group_size, act_order=act_order, checkpoint_format=fmt, seed=3)
+    bias = torch.randn(88).half()
+    layer = GPTQLinear.from_gptq_tensors(
+        *t, bias=bias, checkpoint_format=fmt, keep_gptq_tensors=True
+    )
+    assert layer.backend == "native" and layer.compute_dtype == torch.float32
+    assert layer._perm is None
+    dense = native.pack(layer.dequantize())
+    assert torch.equal(layer.int4.dequantize(), layer.dequantize())
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(70, 256, generator=gen)  # from 64 rows AVX2 widens each panel once
+    want = native.linear(x, dense, bias.float(), 88)
+    assert torch.equal(layer(x), want)
+    for rows in (1, 2, 3, 7):
+        assert torch.equal(layer(x[:rows]), want[:rows])
+    check_against_reference(layer, t, x[:9], FP32_REL, fmt)
+    # Other dtypes in, the same dtype out (computed in float32).
+    assert torch.equal(
+        layer(x[:3].bfloat16()),
+        native.linear(x[:3].bfloat16().float(), dense, bias.float(), 88).bfloat16(),
+    )
+
+
+def test_native_kernel_takes_uneven_groups_in_any_order(make_gptq) -> None:
+    """Groups no kernel group fits (sizes 40/24/32/32, shuffled) need no dense copy natively."""
+    from brisklm.kernels import native
+
+    if not native.available():
+        pytest.skip("the native kernels do not build here")
+    t = make_gptq(128, 32, 32, seed=1)
+    g_idx = torch.cat(
+        [torch.zeros(40), torch.ones(24), torch.full((32,), 2), torch.full((32,), 3)]
+    ).int()
+    t = t._replace(g_idx=g_idx[torch.randperm(128, generator=torch.Generator().manual_seed(0))])
+    layer = GPTQLinear.from_gptq_tensors(*t, keep_gptq_tensors=True)
+    assert layer.backend == "native"
+    x = torch.randn(5, 128)
+    assert torch.equal(layer(x), native.linear(x, native.pack(layer.dequantize()), None, 32))
+
+
+def test_native_backend_refuses_what_it_cannot_do(make_gptq, monkeypatch) -> None:
+    from brisklm.kernels import native
+
+    t = make_gptq(64, 16, 32, seed=4)
+    with pytest.raises(ValueError, match="computes in float32"):
+        GPTQLinear.from_gptq_tensors(*t, backend="native", compute_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="needs a CPU device"):
+        GPTQLinear.from_gptq_tensors(*t, backend="native", device="meta")
+    # Without the kernels "auto" takes torch's CPU kernel, and "native" says why it cannot run.
+    monkeypatch.setattr(native, "available", lambda: False)
+    assert GPTQLinear.from_gptq_tensors(*t).backend == "cpu"
+    with pytest.raises(RuntimeError, match="native CPU kernels"):
+        GPTQLinear.from_gptq_tensors(*t, backend="native")
+    # A bfloat16 product asked for runs on torch's kernel, which computes in it.
+    monkeypatch.undo()
+    assert GPTQLinear.from_gptq_tensors(*t, compute_dtype=torch.bfloat16).backend == "cpu"
 
 
 def test_kernel_group_mapping(make_gptq) -> None:
@@ -109,7 +181,7 @@ def test_dense_fallback_for_unaligned_groups(make_gptq, caplog: pytest.LogCaptur
     ).int()
     t = t._replace(g_idx=g_idx[torch.randperm(128, generator=torch.Generator().manual_seed(0))])
     with caplog.at_level(logging.WARNING):
-        layer = GPTQLinear.from_gptq_tensors(*t, keep_gptq_tensors=True)
+        layer = GPTQLinear.from_gptq_tensors(*t, backend="cpu", keep_gptq_tensors=True)
     assert layer.backend == "dense" and "dense" in caplog.text
     x = torch.randn(5, 128)
     check_against_reference(layer, t, x, BF16_REL)
@@ -136,7 +208,7 @@ def test_bias_is_added_in_float32(make_gptq) -> None:
     """Qwen2-sized q/k/v biases (~100) on ~1 products: a bfloat16 sum would round away ~0.5."""
     t = make_gptq(128, 64, 32, seed=5)
     bias = torch.linspace(-136.0, 136.0, 64)
-    layer = GPTQLinear.from_gptq_tensors(*t, bias=bias, keep_gptq_tensors=True)
+    layer = GPTQLinear.from_gptq_tensors(*t, bias=bias, backend="cpu", keep_gptq_tensors=True)
     assert layer.compute_dtype == torch.bfloat16
     x = torch.randn(4, 128) * 0.05
     expected = x.double() @ layer.dequantize().double().T + bias.double()
@@ -173,7 +245,9 @@ def test_prepare_drops_gptq_tensors_by_default(make_gptq) -> None:
     packed_bytes = sum(
         b.numel() * b.element_size() for n, b in layer.named_buffers() if "bias" not in n
     )
-    assert packed_bytes < 128 * 64 * 2 / 3  # int4 + scales, well under a bf16 copy
+    # int4 + scales, well under a bf16 copy (the native layout keeps each group's zero points and
+    # scales in float32: at groups of 32, 8 bytes per 16 of codes)
+    assert packed_bytes <= 128 * 64 * 2 / 2
     with pytest.raises(RuntimeError, match="keep_gptq_tensors"):
         layer.forward_reference(torch.randn(1, 128))
     with pytest.raises(RuntimeError, match="already"):
@@ -187,7 +261,10 @@ def test_forward_prepares_lazily_and_checks_input(make_gptq) -> None:
     layer.load_state_dict(
         {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": t.g_idx}
     )
-    assert layer(torch.randn(1, 64)).shape == (1, 16) and layer.backend == "cpu"
+    from brisklm.kernels import native
+
+    assert layer(torch.randn(1, 64)).shape == (1, 16)
+    assert layer.backend == ("native" if native.available() else "cpu")
     with pytest.raises(ValueError, match="last dim"):
         layer(torch.randn(1, 65))
 

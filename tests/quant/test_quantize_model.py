@@ -505,17 +505,25 @@ def test_a_gptq_target_with_a_draft_gives_the_plain_output_bit_for_bit(llama_gpt
                 assert [e.logprob for e in got.logprobs] == [e.logprob for e in want.logprobs]
 
 
-def test_an_int4_model_is_not_told_to_install_a_compiler(llama_rtn, monkeypatch, caplog):
-    # The loader asked whether the native kernels load before whether the model could use them:
-    # on a host without gcc, an int4 model (which never runs them) got "install one (e.g. gcc)".
+def test_an_int4_model_without_a_compiler_is_told_and_runs_torchs_kernel(
+    llama_rtn, monkeypatch, caplog
+):
+    # Int4 models run the native kernels on CPU too: without gcc the loader says what to install
+    # (once), and the layers take torch's int4 kernel.
     from brisklm.kernels import native
 
     monkeypatch.setattr(native, "_compiler", lambda: None)
     native.library.cache_clear()
     try:
         with caplog.at_level("WARNING"):
-            LLM.from_pretrained(llama_rtn, show_progress=False).close()
-        assert "no C compiler" not in caplog.text
+            llm = LLM.from_pretrained(llama_rtn, show_progress=False)
+        try:
+            assert caplog.text.count("no C compiler") == 1
+            layer = llm.engine.runner.model.model.layers[0].mlp.down_proj.parts[0]
+            assert layer.backend == "cpu" and llm.engine.runner.native is None
+            assert llm.generate("Hi", SamplingParams(max_tokens=2)).token_ids
+        finally:
+            llm.close()
     finally:
         monkeypatch.undo()
         native.library.cache_clear()

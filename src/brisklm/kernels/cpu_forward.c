@@ -2,7 +2,8 @@
  * to 512 tokens (decode steps, speculative verification, prompts), in one OpenMP parallel
  * region, and the same row-invariant matrix product on its own (for every row count). Weights
  * (the products' and the embedding table) are float32, bfloat16 or float16 (WT_BF16, WT_F16,
- * below); everything else, and all arithmetic, is float32.
+ * below), the products' also GPTQ int4 (WT_INT4); everything else, and all arithmetic, is
+ * float32.
  *
  * Why: at batch 1 a decode step reads every weight once and should run at memory bandwidth. Run
  * as ~25 torch ops per layer, each parallel kernel forks and joins the thread pool and pays its
@@ -96,7 +97,39 @@ static inline float vsum(vf v) {
 #define WT_SIZE(wt) ((wt) == WT_F32 ? 4 : 2)
 #define HIGH_HALF 0xFFFF0000u
 
+/* GPTQ int4 weights (WT_INT4, products only: not the embedding table or a KV cache). A panel's
+ * rows come in blocks of eight (k is a multiple of 8): 32 32-bit words, word o holding output o's
+ * 4-bit codes of the block's eight rows, row r in bits 4r to 4r + 3. A row's codes are then a
+ * shift and a mask of the block's words, lane by lane, with no byte widening (gcc turned a
+ * widening of eight bytes to eight 32-bit lanes into scalar code: 30 cycles a row). Each input
+ * belongs to a group (GPTQ's
+ * g_idx, any order: act-order needs no permutation of the activations), and each group has a
+ * zero point and a scale per output, stored as float32 in a block of 64 per panel and group: the
+ * 32 outputs' zero points, then their 32 scales. A weight is (code - zero) * scale, computed in
+ * float32 as it is read (exactly GPTQ's dequantization, scale * (q - zero), and the same value
+ * dequantize_gptq gives): a product over int4 weights gives the bits the float32 product gives
+ * over the dequantized weight, and reads an eighth of its bytes (plus the groups' blocks). */
+#define WT_INT4 3
+/* Bytes of one panel row (on average, for int4), and of a panel of k rows. */
+#define ROW_BYTES(wt) ((wt) == WT_INT4 ? NB / 2 : NB * WT_SIZE(wt))
+#define PANEL_BYTES(k, wt) ((int64_t)(k) * ROW_BYTES(wt))
+
+/* An int4 product's weight (what a WT_INT4 product's ``packed`` points to). */
+typedef struct {
+    const uint8_t *codes;     /* panel after panel, k rows of ROW_BYTES each */
+    const float *zs;          /* per panel, zs_panel floats: one block of 64 per group */
+    const int32_t *group_at;  /* [k]: input i's block in a panel's zs (its group times 64) */
+    int64_t zs_panel;
+} q4_weight;
+
+/* One int4 panel's blocks and the inputs' offsets into them (unused for other weight types). */
+typedef struct {
+    const float *zs;
+    const int32_t *group_at;
+} q4_panel;
+
 typedef uint32_t vu __attribute__((vector_size(64)));
+typedef int32_t vq __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 
 /* A float16 as a float32 (exact; a NaN comes back quiet, as F16C's conversion returns it). */
@@ -322,10 +355,21 @@ static inline vf vmax(vf a, vf b) {
  * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
 #define NB 32 /* outputs per panel */
 
-/* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31. */
+/* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31.
+ * An int4 row (at / NB: its input) is dequantized with its group's block in qp. */
 static inline __attribute__((always_inline)) void wrow(const void *panel, int64_t at, int wt,
-                                                       vf *lo, vf *hi) {
-    if (wt == WT_BF16) {
+                                                       q4_panel qp, vf *lo, vf *hi) {
+    if (wt == WT_INT4) {
+        const int64_t i = at / NB;
+        const int shift = 4 * (int)(i & 7);
+        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
+        vq w0, w1;
+        memcpy(&w0, words, sizeof w0);
+        memcpy(&w1, words + VW, sizeof w1);
+        const float *z = qp.zs + qp.group_at[i];
+        *lo = (__builtin_convertvector((w0 >> shift) & 15, vf) - vload(z)) * vload(z + 2 * VW);
+        *hi = (__builtin_convertvector((w1 >> shift) & 15, vf) - vload(z + VW)) * vload(z + 3 * VW);
+    } else if (wt == WT_BF16) {
         vu u;
         memcpy(&u, (const uint16_t *)panel + at, sizeof u);
         *lo = (vf)(u << 16);
@@ -350,8 +394,8 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
 #define MB_HALF MB
 
 static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt,
-    int stream) {
+    const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k, float *out,
+    int wt, int stream) {
     /* Two partial sums per output, over even and over odd k, added at the end: two FMA chains,
      * so that a single token is not held to one FMA latency per k. */
     vf a0[MB], a1[MB], c0[MB], c1[MB];
@@ -359,10 +403,10 @@ static inline __attribute__((always_inline)) void panel_tile(
     int i = 0;
     for (; i + 2 <= k; i += 2) {
         const int64_t at = (int64_t)i * NB;
-        const char *row = (const char *)panel + at * WT_SIZE(wt);
+        const char *row = (const char *)panel + (int64_t)i * ROW_BYTES(wt);
         vf b0, b1, d0, d1;
-        wrow(panel, at, wt, &b0, &b1);
-        wrow(panel, at + NB, wt, &d0, &d1);
+        wrow(panel, at, wt, qp, &b0, &b1);
+        wrow(panel, at + NB, wt, qp, &d0, &d1);
         /* With two or more tokens, the four cache lines PREFETCH_AHEAD bytes ahead in the stream,
          * into L2 (panels are contiguous, so past a panel's end this is the next panel's start):
          * this keeps loads in flight while a tile of several tokens computes. With the earlier
@@ -376,7 +420,9 @@ static inline __attribute__((always_inline)) void panel_tile(
          * time with them (12.8-13.0 ms against 13.7-13.9), the bundled model's 0.998x. That was
          * before a single token read up to GROUP panels at once (panel_group, which leaves float32
          * rows to the hardware prefetchers); here it is the lone panels left over. */
-        if (mt > 1 || wt != WT_F32 || stream) { /* the rows' lines: four of float32, two of halves */
+        if (wt == WT_INT4) { /* a line holds four int4 rows */
+            if ((i & 3) == 0) __builtin_prefetch(row + PREFETCH_AHEAD, 0, 2);
+        } else if (mt > 1 || wt != WT_F32 || stream) { /* four lines of float32, two of halves */
             for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -391,7 +437,7 @@ static inline __attribute__((always_inline)) void panel_tile(
     if (i < k) {
         const int64_t at = (int64_t)i * NB;
         vf b0, b1;
-        wrow(panel, at, wt, &b0, &b1);
+        wrow(panel, at, wt, qp, &b0, &b1);
         for (int m = 0; m < mt; m++) {
             const vf xe = vsplat(x[m * ldx + i]);
             a0[m] += xe * b0;
@@ -419,7 +465,8 @@ static inline __attribute__((always_inline)) void panel_tile(
  * prefetched here (with the prefetch of panel_tile's ``stream`` case: 1.03x slower); bfloat16
  * and float16 rows are, as in panel_tile (bfloat16 without: 1.24x slower). */
 static inline __attribute__((always_inline)) void panel_group(const float *x, const void *panel,
-                                                              int64_t panel_elems, int g, int k,
+                                                              int64_t panel_elems, q4_panel qp,
+                                                              int64_t zs_panel, int g, int k,
                                                               float *out, int wt) {
     vf a0[GROUP], a1[GROUP], c0[GROUP], c1[GROUP];
     for (int j = 0; j < GROUP; j++) a0[j] = a1[j] = c0[j] = c1[j] = (vf){0};
@@ -430,9 +477,17 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         for (int j = 0; j < g; j++) {
             const int64_t pat = j * panel_elems + at;
             vf b0, b1, d0, d1;
-            wrow(panel, pat, wt, &b0, &b1);
-            wrow(panel, pat + NB, wt, &d0, &d1);
-            if (wt != WT_F32) {
+            if (wt == WT_INT4) { /* panel j's rows and blocks */
+                const q4_panel qj = {qp.zs + j * zs_panel, qp.group_at};
+                const char *pj = (const char *)panel + j * PANEL_BYTES(k, wt);
+                wrow(pj, at, wt, qj, &b0, &b1);
+                wrow(pj, at + NB, wt, qj, &d0, &d1);
+                if ((i & 3) == 0) __builtin_prefetch(pj + i * ROW_BYTES(wt) + PREFETCH_AHEAD, 0, 2);
+            } else {
+                wrow(panel, pat, wt, qp, &b0, &b1);
+                wrow(panel, pat + NB, wt, qp, &d0, &d1);
+            }
+            if (wt == WT_BF16 || wt == WT_F16) {
                 const char *row = (const char *)panel + pat * WT_SIZE(wt);
                 for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
                     __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
@@ -448,7 +503,12 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         const vf xe = vsplat(x[i]);
         for (int j = 0; j < g; j++) {
             vf b0, b1;
-            wrow(panel, j * panel_elems + at, wt, &b0, &b1);
+            if (wt == WT_INT4) {
+                const q4_panel qj = {qp.zs + j * zs_panel, qp.group_at};
+                wrow((const char *)panel + j * PANEL_BYTES(k, wt), at, wt, qj, &b0, &b1);
+            } else {
+                wrow(panel, j * panel_elems + at, wt, qp, &b0, &b1);
+            }
             a0[j] += xe * b0;
             a1[j] += xe * b1;
         }
@@ -492,8 +552,20 @@ typedef uint32_t pu __attribute__((vector_size(32)));
  * the low halves of a bfloat16 row's first eight words are outputs 0-7, their high halves
  * 16-23). */
 static inline __attribute__((always_inline)) void wrow8(const void *panel, int64_t at, int wt,
-                                                        pv w[NV]) {
-    if (wt == WT_BF16) {
+                                                        q4_panel qp, pv w[NV]) {
+    if (wt == WT_INT4) {
+        typedef int32_t pq __attribute__((vector_size(32)));
+        const int64_t i = at / NB;
+        const int shift = 4 * (int)(i & 7);
+        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
+        const float *z = qp.zs + qp.group_at[i];
+        for (int v = 0; v < NV; v++) {
+            pq c;
+            memcpy(&c, words + v * PW, sizeof c);
+            w[v] = (__builtin_convertvector((c >> shift) & 15, pv) - pload(z + v * PW)) *
+                   pload(z + NB + v * PW);
+        }
+    } else if (wt == WT_BF16) {
         pu a, b;
         memcpy(&a, (const uint16_t *)panel + at, sizeof a);
         memcpy(&b, (const uint16_t *)panel + at + 2 * PW, sizeof b);
@@ -509,8 +581,8 @@ static inline __attribute__((always_inline)) void wrow8(const void *panel, int64
 }
 
 static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const void *panel, int k, float *out, int wt,
-    int stream) {
+    const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k, float *out,
+    int wt, int stream) {
     /* A single float32 token's rows are not prefetched here, ``stream`` or not: on a Zen 3 (AVX2
      * only) the 125M model's one-token call took 1.037x the time with them (session 25), while
      * this tile built with -mno-avx512f on a Sapphire Rapids Xeon took 0.93-0.945x (session 39;
@@ -521,14 +593,16 @@ static inline __attribute__((always_inline)) void panel_tile(
         for (int v = 0; v < NV; v++) acc[m][v] = (pv){0};
     for (int i = 0; i < k; i++) {
         const int64_t at = (int64_t)i * NB;
-        const char *row = (const char *)panel + at * WT_SIZE(wt);
+        const char *row = (const char *)panel + (int64_t)i * ROW_BYTES(wt);
         pv w[NV];
-        wrow8(panel, at, wt, w);
+        wrow8(panel, at, wt, qp, w);
         /* As above: the row's lines PREFETCH_AHEAD bytes ahead, into L2. Half-precision rows also
          * for a single token: the loop's iterations each read half the bytes, and the 125M model's
          * step took 0.93x the time with these prefetches (Zen 3, bench/native_kernel_ab.py
          * --dtype bfloat16; twice the distance: 0.98x of that, level within this VM's noise). */
-        if (mt > 1 || wt != WT_F32) {
+        if (wt == WT_INT4) { /* a line holds four int4 rows */
+            if ((i & 3) == 0) __builtin_prefetch(row + PREFETCH_AHEAD, 0, 2);
+        } else if (mt > 1 || wt != WT_F32) {
             for (int line = 0; line < NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -542,7 +616,7 @@ static inline __attribute__((always_inline)) void panel_tile(
 #endif
 
 #define PANEL_CASE(T, WT) \
-    case T: panel_tile(x, ldx, T, panel, k, out, WT, stream); break;
+    case T: panel_tile(x, ldx, T, panel, qp, k, out, WT, stream); break;
 
 #if MB == 6
 #define PANEL_SWITCH(WT)                                                                          \
@@ -557,9 +631,11 @@ static inline __attribute__((always_inline)) void panel_tile(
 #error "panel_tokens: no cases for this MB"
 #endif
 
-static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel, int k, float *out,
-                         int wt, int stream) {
-    if (wt == WT_BF16) {
+static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp,
+                         int k, float *out, int wt, int stream) {
+    if (wt == WT_INT4) {
+        PANEL_SWITCH(WT_INT4)
+    } else if (wt == WT_BF16) {
         PANEL_SWITCH(WT_BF16)
     } else if (wt == WT_F16) {
         PANEL_SWITCH(WT_F16)
@@ -612,24 +688,30 @@ static void wide_key_create(void) {
     wide_key_made = pthread_key_create(&wide_key, free) == 0;
 }
 
-/* The half-precision panel (of type wt) of k rows as a float32 panel (outputs in order, as pack
- * lays out float32) in this thread's buffer; NULL if it cannot be allocated. */
-static const float *widened_panel(const uint16_t *panel, int k, int wt) {
-    const size_t need = (size_t)k * NB;
+/* This thread's buffer of at least ``need`` floats; NULL if it cannot be allocated. */
+static float *thread_floats(size_t need) {
     if (need > wide_floats) {
         free(wide_buffer);
         wide_buffer = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
         wide_floats = wide_buffer ? need : 0;
         pthread_once(&wide_key_once, wide_key_create);
         if (wide_key_made) pthread_setspecific(wide_key, wide_buffer);
-        if (!wide_buffer) return NULL;
     }
+    return wide_buffer;
+}
+
+/* The half-precision or int4 panel (of type wt) of k rows as a float32 panel (outputs in order,
+ * as pack lays out float32) in this thread's buffer; NULL if it cannot be allocated. */
+static const float *widened_panel(const void *panel, q4_panel qp, int k, int wt) {
+    if (!thread_floats((size_t)k * NB)) return NULL;
     for (int i = 0; i < k; i++) {
         vf lo, hi;
-        if (wt == WT_F16)
-            wrow(panel, (int64_t)i * NB, WT_F16, &lo, &hi);
+        if (wt == WT_INT4)
+            wrow(panel, (int64_t)i * NB, WT_INT4, qp, &lo, &hi);
+        else if (wt == WT_F16)
+            wrow(panel, (int64_t)i * NB, WT_F16, qp, &lo, &hi);
         else
-            wrow(panel, (int64_t)i * NB, WT_BF16, &lo, &hi);
+            wrow(panel, (int64_t)i * NB, WT_BF16, qp, &lo, &hi);
         memcpy(wide_buffer + (int64_t)i * NB, &lo, sizeof lo);
         memcpy(wide_buffer + (int64_t)i * NB + VW, &hi, sizeof hi);
     }
@@ -647,29 +729,44 @@ static inline __attribute__((always_inline)) void store_panel(const float *restr
     }
 }
 
+/* Panel p of a packed weight (for int4, ``packed`` is its q4_weight), and for int4 its blocks. */
+static inline __attribute__((always_inline)) const void *panel_at(const void *packed, int wt,
+                                                                  int k, int p, q4_panel *qp) {
+    if (wt == WT_INT4) {
+        const q4_weight *q = (const q4_weight *)packed;
+        qp->zs = q->zs + (int64_t)p * q->zs_panel;
+        qp->group_at = q->group_at;
+        return q->codes + (int64_t)p * PANEL_BYTES(k, wt);
+    }
+    qp->zs = NULL;
+    qp->group_at = NULL;
+    return (const char *)packed + (int64_t)p * PANEL_BYTES(k, wt);
+}
+
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p,
                          int stream) {
-    const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
+    q4_panel qp;
+    const void *panel = panel_at(packed, wt, k, p, &qp);
+    const int o = p * NB, width = rows - o < NB ? rows - o : NB;
     /* Many tokens (WIDEN_FROM): widen the half-precision panel once and run every tile over the
      * float32 copy, as a float32 weight, instead of widening it again in every tile (the AVX2 tile
      * over half-precision weights also takes only MB_HALF tokens: see its definition). Same
      * products, same order: the bits of the tile over the half-precision panel, so a row's result
      * does not depend on which way its call went. */
     if (WIDEN_FROM > 0 && wt != WT_F32 && n >= WIDEN_FROM) {
-        const float *wide = widened_panel((const uint16_t *)panel, k, wt);
+        const float *wide = widened_panel(panel, qp, k, wt);
         if (wide) {
             panel = wide;
             wt = WT_F32;
         }
     }
-    const int o = p * NB, width = rows - o < NB ? rows - o : NB;
     float out[MB * NB];
     const int tile = wt == WT_F32 ? MB : MB_HALF;
     for (int m0 = 0; m0 < n; m0 += tile) {
         const int mt = n - m0 < tile ? n - m0 : tile;
-        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt, stream);
+        panel_tokens(x + m0 * ldx, ldx, mt, panel, qp, k, out, wt, stream);
         for (int m = 0; m < mt; m++)
             store_panel(out + m * NB, b, o, width, y + (m0 + m) * ldy + o, accumulate);
     }
@@ -688,15 +785,19 @@ static void matmul_panels(const float *x, int64_t ldx, int n, int k, const void 
                           int count, int stream) {
 #if GROUP > 1
     if (n == 1 && count > 1) {
-        const void *panel = (const char *)packed + (int64_t)p * k * NB * WT_SIZE(wt);
+        q4_panel qp;
+        const void *panel = panel_at(packed, wt, k, p, &qp);
         const int64_t panel_elems = (int64_t)k * NB;
+        const int64_t zs_panel = wt == WT_INT4 ? ((const q4_weight *)packed)->zs_panel : 0;
         float out[GROUP * NB];
-        if (wt == WT_BF16)
-            panel_group(x, panel, panel_elems, count, k, out, WT_BF16);
+        if (wt == WT_INT4)
+            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_INT4);
+        else if (wt == WT_BF16)
+            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_BF16);
         else if (wt == WT_F16)
-            panel_group(x, panel, panel_elems, count, k, out, WT_F16);
+            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_F16);
         else
-            panel_group(x, panel, panel_elems, count, k, out, WT_F32);
+            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_F32);
         for (int j = 0; j < count; j++) {
             const int o = (p + j) * NB;
             store_panel(out + j * NB, b, o, rows - o < NB ? rows - o : NB, y + o, accumulate);
@@ -851,13 +952,16 @@ typedef struct {
     void **k_cache, **v_cache; /* of cache_type */
     const int *window;
     const float *final_norm;
-    const void *head_w; /* packed, of weight_type */
-    int weight_type;    /* WT_F32, WT_BF16 or WT_F16: the packed weights' elements */
+    const void *head_w; /* packed, of head_type */
+    int weight_type;    /* WT_F32, WT_BF16 or WT_F16: the embedding table's elements */
     int cache_type;     /* the same codes: the KV cache's elements */
     /* With argmax_cols > 0, argmax[r] = logits row r's greedy token over its first argmax_cols
      * logits (see team_argmax); 0: none. */
     int argmax_cols;
     int64_t *argmax;
+    /* The layers' products' weights (qkv_w, o_w, gu_w, down_w) and the head's: WT_F32, WT_BF16,
+     * WT_F16 or WT_INT4 (each such weight then a q4_weight). */
+    int layer_type, head_type;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -1458,11 +1562,16 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     if (a->weight_type != WT_F32 && a->weight_type != WT_BF16 && a->weight_type != WT_F16)
         return 1;
     if (a->cache_type != WT_F32 && a->cache_type != WT_BF16 && a->cache_type != WT_F16) return 1;
+    if (a->layer_type < WT_F32 || a->layer_type > WT_INT4 || a->head_type < WT_F32 ||
+        a->head_type > WT_INT4)
+        return 1;
     if (n < 1 || n > MAX_TOKENS || a->n_logits > MAX_TOKENS || hq % hkv != 0 || d % 2 != 0) return 1;
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
     const int64_t layer_weights = (int64_t)e * qkv_rows + (int64_t)hq * d * e + 3 * (int64_t)e * inter;
-    const int stream = (a->n_layers * layer_weights + (int64_t)a->vocab * e) * WT_SIZE(a->weight_type) >=
+    /* Bytes of the products' weights (an int4 weight's codes only) */
+    const int stream = a->n_layers * layer_weights * ROW_BYTES(a->layer_type) / NB +
+                           (int64_t)a->vocab * e * ROW_BYTES(a->head_type) / NB >=
                        STREAM_FROM;
     const int silu_chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
     int n_units = 0;
@@ -1495,7 +1604,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->weight_type, a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, stream);
+            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_type, a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, stream);
 #pragma omp for schedule(static)
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
@@ -1511,7 +1620,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             }
 #pragma omp for schedule(static)
             for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
-            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->weight_type, a->o_b[l], e, a->hidden_states, e,
+            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->layer_type, a->o_b[l], e, a->hidden_states, e,
                         1, slots, stream);
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
@@ -1519,7 +1628,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             /* gate and up as one product over their 2 * inter contiguous rows: computing a
              * gate row and its up row together reads two streams at once, measurably slower
              * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->weight_type, a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, stream);
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_type, a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, stream);
             /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
              * the threads too. */
 #pragma omp for schedule(static)
@@ -1529,14 +1638,14 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
                          inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
             }
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->weight_type, a->down_b[l], e, a->hidden_states, e, 1, slots, stream);
+            matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_type, a->down_b[l], e, a->hidden_states, e, 1, slots, stream);
         }
 #pragma omp for schedule(static)
         for (int r = 0; r < a->n_logits; r++)
             rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
                      a->normed + (int64_t)r * e);
         if (a->head_w)
-            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->weight_type, 0, a->vocab, a->logits, a->vocab, 0, slots, stream);
+            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, stream);
         if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found);
     }
     free(units);
@@ -1545,13 +1654,13 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 }
 
 /* y (n x rows) = x (n x k) @ W.T (+ b), W packed in panels of float32 (brisk_linear_f32),
- * bfloat16 (brisk_linear_bf16) or float16 (brisk_linear_f16): the products above, on their own
- * (same bits per row). */
+ * bfloat16 (brisk_linear_bf16), float16 (brisk_linear_f16) or int4 (brisk_linear_int4): the
+ * products above, on their own (same bits per row). */
 static int linear_team(const float *x, int n, int k, const void *w, int wt, const float *b,
                        int rows, float *y, int n_threads) {
     if (n < 1) return 1;
     team_slot slots[MAX_TEAM] = {{0}};
-    const int stream = (int64_t)rows * k * WT_SIZE(wt) >= STREAM_FROM;
+    const int stream = (int64_t)rows * k * ROW_BYTES(wt) / NB >= STREAM_FROM;
 #pragma omp parallel num_threads(n_threads < MAX_TEAM ? n_threads : MAX_TEAM)
     matmul_team(x, k, n, k, w, wt, b, rows, y, rows, 0, slots, stream);
     return 0;
@@ -1570,6 +1679,11 @@ int brisk_linear_bf16(const float *x, int n, int k, const uint16_t *w, const flo
 int brisk_linear_f16(const float *x, int n, int k, const uint16_t *w, const float *b, int rows,
                      float *y, int n_threads) {
     return linear_team(x, n, k, w, WT_F16, b, rows, y, n_threads);
+}
+
+int brisk_linear_int4(const float *x, int n, int k, const q4_weight *w, const float *b, int rows,
+                      float *y, int n_threads) {
+    return linear_team(x, n, k, w, WT_INT4, b, rows, y, n_threads);
 }
 
 /* Tests only: team_argmax of x (rows x ld) over its first cols columns, by a team of n_threads

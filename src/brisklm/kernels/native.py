@@ -14,6 +14,7 @@ sleeping threads: see ``brisklm.engine.scratch_thread``).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import hashlib
@@ -123,6 +124,19 @@ class ForwardArgs(ctypes.Structure):
         ("cache_type", ctypes.c_int),
         ("argmax_cols", ctypes.c_int),
         ("argmax", _ptr),
+        ("layer_type", ctypes.c_int),
+        ("head_type", ctypes.c_int),
+    ]
+
+
+class Q4Weight(ctypes.Structure):
+    """Mirror of ``q4_weight`` in cpu_forward.c: an int4 product's packed weight."""
+
+    _fields_ = [
+        ("codes", _ptr),
+        ("zs", _ptr),
+        ("group_at", _ptr),
+        ("zs_panel", ctypes.c_int64),
     ]
 
 
@@ -131,6 +145,7 @@ class ForwardArgs(ctypes.Structure):
 # product computes in float32.
 WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 HALF_TYPES = (torch.bfloat16, torch.float16)
+WT_INT4 = 3  # GPTQ int4 products (Int4Weight): weights dequantized as they are read
 # The C function of each weight type's product on its own.
 _PRODUCTS = {
     torch.float32: "brisk_linear_f32",
@@ -270,7 +285,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     if floats is not None:  # a source from before it (native_kernel_ab.py)
         floats.argtypes = [ctypes.c_int64, ctypes.c_int]
         floats.restype = ctypes.c_int64
-    for name in _PRODUCTS.values():
+    for name in (*_PRODUCTS.values(), "brisk_linear_int4"):
         function = getattr(lib, name, None)
         if function is None:  # a source from before half-precision weights (native_kernel_ab.py)
             continue
@@ -402,26 +417,137 @@ def linear(
         )
     if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
         raise ValueError(f"native.linear: bias {tuple(bias.shape)} for {rows} rows")
+    return _product(getattr(lib, _PRODUCTS[packed.dtype]), x, packed.data_ptr(), bias, rows)
+
+
+def _product(
+    function: ctypes._CFuncPtr, x: torch.Tensor, weight: int, bias: torch.Tensor | None, rows: int
+) -> torch.Tensor:
+    """(n, rows) float32 = the library's product ``function`` of x (n, k) over the weight at
+    address ``weight`` (+ bias), on torch's thread count; shapes checked by the caller."""
     x = x.contiguous()
     n = x.shape[0]
     out = torch.empty(n, rows, dtype=torch.float32)
     if n == 0:
         return out
-    threads = torch.get_num_threads()
-    product = getattr(lib, _PRODUCTS[packed.dtype])
-    status = product(
+    status = function(
         x.data_ptr(),
         n,
-        k,
-        packed.data_ptr(),
+        x.shape[1],
+        weight,
         bias.data_ptr() if bias is not None else None,
         rows,
         out.data_ptr(),
-        threads,
+        torch.get_num_threads(),
     )
     if status != 0:
         raise RuntimeError(f"native linear refused its arguments (status {status})")
     return out
+
+
+_INT4_BLOCK = 8  # inputs whose codes share a panel's words
+
+
+class Int4Weight:
+    """A GPTQ int4 weight of ``rows`` outputs in the kernels' layout (``WT_INT4`` in
+    cpu_forward.c): ``codes`` int32 (panels, in / 8, 32), word o of a block holding output o's
+    codes of the block's eight inputs (input 8b + r in bits 4r..4r + 3; the last panel
+    zero-padded); ``zs`` float32 (panels, groups, 64), each group's 32 zero points then 32
+    scales; ``group_at`` int32 (in,), input i's group times 64. A weight is (code - zero) * scale
+    in float32, GPTQ's dequantization. ``struct`` is the C side's ``q4_weight`` over these
+    tensors (kept alive with it)."""
+
+    def __init__(
+        self, codes: torch.Tensor, zs: torch.Tensor, group_at: torch.Tensor, rows: int
+    ) -> None:
+        self.codes, self.zs, self.group_at, self.rows = codes, zs, group_at, rows
+        self.in_features = codes.shape[1] * _INT4_BLOCK
+        self.struct = Q4Weight(
+            codes.data_ptr(), zs.data_ptr(), group_at.data_ptr(), zs.shape[1] * zs.shape[2]
+        )
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Int4Weight:
+        """A copy over copies of the tensors (``struct`` points at its own)."""
+        copies = [copy.deepcopy(t, memo) for t in (self.codes, self.zs, self.group_at)]
+        return Int4Weight(*copies, self.rows)
+
+    @property
+    def address(self) -> int:
+        """The address of ``struct`` (what a WT_INT4 product's weight pointer points to)."""
+        return ctypes.addressof(self.struct)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.zs, self.group_at))
+
+    def dequantize(self) -> torch.Tensor:
+        """The (rows, in) float32 weight the kernels compute with (a copy; for tests)."""
+        shifts = (4 * torch.arange(_INT4_BLOCK, dtype=torch.int32)).view(1, 1, -1, 1)
+        q = (self.codes.unsqueeze(2) >> shifts) & 15  # (panels, in / 8, 8, 32)
+        q = q.reshape(len(self.codes), self.in_features, PANEL)  # outputs in order
+        blocks = self.zs[:, self.group_at.long() // 64]  # (panels, in, 64)
+        weight = (q.float() - blocks[..., :PANEL]) * blocks[..., PANEL:]
+        return weight.transpose(1, 2).reshape(-1, self.in_features)[: self.rows].contiguous()
+
+
+def pack_int4(
+    codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor
+) -> Int4Weight:
+    """A GPTQ weight as ``Int4Weight``: ``codes`` (in, out) of 0..15 (``unpack_qweight``),
+    ``zeros`` and ``scales`` (groups, out) (true zero points, float scales), ``g_idx`` (in,)
+    each input's group, in any order (act-order included); ``in`` a multiple of 8, as GPTQ
+    packs it. CPU tensors."""
+    k, rows = codes.shape
+    groups = scales.shape[0]
+    if k % _INT4_BLOCK or not k:
+        raise ValueError(f"native.pack_int4: inputs must be a positive multiple of 8, got {k}")
+    if tuple(zeros.shape) != (groups, rows) or tuple(g_idx.shape) != (k,) or groups < 1:
+        raise ValueError(
+            f"native.pack_int4: codes {tuple(codes.shape)}, zeros {tuple(zeros.shape)}, "
+            f"scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} do not fit together"
+        )
+    if int(codes.min()) < 0 or int(codes.max()) > 15:
+        raise ValueError("native.pack_int4: codes must be in 0..15")
+    if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+        raise ValueError(f"native.pack_int4: g_idx must be in [0, {groups})")
+    panels = -(-rows // PANEL)
+    pad = panels * PANEL - rows
+    padded = torch.nn.functional.pad(codes.to(torch.int32), (0, pad))
+    blocks_of_rows = padded.view(k // _INT4_BLOCK, _INT4_BLOCK, panels, PANEL)
+    words = blocks_of_rows[:, 0].clone()
+    for r in range(1, _INT4_BLOCK):  # disjoint bit fields (row 7's sets the sign bit)
+        words |= blocks_of_rows[:, r] << (4 * r)
+    packed = huge_pages.empty((panels, k // _INT4_BLOCK, PANEL), torch.int32, torch.device("cpu"))
+    packed.copy_(words.transpose(0, 1))
+    blocks = [
+        torch.nn.functional.pad(t.float(), (0, pad)).view(groups, panels, PANEL)
+        for t in (zeros, scales)
+    ]
+    zs = torch.cat(blocks, dim=2).transpose(0, 1).contiguous()  # (panels, groups, 64)
+    group_at = (g_idx.to(torch.int32) * (2 * PANEL)).contiguous()
+    return Int4Weight(packed, zs, group_at, rows)
+
+
+def linear_int4(
+    x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, lib: ctypes.CDLL | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight.dequantize(), bias)`` for a float32 CPU 2-D x: the bits the float32
+    product over the dequantized weight gives (``linear``), each row's independent of the
+    others. Through ``lib`` (default: ``library()``, which must load)."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the native CPU kernels are not available")
+    k, rows = weight.in_features, weight.rows
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(
+            f"native.linear_int4 takes float32 CPU rows of {k} inputs, got {tuple(x.shape)} "
+            f"{x.dtype} on {x.device}"
+        )
+    if bias is not None and (
+        bias.dtype != torch.float32 or bias.shape != (rows,) or not bias.is_contiguous()
+    ):
+        raise ValueError(f"native.linear_int4: bias {tuple(bias.shape)} for {rows} float32 rows")
+    return _product(lib.brisk_linear_int4, x, weight.address, bias, rows)
 
 
 def _probe(lib: ctypes.CDLL) -> None:
@@ -443,3 +569,14 @@ def _probe(lib: ctypes.CDLL) -> None:
             got = linear(rows, pack(rounded), bias, 37, lib)
             if not torch.equal(got, linear(rows, pack(rounded.float()), bias, 37, lib)):
                 raise RuntimeError(f"the {dtype} probe product disagrees with the float32 one")
+    # Int4 weights (groups out of order, as act-order leaves them): the float32 product's bits
+    # over the dequantized weight.
+    codes = torch.randint(0, 16, (72, 37), generator=generator)
+    zeros = torch.randint(0, 16, (3, 37), generator=generator)
+    scales = torch.rand(3, 37, generator=generator) / 8
+    int4 = pack_int4(codes, zeros, scales, torch.randint(0, 3, (72,), generator=generator))
+    for rows in (x, many):
+        rows = rows[:, :72]
+        got = linear_int4(rows, int4, bias, lib)
+        if not torch.equal(got, linear(rows, pack(int4.dequantize()), bias, 37, lib)):
+            raise RuntimeError("the int4 probe product disagrees with the float32 one")

@@ -8,8 +8,9 @@ model's torch ops (SDPA's attention), whose linear layers run the same native pr
 a row takes depends only on its own length, and each path computes a row the same way whatever else
 is in the batch, so a row's logits do not depend on its batch (see ``ForwardBatch.row_invariant``).
 
-A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every linear layer dense, and the
-kernels build on this machine, in one of two forms:
+A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every linear layer dense or GPTQ
+int4 through the kernels (``GPTQLinear``'s "native" backend, the default on CPU: the products of
+every layer int4, or none), and the kernels build on this machine, in one of two forms:
 
 - float32: every parameter float32;
 - half-precision weights, float32 arithmetic: the embedding table and the linear weights
@@ -79,7 +80,7 @@ def compute_in_float32(model: torch.nn.Module) -> bool:
     dtypes = {p.dtype for p in model.parameters()}
     if len(dtypes) != 1 or dtypes.pop() not in native.HALF_TYPES:
         return False
-    if not all(_packs_natively(linear) for linear in _linears(model)):
+    if not all(_packs_natively(linear) or _is_int4(linear) for linear in _linears(model)):
         return False
     half = model.model.embed_tokens.weight.dtype
     for param in _other_parameters(model):
@@ -90,9 +91,31 @@ def compute_in_float32(model: torch.nn.Module) -> bool:
 
 
 def _weights(model: LlamaForCausalLM) -> list[torch.Tensor]:
-    """The tensors the kernels read as weights (of ``native.WEIGHT_TYPES``): the embedding
-    table and the linear layers' weights."""
-    return [model.model.embed_tokens.weight] + [linear.weight for linear in _linears(model)]
+    """The tensors the kernels read as float weights (of ``native.WEIGHT_TYPES``): the embedding
+    table and the dense linear layers' weights."""
+    dense = [linear.weight for linear in _linears(model) if isinstance(linear, Linear)]
+    return [model.model.embed_tokens.weight] + dense
+
+
+def _is_int4(linear: torch.nn.Module) -> bool:
+    """Whether ``linear`` is a GPTQ int4 layer (loaded or not)."""
+    from brisklm.quant.merged_linear import GPTQMergedLinear  # (brisklm.quant imports the loader)
+
+    return type(linear) is GPTQMergedLinear
+
+
+def _native_int4(linear: torch.nn.Module) -> native.Int4Weight | None:
+    """The native kernels' weight of a loaded GPTQ int4 layer that runs as one product through
+    them (its shards merged: they share one g_idx), else None."""
+    parts = getattr(linear, "parts", None) if _is_int4(linear) else None
+    if not parts or len(parts) != 1 or parts[0].backend != "native":
+        return None
+    return parts[0].int4
+
+
+def _bias(linear: torch.nn.Module) -> torch.Tensor | None:
+    """The float32 bias the kernels add to ``linear``'s product."""
+    return linear.parts[0]._bias if _is_int4(linear) else linear.bias
 
 
 def _other_parameters(model: LlamaForCausalLM) -> list[torch.nn.Parameter]:
@@ -121,7 +144,7 @@ def supports_structure(model: torch.nn.Module) -> bool:
         ):
             return False
     linears = _linears(model)
-    if any(type(linear) is not Linear for linear in linears):
+    if any(type(linear) is not Linear and not _is_int4(linear) for linear in linears):
         return False
     config = model.config
     return config.num_attention_heads % config.num_key_value_heads == 0
@@ -184,17 +207,28 @@ class NativeForward:
         mlp = [layer.mlp for layer in layers]
         # Keep the tensors alive as long as their addresses are in use.
         self._tensors = [p for p in model.parameters()]
+        # An int4 product's weight is its Int4Weight's q4_weight (kept alive with the model).
+        self._int4 = [w for w in map(_native_int4, _linears(model)) if w is not None]
+
+        def weights(linears: list[torch.nn.Module]) -> ctypes.Array:
+            int4 = [_native_int4(linear) for linear in linears]
+            addresses = [
+                w.address if w is not None else linear.weight.data_ptr()
+                for w, linear in zip(int4, linears)
+            ]
+            return (ctypes.c_void_p * len(addresses))(*addresses)
+
         self._tables = {
             "in_norm": pointers([layer.input_layernorm.weight for layer in layers]),
-            "qkv_w": pointers([a.qkv_proj.weight for a in attn]),
-            "qkv_b": pointers([a.qkv_proj.bias for a in attn]),
-            "o_w": pointers([a.o_proj.weight for a in attn]),
-            "o_b": pointers([a.o_proj.bias for a in attn]),
+            "qkv_w": weights([a.qkv_proj for a in attn]),
+            "qkv_b": pointers([_bias(a.qkv_proj) for a in attn]),
+            "o_w": weights([a.o_proj for a in attn]),
+            "o_b": pointers([_bias(a.o_proj) for a in attn]),
             "post_norm": pointers([layer.post_attention_layernorm.weight for layer in layers]),
-            "gu_w": pointers([m.gate_up_proj.weight for m in mlp]),
-            "gu_b": pointers([m.gate_up_proj.bias for m in mlp]),
-            "down_w": pointers([m.down_proj.weight for m in mlp]),
-            "down_b": pointers([m.down_proj.bias for m in mlp]),
+            "gu_w": weights([m.gate_up_proj for m in mlp]),
+            "gu_b": pointers([_bias(m.gate_up_proj) for m in mlp]),
+            "down_w": weights([m.down_proj for m in mlp]),
+            "down_b": pointers([_bias(m.down_proj) for m in mlp]),
         }
         # 0: no window (also for a window no shorter than the cache, which then never applies).
         windows = list(config.sliding_windows) or [None] * len(layers)
@@ -227,8 +261,11 @@ class NativeForward:
         args.window = ctypes.addressof(self._windows)
         args.embed = model.model.embed_tokens.weight.data_ptr()
         args.final_norm = model.model.norm.weight.data_ptr()
-        args.head_w = model.lm_head.weight.data_ptr()
+        args.head_w = weights([model.lm_head])[0]
         args.weight_type = native.WEIGHT_TYPES[model.model.embed_tokens.weight.dtype]
+        int4_layers = _native_int4(layers[0].self_attn.qkv_proj) is not None if layers else False
+        args.layer_type = native.WT_INT4 if int4_layers else args.weight_type
+        args.head_type = native.WT_INT4 if _is_int4(model.lm_head) else args.weight_type
         args.cache_type = native.WEIGHT_TYPES[kv_cache.keys.dtype]
         args.token_ids = ctypes.addressof(self._ids)
         args.slots = ctypes.addressof(self._slots)
@@ -243,11 +280,18 @@ class NativeForward:
         weights were packed for the kernels (``use_native_layout``), else None."""
         if not isinstance(model, LlamaForCausalLM) or not supports(model):
             return None
-        for linear in _linears(model):
-            if not linear.is_native_packed:
+        linears = _linears(model)
+        for linear in linears:
+            if _is_int4(linear):
+                if _native_int4(linear) is None:
+                    return None
+            elif not linear.is_native_packed:
                 return None
-            if linear.bias is not None and not linear.bias.is_contiguous():
+            bias = _bias(linear)
+            if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
                 return None
+        if len({_is_int4(linear) for linear in linears[1:]}) > 1:
+            return None  # the layers' products are all int4 or all dense (one layer_type)
         if not model.model.embed_tokens.weight.is_contiguous():
             return None
         if kv_cache.keys.dtype not in native.WEIGHT_TYPES or not kv_cache.keys.is_contiguous():

@@ -1,15 +1,21 @@
 """GPTQLinear: an int4 linear layer over GPTQ tensors, converted at load to the kernel layout of its device.
 
 Kernels (backend names):
+  "native"         brisklm's native CPU kernels (brisklm.kernels.native: float32 products, the
+                   bits of the float32 product over the dequantized weight; the whole forward
+                   pass then runs through them too: brisklm.models.native_forward)
   "cpu"            torch's _weight_int4pack_mm_for_cpu (fast in bf16: the default compute dtype)
   "triton"         our fused Triton kernel (CUDA; triton_int4.py)
   "cuda_int4pack"  torch's _weight_int4pack_mm (CUDA, bf16): the baseline, and the fallback without triton
   "dense"          dequantized weight + F.linear: any device, any shape (the fallback of last resort)
-"auto" takes "cpu" on CPU; on CUDA the first of triton, cuda_int4pack and dense whose probe (one
+"auto" takes "native" on CPU where the native kernels build (and no compute dtype but float32 is
+asked for), else "cpu"; on CUDA the first of triton, cuda_int4pack and dense whose probe (one
 small checked product in the model's dtype, once per device, compute dtype and model dtype)
 passes, warning of each that fails.
 
-Act-order: the kernel columns are the input columns sorted by group (argsort of g_idx); the
+Act-order: "native" looks up each input's group (g_idx) as it reads the input's weights, so the
+activations stay in order. For the torch and Triton kernels the kernel columns are the input
+columns sorted by group (argsort of g_idx); the
 activations are permuted the same way at run time. The torch kernels take groups of 32..256 columns:
 a GPTQ group maps onto the largest of those sizes whose blocks each lie in one GPTQ group, repeating
 the group's scale (group_size -1 = one group over K becomes K/256 blocks of 256 with the same scale,
@@ -26,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisklm.kernels import native
 from brisklm.models import packed_weights
 
 from . import triton_int4
@@ -42,9 +49,10 @@ from .gptq_format import (
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "cpu", "triton", "cuda_int4pack", "dense")
+BACKENDS = ("auto", "native", "cpu", "triton", "cuda_int4pack", "dense")
 KERNEL_GROUP_SIZES = (256, 128, 64, 32)  # what torch's int4 kernels accept, largest first
 _GPTQ_BUFFERS = ("qweight", "qzeros", "scales", "g_idx")
+_NATIVE_BUFFERS = ("codes", "zs", "group_at")  # native.Int4Weight's tensors
 
 
 @dataclass(frozen=True)
@@ -168,7 +176,8 @@ def _select_backend(
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     if requested == "auto":
         if device.type == "cpu":
-            return "cpu"
+            exact = compute_dtype in (None, torch.float32)
+            return "native" if exact and native.available() else "cpu"
         if device.type == "cuda":
             candidates = ("triton",) if triton_int4.triton_available() else ()
             return _working_backend(
@@ -178,8 +187,18 @@ def _select_backend(
                 activation_dtype or torch.bfloat16,  # CUDA's default model dtype
             )
         return "dense"
-    if requested == "cpu" and device.type != "cpu":
-        raise ValueError(f"backend 'cpu' needs a CPU device, got {device}")
+    if requested in ("cpu", "native") and device.type != "cpu":
+        raise ValueError(f"backend {requested!r} needs a CPU device, got {device}")
+    if requested == "native":
+        if compute_dtype not in (None, torch.float32):
+            raise ValueError(
+                f"backend 'native' computes in float32, got compute_dtype {compute_dtype}"
+            )
+        if not native.available():
+            raise RuntimeError(
+                "backend 'native' needs brisklm's native CPU kernels, which are not available "
+                "here (a C compiler, and BRISKLM_NATIVE_KERNELS not 0: see the log)"
+            )
     if requested == "cuda_int4pack" and device.type != "cuda":
         raise ValueError(f"backend 'cuda_int4pack' needs a CUDA device, got {device}")
     if requested == "triton" and not triton_int4.triton_available():
@@ -249,6 +268,7 @@ class GPTQLinear(nn.Module):
         else:
             self.bias: torch.Tensor | None = None
         self.backend: str | None = None  # set by prepare()
+        self.int4: native.Int4Weight | None = None  # the "native" backend's weight
         self.kernel_group_size: int | None = None
         self.compute_dtype: torch.dtype | None = None
         self._device: torch.device | None = None
@@ -343,7 +363,9 @@ class GPTQLinear(nn.Module):
     ) -> GPTQLinear:
         """Convert the GPTQ tensors to `backend`'s layout on `device` (default: where they are).
 
-        compute_dtype: what the kernel computes in. "cpu" and "cuda_int4pack" default to bfloat16
+        compute_dtype: what the kernel computes in. "native" computes in float32 (exact products
+        of the dequantized weight: the same bits as a float32 product over it). "cpu" and
+        "cuda_int4pack" default to bfloat16
         (the CPU kernel is ~50x slower in fp32/fp16; the CUDA one only takes bf16); "cpu" also takes
         float32/float16, exact but slow (tests use float32 to check the layout exactly). "triton"
         computes in the activations' dtype unless given one (float32: exact products); "dense"
@@ -362,14 +384,16 @@ class GPTQLinear(nn.Module):
             tensor = getattr(self, name)
             if tensor is not None:
                 setattr(self, name, tensor.to(device))
-        layout = kernel_layout(
-            self.qweight,
-            self.qzeros,
-            self.scales,
-            self.g_idx,
-            checkpoint_format=self.checkpoint_format,
-        )
-        if layout is None and chosen != "dense":
+        layout = None
+        if chosen not in ("native", "dense"):  # native reads g_idx as it is
+            layout = kernel_layout(
+                self.qweight,
+                self.qzeros,
+                self.scales,
+                self.g_idx,
+                checkpoint_format=self.checkpoint_format,
+            )
+        if layout is None and chosen not in ("native", "dense"):
             logger.warning(
                 "GPTQLinear(%d -> %d): no int4 kernel group fits g_idx (in_features a multiple of 32 "
                 "with groups aligned to 32 columns is needed); using a dequantized dense weight",
@@ -378,7 +402,9 @@ class GPTQLinear(nn.Module):
             )
             chosen = "dense"
 
-        if chosen == "cpu":
+        if chosen == "native":
+            self._prepare_native()
+        elif chosen == "cpu":
             self._prepare_cpu(layout, compute_dtype or torch.bfloat16)
         elif chosen == "cuda_int4pack":
             self._prepare_cuda_int4pack(layout, compute_dtype or torch.bfloat16)
@@ -437,6 +463,21 @@ class GPTQLinear(nn.Module):
         self.kernel_group_size = layout.group_size
         self.compute_dtype = dtype
 
+    def _prepare_native(self) -> None:
+        g_idx = g_idx_or_default(
+            self.g_idx, self.in_features, self.scales.shape[0], device=self.qweight.device
+        )
+        self.int4 = native.pack_int4(
+            unpack_qweight(self.qweight),
+            unpack_qzeros(self.qzeros, checkpoint_format=self.checkpoint_format),
+            self.scales,
+            g_idx,
+        )
+        # Buffers too (what the module holds, for state and memory accounting; _apply follows them).
+        for name in _NATIVE_BUFFERS:
+            self.register_buffer(f"_int4_{name}", getattr(self.int4, name), persistent=False)
+        self.compute_dtype = torch.float32
+
     def _prepare_cuda_int4pack(self, layout: KernelLayout, dtype: torch.dtype) -> None:
         if dtype != torch.bfloat16:
             raise ValueError("backend 'cuda_int4pack' computes in bfloat16 only")
@@ -467,14 +508,7 @@ class GPTQLinear(nn.Module):
         self.compute_dtype = dtype  # None: the activations' dtype
 
     def _prepare_dense(self, dtype: torch.dtype) -> None:
-        weight = dequantize_gptq(
-            self.qweight,
-            self.qzeros,
-            self.scales,
-            self.g_idx,
-            checkpoint_format=self.checkpoint_format,
-        )
-        weight = weight.to(dtype)
+        weight = self.dequantize(dtype)
         self._dense_packed = None
         if weight.device.type == "cpu" and packed_weights.packing_supported(dtype):
             # oneDNN's packed product gives each row the same bits whatever the row count (MKL's
@@ -491,7 +525,12 @@ class GPTQLinear(nn.Module):
             moved = fn(tensor)
             return moved if moved.dtype == tensor.dtype else tensor.to(moved.device)
 
-        return super()._apply(move_only, recurse)
+        result = super()._apply(move_only, recurse)
+        if self.int4 is not None:  # the C side's struct over the buffers as they now are
+            tensors = [getattr(self, f"_int4_{name}") for name in _NATIVE_BUFFERS]
+            if any(t is not getattr(self.int4, name) for t, name in zip(tensors, _NATIVE_BUFFERS)):
+                self.int4 = native.Int4Weight(*tensors, self.out_features)
+        return result
 
     # ------------------------------------------------------------------ running
 
@@ -505,6 +544,10 @@ class GPTQLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected last dim {self.in_features}, got {tuple(x.shape)}")
         rows = x.reshape(-1, self.in_features)  # (M, K)
+        if self.backend == "native":
+            assert self.int4 is not None
+            y = native.linear_int4(rows.float(), self.int4, self._bias)
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if self.backend == "dense":
             if self._dense_packed is not None:
                 y = packed_weights.packed_linear(
