@@ -47,7 +47,8 @@ def random_layer(
     num_in: int, num_out: int, group_size: int, act_order: bool, backend: str
 ) -> GPTQLinear:
     gen = torch.Generator().manual_seed(0)
-    num_groups = num_in // group_size
+    group_size = num_in if group_size == -1 else group_size
+    num_groups = -(-num_in // group_size)
     q = torch.randint(0, 16, (num_out, num_in), generator=gen, dtype=torch.int32)
     zeros = torch.randint(1, 16, (num_groups, num_out), generator=gen, dtype=torch.int32)
     scales = (torch.rand(num_groups, num_out, generator=gen) * 0.01).half()

@@ -414,7 +414,7 @@ class LLM:
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads
         try:
             compute_dtype = (
-                None  # the kernel's own (bfloat16 on CPU), as "auto" means for the other dtypes
+                None  # the kernels' own (native float32 on CPU), as "auto" means for the dtypes
                 if int4_compute_dtype is None or int4_compute_dtype == "auto"
                 else resolve_dtype(int4_compute_dtype, device_)
             )

@@ -208,3 +208,27 @@ def test_engine_reuses_any_cached_prefix_of_an_int4_model(hf_llama, tmp_path):
     assert [e.logprob for e in beside.logprobs or []] == [e.logprob for e in alone.logprobs or []]
     with LLM.from_pretrained(gptq_dir, show_progress=False, prefix_caching=False) as llm:
         assert llm.generate([prompt], seeded)[0].token_ids == alone.token_ids
+
+
+def test_an_int4_layer_survives_pickling_copies_and_shared_memory(tmp_path):
+    """The layer's C struct holds addresses: a pickled or copied layer points at its own tensors,
+    and one whose tensors moved in place (``share_memory``) at where they are now."""
+    import copy
+
+    from brisklm.quant import GPTQLinear
+
+    generator = torch.Generator().manual_seed(0)
+    layer = GPTQLinear.from_float(torch.randn(96, 64, generator=generator), group_size=32)
+    assert layer.backend == "native"
+    x = torch.randn(3, 64, generator=generator)
+    want = layer(x)
+    torch.save(layer, tmp_path / "layer.pt")
+    loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
+    copied = copy.deepcopy(layer)
+    assert copied.int4.codes.data_ptr() != layer.int4.codes.data_ptr()
+    before = layer._int4_codes.data_ptr()
+    layer.share_memory()
+    assert layer._int4_codes.data_ptr() != before  # moved: the struct must follow
+    del before
+    for other in (loaded, copied, layer):
+        assert torch.equal(other(x), want)

@@ -332,12 +332,22 @@ def test_engine_greedy_tokens_match_dequantized_float_model(llama_gptq, tmp_path
     with LLM.from_pretrained(float_dir, **kwargs) as dense:
         theirs = [o.token_ids for o in dense.generate(prompts, params)]
     assert ours == theirs
-    # The default (bfloat16 kernel) path generates too; "auto" is that default (it was float32).
-    for auto in ({}, {"int4_compute_dtype": "auto"}):
-        with LLM.from_pretrained(llama_gptq, **kwargs, **auto) as fast:
-            down = fast.engine.model.model.layers[0].mlp.down_proj
-            assert down.compute_dtype in (None, torch.bfloat16), down.compute_dtype
-            assert len(fast.generate(prompts[0], params).token_ids) == 12
+    # The default path (the native kernels where they build, else torch's bfloat16 kernel)
+    # generates the same tokens; "auto" is that default; "bfloat16" takes torch's kernel.
+    from brisklm.kernels import native
+
+    default = "native" if native.available() else "cpu"
+    for option, backend in (({}, default), ({"int4_compute_dtype": "auto"}, default)):
+        with LLM.from_pretrained(llama_gptq, **kwargs, **option) as fast:
+            down = fast.engine.model.model.layers[0].mlp.down_proj.parts[0]
+            assert down.backend == backend, down.backend
+            got = [o.token_ids for o in fast.generate(prompts, params)]
+            if backend == "native":
+                assert got == theirs
+    with LLM.from_pretrained(llama_gptq, int4_compute_dtype="bfloat16", **kwargs) as torch_kernel:
+        down = torch_kernel.engine.model.model.layers[0].mlp.down_proj.parts[0]
+        assert (down.backend, down.compute_dtype) == ("cpu", torch.bfloat16)
+        assert len(torch_kernel.generate(prompts[0], params).token_ids) == 12
 
 
 def test_gptq_error_below_rtn_on_held_out_text(llama_float, llama_gptq, llama_rtn):

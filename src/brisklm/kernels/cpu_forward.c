@@ -613,6 +613,56 @@ static inline __attribute__((always_inline)) void panel_tile(
     }
     for (int m = 0; m < mt; m++) memcpy(out + m * NB, acc[m], sizeof acc[m]);
 }
+
+/* Int4 weights for several tokens: tiles of up to MB_INT4 tokens over half a panel (16 outputs,
+ * two vectors), one half after the other. The 32-output tile holds two tokens beside a
+ * dequantized row (MB_HALF), so its many operations a row of dequantization (a shift, a mask, a
+ * conversion, a subtraction and a multiplication a vector) came once per two tokens; half a row
+ * leaves room for four. The halves read different lines of a panel's blocks (words 0-15 and
+ * 16-31 of each 128), so the codes are still read once. Each output's sum is panel_tile's, the
+ * same operations in the same order (one chain, k in order): the same bits. */
+#define MB_INT4 4
+
+static inline __attribute__((always_inline)) void int4_half_tile(const float *x, int64_t ldx,
+                                                                 int mt, const void *panel,
+                                                                 q4_panel qp, int k, int half,
+                                                                 float *out) {
+    typedef int32_t pq __attribute__((vector_size(32)));
+    pv acc[MB_INT4][2];
+    for (int m = 0; m < MB_INT4; m++) acc[m][0] = acc[m][1] = (pv){0};
+    for (int i = 0; i < k; i++) {
+        const int shift = 4 * (i & 7);
+        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB + half * (NB / 2);
+        const float *z = qp.zs + qp.group_at[i] + half * (NB / 2);
+        if ((i & 7) == 0) __builtin_prefetch((const char *)words + PREFETCH_AHEAD, 0, 2);
+        pv w[2];
+        for (int v = 0; v < 2; v++) {
+            pq c;
+            memcpy(&c, words + v * PW, sizeof c);
+            w[v] = (__builtin_convertvector((c >> shift) & 15, pv) - pload(z + v * PW)) *
+                   pload(z + NB + v * PW);
+        }
+        for (int m = 0; m < mt; m++) {
+            const pv xs = psplat(x[m * ldx + i]);
+            acc[m][0] += xs * w[0];
+            acc[m][1] += xs * w[1];
+        }
+    }
+    for (int m = 0; m < mt; m++) memcpy(out + m * NB + half * (NB / 2), acc[m], sizeof acc[m]);
+}
+
+/* The sums (mt <= MB_INT4 tokens x NB, into out) of an int4 panel, half by half. */
+static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k,
+                        float *out) {
+    for (int half = 0; half < 2; half++) {
+        switch (mt) {
+            case 1: int4_half_tile(x, ldx, 1, panel, qp, k, half, out); break;
+            case 2: int4_half_tile(x, ldx, 2, panel, qp, k, half, out); break;
+            case 3: int4_half_tile(x, ldx, 3, panel, qp, k, half, out); break;
+            default: int4_half_tile(x, ldx, 4, panel, qp, k, half, out); break;
+        }
+    }
+}
 #endif
 
 #define PANEL_CASE(T, WT) \
@@ -762,6 +812,18 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
             wt = WT_F32;
         }
     }
+#if !defined(__AVX512F__)
+    if (wt == WT_INT4 && n > 1) {
+        float sums[MB_INT4 * NB];
+        for (int m0 = 0; m0 < n; m0 += MB_INT4) {
+            const int mt = n - m0 < MB_INT4 ? n - m0 : MB_INT4;
+            int4_tokens(x + m0 * ldx, ldx, mt, panel, qp, k, sums);
+            for (int m = 0; m < mt; m++)
+                store_panel(sums + m * NB, b, o, width, y + (m0 + m) * ldy + o, accumulate);
+        }
+        return;
+    }
+#endif
     float out[MB * NB];
     const int tile = wt == WT_F32 ? MB : MB_HALF;
     for (int m0 = 0; m0 < n; m0 += tile) {

@@ -14,7 +14,6 @@ sleeping threads: see ``brisklm.engine.scratch_thread``).
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import functools
 import hashlib
@@ -466,15 +465,20 @@ class Int4Weight:
             codes.data_ptr(), zs.data_ptr(), group_at.data_ptr(), zs.shape[1] * zs.shape[2]
         )
 
-    def __deepcopy__(self, memo: dict[int, object]) -> Int4Weight:
-        """A copy over copies of the tensors (``struct`` points at its own)."""
-        copies = [copy.deepcopy(t, memo) for t in (self.codes, self.zs, self.group_at)]
-        return Int4Weight(*copies, self.rows)
+    def __reduce__(self) -> tuple[type, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+        """Pickled and copied as its tensors (``struct`` holds addresses): a copy's struct
+        points at its own."""
+        return (Int4Weight, (self.codes, self.zs, self.group_at, self.rows))
 
     @property
     def address(self) -> int:
-        """The address of ``struct`` (what a WT_INT4 product's weight pointer points to)."""
-        return ctypes.addressof(self.struct)
+        """The address of ``struct`` (what a WT_INT4 product's weight pointer points to), its
+        pointers first set again from the tensors (``share_memory_`` moves a tensor's data)."""
+        struct = self.struct
+        struct.codes = self.codes.data_ptr()
+        struct.zs = self.zs.data_ptr()
+        struct.group_at = self.group_at.data_ptr()
+        return ctypes.addressof(struct)
 
     @property
     def nbytes(self) -> int:

@@ -46,9 +46,10 @@ def gptq_linear_factory(
 ) -> LinearFactory:
     """A factory of GPTQ int4 layers, with dense layers where ``quant`` leaves modules in float.
 
-    ``compute_dtype`` is what the int4 kernels compute in (None: the kernel's fast default,
-    bfloat16 on CPU; float32 on CPU is exact but slow). A merged module (q/k/v, gate/up) must be
-    quantized in all its shards or in none: it is one matmul.
+    ``compute_dtype`` is what the int4 kernels compute in (None: on CPU float32 through the
+    native kernels, exact products of the dequantized weight, or torch's bfloat16 kernel without
+    them; bfloat16 or float16 take torch's CPU kernel; on CUDA the kernel's own). A merged
+    module (q/k/v, gate/up) must be quantized in all its shards or in none: it is one matmul.
     """
 
     def make_linear(
