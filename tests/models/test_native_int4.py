@@ -145,15 +145,21 @@ def all_logits(model, prompt: list[int], cache: int) -> tuple[torch.Tensor, bool
         dict(group_size=64, sym=True, checkpoint_format="gptq_v2"),
         dict(group_size=-1, sym=False),
         dict(group_size=32, sym=False, lm_head=True),
+        # int4 and float products side by side (each product has its own weight type)
+        dict(
+            group_size=64,
+            modules_to_not_convert=("down_proj",),
+            dynamic={r"-:model\.layers\.1\.self_attn\..*": {}},
+        ),
     ],
-    ids=["act-order", "v2-sym", "one-group", "int4-head"],
+    ids=["act-order", "v2-sym", "one-group", "int4-head", "mixed"],
 )
 def test_gptq_model_has_the_logits_of_its_dequantized_copy_bit_for_bit(hf_llama, tmp_path, options):
     gptq_dir = write_gptq_checkpoint(hf_llama, tmp_path / "gptq", **options)
     float_dir = write_dequantized_copy(gptq_dir, tmp_path / "float")
     int4 = load_model(gptq_dir, show_progress=False)
     dense = load_model(float_dir, device="cpu", dtype="float32", show_progress=False)
-    assert int4.model.layers[0].mlp.down_proj.parts[0].backend == "native"
+    assert int4.model.layers[0].self_attn.qkv_proj.parts[0].backend == "native"
     cache = MAX_QUERY_LEN + 80
     generator = torch.Generator().manual_seed(0)
     for length in (12, MAX_QUERY_LEN + 40):  # the native pass, then torch's ops
@@ -165,24 +171,19 @@ def test_gptq_model_has_the_logits_of_its_dequantized_copy_bit_for_bit(hf_llama,
 
 
 def test_gptq_model_the_pass_cannot_take_runs_torchs_ops_on_the_int4_products(hf_llama, tmp_path):
-    """Some layers left in float (the pass takes one weight type for every layer's products)
-    or shards with their own act-order groups (one product each): torch's ops run the model,
-    their int4 products still through the kernels."""
-    for name, options in {
-        "skipped": dict(group_size=64, modules_to_not_convert=("down_proj",)),
-        "distinct": dict(group_size=32, sym=False, act_order=True, distinct_qkv_g_idx=True),
-    }.items():
-        gptq_dir = write_gptq_checkpoint(hf_llama, tmp_path / name, **options)
-        float_dir = write_dequantized_copy(gptq_dir, tmp_path / f"{name}-float")
-        model = load_model(gptq_dir, show_progress=False)
-        prompt = list(range(3, 40))
-        got, native_pass = all_logits(model, prompt, 64)
-        assert not native_pass
-        assert model.model.layers[0].self_attn.qkv_proj.parts[0].backend == "native"
-        want, _ = all_logits(
-            load_model(float_dir, dtype="float32", show_progress=False), prompt, 64
-        )
-        torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+    """Q/k/v shards with their own act-order groups (one product each, outputs concatenated):
+    torch's ops run the model, its int4 products still through the kernels."""
+    options = dict(group_size=32, sym=False, act_order=True, distinct_qkv_g_idx=True)
+    gptq_dir = write_gptq_checkpoint(hf_llama, tmp_path / "gptq", **options)
+    float_dir = write_dequantized_copy(gptq_dir, tmp_path / "float")
+    model = load_model(gptq_dir, show_progress=False)
+    prompt = list(range(3, 40))
+    got, native_pass = all_logits(model, prompt, 64)
+    assert not native_pass
+    assert len(model.model.layers[0].self_attn.qkv_proj.parts) == 3
+    assert model.model.layers[0].self_attn.qkv_proj.parts[0].backend == "native"
+    want, _ = all_logits(load_model(float_dir, dtype="float32", show_progress=False), prompt, 64)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
 
 
 def test_engine_reuses_any_cached_prefix_of_an_int4_model(hf_llama, tmp_path):

@@ -1021,9 +1021,10 @@ typedef struct {
      * logits (see team_argmax); 0: none. */
     int argmax_cols;
     int64_t *argmax;
-    /* The layers' products' weights (qkv_w, o_w, gu_w, down_w) and the head's: WT_F32, WT_BF16,
-     * WT_F16 or WT_INT4 (each such weight then a q4_weight). */
-    int layer_type, head_type;
+    /* The types of the layers' products' weights, four a layer (qkv_w, o_w, gu_w, down_w), and
+     * of the head's: WT_F32, WT_BF16, WT_F16 or WT_INT4 (each such weight then a q4_weight). */
+    const int *layer_types;
+    int head_type;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -1624,17 +1625,22 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     if (a->weight_type != WT_F32 && a->weight_type != WT_BF16 && a->weight_type != WT_F16)
         return 1;
     if (a->cache_type != WT_F32 && a->cache_type != WT_BF16 && a->cache_type != WT_F16) return 1;
-    if (a->layer_type < WT_F32 || a->layer_type > WT_INT4 || a->head_type < WT_F32 ||
-        a->head_type > WT_INT4)
-        return 1;
     if (n < 1 || n > MAX_TOKENS || a->n_logits > MAX_TOKENS || hq % hkv != 0 || d % 2 != 0) return 1;
+    if (a->head_type < WT_F32 || a->head_type > WT_INT4 || !a->layer_types) return 1;
     const int qkv_rows = (hq + 2 * hkv) * d;
     const int64_t qkv_ld = qkv_rows;
-    const int64_t layer_weights = (int64_t)e * qkv_rows + (int64_t)hq * d * e + 3 * (int64_t)e * inter;
     /* Bytes of the products' weights (an int4 weight's codes only) */
-    const int stream = a->n_layers * layer_weights * ROW_BYTES(a->layer_type) / NB +
-                           (int64_t)a->vocab * e * ROW_BYTES(a->head_type) / NB >=
-                       STREAM_FROM;
+    const int64_t product_weights[4] = {(int64_t)e * qkv_rows, (int64_t)hq * d * e,
+                                        2 * (int64_t)e * inter, (int64_t)e * inter};
+    int64_t weight_bytes = (int64_t)a->vocab * e * ROW_BYTES(a->head_type) / NB;
+    for (int l = 0; l < a->n_layers; l++) {
+        for (int j = 0; j < 4; j++) {
+            const int wt = a->layer_types[4 * l + j];
+            if (wt < WT_F32 || wt > WT_INT4) return 1;
+            weight_bytes += product_weights[j] * ROW_BYTES(wt) / NB;
+        }
+    }
+    const int stream = weight_bytes >= STREAM_FROM;
     const int silu_chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
     int n_units = 0;
     attn_unit *units = new_attention_units(a, &n_units);
@@ -1666,7 +1672,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_type, a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, stream);
+            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_types[4 * l + 0], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, stream);
 #pragma omp for schedule(static)
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
@@ -1682,7 +1688,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             }
 #pragma omp for schedule(static)
             for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
-            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->layer_type, a->o_b[l], e, a->hidden_states, e,
+            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->layer_types[4 * l + 1], a->o_b[l], e, a->hidden_states, e,
                         1, slots, stream);
 #pragma omp for schedule(static)
             for (int t = 0; t < n; t++)
@@ -1690,7 +1696,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
             /* gate and up as one product over their 2 * inter contiguous rows: computing a
              * gate row and its up row together reads two streams at once, measurably slower
              * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_type, a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, stream);
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_types[4 * l + 2], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, stream);
             /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
              * the threads too. */
 #pragma omp for schedule(static)
@@ -1700,7 +1706,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                 silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
                          inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
             }
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_type, a->down_b[l], e, a->hidden_states, e, 1, slots, stream);
+            matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_types[4 * l + 3], a->down_b[l], e, a->hidden_states, e, 1, slots, stream);
         }
 #pragma omp for schedule(static)
         for (int r = 0; r < a->n_logits; r++)

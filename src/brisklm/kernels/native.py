@@ -123,7 +123,7 @@ class ForwardArgs(ctypes.Structure):
         ("cache_type", ctypes.c_int),
         ("argmax_cols", ctypes.c_int),
         ("argmax", _ptr),
-        ("layer_type", ctypes.c_int),
+        ("layer_types", _ptr),
         ("head_type", ctypes.c_int),
     ]
 

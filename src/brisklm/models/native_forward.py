@@ -9,8 +9,8 @@ a row takes depends only on its own length, and each path computes a row the sam
 is in the batch, so a row's logits do not depend on its batch (see ``ForwardBatch.row_invariant``).
 
 A model uses it when it is a plain ``LlamaForCausalLM`` on CPU, every linear layer dense or GPTQ
-int4 through the kernels (``GPTQLinear``'s "native" backend, the default on CPU: the products of
-every layer int4, or none), and the kernels build on this machine, in one of two forms:
+int4 through the kernels (``GPTQLinear``'s "native" backend, the default on CPU, its shards merged
+into one product), and the kernels build on this machine, in one of two forms:
 
 - float32: every parameter float32;
 - half-precision weights, float32 arithmetic: the embedding table and the linear weights
@@ -263,9 +263,19 @@ class NativeForward:
         args.final_norm = model.model.norm.weight.data_ptr()
         args.head_w = weights([model.lm_head])[0]
         args.weight_type = native.WEIGHT_TYPES[model.model.embed_tokens.weight.dtype]
-        int4_layers = _native_int4(layers[0].self_attn.qkv_proj) is not None if layers else False
-        args.layer_type = native.WT_INT4 if int4_layers else args.weight_type
-        args.head_type = native.WT_INT4 if _is_int4(model.lm_head) else args.weight_type
+        # Each product's weight type: int4, or the dense weights' (one dtype: see ``supports``).
+        dense = args.weight_type
+
+        def weight_type(linear: torch.nn.Module) -> int:
+            return native.WT_INT4 if _is_int4(linear) else dense
+
+        products = [
+            [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj] for a, m in zip(attn, mlp)
+        ]
+        types = [weight_type(linear) for four in products for linear in four]
+        self._layer_types = (ctypes.c_int * max(len(types), 1))(*types)
+        args.layer_types = ctypes.addressof(self._layer_types)
+        args.head_type = weight_type(model.lm_head)
         args.cache_type = native.WEIGHT_TYPES[kv_cache.keys.dtype]
         args.token_ids = ctypes.addressof(self._ids)
         args.slots = ctypes.addressof(self._slots)
@@ -290,8 +300,6 @@ class NativeForward:
             bias = _bias(linear)
             if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
                 return None
-        if len({_is_int4(linear) for linear in linears[1:]}) > 1:
-            return None  # the layers' products are all int4 or all dense (one layer_type)
         if not model.model.embed_tokens.weight.is_contiguous():
             return None
         if kv_cache.keys.dtype not in native.WEIGHT_TYPES or not kv_cache.keys.is_contiguous():
