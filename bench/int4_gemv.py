@@ -8,7 +8,7 @@ Prints min/median milliseconds per call, weight bytes, and ratios of min times (
 layer is faster). "int4 nat" is GPTQLinear's "native" backend (the CPU default: float32 arithmetic
 over the dequantized weight) on float32 input, "int4 act" the same with act-order groups;
 "int4 torch" its "cpu" backend (torch's _weight_int4pack_mm_for_cpu, bfloat16) on bfloat16 input,
-casts and bias included. The float baselines are F.linear (MKL, what transformers runs) and the
+casts included (the layers have no bias). The float baselines are F.linear (MKL, what transformers runs) and the
 native kernels' products over float32 and bfloat16 weights ("nat"), what brisklm runs for dense
 CPU weights.
 """

@@ -370,7 +370,7 @@ class LLM:
         GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
         is what their kernels compute in: by default (or "auto") float32 on CPU through the native
         kernels (exact products of the dequantized weight; without a C compiler, torch's kernel in
-        bfloat16), "bfloat16" takes torch's kernel (2.3x slower a token at batch 1 on a 245M
+        bfloat16), "bfloat16" takes torch's kernel (2.4x slower a token at batch 1 on a 245M
         model); on CUDA the kernel's own. Other quantizations are refused.
         ``num_threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``;
         default: torch's, one per core). On CPU, leave one core free of other busy processes per
@@ -388,8 +388,8 @@ class LLM:
         starts with the same tokens (a chat's system prompt and tools) takes that slot and computes
         only the rest (``usage.cached_prompt_tokens`` counts what it reused); the output is the
         same either way through the native CPU pass (float and GPTQ int4 models on CPU), which
-        reuses any shared prefix; other paths (CUDA, int4 on torch's kernel,
-        ``prefill_chunk_size`` over 512) reuse whole prompt
+        reuses any shared prefix; other paths (CUDA, int4 on torch's kernel or with q/k/v shards
+        of different act-order groups, ``prefill_chunk_size`` over 512) reuse whole prompt
         chunks a pass computed for their request alone (a prompt shorter than a chunk reuses
         nothing: lower ``prefill_chunk_size`` to reuse more), and there the same holds for a
         request alone (a batch rounds each row by what shares its

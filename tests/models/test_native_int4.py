@@ -99,6 +99,7 @@ def test_pack_int4_lays_codes_out_in_blocks_of_eight_inputs():
         (lambda c, z, s, g: (c + 1, z, s, g), "codes must be in 0..15"),
         (lambda c, z, s, g: (c, z, s, g + 1), r"g_idx must be in \[0, 2\)"),
         (lambda c, z, s, g: (c, z[:, :5], s, g), "do not fit together"),
+        (lambda c, z, s, g: (c, z, s[:, :39], g), "do not fit together"),
     ],
 )
 def test_pack_int4_refuses_tensors_that_do_not_fit(change, message):
@@ -233,3 +234,38 @@ def test_an_int4_layer_survives_pickling_copies_and_shared_memory(tmp_path):
     del before
     for other in (loaded, copied, layer):
         assert torch.equal(other(x), want)
+
+
+def test_a_bfloat16_gptq_checkpoint_keeps_its_tables_in_bfloat16(tmp_path):
+    """GPTQ tools store scales in float16 whatever the model's dtype: a bfloat16 model's
+    embedding and head stay bfloat16 by default (they were widened to float32, twice the memory
+    and the head's reads a step), with the logits of the float32 load bit for bit."""
+    hf_model = build_hf_model("llama", **SHAPE).to(torch.bfloat16)
+    gptq_dir = write_gptq_checkpoint(hf_model, tmp_path / "gptq", group_size=32, act_order=True)
+    kept = load_model(gptq_dir, show_progress=False)
+    widened = load_model(gptq_dir, dtype="float32", show_progress=False)
+    assert kept.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert widened.model.embed_tokens.weight.dtype == torch.float32
+    prompt = list(range(3, 30))
+    got, native_pass = all_logits(kept, prompt, 64)
+    want, _ = all_logits(widened, prompt, 64)
+    assert native_pass and torch.equal(got, want)
+
+
+def test_a_half_precision_int4_model_on_torchs_kernel_keeps_its_dtype(hf_llama, tmp_path):
+    """Only a model the native pass will run gets its float32 form: with int4 layers on torch's
+    kernel (int4_compute_dtype="bfloat16") a bfloat16 model computes in bfloat16, as before."""
+    from brisklm.quant import QuantizeOptions, quantize_model
+    from tests.tiny import make_tiny_checkpoint
+
+    float_dir = make_tiny_checkpoint(tmp_path / "float", **SHAPE)
+    gptq_dir = tmp_path / "gptq"
+    quantize_model(float_dir, gptq_dir, QuantizeOptions(method="rtn"), show_progress=False)
+    kwargs = dict(dtype="bfloat16", show_progress=False)
+    with LLM.from_pretrained(gptq_dir, int4_compute_dtype="bfloat16", **kwargs) as llm:
+        model = llm.engine.runner.model
+        assert model.compute_dtype is None and model.activation_dtype == torch.bfloat16
+        assert llm.engine.runner.native is None
+    with LLM.from_pretrained(gptq_dir, **kwargs) as llm:
+        model = llm.engine.runner.model
+        assert model.compute_dtype == torch.float32 and llm.engine.runner.native is not None

@@ -67,8 +67,8 @@ class BriskSettings(BaseModel):
     prefix_caching: bool = True
     """Reuse the keys and values of an earlier prompt's shared start (the system prompt, tools
     and earlier turns of a conversation). On CPU (float and GPTQ int4 models) any shared start,
-    the output the same either way; elsewhere (CUDA, int4 on torch's kernel) whole prompt chunks
-    only, the same output for a call alone (see brisklm's README, "Prefix caching")."""
+    the output the same either way; elsewhere (CUDA, int4 on torch's kernel, GPTQ shards with
+    different act-order groups) whole prompt chunks only, the same output for a call alone (see brisklm's README, "Prefix caching")."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's

@@ -505,7 +505,8 @@ def pack_int4(
     groups = scales.shape[0]
     if k % _INT4_BLOCK or not k:
         raise ValueError(f"native.pack_int4: inputs must be a positive multiple of 8, got {k}")
-    if tuple(zeros.shape) != (groups, rows) or tuple(g_idx.shape) != (k,) or groups < 1:
+    shapes_fit = tuple(zeros.shape) == tuple(scales.shape) == (groups, rows)
+    if not shapes_fit or tuple(g_idx.shape) != (k,) or groups < 1:
         raise ValueError(
             f"native.pack_int4: codes {tuple(codes.shape)}, zeros {tuple(zeros.shape)}, "
             f"scales {tuple(scales.shape)} and g_idx {tuple(g_idx.shape)} do not fit together"

@@ -80,7 +80,9 @@ def compute_in_float32(model: torch.nn.Module) -> bool:
     dtypes = {p.dtype for p in model.parameters()}
     if len(dtypes) != 1 or dtypes.pop() not in native.HALF_TYPES:
         return False
-    if not all(_packs_natively(linear) or _is_int4(linear) for linear in _linears(model)):
+    if not all(
+        _packs_natively(linear) or _int4_runs_natively(linear) for linear in _linears(model)
+    ):
         return False
     half = model.model.embed_tokens.weight.dtype
     for param in _other_parameters(model):
@@ -97,7 +99,7 @@ def _weights(model: LlamaForCausalLM) -> list[torch.Tensor]:
     return [model.model.embed_tokens.weight] + dense
 
 
-def _is_int4(linear: torch.nn.Module) -> bool:
+def is_int4(linear: torch.nn.Module | None) -> bool:
     """Whether ``linear`` is a GPTQ int4 layer (loaded or not)."""
     from brisklm.quant.merged_linear import GPTQMergedLinear  # (brisklm.quant imports the loader)
 
@@ -107,15 +109,27 @@ def _is_int4(linear: torch.nn.Module) -> bool:
 def _native_int4(linear: torch.nn.Module) -> native.Int4Weight | None:
     """The native kernels' weight of a loaded GPTQ int4 layer that runs as one product through
     them (its shards merged: they share one g_idx), else None."""
-    parts = getattr(linear, "parts", None) if _is_int4(linear) else None
+    parts = getattr(linear, "parts", None) if is_int4(linear) else None
     if not parts or len(parts) != 1 or parts[0].backend != "native":
         return None
     return parts[0].int4
 
 
+def _int4_runs_natively(linear: torch.nn.Module) -> bool:
+    """Whether a GPTQ int4 layer runs (loaded) or will run (not yet: by the backend and compute
+    dtype it was built with) through the native kernels, as one product."""
+    if not is_int4(linear):
+        return False
+    if linear.parts:
+        return _native_int4(linear) is not None
+    from brisklm.quant.int4_linear import native_backend_chosen
+
+    return native_backend_chosen(linear.backend, linear.device, linear.compute_dtype)
+
+
 def _bias(linear: torch.nn.Module) -> torch.Tensor | None:
     """The float32 bias the kernels add to ``linear``'s product."""
-    return linear.parts[0]._bias if _is_int4(linear) else linear.bias
+    return linear.parts[0]._bias if is_int4(linear) else linear.bias
 
 
 def _other_parameters(model: LlamaForCausalLM) -> list[torch.nn.Parameter]:
@@ -144,7 +158,7 @@ def supports_structure(model: torch.nn.Module) -> bool:
         ):
             return False
     linears = _linears(model)
-    if any(type(linear) is not Linear and not _is_int4(linear) for linear in linears):
+    if any(type(linear) is not Linear and not is_int4(linear) for linear in linears):
         return False
     config = model.config
     return config.num_attention_heads % config.num_key_value_heads == 0
@@ -267,11 +281,9 @@ class NativeForward:
         dense = args.weight_type
 
         def weight_type(linear: torch.nn.Module) -> int:
-            return native.WT_INT4 if _is_int4(linear) else dense
+            return native.WT_INT4 if is_int4(linear) else dense
 
-        products = [
-            [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj] for a, m in zip(attn, mlp)
-        ]
+        products = [[a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj] for a, m in zip(attn, mlp)]
         types = [weight_type(linear) for four in products for linear in four]
         self._layer_types = (ctypes.c_int * max(len(types), 1))(*types)
         args.layer_types = ctypes.addressof(self._layer_types)
@@ -292,7 +304,7 @@ class NativeForward:
             return None
         linears = _linears(model)
         for linear in linears:
-            if _is_int4(linear):
+            if is_int4(linear):
                 if _native_int4(linear) is None:
                     return None
             elif not linear.is_native_packed:

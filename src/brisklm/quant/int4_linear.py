@@ -166,6 +166,16 @@ def _working_backend(
     return _PROBED[key]
 
 
+def native_backend_chosen(
+    requested: str, device: torch.device, compute_dtype: torch.dtype | None
+) -> bool:
+    """Whether a layer asking for backend ``requested`` on ``device`` computing in
+    ``compute_dtype`` runs on the "native" backend (a request it cannot take raises at prepare)."""
+    if requested not in ("auto", "native") or torch.device(device).type != "cpu":
+        return False
+    return compute_dtype in (None, torch.float32) and native.available()
+
+
 def _select_backend(
     requested: str,
     device: torch.device,
@@ -176,8 +186,7 @@ def _select_backend(
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     if requested == "auto":
         if device.type == "cpu":
-            exact = compute_dtype in (None, torch.float32)
-            return "native" if exact and native.available() else "cpu"
+            return "native" if native_backend_chosen(requested, device, compute_dtype) else "cpu"
         if device.type == "cuda":
             candidates = ("triton",) if triton_int4.triton_available() else ()
             return _working_backend(
