@@ -371,7 +371,8 @@ class LLM:
         is what their kernels compute in: by default (or "auto") float32 on CPU through the native
         kernels (exact products of the dequantized weight; without a C compiler, torch's kernel in
         bfloat16), "bfloat16" takes torch's kernel (2.4x slower a token at batch 1 on a 245M
-        model); on CUDA the kernel's own. Other quantizations are refused.
+        model), "float16" torch's kernel in float16 (~10x slower again; a warning says so); on
+        CUDA the kernel's own. Other quantizations are refused.
         ``num_threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``;
         default: torch's, one per core). On CPU, leave one core free of other busy processes per
         thread: with one of two cores taken by another process, two threads decoded the bundled

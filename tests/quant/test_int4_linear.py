@@ -413,3 +413,19 @@ def test_cuda_kernels_match_reference(
         if backend == "triton":
             check_against_reference(layer, t, x.half(), BF16_REL)
             check_against_reference(layer, t, x, BF16_REL)  # fp32 dot (ieee)
+
+
+def test_a_slow_cpu_compute_dtype_is_warned_of_once(make_gptq, monkeypatch, caplog) -> None:
+    """Torch's CPU int4 kernel in float16 runs ~12x slower than in bfloat16 (and than the native
+    kernels): asking for it says so, once, and what to do instead."""
+    from brisklm.quant import int4_linear
+
+    monkeypatch.setattr(int4_linear, "_WARNED_SLOW", set())
+    t = make_gptq(64, 16, 32, seed=4)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            layer = GPTQLinear.from_gptq_tensors(*t, compute_dtype=torch.float16)
+            assert layer.backend == "cpu"
+        GPTQLinear.from_gptq_tensors(*t, compute_dtype=torch.bfloat16)
+    messages = [r.getMessage() for r in caplog.records if "slower" in r.getMessage()]
+    assert len(messages) == 1 and "float16" in messages[0], messages
