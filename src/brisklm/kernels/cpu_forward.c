@@ -551,20 +551,24 @@ typedef uint32_t pu __attribute__((vector_size(32)));
 /* The 32 weights of panel row element at as float32, outputs 0-7, 8-15, 16-23, 24-31 (see wrow:
  * the low halves of a bfloat16 row's first eight words are outputs 0-7, their high halves
  * 16-23). */
+/* Outputs 8v..8v+7 of int4 panel row i (see WT_INT4) as float32: the row's codes in the eight
+ * words at words + 8v (its block's), shifted by 4 * (i % 8); z: the row's group block. */
+static inline __attribute__((always_inline)) pv int4_vector8(const uint32_t *words, const float *z,
+                                                             int shift, int v) {
+    typedef int32_t pq __attribute__((vector_size(32)));
+    pq c;
+    memcpy(&c, words + v * PW, sizeof c);
+    return (__builtin_convertvector((c >> shift) & 15, pv) - pload(z + v * PW)) *
+           pload(z + NB + v * PW);
+}
+
 static inline __attribute__((always_inline)) void wrow8(const void *panel, int64_t at, int wt,
                                                         q4_panel qp, pv w[NV]) {
     if (wt == WT_INT4) {
-        typedef int32_t pq __attribute__((vector_size(32)));
         const int64_t i = at / NB;
-        const int shift = 4 * (int)(i & 7);
         const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
         const float *z = qp.zs + qp.group_at[i];
-        for (int v = 0; v < NV; v++) {
-            pq c;
-            memcpy(&c, words + v * PW, sizeof c);
-            w[v] = (__builtin_convertvector((c >> shift) & 15, pv) - pload(z + v * PW)) *
-                   pload(z + NB + v * PW);
-        }
+        for (int v = 0; v < NV; v++) w[v] = int4_vector8(words, z, 4 * (int)(i & 7), v);
     } else if (wt == WT_BF16) {
         pu a, b;
         memcpy(&a, (const uint16_t *)panel + at, sizeof a);
@@ -627,21 +631,15 @@ static inline __attribute__((always_inline)) void int4_half_tile(const float *x,
                                                                  int mt, const void *panel,
                                                                  q4_panel qp, int k, int half,
                                                                  float *out) {
-    typedef int32_t pq __attribute__((vector_size(32)));
     pv acc[MB_INT4][2];
     for (int m = 0; m < MB_INT4; m++) acc[m][0] = acc[m][1] = (pv){0};
     for (int i = 0; i < k; i++) {
-        const int shift = 4 * (i & 7);
-        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB + half * (NB / 2);
-        const float *z = qp.zs + qp.group_at[i] + half * (NB / 2);
-        if ((i & 7) == 0) __builtin_prefetch((const char *)words + PREFETCH_AHEAD, 0, 2);
-        pv w[2];
-        for (int v = 0; v < 2; v++) {
-            pq c;
-            memcpy(&c, words + v * PW, sizeof c);
-            w[v] = (__builtin_convertvector((c >> shift) & 15, pv) - pload(z + v * PW)) *
-                   pload(z + NB + v * PW);
-        }
+        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
+        const float *z = qp.zs + qp.group_at[i];
+        if ((i & 7) == 0)
+            __builtin_prefetch((const char *)(words + half * (NB / 2)) + PREFETCH_AHEAD, 0, 2);
+        const pv w[2] = {int4_vector8(words, z, 4 * (i & 7), 2 * half),
+                         int4_vector8(words, z, 4 * (i & 7), 2 * half + 1)};
         for (int m = 0; m < mt; m++) {
             const pv xs = psplat(x[m * ldx + i]);
             acc[m][0] += xs * w[0];
