@@ -53,13 +53,34 @@ def test_int4_product_has_the_bits_of_the_float32_one_over_the_dequantized_weigh
     dense = dequantized(codes, zeros, scales, g_idx)
     assert torch.equal(weight.dequantize(), dense)
     bias = torch.randn(rows)
-    x = torch.randn(70, k)  # from 64 tokens AVX2 dequantizes each panel once
+    x = torch.randn(70, k)  # from 32 tokens (AVX-512) or 64 (AVX2) each panel is dequantized once
     got = native.linear_int4(x, weight, bias, lib=lib)
     assert torch.equal(got, native.linear(x, native.pack(dense), bias, rows, lib=lib))
     expected = torch.nn.functional.linear(x.double(), dense.double(), bias.double())
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
-    for n in (1, 2, 3, 4, 7, 17):  # a row's bits do not depend on the rows beside it
+    # a row's bits do not depend on the rows beside it: whole-panel and half-panel tiles (up to
+    # 10 tokens with AVX-512), even splits (11, 17, 31) and widened panels (from 32 or 64)
+    for n in (1, 2, 3, 4, 7, 10, 11, 17, 31, 32):
         assert torch.equal(native.linear_int4(x[5 : 5 + n], weight, bias, lib=lib), got[5 : 5 + n])
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_int4_zero_points_outside_a_nibble_keep_the_bits(request, build):
+    """Zero points are stored as 2^23 + zero and codes turned into 2^23 + code: exact for GPTQ
+    v1's 16, negative zero points and large ones (the limit 2^22), for every row count."""
+    lib = request.getfixturevalue("native_build")(build)
+    codes, zeros, scales, g_idx = random_int4(256, 40, 4, seed=11)
+    zeros[0] = 16
+    zeros[1] = -zeros[1]
+    zeros[2, :5] = 2**22
+    zeros[3, :5] = -(2**22)
+    weight = native.pack_int4(codes, zeros, scales, g_idx)
+    dense = dequantized(codes, zeros, scales, g_idx)
+    assert torch.equal(weight.dequantize(), dense)
+    x = torch.randn(40, 256)
+    for n in (1, 2, 5, 12, 33, 40):
+        got = native.linear_int4(x[:n], weight, None, lib=lib)
+        assert torch.equal(got, native.linear(x[:n], native.pack(dense), None, 40, lib=lib))
 
 
 def test_int4_bits_do_not_depend_on_the_thread_count():
@@ -79,13 +100,13 @@ def test_int4_bits_do_not_depend_on_the_thread_count():
 
 def test_pack_int4_lays_codes_out_in_blocks_of_eight_inputs():
     """Word o of a panel's block b holds output o's codes of inputs 8b..8b+7, input 8b+r in bits
-    4r..4r+3; each group's block is its 32 zero points then its 32 scales."""
+    4r..4r+3; each group's block is its 32 zero points (as 2^23 + zero) then its 32 scales."""
     codes, zeros, scales, g_idx = random_int4(16, 40, 2, seed=3, shuffled=False)
     weight = native.pack_int4(codes, zeros, scales, g_idx)
     assert weight.codes.shape == (2, 2, 32) and weight.zs.shape == (2, 2, 64)
     word = int(weight.codes[1, 1, 3]) & 0xFFFFFFFF
     assert [(word >> (4 * r)) & 15 for r in range(8)] == codes[8:16, 32 + 3].tolist()
-    assert torch.equal(weight.zs[0, 1, :32], zeros[1, :32].float())
+    assert torch.equal(weight.zs[0, 1, :32], zeros[1, :32].float() + 2**23)
     assert torch.equal(weight.zs[1, 0, 32 + 7], scales[0, 39].float())
     padding = torch.cat([weight.zs[1, :, 8:32], weight.zs[1, :, 40:]], dim=1)
     assert torch.equal(padding, torch.zeros(2, 48))  # padding outputs weigh 0
@@ -100,6 +121,10 @@ def test_pack_int4_lays_codes_out_in_blocks_of_eight_inputs():
         (lambda c, z, s, g: (c, z, s, g + 1), r"g_idx must be in \[0, 2\)"),
         (lambda c, z, s, g: (c, z[:, :5], s, g), "do not fit together"),
         (lambda c, z, s, g: (c, z, s[:, :39], g), "do not fit together"),
+        (lambda c, z, s, g: (c, z + 0.5, s, g), "zero points must be whole numbers"),
+        (lambda c, z, s, g: (c, z.float() * float("nan"), s, g), "zero points must be whole"),
+        (lambda c, z, s, g: (c, z.float() - float("inf"), s, g), "zero points must be whole"),
+        (lambda c, z, s, g: (c, z + 2**22 + 1, s, g), "magnitude at most 4194304"),
     ],
 )
 def test_pack_int4_refuses_tensors_that_do_not_fit(change, message):

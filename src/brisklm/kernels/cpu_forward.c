@@ -108,8 +108,18 @@ static inline float vsum(vf v) {
  * 32 outputs' zero points, then their 32 scales. A weight is (code - zero) * scale, computed in
  * float32 as it is read (exactly GPTQ's dequantization, scale * (q - zero), and the same value
  * dequantize_gptq gives): a product over int4 weights gives the bits the float32 product gives
- * over the dequantized weight, and reads an eighth of its bytes (plus the groups' blocks). */
+ * over the dequantized weight, and reads an eighth of its bytes (plus the groups' blocks).
+ *
+ * A zero point is stored as 2^23 + zero (INT4_BIAS), and a code becomes a float32 by setting the
+ * low bits of 2^23's mantissa to it (INT4_BIAS_BITS | code: the float 2^23 + code), one
+ * instruction with the mask where AVX-512 merges the two bit operations (vpternlogd) instead of a
+ * mask and a conversion; (2^23 + code) - (2^23 + zero) is code - zero exactly (integers below
+ * 2^23), so the weight keeps its bits. With the loops below, the one-token product of a
+ * 4096x4096 layer took 0.87x the time (session 60, Zen 4); the AVX2 code runs as fast either
+ * way (an OR where the conversion was). */
 #define WT_INT4 3
+#define INT4_BIAS 8388608.0f /* 2^23 */
+#define INT4_BIAS_BITS 0x4B000000
 /* Bytes of one panel row (on average, for int4), and of a panel of k rows. */
 #define ROW_BYTES(wt) ((wt) == WT_INT4 ? NB / 2 : NB * WT_SIZE(wt))
 #define PANEL_BYTES(k, wt) ((int64_t)(k) * ROW_BYTES(wt))
@@ -355,6 +365,13 @@ static inline vf vmax(vf a, vf b) {
  * (12 accumulators): 21-115 GFLOPS on the same products (docs/benchmarks.md). */
 #define NB 32 /* outputs per panel */
 
+/* 16 int4 weights as float32 (see WT_INT4): the codes in bits shift..shift + 3 of words (one
+ * word per output), z their 16 outputs' zero points in a group's block (their scales 2 * VW
+ * floats on). */
+static inline __attribute__((always_inline)) vf int4_weights(vq words, int shift, const float *z) {
+    return ((vf)(((words >> shift) & 15) | INT4_BIAS_BITS) - vload(z)) * vload(z + 2 * VW);
+}
+
 /* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31.
  * An int4 row (at / NB: its input) is dequantized with its group's block in qp. */
 static inline __attribute__((always_inline)) void wrow(const void *panel, int64_t at, int wt,
@@ -367,8 +384,8 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
         memcpy(&w0, words, sizeof w0);
         memcpy(&w1, words + VW, sizeof w1);
         const float *z = qp.zs + qp.group_at[i];
-        *lo = (__builtin_convertvector((w0 >> shift) & 15, vf) - vload(z)) * vload(z + 2 * VW);
-        *hi = (__builtin_convertvector((w1 >> shift) & 15, vf) - vload(z + VW)) * vload(z + 3 * VW);
+        *lo = int4_weights(w0, shift, z);
+        *hi = int4_weights(w1, shift, z + VW);
     } else if (wt == WT_BF16) {
         vu u;
         memcpy(&u, (const uint16_t *)panel + at, sizeof u);
@@ -391,6 +408,13 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
  * The AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand), so it
  * also takes MB tokens a tile over half-precision weights. */
 #define WIDEN_FROM 0
+/* Int4 panels, whose tiles dequantize each row once per tile (int4_tile), are widened from this
+ * many tokens: the 4096x4096 product (Zen 4, from its caches) took in tiles / widened 4.1-4.4 /
+ * 4.1-4.5 ms at 24 tokens, 5.5-5.6 / 5.4-6.0 at 32, 7.3 / 7.0 at 40, 10.4 / 7.9 at 48 and
+ * 11.7 / 10.2 at 64 (the bfloat16 product 9.9). */
+#ifndef WIDEN_INT4_FROM
+#define WIDEN_INT4_FROM 32
+#endif
 #define MB_HALF MB
 
 static inline __attribute__((always_inline)) void panel_tile(
@@ -419,10 +443,9 @@ static inline __attribute__((always_inline)) void panel_tile(
          * STREAM_FROM): on a Sapphire Rapids Xeon the 125M model's one-token call took 0.93x the
          * time with them (12.8-13.0 ms against 13.7-13.9), the bundled model's 0.998x. That was
          * before a single token read up to GROUP panels at once (panel_group, which leaves float32
-         * rows to the hardware prefetchers); here it is the lone panels left over. */
-        if (wt == WT_INT4) { /* a line holds four int4 rows */
-            if ((i & 3) == 0) __builtin_prefetch(row + PREFETCH_AHEAD, 0, 2);
-        } else if (mt > 1 || wt != WT_F32 || stream) { /* four lines of float32, two of halves */
+         * rows to the hardware prefetchers); here it is the lone panels left over. (Int4 panels
+         * have tiles of their own: int4_tile.) */
+        if (mt > 1 || wt != WT_F32 || stream) { /* four lines of float32, two of halves */
             for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -463,11 +486,13 @@ static inline __attribute__((always_inline)) void panel_tile(
  * 11.22 ms; bench/native_kernel_ab.py --preset 125m --rows 1); six panels at once were level
  * with four and eight 1.01x slower (32 accumulators: all the registers). Float32 rows are not
  * prefetched here (with the prefetch of panel_tile's ``stream`` case: 1.03x slower); bfloat16
- * and float16 rows are, as in panel_tile (bfloat16 without: 1.24x slower). */
+ * and float16 rows are, as in panel_tile (bfloat16 without: 1.24x slower). Called with g a
+ * constant (matmul_panels): with g known only at run time gcc kept the accumulators on the stack,
+ * a load and a store around every FMA (int4's one-token product took 1.13x the time). */
 static inline __attribute__((always_inline)) void panel_group(const float *x, const void *panel,
-                                                              int64_t panel_elems, q4_panel qp,
-                                                              int64_t zs_panel, int g, int k,
+                                                              int64_t panel_elems, int g, int k,
                                                               float *out, int wt) {
+    const q4_panel qp = {NULL, NULL}; /* float weights only: int4 has int4_group */
     vf a0[GROUP], a1[GROUP], c0[GROUP], c1[GROUP];
     for (int j = 0; j < GROUP; j++) a0[j] = a1[j] = c0[j] = c1[j] = (vf){0};
     int i = 0;
@@ -477,16 +502,8 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         for (int j = 0; j < g; j++) {
             const int64_t pat = j * panel_elems + at;
             vf b0, b1, d0, d1;
-            if (wt == WT_INT4) { /* panel j's rows and blocks */
-                const q4_panel qj = {qp.zs + j * zs_panel, qp.group_at};
-                const char *pj = (const char *)panel + j * PANEL_BYTES(k, wt);
-                wrow(pj, at, wt, qj, &b0, &b1);
-                wrow(pj, at + NB, wt, qj, &d0, &d1);
-                if ((i & 3) == 0) __builtin_prefetch(pj + i * ROW_BYTES(wt) + PREFETCH_AHEAD, 0, 2);
-            } else {
-                wrow(panel, pat, wt, qp, &b0, &b1);
-                wrow(panel, pat + NB, wt, qp, &d0, &d1);
-            }
+            wrow(panel, pat, wt, qp, &b0, &b1);
+            wrow(panel, pat + NB, wt, qp, &d0, &d1);
             if (wt == WT_BF16 || wt == WT_F16) {
                 const char *row = (const char *)panel + pat * WT_SIZE(wt);
                 for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
@@ -503,12 +520,7 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         const vf xe = vsplat(x[i]);
         for (int j = 0; j < g; j++) {
             vf b0, b1;
-            if (wt == WT_INT4) {
-                const q4_panel qj = {qp.zs + j * zs_panel, qp.group_at};
-                wrow((const char *)panel + j * PANEL_BYTES(k, wt), at, wt, qj, &b0, &b1);
-            } else {
-                wrow(panel, j * panel_elems + at, wt, qp, &b0, &b1);
-            }
+            wrow(panel, j * panel_elems + at, wt, qp, &b0, &b1);
             a0[j] += xe * b0;
             a1[j] += xe * b1;
         }
@@ -518,6 +530,128 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         memcpy(out + j * NB, &s0, sizeof(vf));
         memcpy(out + j * NB + VW, &s1, sizeof(vf));
     }
+}
+
+/* Int4 panels (see WT_INT4) have loops of their own: k steps by whole blocks of eight rows, each
+ * block's words loaded once and the rows unrolled, so that every row's shift is a constant. Each
+ * output's sum is panel_tile's over the dequantized rows, the same operations in the same order
+ * (even and odd rows in two chains, added at the end; k is a multiple of 8): the same bits.
+ *
+ * int4_group: one token over the g (<= GROUP, a constant) consecutive panels from ``panel`` (zs:
+ * the first's blocks, zs_panel floats apart), as panel_group. A single int4 token is bound by its
+ * arithmetic, not by memory (a weight is a shift, a mask, a subtraction and a multiplication
+ * before its FMA): on a Zen 4 the 4096x4096 product took 0.62 ms a call from its caches before
+ * these loops and the constant g, 0.42 after, torch's int4 kernel 0.56 (bfloat16). */
+static inline __attribute__((always_inline)) void int4_group(const float *x, const void *panel,
+                                                             q4_panel qp, int64_t zs_panel, int g,
+                                                             int k, float *out) {
+    vf a0[GROUP], a1[GROUP], c0[GROUP], c1[GROUP];
+    for (int j = 0; j < GROUP; j++) a0[j] = a1[j] = c0[j] = c1[j] = (vf){0};
+    for (int i0 = 0; i0 < k; i0 += 8) {
+        vq w0[GROUP], w1[GROUP];
+        for (int j = 0; j < g; j++) {
+            const int32_t *words =
+                (const int32_t *)((const char *)panel + j * PANEL_BYTES(k, WT_INT4)) + i0 / 8 * NB;
+            memcpy(&w0[j], words, sizeof(vq));
+            memcpy(&w1[j], words + VW, sizeof(vq));
+            __builtin_prefetch((const char *)words + PREFETCH_AHEAD, 0, 2);
+            __builtin_prefetch((const char *)words + PREFETCH_AHEAD + 64, 0, 2);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 8; r += 2) {
+            const vf xe = vsplat(x[i0 + r]), xo = vsplat(x[i0 + r + 1]);
+            const float *ze = qp.zs + qp.group_at[i0 + r], *zo = qp.zs + qp.group_at[i0 + r + 1];
+            for (int j = 0; j < g; j++) {
+                a0[j] += xe * int4_weights(w0[j], 4 * r, ze + j * zs_panel);
+                a1[j] += xe * int4_weights(w1[j], 4 * r, ze + j * zs_panel + VW);
+                c0[j] += xo * int4_weights(w0[j], 4 * r + 4, zo + j * zs_panel);
+                c1[j] += xo * int4_weights(w1[j], 4 * r + 4, zo + j * zs_panel + VW);
+            }
+        }
+    }
+    for (int j = 0; j < g; j++) {
+        const vf s0 = a0[j] + c0[j], s1 = a1[j] + c1[j];
+        memcpy(out + j * NB, &s0, sizeof(vf));
+        memcpy(out + j * NB + VW, &s1, sizeof(vf));
+    }
+}
+
+/* int4_tile: mt tokens over ``vectors`` (1 or 2, constants) of an int4 panel's two 16-output
+ * vectors, from vector ``first``: the whole panel for one or two tokens, half of it for up to
+ * MB_INT4 (20 accumulators). Halves dequantize a row once for ten tokens where the whole panel's
+ * tile would for five, and read different words of a block, so the codes are still read once (a
+ * panel's zero points and scales twice, from L1). From three tokens halves were faster (4096x4096
+ * on a Zen 4, from its caches: 3 tokens 0.61 ms against 0.74 for the whole panel, 4 tokens 0.75
+ * against 0.88); tiles of 11 or 12 tokens ran slower than two smaller ones (registers: 11 tokens
+ * 2.03 ms against 1.90 for 6 + 5). With these tiles 8 tokens took 1.36 ms (1.94 before: a
+ * 6-token and a 2-token tile over the whole panel, dequantizing every row twice), the bfloat16
+ * product 1.29. */
+#ifndef MB_INT4
+#define MB_INT4 10
+#endif
+static inline __attribute__((always_inline)) void int4_tile(const float *x, int64_t ldx, int mt,
+                                                            const void *panel, q4_panel qp, int k,
+                                                            int first, int vectors, float *out) {
+    vf a[MB_INT4][2], c[MB_INT4][2];
+    for (int m = 0; m < MB_INT4; m++) a[m][0] = a[m][1] = c[m][0] = c[m][1] = (vf){0};
+    for (int i0 = 0; i0 < k; i0 += 8) {
+        const int32_t *words = (const int32_t *)panel + i0 / 8 * NB + first * VW;
+        vq w[2];
+        for (int v = 0; v < vectors; v++) {
+            memcpy(&w[v], words + v * VW, sizeof(vq));
+            __builtin_prefetch((const char *)(words + v * VW) + PREFETCH_AHEAD, 0, 2);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 8; r += 2) {
+            const float *ze = qp.zs + qp.group_at[i0 + r] + first * VW;
+            const float *zo = qp.zs + qp.group_at[i0 + r + 1] + first * VW;
+            vf we[2], wo[2];
+            for (int v = 0; v < vectors; v++) {
+                we[v] = int4_weights(w[v], 4 * r, ze + v * VW);
+                wo[v] = int4_weights(w[v], 4 * r + 4, zo + v * VW);
+            }
+            for (int m = 0; m < mt; m++) {
+                const vf xe = vsplat(x[m * ldx + i0 + r]), xo = vsplat(x[m * ldx + i0 + r + 1]);
+                for (int v = 0; v < vectors; v++) {
+                    a[m][v] += xe * we[v];
+                    c[m][v] += xo * wo[v];
+                }
+            }
+        }
+    }
+    for (int m = 0; m < mt; m++)
+        for (int v = 0; v < vectors; v++) {
+            const vf s = a[m][v] + c[m][v];
+            memcpy(out + m * NB + (first + v) * VW, &s, sizeof s);
+        }
+}
+
+/* The sums (mt <= MB_INT4 tokens x NB, into out) of an int4 panel: one pass of the whole panel's
+ * tile for one or two tokens, else half by half. */
+static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k,
+                        float *out) {
+    if (mt == 1) {
+        int4_tile(x, ldx, 1, panel, qp, k, 0, 2, out);
+        return;
+    }
+    if (mt == 2) {
+        int4_tile(x, ldx, 2, panel, qp, k, 0, 2, out);
+        return;
+    }
+#define INT4_HALVES(T)                                 \
+    case T:                                            \
+        int4_tile(x, ldx, T, panel, qp, k, 0, 1, out); \
+        int4_tile(x, ldx, T, panel, qp, k, 1, 1, out); \
+        break;
+#if MB_INT4 > 10
+#error "int4_tokens: one case per tile size"
+#endif
+    switch (mt) {
+        INT4_HALVES(3) INT4_HALVES(4) INT4_HALVES(5) INT4_HALVES(6) INT4_HALVES(7) INT4_HALVES(8)
+        INT4_HALVES(9) INT4_HALVES(10)
+        default: break;
+    }
+#undef INT4_HALVES
 }
 
 #else
@@ -534,6 +668,7 @@ typedef float pv __attribute__((vector_size(32)));
  * faster below (100-145 against 77-112 at 16-32). */
 #define MB_HALF 2
 #define WIDEN_FROM 64
+#define WIDEN_INT4_FROM WIDEN_FROM
 #define NV (NB / PW) /* product vectors per panel row */
 
 static inline pv pload(const float *p) {
@@ -558,7 +693,7 @@ static inline __attribute__((always_inline)) pv int4_vector8(const uint32_t *wor
     typedef int32_t pq __attribute__((vector_size(32)));
     pq c;
     memcpy(&c, words + v * PW, sizeof c);
-    return (__builtin_convertvector((c >> shift) & 15, pv) - pload(z + v * PW)) *
+    return ((pv)(((c >> shift) & 15) | INT4_BIAS_BITS) - pload(z + v * PW)) *
            pload(z + NB + v * PW);
 }
 
@@ -649,9 +784,20 @@ static inline __attribute__((always_inline)) void int4_half_tile(const float *x,
     for (int m = 0; m < mt; m++) memcpy(out + m * NB + half * (NB / 2), acc[m], sizeof acc[m]);
 }
 
-/* The sums (mt <= MB_INT4 tokens x NB, into out) of an int4 panel, half by half. */
+/* The sums (mt <= MB_INT4 tokens x NB, into out) of an int4 panel: the whole panel's tile for up
+ * to MB_HALF tokens, else half by half. */
 static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k,
                         float *out) {
+    /* One or two tokens: one pass of the whole panel's tile is faster (two rows took 1.25x the
+     * time in two passes of half tiles). */
+    if (mt == 1) {
+        panel_tile(x, ldx, 1, panel, qp, k, out, WT_INT4, 0);
+        return;
+    }
+    if (mt == 2) {
+        panel_tile(x, ldx, 2, panel, qp, k, out, WT_INT4, 0);
+        return;
+    }
     for (int half = 0; half < 2; half++) {
         switch (mt) {
             case 1: int4_half_tile(x, ldx, 1, panel, qp, k, half, out); break;
@@ -798,34 +944,30 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     q4_panel qp;
     const void *panel = panel_at(packed, wt, k, p, &qp);
     const int o = p * NB, width = rows - o < NB ? rows - o : NB;
-    /* Many tokens (WIDEN_FROM): widen the half-precision panel once and run every tile over the
-     * float32 copy, as a float32 weight, instead of widening it again in every tile (the AVX2 tile
-     * over half-precision weights also takes only MB_HALF tokens: see its definition). Same
-     * products, same order: the bits of the tile over the half-precision panel, so a row's result
-     * does not depend on which way its call went. */
-    if (WIDEN_FROM > 0 && wt != WT_F32 && n >= WIDEN_FROM) {
+    /* Many tokens (WIDEN_FROM, WIDEN_INT4_FROM): widen the half-precision or int4 panel once and
+     * run every tile over the float32 copy, as a float32 weight, instead of widening it again in
+     * every tile (the AVX2 tile over half-precision weights also takes only MB_HALF tokens: see
+     * its definition). Same products, same order: the bits of the tile over the half-precision
+     * panel, so a row's result does not depend on which way its call went. */
+    const int widen_from = wt == WT_INT4 ? WIDEN_INT4_FROM : WIDEN_FROM;
+    if (widen_from > 0 && wt != WT_F32 && n >= widen_from) {
         const float *wide = widened_panel(panel, qp, k, wt);
         if (wide) {
             panel = wide;
             wt = WT_F32;
         }
     }
-#if !defined(__AVX512F__)
-    if (wt == WT_INT4 && n > 1) {
+    if (wt == WT_INT4) { /* tiles of even sizes: 12 tokens as 6 + 6, not 10 + 2 */
         float sums[MB_INT4 * NB];
-        for (int m0 = 0; m0 < n; m0 += MB_INT4) {
-            const int mt = n - m0 < MB_INT4 ? n - m0 : MB_INT4;
-            if (mt <= MB_HALF) /* one or two tokens: one pass of the whole panel's tile is faster
-                                  (two rows took 1.25x the time in two passes of half tiles) */
-                panel_tokens(x + m0 * ldx, ldx, mt, panel, qp, k, sums, wt, stream);
-            else
-                int4_tokens(x + m0 * ldx, ldx, mt, panel, qp, k, sums);
+        const int tiles = (n + MB_INT4 - 1) / MB_INT4, tile = (n + tiles - 1) / tiles;
+        for (int m0 = 0; m0 < n; m0 += tile) {
+            const int mt = n - m0 < tile ? n - m0 : tile;
+            int4_tokens(x + m0 * ldx, ldx, mt, panel, qp, k, sums);
             for (int m = 0; m < mt; m++)
                 store_panel(sums + m * NB, b, o, width, y + (m0 + m) * ldy + o, accumulate);
         }
         return;
     }
-#endif
     float out[MB * NB];
     const int tile = wt == WT_F32 ? MB : MB_HALF;
     for (int m0 = 0; m0 < n; m0 += tile) {
@@ -854,14 +996,28 @@ static void matmul_panels(const float *x, int64_t ldx, int n, int k, const void 
         const int64_t panel_elems = (int64_t)k * NB;
         const int64_t zs_panel = wt == WT_INT4 ? ((const q4_weight *)packed)->zs_panel : 0;
         float out[GROUP * NB];
-        if (wt == WT_INT4)
-            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_INT4);
-        else if (wt == WT_BF16)
-            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_BF16);
-        else if (wt == WT_F16)
-            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_F16);
-        else
-            panel_group(x, panel, panel_elems, qp, zs_panel, count, k, out, WT_F32);
+        /* g a constant in every call (see panel_group) */
+#define GROUP_CASE(G)                                                        \
+    case G:                                                                  \
+        if (wt == WT_INT4)                                                   \
+            int4_group(x, panel, qp, zs_panel, G, k, out);                   \
+        else if (wt == WT_BF16)                                              \
+            panel_group(x, panel, panel_elems, G, k, out, WT_BF16);          \
+        else if (wt == WT_F16)                                               \
+            panel_group(x, panel, panel_elems, G, k, out, WT_F16);           \
+        else                                                                 \
+            panel_group(x, panel, panel_elems, G, k, out, WT_F32);           \
+        break;
+#if GROUP != 4
+#error "matmul_panels: one case per panel count"
+#endif
+        switch (count) {
+            GROUP_CASE(2)
+            GROUP_CASE(3)
+            GROUP_CASE(4)
+            default: break;
+        }
+#undef GROUP_CASE
         for (int j = 0; j < count; j++) {
             const int o = (p + j) * NB;
             store_panel(out + j * NB, b, o, rows - o < NB ? rows - o : NB, y + o, accumulate);

@@ -445,15 +445,18 @@ def _product(
 
 
 _INT4_BLOCK = 8  # inputs whose codes share a panel's words
+INT4_BIAS = 2.0**23  # added to stored zero points (cpu_forward.c: INT4_BIAS)
+_INT4_ZERO_LIMIT = 2**22  # zero points the biased form holds exactly, and then some
 
 
 class Int4Weight:
     """A GPTQ int4 weight of ``rows`` outputs in the kernels' layout (``WT_INT4`` in
     cpu_forward.c): ``codes`` int32 (panels, in / 8, 32), word o of a block holding output o's
     codes of the block's eight inputs (input 8b + r in bits 4r..4r + 3; the last panel
-    zero-padded); ``zs`` float32 (panels, groups, 64), each group's 32 zero points then 32
-    scales; ``group_at`` int32 (in,), input i's group times 64. A weight is (code - zero) * scale
-    in float32, GPTQ's dequantization. ``struct`` is the C side's ``q4_weight`` over these
+    zero-padded); ``zs`` float32 (panels, groups, 64), each group's 32 zero points (stored as
+    2^23 + zero: the kernels turn a code into the float 2^23 + code with one bit operation) then
+    32 scales; ``group_at`` int32 (in,), input i's group times 64. A weight is
+    (code - zero) * scale in float32, GPTQ's dequantization. ``struct`` is the C side's ``q4_weight`` over these
     tensors (kept alive with it)."""
 
     def __init__(
@@ -490,7 +493,7 @@ class Int4Weight:
         q = (self.codes.unsqueeze(2) >> shifts) & 15  # (panels, in / 8, 8, 32)
         q = q.reshape(len(self.codes), self.in_features, PANEL)  # outputs in order
         blocks = self.zs[:, self.group_at.long() // 64]  # (panels, in, 64)
-        weight = (q.float() - blocks[..., :PANEL]) * blocks[..., PANEL:]
+        weight = ((q.float() + INT4_BIAS) - blocks[..., :PANEL]) * blocks[..., PANEL:]
         return weight.transpose(1, 2).reshape(-1, self.in_features)[: self.rows].contiguous()
 
 
@@ -515,6 +518,12 @@ def pack_int4(
         raise ValueError("native.pack_int4: codes must be in 0..15")
     if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
         raise ValueError(f"native.pack_int4: g_idx must be in [0, {groups})")
+    whole = not zeros.is_floating_point() or bool((zeros == zeros.round()).all())
+    if not whole or bool((zeros.abs() > _INT4_ZERO_LIMIT).any()):
+        raise ValueError(
+            f"native.pack_int4: zero points must be whole numbers of magnitude at most "
+            f"{_INT4_ZERO_LIMIT} (GPTQ's are 0..16)"
+        )
     panels = -(-rows // PANEL)
     pad = panels * PANEL - rows
     padded = torch.nn.functional.pad(codes.to(torch.int32), (0, pad))
@@ -525,8 +534,8 @@ def pack_int4(
     packed = huge_pages.empty((panels, k // _INT4_BLOCK, PANEL), torch.int32, torch.device("cpu"))
     packed.copy_(words.transpose(0, 1))
     blocks = [
-        torch.nn.functional.pad(t.float(), (0, pad)).view(groups, panels, PANEL)
-        for t in (zeros, scales)
+        torch.nn.functional.pad(t, (0, pad)).view(groups, panels, PANEL)
+        for t in (zeros.float() + INT4_BIAS, scales.float())
     ]
     zs = torch.cat(blocks, dim=2).transpose(0, 1).contiguous()  # (panels, groups, 64)
     group_at = (g_idx.to(torch.int32) * (2 * PANEL)).contiguous()
