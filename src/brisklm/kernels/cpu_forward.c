@@ -408,20 +408,14 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
  * The AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand), so it
  * also takes MB tokens a tile over half-precision weights. */
 #define WIDEN_FROM 0
-/* Int4 panels, whose tiles dequantize each row once per tile (int4_tile), are widened from this
- * many tokens: the 4096x4096 product (Zen 4, from its caches) took in tiles / widened 4.1-4.4 /
- * 4.1-4.5 ms at 24 tokens, 5.5-5.6 / 5.4-6.0 at 32, 7.3 / 7.0 at 40, 10.4 / 7.9 at 48 and
- * 11.7 / 10.2 at 64 (the bfloat16 product 9.9). */
-#ifndef WIDEN_INT4_FROM
-#define WIDEN_INT4_FROM 32
-#endif
 #define MB_HALF MB
 
-static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k, float *out,
-    int wt, int stream) {
+static inline __attribute__((always_inline)) void panel_tile(const float *x, int64_t ldx, int mt,
+                                                             const void *panel, int k, float *out,
+                                                             int wt, int stream) {
     /* Two partial sums per output, over even and over odd k, added at the end: two FMA chains,
      * so that a single token is not held to one FMA latency per k. */
+    const q4_panel qp = {NULL, NULL}; /* float weights only: int4 has int4_tile */
     vf a0[MB], a1[MB], c0[MB], c1[MB];
     for (int m = 0; m < MB; m++) a0[m] = a1[m] = c0[m] = c1[m] = (vf){0};
     int i = 0;
@@ -668,7 +662,6 @@ typedef float pv __attribute__((vector_size(32)));
  * faster below (100-145 against 77-112 at 16-32). */
 #define MB_HALF 2
 #define WIDEN_FROM 64
-#define WIDEN_INT4_FROM WIDEN_FROM
 #define NV (NB / PW) /* product vectors per panel row */
 
 static inline pv pload(const float *p) {
@@ -698,13 +691,8 @@ static inline __attribute__((always_inline)) pv int4_vector8(const uint32_t *wor
 }
 
 static inline __attribute__((always_inline)) void wrow8(const void *panel, int64_t at, int wt,
-                                                        q4_panel qp, pv w[NV]) {
-    if (wt == WT_INT4) {
-        const int64_t i = at / NB;
-        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
-        const float *z = qp.zs + qp.group_at[i];
-        for (int v = 0; v < NV; v++) w[v] = int4_vector8(words, z, 4 * (int)(i & 7), v);
-    } else if (wt == WT_BF16) {
+                                                        pv w[NV]) {
+    if (wt == WT_BF16) {
         pu a, b;
         memcpy(&a, (const uint16_t *)panel + at, sizeof a);
         memcpy(&b, (const uint16_t *)panel + at + 2 * PW, sizeof b);
@@ -719,9 +707,9 @@ static inline __attribute__((always_inline)) void wrow8(const void *panel, int64
     }
 }
 
-static inline __attribute__((always_inline)) void panel_tile(
-    const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k, float *out,
-    int wt, int stream) {
+static inline __attribute__((always_inline)) void panel_tile(const float *x, int64_t ldx, int mt,
+                                                             const void *panel, int k, float *out,
+                                                             int wt, int stream) {
     /* A single float32 token's rows are not prefetched here, ``stream`` or not: on a Zen 3 (AVX2
      * only) the 125M model's one-token call took 1.037x the time with them (session 25), while
      * this tile built with -mno-avx512f on a Sapphire Rapids Xeon took 0.93-0.945x (session 39;
@@ -734,14 +722,12 @@ static inline __attribute__((always_inline)) void panel_tile(
         const int64_t at = (int64_t)i * NB;
         const char *row = (const char *)panel + (int64_t)i * ROW_BYTES(wt);
         pv w[NV];
-        wrow8(panel, at, wt, qp, w);
+        wrow8(panel, at, wt, w);
         /* As above: the row's lines PREFETCH_AHEAD bytes ahead, into L2. Half-precision rows also
          * for a single token: the loop's iterations each read half the bytes, and the 125M model's
          * step took 0.93x the time with these prefetches (Zen 3, bench/native_kernel_ab.py
          * --dtype bfloat16; twice the distance: 0.98x of that, level within this VM's noise). */
-        if (wt == WT_INT4) { /* a line holds four int4 rows */
-            if ((i & 3) == 0) __builtin_prefetch(row + PREFETCH_AHEAD, 0, 2);
-        } else if (mt > 1 || wt != WT_F32) {
+        if (mt > 1 || wt != WT_F32) {
             for (int line = 0; line < NB * WT_SIZE(wt) / 64; line++)
                 __builtin_prefetch(row + PREFETCH_AHEAD + 64 * line, 0, 2);
         }
@@ -753,64 +739,64 @@ static inline __attribute__((always_inline)) void panel_tile(
     for (int m = 0; m < mt; m++) memcpy(out + m * NB, acc[m], sizeof acc[m]);
 }
 
-/* Int4 weights for several tokens: tiles of up to MB_INT4 tokens over half a panel (16 outputs,
- * two vectors), one half after the other. The 32-output tile holds two tokens beside a
- * dequantized row (MB_HALF), so its many operations a row of dequantization (a shift, a mask, a
- * conversion, a subtraction and a multiplication a vector) came once per two tokens; half a row
- * leaves room for four. The halves read different lines of a panel's blocks (words 0-15 and
- * 16-31 of each 128), so the codes are still read once. Each output's sum is panel_tile's, the
- * same operations in the same order (one chain, k in order): the same bits. */
+/* Int4 tiles (see the AVX-512 int4_tile): k by blocks of eight rows, each row's shift a constant;
+ * ``vectors`` (NV, or NV / 2 for half a panel) of a panel's 8-output vectors from ``first``. One
+ * or two tokens take the whole panel (two tokens in two passes of halves took 1.25x the time),
+ * three or four tokens half a panel each pass: the 32-output tile holds only two tokens beside a
+ * dequantized row (MB_HALF), half a row leaves room for four, so the many operations a row of
+ * dequantization come once per four tokens. The halves read different lines of a panel's blocks
+ * (words 0-15 and 16-31 of each 128), so the codes are still read once. Each output's sum is
+ * panel_tile's, the same operations in the same order (one chain, k in order): the same bits. On
+ * the Zen 4 (AVX2 code) the blocks of eight took a 4096x4096 product of one token from 0.65 ms to
+ * 0.53, 3 tokens from 1.06 to 0.79, 8 from 2.28 to 1.91 (session 60). */
 #define MB_INT4 4
 
-static inline __attribute__((always_inline)) void int4_half_tile(const float *x, int64_t ldx,
-                                                                 int mt, const void *panel,
-                                                                 q4_panel qp, int k, int half,
-                                                                 float *out) {
-    pv acc[MB_INT4][2];
-    for (int m = 0; m < MB_INT4; m++) acc[m][0] = acc[m][1] = (pv){0};
-    for (int i = 0; i < k; i++) {
-        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
-        const float *z = qp.zs + qp.group_at[i];
-        if ((i & 7) == 0)
-            __builtin_prefetch((const char *)(words + half * (NB / 2)) + PREFETCH_AHEAD, 0, 2);
-        const pv w[2] = {int4_vector8(words, z, 4 * (i & 7), 2 * half),
-                         int4_vector8(words, z, 4 * (i & 7), 2 * half + 1)};
-        for (int m = 0; m < mt; m++) {
-            const pv xs = psplat(x[m * ldx + i]);
-            acc[m][0] += xs * w[0];
-            acc[m][1] += xs * w[1];
+static inline __attribute__((always_inline)) void int4_tile(const float *x, int64_t ldx, int mt,
+                                                            const void *panel, q4_panel qp, int k,
+                                                            int first, int vectors, float *out) {
+    pv acc[MB_INT4][NV];
+    for (int m = 0; m < MB_INT4; m++)
+        for (int v = 0; v < NV; v++) acc[m][v] = (pv){0};
+    for (int i0 = 0; i0 < k; i0 += 8) {
+        const uint32_t *words = (const uint32_t *)panel + i0 / 8 * NB + first * PW;
+        for (int line = 0; line < vectors / 2; line++) /* 64 bytes: two vectors' words */
+            __builtin_prefetch((const char *)words + PREFETCH_AHEAD + 64 * line, 0, 2);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const float *z = qp.zs + qp.group_at[i0 + r] + first * PW;
+            pv w[NV];
+            for (int v = 0; v < vectors; v++) w[v] = int4_vector8(words, z, 4 * r, v);
+            for (int m = 0; m < mt; m++) {
+                const pv xs = psplat(x[m * ldx + i0 + r]);
+                for (int v = 0; v < vectors; v++) acc[m][v] += xs * w[v];
+            }
         }
     }
-    for (int m = 0; m < mt; m++) memcpy(out + m * NB + half * (NB / 2), acc[m], sizeof acc[m]);
+    for (int m = 0; m < mt; m++)
+        for (int v = 0; v < vectors; v++)
+            memcpy(out + m * NB + (first + v) * PW, &acc[m][v], sizeof(pv));
 }
 
-/* The sums (mt <= MB_INT4 tokens x NB, into out) of an int4 panel: the whole panel's tile for up
- * to MB_HALF tokens, else half by half. */
+/* The sums (mt <= MB_INT4 tokens x NB, into out) of an int4 panel. */
 static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k,
                         float *out) {
-    /* One or two tokens: one pass of the whole panel's tile is faster (two rows took 1.25x the
-     * time in two passes of half tiles). */
-    if (mt == 1) {
-        panel_tile(x, ldx, 1, panel, qp, k, out, WT_INT4, 0);
-        return;
-    }
-    if (mt == 2) {
-        panel_tile(x, ldx, 2, panel, qp, k, out, WT_INT4, 0);
-        return;
-    }
-    for (int half = 0; half < 2; half++) {
-        switch (mt) {
-            case 1: int4_half_tile(x, ldx, 1, panel, qp, k, half, out); break;
-            case 2: int4_half_tile(x, ldx, 2, panel, qp, k, half, out); break;
-            case 3: int4_half_tile(x, ldx, 3, panel, qp, k, half, out); break;
-            default: int4_half_tile(x, ldx, 4, panel, qp, k, half, out); break;
-        }
+    switch (mt) {
+        case 1: int4_tile(x, ldx, 1, panel, qp, k, 0, NV, out); break;
+        case 2: int4_tile(x, ldx, 2, panel, qp, k, 0, NV, out); break;
+        case 3:
+            int4_tile(x, ldx, 3, panel, qp, k, 0, NV / 2, out);
+            int4_tile(x, ldx, 3, panel, qp, k, NV / 2, NV / 2, out);
+            break;
+        default:
+            int4_tile(x, ldx, 4, panel, qp, k, 0, NV / 2, out);
+            int4_tile(x, ldx, 4, panel, qp, k, NV / 2, NV / 2, out);
+            break;
     }
 }
 #endif
 
 #define PANEL_CASE(T, WT) \
-    case T: panel_tile(x, ldx, T, panel, qp, k, out, WT, stream); break;
+    case T: panel_tile(x, ldx, T, panel, k, out, WT, stream); break;
 
 #if MB == 6
 #define PANEL_SWITCH(WT)                                                                          \
@@ -825,11 +811,10 @@ static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, 
 #error "panel_tokens: no cases for this MB"
 #endif
 
-static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp,
-                         int k, float *out, int wt, int stream) {
-    if (wt == WT_INT4) {
-        PANEL_SWITCH(WT_INT4)
-    } else if (wt == WT_BF16) {
+/* The sums of a float32 or half-precision panel (int4 panels: int4_tokens). */
+static void panel_tokens(const float *x, int64_t ldx, int mt, const void *panel, int k,
+                         float *out, int wt, int stream) {
+    if (wt == WT_BF16) {
         PANEL_SWITCH(WT_BF16)
     } else if (wt == WT_F16) {
         PANEL_SWITCH(WT_F16)
@@ -937,6 +922,13 @@ static inline __attribute__((always_inline)) const void *panel_at(const void *pa
     return (const char *)packed + (int64_t)p * PANEL_BYTES(k, wt);
 }
 
+/* Int4 panels, whose tiles dequantize each row once per tile (int4_tile), are widened from this
+ * many tokens with both tiles. The 4096x4096 product on a Zen 4 (from its caches), in tiles /
+ * widened: AVX-512 4.1-4.4 / 4.1-4.5 ms at 24 tokens, 5.5-5.6 / 5.4-6.0 at 32, 7.3 / 7.0 at 40,
+ * 10.4 / 7.9 at 48 and 11.7 / 10.2 at 64 (the bfloat16 product 9.9); the AVX2 code on one thread
+ * 8.3 / 9.3 at 16, 11.4 / 11.4 at 24, 15.0 / 13.9-14.3 at 32, 22.5 / 18.3-19.1 at 48. */
+#define WIDEN_INT4_FROM 32
+
 /* Outputs [o, o + NB) of y for panel p (see matmul_team). */
 static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                          const float *b, int rows, float *y, int64_t ldy, int accumulate, int p,
@@ -972,7 +964,7 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
     const int tile = wt == WT_F32 ? MB : MB_HALF;
     for (int m0 = 0; m0 < n; m0 += tile) {
         const int mt = n - m0 < tile ? n - m0 : tile;
-        panel_tokens(x + m0 * ldx, ldx, mt, panel, qp, k, out, wt, stream);
+        panel_tokens(x + m0 * ldx, ldx, mt, panel, k, out, wt, stream);
         for (int m = 0; m < mt; m++)
             store_panel(out + m * NB, b, o, width, y + (m0 + m) * ldy + o, accumulate);
     }
