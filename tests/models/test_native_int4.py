@@ -125,6 +125,8 @@ def test_pack_int4_lays_codes_out_in_blocks_of_eight_inputs():
         (lambda c, z, s, g: (c, z.float() * float("nan"), s, g), "zero points must be whole"),
         (lambda c, z, s, g: (c, z.float() - float("inf"), s, g), "zero points must be whole"),
         (lambda c, z, s, g: (c, z + 2**22 + 1, s, g), "magnitude at most 4194304"),
+        (lambda c, z, s, g: (c, z.int() * 0 + torch.iinfo(torch.int32).min, s, g), "at most"),
+        (lambda c, z, s, g: (c, z * 0 + torch.iinfo(torch.int64).min, s, g), "at most"),
     ],
 )
 def test_pack_int4_refuses_tensors_that_do_not_fit(change, message):

@@ -456,8 +456,8 @@ class Int4Weight:
     zero-padded); ``zs`` float32 (panels, groups, 64), each group's 32 zero points (stored as
     2^23 + zero: the kernels turn a code into the float 2^23 + code with one bit operation) then
     32 scales; ``group_at`` int32 (in,), input i's group times 64. A weight is
-    (code - zero) * scale in float32, GPTQ's dequantization. ``struct`` is the C side's ``q4_weight`` over these
-    tensors (kept alive with it)."""
+    (code - zero) * scale in float32, GPTQ's dequantization. ``struct`` is the C side's
+    ``q4_weight`` over these tensors (kept alive with it)."""
 
     def __init__(
         self, codes: torch.Tensor, zs: torch.Tensor, group_at: torch.Tensor, rows: int
@@ -519,7 +519,9 @@ def pack_int4(
     if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
         raise ValueError(f"native.pack_int4: g_idx must be in [0, {groups})")
     whole = not zeros.is_floating_point() or bool((zeros == zeros.round()).all())
-    if not whole or bool((zeros.abs() > _INT4_ZERO_LIMIT).any()):
+    # Not zeros.abs(): an integer type's minimum is its own absolute value (it overflows).
+    out_of_range = (zeros < -_INT4_ZERO_LIMIT) | (zeros > _INT4_ZERO_LIMIT)
+    if not whole or bool(out_of_range.any()):
         raise ValueError(
             f"native.pack_int4: zero points must be whole numbers of magnitude at most "
             f"{_INT4_ZERO_LIMIT} (GPTQ's are 0..16)"
