@@ -346,6 +346,7 @@ class LLM:
         max_prefill_tokens: int = 8192,
         cuda_graphs: bool = True,
         prefix_caching: bool = True,
+        grammar_cache_size: int = 256,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -394,7 +395,9 @@ class LLM:
         chunks a pass computed for their request alone (a prompt shorter than a chunk reuses
         nothing: lower ``prefill_chunk_size`` to reuse more), and there the same holds for a
         request alone (a batch rounds each row by what shares its
-        pass, which prefix caching changes).
+        pass, which prefix caching changes). ``grammar_cache_size``: how many compiled grammars
+        (JSON schemas, regexes, choices, grammars, tool lists) are kept for reuse, least recently
+        used dropped first; a grammar compiles again when it comes back after being dropped.
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -410,6 +413,7 @@ class LLM:
             prefill_chunk_size=prefill_chunk_size,
             cuda_graphs=cuda_graphs,
             prefix_caching=prefix_caching,
+            grammar_cache_size=grammar_cache_size,
         )
         device_ = resolve_device(device)
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads

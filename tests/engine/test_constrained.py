@@ -313,3 +313,29 @@ def test_a_grammar_llguidance_fails_on_is_an_error_not_a_finished_output(llm, mo
     out = llm.generate("x", params)
     assert out.finish_reason == "length" or re.fullmatch("<a>[a-z]+</a>!", out.text)
     assert not llm.engine.has_unfinished
+
+
+def test_grammar_cache_size_bounds_the_compiled_grammars(tiny_dir):
+    llm = LLM.from_pretrained(
+        tiny_dir, device="cpu", max_seq_len=128, show_progress=False, grammar_cache_size=2
+    )
+    try:
+        compiled = []
+        for options in (["a", "b"], ["c", "d"], ["e", "f"], ["c", "d"]):
+            assert llm.generate("x", SamplingParams(choice=options, max_tokens=5)).text in options
+            compiled.append(
+                llm.engine.structured.compiler.compile(SamplingParams(choice=options).constraint)
+            )
+        compiler = llm.engine.structured.compiler
+        assert compiler.max_cache_size == 2 and compiler.num_cached == 2
+        assert compiled[3] is compiled[1]  # the second choice was still cached, not compiled again
+        assert llm.generate("x", SamplingParams(choice=["a", "b"], max_tokens=5)).text in "ab"
+        assert compiler.num_cached == 2  # the first was dropped and compiled again
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_grammar_cache_size_must_be_a_positive_int(tiny_dir, bad):
+    with pytest.raises(ValueError, match=r"grammar_cache_size must be an int >= 1, got"):
+        LLM.from_pretrained(tiny_dir, device="cpu", show_progress=False, grammar_cache_size=bad)

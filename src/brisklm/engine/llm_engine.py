@@ -69,7 +69,9 @@ class EngineConfig:
     (``brisklm.cache.prefix_cache``): any shared prefix through the native CPU pass, else whole
     prompt chunks a pass computed for their request alone, so that the output is the same as
     without it; off for dynamic NTK rope past the trained context, whose keys depend on the
-    sequence's length.
+    sequence's length. ``grammar_cache_size``: compiled grammars (JSON schemas, regexes, choices,
+    grammars, tool lists) kept for reuse, least recently used dropped first; each holds its
+    grammar's automaton, from a few KB to ~1 MB for a large tool list over a 128k vocabulary.
     """
 
     max_batch_size: int = 8
@@ -79,6 +81,7 @@ class EngineConfig:
     prefill_chunk_size: int | None = None
     cuda_graphs: bool = True
     prefix_caching: bool = True
+    grammar_cache_size: int = 256
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)
@@ -91,6 +94,7 @@ class EngineConfig:
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
+        _check_int("grammar_cache_size", self.grammar_cache_size, 1)
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
@@ -220,7 +224,10 @@ class LLMEngine:
                 self.num_real_tokens,
             )
         self.structured = StructuredOutputs(
-            tokenizer, config.max_batch_size, usable_tokens=self.num_real_tokens
+            tokenizer,
+            config.max_batch_size,
+            usable_tokens=self.num_real_tokens,
+            cache_size=config.grammar_cache_size,
         )
         self.speculator = speculator
         if speculator is not None and self.prefix_cache is not None:

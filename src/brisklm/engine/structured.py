@@ -26,10 +26,15 @@ class StructuredOutputs:
     """Owns the grammar compiler (one per tokenizer, with its cache) and the per-step token bitmask."""
 
     def __init__(
-        self, tokenizer: Tokenizer, max_batch_size: int, usable_tokens: int | None = None
+        self,
+        tokenizer: Tokenizer,
+        max_batch_size: int,
+        usable_tokens: int | None = None,
+        cache_size: int = 256,
     ) -> None:
         self.tokenizer = tokenizer
         self.usable_tokens = usable_tokens  # the ids the model has (GrammarCompiler)
+        self.cache_size = cache_size  # compiled grammars kept (GrammarCompiler.max_cache_size)
         self.max_batch_size = max_batch_size
         self._compiler: GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
@@ -40,7 +45,11 @@ class StructuredOutputs:
     def compiler(self) -> GrammarCompiler:
         with self._compiler_lock:
             if self._compiler is None:
-                self._compiler = GrammarCompiler(self.tokenizer, usable_tokens=self.usable_tokens)
+                self._compiler = GrammarCompiler(
+                    self.tokenizer,
+                    max_cache_size=self.cache_size,
+                    usable_tokens=self.usable_tokens,
+                )
             return self._compiler
 
     def matcher_for(self, params: SamplingParams) -> GrammarMatcher | None:
