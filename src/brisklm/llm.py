@@ -15,6 +15,7 @@ import torch
 from numpy import ndarray
 
 from brisklm.config import checkpoint_directory
+from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.engine.llm_engine import EngineConfig, LLMEngine, check_kv_cache_fits
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
@@ -346,7 +347,7 @@ class LLM:
         max_prefill_tokens: int = 8192,
         cuda_graphs: bool = True,
         prefix_caching: bool = True,
-        grammar_cache_size: int = 256,
+        grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 

@@ -330,7 +330,9 @@ def test_grammar_cache_size_bounds_the_compiled_grammars(tiny_dir):
         assert compiler.max_cache_size == 2 and compiler.num_cached == 2
         assert compiled[3] is compiled[1]  # the second choice was still cached, not compiled again
         assert llm.generate("x", SamplingParams(choice=["a", "b"], max_tokens=5)).text in "ab"
-        assert compiler.num_cached == 2  # the first was dropped and compiled again
+        again = compiler.compile(SamplingParams(choice=["a", "b"]).constraint)
+        assert again is not compiled[0]  # the first had been dropped: compiled again
+        assert compiler.num_cached == 2
     finally:
         llm.close()
 

@@ -53,13 +53,13 @@ def test_int4_product_has_the_bits_of_the_float32_one_over_the_dequantized_weigh
     dense = dequantized(codes, zeros, scales, g_idx)
     assert torch.equal(weight.dequantize(), dense)
     bias = torch.randn(rows)
-    x = torch.randn(70, k)  # from 32 tokens (AVX-512) or 64 (AVX2) each panel is dequantized once
+    x = torch.randn(70, k)  # from 32 tokens each panel is dequantized once
     got = native.linear_int4(x, weight, bias, lib=lib)
     assert torch.equal(got, native.linear(x, native.pack(dense), bias, rows, lib=lib))
     expected = torch.nn.functional.linear(x.double(), dense.double(), bias.double())
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * max(1, k**0.5), rtol=0)
     # a row's bits do not depend on the rows beside it: whole-panel and half-panel tiles (up to
-    # 10 tokens with AVX-512), even splits (11, 17, 31) and widened panels (from 32 or 64)
+    # 10 tokens with AVX-512), balanced splits (11, 17, 31) and widened panels (from 32)
     for n in (1, 2, 3, 4, 7, 10, 11, 17, 31, 32):
         assert torch.equal(native.linear_int4(x[5 : 5 + n], weight, bias, lib=lib), got[5 : 5 + n])
 
@@ -77,6 +77,10 @@ def test_int4_zero_points_outside_a_nibble_keep_the_bits(request, build):
     weight = native.pack_int4(codes, zeros, scales, g_idx)
     dense = dequantized(codes, zeros, scales, g_idx)
     assert torch.equal(weight.dequantize(), dense)
+    small = zeros.clamp(0, 16)  # GPTQ's range, in every integer and float type
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.float16, torch.float32):
+        packed = native.pack_int4(codes, small.to(dtype), scales, g_idx)
+        assert torch.equal(packed.dequantize(), dequantized(codes, small, scales, g_idx))
     x = torch.randn(40, 256)
     for n in (1, 2, 5, 12, 33, 40):
         got = native.linear_int4(x[:n], weight, None, lib=lib)
@@ -196,6 +200,24 @@ def test_gptq_model_has_the_logits_of_its_dequantized_copy_bit_for_bit(hf_llama,
         want, _ = all_logits(dense, prompt, cache)
         assert native_pass
         assert torch.equal(got, want)
+
+
+def test_a_pass_that_wants_no_logits_runs_with_an_int4_head(hf_llama, tmp_path):
+    """A prompt chunk before the last asks for no logits: the int4 head's product then has no rows
+    (splitting them into tiles divided by zero and killed the process: SIGFPE)."""
+    gptq_dir = write_gptq_checkpoint(hf_llama, tmp_path / "gptq", group_size=32, lm_head=True)
+    float_dir = write_dequantized_copy(gptq_dir, tmp_path / "float")
+    prompt = list(range(3, 40))
+    results = []
+    for model in (
+        load_model(gptq_dir, show_progress=False),
+        load_model(float_dir, device="cpu", dtype="float32", show_progress=False),
+    ):
+        runner = ModelRunner(model, num_slots=1, max_seq_len=64, attention_backend="sdpa")
+        assert runner.native is not None
+        assert runner.forward(ForwardBatch([0], [0], [prompt[:20]], [0])).shape[0] == 0
+        results.append(runner.forward(ForwardBatch([0], [20], [prompt[20:]], [17])))
+    assert torch.equal(results[0], results[1])
 
 
 def test_gptq_model_the_pass_cannot_take_runs_torchs_ops_on_the_int4_products(hf_llama, tmp_path):

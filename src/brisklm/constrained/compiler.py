@@ -248,6 +248,9 @@ def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
     return ConstraintError(f"invalid choice: {message}")
 
 
+DEFAULT_GRAMMAR_CACHE_SIZE = 256  # compiled grammars kept (GrammarCompiler, the engine's option)
+
+
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; one compiler per tokenizer, shared by all requests.
 
@@ -261,7 +264,7 @@ class GrammarCompiler:
         self,
         tokenizer: TokenizerLike,
         *,
-        max_cache_size: int = 256,
+        max_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
         num_threads: int | None = None,
         usable_tokens: int | None = None,
     ) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
 from brisklm.cache.prefix_cache import PrefixCache
-from brisklm.constrained.compiler import vocabulary_note
+from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE, vocabulary_note
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_stepwise
 from brisklm.engine.request import Request
@@ -81,7 +81,7 @@ class EngineConfig:
     prefill_chunk_size: int | None = None
     cuda_graphs: bool = True
     prefix_caching: bool = True
-    grammar_cache_size: int = 256
+    grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)

@@ -17,6 +17,7 @@ from brisklm.constrained import (
     apply_token_bitmask_,
     fill_bitmasks,
 )
+from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.engine.request import Request
 from brisklm.sampling import SamplingParams
 from brisklm.tokenizer import Tokenizer
@@ -30,7 +31,7 @@ class StructuredOutputs:
         tokenizer: Tokenizer,
         max_batch_size: int,
         usable_tokens: int | None = None,
-        cache_size: int = 256,
+        cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
     ) -> None:
         self.tokenizer = tokenizer
         self.usable_tokens = usable_tokens  # the ids the model has (GrammarCompiler)

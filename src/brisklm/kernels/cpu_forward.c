@@ -114,9 +114,9 @@ static inline float vsum(vf v) {
  * low bits of 2^23's mantissa to it (INT4_BIAS_BITS | code: the float 2^23 + code), one
  * instruction with the mask where AVX-512 merges the two bit operations (vpternlogd) instead of a
  * mask and a conversion; (2^23 + code) - (2^23 + zero) is code - zero exactly (both integers
- * below 2^24, held exactly, and so is their difference), so the weight keeps its bits. With the loops below, the one-token product of a
- * 4096x4096 layer took 0.87x the time (session 60, Zen 4); the AVX2 code runs as fast either
- * way (an OR where the conversion was). */
+ * below 2^24, held exactly, and so is their difference), so the weight keeps its bits. With the
+ * loops below, the one-token product of a 4096x4096 layer took 0.87x the time (session 60, Zen
+ * 4); the AVX2 code runs as fast either way (an OR where the conversion was). */
 #define WT_INT4 3
 #define INT4_BIAS 8388608.0f /* 2^23 */
 #define INT4_BIAS_BITS 0x4B000000
@@ -405,8 +405,9 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
 #if defined(__AVX512F__)
 #define MB 6  /* tokens per register tile */
 /* Calls of this many tokens or more widen each half-precision panel once (matmul_panel); 0: never.
- * The AVX-512 tile has room to widen in registers (not measured: no AVX-512 machine at hand), so it
- * also takes MB tokens a tile over half-precision weights. */
+ * The AVX-512 tile has room to widen in registers, so it also takes MB tokens a tile over
+ * half-precision weights: on a Zen 4 (session 60) the bfloat16 4096x4096 product of 64 tokens took
+ * 9.87 ms, the float32 one 9.66 (bench/int4_gemv.py). */
 #define WIDEN_FROM 0
 #define MB_HALF MB
 
@@ -535,8 +536,8 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
  * int4_group: one token over the g (<= GROUP, a constant) consecutive panels from ``panel`` (zs:
  * the first's blocks, zs_panel floats apart), as panel_group. A single int4 token is bound by its
  * arithmetic, not by memory (a weight is a shift, a mask, a subtraction and a multiplication
- * before its FMA): on a Zen 4 the 4096x4096 product took 0.62 ms a call from its caches before
- * these loops and the constant g, 0.42 after, torch's int4 kernel 0.56 (bfloat16). */
+ * before its FMA): on a Zen 4 the 4096x4096 product took 0.62 ms a call before these loops and the
+ * constant g, 0.47 after, torch's int4 kernel 0.49 in bfloat16 (bench/int4_gemv.py). */
 static inline __attribute__((always_inline)) void int4_group(const float *x, const void *panel,
                                                              q4_panel qp, int64_t zs_panel, int g,
                                                              int k, float *out) {
@@ -581,9 +582,7 @@ static inline __attribute__((always_inline)) void int4_group(const float *x, con
  * 2.03 ms against 1.90 for 6 + 5). With these tiles 8 tokens took 1.36 ms (1.94 before: a
  * 6-token and a 2-token tile over the whole panel, dequantizing every row twice), the bfloat16
  * product 1.29. */
-#ifndef MB_INT4
 #define MB_INT4 10
-#endif
 static inline __attribute__((always_inline)) void int4_tile(const float *x, int64_t ldx, int mt,
                                                             const void *panel, q4_panel qp, int k,
                                                             int first, int vectors, float *out) {
@@ -854,8 +853,8 @@ static inline int take_panel(team_slot *s, int from_back, int want, int *got) {
     }
 }
 
-/* Each thread's buffer for a widened half-precision panel (grown as needed, kept for the next
- * call), freed when the thread exits (a pthread key's destructor): OpenMP's worker threads end
+/* Each thread's buffer for a widened half-precision or int4 panel (grown as needed, kept for the
+ * next call), freed when the thread exits (a pthread key's destructor): OpenMP's worker threads end
  * with the thread that started their pool, and the engine's thread exits whenever it has been idle
  * for a second, so buffers kept only in thread-local variables would leak at every restart. */
 static __thread float *wide_buffer = NULL;
@@ -950,7 +949,8 @@ static void matmul_panel(const float *x, int64_t ldx, int n, int k, const void *
             wt = WT_F32;
         }
     }
-    if (wt == WT_INT4) { /* tiles of even sizes: 12 tokens as 6 + 6, not 10 + 2 */
+    if (wt == WT_INT4) { /* tiles of balanced sizes: 12 tokens as 6 + 6, not 10 + 2 */
+        if (n < 1) return; /* no rows (the head in a pass that wants no logits) */
         float sums[MB_INT4 * NB];
         const int tiles = (n + MB_INT4 - 1) / MB_INT4, tile = (n + tiles - 1) / tiles;
         for (int m0 = 0; m0 < n; m0 += tile) {
@@ -1008,7 +1008,11 @@ static void matmul_panels(const float *x, int64_t ldx, int n, int k, const void 
             GROUP_CASE(2)
             GROUP_CASE(3)
             GROUP_CASE(4)
-            default: break;
+            default: /* not reached: count is 2..GROUP here */
+                for (int j = 0; j < count; j++)
+                    matmul_panel(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p + j,
+                                 stream);
+                return;
         }
 #undef GROUP_CASE
         for (int j = 0; j < count; j++) {

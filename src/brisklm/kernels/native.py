@@ -503,7 +503,8 @@ def pack_int4(
     """A GPTQ weight as ``Int4Weight``: ``codes`` (in, out) of 0..15 (``unpack_qweight``),
     ``zeros`` and ``scales`` (groups, out) (true zero points, float scales), ``g_idx`` (in,)
     each input's group, in any order (act-order included); ``in`` a multiple of 8, as GPTQ
-    packs it. CPU tensors."""
+    packs it; zero points whole numbers of magnitude at most 2^22 (stored as 2^23 + zero). CPU
+    tensors."""
     k, rows = codes.shape
     groups = scales.shape[0]
     if k % _INT4_BLOCK or not k:
@@ -518,9 +519,11 @@ def pack_int4(
         raise ValueError("native.pack_int4: codes must be in 0..15")
     if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
         raise ValueError(f"native.pack_int4: g_idx must be in [0, {groups})")
-    whole = not zeros.is_floating_point() or bool((zeros == zeros.round()).all())
-    # Not zeros.abs(): an integer type's minimum is its own absolute value (it overflows).
-    out_of_range = (zeros < -_INT4_ZERO_LIMIT) | (zeros > _INT4_ZERO_LIMIT)
+    # Compared in float64: in an integer type abs() of its minimum overflows, and the limit
+    # itself wraps in a narrow one (int8, uint8, int16).
+    wide = zeros.double()
+    whole = bool((wide == wide.round()).all())
+    out_of_range = (wide < -_INT4_ZERO_LIMIT) | (wide > _INT4_ZERO_LIMIT)
     if not whole or bool(out_of_range.any()):
         raise ValueError(
             f"native.pack_int4: zero points must be whole numbers of magnitude at most "
