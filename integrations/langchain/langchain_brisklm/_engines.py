@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from brisklm import LLM, Tokenizer, default_model_path
 from brisklm.config import ModelConfig
+from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.llm import draft_schedule
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
@@ -40,6 +41,7 @@ class EngineKey:
     kv_cache_dtype: str | None = None
     prefill_chunk_size: int | None = None
     prefix_caching: bool = True
+    grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -135,6 +137,7 @@ def get_engine(
     kv_cache_dtype: str | None = None,
     prefill_chunk_size: int | None = None,
     prefix_caching: bool = True,
+    grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -147,6 +150,7 @@ def get_engine(
         prefill_chunk_size=prefill_chunk_size,
         max_seq_len=max_seq_len,
         prefix_caching=prefix_caching,
+        grammar_cache_size=grammar_cache_size,
     )
     chunk_size = engine.resolved_prefill_chunk_size(device_)
     context = engine.resolved_max_seq_len(_max_positions(path))
@@ -164,6 +168,7 @@ def get_engine(
         kv_cache_dtype=str(cache_dtype),
         prefill_chunk_size=chunk_size,
         prefix_caching=prefix_caching,
+        grammar_cache_size=grammar_cache_size,
     )
     with _lock:
         llm = _engines.get(key)
@@ -187,6 +192,7 @@ def get_engine(
                 kv_cache_dtype=kv_cache_dtype,
                 prefill_chunk_size=prefill_chunk_size,
                 prefix_caching=prefix_caching,
+                grammar_cache_size=grammar_cache_size,
                 show_progress=False,
             )
             with _lock:

@@ -10,6 +10,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from brisklm import LLM, EngineConfig, SamplingParams
+from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.llm import check_draft_options
 from brisklm.loader import check_device_name, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
@@ -69,6 +70,10 @@ class BriskSettings(BaseModel):
     and earlier turns of a conversation). On CPU (float and GPTQ int4 models) any shared start,
     the output the same either way; elsewhere (CUDA, int4 on torch's kernel, GPTQ shards with
     different act-order groups) whole prompt chunks only, the same output for a call alone (see brisklm's README, "Prefix caching")."""
+    grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
+    """Compiled constraints (structured-output schemas, tool lists) the engine keeps for reuse,
+    least recently used dropped first: an app with a schema or tool list per user bounds their
+    memory with it, or keeps more of them compiled."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's
@@ -125,6 +130,7 @@ class BriskSettings(BaseModel):
             max_seq_len=self.max_seq_len,
             prefill_chunk_size=self.prefill_chunk_size,
             prefix_caching=self.prefix_caching,
+            grammar_cache_size=self.grammar_cache_size,
         )
         cpu = torch.device("cpu")  # names only: whether the device has CUDA is the engine's
         if self.device not in (None, "auto"):
@@ -175,6 +181,7 @@ class BriskSettings(BaseModel):
             kv_cache_dtype=self.kv_cache_dtype,
             prefill_chunk_size=self.prefill_chunk_size,
             prefix_caching=self.prefix_caching,
+            grammar_cache_size=self.grammar_cache_size,
         )
 
     def get_token_ids(self, text: str) -> list[int]:

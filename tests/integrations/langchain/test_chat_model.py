@@ -475,6 +475,11 @@ def test_engine_settings_reach_the_engine(tiny_chat_dir: Path) -> None:
     assert plain._engine().engine.prefix_cache is not None
     for _ in range(2):  # the second call finds nothing cached
         assert "input_token_details" not in uncached.invoke(prompt).usage_metadata
+    small_cache = plain.model_copy(update={"grammar_cache_size": 3})
+    assert small_cache._engine() is not plain._engine()
+    assert small_cache._engine().engine.structured.compiler.max_cache_size == 3
+    with pytest.raises(ValueError, match="grammar_cache_size must be an int >= 1"):
+        ChatBrisk(model=str(tiny_chat_dir), grammar_cache_size=0)
 
 
 def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> None:
