@@ -24,7 +24,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+/* A real AVX-512 build (the "avx512-code" test build defines __AVX512F__ over AVX2 instructions;
+ * BW comes with AVX-512 on every CPU since Skylake-X, the test build lacks it). */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
+#define REAL_AVX512 1
 #include <immintrin.h> /* cload16's bfloat16 widening only */
 #endif
 #ifdef _OPENMP
@@ -203,7 +206,7 @@ static inline __attribute__((always_inline)) float cload1(const void *base, int6
  * generic conversion into two 8-lane conversions, an extraction and an insertion). */
 static inline __attribute__((always_inline)) vf cload16(const void *base, int64_t i, int ct) {
     if (ct == WT_BF16) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) /* not the "avx512-code" test build */
+#if defined(REAL_AVX512)
         const __m512i wide = _mm512_cvtepu16_epi32(
             _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
         return (vf)_mm512_slli_epi32(wide, 16);
@@ -1879,7 +1882,7 @@ int brisk_forward_f32(const brisk_forward_args *a) {
         for (int r = 0; r < a->n_logits; r++)
             rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
                      a->normed + (int64_t)r * e);
-        if (a->head_w)
+        if (a->head_w && a->n_logits > 0)
             matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, stream);
         if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found);
     }
