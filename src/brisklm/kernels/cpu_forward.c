@@ -185,6 +185,21 @@ static inline __attribute__((always_inline)) v8f half8(const uint16_t *p) {
 #endif
 }
 
+/* Sixteen float16 weights or cache elements as float32: one conversion of all sixteen in a real
+ * AVX-512 build; else two of eight joined, which gcc 12 joined through the stack (two 32-byte
+ * stores, then a 64-byte load that cannot take them from the store buffer). (__F16C__ too: the
+ * "no-f16c" test build, -mno-f16c on an AVX-512 CPU, keeps testing half8's fallback.) */
+static inline __attribute__((always_inline)) vf half16(const uint16_t *p) {
+#if defined(REAL_AVX512) && defined(__F16C__)
+    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    const v8f part[2] = {half8(p), half8(p + 8)};
+    vf v;
+    memcpy(&v, part, sizeof v);
+    return v;
+#endif
+}
+
 /* KV caches hold float32, bfloat16 or float16 elements (the codes of the weight types: the
  * cache's type, ct below). A half-precision cache is written rounded to nearest even, as torch's
  * conversions round, and read widened exactly; attention computes in float32 either way. */
@@ -217,12 +232,7 @@ static inline __attribute__((always_inline)) vf cload16(const void *base, int64_
         return (vf)(__builtin_convertvector(h, vu) << 16);
 #endif
     }
-    if (ct == WT_F16) {
-        const v8f part[2] = {half8((const uint16_t *)base + i), half8((const uint16_t *)base + i + 8)};
-        vf v;
-        memcpy(&v, part, sizeof v);
-        return v;
-    }
+    if (ct == WT_F16) return half16((const uint16_t *)base + i);
     return vload((const float *)base + i);
 }
 
@@ -406,10 +416,8 @@ static inline __attribute__((always_inline)) void wrow(const void *panel, int64_
         *lo = (vf)(u << 16);
         *hi = (vf)(u & HIGH_HALF);
     } else if (wt == WT_F16) {
-        v8f part[4];
-        for (int q = 0; q < 4; q++) part[q] = half8((const uint16_t *)panel + at + 8 * q);
-        memcpy(lo, part, sizeof *lo);
-        memcpy(hi, part + 2, sizeof *hi);
+        *lo = half16((const uint16_t *)panel + at);
+        *hi = half16((const uint16_t *)panel + at + VW);
     } else {
         *lo = vload((const float *)panel + at);
         *hi = vload((const float *)panel + at + VW);
