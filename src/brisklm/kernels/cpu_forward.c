@@ -396,21 +396,25 @@ static inline __attribute__((always_inline)) vf int4_weights(vq words, int shift
     return ((vf)(((words >> shift) & 15) | INT4_BIAS_BITS) - vload(z)) * vload(z + 2 * VW);
 }
 
-/* The 32 weights of panel row element at (a multiple of NB) as float32: outputs 0-15 and 16-31.
- * An int4 row (at / NB: its input) is dequantized with its group's block in qp. */
+/* The 32 weights of int4 panel row i as float32 (outputs 0-15 and 16-31), with its group's block
+ * in qp: what widened_panel copies (the tiles have loops of their own: int4_group, int4_tile). */
+static inline __attribute__((always_inline)) void int4_row(const void *panel, int64_t i,
+                                                           q4_panel qp, vf *lo, vf *hi) {
+    const int shift = 4 * (int)(i & 7);
+    const int32_t *words = (const int32_t *)panel + (i >> 3) * NB;
+    vq w0, w1;
+    memcpy(&w0, words, sizeof w0);
+    memcpy(&w1, words + VW, sizeof w1);
+    const float *z = qp.zs + qp.group_at[i];
+    *lo = int4_weights(w0, shift, z);
+    *hi = int4_weights(w1, shift, z + VW);
+}
+
+/* The 32 weights of a float32 or half-precision panel row, element at (a multiple of NB), as
+ * float32: outputs 0-15 and 16-31. */
 static inline __attribute__((always_inline)) void wrow(const void *panel, int64_t at, int wt,
-                                                       q4_panel qp, vf *lo, vf *hi) {
-    if (wt == WT_INT4) {
-        const int64_t i = at / NB;
-        const int shift = 4 * (int)(i & 7);
-        const uint32_t *words = (const uint32_t *)panel + (i >> 3) * NB;
-        vq w0, w1;
-        memcpy(&w0, words, sizeof w0);
-        memcpy(&w1, words + VW, sizeof w1);
-        const float *z = qp.zs + qp.group_at[i];
-        *lo = int4_weights(w0, shift, z);
-        *hi = int4_weights(w1, shift, z + VW);
-    } else if (wt == WT_BF16) {
+                                                       vf *lo, vf *hi) {
+    if (wt == WT_BF16) {
         vu u;
         memcpy(&u, (const uint16_t *)panel + at, sizeof u);
         *lo = (vf)(u << 16);
@@ -438,7 +442,6 @@ static inline __attribute__((always_inline)) void panel_tile(const float *x, int
                                                              int wt, int stream) {
     /* Two partial sums per output, over even and over odd k, added at the end: two FMA chains,
      * so that a single token is not held to one FMA latency per k. */
-    const q4_panel qp = {NULL, NULL}; /* float weights only: int4 has int4_tile */
     vf a0[MB], a1[MB], c0[MB], c1[MB];
     for (int m = 0; m < MB; m++) a0[m] = a1[m] = c0[m] = c1[m] = (vf){0};
     int i = 0;
@@ -446,8 +449,8 @@ static inline __attribute__((always_inline)) void panel_tile(const float *x, int
         const int64_t at = (int64_t)i * NB;
         const char *row = (const char *)panel + (int64_t)i * ROW_BYTES(wt);
         vf b0, b1, d0, d1;
-        wrow(panel, at, wt, qp, &b0, &b1);
-        wrow(panel, at + NB, wt, qp, &d0, &d1);
+        wrow(panel, at, wt, &b0, &b1);
+        wrow(panel, at + NB, wt, &d0, &d1);
         /* With two or more tokens, the four cache lines PREFETCH_AHEAD bytes ahead in the stream,
          * into L2 (panels are contiguous, so past a panel's end this is the next panel's start):
          * this keeps loads in flight while a tile of several tokens computes. With the earlier
@@ -477,7 +480,7 @@ static inline __attribute__((always_inline)) void panel_tile(const float *x, int
     if (i < k) {
         const int64_t at = (int64_t)i * NB;
         vf b0, b1;
-        wrow(panel, at, wt, qp, &b0, &b1);
+        wrow(panel, at, wt, &b0, &b1);
         for (int m = 0; m < mt; m++) {
             const vf xe = vsplat(x[m * ldx + i]);
             a0[m] += xe * b0;
@@ -510,7 +513,6 @@ static inline __attribute__((always_inline)) void panel_tile(const float *x, int
 static inline __attribute__((always_inline)) void panel_group(const float *x, const void *panel,
                                                               int64_t panel_elems, int g, int k,
                                                               float *out, int wt) {
-    const q4_panel qp = {NULL, NULL}; /* float weights only: int4 has int4_group */
     vf a0[GROUP], a1[GROUP], c0[GROUP], c1[GROUP];
     for (int j = 0; j < GROUP; j++) a0[j] = a1[j] = c0[j] = c1[j] = (vf){0};
     int i = 0;
@@ -520,8 +522,8 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         for (int j = 0; j < g; j++) {
             const int64_t pat = j * panel_elems + at;
             vf b0, b1, d0, d1;
-            wrow(panel, pat, wt, qp, &b0, &b1);
-            wrow(panel, pat + NB, wt, qp, &d0, &d1);
+            wrow(panel, pat, wt, &b0, &b1);
+            wrow(panel, pat + NB, wt, &d0, &d1);
             if (wt == WT_BF16 || wt == WT_F16) {
                 const char *row = (const char *)panel + pat * WT_SIZE(wt);
                 for (int line = 0; line < 2 * NB * WT_SIZE(wt) / 64; line++)
@@ -538,7 +540,7 @@ static inline __attribute__((always_inline)) void panel_group(const float *x, co
         const vf xe = vsplat(x[i]);
         for (int j = 0; j < g; j++) {
             vf b0, b1;
-            wrow(panel, j * panel_elems + at, wt, qp, &b0, &b1);
+            wrow(panel, j * panel_elems + at, wt, &b0, &b1);
             a0[j] += xe * b0;
             a1[j] += xe * b1;
         }
@@ -646,14 +648,6 @@ static inline __attribute__((always_inline)) void int4_tile(const float *x, int6
  * tile for one or two tokens, else half by half. */
 static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, q4_panel qp, int k,
                         float *out) {
-    if (mt == 1) {
-        int4_tile(x, ldx, 1, panel, qp, k, 0, 2, out);
-        return;
-    }
-    if (mt == 2) {
-        int4_tile(x, ldx, 2, panel, qp, k, 0, 2, out);
-        return;
-    }
 #define INT4_HALVES(T)                                 \
     case T:                                            \
         int4_tile(x, ldx, T, panel, qp, k, 0, 1, out); \
@@ -663,6 +657,8 @@ static void int4_tokens(const float *x, int64_t ldx, int mt, const void *panel, 
 #error "int4_tokens: one case per tile size"
 #endif
     switch (mt) {
+        case 1: int4_tile(x, ldx, 1, panel, qp, k, 0, 2, out); break;
+        case 2: int4_tile(x, ldx, 2, panel, qp, k, 0, 2, out); break;
         INT4_HALVES(3) INT4_HALVES(4) INT4_HALVES(5) INT4_HALVES(6) INT4_HALVES(7) INT4_HALVES(8)
         INT4_HALVES(9) INT4_HALVES(10)
         default: break;
@@ -701,17 +697,6 @@ typedef uint32_t pu __attribute__((vector_size(32)));
 /* The 32 weights of panel row element at as float32, outputs 0-7, 8-15, 16-23, 24-31 (see wrow:
  * the low halves of a bfloat16 row's first eight words are outputs 0-7, their high halves
  * 16-23). */
-/* Outputs 8v..8v+7 of int4 panel row i (see WT_INT4) as float32: the row's codes in the eight
- * words at words + 8v (its block's), shifted by 4 * (i % 8); z: the row's group block. */
-static inline __attribute__((always_inline)) pv int4_vector8(const uint32_t *words, const float *z,
-                                                             int shift, int v) {
-    typedef int32_t pq __attribute__((vector_size(32)));
-    pq c;
-    memcpy(&c, words + v * PW, sizeof c);
-    return ((pv)(((c >> shift) & 15) | INT4_BIAS_BITS) - pload(z + v * PW)) *
-           pload(z + NB + v * PW);
-}
-
 static inline __attribute__((always_inline)) void wrow8(const void *panel, int64_t at, int wt,
                                                         pv w[NV]) {
     if (wt == WT_BF16) {
@@ -772,6 +757,18 @@ static inline __attribute__((always_inline)) void panel_tile(const float *x, int
  * the Zen 4 (AVX2 code) the blocks of eight took a 4096x4096 product of one token from 0.65 ms to
  * 0.53, 3 tokens from 1.06 to 0.79, 8 from 2.28 to 1.91 (session 60). */
 #define MB_INT4 4
+
+/* Outputs 8v..8v+7 of an int4 panel row (see WT_INT4) as float32: the row's codes in the eight
+ * words at words + 8v (its block's), shifted by ``shift`` (4 * (row % 8)); z: the row's group
+ * block. */
+static inline __attribute__((always_inline)) pv int4_vector8(const uint32_t *words, const float *z,
+                                                             int shift, int v) {
+    typedef int32_t pq __attribute__((vector_size(32)));
+    pq c;
+    memcpy(&c, words + v * PW, sizeof c);
+    return ((pv)(((c >> shift) & 15) | INT4_BIAS_BITS) - pload(z + v * PW)) *
+           pload(z + NB + v * PW);
+}
 
 static inline __attribute__((always_inline)) void int4_tile(const float *x, int64_t ldx, int mt,
                                                             const void *panel, q4_panel qp, int k,
@@ -889,30 +886,26 @@ static void wide_key_create(void) {
     wide_key_made = pthread_key_create(&wide_key, free) == 0;
 }
 
-/* This thread's buffer of at least ``need`` floats; NULL if it cannot be allocated. */
-static float *thread_floats(size_t need) {
+/* The half-precision or int4 panel (of type wt) of k rows as a float32 panel (outputs in order,
+ * as pack lays out float32) in this thread's buffer; NULL if it cannot be allocated. */
+static const float *widened_panel(const void *panel, q4_panel qp, int k, int wt) {
+    const size_t need = (size_t)k * NB;
     if (need > wide_floats) {
         free(wide_buffer);
         wide_buffer = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
         wide_floats = wide_buffer ? need : 0;
         pthread_once(&wide_key_once, wide_key_create);
         if (wide_key_made) pthread_setspecific(wide_key, wide_buffer);
+        if (!wide_buffer) return NULL;
     }
-    return wide_buffer;
-}
-
-/* The half-precision or int4 panel (of type wt) of k rows as a float32 panel (outputs in order,
- * as pack lays out float32) in this thread's buffer; NULL if it cannot be allocated. */
-static const float *widened_panel(const void *panel, q4_panel qp, int k, int wt) {
-    if (!thread_floats((size_t)k * NB)) return NULL;
     for (int i = 0; i < k; i++) {
         vf lo, hi;
         if (wt == WT_INT4)
-            wrow(panel, (int64_t)i * NB, WT_INT4, qp, &lo, &hi);
+            int4_row(panel, i, qp, &lo, &hi);
         else if (wt == WT_F16)
-            wrow(panel, (int64_t)i * NB, WT_F16, qp, &lo, &hi);
+            wrow(panel, (int64_t)i * NB, WT_F16, &lo, &hi);
         else
-            wrow(panel, (int64_t)i * NB, WT_BF16, qp, &lo, &hi);
+            wrow(panel, (int64_t)i * NB, WT_BF16, &lo, &hi);
         memcpy(wide_buffer + (int64_t)i * NB, &lo, sizeof lo);
         memcpy(wide_buffer + (int64_t)i * NB + VW, &hi, sizeof hi);
     }
