@@ -882,8 +882,17 @@ static pthread_key_t wide_key;
 static int wide_key_made = 0; /* 0 if the process had no key left: the buffers then stay */
 static pthread_once_t wide_key_once = PTHREAD_ONCE_INIT;
 
+/* Tests only: how many threads' buffers are allocated now (exact, where resident memory depends
+ * on the allocator's arenas and on whatever else the process does). */
+int brisk_test_wide_buffers = 0;
+
+static void wide_buffer_free(void *buffer) {
+    free(buffer);
+    __atomic_sub_fetch(&brisk_test_wide_buffers, 1, __ATOMIC_RELAXED);
+}
+
 static void wide_key_create(void) {
-    wide_key_made = pthread_key_create(&wide_key, free) == 0;
+    wide_key_made = pthread_key_create(&wide_key, wide_buffer_free) == 0;
 }
 
 /* The half-precision or int4 panel (of type wt) of k rows as a float32 panel (outputs in order,
@@ -891,9 +900,10 @@ static void wide_key_create(void) {
 static const float *widened_panel(const void *panel, q4_panel qp, int k, int wt) {
     const size_t need = (size_t)k * NB;
     if (need > wide_floats) {
-        free(wide_buffer);
+        if (wide_buffer) wide_buffer_free(wide_buffer);
         wide_buffer = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
         wide_floats = wide_buffer ? need : 0;
+        if (wide_buffer) __atomic_add_fetch(&brisk_test_wide_buffers, 1, __ATOMIC_RELAXED);
         pthread_once(&wide_key_once, wide_key_create);
         if (wide_key_made) pthread_setspecific(wide_key, wide_buffer);
         if (!wide_buffer) return NULL;
