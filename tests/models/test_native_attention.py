@@ -17,9 +17,11 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels d
 
 MAX_SEQ_LEN = 300
 # (head_dim, query heads, KV heads): 4-key scores (20, 36: not a multiple of 8), 64-float blocks of
-# values (64), a block and a remainder (72), two blocks and a remainder (136); one query head per
-# KV head, three, and 18 (more than a unit's 16 queries).
-SHAPES = [(20, 4, 4), (36, 6, 2), (64, 6, 2), (72, 18, 1), (136, 2, 1)]
+# values (64), a block and a remainder (72), two blocks and a remainder (136); a bfloat16 cache
+# read in pairs of 16 (AVX2: 64, 160) and of 32 elements (AVX-512: 64; 160, over two blocks of
+# MAX_REG_DIM columns); one query head per KV head, two, three, and 18 (more than a unit's 16
+# queries).
+SHAPES = [(20, 4, 4), (36, 6, 2), (64, 6, 2), (72, 18, 1), (136, 2, 1), (160, 4, 2)]
 # (slot, first position, tokens) of the rows of the batch.
 ROWS = [(2, 150, 6), (0, 40, 1), (1, 100, 40), (3, 0, 2)]
 SLOTS = [slot for slot, _, n in ROWS for _ in range(n)]

@@ -368,6 +368,28 @@ static inline __attribute__((always_inline)) vf dot16_keys(const void *keys, con
     return lane_sums16(acc);
 }
 
+/* dot16_keys over a bfloat16 cache read in pairs (q paired: pair_query over 32 elements), for the
+ * 16 keys r < 16 (d a multiple of 32); keys at r >= valid are not read: key valid - 1 is computed
+ * in their place. Each key's score by the same instructions wherever it falls (in a full block or
+ * the last one), as dot8_keys_paired. */
+static inline __attribute__((always_inline)) vf dot16_keys_paired(const void *keys, int valid,
+                                                                  const float *qp, int d) {
+    int64_t k[16];
+    for (int r = 0; r < 16; r++) k[r] = (int64_t)(r < valid ? r : valid - 1) * d;
+    vf acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = (vf){0};
+    for (int i = 0; i < d; i += 2 * VW) {
+        const vf qe = vload(qp + i), qo = vload(qp + i + VW);
+        for (int r = 0; r < 16; r++) {
+            vu w;
+            memcpy(&w, (const uint16_t *)keys + k[r] + i, sizeof w);
+            acc[r] += (vf)(w << 16) * qe;
+            acc[r] += (vf)(w & HIGH_HALF) * qo;
+        }
+    }
+    return lane_sums16(acc);
+}
+
 static inline vf vmax(vf a, vf b) {
     const vi take_a = (vi)(a > b);
     return (vf)(((vi)a & take_a) | ((vi)b & ~take_a));
@@ -1242,6 +1264,24 @@ static void rope(float *x, const float *c, const float *s, int d) {
     }
 }
 
+/* A bfloat16 cache read in pairs: 2 * PAIR_LANES elements as PAIR_LANES 32-bit words, each word's
+ * low half an even element and its high half the odd one after it, so that a shift and a mask
+ * widen them where zero extension and a shift take two operations for every PAIR_LANES. With
+ * AVX2, at 3,000 positions six-token rows over a bfloat16 cache had taken 1.15-1.22x the time over
+ * a float32 one (docs/benchmarks.md); with AVX-512, 1.05x (a float32 cache's 0.95x). Heads of a
+ * multiple of 2 * PAIR_LANES elements, up to PAIRED_DIM. */
+#define PAIRED_DIM 512
+
+/* q's elements in the order the paired keys are widened: for each 2 * lanes, the lanes even ones
+ * then the lanes odd ones. */
+static inline void pair_query(const float *q, int d, float *qp, int lanes) {
+    for (int i = 0; i < d; i += 2 * lanes)
+        for (int m = 0; m < lanes; m++) {
+            qp[i + m] = q[i + 2 * m];
+            qp[i + lanes + m] = q[i + 2 * m + 1];
+        }
+}
+
 #if defined(HAVE_SHUFFLEVECTOR) && !defined(__AVX512F__)
 /* Attention with AVX2 (16 registers of 8 floats), where the 16-float vectors above take two
  * registers each: the 4-key scores kept each key's 16-float accumulator on the stack and summed
@@ -1316,23 +1356,6 @@ static inline __attribute__((always_inline)) void weighted_values64(
         for (int c = 0; c < VALUE_BLOCK / PW; c++) acc[c] += ps * cload8(v, j * d + c * PW, ct);
     }
     for (int c = 0; c < VALUE_BLOCK / PW; c++) memcpy(acc_mem + c * PW, &acc[c], sizeof acc[c]);
-}
-
-/* A bfloat16 cache read in pairs: 16 elements as eight 32-bit words, each word's low half an even
- * element and its high half the odd one after it, so that a shift and a mask widen 16 elements
- * where zero extension and a shift (cload8) take two operations for every 8. At 3,000 positions
- * six-token rows over a bfloat16 cache had taken 1.15-1.22x the time over a float32 one
- * (docs/benchmarks.md). Heads of a multiple of 16 elements, up to PAIRED_DIM. */
-#define PAIRED_DIM 512
-
-/* q's elements in the order the paired keys are widened: for each 16, the 8 even ones then the 8
- * odd ones. */
-static inline void pair_query(const float *q, int d, float *qp) {
-    for (int i = 0; i < d; i += 16)
-        for (int m = 0; m < 8; m++) {
-            qp[i + m] = q[i + 2 * m];
-            qp[i + 8 + m] = q[i + 2 * m + 1];
-        }
 }
 
 /* dot8_keys over a bfloat16 cache, q paired (pair_query): per 16 elements the even products,
@@ -1429,6 +1452,16 @@ typedef struct {
 #endif
 } attn_query;
 
+/* The scores of a short last block's valid keys (the block's others dropped), keeping the query's
+ * maximum. */
+static inline __attribute__((always_inline)) void last_block_scores(attn_query *y, int64_t j,
+                                                                    const float *s, int valid) {
+    for (int r = 0; r < valid; r++) {
+        y->scores[j - y->lo + r] = s[r];
+        y->m = s[r] > y->m ? s[r] : y->m;
+    }
+}
+
 /* Scores the block of keys at j (16 keys with AVX-512, 8 with AVX2, KB for the rest: other head
  * sizes, the keys after the last 16-key block), keeping the query's maximum; the next key. */
 static inline __attribute__((always_inline)) int64_t score_block(const brisk_forward_args *a,
@@ -1438,6 +1471,17 @@ static inline __attribute__((always_inline)) int64_t score_block(const brisk_for
     const int64_t p = y->p;
     (void)paired;
 #if defined(AVX512_ATTENTION)
+    if (paired) {
+        const int valid = p + 1 - j < 16 ? (int)(p + 1 - j) : 16;
+        const vf s = dot16_keys_paired(CACHE_AT(keys, j * d, ct), valid, y->q, d) * a->scale;
+        if (valid == 16) {
+            memcpy(y->scores + (j - y->lo), &s, sizeof s);
+            y->top = vmax(y->top, s);
+        } else {
+            last_block_scores(y, j, (const float *)&s, valid);
+        }
+        return j + 16;
+    }
     if (d % VW == 0 && j + 16 <= p + 1) {
         const vf s = dot16_keys(CACHE_AT(keys, j * d, ct), y->q, d, ct) * a->scale;
         memcpy(y->scores + (j - y->lo), &s, sizeof s);
@@ -1456,10 +1500,7 @@ static inline __attribute__((always_inline)) int64_t score_block(const brisk_for
             memcpy(y->scores + (j - y->lo), &s, sizeof s);
             y->top = pv_max(y->top, s);
         } else {
-            for (int r = 0; r < valid; r++) {
-                y->scores[j - y->lo + r] = s[r];
-                y->m = s[r] > y->m ? s[r] : y->m;
-            }
+            last_block_scores(y, j, (const float *)&s, valid);
         }
         return j + 8;
     }
@@ -1549,6 +1590,49 @@ static inline __attribute__((always_inline)) void generic_values_add(
     for (int i = nv * VW; i < width; i++) tail_mem[i - nv * VW] = tail[i - nv * VW];
 }
 
+#if defined(AVX512_ATTENTION)
+/* generic_values_add over a bfloat16 cache read in pairs (width a multiple of 2 * VW, so no tail):
+ * each output the same sums in the same order (its bits), kept as even and odd outputs: for each
+ * 32 columns, the 16 even ones' sums then the 16 odd ones' (finish_query interleaves them). */
+static inline __attribute__((always_inline)) void generic_values_add_paired(
+    const float *p, const void *v0, int64_t from, int64_t to, int single, int d, int c0, int width,
+    float *acc_mem, float *odd_mem) {
+    const int nv = width / VW;
+    vf acc[MAX_REG_DIM / VW], odd[MAX_REG_DIM / VW];
+    for (int v = 0; v < nv; v++) {
+        acc[v] = vload(acc_mem + v * VW);
+        odd[v] = vload(odd_mem + v * VW);
+    }
+    for (int64_t j = from; j < to; j += 2) {
+        const float pj = p[j], pk = p[j + 1];
+        const int64_t row = j * d + c0, next = row + d;
+        for (int v = 0; v < nv; v += 2) {
+            vu w, x;
+            memcpy(&w, (const uint16_t *)v0 + row + v * VW, sizeof w);
+            memcpy(&x, (const uint16_t *)v0 + next + v * VW, sizeof x);
+            acc[v] += pj * (vf)(w << 16);
+            acc[v + 1] += pj * (vf)(w & HIGH_HALF);
+            odd[v] += pk * (vf)(x << 16);
+            odd[v + 1] += pk * (vf)(x & HIGH_HALF);
+        }
+    }
+    if (single) {
+        const float pj = p[to];
+        const int64_t row = to * d + c0;
+        for (int v = 0; v < nv; v += 2) {
+            vu w;
+            memcpy(&w, (const uint16_t *)v0 + row + v * VW, sizeof w);
+            acc[v] += pj * (vf)(w << 16);
+            acc[v + 1] += pj * (vf)(w & HIGH_HALF);
+        }
+    }
+    for (int v = 0; v < nv; v++) {
+        memcpy(acc_mem + v * VW, &acc[v], sizeof(vf));
+        memcpy(odd_mem + v * VW, &odd[v], sizeof(vf));
+    }
+}
+#endif
+
 /* The query's weighted sums over the values of keys t0 to t1 (those it attends), continued from
  * the tiles before. */
 static inline __attribute__((always_inline)) void values_tile(const brisk_forward_args *a,
@@ -1579,6 +1663,13 @@ static inline __attribute__((always_inline)) void values_tile(const brisk_forwar
     const int single = to_pair < count && to_pair < limit; /* the last key, of an odd count */
     for (int c0 = VALUE_COLUMNS(d); c0 < d; c0 += MAX_REG_DIM) {
         const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM;
+#if defined(AVX512_ATTENTION)
+        if (paired) {
+            generic_values_add_paired(y->scores, v0, from_pair, to_pair, single, d, c0, width,
+                                      y->out + c0, y->extra + c0);
+            continue;
+        }
+#endif
         generic_values_add(y->scores, v0, from_pair, to_pair, single, d, c0, width, y->out + c0,
                            y->extra + c0, y->extra + d, ct);
     }
@@ -1601,6 +1692,18 @@ static void finish_query(const attn_query *y, int d, int paired) {
             memcpy(out + c0, &e, sizeof e);
             memcpy(out + c0 + PW, &o, sizeof o);
         }
+    }
+#elif defined(AVX512_ATTENTION)
+    if (paired) { /* even and odd outputs of each 32, interleaved */
+        for (; c0 < d; c0 += 2 * VW) {
+            const vf e = (vload(out + c0) + vload(y->extra + c0)) * inv;
+            const vf o = (vload(out + c0 + VW) + vload(y->extra + c0 + VW)) * inv;
+            const vf lo = SHUF(e, o, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            const vf hi = SHUF(e, o, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+            memcpy(out + c0, &lo, sizeof lo);
+            memcpy(out + c0 + VW, &hi, sizeof hi);
+        }
+        return;
     }
 #else
     (void)paired;
@@ -1628,10 +1731,13 @@ static inline __attribute__((always_inline)) void attend_unit(const brisk_forwar
     const void *keys = CACHE_AT(a->k_cache[layer], head_off, ct),
                *values = CACHE_AT(a->v_cache[layer], head_off, ct);
 #if defined(AVX2_ATTENTION)
-    const int paired = ct == WT_BF16 && d % 16 == 0 && d <= PAIRED_DIM;
+    const int pair_lanes = PW;
+#elif defined(AVX512_ATTENTION)
+    const int pair_lanes = VW;
 #else
-    const int paired = 0;
+    const int pair_lanes = 0; /* no pairs */
 #endif
+    const int paired = pair_lanes && ct == WT_BF16 && d % (2 * pair_lanes) == 0 && d <= PAIRED_DIM;
     attn_query x[UNIT_QUERIES];
     int64_t first = INT64_MAX, last = -1;
     for (int i = 0; i < nq; i++) {
@@ -1641,12 +1747,10 @@ static inline __attribute__((always_inline)) void attend_unit(const brisk_forwar
         y->extra = y->scores + a->max_seq_len;
         y->out = a->attn + (int64_t)n * a->n_heads * d + (int64_t)h * d;
         y->q = a->qkv + n * qkv_ld + (int64_t)h * d;
-#if defined(AVX2_ATTENTION)
         if (paired) {
-            pair_query(y->q, d, y->extra);
+            pair_query(y->q, d, y->extra, pair_lanes);
             y->q = y->extra;
         }
-#endif
         y->p = a->positions[n];
         y->lo = 0;
         if (a->window[layer] > 0 && y->p - a->window[layer] + 1 > 0)
