@@ -21,6 +21,11 @@ from langchain_core.output_parsers.openai_tools import (
 )
 from langchain_core.outputs import ChatGeneration, Generation
 
+# response_metadata key, True when the reply ended inside a tool call: in a stream's aggregate
+# (and so in `invoke` with streaming=True) LangChain's partial-JSON merge turns the cut call's
+# chunks into a call with the arguments written so far, where `invoke` has an invalid call.
+CUT_TOOL_CALL = "cut_tool_call"
+
 
 def _json_complete(text: str) -> bool:
     try:
@@ -37,8 +42,12 @@ def _reply_complete(message: BaseMessage) -> bool:
 
 def _calls_complete(message: BaseMessage) -> bool:
     """Tool calls are complete when every call parsed (a cut one is an invalid tool call) and,
-    in a stream's aggregate, every call's arguments are whole JSON."""
+    in a stream's aggregate, every call's arguments are whole JSON, and the reply did not end
+    inside a call (``CUT_TOOL_CALL``: a cut call merged from a stream's chunks parses as partial
+    JSON)."""
     if not isinstance(message, AIMessage) or not message.tool_calls or message.invalid_tool_calls:
+        return False
+    if message.response_metadata.get(CUT_TOOL_CALL):
         return False
     if isinstance(message, AIMessageChunk):
         return all(_json_complete(chunk.get("args") or "") for chunk in message.tool_call_chunks)
@@ -82,6 +91,8 @@ def _cut_by(message: BaseMessage) -> str | None:
         )
     if isinstance(message, AIMessage) and message.invalid_tool_calls:
         return " inside its tool call (the call did not parse)"
+    if metadata.get(CUT_TOOL_CALL):
+        return " inside its tool call"
     return None
 
 

@@ -41,6 +41,7 @@ from langchain_brisklm._engines import get_tokenizer, resolve_model_path
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._structured import (
+    CUT_TOOL_CALL,
     WholeJsonOutputKeyToolsParser,
     WholeJsonOutputParser,
     WholePydanticOutputParser,
@@ -308,7 +309,10 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
         invalid = []
         if call.parse_tools:
-            full = output.usage.completion_tokens < call.request.params.max_tokens
+            # The context, not max_tokens, ended it when the reply filled the context (an unset
+            # max_tokens is the room left in it, so the two limits meet there).
+            usage = output.usage
+            full = usage.prompt_tokens + usage.completion_tokens >= call.llm.max_seq_len
             error = cut_call_error(
                 output.finish_reason, output.stop_reason, call.llm.max_seq_len if full else None
             )
@@ -324,6 +328,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         }
         if output.stop_reason is not None:
             metadata["stop_reason"] = output.stop_reason
+        if invalid:  # parse_reply's only invalid call is the one the reply ended inside
+            metadata[CUT_TOOL_CALL] = True
         message = AIMessage(
             content=content,
             tool_calls=tool_calls,
@@ -649,6 +655,8 @@ class _ChunkConverter:
             }
             if chunk.stop_reason is not None:
                 metadata["stop_reason"] = chunk.stop_reason
+            if cut:  # its chunks merge into a call with the arguments so far: say it was cut
+                metadata[CUT_TOOL_CALL] = True
             message = AIMessageChunk(
                 content="",
                 usage_metadata=_usage_metadata(chunk.usage) if chunk.usage else None,

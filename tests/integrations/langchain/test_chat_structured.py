@@ -265,6 +265,29 @@ def test_a_reply_cut_by_max_tokens_is_an_error_not_a_result(chat: ChatBrisk, met
         list(cut.with_structured_output(WeatherDict, method=method).stream(PROMPT))
 
 
+def test_a_call_cut_in_a_stream_that_invoke_merges_is_an_error(chat: ChatBrisk) -> None:
+    """With streaming=True, invoke merges the stream's chunks, and LangChain's partial-JSON merge
+    makes a call cut inside its arguments a call with the fields written so far: function_calling
+    returned them ({"city": "Paris"} of three required fields, or a pydantic ValidationError) with
+    no parsing error. The last chunk says the reply ended inside a call."""
+    streaming = chat.model_copy(update={"max_tokens": 40, "streaming": True})
+    method = "function_calling"
+    raw = streaming.with_structured_output(WeatherDict, method=method, include_raw=True).invoke(
+        PROMPT
+    )
+    assert raw["raw"].tool_calls[0]["args"] == {"city": "Paris"}  # the merge's partial call
+    assert raw["raw"].response_metadata["cut_tool_call"] is True
+    assert raw["parsed"] is None
+    assert isinstance(raw["parsing_error"], OutputParserException)
+    for schema in (WeatherDict, Weather):
+        with pytest.raises(OutputParserException, match="cut off after 40 tokens"):
+            streaming.with_structured_output(schema, method=method).invoke(PROMPT)
+    whole = chat.model_copy(update={"streaming": True})
+    raw = whole.with_structured_output(WeatherDict, method=method, include_raw=True).invoke(PROMPT)
+    assert "cut_tool_call" not in raw["raw"].response_metadata
+    assert raw["parsing_error"] is None and set(raw["parsed"]) == set(WeatherDict.__annotations__)
+
+
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])  # their ', ' is certain
 def test_a_reply_cut_by_a_stop_sequence_is_an_error_not_a_result(
     chat: ChatBrisk, method: str
@@ -277,6 +300,9 @@ def test_a_reply_cut_by_a_stop_sequence_is_an_error_not_a_result(
     raw = cut.with_structured_output(WeatherDict, method=method, include_raw=True).invoke(PROMPT)
     assert raw["parsed"] is None
     assert raw["raw"].response_metadata["stop_reason"] == ", "
+    streaming = cut.model_copy(update={"streaming": True})
+    with pytest.raises(OutputParserException, match="cut off by the stop sequence ', '"):
+        streaming.with_structured_output(WeatherDict, method=method).invoke(PROMPT)
 
 
 def _generation(message: AIMessage) -> list[ChatGeneration]:

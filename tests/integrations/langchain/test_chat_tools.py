@@ -221,6 +221,13 @@ def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
         f"the reply ended inside this tool call: the context of {prompt + 10} tokens was full "
         "(raise max_seq_len or shorten the conversation)"
     )
+    assert message.response_metadata["cut_tool_call"] is True
+    # Without max_tokens, whose default is the room left in the context: "max_tokens reached".
+    unset = tight.model_copy(update={"max_tokens": None})
+    message = unset.bind_tools(TOOLS, tool_choice="get_weather").invoke(QUESTION)
+    assert message.usage_metadata["output_tokens"] == 10
+    (cut,) = message.invalid_tool_calls
+    assert f"the context of {prompt + 10} tokens was full" in cut["error"]
 
 
 def test_a_stop_sequence_inside_a_call_makes_it_invalid_in_invoke_and_stream(
