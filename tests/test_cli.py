@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import brisklm
 from brisklm import LLM, SamplingParams
 from brisklm.cli import main
 from tests.tiny import make_tiny_checkpoint
@@ -133,6 +134,11 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
         # "None" is the Python option's unset value, which no flag takes
         (["generate", "--stop", "", "hi"], "error: --stop '': must be a non-empty str or a seq"),
         (["generate", "--threads", "0", "hi"], "error: --threads must be an int >= 1, got 0"),
+        # It said "or None (the model's)".
+        (
+            ["generate", "--max-seq-len", "1", "hi"],
+            "error: --max-seq-len must be an int >= 2 (default: the model's), got 1",
+        ),
         (
             ["generate", "--draft-length", "fixed", "hi"],
             "error: --draft-length 'fixed' needs speculative decoding: pass --draft (a draft",
@@ -314,6 +320,13 @@ def test_a_gbnf_grammar_file_is_known_by_its_suffix_in_any_case(model_dir, capsy
         (tmp_path / name).write_text('root ::= "ok"\n')
         assert main([*argv, "--grammar", str(tmp_path / name), "x"]) == 0
         assert capsys.readouterr().out == "ok\n"
+    # --grammar-syntax over the suffix, and only with --grammar.
+    (tmp_path / "lark.gbnf").write_text('start: "ok"\n')
+    lark = ["--grammar-syntax", "lark", "--grammar", str(tmp_path / "lark.gbnf")]
+    assert main([*argv, *lark, "x"]) == 0
+    assert capsys.readouterr().out == "ok\n"
+    assert main([*argv, "--grammar-syntax", "gbnf", "x"]) == 1
+    assert "--grammar-syntax needs --grammar" in capsys.readouterr().err
 
 
 def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, capsys, monkeypatch):
@@ -499,6 +512,10 @@ def test_schemas_grammars_and_calibration_text_may_come_from_pipes(model_dir, ca
     assert '"yes"'.startswith(out) or '"no"'.startswith(out), out
     grammar = _pipe_holding('start: "ok"\n')
     assert main([*argv, "--grammar", grammar, "x"]) == 0
+    assert capsys.readouterr().out.startswith("ok")
+    # A pipe's name has no suffix: GBNF from one was read as Lark ("root ::= ..." is no rule).
+    gbnf = ["--grammar-syntax", "gbnf", "--grammar", _pipe_holding('root ::= "ok"\n')]
+    assert main([*argv, *gbnf, "x"]) == 0
     assert capsys.readouterr().out.startswith("ok")
     assert read_calibration_samples(_pipe_holding("one\n\ntwo\n")) == ["one", "two"]
 
@@ -717,11 +734,33 @@ def test_a_max_seq_len_whose_kv_cache_cannot_fit_is_one_clear_line(model_dir):
     # message ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...").
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith(
-        "brisklm: error: --max-seq-len 1000000000 with max_batch_size=1 needs a KV cache of "
-    )
-    assert "max_seq_len can be at most " in result.stderr
+    # Its advice named max_batch_size (no flag: the CLI runs one sequence) and max_seq_len.
+    assert result.stderr.startswith("brisklm: error: --max-seq-len 1000000000 needs a KV cache of ")
+    assert "--max-seq-len can be at most " in result.stderr
     assert "the model's max_position_embeddings is " in result.stderr
+    assert "max_batch_size" not in result.stderr and "max_seq_len" not in result.stderr
+
+
+def test_warnings_are_lines_of_the_cli_in_its_terms(model_dir, capsys):
+    """It printed logging's bare message, in the API's terms: "max_seq_len=512 is past ..."."""
+    import logging
+
+    limit = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    argv = ["generate", "--model", str(model_dir), "--max-seq-len", str(2 * limit), "hi"]
+    logger = logging.getLogger("brisklm")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    assert main([*argv, "--max-tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"brisklm: warning: --max-seq-len {2 * limit} is past the model's ")
+    assert err.count("\n") == 1
+    assert logger.handlers == handlers and logger.propagate == propagate  # as they were
+
+
+def test_version():
+    result = subprocess.run(
+        [*CLI, "--version"], capture_output=True, text=True, timeout=120, env=cli_env()
+    )
+    assert result.returncode == 0 and result.stdout == f"brisklm {brisklm.__version__}\n"
 
 
 def test_a_closed_pipe_ends_generation_quietly():

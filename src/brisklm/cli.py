@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from brisklm import __version__
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 EXIT_ERROR = 1
@@ -120,6 +123,11 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     constraint.add_argument("--regex", help="the output must match this regex")
     constraint.add_argument("--choice", action="append", help="one allowed output (repeatable)")
     constraint.add_argument("--grammar", help="a grammar file: Lark, or GBNF if it ends in .gbnf")
+    constraint.add_argument(
+        "--grammar-syntax",
+        choices=["lark", "gbnf"],
+        help="the --grammar file's syntax, whatever its name (a pipe's has no suffix)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -135,6 +143,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="brisklm", description="Fast local LLM inference.")
+    parser.add_argument("--version", action="version", version=f"brisklm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     parser.commands = commands
 
@@ -261,7 +270,10 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
             raise CliError(
                 f"--grammar file {args.grammar!r} is not UTF-8 text ({exc.reason})"
             ) from None
-        options["grammar_syntax"] = "gbnf" if path.suffix.lower() == ".gbnf" else "lark"
+        by_suffix = "gbnf" if path.suffix.lower() == ".gbnf" else "lark"
+        options["grammar_syntax"] = args.grammar_syntax or by_suffix
+    elif args.grammar_syntax is not None:
+        raise CliError("--grammar-syntax needs --grammar (the grammar file it describes)")
     args.constraint_options = options
     return options
 
@@ -605,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError("stdout is closed: brisklm writes its output there")
         _check_text_flags(args)
         _import_engine()
-        code = handlers[args.command](args)
+        with _warnings_as_lines(args):
+            code = handlers[args.command](args)
         # What is still buffered (the last newline: a pipe's stdout is not line-buffered) goes
         # now, so that a closed pipe raises here and not in the interpreter's flush at exit.
         sys.stdout.flush()
@@ -623,6 +636,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _in_flag_terms(str(exc) or type(exc).__name__, args)
         print(f"brisklm: error: {message.splitlines()[0] if message else message}", file=sys.stderr)
         return EXIT_ERROR
+
+
+class _WarningLines(logging.Handler):
+    """brisklm's logged warnings as the CLI's own lines, "brisklm: warning: ...", the options
+    they name as the flags that set them (logging's last-resort handler printed the bare message,
+    in the API's terms: "max_seq_len=2048 is past ...")."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(logging.WARNING)
+        self.args = args
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = _in_flag_terms(record.getMessage(), self.args)
+            print(f"brisklm: warning: {message}", file=sys.stderr, flush=True)
+        except Exception:  # as logging's handlers do: a failed warning is not the command's
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """For the command's run: brisklm's warnings through ``_WarningLines`` only (not also through
+    a handler the caller of ``main`` may have set up)."""
+    logger = logging.getLogger("brisklm")
+    handler = _WarningLines(args)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 _SAMPLING_ERROR = re.compile(r"SamplingParams\.(\w+)=(.*?) is invalid: (.*)", re.DOTALL)
@@ -653,6 +699,11 @@ _API_WORDS = (
     ("pass draft=", "pass --draft"),
     # None is the Python option's unset value: no flag takes it
     ("must be None or ", "must be "),
+    (" or None (the model's)", " (default: the model's)"),
+    # The CLI runs one sequence at a time (its KV cache holds one), and has no flag for it.
+    (" with max_batch_size=1 needs", " needs"),
+    ("max_seq_len can be at most", "--max-seq-len can be at most"),
+    ("(the default max_seq_len,", "(the default --max-seq-len,"),
     ("must be None, ", "must be "),
 )
 
