@@ -91,18 +91,21 @@ def test_rows_without_logits_give_an_empty_result_on_either_path(checkpoint):
 
 
 @contextlib.contextmanager
-def thread_setup(count: int, idle_share: int = -1):
-    """torch's thread count (the kernels' team size) set to ``count``, and the kernels' test hook
+def thread_setup(count: int, idle_share: int = -1, late: int = -1):
+    """torch's thread count (the kernels' team size) set to ``count``, and the kernels' test hooks
     ``brisk_test_idle_share``: that thread leaves its own share of each product's panels to the
-    others, so that taking panels from another thread's share runs whatever the timing."""
+    others, so that taking panels from another thread's share runs whatever the timing; and
+    ``brisk_test_late_thread``: that thread comes to every barrier late, so that the others sleep
+    there and are woken."""
     threads = torch.get_num_threads()
     hook = ctypes.c_int.in_dll(native.library(), "brisk_test_idle_share")
+    late_hook = ctypes.c_int.in_dll(native.library(), "brisk_test_late_thread")
     torch.set_num_threads(count)
-    hook.value = idle_share
+    hook.value, late_hook.value = idle_share, late
     try:
         yield
     finally:
-        hook.value = -1
+        hook.value = late_hook.value = -1
         torch.set_num_threads(threads)
 
 
@@ -274,7 +277,8 @@ def test_a_row_gets_the_bits_of_its_tokens_fed_one_at_a_time(request, build, che
 
 def test_the_forward_pass_bits_do_not_depend_on_the_thread_count(checkpoint):
     """Whole passes (products that store and products that add into the residual stream) at 1, 2,
-    3 and 5 threads, and with one thread leaving its panels to the others, give the same logits."""
+    3 and 5 threads, with one thread leaving its panels to the others, and with one coming late to
+    every barrier (the others asleep there till the last comes), give the same logits."""
     name, directory = checkpoint
     model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
     runner = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
@@ -282,13 +286,15 @@ def test_the_forward_pass_bits_do_not_depend_on_the_thread_count(checkpoint):
     runner.forward(ForwardBatch([0], [0], [prompt], [1]))
     keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
     results = {}
-    for count, idle in [(1, -1), (2, -1), (3, -1), (5, -1), (2, 0), (2, 1), (3, 2)]:
-        with thread_setup(count, idle):
+    setups = [(1, -1, -1), (2, -1, -1), (3, -1, -1), (5, -1, -1), (2, 0, -1), (2, 1, -1)]
+    setups += [(3, 2, -1), (2, -1, 0), (3, -1, 1), (3, 0, 2)]
+    for count, idle, late in setups:
+        with thread_setup(count, idle, late):
             runner.kv_cache.keys.copy_(keys)
             runner.kv_cache.values.copy_(values)
-            results[count, idle] = runner.forward(ForwardBatch([0], [20], [[7, 8, 9]], [3]))
+            results[count, idle, late] = runner.forward(ForwardBatch([0], [20], [[7, 8, 9]], [3]))
     for setup, logits in results.items():
-        assert torch.equal(logits, results[1, -1]), f"{name}: {setup}"
+        assert torch.equal(logits, results[1, -1, -1]), f"{name}: {setup}"
 
 
 def test_a_batch_mixing_short_and_long_rows_runs_each_its_own_way(checkpoint):

@@ -19,11 +19,19 @@
  * -fopenmp); the OpenMP runtime it links is the one torch has already loaded (same soname), so
  * both share one thread pool. Shapes and layouts are checked on the Python side.
  */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 /* A real AVX-512 build (the "avx512-code" test build defines __AVX512F__ over AVX2 instructions;
  * BW comes with AVX-512 on every CPU since Skylake-X, the test build lacks it). */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -876,6 +884,78 @@ typedef struct {
     uint64_t range;
 } __attribute__((aligned(64))) team_slot;
 
+/* The barrier between a parallel region's phases, in place of OpenMP's: a thread that arrives
+ * before the others spins for up to TEAM_SPINS pauses (50 us on a Zen 4), then sleeps (a futex
+ * on Linux, else it yields its core) until the last one arrives. libgomp's barrier spins far
+ * longer before it sleeps (GOMP_SPINCOUNT: 300,000 by default), which on a machine busy with
+ * other work makes a barrier wait for a preempted teammate while its own core spins. Session 61,
+ * Zen 4, 2 vCPUs, bench/native_kernel_ab.py: the bundled model's one-token step (8 layers, 77
+ * barriers) took 0.21-0.38x the time with two busy processes beside it (six tokens 0.86-1.13x,
+ * the 125M model 0.98-1.14x: noise), and as long on an idle machine (1.01x / 0.97x at one / six
+ * tokens; the 125M model 0.95x / 0.93x at one / eight, 1.01x / 1.02x at 3,000 positions).
+ * Shorter spins cost idle machines: 200 pauses 1.15-1.23x the time, none 1.9-2.4x. ``phase``
+ * counts the barriers passed; zeroed before the parallel region, as the slots are. */
+#define TEAM_SPINS 2000
+typedef struct {
+    int arrived;  /* threads at the current barrier */
+    int phase;    /* barriers passed (the futex word) */
+    int sleepers; /* threads asleep on phase, or about to be */
+} __attribute__((aligned(64))) team_sync;
+
+static inline void cpu_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Tests only: the thread of this number starts every phase after a barrier 300 us late, so that
+ * the others reach the next barrier first and sleep there (and are woken), and a barrier missing
+ * between two phases shows as a wrong result, whatever the timing. -1: none. */
+int brisk_test_late_thread = -1;
+
+static void late_start(void) {
+    if (__builtin_expect(brisk_test_late_thread == THREAD_NUM(), 0)) {
+        const struct timespec late = {0, 300000};
+        nanosleep(&late, NULL);
+    }
+}
+
+static void team_barrier(team_sync *s) {
+    const int team = TEAM_SIZE();
+    if (team < 2) return;
+    const int phase = __atomic_load_n(&s->phase, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&s->arrived, 1, __ATOMIC_ACQ_REL) == team) {
+        __atomic_store_n(&s->arrived, 0, __ATOMIC_RELAXED);
+        /* Sequentially consistent with the sleepers' count: either a sleeper counted itself before
+         * this load (and is woken; its futex wait returns at once if it has not begun) or it sees
+         * the new phase before it sleeps. */
+        __atomic_store_n(&s->phase, phase + 1, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+        if (__atomic_load_n(&s->sleepers, __ATOMIC_SEQ_CST) > 0)
+            syscall(SYS_futex, &s->phase, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
+        late_start();
+        return;
+    }
+    for (int spin = 0; spin < TEAM_SPINS; spin++) {
+        if (__atomic_load_n(&s->phase, __ATOMIC_ACQUIRE) != phase) {
+            late_start();
+            return;
+        }
+        cpu_pause();
+    }
+    __atomic_add_fetch(&s->sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&s->phase, __ATOMIC_SEQ_CST) == phase) {
+#if defined(__linux__)
+        syscall(SYS_futex, &s->phase, FUTEX_WAIT_PRIVATE, phase, NULL, NULL, 0);
+#else
+        sched_yield();
+#endif
+    }
+    __atomic_sub_fetch(&s->sleepers, 1, __ATOMIC_SEQ_CST);
+    late_start();
+}
+
 /* The first of up to ``want`` consecutive panels taken from the front (or the back) of share s,
  * their number in *got; -1 when the share is empty. */
 static inline int take_panel(team_slot *s, int from_back, int want, int *got) {
@@ -1087,7 +1167,7 @@ int brisk_test_idle_share = -1;
  * one. */
 static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *packed, int wt,
                         const float *b, int rows, float *y, int64_t ldy, int accumulate,
-                        team_slot *slots, int stream) {
+                        team_slot *slots, team_sync *sync, int stream) {
     const int panels = (rows + NB - 1) / NB, team = TEAM_SIZE(), tid = THREAD_NUM();
     const uint64_t lo = (uint64_t)panels * tid / team, hi = (uint64_t)panels * (tid + 1) / team;
     __atomic_store_n(&slots[tid].range, lo << 32 | hi, __ATOMIC_RELEASE);
@@ -1099,7 +1179,7 @@ static void matmul_team(const float *x, int64_t ldx, int n, int k, const void *p
     for (int j = 1; j <= team; j++) /* the others', then anything left of its own */
         while ((p = take_panel(&slots[(tid + j) % team], 1, 1, &got)) >= 0)
             matmul_panels(x, ldx, n, k, packed, wt, b, rows, y, ldy, accumulate, p, got, stream);
-#pragma omp barrier
+    team_barrier(sync);
 }
 
 /* exp(x) in float32 for 16 lanes, without branches or calls (libm's expf is a call per element:
@@ -1875,7 +1955,7 @@ typedef struct {
  * columns whose panels its own share of matmul_team held (it computed most of them, so they are
  * in its caches), then thread 0 merges the shares. Ends with a barrier. */
 static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_t *out,
-                        argmax_share *found) {
+                        argmax_share *found, team_sync *sync) {
     const int team = TEAM_SIZE(), tid = THREAD_NUM();
     const int64_t panels = (cols + NB - 1) / NB;
     int64_t c0 = panels * tid / team * NB, c1 = panels * (tid + 1) / team * NB;
@@ -1886,7 +1966,7 @@ static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int6
         mine->at = -1;
         if (c0 < c1) scan_larger(x + r * ld, c0, c1, &mine->value, &mine->at);
     }
-#pragma omp barrier
+    team_barrier(sync);
     if (tid == 0) {
         for (int r = 0; r < rows; r++) {
             float best = 0.0f;
@@ -1898,7 +1978,7 @@ static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int6
             out[r] = best_at;
         }
     }
-#pragma omp barrier
+    team_barrier(sync);
 }
 
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
@@ -1944,21 +2024,24 @@ int brisk_forward_f32(const brisk_forward_args *a) {
         }
     }
     team_slot slots[MAX_TEAM] = {{0}};
+    team_sync sync = {0}; /* the phases' barrier (the loops' own are dropped: nowait) */
 #pragma omp parallel num_threads(team_size)
     {
         const int tid = THREAD_NUM();
         float *space = thread_space(a, tid);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int t = 0; t < n; t++) {
             embedding_row(a->embed, a->weight_type, a->token_ids[t], e,
                           a->hidden_states + (int64_t)t * e);
         }
+        team_barrier(&sync);
         for (int l = 0; l < a->n_layers; l++) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_types[4 * l + 0], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, stream);
-#pragma omp for schedule(static)
+            team_barrier(&sync);
+            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_types[4 * l + 0], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, &sync, stream);
+#pragma omp for schedule(static) nowait
             for (int item = 0; item < n * (hq + 2 * hkv); item++) {
                 int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
                 float *x = a->qkv + t * qkv_ld + (int64_t)h * d;
@@ -1971,35 +2054,40 @@ int brisk_forward_f32(const brisk_forward_args *a) {
                                x, d, a->cache_type);
                 }
             }
-#pragma omp for schedule(static)
+            team_barrier(&sync);
+#pragma omp for schedule(static) nowait
             for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
+            team_barrier(&sync);
             matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->layer_types[4 * l + 1], a->o_b[l], e, a->hidden_states, e,
-                        1, slots, stream);
-#pragma omp for schedule(static)
+                        1, slots, &sync, stream);
+#pragma omp for schedule(static) nowait
             for (int t = 0; t < n; t++)
                 rms_norm(a->hidden_states + (int64_t)t * e, a->post_norm[l], e, a->eps, a->xn + (int64_t)t * e);
+            team_barrier(&sync);
             /* gate and up as one product over their 2 * inter contiguous rows: computing a
              * gate row and its up row together reads two streams at once, measurably slower
              * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_types[4 * l + 2], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, stream);
+            matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_types[4 * l + 2], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, &sync, stream);
             /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
              * the threads too. */
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int item = 0; item < n * silu_chunks; item++) {
                 const int t = item / silu_chunks, o = item % silu_chunks * SILU_CHUNK;
                 const float *gate = a->gate_up + (int64_t)t * 2 * inter;
                 silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
                          inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
             }
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_types[4 * l + 3], a->down_b[l], e, a->hidden_states, e, 1, slots, stream);
+            team_barrier(&sync);
+            matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_types[4 * l + 3], a->down_b[l], e, a->hidden_states, e, 1, slots, &sync, stream);
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int r = 0; r < a->n_logits; r++)
             rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
                      a->normed + (int64_t)r * e);
+        team_barrier(&sync);
         if (a->head_w && a->n_logits > 0)
-            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, stream);
-        if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found);
+            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
+        if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found, &sync);
     }
     free(units);
     free(found);
@@ -2013,9 +2101,10 @@ static int linear_team(const float *x, int n, int k, const void *w, int wt, cons
                        int rows, float *y, int n_threads) {
     if (n < 1) return 1;
     team_slot slots[MAX_TEAM] = {{0}};
+    team_sync sync = {0};
     const int stream = (int64_t)rows * k * ROW_BYTES(wt) / NB >= STREAM_FROM;
 #pragma omp parallel num_threads(n_threads < MAX_TEAM ? n_threads : MAX_TEAM)
-    matmul_team(x, k, n, k, w, wt, b, rows, y, rows, 0, slots, stream);
+    matmul_team(x, k, n, k, w, wt, b, rows, y, rows, 0, slots, &sync, stream);
     return 0;
 }
 
@@ -2047,8 +2136,9 @@ int brisk_test_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_
     if (rows < 1 || cols < 1 || cols > ld || team_size < 1) return 1;
     argmax_share *found = malloc(sizeof(argmax_share) * team_size * rows);
     if (!found) return 1;
+    team_sync sync = {0};
 #pragma omp parallel num_threads(team_size)
-    team_argmax(x, ld, rows, cols, out, found);
+    team_argmax(x, ld, rows, cols, out, found, &sync);
     free(found);
     return 0;
 }
