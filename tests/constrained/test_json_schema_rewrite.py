@@ -512,3 +512,56 @@ def test_keywords_that_assert_nothing_are_dropped(bpe_compiler: GrammarCompiler)
 def test_integers_a_float_holds_are_kept_as_constants(bpe_compiler: GrammarCompiler) -> None:
     for value in (2**53, 2**60, 10**17, -(2**62)):
         assert accepts(bpe_compiler, {"const": value}, value)
+
+
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({"type": "integer", "minimum": 1e19, "maximum": 2e19}, "#/minimum"),  # was 2**63 - 1
+        ({"type": "integer", "minimum": -2e19, "maximum": -1e19}, "#/minimum"),  # crashed
+        ({"type": ["integer", "null"], "maximum": -1e19}, "#/maximum"),
+        ({"type": "integer", "const": 1e19}, "#/const"),  # was 2**63 - 1
+        ({"type": "integer", "enum": [1, 10**19]}, "#/enum"),
+        ({"type": "integer", "minimum": -(2**63)}, "#/minimum"),
+        ({"properties": {"n": {"type": "integer", "const": -1e19}}}, "#/properties/n/const"),
+    ],
+)
+def test_integer_schema_numbers_past_64_bits_are_refused(schema, where) -> None:
+    """llguidance holds an integer schema's bounds and values as 64-bit integers: one beyond was
+    clamped (an output below the minimum, or another constant) or crashed the process (a
+    negative bound: a segmentation fault while the grammar was built)."""
+    with pytest.raises(ConstraintError, match=f"at {where} is outside the 64-bit integers"):
+        prepare_json_schema(schema)
+
+
+def test_integer_schema_numbers_within_64_bits_are_kept(bpe_compiler: GrammarCompiler) -> None:
+    big = {"type": "integer", "minimum": 2**62, "maximum": 2**62 + 2**12}
+    assert accepts(bpe_compiler, big, 2**62 + 2**11)
+    assert not accepts(bpe_compiler, big, 2**62 - 1)
+    # A number schema's bounds are floats to llguidance: no 64-bit integer limit applies.
+    assert prepare_json_schema({"type": "number", "const": 1e19}) == {
+        "type": "number",
+        "const": 1e19,
+    }
+
+
+def test_formats_of_schemas_that_cannot_be_strings(bpe_compiler: GrammarCompiler) -> None:
+    """llguidance checks formats of strings only: on an integer or a number a format was ignored
+    (int32 let 99999999999 through). OpenAPI's int32 is enforced on integers as its bounds; any
+    other is refused."""
+    int32 = {"type": "integer", "format": "int32"}
+    assert accepts(bpe_compiler, int32, 2**31 - 1)
+    assert accepts(bpe_compiler, int32, -(2**31))
+    assert not accepts(bpe_compiler, int32, 99999999999)
+    assert not accepts(bpe_compiler, {**int32, "maximum": 5}, 6)  # with its own bounds too
+    for schema in (
+        {"type": "integer", "format": "int64"},
+        {"type": "number", "format": "double"},
+        {"type": "boolean", "format": "date"},
+        {"type": ["integer", "null"], "format": "uuid"},
+    ):
+        with pytest.raises(ConstraintError, match=f"format {schema['format']!r} at # cannot be"):
+            prepare_json_schema(schema)
+    # Where it may be a string, llguidance enforces (or refuses) it as before.
+    assert accepts(bpe_compiler, {"type": ["string", "integer"], "format": "date"}, 5)
+    assert not accepts(bpe_compiler, {"type": ["string", "integer"], "format": "date"}, "x")

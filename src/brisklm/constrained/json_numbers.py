@@ -27,6 +27,7 @@ from brisklm.constrained.errors import ConstraintError
 _JSON_NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
 _U64_LIMIT = 2**64
 _EXACT_LIMIT = 2**53  # past this, not every integer is a float
+_I64_LIMIT = 2**63  # an integer schema's numbers are held as 64-bit integers
 
 
 def read_as_llguidance(value: float) -> float:
@@ -54,6 +55,22 @@ def read_as_llguidance(value: float) -> float:
     power = float(f"1e{abs(exponent)}")
     result = result * power if exponent >= 0 else result / power
     return -result if text.startswith("-") else result
+
+
+def check_integer_range(value: Any, path: str) -> None:
+    """ConstraintError if a bound, ``const`` or ``enum`` number of an integer schema (``value``,
+    or a list of them) lies outside the 64-bit integers: llguidance holds an integer schema's
+    numbers as such, and one beyond was clamped (``"type": "integer", "minimum": 1e19`` generated
+    9223372036854775807) or crashed the process (``"maximum": -1e19``)."""
+    for number in value if isinstance(value, list) else [value]:
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            continue
+        if math.isfinite(number) and -_I64_LIMIT < number < _I64_LIMIT:
+            continue
+        raise ConstraintError(
+            f"the number {number!r} at {path} is outside the 64-bit integers llguidance enforces "
+            f"an integer schema in (greater than -2**63 and less than 2**63)"
+        )
 
 
 def check_exact_numbers(value: Any, path: str) -> None:

@@ -12,6 +12,7 @@ from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_numbers import (
     check_exact_numbers,
     check_exclusive_bound,
+    check_integer_range,
     check_number_range,
 )
 
@@ -112,6 +113,12 @@ _FORMAT_REWRITES: dict[str, dict[str, Any]] = {
 }
 
 
+def holds_integers(node: dict[str, Any]) -> bool:
+    """Whether a schema's ``type`` names integers (alone or in a list)."""
+    kind = node.get("type")
+    return kind == "integer" or (isinstance(kind, list) and "integer" in kind)
+
+
 def ecma_regex_to_rust(pattern: str) -> str:
     """Rewrite an ECMA-262 regex (JSON Schema `pattern`) into the Rust syntax llguidance reads."""
     out: list[str] = []
@@ -198,6 +205,8 @@ class _SchemaRewriter:
             if key in _DATA_KEYWORDS:
                 if key in ("const", "enum"):
                     check_exact_numbers(value, where)
+                    if holds_integers(node):
+                        check_integer_range(value, where)
                 out[key] = value
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {
@@ -216,6 +225,8 @@ class _SchemaRewriter:
                 # llguidance reads these as 64-bit floats: a value it rounds would move them.
                 check_exact_numbers(value, where)
                 check_exclusive_bound(key, value, where)
+                if holds_integers(node):
+                    check_integer_range(value, where)
                 out[key] = value
             elif key == "pattern" and isinstance(value, str):
                 out[key] = self.pattern(value, where)
@@ -224,6 +235,7 @@ class _SchemaRewriter:
             else:
                 # Unknown keywords can still be $ref targets, so their objects are walked too.
                 out[key] = self.unknown(value, where)
+        self.check_format_of_non_strings(out, path or "#")
         self.rewrite_format(out)
         check_number_range(out, path or "#", self.refs.target)
         if self.strict and closable:
@@ -255,6 +267,30 @@ class _SchemaRewriter:
             return ecma_regex_to_rust(pattern)
         except ConstraintError as e:
             raise ConstraintError(f"{e} (at {path})") from e
+
+    @staticmethod
+    def check_format_of_non_strings(out: dict[str, Any], path: str) -> None:
+        """llguidance enforces ``format`` on strings only (an unknown one is its error): on a
+        schema that cannot be a string it was silently ignored (``"type": "integer", "format":
+        "int32"`` let 99999999999 through). OpenAPI's ``int32`` on integers becomes its bounds;
+        any other is refused, as an unknown string format is."""
+        fmt = out.get("format")
+        kind = out.get("type")
+        if fmt is None or kind is None or kind == "string":
+            return
+        if isinstance(kind, list) and "string" in kind:
+            return
+        if fmt == "int32" and holds_integers(out):
+            del out["format"]
+            bounds = {"minimum": -(2**31), "maximum": 2**31 - 1}
+            all_of = out.get("allOf")
+            out["allOf"] = [*all_of, bounds] if isinstance(all_of, list) else [bounds]
+            return
+        raise ConstraintError(
+            f"JSON schema format {fmt!r} at {path} cannot be enforced on a {kind!r} schema "
+            "(llguidance checks formats of strings only; int32 is enforced on integers as its "
+            "bounds): leave the format out, or give minimum and maximum"
+        )
 
     @staticmethod
     def rewrite_format(out: dict[str, Any]) -> None:
