@@ -4,6 +4,7 @@ output matches its JSON Schema, regex, choice or grammar, at temperature 0 and 1
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import jsonschema
@@ -341,3 +342,17 @@ def test_grammar_cache_size_bounds_the_compiled_grammars(tiny_dir):
 def test_grammar_cache_size_must_be_a_positive_int(tiny_dir, bad):
     with pytest.raises(ValueError, match=r"grammar_cache_size must be an int >= 1, got"):
         LLM.from_pretrained(tiny_dir, device="cpu", show_progress=False, grammar_cache_size=bad)
+
+
+def test_top_logprobs_under_a_constraint_leave_out_the_tokens_it_masks(llm):
+    """A choice between two words allows few tokens a step: the top-5 alternatives were padded
+    with masked tokens of logprob -inf (which no JSON can write)."""
+    params = SamplingParams(choice=["yes", "no"], max_tokens=5, temperature=0.0, logprobs=5)
+    out = llm.generate("Pick", params)
+    assert out.text in ("yes", "no") and out.logprobs
+    for entry in out.logprobs:
+        assert 1 <= len(entry.top) <= 5
+        assert all(math.isfinite(top.logprob) for top in entry.top)
+        assert entry.token_id in [top.token_id for top in entry.top]  # greedy: the top one
+    # The last step allows one token (the grammar's end, or the word's last piece).
+    assert len(out.logprobs[-1].top) < 5

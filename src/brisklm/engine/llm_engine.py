@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -530,7 +531,9 @@ class LLMEngine:
     def token_logprobs(
         self, requests: list[Request], logits: torch.Tensor, tokens: torch.Tensor
     ) -> list[TokenLogprob]:
-        """Row i's chosen token's logprob under ``logits[i]`` with the request's top-N alternatives."""
+        """Row i's chosen token's logprob under ``logits[i]`` with the request's top-N alternatives:
+        those of logprob -inf left out (a grammar's masked tokens, a padded vocabulary's: no JSON
+        writes -inf), so fewer than N where fewer tokens are possible."""
         num_top = max(r.params.logprobs or 0 for r in requests)
         values = compute_logprobs(logits, tokens, num_top)
         chosen = values.chosen.tolist()
@@ -545,6 +548,7 @@ class LLMEngine:
             top = tuple(
                 TopLogprob(tid, _token_text(table, tid), lp, table[tid])
                 for tid, lp in zip(top_ids[row][:wanted], top_logprobs[row][:wanted])
+                if lp != -math.inf
             )
             out.append(
                 TokenLogprob(
