@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import numbers
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +41,8 @@ from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
+
+logger = logging.getLogger(__name__)
 
 # One prompt: text, or token ids (a list of ints, a 1-D array or tensor; a 2-D one is a batch).
 # Real objects, not strings: typing.get_type_hints and pydantic's validate_call resolve them.
@@ -302,6 +306,25 @@ _NOT_COPYABLE = (
 )
 
 
+def _available_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _warn_of_more_threads_than_cpus(num_threads: int) -> None:
+    available = _available_cpus()
+    if num_threads > available:
+        logger.warning(
+            "num_threads=%d is more than the %d CPUs this process may run on: the threads take "
+            "turns on them and wait for each other, usually slower than %d",
+            num_threads,
+            available,
+            available,
+        )
+
+
 class LLM:
     """A loaded model and tokenizer with an engine thread that batches every caller's requests."""
 
@@ -428,6 +451,7 @@ class LLM:
             raise ValueError(f"int4_compute_dtype: {error}") from None
         cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, device_)
         if num_threads is not None:
+            _warn_of_more_threads_than_cpus(num_threads)
             torch.set_num_threads(num_threads)
 
         def build() -> LLMEngine:

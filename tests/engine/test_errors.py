@@ -568,6 +568,23 @@ def test_num_threads(tiny_dir):
         torch.set_num_threads(before)
 
 
+def test_more_threads_than_cpus_are_warned_of(tiny_dir, caplog):
+    from brisklm.llm import _available_cpus
+
+    before = torch.get_num_threads()
+    many = _available_cpus() + 1
+    try:
+        with caplog.at_level("WARNING", logger="brisklm"):
+            LLM.from_pretrained(tiny_dir, num_threads=many, show_progress=False).close()
+        assert f"num_threads={many} is more than the {many - 1} CPUs" in caplog.text
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="brisklm"):
+            LLM.from_pretrained(tiny_dir, num_threads=many - 1, show_progress=False).close()
+        assert "num_threads" not in caplog.text
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_an_llm_cannot_be_pickled_or_copied(llm):
     # pickle (a process pool's argument) failed on a ctypes pointer deep in the engine;
     # copy.copy gave a second handle whose close() closed the original.
