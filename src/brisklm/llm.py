@@ -75,6 +75,15 @@ def _as_list(value: Any) -> Any:
                 f"token ids must be integers, but the {type(value).__name__} given holds "
                 f"{str(dtype).removeprefix('torch.')} values"
             )
+        if value.ndim > 2:
+            raise TypeError(
+                f"a {value.ndim}-d {type(value).__name__} of token ids: give a 1-d one (a prompt) "
+                "or a 2-d one (a batch of prompts of one length)"
+            )
+        if value.ndim == 1 and len(value) == 0:
+            raise ValueError(
+                f"the prompt is empty: the 1-d {type(value).__name__} given holds no token ids"
+            )
         return value.tolist()
     return value
 

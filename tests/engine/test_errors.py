@@ -95,11 +95,23 @@ def test_bad_prompts(llm):
         (torch.tensor(5), r"a 0-d Tensor \(tensor\(5\)\) is one token id, not a prompt"),
         (["Hi", np.int64(5)], r"a 0-d int64 \(np.int64\(5\)\) is one token id, not a prompt"),
         ([torch.tensor(5.0)], r"token ids must be integers, but the Tensor given holds float32"),
+        # This said "a prompt given as a list must hold only token ids (ints), but item 0 is a list".
+        (torch.zeros(2, 2, 2, dtype=torch.long), r"a 3-d Tensor of token ids: give a 1-d one"),
     ],
 )
 def test_prompts_of_the_wrong_type(llm, prompts, message):
     with pytest.raises(TypeError, match=message):
         llm.generate(prompts, GREEDY)
+    assert_still_works(llm)
+
+
+@pytest.mark.parametrize(
+    "prompt", [torch.zeros(0, dtype=torch.long), np.zeros(0, dtype=np.int64)], ids=["torch", "np"]
+)
+def test_an_empty_1d_array_is_an_empty_prompt(llm, prompt):
+    # A 1-d array is one prompt: an empty one said "no prompts given", as an empty list does.
+    with pytest.raises(ValueError, match=r"the prompt is empty: the 1-d \w+ given holds no token"):
+        llm.generate(prompt, GREEDY)
     assert_still_works(llm)
 
 
