@@ -524,13 +524,25 @@ def test_integers_a_float_holds_are_kept_as_constants(bpe_compiler: GrammarCompi
         ({"type": "integer", "enum": [1, 10**19]}, "#/enum"),
         ({"type": "integer", "minimum": -(2**63)}, "#/minimum"),
         ({"properties": {"n": {"type": "integer", "const": -1e19}}}, "#/properties/n/const"),
+        # Untyped nodes take a parent's or an allOf sibling's type (these crashed or clamped).
+        ({"type": "integer", "allOf": [{"minimum": -2e19}]}, "#/allOf/0/minimum"),
+        ({"allOf": [{"type": "integer"}, {"maximum": -1e19}]}, "#/allOf/1/maximum"),
+        ({"type": "integer", "anyOf": [{"const": 1e19}]}, "#/anyOf/0/const"),
+        (
+            {"allOf": [{"type": "integer"}, {"type": "number", "minimum": 1e19}]},
+            "#/allOf/1/minimum",
+        ),
+        (
+            {"$defs": {"b": {"minimum": -2e19}}, "type": "integer", "$ref": "#/$defs/b"},
+            "#/$defs/b/minimum",
+        ),
     ],
 )
 def test_integer_schema_numbers_past_64_bits_are_refused(schema, where) -> None:
     """llguidance holds an integer schema's bounds and values as 64-bit integers: one beyond was
     clamped (an output below the minimum, or another constant) or crashed the process (a
     negative bound: a segmentation fault while the grammar was built)."""
-    with pytest.raises(ConstraintError, match=f"at {where} is outside the 64-bit integers"):
+    with pytest.raises(ConstraintError, match=f"at {re.escape(where)} is outside the 64-bit"):
         prepare_json_schema(schema)
 
 
@@ -554,8 +566,11 @@ def test_formats_of_schemas_that_cannot_be_strings(bpe_compiler: GrammarCompiler
     assert accepts(bpe_compiler, int32, -(2**31))
     assert not accepts(bpe_compiler, int32, 99999999999)
     assert not accepts(bpe_compiler, {**int32, "maximum": 5}, 6)  # with its own bounds too
+    int64 = {"type": "integer", "format": "int64"}  # within 1,024 of its ends: exact floats
+    assert accepts(bpe_compiler, int64, 2**63 - 1024)
+    assert not accepts(bpe_compiler, int64, 2**63 - 1023)
+    assert not accepts(bpe_compiler, int64, 10**20)
     for schema in (
-        {"type": "integer", "format": "int64"},
         {"type": "number", "format": "double"},
         {"type": "boolean", "format": "date"},
         {"type": ["integer", "null"], "format": "uuid"},

@@ -113,10 +113,29 @@ _FORMAT_REWRITES: dict[str, dict[str, Any]] = {
 }
 
 
+# OpenAPI's integer formats, enforced as bounds (int64's 1,024 inside its ends: the nearest that
+# llguidance, which holds bounds as 64-bit floats, reads exactly).
+_INTEGER_FORMATS: dict[str, dict[str, int]] = {
+    "int32": {"minimum": -(2**31), "maximum": 2**31 - 1},
+    "int64": {"minimum": -(2**63) + 1024, "maximum": 2**63 - 1024},
+}
+
+
 def holds_integers(node: dict[str, Any]) -> bool:
     """Whether a schema's ``type`` names integers (alone or in a list)."""
     kind = node.get("type")
     return kind == "integer" or (isinstance(kind, list) and "integer" in kind)
+
+
+def may_be_integer(node: dict[str, Any], also: tuple[str, ...] = ()) -> bool:
+    """Whether llguidance may read a schema's numbers as an integer schema's: its ``type`` names
+    integers (or one of ``also``), or it names none, and then a parent's or an ``allOf``
+    sibling's type applies (``{"type": "integer", "anyOf": [{"const": -1e19}]}``)."""
+    kind = node.get("type")
+    if kind is None:
+        return True
+    kinds = kind if isinstance(kind, list) else [kind]
+    return any(k == "integer" or k in also for k in kinds)
 
 
 def ecma_regex_to_rust(pattern: str) -> str:
@@ -205,7 +224,7 @@ class _SchemaRewriter:
             if key in _DATA_KEYWORDS:
                 if key in ("const", "enum"):
                     check_exact_numbers(value, where)
-                    if holds_integers(node):
+                    if may_be_integer(node):
                         check_integer_range(value, where)
                 out[key] = value
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
@@ -225,7 +244,8 @@ class _SchemaRewriter:
                 # llguidance reads these as 64-bit floats: a value it rounds would move them.
                 check_exact_numbers(value, where)
                 check_exclusive_bound(key, value, where)
-                if holds_integers(node):
+                # A number's bounds too: an allOf sibling's "integer" makes them an integer's.
+                if may_be_integer(node, also=("number",)):
                     check_integer_range(value, where)
                 out[key] = value
             elif key == "pattern" and isinstance(value, str):
@@ -272,24 +292,24 @@ class _SchemaRewriter:
     def check_format_of_non_strings(out: dict[str, Any], path: str) -> None:
         """llguidance enforces ``format`` on strings only (an unknown one is its error): on a
         schema that cannot be a string it was silently ignored (``"type": "integer", "format":
-        "int32"`` let 99999999999 through). OpenAPI's ``int32`` on integers becomes its bounds;
-        any other is refused, as an unknown string format is."""
+        "int32"`` let 99999999999 through). OpenAPI's ``int32`` and ``int64`` on integers become
+        their bounds; any other is refused, as an unknown string format is."""
         fmt = out.get("format")
         kind = out.get("type")
         if fmt is None or kind is None or kind == "string":
             return
         if isinstance(kind, list) and "string" in kind:
             return
-        if fmt == "int32" and holds_integers(out):
+        if fmt in _INTEGER_FORMATS and holds_integers(out):
             del out["format"]
-            bounds = {"minimum": -(2**31), "maximum": 2**31 - 1}
+            bounds = dict(_INTEGER_FORMATS[fmt])
             all_of = out.get("allOf")
             out["allOf"] = [*all_of, bounds] if isinstance(all_of, list) else [bounds]
             return
         raise ConstraintError(
             f"JSON schema format {fmt!r} at {path} cannot be enforced on a {kind!r} schema "
-            "(llguidance checks formats of strings only; int32 is enforced on integers as its "
-            "bounds): leave the format out, or give minimum and maximum"
+            "(llguidance checks formats of strings only; int32 and int64 are enforced on integers "
+            "as their bounds): leave the format out, or give minimum and maximum"
         )
 
     @staticmethod
