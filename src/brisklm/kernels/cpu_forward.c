@@ -889,10 +889,11 @@ typedef struct {
  * on Linux, else it yields its core) until the last one arrives. libgomp's barrier spins far
  * longer before it sleeps (GOMP_SPINCOUNT: 300,000 by default), which on a machine busy with
  * other work makes a barrier wait for a preempted teammate while its own core spins. Session 61,
- * Zen 4, 2 vCPUs, bench/native_kernel_ab.py: the bundled model's one-token step (8 layers, 77
- * barriers) took 0.21-0.38x the time with two busy processes beside it (six tokens 0.86-1.13x,
- * the 125M model 0.98-1.14x: noise), and as long on an idle machine (1.01x / 0.97x at one / six
- * tokens; the 125M model 0.95x / 0.93x at one / eight, 1.01x / 1.02x at 3,000 positions).
+ * Zen 4, 2 vCPUs, bench/native_kernel_ab.py: the bundled model's one-token step (8 layers, 75
+ * barriers, 77 with the greedy argmax) took 0.21-0.38x the time with two busy processes beside
+ * it (six tokens 0.86-1.13x, the 125M model 0.98-1.14x: noise), and as long on an idle machine
+ * (1.01x / 0.97x at one / six tokens; the 125M model 0.95x / 0.93x at one / eight, 1.01x /
+ * 1.02x at 3,000 positions).
  * Shorter spins cost idle machines: 200 pauses 1.15-1.23x the time, none 1.9-2.4x. ``phase``
  * counts the barriers passed; zeroed before the parallel region, as the slots are. */
 #define TEAM_SPINS 2000
@@ -1344,12 +1345,13 @@ static void rope(float *x, const float *c, const float *s, int d) {
     }
 }
 
-/* A bfloat16 cache read in pairs: 2 * PAIR_LANES elements as PAIR_LANES 32-bit words, each word's
- * low half an even element and its high half the odd one after it, so that a shift and a mask
- * widen them where zero extension and a shift take two operations for every PAIR_LANES. With
- * AVX2, at 3,000 positions six-token rows over a bfloat16 cache had taken 1.15-1.22x the time over
- * a float32 one (docs/benchmarks.md); with AVX-512, 1.05x (a float32 cache's 0.95x). Heads of a
- * multiple of 2 * PAIR_LANES elements, up to PAIRED_DIM. */
+/* A bfloat16 cache read in pairs: twice a vector's lanes of elements as one vector of 32-bit words
+ * (8 with AVX2, 16 with AVX-512: pair_lanes in attend_unit), each word's low half an even element
+ * and its high half the odd one after it, so that a shift and a mask widen them where zero
+ * extension and a shift take two operations for every vector. At 3,000 positions six-token rows
+ * over a bfloat16 cache took 1.15-1.22x the time of rows over a float32 one with AVX2 before the
+ * pairs (0.80x after), and 0.95x with AVX-512 (0.83x after; docs/benchmarks.md). Heads of a
+ * multiple of 2 * pair_lanes elements, up to PAIRED_DIM. */
 #define PAIRED_DIM 512
 
 /* q's elements in the order the paired keys are widened: for each 2 * lanes, the lanes even ones
@@ -1398,8 +1400,6 @@ static inline pv pv_max(pv a, pv b) {
     return (pv)(((pvi)a & take_a) | ((pvi)b & ~take_a));
 }
 
-/* keys[r] . q for the 8 keys r < 8 spaced d apart (d a multiple of PW); keys at r >= valid are
- * not read: key valid - 1 is computed in their place. */
 /* Eight cache elements from element i as float32. */
 static inline __attribute__((always_inline)) pv cload8(const void *base, int64_t i, int ct) {
     if (ct == WT_BF16) {
@@ -1412,6 +1412,8 @@ static inline __attribute__((always_inline)) pv cload8(const void *base, int64_t
     return pload((const float *)base + i);
 }
 
+/* keys[r] . q for the 8 keys r < 8 spaced d apart (d a multiple of PW); keys at r >= valid are
+ * not read: key valid - 1 is computed in their place. */
 static inline __attribute__((always_inline)) pv dot8_keys(const void *keys, int valid,
                                                           const float *q, int d, int ct) {
     int64_t k[8];
@@ -1542,8 +1544,10 @@ static inline __attribute__((always_inline)) void last_block_scores(attn_query *
     }
 }
 
-/* Scores the block of keys at j (16 keys with AVX-512, 8 with AVX2, KB for the rest: other head
- * sizes, the keys after the last 16-key block), keeping the query's maximum; the next key. */
+/* Scores the block of keys at j (16 keys with AVX-512, 8 with AVX2; a short last block of a
+ * paired cache or of AVX2 as a whole block that repeats its last key; KB for the rest: other head
+ * sizes, and with AVX-512 unpaired the keys after the last 16-key block), keeping the query's
+ * maximum; the next key. */
 static inline __attribute__((always_inline)) int64_t score_block(const brisk_forward_args *a,
                                                                  const void *keys, attn_query *y,
                                                                  int64_t j, int paired, int ct) {
