@@ -408,9 +408,10 @@ class LLM:
         model), "float16" torch's kernel in float16 (~10x slower again; a warning says so); on
         CUDA the kernel's own. Other quantizations are refused.
         ``num_threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``;
-        default: torch's, one per core). On CPU, leave one core free of other busy processes per
-        thread: with one of two cores taken by another process, two threads decoded the bundled
-        model at 99 tokens/s and one thread at 342 (OpenMP workers wait on each other's time slices).
+        default: torch's, one per core; more than the CPUs the process may run on is warned of). On
+        CPU, leave one core free of other busy processes per thread: with one of two cores taken by
+        another process, two threads decoded the bundled model at 130-640 tokens/s and one thread
+        at 630-1,320 (2,400 with both free: the threads wait on each other's time slices).
         ``prefill_chunk_size``: the most prompt tokens a request feeds per forward pass (default:
         512 on CPU, 2048 on CUDA). A longer prompt enters the cache over several passes, each of
         which also carries every other running request's next token, so a long prompt does not
