@@ -327,6 +327,14 @@ def test_a_gbnf_grammar_file_is_known_by_its_suffix_in_any_case(model_dir, capsy
     assert capsys.readouterr().out == "ok\n"
     assert main([*argv, "--grammar-syntax", "gbnf", "x"]) == 1
     assert "--grammar-syntax needs --grammar" in capsys.readouterr().err
+    # GBNF in a file not named .gbnf failed as Lark with no word of the flag.
+    (tmp_path / "g.txt").write_text('root ::= "ok"\n')
+    assert main([*argv, "--grammar", str(tmp_path / "g.txt"), "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("brisklm: error: invalid Lark grammar") and err.count("\n") == 1
+    assert err.rstrip().endswith(
+        "(it looks like GBNF: name the file *.gbnf or pass --grammar-syntax gbnf)"
+    )
 
 
 def test_chat_drops_old_turns_when_the_history_outgrows_the_context(model_dir, capsys, monkeypatch):

@@ -634,8 +634,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except (CliError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
         message = _in_flag_terms(str(exc) or type(exc).__name__, args)
-        print(f"brisklm: error: {message.splitlines()[0] if message else message}", file=sys.stderr)
+        first = message.splitlines()[0] if message else message
+        print(f"brisklm: error: {first}{_syntax_hint(exc, args)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _syntax_hint(error: BaseException, args: argparse.Namespace) -> str:
+    """For a --grammar read as Lark that fails as Lark and holds GBNF's rule sign: what to do."""
+    options = getattr(args, "constraint_options", {})
+    if (
+        str(error).startswith("invalid Lark grammar")
+        and getattr(args, "grammar_syntax", None) is None
+        and "::=" in options.get("grammar", "")
+    ):
+        return " (it looks like GBNF: name the file *.gbnf or pass --grammar-syntax gbnf)"
+    return ""
 
 
 class _WarningLines(logging.Handler):
