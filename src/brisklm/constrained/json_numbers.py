@@ -63,9 +63,7 @@ def check_integer_range(value: Any, path: str) -> None:
     numbers as such, and one beyond was clamped (``"type": "integer", "minimum": 1e19`` generated
     9223372036854775807) or crashed the process (``"maximum": -1e19``)."""
     for number in value if isinstance(value, list) else [value]:
-        if isinstance(number, bool) or not isinstance(number, int | float):
-            continue
-        if math.isfinite(number) and -_I64_LIMIT < number < _I64_LIMIT:
+        if not _is_number(number) or (math.isfinite(number) and -_I64_LIMIT < number < _I64_LIMIT):
             continue
         raise ConstraintError(
             f"the number {number!r} at {path} is outside the 64-bit integers llguidance enforces "

@@ -121,21 +121,23 @@ _INTEGER_FORMATS: dict[str, dict[str, int]] = {
 }
 
 
+def schema_types(node: dict[str, Any]) -> list[Any] | None:
+    """A schema's ``type`` as a list (one name or several), None where it names none."""
+    kind = node.get("type")
+    return None if kind is None else kind if isinstance(kind, list) else [kind]
+
+
 def holds_integers(node: dict[str, Any]) -> bool:
     """Whether a schema's ``type`` names integers (alone or in a list)."""
-    kind = node.get("type")
-    return kind == "integer" or (isinstance(kind, list) and "integer" in kind)
+    return "integer" in (schema_types(node) or [])
 
 
 def may_be_integer(node: dict[str, Any], also: tuple[str, ...] = ()) -> bool:
     """Whether llguidance may read a schema's numbers as an integer schema's: its ``type`` names
     integers (or one of ``also``), or it names none, and then a parent's or an ``allOf``
     sibling's type applies (``{"type": "integer", "anyOf": [{"const": -1e19}]}``)."""
-    kind = node.get("type")
-    if kind is None:
-        return True
-    kinds = kind if isinstance(kind, list) else [kind]
-    return any(k == "integer" or k in also for k in kinds)
+    kinds = schema_types(node)
+    return kinds is None or any(k == "integer" or k in also for k in kinds)
 
 
 def ecma_regex_to_rust(pattern: str) -> str:
@@ -294,11 +296,8 @@ class _SchemaRewriter:
         schema that cannot be a string it was silently ignored (``"type": "integer", "format":
         "int32"`` let 99999999999 through). OpenAPI's ``int32`` and ``int64`` on integers become
         their bounds; any other is refused, as an unknown string format is."""
-        fmt = out.get("format")
-        kind = out.get("type")
-        if fmt is None or kind is None or kind == "string":
-            return
-        if isinstance(kind, list) and "string" in kind:
+        fmt, kinds = out.get("format"), schema_types(out)
+        if fmt is None or kinds is None or "string" in kinds:
             return
         if fmt in _INTEGER_FORMATS and holds_integers(out):
             del out["format"]
@@ -307,7 +306,7 @@ class _SchemaRewriter:
             out["allOf"] = [*all_of, bounds] if isinstance(all_of, list) else [bounds]
             return
         raise ConstraintError(
-            f"JSON schema format {fmt!r} at {path} cannot be enforced on a {kind!r} schema "
+            f"JSON schema format {fmt!r} at {path} cannot be enforced on a {out['type']!r} schema "
             "(llguidance checks formats of strings only; int32 and int64 are enforced on integers "
             "as their bounds): leave the format out, or give minimum and maximum"
         )

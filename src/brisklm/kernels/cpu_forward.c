@@ -921,9 +921,8 @@ static void late_start(void) {
     }
 }
 
-static void team_barrier(team_sync *s) {
-    const int team = TEAM_SIZE();
-    if (team < 2) return;
+/* Arrives at the barrier and returns once all ``team`` threads have. */
+static void team_wait(team_sync *s, int team) {
     const int phase = __atomic_load_n(&s->phase, __ATOMIC_ACQUIRE);
     if (__atomic_add_fetch(&s->arrived, 1, __ATOMIC_ACQ_REL) == team) {
         __atomic_store_n(&s->arrived, 0, __ATOMIC_RELAXED);
@@ -935,14 +934,10 @@ static void team_barrier(team_sync *s) {
         if (__atomic_load_n(&s->sleepers, __ATOMIC_SEQ_CST) > 0)
             syscall(SYS_futex, &s->phase, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 #endif
-        late_start();
         return;
     }
     for (int spin = 0; spin < TEAM_SPINS; spin++) {
-        if (__atomic_load_n(&s->phase, __ATOMIC_ACQUIRE) != phase) {
-            late_start();
-            return;
-        }
+        if (__atomic_load_n(&s->phase, __ATOMIC_ACQUIRE) != phase) return;
         cpu_pause();
     }
     __atomic_add_fetch(&s->sleepers, 1, __ATOMIC_SEQ_CST);
@@ -954,6 +949,12 @@ static void team_barrier(team_sync *s) {
 #endif
     }
     __atomic_sub_fetch(&s->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+static void team_barrier(team_sync *s) {
+    const int team = TEAM_SIZE();
+    if (team < 2) return;
+    team_wait(s, team);
     late_start();
 }
 
