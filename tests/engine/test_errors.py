@@ -414,6 +414,62 @@ def test_model_error_fails_only_that_step(llm, monkeypatch):
     assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
 
 
+def nan_at_token(directory, token: int):
+    """The checkpoint in ``directory`` with token ``token``'s embedding all NaN: logits of any
+    context holding it are NaN (the output layer is not tied to the embedding)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    assert "lm_head.weight" in weights  # not tied: other contexts keep finite logits
+    weights["model.embed_tokens.weight"][token] = float("nan")
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+@pytest.mark.parametrize("draft", [None, "same", "ngram"])
+def test_a_sampled_request_whose_logits_are_nan_fails_alone(tmp_path, draft):
+    # NaN probabilities used to draw the vocabulary's last id (a padding id here): a token of
+    # zero probability, silently. Now the request fails, and the one batched with it goes on.
+    directory = nan_at_token(make_tiny_checkpoint(tmp_path / "nan"), 100)
+    settings = dict(show_progress=False, max_batch_size=2, max_seq_len=128)
+    if draft is not None:
+        settings.update(draft=directory if draft == "same" else draft, num_speculative_tokens=3)
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
+    clean = [5, 6, 7, 8]
+    with LLM.from_pretrained(directory, **settings) as llm:
+        alone = llm.generate(clean, params).token_ids
+        requests = [llm.make_request([5, 100, 7], params), llm.make_request(clean, params)]
+
+        async def run():
+            return dict([pair async for pair in llm.arun_requests_each(requests)])
+
+        results = asyncio.run(run())
+        assert isinstance(results[0], RuntimeError)
+        assert re.search(
+            r"no token to sample after 0 output tokens: the model's logits hold "
+            r"NaN or \+inf there; the request was stopped",
+            str(results[0]),
+        )
+        assert results[1].token_ids == alone
+        assert llm.generate(clean, params).token_ids == alone
+        assert llm.engine.scheduler.slots.num_free == 2
+
+
+def test_a_draft_whose_logits_are_nan_proposes_nothing_there(tmp_path):
+    # The draft's NaN distribution has no token to propose: the target decodes on its own there.
+    target = make_tiny_checkpoint(tmp_path / "target")
+    draft = nan_at_token(make_tiny_checkpoint(tmp_path / "draft"), 100)
+    settings = dict(show_progress=False, max_batch_size=2, max_seq_len=128)
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
+    with LLM.from_pretrained(target, **settings) as plain:
+        expected = plain.generate([5, 6, 100], params).token_ids
+    with LLM.from_pretrained(target, draft=draft, num_speculative_tokens=3, **settings) as llm:
+        out = llm.generate([5, 6, 100], params)
+        assert out.speculative.num_proposed == 0
+        assert out.token_ids == expected  # each step draws its token as a plain step does
+        assert llm.generate([5, 6, 7], params).speculative.num_proposed > 0
+
+
 @pytest.mark.usefixtures("without_native_kernels")
 def test_a_request_that_overflows_its_float16_cache_spoils_no_later_request(tmp_path):
     # Token 100's values overflow a float16 cache (~8e4 > 65504). A later, shorter request in the

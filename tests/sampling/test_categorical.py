@@ -6,7 +6,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 
 from brisklm.sampling import SamplingParams, processed_probs, sample
 from brisklm.sampling import sampler as sampler_module
-from brisklm.sampling.categorical import inverse_cdf, row_uniforms, uniforms_for_rows
+from brisklm.sampling.categorical import NO_TOKEN, inverse_cdf, row_uniforms, uniforms_for_rows
 
 
 def draw(dist: list[float], u: float) -> int:
@@ -34,6 +34,23 @@ def test_rows_of_a_batch_are_drawn_independently():
     for row in range(6):
         assert batched[row] == inverse_cdf(dist[row : row + 1], uniforms[row : row + 1])[0]
         assert dist[row, batched[row]] > 0
+
+
+def test_a_row_with_nothing_to_draw_gives_no_token_and_leaves_the_others_alone(build_md):
+    # Logits holding NaN or +inf make NaN probabilities (x - max is NaN or inf - inf); a row whose
+    # every token is masked has no mass. Drawing such a row used to return the last token, one of
+    # zero probability (a padded vocabulary's non-token, say).
+    nan = float("nan")
+    good = [0.2, 0.3, 0.5, 0.0]
+    dist = torch.tensor([good, [0.2, nan, 0.5, 0.0], good, [0.0] * 4, [nan] * 4, good])
+    uniforms = torch.tensor([0.1, 0.5, 0.6, 0.5, 0.5, 0.99], dtype=torch.float64)
+    got = inverse_cdf(dist, uniforms).tolist()
+    assert got[1] == got[3] == got[4] == NO_TOKEN
+    assert [got[0], got[2], got[5]] == [draw(good, 0.1), draw(good, 0.6), draw(good, 0.99)]
+    assert NO_TOKEN < 0  # never a token id
+    logits = torch.tensor([[1.0, 2.0, float("inf"), 0.0], [1.0, nan, 0.0, 0.0]])
+    md = SamplingParams(temperature=1.0, seed=3)
+    assert sample(logits, build_md([md, md], 4)).tolist() == [NO_TOKEN, NO_TOKEN]
 
 
 def test_rounding_past_the_total_takes_the_last_token_with_mass():

@@ -20,6 +20,7 @@ from brisklm.engine.structured import StructuredOutputs
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob
 from brisklm.sampling import SamplingMetadata, compute_logprobs, sample
+from brisklm.sampling.categorical import NO_TOKEN
 from brisklm.sampling.sampler import greedy_tokens
 from brisklm.tokenizer import Tokenizer
 
@@ -464,6 +465,8 @@ class LLMEngine:
         allow_forced: bool = True,
     ) -> StreamChunk | BaseException:
         """Append a chosen token, advance the request's grammar, and append tokens it forces."""
+        if token_id == NO_TOKEN:
+            return self._nothing_to_sample(request)
         matcher = request.matcher
         if matcher is not None and not matcher.accept_token(token_id):
             return self._constraint_failed(request, token_id)
@@ -492,6 +495,20 @@ class LLMEngine:
             # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
             chunk.extend(request.finish_with_grammar())
         return chunk
+
+    def _nothing_to_sample(self, request: Request) -> BaseException:
+        """End a request whose distribution had no token to draw (``NO_TOKEN``): the error for
+        its caller; the other rows of its batch go on."""
+        matcher = request.matcher
+        if matcher is not None and matcher.error is not None:
+            return self._constraint_failed(request, None)
+        request.abort("error")
+        masked = ", or its constraint allowed no token" if matcher is not None else ""
+        return RuntimeError(
+            f"request {request.request_id}: no token to sample after "
+            f"{len(request.output_token_ids)} output tokens: the model's logits hold NaN or "
+            f"+inf there{masked}; the request was stopped, and other requests are unaffected"
+        )
 
     def _constraint_failed(self, request: Request, token_id: int | None) -> BaseException:
         """End a request whose grammar matcher failed, or rejected ``token_id``: the error for
@@ -535,6 +552,8 @@ class LLMEngine:
         those of logprob -inf left out (a grammar's masked tokens, a padded vocabulary's: no JSON
         writes -inf), so fewer than N where fewer tokens are possible."""
         num_top = max(r.params.logprobs or 0 for r in requests)
+        # A NO_TOKEN row's entry (against token 0) is never used: its request fails.
+        tokens = tokens.clamp_min(0)
         values = compute_logprobs(logits, tokens, num_top)
         chosen = values.chosen.tolist()
         ranks = values.rank.tolist()

@@ -14,9 +14,14 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+# What inverse_cdf draws from a row with nothing to draw (see there).
+NO_TOKEN = -1
+
 
 def inverse_cdf(dist: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) int64 token ids drawn from the rows of ``dist`` (B, V) with ``uniforms`` (B,) in [0, 1).
+    """(B,) int64 token ids drawn from the rows of ``dist`` (B, V) with ``uniforms`` (B,) in [0, 1),
+    and ``NO_TOKEN`` for a row without a finite positive mass (logits holding NaN or +inf, or
+    every token masked): there is nothing to draw, and its caller fails that row alone.
 
     ``dist`` is non-negative with positive mass in every row; it need not sum to 1. Row b returns
     the first token whose cumulative mass exceeds ``uniforms[b]`` times the row's total, so a token
@@ -36,11 +41,14 @@ def inverse_cdf(dist: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     targets = uniforms.to(device=dist.device, dtype=torch.float64)[:, None] * cdf[:, -1:]
     index = torch.searchsorted(cdf, targets, right=True).squeeze(1)  # (B,)
     # u * total can round up to the total itself, past the last token: take the row's last token
-    # with mass instead.
+    # with mass instead. A NaN total searches past the end too, and a zero one finds token 0.
+    total = cdf[:, -1]
+    empty = ~(torch.isfinite(total) & (total > 0))
     overflow = index >= vocab_size
-    if bool(overflow.any()):
+    if bool((overflow | empty).any()):
         last = vocab_size - 1 - (dist > 0).flip(-1).to(torch.float32).argmax(dim=-1)
         index = torch.where(overflow, last, index)
+        index = torch.where(empty, torch.full_like(index, NO_TOKEN), index)
     return index
 
 

@@ -13,7 +13,7 @@ from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs, sample
-from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
+from brisklm.sampling.categorical import NO_TOKEN, inverse_cdf, uniforms_for_rows
 from brisklm.sampling.sampler import greedy_tokens
 from brisklm.speculative.proposer import DraftRow, Proposal
 
@@ -342,7 +342,10 @@ class DraftModelProposer:
                 state.proposals = list(plan.drafted)
                 state.num_cached = plan.num_tokens + len(plan.drafted) - 1
                 # Greedy drafts are a function of the context, as n-gram proposals are: no q.
-                probs = None if greedy else torch.stack(plan.probs)
+                if greedy:
+                    probs = None
+                else:  # (none drafted: its first draw had nothing to draw from)
+                    probs = torch.stack(plan.probs) if plan.probs else self._empty_probs()
                 proposals[plan.index] = Proposal(list(plan.drafted), probs)
         return [p for p in proposals if p is not None]
 
@@ -362,6 +365,8 @@ class DraftModelProposer:
             while True:
                 still = []
                 for i, plan in enumerate(active):
+                    if tokens[i] == NO_TOKEN:  # the draft's distribution had nothing to draw
+                        continue  # the proposal ends before it
                     plan.drafted.append(tokens[i])
                     if probs is not None:
                         plan.probs.append(probs[i])
