@@ -146,6 +146,31 @@ def test_errors_name_the_problem(overrides, message):
         make(**overrides)
 
 
+def test_flags_written_as_strings_and_null_layer_counts():
+    # bool("false") is True: a string flag tied an untied model's head to its embedding.
+    assert not make(tie_word_embeddings="false").tie_word_embeddings
+    assert make(tie_word_embeddings="true").tie_word_embeddings
+    assert not make(tie_word_embeddings=None).tie_word_embeddings
+    with pytest.raises(ValueError, match="tie_word_embeddings must be true or false, got 'yes'"):
+        make(tie_word_embeddings="yes")
+    qwen2 = {"architectures": ["Qwen2ForCausalLM"], "sliding_window": 8, "num_key_value_heads": 8}
+    off = make(**qwen2, use_sliding_window="false", max_window_layers=0)
+    assert off.sliding_windows == (None,) * 4
+    # null max_window_layers was int(None): a bare TypeError. It takes the default (28) now.
+    assert (
+        make(**qwen2, use_sliding_window=True, max_window_layers=None).sliding_windows
+        == (None,) * 4
+    )
+    assert make(**qwen2, use_sliding_window=True, max_window_layers=2).sliding_windows == (
+        None,
+        None,
+        8,
+        8,
+    )
+    with pytest.raises(ValueError, match="'sliding_window' must be an integer, got 5.5"):
+        make(architectures=["MistralForCausalLM"], sliding_window=5.5)
+
+
 def test_missing_field_and_bad_json(tmp_path):
     with pytest.raises(ValueError, match="hidden_size"):
         ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "hidden_size"})

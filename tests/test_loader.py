@@ -144,6 +144,55 @@ def test_tied_checkpoint_storing_the_head_alone_loads_it_as_the_shared_matrix(tm
     assert torch.equal(model.model.embed_tokens.weight, hf.model.embed_tokens.weight)
 
 
+def test_model_safetensors_wins_over_a_stale_shard_index_as_in_transformers(tmp_path):
+    # Saving a model unsharded over a sharded save leaves the old index (and maybe its shards):
+    # transformers reads model.safetensors, and brisklm read the index (old weights, or an error
+    # naming shards that no longer exist).
+    import shutil
+
+    old = save_hf_model(build_hf_model("llama", seed=1), tmp_path / "old", max_shard_size="40KB")
+    new = save_hf_model(build_hf_model("llama", seed=2), tmp_path / "new")
+    for shard in old.glob("*.safetensors*"):
+        shutil.copy(shard, new / shard.name)
+    assert checkpoint_files(new) == [new / "model.safetensors"]
+    expected = logits_of(load_model(tmp_path / "new", device="cpu", show_progress=False))
+    for shard in old.glob("model-*.safetensors"):
+        (new / shard.name).unlink()
+    assert torch.equal(logits_of(load_model(new, device="cpu", show_progress=False)), expected)
+    stale = logits_of(load_model(old, device="cpu", show_progress=False))
+    assert not torch.equal(stale, expected)
+
+
+def test_pickled_weights_alone_are_named_as_unsupported(tmp_path):
+    directory = save_hf_model(build_hf_model("llama"), tmp_path / "m")
+    (directory / "model.safetensors").rename(directory / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError) as error:
+        checkpoint_files(directory)
+    assert "pytorch_model.bin: PyTorch's pickle format, which brisklm does not read" in str(
+        error.value
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [("model.layers.0.mlp.down_proj.weight", torch.int8), ("model.norm.weight", torch.bool)],
+)
+def test_a_float_parameter_stored_as_integers_is_refused(tmp_path, name, dtype):
+    # A cast loaded int8 values as weights (and a bool norm as 0.0 / 1.0) without a word.
+    from safetensors.torch import load_file, save_file
+
+    from brisklm.loader import CheckpointError
+
+    directory = save_hf_model(build_hf_model("llama"), tmp_path / "m")
+    tensors = load_file(directory / "model.safetensors")
+    tensors[name] = tensors[name].to(dtype)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as error:
+        load_model(directory, device="cpu", show_progress=False)
+    stored = str(dtype).removeprefix("torch.")
+    assert f"tensor {name!r}: stored as {stored}; expected a float tensor" in str(error.value)
+
+
 def test_broken_shard_index_names_file(tmp_path):
     hf = build_hf_model("llama")
     sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")
@@ -171,6 +220,7 @@ def test_malformed_shard_index_is_a_checkpoint_error(tmp_path, index, says):
     from brisklm.loader import CheckpointError
 
     directory = save_hf_model(build_hf_model("llama"), tmp_path / "m")
+    (directory / "model.safetensors").unlink()  # (it would be read instead of the index)
     index_file = directory / "model.safetensors.index.json"
     index_file.write_text(json.dumps(index))
     with pytest.raises(CheckpointError) as error:

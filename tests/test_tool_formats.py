@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,17 @@ def test_mistral_templates_get_nine_character_ids() -> None:
     history[1] = {"role": "assistant", "tool_calls": [{**call, "id": "abc123XYZ"}]}
     kept = render_chat_template(MISTRAL_TEMPLATE, history, None, True, special)
     assert '"id": "abc123XYZ"' in kept
+
+
+@pytest.mark.parametrize("source", ["call_1234", "ñandú1234", "١٢٣٤٥٦٧٨٩", "abc 12345"])
+def test_nine_characters_other_than_ascii_letters_and_digits_are_mapped(source) -> None:
+    # Mistral's ids are [A-Za-z0-9]{9}; str.isalnum() also took Unicode letters and digits.
+    from brisklm.tool_call_ids import mistral_tool_call_id
+
+    mapped = mistral_tool_call_id(source)
+    assert mapped != source and len(mapped) == 9
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", mapped) and mistral_tool_call_id(source) == mapped
+    assert mistral_tool_call_id("Ab3dE6gH9") == "Ab3dE6gH9"
 
 
 # ----------------------------------------------------------------- end to end on tiny models

@@ -311,8 +311,10 @@ def render_chat_template(
 # Mistral's templates refuse any tool-call id that is not 9 characters long (the check reads
 # `tool_call.id|length != 9`), so a history from another source (OpenAI-style "call_..." ids, LangChain)
 # cannot be rendered as transformers would render it: it would raise. Such ids are mapped, as vLLM
-# does for Mistral models, to 9 alphanumeric characters derived from the id, the same in the
-# assistant's calls and the tool results that answer them.
+# does for Mistral models, to 9 ASCII letters and digits derived from the id, the same in the
+# assistant's calls and the tool results that answer them; so is a 9-character id of other
+# characters ("call_1234", which the template would take): Mistral's models were trained on
+# [A-Za-z0-9]{9} ids, and mistral_common refuses others.
 _NINE_CHARACTER_IDS = "length != 9"
 
 

@@ -298,7 +298,9 @@ class ModelConfig:
             max_position_embeddings=max_positions,
             rms_norm_eps=float(_first_set(raw.get("rms_norm_eps"), 1e-6)),
             hidden_act=raw.get("hidden_act", "silu"),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=json_bool(
+                raw.get("tie_word_embeddings"), "config.json's tie_word_embeddings"
+            ),
             qkv_bias=qkv_bias,
             o_proj_bias=o_bias,
             mlp_bias=mlp_bias,
@@ -360,6 +362,20 @@ def token_ids(value: Any) -> tuple[int, ...] | None:
     return tuple(int(v) for v in values)
 
 
+def json_bool(value: Any, name: str) -> bool:
+    """A flag as JSON writes it; "true"/"false" strings and 0/1 too (bool("false") is True: an
+    act-order checkpoint read so would group its columns wrong)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if value is None:
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> int:
     """config.json's integer ``name``; missing or null takes ``default`` (if there is one)."""
     value = raw.get(name)
@@ -385,14 +401,15 @@ def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple
     window = raw.get("sliding_window", _DEFAULT_SLIDING_WINDOW.get(family))
     if family == "llama" or window is None:
         return (None,) * num_layers
+    window = _int_field({"sliding_window": window}, "sliding_window")
     layer_types = raw.get("layer_types")
     if family == "mistral" and not layer_types:
-        return (int(window),) * num_layers
+        return (window,) * num_layers
     if family == "qwen2" and not layer_types:
-        if not raw.get("use_sliding_window", False):
+        if not json_bool(raw.get("use_sliding_window"), "config.json's use_sliding_window"):
             return (None,) * num_layers
-        first_sliding = int(raw.get("max_window_layers", 28))
-        return tuple(int(window) if i >= first_sliding else None for i in range(num_layers))
+        first_sliding = _int_field(raw, "max_window_layers", 28)
+        return tuple(window if i >= first_sliding else None for i in range(num_layers))
     if len(layer_types) != num_layers:
         raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
-    return tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
+    return tuple(window if kind == "sliding_attention" else None for kind in layer_types)

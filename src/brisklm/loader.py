@@ -97,7 +97,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: from the shard index if there is one."""
+    """The safetensors files of a checkpoint: model.safetensors where there is one (as in
+    transformers: saving a model unsharded over a sharded one leaves the old index behind), else
+    the shard index's files, else every safetensors file."""
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
     index_file = directory / "model.safetensors.index.json"
     if index_file.is_file():
         expected = (
@@ -129,15 +134,19 @@ def checkpoint_files(directory: Path) -> list[Path]:
                 f"{index_file} lists shards that do not exist: {', '.join(missing)}"
             )
         return files
-    single = directory / "model.safetensors"
-    if single.is_file():
-        return [single]
     others = sorted(directory.glob("*.safetensors"))
     if others:
         return others
+    pickled = sorted(p.name for p in directory.glob("*.bin"))
+    hint = (
+        f"; {', '.join(pickled)}: PyTorch's pickle format, which brisklm does not read: "
+        "convert it with transformers (model.save_pretrained(directory))"
+        if pickled
+        else ""
+    )
     raise FileNotFoundError(
         f"no safetensors weights in {str(directory)!r} (expected model.safetensors or "
-        "model.safetensors.index.json with its shards)"
+        f"model.safetensors.index.json with its shards){hint}"
     )
 
 
@@ -483,6 +492,12 @@ def _copy_into(
     model: nn.Module, entry: tuple[str, str, int | None], tensor: torch.Tensor, source: str
 ) -> None:
     module_name, tensor_name, shard = entry
+    if tensor_name not in ("qweight", "qzeros", "g_idx") and not tensor.dtype.is_floating_point:
+        # A cast would load int8 or bool values as weights without a word.
+        raise CheckpointError(
+            f"{source}: stored as {str(tensor.dtype).removeprefix('torch.')}; expected a float "
+            "tensor (float32, bfloat16 or float16)"
+        )
     module = model.get_submodule(module_name)
     load_tensor = getattr(module, "load_tensor", None)
     if callable(load_tensor):

@@ -22,7 +22,7 @@ def mistral_tool_call_id(source: str | None = None) -> str:
     a call and the tool result that answers it keep matching ids)."""
     if source is None:
         return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(MISTRAL_ID_LENGTH))
-    if len(source) == MISTRAL_ID_LENGTH and source.isalnum():
+    if len(source) == MISTRAL_ID_LENGTH and source.isascii() and source.isalnum():
         return source
     number = int.from_bytes(hashlib.sha256(source.encode("utf-8")).digest()[:8], "big")
     characters = []

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brisklm.config import json_bool
+
 SUPPORTED_BITS = (4,)
 # Group sizes we are tested on; any positive multiple of 32 is accepted too (see `_check_group_size`).
 TESTED_GROUP_SIZES = (32, 64, 128, -1)
@@ -149,20 +151,20 @@ class GPTQConfig:
         return cls(
             bits=bits,
             group_size=group_size,
-            desc_act=_as_bool(cfg.get("desc_act", False), "desc_act"),
-            sym=_as_bool(cfg.get("sym", True), "sym"),
+            desc_act=json_bool(cfg.get("desc_act", False), "desc_act"),
+            sym=json_bool(cfg.get("sym", True), "sym"),
             checkpoint_format=fmt,
-            lm_head=_as_bool(cfg.get("lm_head", False), "lm_head"),
+            lm_head=json_bool(cfg.get("lm_head", False), "lm_head"),
             modules_to_not_convert=tuple(str(m) for m in not_convert),
             skip_patterns=skip,
             modules_in_block_to_quantize=_read_block_modules(
                 cfg.get("modules_in_block_to_quantize")
             ),
             damp_percent=_informational_float(cfg, meta, "damp_percent", 0.01),
-            true_sequential=_as_bool(
+            true_sequential=json_bool(
                 cfg.get("true_sequential", meta.get("true_sequential", True)), "true_sequential"
             ),
-            static_groups=_as_bool(
+            static_groups=json_bool(
                 cfg.get("static_groups", meta.get("static_groups", False)), "static_groups"
             ),
             extra=dict(raw),
@@ -318,20 +320,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UnreadableConfigError(f"{path}: expected a JSON object")
     return data
-
-
-def _as_bool(value: Any, name: str) -> bool:
-    """A flag as JSON writes it; "true"/"false" strings and 0/1 too (bool("false") is True: an
-    act-order checkpoint read so would group its columns wrong)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if value is None:
-        return False
-    raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def _as_int(value: Any, name: str) -> int:
