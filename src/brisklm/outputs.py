@@ -92,6 +92,19 @@ class StreamChunk:
         self.usage = later.usage
 
 
+def joined(
+    first: StreamChunk | BaseException | None, then: StreamChunk | BaseException
+) -> StreamChunk | BaseException:
+    """One engine step's result for a request from two parts of the step (``first`` may be
+    None): their chunks as one, or the error."""
+    if first is None or isinstance(then, BaseException):
+        return then
+    if isinstance(first, BaseException):
+        return first
+    first.extend(then)
+    return first
+
+
 @dataclass
 class GenerationOutput:
     """The complete result of one prompt."""

@@ -146,6 +146,76 @@ def test_forced_tokens_skip_forward_passes(llm, monkeypatch):
     assert max(len(tokens) for batch in calls[1:] for tokens in batch.token_ids) > 3
 
 
+@pytest.mark.parametrize("max_tokens", [100, 9])
+def test_a_request_with_logprobs_takes_a_forced_run_in_one_pass(llm, monkeypatch, max_tokens):
+    """With logprobs, forced tokens were decoded one a step (their logprobs need the model's
+    logits there). Now the grammar takes the run at once and the next pass feeds it, computing
+    each token's logits: the same logprobs, a pass per run instead of one per token."""
+    from brisklm.engine.structured import StructuredOutputs
+
+    schema = {
+        "type": "object",
+        "properties": {"an_unusually_long_property_name": {"type": "string", "maxLength": 6}},
+        "required": ["an_unusually_long_property_name"],
+        "additionalProperties": False,
+    }
+    runner = llm.engine.runner
+    calls = []
+    original = runner.forward
+
+    def counting(batch):
+        calls.append(batch)
+        return original(batch)
+
+    def run(seed):
+        calls.clear()
+        params = SamplingParams(
+            temperature=0.9, seed=seed, max_tokens=max_tokens, json_schema=schema, logprobs=3
+        )
+        return llm.generate("JSON:", params), len(calls)
+
+    monkeypatch.setattr(runner, "forward", counting)
+    for seed in range(3):
+        out, passes = run(seed)
+        with monkeypatch.context() as one_a_step:  # the old way: each forced token a step
+            one_a_step.setattr(StructuredOutputs, "forced_tokens", staticmethod(lambda r: []))
+            alone, passes_alone = run(seed)
+        assert out.token_ids == alone.token_ids and out.text == alone.text
+        assert out.finish_reason == alone.finish_reason
+        assert out.logprobs == alone.logprobs  # ids, values, ranks and alternatives, to the bit
+        assert len(out.logprobs) == len(out.token_ids)
+        assert passes < passes_alone - 5 if max_tokens == 100 else passes <= passes_alone
+        if max_tokens == 100:
+            validator(schema).validate(json.loads(out.text))
+
+
+@pytest.mark.parametrize(
+    "constraint, stop, text, reason",
+    [
+        ({"regex": "say hello world"}, None, "say hello world", None),  # the run ends it
+        ({"regex": "say hello world"}, ["lo w"], "say hel", "lo w"),  # a stop string inside it
+        ({"choice": ["an unusually long answer"]}, None, "an unusually long answer", None),
+    ],
+)
+def test_a_pending_forced_run_ends_the_output_as_an_appended_one_does(
+    llm, constraint, stop, text, reason
+):
+    for logprobs in (None, 2):
+        params = SamplingParams(
+            temperature=1.0, seed=1, max_tokens=40, stop=stop, logprobs=logprobs, **constraint
+        )
+        out = llm.generate("Say", params)
+        assert (out.text, out.finish_reason, out.stop_reason) == (text, "stop", reason)
+        chunks = list(llm.stream_chunks("Say", params))
+        assert [t for c in chunks for t in c.token_ids] == out.token_ids
+        assert "".join(c.text for c in chunks) == text
+        if logprobs:
+            assert [lp for c in chunks for lp in c.logprobs or ()] == out.logprobs
+            assert len(out.logprobs) == len(out.token_ids)
+            assert [lp.token_id for lp in out.logprobs] == out.token_ids
+    assert not llm.engine.has_unfinished
+
+
 def test_length_limit_is_reported_not_claimed_valid(llm):
     params = SamplingParams(temperature=0.0, max_tokens=3, json_schema=SCHEMAS["types"])
     out = llm.generate("JSON:", params)

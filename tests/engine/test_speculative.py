@@ -345,6 +345,24 @@ def test_a_grammar_past_llguidances_limits_fails_only_its_request(tiny_dir):
             pytest.skip("this llguidance stays within its limits on the grammar")
 
 
+def test_logprobs_do_not_change_a_seeded_constrained_requests_tokens(speculative):
+    """With logprobs, the tokens a grammar forces went through the proposals (drawn and tested
+    one by one) instead of being appended at once: proposals and random draws then differed,
+    and so did a seeded request's tokens (10 seeds of 10 with the target as its own draft)."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    for seed in range(6):
+        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=30, json_schema=schema)
+        without = speculative.generate("JSON:", params)
+        with_logprobs = speculative.generate("JSON:", params.with_changes(logprobs=1))
+        assert with_logprobs.token_ids == without.token_ids, seed
+        assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids)
+        assert with_logprobs.speculative == without.speculative
+
+
 def test_a_seeded_constrained_request_does_not_depend_on_its_batch(other_drafted):
     """A request its schedule pauses takes a plain step alone (a forced token drawing nothing)
     but a verification row beside drafting requests: that row drew for its forced token, and

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from brisklm.engine.scheduler import ScheduledBatch, Scheduler
 from brisklm.engine.speculation import Speculator
 from brisklm.engine.structured import StructuredOutputs
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob
+from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob, joined
 from brisklm.sampling import SamplingMetadata, compute_logprobs, sample
 from brisklm.sampling.categorical import NO_TOKEN
 from brisklm.sampling.sampler import greedy_tokens
@@ -355,6 +356,9 @@ class LLMEngine:
             prefill_lens = [0] * len(requests)
         feeds = [self.feed(r, n) for r, n in zip(requests, prefill_lens)]
         num_logits = [int(self.samples_after(r, n)) for r, n in zip(requests, prefill_lens)]
+        sampled = [r for r, n in zip(requests, num_logits) if n]
+        # A decoding request's pending forced tokens: a row of logits each, for their logprobs.
+        num_logits = [n * (1 + len(r.pending_forced)) for r, n in zip(requests, num_logits)]
         row_invariant = any(r.params.is_seeded for r in requests)
         forward = ForwardBatch(
             slots=[r.slot for r in requests],  # type: ignore[misc]
@@ -365,7 +369,6 @@ class LLMEngine:
             # a decoding row of several tokens: a run of grammar-forced tokens
             stepwise=decode_rows_stepwise([n == 0 for n in prefill_lens], row_invariant),
         )
-        sampled = [r for r, n in zip(requests, num_logits) if n]
         pending_masks = self.structured.start_masks(sampled)
         try:
             maybe_logits, greedy = self.forward_pass(forward, sampled)
@@ -381,8 +384,16 @@ class LLMEngine:
         logits = maybe_logits
         assert logits is not None
         self.mask_padding(logits)
-        self.structured.apply(pending_masks, logits)
-        return self.sample_and_update(sampled, logits)
+        logits, appended = self.take_pending_forced(
+            sampled, logits, [1] * len(sampled), pending_masks
+        )
+        if not appended:
+            return self.sample_and_update(sampled, logits)
+        # Requests that their pending tokens finished (or failed) sample nothing more.
+        going = [i for i, r in enumerate(sampled) if not r.is_finished]
+        rows = torch.tensor(going, dtype=torch.int64, device=logits.device)
+        now = dict(self.sample_and_update([sampled[i] for i in going], logits[rows]))
+        return [(r, joined(appended.get(r), now[r]) if r in now else appended[r]) for r in sampled]
 
     def forward_pass(
         self, forward: ForwardBatch, sampled: list[Request]
@@ -482,19 +493,112 @@ class LLMEngine:
         rotary = self.model.rotary
         while forced and rotary.rotates_by_length(request.num_tokens + len(forced)):
             forced.pop()
-        for token in forced:
+        if forced and request.params.logprobs is not None:
+            self.defer_forced(request, forced)
+        for token in forced if not request.pending_forced else ():
             assert matcher is not None  # only a grammar forces tokens
             if not matcher.accept_token(token):
                 break
             chunk.extend(request.append_token(token))
             if request.is_finished:
                 break
+        return self._grammar_end(request, chunk)
+
+    def _grammar_end(self, request: Request, chunk: StreamChunk) -> StreamChunk | BaseException:
+        """After a request's grammar advanced: end the request where the grammar is complete
+        (once its pending forced tokens are in the output), fail it where the grammar failed."""
+        matcher = request.matcher
         if matcher is not None and not request.is_finished and matcher.is_stopped():
             if matcher.error is not None:  # stopped by a failure (computing forced tokens)
                 return self._constraint_failed(request, None)
             # The grammar is complete (it accepted EOS, or nothing can follow): so is the output.
-            chunk.extend(request.finish_with_grammar())
+            if not request.pending_forced:
+                chunk.extend(request.finish_with_grammar())
         return chunk
+
+    @staticmethod
+    def defer_forced(request: Request, forced: list[int]) -> None:
+        """Let the grammar of a request with logprobs take its ``forced`` tokens now, and the
+        output in the next pass, which feeds them (as a request without logprobs feeds the
+        forced tokens it appended) and computes their logprobs under the masks kept here. So
+        the request takes the same passes, proposals and random draws whether or not it reports
+        logprobs, and a run of forced tokens costs one pass, not one each."""
+        from brisklm.constrained import allocate_token_bitmask
+
+        matcher = request.matcher
+        forced = forced[: request.max_new_tokens]  # (more would not fit the output)
+        masks = allocate_token_bitmask(len(forced), matcher.compiled.vocab_size)
+        taken = 0
+        for row, token in enumerate(forced):
+            if token in request.eos_token_ids:  # (an end is the grammar's: not pending text)
+                break
+            matcher.fill_bitmask(masks, row)
+            if not matcher.accept_token(token):
+                break
+            taken += 1
+        request.pending_forced = forced[:taken]
+        request.pending_masks = masks[:taken]
+
+    def take_pending_forced(
+        self,
+        requests: list[Request],
+        logits: torch.Tensor,
+        counts: list[int],
+        masks: Future[tuple[torch.Tensor, list[int]]] | None,
+    ) -> tuple[torch.Tensor, dict[Request, StreamChunk | BaseException]]:
+        """Append the pending forced tokens of ``requests`` with their logprobs. ``logits`` holds,
+        for request i, a row for each of its pending tokens, then ``counts[i]`` rows (then any
+        rows of other requests): returns those other rows with the grammar ``masks`` (a job of
+        ``StructuredOutputs.start_masks``) applied, and the chunk of each request that had
+        pending tokens (an error where its grammar failed)."""
+        if not any(r.pending_forced for r in requests):
+            self.structured.apply(masks, logits)
+            return logits, {}
+        from brisklm.constrained import apply_token_bitmask_
+
+        pending_rows: list[int] = []
+        other_rows: list[int] = []
+        offset = 0
+        for request, count in zip(requests, counts, strict=True):
+            num_pending = len(request.pending_forced)
+            pending_rows += range(offset, offset + num_pending)
+            other_rows += range(offset + num_pending, offset + num_pending + count)
+            offset += num_pending + count
+        other_rows += range(offset, logits.shape[0])
+        device = logits.device
+        pending_logits = logits.index_select(0, torch.tensor(pending_rows, device=device))
+        other_logits = logits.index_select(0, torch.tensor(other_rows, device=device))
+        # (the mask job reads the matchers, which appending the tokens below reads too)
+        self.structured.apply(masks, other_logits)
+        owners = [r for r in requests for _ in r.pending_forced]
+        masks = torch.cat([r.pending_masks for r in requests if r.pending_forced])  # type: ignore[misc]
+        apply_token_bitmask_(pending_logits, masks.to(device))
+        tokens = torch.tensor([t for r in requests for t in r.pending_forced], device=device)
+        entries = self.token_logprobs(owners, pending_logits, tokens)
+        chunks: dict[Request, StreamChunk | BaseException] = {}
+        start = 0
+        for request in requests:
+            taken, request.pending_forced, request.pending_masks = request.pending_forced, [], None
+            if taken:
+                chunks[request] = self._append_pending(request, taken, entries[start:])
+                start += len(taken)
+        return other_logits, chunks
+
+    def _append_pending(
+        self, request: Request, tokens: list[int], entries: list[TokenLogprob]
+    ) -> StreamChunk | BaseException:
+        chunk = None
+        for j, token in enumerate(tokens):
+            # Only the last one's grammar state is the matcher's: the ones before it are text.
+            added = request.append_token(token, entries[j], content=j < len(tokens) - 1)
+            if chunk is None:
+                chunk = added
+            else:
+                chunk.extend(added)
+            if request.is_finished:
+                break
+        assert chunk is not None
+        return self._grammar_end(request, chunk)
 
     def _nothing_to_sample(self, request: Request) -> BaseException:
         """End a request whose distribution had no token to draw (``NO_TOKEN``): the error for

@@ -53,6 +53,11 @@ class Request:
     # Prompt tokens whose keys/values a previous request left in the slot (prefix caching).
     num_cached_prompt_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
+    # Tokens the grammar forces next, which it has accepted but the output has not (a request
+    # with logprobs: the next pass feeds them, and their logprobs come from its logits; see
+    # LLMEngine.defer_forced), with each one's grammar mask ((n, words) int32).
+    pending_forced: list[int] = field(default_factory=list)
+    pending_masks: torch.Tensor | None = None
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
@@ -82,11 +87,12 @@ class Request:
 
     @property
     def uncached_token_ids(self) -> list[int]:
-        """Tokens the next forward pass must feed: the prompt at first, then the newest output(s)."""
+        """Tokens the next forward pass must feed: the prompt at first, then the newest output(s)
+        and the pending forced tokens."""
         num_prompt = len(self.prompt_token_ids)
         if self.num_cached < num_prompt:
             return self.prompt_token_ids[self.num_cached :] + self.output_token_ids
-        return self.output_token_ids[self.num_cached - num_prompt :]
+        return self.output_token_ids[self.num_cached - num_prompt :] + self.pending_forced
 
     @property
     def is_prefilling(self) -> bool:
@@ -110,8 +116,12 @@ class Request:
         by_context = self.max_seq_len - self.num_tokens
         return max(0, min(by_params, by_context))
 
-    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> StreamChunk:
+    def append_token(
+        self, token_id: int, logprob: TokenLogprob | None = None, content: bool = False
+    ) -> StreamChunk:
         """Record one generated token, apply the stop rules, return what a stream should emit.
+        ``content``: the token is text of the output whatever the grammar's state (a pending
+        forced token before the last: the grammar has already accepted the ones after it).
 
         A token the request's grammar has just accepted as its end (EOS, or an EOS the grammar
         names that nothing can follow) ends the output and adds no text, even where
@@ -119,7 +129,7 @@ class Request:
         the model's EOS to ignore). An EOS the grammar names with more to follow (``"ok"
         <|im_end|> "more"``) is text of the output, as where ``ignore_eos`` lets an EOS through.
         """
-        ends_grammar, grammar_content = self._grammar_role(token_id)
+        ends_grammar, grammar_content = (False, False) if content else self._grammar_role(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
         self.output_token_ids.append(token_id)

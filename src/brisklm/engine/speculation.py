@@ -10,7 +10,7 @@ import torch
 
 from brisklm.engine.model_runner import ForwardBatch, decode_rows_stepwise
 from brisklm.engine.request import Request
-from brisklm.outputs import SpeculativeStats, StreamChunk, TokenLogprob
+from brisklm.outputs import SpeculativeStats, StreamChunk, TokenLogprob, joined
 from brisklm.speculative import (
     DraftLength,
     DraftLengthSchedule,
@@ -117,7 +117,8 @@ class Speculator:
             DraftRow(
                 slot=r.slot,  # type: ignore[arg-type]
                 prompt_token_ids=r.prompt_token_ids,
-                output_token_ids=r.output_token_ids,
+                # (pending forced tokens: the output's, as a request without logprobs has them)
+                output_token_ids=r.output_token_ids + r.pending_forced,
                 max_draft_tokens=self._max_draft_tokens(r, engine),
                 params=r.params,
                 generator=r.draft_generator,
@@ -138,9 +139,10 @@ class Speculator:
             # llguidance (1.9) can fail on the states that verifying proposals rolls back to once
             # its grammar has taken an EOS as content: such a request decodes without a draft.
             return 0
-        size = max(0, min(self._proposal_size(request), request.max_new_tokens - 1))
+        pending = len(request.pending_forced)
+        size = max(0, min(self._proposal_size(request), request.max_new_tokens - pending - 1))
         rotary = engine.model.rotary
-        while size and rotary.rotates_by_length(request.num_tokens + size):
+        while size and rotary.rotates_by_length(request.num_tokens + pending + size):
             size -= 1
         return size
 
@@ -233,7 +235,8 @@ class Speculator:
             slots=[r.slot for r in decoding] + [r.slot for r, _ in chunked],  # type: ignore[misc]
             start_positions=[r.num_cached for r in decoding] + [r.num_cached for r, _ in chunked],
             token_ids=[feed + p.token_ids for feed, p in zip(feeds, proposals)] + chunk_feeds,
-            num_logits=counts + chunk_logits,
+            # (and a row for each pending forced token before the proposals, for its logprobs)
+            num_logits=[n + len(r.pending_forced) for n, r in zip(counts, decoding)] + chunk_logits,
             row_invariant=row_invariant,
             stepwise=decode_rows_stepwise(
                 [True] * len(decoding) + [False] * len(chunked), row_invariant
@@ -263,13 +266,44 @@ class Speculator:
         logits = maybe_logits
         assert logits is not None
         engine.mask_padding(logits)
-        engine.structured.apply(pending_masks, logits)
-        results = self._verify(
-            engine, decoding, rows, proposals, tested, logits[:num_verified], feeds
-        )
+        logits, appended = engine.take_pending_forced(decoding, logits, counts, pending_masks)
+        verified, after = logits[:num_verified], logits[num_verified:]
+        if appended:  # their pending tokens finished (or failed) some: those verify nothing
+            results, going = self._unverified(decoding, proposals, feeds, appended)
+            verified = verified[_rows_of(going, counts)]
+            decoding, rows, proposals, tested, feeds = (
+                [items[b] for b in going] for items in (decoding, rows, proposals, tested, feeds)
+            )
+        else:
+            results = []
+        if decoding:
+            for request, result in self._verify(
+                engine, decoding, rows, proposals, tested, verified, feeds
+            ):
+                results.append((request, joined(appended.get(request), result)))
         if sampled:
-            results += engine.sample_and_update(sampled, logits[num_verified:])
+            results += engine.sample_and_update(sampled, after)
         return results
+
+    def _unverified(
+        self,
+        requests: list[Request],
+        proposals: list[Proposal],
+        feeds: list[list[int]],
+        appended: dict[Request, StreamChunk | BaseException],
+    ) -> tuple[list[StepResult], list[int]]:
+        """The results of the requests that their pending forced tokens finished (their
+        proposals dropped), and the indices of the others."""
+        results: list[StepResult] = []
+        going = []
+        for b, request in enumerate(requests):
+            if not request.is_finished:
+                going.append(b)
+                continue
+            request.num_cached = min(request.num_cached + len(feeds[b]), request.num_tokens)
+            self.proposer.rollback(request.slot, len(proposals[b]))  # type: ignore[arg-type]
+            results.append((request, appended[request]))
+        return results, going
 
     def _verify(
         self,
@@ -417,6 +451,13 @@ def _after_tested_eos(
         if len(t) > len(f):
             out[b, len(f) + 1] = probs[b, len(f)]
     return out
+
+
+def _rows_of(going: list[int], counts: list[int]) -> torch.Tensor:
+    """The logits rows (``counts[b]`` per request b) of the requests ``going``."""
+    offsets = [sum(counts[:b]) for b in range(len(counts))]
+    rows = [offsets[b] + j for b in going for j in range(counts[b])]
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 def _restore(requests: list[Request], states: list[torch.Tensor]) -> None:

@@ -149,11 +149,9 @@ class StructuredOutputs:
 
     @staticmethod
     def forced_tokens(request: Request) -> list[int]:
-        """Tokens the grammar allows no alternative to, to append without sampling.
-
-        Skipped when logprobs are requested: forced tokens have no sampled distribution to report.
-        """
-        if request.matcher is None or request.params.logprobs is not None:
+        """Tokens the grammar allows no alternative to, to take without sampling (a request with
+        logprobs takes them in the next pass, see ``LLMEngine.defer_forced``)."""
+        if request.matcher is None:
             return []
         return request.matcher.compute_ff_tokens()
 
@@ -161,9 +159,10 @@ class StructuredOutputs:
     def forced_next(request: Request) -> int | None:
         """The token a request's grammar forces at a sampling step, to take without sampling;
         None when the next token is free. Forced tokens never take a random draw, so a seeded
-        request's tokens do not depend on whether it reports logprobs (with logprobs it takes
-        its forced tokens one a step, see `forced_tokens`) or on its first token being forced
-        (sampling it under the mask drew, and could pick a shorter token than the forced one)."""
+        request's tokens do not depend on its first token being forced (sampling it under the
+        mask drew, and could pick a shorter token than the forced one), nor on whether it
+        reports logprobs where a dynamic NTK rotary cuts a forced run short (its rest is taken
+        here, one a step, with or without logprobs)."""
         if request.matcher is None:
             return None
         forced = request.matcher.compute_ff_tokens()
