@@ -120,6 +120,19 @@ def test_mixed_batch_and_streaming(llm):
     assert streamed == outs[1].text
 
 
+def counted_passes(llm, monkeypatch) -> list:
+    """The batches of the forward passes ``llm`` runs from now on (the list grows)."""
+    calls = []
+    original = llm.engine.runner.forward
+
+    def counting(batch):
+        calls.append(batch)
+        return original(batch)
+
+    monkeypatch.setattr(llm.engine.runner, "forward", counting)
+    return calls
+
+
 def test_forced_tokens_skip_forward_passes(llm, monkeypatch):
     schema = {
         "type": "object",
@@ -129,15 +142,7 @@ def test_forced_tokens_skip_forward_passes(llm, monkeypatch):
         "required": ["an_unusually_long_property_name"],
         "additionalProperties": False,
     }
-    runner = llm.engine.runner
-    calls = []
-    original = runner.forward
-
-    def counting(batch):
-        calls.append(batch)
-        return original(batch)
-
-    monkeypatch.setattr(runner, "forward", counting)
+    calls = counted_passes(llm, monkeypatch)
     out = llm.generate("JSON:", SamplingParams(temperature=0.0, max_tokens=100, json_schema=schema))
     monkeypatch.undo()
     assert json.loads(out.text)["an_unusually_long_property_name"] in range(10)
@@ -159,13 +164,7 @@ def test_a_request_with_logprobs_takes_a_forced_run_in_one_pass(llm, monkeypatch
         "required": ["an_unusually_long_property_name"],
         "additionalProperties": False,
     }
-    runner = llm.engine.runner
-    calls = []
-    original = runner.forward
-
-    def counting(batch):
-        calls.append(batch)
-        return original(batch)
+    calls = counted_passes(llm, monkeypatch)
 
     def run(seed):
         calls.clear()
@@ -174,7 +173,6 @@ def test_a_request_with_logprobs_takes_a_forced_run_in_one_pass(llm, monkeypatch
         )
         return llm.generate("JSON:", params), len(calls)
 
-    monkeypatch.setattr(runner, "forward", counting)
     for seed in range(3):
         out, passes = run(seed)
         with monkeypatch.context() as one_a_step:  # the old way: each forced token a step
