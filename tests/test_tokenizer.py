@@ -807,3 +807,33 @@ def test_old_layout_extra_tokens_are_read_as_transformers_reads_them(
     ours = Tokenizer.from_pretrained(directory)
     for token in ("<A>", "<B>", "<image>"):
         assert ours.token_to_id(token) == theirs.get_vocab().get(token), token
+
+
+@pytest.mark.parametrize("clean_up", [True, False])
+def test_clean_up_tokenization_spaces_on_a_unigram_tokenizer_is_warned_of(
+    tmp_path, caplog, clean_up
+):
+    # transformers removes spaces before punctuation on decode for tokenizers other than BPE when
+    # tokenizer_config.json asks; brisklm decodes as the tokenizers library does, and says so.
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = BackendTokenizer(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=60, special_tokens=["<unk>", "</s>"], unk_token="<unk>", show_progress=False
+    )
+    backend.train_from_iterator(["Hello , world . It 's ok ?"] * 20, trainer)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"}
+    config["clean_up_tokenization_spaces"] = clean_up
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="brisklm.tokenizer_backend"):
+        tokenizer = Tokenizer.from_pretrained(tmp_path)
+    text = "Hello , world ."
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    warned = [r.getMessage() for r in caplog.records]
+    assert bool(warned) == clean_up
+    if clean_up:
+        assert "clean_up_tokenization_spaces is true for this Unigram tokenizer" in warned[0]

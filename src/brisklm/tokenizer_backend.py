@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
+
+logger = logging.getLogger(__name__)
 
 TOKENIZER_JSON = "tokenizer.json"
 SENTENCEPIECE_MODEL = "tokenizer.model"
@@ -433,6 +436,15 @@ def load_backend(directory: Path) -> BackendSpec:
             raise ValueError(
                 f"{json_path}: not a tokenizer the tokenizers library can load ({error})"
             ) from None
+        model_kind = (tokenizer_json or {}).get("model", {}).get("type", "BPE")
+        if model_kind != "BPE" and config.get("clean_up_tokenization_spaces") is True:
+            logger.warning(
+                "%s: clean_up_tokenization_spaces is true for this %s tokenizer, which brisklm "
+                'does not apply: decoded text keeps the spaces before punctuation ("Hello , '
+                'world .") that transformers removes',
+                json_path,
+                model_kind,
+            )
     else:
         post_processor = None
         if tokenizer_json is not None:

@@ -18,7 +18,8 @@ from brisklm.constrained.spec import (
 MAX_LOGPROBS = 20
 MAX_ABS_LOGIT_BIAS = 100.0
 MAX_ABS_OPENAI_PENALTY = 2.0
-# torch.Generator.manual_seed accepts exactly this range.
+# torch.Generator.manual_seed accepts exactly this range, and takes a seed mod 2**64: a negative
+# seed s and s + 2**64 draw alike (-1 as 2**64 - 1).
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
 
