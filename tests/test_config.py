@@ -132,8 +132,22 @@ def test_bias_keys_are_read_for_llama_and_mistral():
             "yarn rope needs original_max_position_embeddings >= 1, got 0",
         ),
         (
-            {"rope_parameters": {"rope_type": "llama3", "original_max_position_embeddings": -8}},
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "original_max_position_embeddings": -8,
+                }
+            },
             "llama3 rope needs original_max_position_embeddings >= 1, got -8",
+        ),
+        # A factor missing was 1.0 (no scaling at all), and beta_fast 0 became 32 unseen.
+        ({"rope_scaling": {"type": "linear"}}, "linear rope needs a factor; the config's"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": None}}, "dynamic rope needs a factor"),
+        ({"rope_parameters": {"rope_type": "llama3"}}, "llama3 rope needs a factor"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 0}},
+            "yarn rope needs beta_fast and beta_slow > 0, got 0.0 and 1.0",
         ),
         (
             {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_slow": -1}},

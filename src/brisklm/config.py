@@ -115,6 +115,9 @@ class RopeConfig:
         factor = params.get("factor")
         if factor is None and rope_type == "yarn" and original:
             factor = max_position_embeddings / original
+        if factor is None and rope_type in ("linear", "dynamic", "llama3"):
+            # (transformers refuses such a config too: 1.0 would be no scaling at all)
+            raise ValueError(f"{rope_type} rope needs a factor; the config's rope block has none")
         return cls(
             rope_type=rope_type,
             theta=float(theta if theta is not None else _DEFAULT_ROPE_THETA),
@@ -122,8 +125,8 @@ class RopeConfig:
             original_max_position_embeddings=int(original) if original is not None else None,
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            beta_fast=float(params.get("beta_fast") or 32.0),
-            beta_slow=float(params.get("beta_slow") or 1.0),
+            beta_fast=float(_first_set(params.get("beta_fast"), 32.0)),
+            beta_slow=float(_first_set(params.get("beta_slow"), 1.0)),
             attention_factor=params.get("attention_factor"),
             mscale=params.get("mscale"),
             mscale_all_dim=params.get("mscale_all_dim"),
