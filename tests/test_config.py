@@ -165,6 +165,7 @@ def test_flags_written_as_strings_and_null_layer_counts():
     assert not make(tie_word_embeddings="false").tie_word_embeddings
     assert make(tie_word_embeddings="true").tie_word_embeddings
     assert not make(tie_word_embeddings=None).tie_word_embeddings
+    assert make(tie_word_embeddings=1.0).tie_word_embeddings  # (bool() took it)
     with pytest.raises(ValueError, match="tie_word_embeddings must be true or false, got 'yes'"):
         make(tie_word_embeddings="yes")
     qwen2 = {"architectures": ["Qwen2ForCausalLM"], "sliding_window": 8, "num_key_value_heads": 8}

@@ -372,7 +372,7 @@ def json_bool(value: Any, name: str) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, int | float) and value in (0, 1):
         return bool(value)
     if value is None:
         return False

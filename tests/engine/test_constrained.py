@@ -214,6 +214,30 @@ def test_a_pending_forced_run_ends_the_output_as_an_appended_one_does(
     assert not llm.engine.has_unfinished
 
 
+def test_an_eos_a_grammar_names_inside_a_forced_run_keeps_its_role_when_pending(llm, monkeypatch):
+    """A pending run's tokens join the output after the grammar took them all: each keeps the
+    role it had when the grammar took it (an EOS as text with more to follow, or the end)."""
+    from brisklm.engine.structured import StructuredOutputs
+
+    eos = llm.tokenizer.eos_token_ids[0]
+    grammars = [
+        f'start: /[a-z]{{1,4}}/ " is the word" <[{eos}]> " and then " /[a-z]{{2,5}}/ " the end"',
+        f'start: /[a-z]{{1,6}}/ " is the quick brown word" <[{eos}]>',
+    ]
+    for grammar in grammars:
+        for seed in range(3):
+            params = SamplingParams(temperature=1.0, seed=seed, max_tokens=40, grammar=grammar)
+            without = llm.generate("Hello", params)
+            with_logprobs = llm.generate("Hello", params.with_changes(logprobs=2))
+            with monkeypatch.context() as one_a_step:
+                one_a_step.setattr(StructuredOutputs, "forced_tokens", staticmethod(lambda r: []))
+                stepped = llm.generate("Hello", params.with_changes(logprobs=2))
+            assert with_logprobs.token_ids == without.token_ids == stepped.token_ids
+            assert with_logprobs.text == without.text == stepped.text
+            assert with_logprobs.finish_reason == without.finish_reason == "stop"
+            assert with_logprobs.logprobs == stepped.logprobs
+
+
 def test_length_limit_is_reported_not_claimed_valid(llm):
     params = SamplingParams(temperature=0.0, max_tokens=3, json_schema=SCHEMAS["types"])
     out = llm.generate("JSON:", params)

@@ -354,13 +354,23 @@ def test_logprobs_do_not_change_a_seeded_constrained_requests_tokens(speculative
         "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
         "required": ["name", "age"],
     }
-    for seed in range(6):
-        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=30, json_schema=schema)
-        without = speculative.generate("JSON:", params)
-        with_logprobs = speculative.generate("JSON:", params.with_changes(logprobs=1))
-        assert with_logprobs.token_ids == without.token_ids, seed
-        assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids)
-        assert with_logprobs.speculative == without.speculative
+    eos = speculative.tokenizer.eos_token_ids[0]
+    # An EOS a grammar names inside a forced run: text with more to follow, or the end.
+    words = f'" is the word" <[{eos}]> " and then " /[a-z]{{2,5}}/ " the end"'
+    constraints = [
+        {"json_schema": schema},
+        {"grammar": f"start: /[a-z]{{1,4}}/ {words}"},
+        {"grammar": f'start: /[a-z]{{1,6}}/ " is the quick brown word" <[{eos}]>'},
+    ]
+    for constraint in constraints:
+        for seed in range(6):
+            params = SamplingParams(temperature=1.0, seed=seed, max_tokens=30, **constraint)
+            without = speculative.generate("JSON:", params)
+            with_logprobs = speculative.generate("JSON:", params.with_changes(logprobs=1))
+            assert with_logprobs.token_ids == without.token_ids, (constraint, seed)
+            assert with_logprobs.text == without.text
+            assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids)
+            assert with_logprobs.speculative == without.speculative
 
 
 def test_a_seeded_constrained_request_does_not_depend_on_its_batch(other_drafted):

@@ -528,16 +528,18 @@ class LLMEngine:
         matcher = request.matcher
         forced = forced[: request.max_new_tokens]  # (more would not fit the output)
         masks = allocate_token_bitmask(len(forced), matcher.compiled.vocab_size)
-        taken = 0
+        roles: list[tuple[bool, bool]] = []
         for row, token in enumerate(forced):
-            if token in request.eos_token_ids:  # (an end is the grammar's: not pending text)
-                break
             matcher.fill_bitmask(masks, row)
             if not matcher.accept_token(token):
                 break
-            taken += 1
-        request.pending_forced = forced[:taken]
-        request.pending_masks = masks[:taken]
+            # (an EOS the grammar names is its end, or text with more to follow: known now)
+            roles.append(request.grammar_role(token))
+            if roles[-1][0]:
+                break
+        request.pending_forced = forced[: len(roles)]
+        request.pending_masks = masks[: len(roles)]
+        request.pending_roles = roles
 
     def take_pending_forced(
         self,
@@ -578,19 +580,23 @@ class LLMEngine:
         chunks: dict[Request, StreamChunk | BaseException] = {}
         start = 0
         for request in requests:
-            taken, request.pending_forced, request.pending_masks = request.pending_forced, [], None
+            taken, roles = request.pending_forced, request.pending_roles
+            request.pending_forced, request.pending_masks, request.pending_roles = [], None, []
             if taken:
-                chunks[request] = self._append_pending(request, taken, entries[start:])
+                chunks[request] = self._append_pending(request, taken, roles, entries[start:])
                 start += len(taken)
         return other_logits, chunks
 
     def _append_pending(
-        self, request: Request, tokens: list[int], entries: list[TokenLogprob]
+        self,
+        request: Request,
+        tokens: list[int],
+        roles: list[tuple[bool, bool]],
+        entries: list[TokenLogprob],
     ) -> StreamChunk | BaseException:
         chunk = None
-        for j, token in enumerate(tokens):
-            # Only the last one's grammar state is the matcher's: the ones before it are text.
-            added = request.append_token(token, entries[j], content=j < len(tokens) - 1)
+        for token, role, entry in zip(tokens, roles, entries):
+            added = request.append_token(token, entry, grammar_role=role)
             if chunk is None:
                 chunk = added
             else:

@@ -55,9 +55,11 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens the grammar forces next, which it has accepted but the output has not (a request
     # with logprobs: the next pass feeds them, and their logprobs come from its logits; see
-    # LLMEngine.defer_forced), with each one's grammar mask ((n, words) int32).
+    # LLMEngine.defer_forced), with each one's grammar mask ((n, words) int32) and its
+    # grammar_role when the grammar took it.
     pending_forced: list[int] = field(default_factory=list)
     pending_masks: torch.Tensor | None = None
+    pending_roles: list[tuple[bool, bool]] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
@@ -117,11 +119,14 @@ class Request:
         return max(0, min(by_params, by_context))
 
     def append_token(
-        self, token_id: int, logprob: TokenLogprob | None = None, content: bool = False
+        self,
+        token_id: int,
+        logprob: TokenLogprob | None = None,
+        grammar_role: tuple[bool, bool] | None = None,
     ) -> StreamChunk:
         """Record one generated token, apply the stop rules, return what a stream should emit.
-        ``content``: the token is text of the output whatever the grammar's state (a pending
-        forced token before the last: the grammar has already accepted the ones after it).
+        ``grammar_role``: the token's ``grammar_role`` when the grammar took it, if the grammar
+        has taken more tokens since (pending forced tokens).
 
         A token the request's grammar has just accepted as its end (EOS, or an EOS the grammar
         names that nothing can follow) ends the output and adds no text, even where
@@ -129,7 +134,7 @@ class Request:
         the model's EOS to ignore). An EOS the grammar names with more to follow (``"ok"
         <|im_end|> "more"``) is text of the output, as where ``ignore_eos`` lets an EOS through.
         """
-        ends_grammar, grammar_content = (False, False) if content else self._grammar_role(token_id)
+        ends_grammar, grammar_content = grammar_role or self.grammar_role(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
         self.output_token_ids.append(token_id)
@@ -159,7 +164,7 @@ class Request:
             usage=self.usage if self.is_finished else None,
         )
 
-    def _grammar_role(self, token_id: int) -> tuple[bool, bool]:
+    def grammar_role(self, token_id: int) -> tuple[bool, bool]:
         """(the grammar's end, grammar content) for a token the request's grammar has just
         accepted: see ``append_token``."""
         matcher = self.matcher
