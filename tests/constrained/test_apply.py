@@ -5,7 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from brisklm.constrained import apply as apply_module
 from brisklm.constrained import apply_token_bitmask_, apply_token_bitmask_reference
+from brisklm.kernels import native
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def path(request, monkeypatch):
+    """Both fast paths: the native kernels' loop (float32 on the CPU) and torch's ops."""
+    if request.param == "native" and not native.available():
+        pytest.skip("the native CPU kernels do not build here")
+    if request.param == "torch":
+        monkeypatch.setattr(apply_module, "_apply_natively", lambda logits, bitmask, rows: False)
+    return request.param
 
 
 def random_bitmask(batch: int, width: int, generator: torch.Generator) -> torch.Tensor:
@@ -55,6 +67,32 @@ def test_reference_semantics_bit_order() -> None:
         apply(logits, bitmask)
         assert (logits[0] > float("-inf")).nonzero().flatten().tolist() == allowed
         assert logits[0, 1] == float("-inf") and logits[0, 5] == float("inf")
+
+
+@pytest.mark.parametrize("vocab", [4096, 32000, 32064])
+def test_rows_of_a_wider_tensor_and_whole_words(vocab: int, path: str) -> None:
+    # Logits as a view (a row stride past the vocabulary), words all set or all clear, NaN and
+    # +inf logits: a masked token is -inf whatever its logit was (torch's minimum leaves a
+    # masked NaN NaN).
+    generator = torch.Generator().manual_seed(vocab)
+    words = (32000 + 31) // 32
+    bitmask = random_bitmask(3, words, generator)
+    bitmask[0, :10] = -1  # every token of the word allowed
+    bitmask[1, :10] = 0  # none
+    wide = torch.randn(3, vocab + 7, generator=generator)
+    wide[:, ::97] = float("nan")
+    wide[:, 3::89] = float("inf")
+    logits = wide[:, :vocab]
+    expected = logits.clone()
+    apply_token_bitmask_reference(expected, bitmask, torch.tensor([0, 2]))
+    before = wide.clone()
+    apply_token_bitmask_(logits, bitmask, torch.tensor([0, 2]))
+    if path == "torch":
+        covered = min(vocab, 32 * words)
+        expected[:, :covered][before[:, :covered].isnan()] = float("nan")
+    assert torch.equal(logits.isnan(), expected.isnan())
+    assert torch.equal(logits.nan_to_num(0.0), expected.nan_to_num(0.0))
+    assert torch.equal(wide[:, vocab:].nan_to_num(0.0), before[:, vocab:].nan_to_num(0.0))
 
 
 def test_checks_shapes_and_dtype() -> None:

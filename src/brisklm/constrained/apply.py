@@ -70,6 +70,43 @@ def _byte_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.where(bits.bool(), float("inf"), float("-inf")).to(dtype)
 
 
+def _apply_natively(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> bool:
+    """``apply_token_bitmask_`` through the native kernels' loop, where it runs: float32 logits
+    and the bitmask on the CPU, rows contiguous (~60 us of torch ops a row of 4,096 right after a
+    forward pass, ~2 us this way). False where it does not."""
+    if (
+        logits.device.type != "cpu"
+        or bitmask.device.type != "cpu"
+        or logits.dtype != torch.float32
+        or logits.stride(1) != 1
+        or not bitmask.is_contiguous()
+    ):
+        return False
+    from brisklm.kernels import native
+
+    lib = native.library()
+    apply = getattr(lib, "brisk_apply_bitmask_f32", None) if lib is not None else None
+    if apply is None:
+        return False
+    index = None
+    if rows is not None:
+        index = torch.as_tensor(rows, dtype=torch.int64).contiguous()
+        if index.numel() == 0:
+            return True
+        if int(index.min()) < 0 or int(index.max()) >= logits.shape[0]:
+            raise IndexError(f"rows {index.tolist()} out of range for {logits.shape[0]} rows")
+    apply(
+        logits.data_ptr(),
+        logits.stride(0),
+        logits.shape[1],
+        bitmask.data_ptr(),
+        bitmask.shape[1],
+        index.data_ptr() if index is not None else None,
+        index.numel() if index is not None else logits.shape[0],
+    )
+    return True
+
+
 def apply_token_bitmask_(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
 ) -> None:
@@ -82,6 +119,8 @@ def apply_token_bitmask_(
     so do not refill that CPU bitmask before the device has consumed it (the next sync).
     """
     _check(logits, bitmask)
+    if _apply_natively(logits, bitmask, rows):
+        return
     if sys.byteorder != "little":  # the byte view below assumes little-endian words
         apply_token_bitmask_reference(logits, bitmask, rows)
         return

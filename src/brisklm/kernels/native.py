@@ -280,6 +280,18 @@ def _declare(lib: ctypes.CDLL) -> None:
             ctypes.c_int,
         ]
         argmax.restype = ctypes.c_int
+    bitmask = getattr(lib, "brisk_apply_bitmask_f32", None)
+    if bitmask is not None:  # a source from before it (native_kernel_ab.py)
+        bitmask.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+        ]
+        bitmask.restype = None
     floats = getattr(lib, "brisk_attention_floats", None)
     if floats is not None:  # a source from before it (native_kernel_ab.py)
         floats.argtypes = [ctypes.c_int64, ctypes.c_int]
