@@ -25,7 +25,8 @@ class IncrementalDetokenizer:
     only final once a non-byte token ends it.
 
     A byte-level BPE tokenizer whose decoding is the concatenation of its tokens' bytes
-    (`Tokenizer.decodes_by_concatenation`, special tokens skipped) takes a shorter way: each token's
+    (`Tokenizer.decodes_by_concatenation`, special tokens skipped, or
+    `decodes_specials_by_concatenation`, special tokens kept) takes a shorter way: each token's
     bytes go through an incremental UTF-8 decoder, which holds back an incomplete character and
     replaces invalid bytes as `decode` does. No decode call per token: after a forward pass that
     streamed a model's weights through the caches, the two calls of the windows took ~75 us a token
@@ -74,7 +75,11 @@ class IncrementalDetokenizer:
         self._run_utf8: codecs.IncrementalDecoder | None
         self._run_char: str
         self._end_byte_run()
-        if skip_special_tokens and tokenizer.decodes_by_concatenation:
+        if (
+            tokenizer.decodes_by_concatenation
+            if skip_special_tokens
+            else tokenizer.decodes_specials_by_concatenation
+        ):
             self._token_bytes = tokenizer.token_bytes()
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
@@ -209,13 +209,25 @@ class Tokenizer:
         replaced, of the ids' ``token_bytes`` joined: a byte-level BPE (the decoder is ByteLevel
         alone) whose added tokens that are not special decode to their own text. Then text can be
         streamed from each token's bytes (``IncrementalDetokenizer``)."""
+        return self._decode_concatenates(self._added_token_ids - self.special_token_ids, True)
+
+    @cached_property
+    def decodes_specials_by_concatenation(self) -> bool:
+        """``decodes_by_concatenation`` for ``decode(ids, skip_special_tokens=False)``: every
+        added token, special ones too, decodes to its own text (a chat with tools keeps special
+        tokens, whose calls start with one: its stream then needs no decode call a token either)."""
+        return self._decode_concatenates(self._added_token_ids, False)
+
+    def _decode_concatenates(self, added: Iterable[int], skip_special_tokens: bool) -> bool:
+        """Whether the decoder is ByteLevel alone and each of the ``added`` tokens decodes to the
+        text of its ``token_bytes``."""
         if self._decoder_types != frozenset({"ByteLevel"}):
             return False
         table = self._token_bytes
         return all(
-            self._backend.decode([token_id], skip_special_tokens=True)
+            self._backend.decode([token_id], skip_special_tokens=skip_special_tokens)
             == table[token_id].decode("utf-8", "replace")
-            for token_id in self._added_token_ids - self.special_token_ids
+            for token_id in added
         )
 
     def token_bytes(self) -> list[bytes]:

@@ -266,51 +266,25 @@ def _cpu_flags() -> list[str]:
     return [platform.processor()]
 
 
+# Signatures of the library's functions: (argument types, result type). Each but the forward pass
+# may be missing from an older source (native_kernel_ab.py builds those), and is then skipped.
+_PTR, _I32, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+_PRODUCT_SIGNATURE = ([_PTR, _I32, _I32, _PTR, _PTR, _I32, _PTR, _I32], _I32)
+_SIGNATURES = {
+    "brisk_forward_f32": ([ctypes.POINTER(ForwardArgs)], _I32),
+    "brisk_test_argmax": ([_PTR, _I64, _I32, _I64, _PTR, _I32], _I32),
+    "brisk_apply_bitmask_f32": ([_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64], None),
+    "brisk_attention_floats": ([_I64, _I32], _I64),
+    **{name: _PRODUCT_SIGNATURE for name in (*_PRODUCTS.values(), "brisk_linear_int4")},
+}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.brisk_forward_f32.argtypes = [ctypes.POINTER(ForwardArgs)]
-    lib.brisk_forward_f32.restype = ctypes.c_int
-    argmax = getattr(lib, "brisk_test_argmax", None)
-    if argmax is not None:  # a source from before it (native_kernel_ab.py)
-        argmax.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_int,
-        ]
-        argmax.restype = ctypes.c_int
-    bitmask = getattr(lib, "brisk_apply_bitmask_f32", None)
-    if bitmask is not None:  # a source from before it (native_kernel_ab.py)
-        bitmask.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_int64,
-        ]
-        bitmask.restype = None
-    floats = getattr(lib, "brisk_attention_floats", None)
-    if floats is not None:  # a source from before it (native_kernel_ab.py)
-        floats.argtypes = [ctypes.c_int64, ctypes.c_int]
-        floats.restype = ctypes.c_int64
-    for name in (*_PRODUCTS.values(), "brisk_linear_int4"):
-        function = getattr(lib, name, None)
-        if function is None:  # a source from before half-precision weights (native_kernel_ab.py)
-            continue
-        function.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_void_p,
-            ctypes.c_int,
-        ]
-        function.restype = ctypes.c_int
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(lib, name) if name == "brisk_forward_f32" else getattr(lib, name, None)
+        if function is not None:
+            function.argtypes = argtypes
+            function.restype = restype
 
 
 @functools.cache
