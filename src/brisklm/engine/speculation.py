@@ -117,8 +117,13 @@ class Speculator:
             DraftRow(
                 slot=r.slot,  # type: ignore[arg-type]
                 prompt_token_ids=r.prompt_token_ids,
-                # (pending forced tokens: the output's, as a request without logprobs has them)
-                output_token_ids=r.output_token_ids + r.pending_forced,
+                # (pending forced tokens: the output's, as a request without logprobs has them;
+                # no copy of a long output each step where there are none)
+                output_token_ids=(
+                    r.output_token_ids + r.pending_forced
+                    if r.pending_forced
+                    else r.output_token_ids
+                ),
                 max_draft_tokens=self._max_draft_tokens(r, engine),
                 params=r.params,
                 generator=r.draft_generator,
