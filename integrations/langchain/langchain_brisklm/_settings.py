@@ -13,6 +13,7 @@ from brisklm import LLM, EngineConfig, SamplingParams
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.llm import check_draft_options
 from brisklm.loader import check_device_name, resolve_dtype, resolve_kv_cache_dtype
+from brisklm.sampling.params import MAX_LOGPROBS
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from langchain_brisklm._engines import (
     default_model,
@@ -33,6 +34,8 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "seed",
     "logit_bias",
+    "logprobs",
+    "top_logprobs",
 )
 # Accepted for compatibility with hosted chat models' standard parameters; a local engine has no
 # network connection, so none of them does anything here.
@@ -89,6 +92,11 @@ class BriskSettings(BaseModel):
     seed: int | None = None
     """Seed of the request's sampler: the same seed and prompt give the same output."""
     logit_bias: dict[int, float] | None = None
+    logprobs: bool | None = None
+    """Report each generated token's logprob (ChatOpenAI's field): in ``response_metadata
+    ["logprobs"]`` (ChatBrisk) or ``generation_info["logprobs"]`` (BriskLLM), as OpenAI's."""
+    top_logprobs: int | None = None
+    """With ``logprobs``: the most likely alternatives reported per token (0-20)."""
     stop: list[str] | None = None
     """Stop sequences; stop sequences passed to a call replace these for that call."""
     streaming: bool = False
@@ -123,7 +131,8 @@ class BriskSettings(BaseModel):
         not read: construction stays cheap."""
         sampling = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         SamplingParams(
-            stop=self.stop or None, **{k: v for k, v in sampling.items() if v is not None}
+            stop=self.stop or None,
+            **_engine_options({k: v for k, v in sampling.items() if v is not None}),
         )
         EngineConfig(
             max_batch_size=self.max_batch_size,
@@ -199,7 +208,7 @@ class BriskSettings(BaseModel):
     ) -> SamplingParams:
         values = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         values.update({k: v for k, v in overrides.items() if k in SAMPLING_FIELDS})
-        options = {k: v for k, v in values.items() if v is not None}
+        options = _engine_options({k: v for k, v in values.items() if v is not None})
         # Unset fields take the checkpoint's generation_config.json sampling (not its length limit).
         recommended = {k: v for k, v in llm.sampling_defaults.items() if k != "max_tokens"}
         options = {**recommended, **options}
@@ -207,6 +216,24 @@ class BriskSettings(BaseModel):
         options.setdefault("max_tokens", max(1, llm.max_seq_len - num_prompt_tokens))
         stops = stop if stop is not None else self.stop
         return SamplingParams(stop=stops or None, **options, **constraint)
+
+
+def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The SamplingParams options of set fields: ``logprobs`` (a flag, as ChatOpenAI's) and
+    ``top_logprobs`` become the engine's ``logprobs`` (how many alternatives, 0 for none)."""
+    options = dict(options)
+    wanted, top = options.pop("logprobs", None), options.pop("top_logprobs", None)
+    if wanted is not None and not isinstance(wanted, bool):
+        raise ValueError(f"logprobs must be True or False, got {wanted!r}")
+    if top is not None and not wanted:
+        raise ValueError(f"top_logprobs={top!r} needs logprobs=True")
+    if top is not None and (
+        isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS
+    ):
+        raise ValueError(f"top_logprobs must be an int in [0, {MAX_LOGPROBS}], got {top!r}")
+    if wanted:
+        options["logprobs"] = 0 if top is None else top
+    return options
 
 
 def split_call_kwargs(kwargs: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
+from langchain_brisklm._logprobs import chat_logprobs
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._structured import (
@@ -330,6 +331,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             metadata["stop_reason"] = output.stop_reason
         if invalid:  # parse_reply's only invalid call is the one the reply ended inside
             metadata[CUT_TOOL_CALL] = True
+        if output.logprobs is not None:
+            metadata["logprobs"] = chat_logprobs(output.logprobs)
         message = AIMessage(
             content=content,
             tool_calls=tool_calls,
@@ -646,6 +649,10 @@ class _ChunkConverter:
         for text, tool_chunks in pieces:
             if text or tool_chunks:
                 out.append(_chunk(text, tool_chunks))
+        if chunk.logprobs:  # (in a chunk of their own: the text may be held back, or split)
+            logprobs = {"logprobs": chat_logprobs(chunk.logprobs)}
+            message = AIMessageChunk(content="", response_metadata=logprobs)
+            out.append(ChatGenerationChunk(message=message, generation_info=logprobs))
         if chunk.finished:
             num_calls = self.chunker.num_calls if self.chunker is not None else 0
             cut = self.chunker is not None and self.chunker.cut

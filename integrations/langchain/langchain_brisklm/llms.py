@@ -19,8 +19,9 @@ from brisklm import LLM
 from brisklm.engine.request import Request
 from brisklm.llm import naming_prompt
 from brisklm.offload import run_off_loop
-from brisklm.outputs import StreamChunk, Usage
+from brisklm.outputs import StreamChunk, TokenLogprob, Usage
 from langchain_brisklm._engines import get_tokenizer
+from langchain_brisklm._logprobs import completion_logprobs
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 
 # Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").
@@ -38,8 +39,15 @@ def _usage_dict(usage: Usage) -> dict[str, int]:
     }
 
 
-def _generation_info(finish_reason: str | None, stop_reason: Any, usage: Usage | None) -> dict:
+def _generation_info(
+    finish_reason: str | None,
+    stop_reason: Any,
+    usage: Usage | None,
+    logprobs: Sequence[TokenLogprob] | None = None,
+) -> dict:
     info: dict[str, Any] = {"finish_reason": finish_reason}
+    if logprobs is not None:
+        info["logprobs"] = completion_logprobs(logprobs)
     if stop_reason is not None:
         info["stop_reason"] = stop_reason
     if usage is not None:
@@ -114,7 +122,9 @@ class BriskLLM(BriskSettings, BaseLLM):
             [
                 Generation(
                     text=o.text,
-                    generation_info=_generation_info(o.finish_reason, o.stop_reason, o.usage),
+                    generation_info=_generation_info(
+                        o.finish_reason, o.stop_reason, o.usage, o.logprobs
+                    ),
                 )
             ]
             for o in outputs
@@ -213,10 +223,14 @@ class BriskLLM(BriskSettings, BaseLLM):
 
 
 def _generation_chunk(chunk: StreamChunk) -> GenerationChunk | None:
-    """The text of a stream chunk; the last also carries finish reason and usage."""
+    """The text of a stream chunk (and its tokens' logprobs); the last also carries finish
+    reason and usage. The logprobs lists of the chunks join when LangChain adds them up."""
     if not chunk.finished:
+        if chunk.logprobs:
+            info = {"logprobs": completion_logprobs(chunk.logprobs)}
+            return GenerationChunk(text=chunk.text, generation_info=info)
         return GenerationChunk(text=chunk.text) if chunk.text else None
-    info = _generation_info(chunk.finish_reason, chunk.stop_reason, chunk.usage)
+    info = _generation_info(chunk.finish_reason, chunk.stop_reason, chunk.usage, chunk.logprobs)
     return GenerationChunk(text=chunk.text, generation_info=info)
 
 

@@ -78,6 +78,8 @@ def test_equivalent_settings_share_an_engine(tiny_chat_dir: Path) -> None:
         ({"draft": "ngram", "draft_length": "bogus"}, "bogus"),
         ({"draft_length": "fixed"}, "draft_length='fixed' needs speculative decoding"),
         ({"draft": "/nonexistent/draft"}, "draft model"),
+        ({"top_logprobs": 2}, "top_logprobs=2 needs logprobs=True"),
+        ({"logprobs": True, "top_logprobs": 21}, r"top_logprobs must be an int in \[0, 20\]"),
     ],
 )
 def test_engine_settings_are_checked_at_construction(settings: dict, message: str) -> None:
@@ -218,6 +220,34 @@ def test_stream_matches_invoke(chat: ChatBrisk) -> None:
     assert chunks[-1].chunk_position == "last"
     assert full.response_metadata["model_name"] == message.response_metadata["model_name"]
     assert full.response_metadata["finish_reason"] == message.response_metadata["finish_reason"]
+
+
+def test_logprobs_in_response_metadata_as_chat_openai_reports_them(chat: ChatBrisk) -> None:
+    """logprobs=True (ChatOpenAI's field; top_logprobs the alternatives): one entry a generated
+    token in response_metadata["logprobs"]["content"], the same from a stream's chunks added up;
+    none without it."""
+    assert "logprobs" not in chat.invoke("Hello", max_tokens=4).response_metadata
+    reporting = chat.bind(logprobs=True, top_logprobs=3, max_tokens=12)
+    message = reporting.invoke("Hello")
+    entries = message.response_metadata["logprobs"]["content"]
+    assert len(entries) == message.usage_metadata["output_tokens"]
+    assert (
+        b"".join(bytes(e["bytes"]) for e in entries)
+        .decode("utf-8", "replace")
+        .startswith(message.content)
+    )
+    for entry in entries:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        assert entry["top_logprobs"][0]["logprob"] == entry["logprob"]  # greedy: the top one
+    full = None
+    for chunk in reporting.stream("Hello"):
+        full = chunk if full is None else full + chunk
+    assert full.content == message.content
+    assert full.response_metadata["logprobs"] == message.response_metadata["logprobs"]
+    plain = ChatBrisk(model=chat.model, temperature=0, max_tokens=12, logprobs=True, **TINY_ENGINE)
+    assert [
+        e["top_logprobs"] for e in plain.invoke("Hello").response_metadata["logprobs"]["content"]
+    ] == [[]] * 12
 
 
 async def test_async_matches_sync(chat: ChatBrisk) -> None:

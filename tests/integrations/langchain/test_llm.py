@@ -23,6 +23,24 @@ def llm(tiny_chat_dir: Path) -> BriskLLM:
     return BriskLLM(model=str(tiny_chat_dir), temperature=0, max_tokens=24, **TINY_ENGINE)
 
 
+def test_logprobs_in_generation_info_as_openai_completions_report_them(llm: BriskLLM) -> None:
+    generation = llm.generate(["Hello"], logprobs=True, top_logprobs=2).generations[0][0]
+    logprobs = generation.generation_info["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == 24
+    assert "".join(logprobs["tokens"]).startswith(generation.text[:5])
+    assert all(len(top) <= 2 and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
+    full = None
+    for chunk in llm.stream("Hello", logprobs=True, top_logprobs=2):
+        assert isinstance(chunk, str)
+    from langchain_core.outputs import GenerationChunk
+
+    for chunk in llm._stream("Hello", logprobs=True, top_logprobs=2):
+        full = chunk if full is None else full + chunk
+    assert isinstance(full, GenerationChunk) and full.text == generation.text
+    assert full.generation_info["logprobs"] == logprobs
+    assert "logprobs" not in llm.generate(["Hello"]).generations[0][0].generation_info
+
+
 def test_a_bad_prompt_of_a_batch_is_named(tiny_chat_dir: Path) -> None:
     # LangChain's BaseLLM.batch fails every prompt with the one error, which did not say which
     long = "word " * 200
