@@ -30,9 +30,17 @@ def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 def completion_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """OpenAI's completions ``logprobs`` (``generation_info["logprobs"]``): ``tokens``,
-    ``token_logprobs`` and ``top_logprobs`` (a dict of token text to logprob per token)."""
+    ``token_logprobs`` and ``top_logprobs`` (a dict of token text to logprob per token: of
+    alternatives with the same text, such as the pieces of a character, the likeliest)."""
     return {
         "tokens": [entry.token for entry in entries],
         "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{top.token: top.logprob for top in entry.top} for entry in entries],
+        "top_logprobs": [_top_by_text(entry) for entry in entries],
     }
+
+
+def _top_by_text(entry: TokenLogprob) -> dict[str, float]:
+    by_text: dict[str, float] = {}
+    for top in entry.top:  # (likeliest first)
+        by_text.setdefault(top.token, top.logprob)
+    return by_text

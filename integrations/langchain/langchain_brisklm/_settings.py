@@ -92,10 +92,10 @@ class BriskSettings(BaseModel):
     seed: int | None = None
     """Seed of the request's sampler: the same seed and prompt give the same output."""
     logit_bias: dict[int, float] | None = None
-    logprobs: bool | None = None
+    logprobs: bool | None = Field(default=None, strict=True)
     """Report each generated token's logprob (ChatOpenAI's field): in ``response_metadata
     ["logprobs"]`` (ChatBrisk) or ``generation_info["logprobs"]`` (BriskLLM), as OpenAI's."""
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, strict=True)
     """With ``logprobs``: the most likely alternatives reported per token (0-20)."""
     stop: list[str] | None = None
     """Stop sequences; stop sequences passed to a call replace these for that call."""

@@ -33,7 +33,7 @@ from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
 from brisklm.offload import run_off_loop
-from brisklm.outputs import GenerationOutput, StreamChunk, Usage
+from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
@@ -81,6 +81,18 @@ class _Call:
     parse_tools: bool
     model_name: str
     tool_format: ToolCallFormat
+
+    def reply_logprobs(
+        self, entries: list[TokenLogprob], token_ids: list[int], stop_reason: Any
+    ) -> list[TokenLogprob]:
+        """The logprobs of a reply's tokens (or of a stream chunk's, the last chunk's ending the
+        reply): without the token that ended the turn (an eos, or a stop token id: no text of
+        the reply), as ChatOpenAI reports them."""
+        if entries and token_ids and (stop_reason is None or isinstance(stop_reason, int)):
+            last = token_ids[-1]
+            if last == stop_reason or (stop_reason is None and last in self.request.eos_token_ids):
+                return entries[:-1]
+        return entries
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
@@ -332,7 +344,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         if invalid:  # parse_reply's only invalid call is the one the reply ended inside
             metadata[CUT_TOOL_CALL] = True
         if output.logprobs is not None:
-            metadata["logprobs"] = chat_logprobs(output.logprobs)
+            entries = call.reply_logprobs(output.logprobs, output.token_ids, output.stop_reason)
+            metadata["logprobs"] = chat_logprobs(entries)
         message = AIMessage(
             content=content,
             tool_calls=tool_calls,
@@ -637,6 +650,14 @@ class _ChunkConverter:
     def __init__(self, call: _Call) -> None:
         self.call = call
         self.chunker = ToolCallChunker(call.tool_format) if call.parse_tools else None
+        self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
+
+    def _take_logprobs(self) -> dict[str, Any]:
+        """The response metadata of the logprobs held so far (none: empty)."""
+        if not self.held_logprobs:
+            return {}
+        entries, self.held_logprobs = self.held_logprobs, []
+        return {"logprobs": chat_logprobs(entries)}
 
     def convert(self, chunk: StreamChunk) -> list[ChatGenerationChunk]:
         out: list[ChatGenerationChunk] = []
@@ -646,13 +667,16 @@ class _ChunkConverter:
             pieces = [self.chunker.feed(chunk.text)]
             if chunk.finished:
                 pieces.append(self.chunker.finish())
+        if chunk.logprobs:
+            entries = chunk.logprobs
+            if chunk.finished:
+                entries = self.call.reply_logprobs(entries, chunk.token_ids, chunk.stop_reason)
+            self.held_logprobs += entries
         for text, tool_chunks in pieces:
             if text or tool_chunks:
-                out.append(_chunk(text, tool_chunks))
-        if chunk.logprobs:  # (in a chunk of their own: the text may be held back, or split)
-            logprobs = {"logprobs": chat_logprobs(chunk.logprobs)}
-            message = AIMessageChunk(content="", response_metadata=logprobs)
-            out.append(ChatGenerationChunk(message=message, generation_info=logprobs))
+                # Logprobs ride on the next piece of the reply (of text held back, later), so a
+                # stream has as many chunks with them as without.
+                out.append(_chunk(text, tool_chunks, self._take_logprobs()))
         if chunk.finished:
             num_calls = self.chunker.num_calls if self.chunker is not None else 0
             cut = self.chunker is not None and self.chunker.cut
@@ -664,6 +688,9 @@ class _ChunkConverter:
                 metadata["stop_reason"] = chunk.stop_reason
             if cut:  # its chunks merge into a call with the arguments so far: say it was cut
                 metadata[CUT_TOOL_CALL] = True
+            if self.call.request.params.logprobs is not None:  # (an empty reply has a list too)
+                metadata["logprobs"] = chat_logprobs(self.held_logprobs)
+                self.held_logprobs = []
             message = AIMessageChunk(
                 content="",
                 usage_metadata=_usage_metadata(chunk.usage) if chunk.usage else None,
@@ -674,5 +701,12 @@ class _ChunkConverter:
         return out
 
 
-def _chunk(text: str, tool_chunks: list[ToolCallChunk]) -> ChatGenerationChunk:
-    return ChatGenerationChunk(message=AIMessageChunk(content=text, tool_call_chunks=tool_chunks))
+def _chunk(
+    text: str, tool_chunks: list[ToolCallChunk], metadata: dict[str, Any] | None = None
+) -> ChatGenerationChunk:
+    message = AIMessageChunk(
+        content=text, tool_call_chunks=tool_chunks, response_metadata=dict(metadata or {})
+    )
+    return ChatGenerationChunk(
+        message=message, generation_info=dict(metadata) if metadata else None
+    )

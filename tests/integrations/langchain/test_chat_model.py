@@ -244,10 +244,26 @@ def test_logprobs_in_response_metadata_as_chat_openai_reports_them(chat: ChatBri
         full = chunk if full is None else full + chunk
     assert full.content == message.content
     assert full.response_metadata["logprobs"] == message.response_metadata["logprobs"]
+    # The logprobs ride on the text chunks: a stream with them has as many chunks as without.
+    assert len(list(reporting.stream("Hello"))) == len(list(chat.stream("Hello", max_tokens=12)))
     plain = ChatBrisk(model=chat.model, temperature=0, max_tokens=12, logprobs=True, **TINY_ENGINE)
     assert [
         e["top_logprobs"] for e in plain.invoke("Hello").response_metadata["logprobs"]["content"]
     ] == [[]] * 12
+
+
+def test_logprobs_cover_the_replys_text_not_the_token_that_ends_the_turn() -> None:
+    """As ChatOpenAI's: the eos that ends a reply is no text of it, and was listed last."""
+    chat = ChatBrisk(temperature=0, max_tokens=40, logprobs=True)  # the bundled model
+    message = chat.invoke("Say hi in three words")
+    assert message.response_metadata["finish_reason"] == "stop"
+    entries = message.response_metadata["logprobs"]["content"]
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode() == message.content
+    assert len(entries) == message.usage_metadata["output_tokens"] - 1
+    full = None
+    for chunk in chat.stream("Say hi in three words"):
+        full = chunk if full is None else full + chunk
+    assert full.response_metadata["logprobs"] == message.response_metadata["logprobs"]
 
 
 async def test_async_matches_sync(chat: ChatBrisk) -> None:

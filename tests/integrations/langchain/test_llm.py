@@ -41,6 +41,31 @@ def test_logprobs_in_generation_info_as_openai_completions_report_them(llm: Bris
     assert "logprobs" not in llm.generate(["Hello"]).generations[0][0].generation_info
 
 
+def test_completion_top_logprobs_keep_the_likeliest_of_alternatives_with_one_text() -> None:
+    # Pieces of a character all read U+FFFD: the dict kept the last (least likely) of them.
+    from brisklm.outputs import TokenLogprob, TopLogprob
+    from langchain_brisklm._logprobs import completion_logprobs
+
+    tops = (TopLogprob(5, "\ufffd", -1.0), TopLogprob(6, "a", -2.0), TopLogprob(7, "\ufffd", -3.0))
+    entry = TokenLogprob(5, "\ufffd", -1.0, 1, tops)
+    assert completion_logprobs([entry])["top_logprobs"] == [{"\ufffd": -1.0, "a": -2.0}]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"logprobs": "yes"},
+        {"logprobs": 1},
+        {"logprobs": True, "top_logprobs": True},
+        {"logprobs": True, "top_logprobs": "3"},
+    ],
+)
+def test_logprobs_settings_are_not_coerced(settings: dict) -> None:
+    # As per call: "yes" or 1 is no flag, True or "3" no count (pydantic's lax mode took them).
+    with pytest.raises(ValueError, match="logprobs"):
+        BriskLLM(**settings)
+
+
 def test_a_bad_prompt_of_a_batch_is_named(tiny_chat_dir: Path) -> None:
     # LangChain's BaseLLM.batch fails every prompt with the one error, which did not say which
     long = "word " * 200
