@@ -225,8 +225,10 @@ def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
     wanted, top = options.pop("logprobs", None), options.pop("top_logprobs", None)
     if wanted is not None and not isinstance(wanted, bool):
         raise ValueError(f"logprobs must be True or False, got {wanted!r}")
-    if top is not None and not wanted:
+    if top is not None and wanted is None:
         raise ValueError(f"top_logprobs={top!r} needs logprobs=True")
+    if wanted is False:  # (a call turning off logprobs its model reports, with their count)
+        top = None
     if top is not None and (
         isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS
     ):

@@ -250,6 +250,11 @@ def test_logprobs_in_response_metadata_as_chat_openai_reports_them(chat: ChatBri
     assert [
         e["top_logprobs"] for e in plain.invoke("Hello").response_metadata["logprobs"]["content"]
     ] == [[]] * 12
+    # A call may turn off the logprobs a model reports, with their count.
+    off = ChatBrisk(
+        model=chat.model, temperature=0, logprobs=True, top_logprobs=2, **TINY_ENGINE
+    ).invoke("Hello", logprobs=False, max_tokens=12)
+    assert "logprobs" not in off.response_metadata and off.content == message.content
 
 
 def test_logprobs_cover_the_replys_text_not_the_token_that_ends_the_turn() -> None:
