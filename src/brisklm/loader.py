@@ -36,6 +36,8 @@ SUPPORTED_DTYPES: dict[str, torch.dtype] = {
 _IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)masked_bias$|(^|\.)attn\.bias$")
 # Tensor names that mark a GPTQ layer: named in the error when a dense layer meets them.
 _GPTQ_TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
+# The ones stored as integers (packed codes and zero points, group indices); every other is float.
+_INTEGER_TENSOR_NAMES = ("qweight", "qzeros", "g_idx")
 
 
 class CheckpointError(ValueError):
@@ -492,7 +494,7 @@ def _copy_into(
     model: nn.Module, entry: tuple[str, str, int | None], tensor: torch.Tensor, source: str
 ) -> None:
     module_name, tensor_name, shard = entry
-    if tensor_name not in ("qweight", "qzeros", "g_idx") and not tensor.dtype.is_floating_point:
+    if tensor_name not in _INTEGER_TENSOR_NAMES and not tensor.dtype.is_floating_point:
         # A cast would load int8 or bool values as weights without a word.
         raise CheckpointError(
             f"{source}: stored as {str(tensor.dtype).removeprefix('torch.')}; expected a float "

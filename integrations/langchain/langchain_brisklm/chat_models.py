@@ -652,9 +652,10 @@ class _ChunkConverter:
         self.chunker = ToolCallChunker(call.tool_format) if call.parse_tools else None
         self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
 
-    def _take_logprobs(self) -> dict[str, Any]:
-        """The response metadata of the logprobs held so far (none: empty)."""
-        if not self.held_logprobs:
+    def _take_logprobs(self, last: bool = False) -> dict[str, Any]:
+        """The response metadata of the logprobs held so far; none: empty, but for the ``last``
+        chunk of a reply that asked for them (an empty reply has a list too)."""
+        if not self.held_logprobs and not (last and self.call.request.params.logprobs is not None):
             return {}
         entries, self.held_logprobs = self.held_logprobs, []
         return {"logprobs": chat_logprobs(entries)}
@@ -688,9 +689,7 @@ class _ChunkConverter:
                 metadata["stop_reason"] = chunk.stop_reason
             if cut:  # its chunks merge into a call with the arguments so far: say it was cut
                 metadata[CUT_TOOL_CALL] = True
-            if self.call.request.params.logprobs is not None:  # (an empty reply has a list too)
-                metadata["logprobs"] = chat_logprobs(self.held_logprobs)
-                self.held_logprobs = []
+            metadata.update(self._take_logprobs(last=True))
             message = AIMessageChunk(
                 content="",
                 usage_metadata=_usage_metadata(chunk.usage) if chunk.usage else None,

@@ -93,7 +93,8 @@ def _apply_natively(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Ten
         index = torch.as_tensor(rows, dtype=torch.int64).contiguous()
         if index.numel() == 0:
             return True
-        if int(index.min()) < 0 or int(index.max()) >= logits.shape[0]:
+        low, high = (int(end) for end in index.aminmax())
+        if low < 0 or high >= logits.shape[0]:
             raise IndexError(f"rows {index.tolist()} out of range for {logits.shape[0]} rows")
     apply(
         logits.data_ptr(),

@@ -509,13 +509,14 @@ class LLMEngine:
             forced.pop()
         if forced and request.params.logprobs is not None:
             self.defer_forced(request, forced)
-        for token in forced if not request.pending_forced else ():
-            assert matcher is not None  # only a grammar forces tokens
-            if not matcher.accept_token(token):
-                break
-            chunk.extend(request.append_token(token))
-            if request.is_finished:
-                break
+        else:
+            for token in forced:
+                assert matcher is not None  # only a grammar forces tokens
+                if not matcher.accept_token(token):
+                    break
+                chunk.extend(request.append_token(token))
+                if request.is_finished:
+                    break
         return self._grammar_end(request, chunk)
 
     def _grammar_end(self, request: Request, chunk: StreamChunk) -> StreamChunk | BaseException:
@@ -587,8 +588,8 @@ class LLMEngine:
         # (the mask job reads the matchers, which appending the tokens below reads too)
         self.structured.apply(masks, other_logits)
         owners = [r for r in requests for _ in r.pending_forced]
-        masks = torch.cat([r.pending_masks for r in requests if r.pending_forced])  # type: ignore[misc]
-        apply_token_bitmask_(pending_logits, masks.to(device))
+        kept = torch.cat([r.pending_masks for r in requests if r.pending_forced])  # type: ignore[misc]
+        apply_token_bitmask_(pending_logits, kept.to(device))
         tokens = torch.tensor([t for r in requests for t in r.pending_forced], device=device)
         entries = self.token_logprobs(owners, pending_logits, tokens)
         chunks: dict[Request, StreamChunk | BaseException] = {}
