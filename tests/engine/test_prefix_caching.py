@@ -9,6 +9,8 @@ import torch
 from brisklm import LLM, SamplingParams
 from brisklm.cache.prefix_cache import MIN_REUSE, PrefixCache, common_prefix_length
 from brisklm.engine.llm_engine import EngineConfig
+from brisklm.engine.request import RequestStatus
+from brisklm.engine.scheduler import Scheduler
 from brisklm.quant import QuantizeOptions, quantize_model
 from tests.tiny import make_tiny_checkpoint
 
@@ -329,15 +331,23 @@ def test_requests_admitted_together_all_copy_a_prefix_one_of_them_claimed() -> N
     cache = PrefixCache()
     shared = list(range(100, 100 + MIN_REUSE + 4))
     cache.retain(0, shared)
-    cache.new_round()
-    # The first takes slot 0 in place; the next two copy the prefix from it (its keys stay
-    # untouched until the round's pass), into the empty slots.
+    # The first takes slot 0 in place; the next two copy the prefix from its running request
+    # into the empty slots.
     assert cache.choose([*shared, 1], [0, 1, 2]) == (0, len(shared), None)
-    assert cache.choose([*shared, 2], [1, 2]) == (1, len(shared), 0)
-    assert cache.choose([*shared, 3], [2]) == (2, len(shared), 0)
-    cache.new_round()  # after the pass: nothing left to copy
-    cache.retain(3, [7] * 20)
-    assert cache.choose([*shared, 4], [3, 4]) == (4, 0, None)
+    running = [(0, shared)]
+    assert cache.choose([*shared, 2], [1, 2], running) == (1, len(shared), 0)
+    running.append((1, shared))
+    assert cache.choose([*shared, 3], [2], running) == (2, len(shared), 0)
+    # A running request's prompt computed further than the prefix it reused is copied as far.
+    longer = [*shared, 1, 2, 3]
+    assert cache.choose([*longer, 9], [3], [(0, shared), (1, longer)]) == (3, len(longer), 1)
+    assert cache.best_reuse([*longer, 9], [4], [(0, shared), (1, longer)]) == len(longer)
+    # A copy of fewer than MIN_REUSE tokens does not count; a retained slot beats a copy only
+    # by reusing more.
+    cache.retain(4, [7] * 20)
+    assert cache.choose([*shared[:4], 4], [4, 5], running) == (5, 0, None)
+    cache.retain(4, longer)
+    assert cache.choose([*longer, 9], [4], [(1, longer)]) == (4, len(longer), None)
 
 
 def test_n_samples_of_one_prompt_each_reuse_its_cached_prefix(float_dir) -> None:
@@ -388,3 +398,122 @@ def test_a_draft_with_dynamic_rope_past_its_context_keeps_no_prefixes(float_dir,
 
     outputs = _with_and_without(float_dir, run, max_batch_size=1, max_seq_len=256, draft=draft)
     assert outputs[True][1].usage.cached_prompt_tokens == 90
+
+
+# ----------------------------------------------------------------- requests arriving together
+def _scheduler(num_slots: int, claims: list) -> Scheduler:
+    """A scheduler over a prefix cache of granularity 1 whose running requests' prompts are
+    copyable as far as computed; ``claims`` records each admission's (slot, reuse, source)."""
+    return Scheduler(
+        num_slots,
+        max_prefill_tokens=8192,
+        prefill_chunk_size=16,
+        prefix_cache=PrefixCache(),
+        claim_slot=lambda slot, length, source, prompt: claims.append((slot, length, source)),
+        copyable=lambda r: min(r.num_cached, r.num_prompt_tokens),
+    )
+
+
+def _advance(batch) -> None:
+    for request, n in zip(batch.requests, batch.prefill_lens):
+        request.num_cached += n or 1
+
+
+def test_a_request_waits_for_a_running_one_computing_the_prefix_it_shares(llm) -> None:
+    claims: list = []
+    scheduler = _scheduler(3, claims)
+    shared = list(range(10, 50))  # 40 tokens: three chunks of 16
+    leader = llm.make_request([*shared, 60, 61], GREEDY)
+    follower = llm.make_request([*shared, 70], GREEDY)
+    other = llm.make_request(list(range(100, 120)), GREEDY)
+    for request in (leader, follower, other):
+        scheduler.add(request)
+    batch = scheduler.schedule()
+    # The follower waits; the request behind it takes the slot left beside its kept one.
+    assert batch.requests == [leader, other] and list(scheduler.waiting) == [follower]
+    _advance(batch)
+    _advance(scheduler.schedule())  # the leader's second chunk: 32 of the 40 computed
+    assert list(scheduler.waiting) == [follower]
+    _advance(scheduler.schedule())
+    assert leader.num_cached == 42
+    batch = scheduler.schedule()  # now it copies the 40 tokens and computes its last one
+    assert follower in batch.requests and claims[-1] == (follower.slot, 40, leader.slot)
+    assert follower.num_cached == follower.num_cached_prompt_tokens == 40
+    assert batch.prefill_lens[batch.requests.index(follower)] == 1
+
+
+def test_a_waiting_request_keeps_its_place_and_stops_waiting_for_a_request_gone(llm) -> None:
+    claims: list = []
+    scheduler = _scheduler(2, claims)
+    shared = list(range(10, 50))
+    leader, follower = (llm.make_request([*shared, t], GREEDY) for t in (60, 70))
+    later = llm.make_request(list(range(100, 120)), GREEDY)
+    for request in (leader, follower, later):
+        scheduler.add(request)
+    # Two slots: the leader's, and the one the follower keeps; the later request waits behind.
+    assert scheduler.schedule().requests == [leader]
+    assert list(scheduler.waiting) == [follower, later]
+    scheduler.finish(leader)  # aborted before computing the prefix: nothing to wait for
+    leader.status = RequestStatus.FINISHED
+    assert scheduler.schedule().requests == [follower, later]
+    assert claims[-2] == (follower.slot, 0, None)
+
+
+def test_a_short_or_already_reusable_prefix_is_not_waited_for(llm) -> None:
+    claims: list = []
+    scheduler = _scheduler(3, claims)
+    leader = llm.make_request(list(range(10, 50)), GREEDY)
+    short = llm.make_request([*range(10, 10 + MIN_REUSE - 1), 99, 98], GREEDY)
+    scheduler.add(leader)
+    scheduler.add(short)
+    assert scheduler.schedule().requests == [leader, short]  # 15 shared tokens: computed beside
+    # A prefix retained in a free slot is as good as the running request's: no waiting.
+    claims.clear()
+    scheduler = _scheduler(3, claims)
+    scheduler.prefix_cache.retain(2, list(range(10, 50)))
+    first, second = (llm.make_request([*range(10, 50), t], GREEDY) for t in (1, 2))
+    scheduler.add(first)
+    scheduler.add(second)
+    assert scheduler.schedule().requests == [second, first]  # in slot order
+    assert claims == [(2, 40, None), (0, 40, 2)]
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once(float_dir, kernels) -> None:
+    def run(llm: LLM) -> list:
+        prompts = [SYSTEM * 2 + q for q in ("Who?", "Where is São Paulo?", "Why not?", "Who?")]
+        return llm.generate(prompts, [GREEDY, SEEDED, SEEDED, GREEDY])
+
+    outputs = _with_and_without(float_dir, run, max_batch_size=4, prefill_chunk_size=8)
+    out = outputs[True]
+    reused = [o.usage.cached_prompt_tokens for o in out]
+    if kernels == "torch":  # each row rounds by its pass's other rows: nothing is shared
+        assert reused == [0, 0, 0, 0]
+        return
+    first = out[0].prompt_token_ids
+    shared = [common_prefix_length(first, o.prompt_token_ids) for o in out[1:3]]
+    assert min(shared) > 40
+    assert reused == [0, *shared, len(first) - 1]
+
+
+def test_a_draft_and_n_samples_of_a_prompt_share_its_prefix(float_dir) -> None:
+    draft_reuse: list[int] = []
+
+    def run(llm: LLM) -> list:
+        proposer = llm.engine.speculator.proposer
+        claim = getattr(proposer, "claim", None)
+
+        def record(slot, *args) -> None:
+            claim(slot, *args)
+            draft_reuse.append(proposer.num_cached_tokens(slot))
+
+        if claim is not None and llm.engine.prefix_cache is not None:
+            proposer.claim = record
+        seeded = [SamplingParams(temperature=1.0, seed=s, max_tokens=8) for s in (1, 2, 3)]
+        return llm.generate([SYSTEM + "one"] * 3, seeded)
+
+    for draft in (float_dir, "ngram"):
+        outputs = _with_and_without(float_dir, run, max_batch_size=3, draft=draft)
+        length = len(outputs[True][0].prompt_token_ids)
+        assert [o.usage.cached_prompt_tokens for o in outputs[True]] == [0, *[length - 1] * 2]
+    # The draft model copied the prompt's keys from the leader's slot too.
+    assert draft_reuse == [0, length - 1, length - 1]

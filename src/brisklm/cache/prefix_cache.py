@@ -36,6 +36,10 @@ class PrefixCache:
     and an empty slot is free, the prefix is copied there instead and both stay. Without a reuse
     of ``MIN_REUSE`` tokens a request takes an empty slot, else the slot retained longest ago.
 
+    Slots of running requests are sources too (``choose``'s ``running``): their prompts' keys,
+    computed so far, are copied into the new request's slot, so requests sharing a prefix that
+    run together compute it once (n samples of one prompt, a batch sharing a system prompt).
+
     ``granularity``: reuses are cut to a multiple of it. Where a pass computes a token's keys,
     values and logits alike whatever else the pass holds (brisklm's native CPU pass), 1; else
     the prompt chunk size, so the rest of a prompt enters the cache in the very chunks it would
@@ -48,8 +52,6 @@ class PrefixCache:
         self.granularity = granularity
         self._tokens: dict[int, list[int]] = {}
         self._retained_at: dict[int, int] = {}
-        # Slots claimed in this admission round -> the prefix their keys hold (see choose).
-        self._claimed: dict[int, list[int]] = {}
         self._clock = 0
 
     def retain(self, slot: int, token_ids: Sequence[int]) -> None:
@@ -70,22 +72,59 @@ class PrefixCache:
         """The tokens retained in ``slot`` (empty if none)."""
         return list(self._tokens.get(slot, ()))
 
-    def new_round(self) -> None:
-        """Requests admitted from here on come after a forward pass: the slots claimed since
-        the last round hold their new requests' keys now, no longer a prefix to copy."""
-        self._claimed.clear()
-
     def choose(
-        self, prompt: Sequence[int], free_slots: Sequence[int]
+        self,
+        prompt: Sequence[int],
+        free_slots: Sequence[int],
+        running: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> tuple[int, int, int | None]:
         """(the slot a request with ``prompt`` takes, how many of its tokens it reuses, the slot
         to copy those tokens' keys and values from first, or None: they are in place).
 
-        A slot claimed earlier in the same round (``new_round``) still holds the prefix its
-        request reuses, untouched until the round's pass: later requests sharing it (n samples
-        of one prompt, a batch of one conversation's branches) copy it from there."""
+        ``running``: (slot, the tokens whose keys it holds for a copy) of each running request,
+        its prompt as far as computed (a request admitted earlier in the same round: the prefix
+        it reuses). A copy from there goes to an empty slot, else the one retained longest ago."""
         if not free_slots:
             raise ValueError("no free slot to choose from")
+        best_slot, best, best_common, reuses = self._best_retained(prompt, free_slots)
+        source, copied = self._best_running(prompt, running)
+        empty = [slot for slot in free_slots if slot not in self._tokens]
+        if copied > best and copied >= MIN_REUSE:
+            destination = min(empty) if empty else self._oldest(free_slots)
+            return self._claim(destination, copied, source)
+        if best >= MIN_REUSE and empty and len(self._tokens[best_slot]) > best_common:
+            return self._claim(min(empty), best, best_slot)
+        if best >= MIN_REUSE:
+            return self._claim(best_slot, best, None)
+        if empty:
+            return self._claim(min(empty), 0, None)
+        # A few shared tokens (a chat template's opening) do not make a slot worth giving up
+        # before the one retained longest ago, which keeps what it shares.
+        oldest = self._oldest(free_slots)
+        return self._claim(oldest, reuses.get(oldest, 0), None)
+
+    def best_reuse(
+        self,
+        prompt: Sequence[int],
+        free_slots: Sequence[int],
+        running: Sequence[tuple[int, Sequence[int]]] = (),
+    ) -> int:
+        """How many of ``prompt``'s tokens the best source ``choose`` weighs holds (no change)."""
+        return max(
+            self._best_retained(prompt, free_slots)[1], self._best_running(prompt, running)[1]
+        )
+
+    def reusable(self, common: int, prompt: Sequence[int]) -> int:
+        """Of ``common`` leading tokens shared with a source, how many ``prompt`` may reuse: at
+        least its last token is computed (its logits give the first output), in whole units of
+        ``granularity``."""
+        return min(common, len(prompt) - 1) // self.granularity * self.granularity
+
+    def _best_retained(
+        self, prompt: Sequence[int], free_slots: Sequence[int]
+    ) -> tuple[int, int, int, dict[int, int]]:
+        """(the free slot whose retained tokens ``prompt`` reuses most, the reuse, the tokens it
+        shares, each slot's reuse); of equal reuses, the slot retained longest ago."""
         best_slot, best, best_common = -1, 0, 0
         reuses: dict[int, int] = {}
         for slot in free_slots:
@@ -93,41 +132,29 @@ class PrefixCache:
             if cached is None or not prompt or cached[0] != prompt[0]:
                 continue
             common = common_prefix_length(cached, prompt)
-            reuse = reuses[slot] = self._reusable(common, prompt)
+            reuse = reuses[slot] = self.reusable(common, prompt)
             if reuse > best or (reuse == best and reuse and self._older(slot, best_slot)):
                 best_slot, best, best_common = slot, reuse, common
-        claimed_slot, claimed = -1, 0
-        for slot, kept in self._claimed.items():
-            reuse = self._reusable(common_prefix_length(kept, prompt), prompt)
-            if reuse > claimed:
-                claimed_slot, claimed = slot, reuse
-        empty = [slot for slot in free_slots if slot not in self._tokens]
-        if claimed > best and claimed >= MIN_REUSE:
-            destination = min(empty) if empty else self._oldest(free_slots)
-            return self._claim(destination, prompt, claimed, claimed_slot)
-        if best >= MIN_REUSE and empty and len(self._tokens[best_slot]) > best_common:
-            return self._claim(min(empty), prompt, best, best_slot)
-        if best >= MIN_REUSE:
-            return self._claim(best_slot, prompt, best, None)
-        if empty:
-            return self._claim(min(empty), prompt, 0, None)
-        # A few shared tokens (a chat template's opening) do not make a slot worth giving up
-        # before the one retained longest ago, which keeps what it shares.
-        oldest = self._oldest(free_slots)
-        return self._claim(oldest, prompt, reuses.get(oldest, 0), None)
+        return best_slot, best, best_common, reuses
 
-    def _reusable(self, common: int, prompt: Sequence[int]) -> int:
-        return min(common, len(prompt) - 1) // self.granularity * self.granularity
+    def _best_running(
+        self, prompt: Sequence[int], running: Sequence[tuple[int, Sequence[int]]]
+    ) -> tuple[int, int]:
+        """(the running slot ``prompt`` may copy the most from, how many tokens)."""
+        source, copied = -1, 0
+        for slot, held in running:
+            if not held or not prompt or held[0] != prompt[0]:
+                continue
+            reuse = self.reusable(common_prefix_length(held, prompt), prompt)
+            if reuse > copied:
+                source, copied = slot, reuse
+        return source, copied
 
     def _oldest(self, free_slots: Sequence[int]) -> int:
         return min(free_slots, key=lambda slot: self._retained_at.get(slot, -1))
 
-    def _claim(
-        self, slot: int, prompt: Sequence[int], reuse: int, source: int | None
-    ) -> tuple[int, int, int | None]:
+    def _claim(self, slot: int, reuse: int, source: int | None) -> tuple[int, int, int | None]:
         self.forget(slot)
-        if reuse:
-            self._claimed[slot] = list(prompt[:reuse])
         return slot, reuse, source
 
     def _older(self, slot: int, other: int) -> bool:

@@ -214,6 +214,7 @@ class LLMEngine:
             self.prefill_chunk_size,
             prefix_cache=self.prefix_cache,
             claim_slot=self._claim_slot if self.prefix_cache is not None else None,
+            copyable=self._copyable_prefix if self.prefix_cache is not None else None,
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -257,7 +258,17 @@ class LLMEngine:
         """A new request takes ``slot`` reusing ``length`` tokens' keys (see Scheduler)."""
         self.runner.keep_slot_prefix(slot, length, source)
         if self.speculator is not None:
-            self.speculator.claim(slot, prompt, source)
+            running = [r for r in self.scheduler.running if source is not None and r.slot == source]
+            tokens = running[0].prompt_token_ids if running else None
+            self.speculator.claim(slot, prompt, source, tokens)
+
+    def _copyable_prefix(self, request: Request) -> int:
+        """How many leading positions of a running request's slot another request may copy: its
+        prompt's, as far as computed and as a request computing them would compute them."""
+        assert request.slot is not None and self.prefix_cache is not None
+        computed = min(request.num_cached, request.num_prompt_tokens)
+        any_offset = self.prefix_cache.granularity == 1
+        return self.runner.positions_computed_alike(request.slot, computed, any_offset)
 
     def release(self, request: Request) -> None:
         """A finished request leaves its cache slot (and the proposer's state for it)."""

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from brisklm.cache.prefix_cache import PrefixCache
+from brisklm.cache.prefix_cache import MIN_REUSE, PrefixCache, common_prefix_length
 from brisklm.cache.slots import SlotAllocator
 from brisklm.engine.request import Request, RequestStatus
 
@@ -50,7 +50,16 @@ class Scheduler:
     With a ``prefix_cache``, a request takes the free slot whose retained tokens share the longest
     prefix with its prompt and starts past them; ``claim_slot(slot, length, source, prompt)`` is
     called then, to keep the slot's first ``length`` positions (copied from slot ``source`` first
-    unless it is None) and clear the rest.
+    unless it is None) and clear the rest. A running request's slot is a source too:
+    ``copyable(request)`` says how many of its leading positions a copy may take (its prompt's
+    keys as computed so far, where a request computing them would compute them alike).
+
+    Requests that share a prefix and arrive together compute it once. Where every pass computes
+    each token alike (the prefix cache's granularity 1: the native pass), a waiting request that
+    shares at least ``MIN_REUSE`` more tokens with a running request's prompt than it could reuse
+    now waits until that request has computed them, then copies them (n samples of one prompt, a
+    batch of calls with one system prompt and tools). A waiting request keeps its place: the
+    requests behind it take only the slots left over.
     """
 
     def __init__(
@@ -60,11 +69,17 @@ class Scheduler:
         prefill_chunk_size: int,
         prefix_cache: PrefixCache | None = None,
         claim_slot: Callable[[int, int, int | None, list[int]], None] | None = None,
+        copyable: Callable[[Request], int] | None = None,
     ) -> None:
-        if (prefix_cache is None) != (claim_slot is None):
-            raise ValueError("a prefix cache needs claim_slot, and claim_slot a prefix cache")
+        if len({prefix_cache is None, claim_slot is None, copyable is None}) > 1:
+            raise ValueError(
+                "a prefix cache needs claim_slot and copyable, and they a prefix cache"
+            )
         self.prefix_cache = prefix_cache
         self._claim_slot = claim_slot
+        self._copyable = copyable
+        # Waiting requests held for a running one's prefix -> (that request, tokens awaited).
+        self._awaited: dict[Request, tuple[Request, int]] = {}
         self.slots = SlotAllocator(num_slots)
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_chunk_size = prefill_chunk_size
@@ -82,15 +97,18 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         admitted = False
-        if self.prefix_cache is not None:
-            self.prefix_cache.new_round()
-        while self.waiting and self.slots.num_free:
+        held: list[Request] = []  # each keeps a slot for itself
+        while self.waiting and self.slots.num_free > len(held):
             request = self.waiting.popleft()
+            if self._awaits_prefix(request):
+                held.append(request)
+                continue
             self._admit(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.prefilling.append(request)
             admitted = True
+        self.waiting.extendleft(reversed(held))
         if admitted:
             self.running.sort(key=lambda r: r.slot if r.slot is not None else -1)
         if not self.running:
@@ -107,12 +125,52 @@ class Scheduler:
         requests = [r for r in self.running if id(r) in chunks or not r.is_prefilling]
         return ScheduledBatch(requests, [chunks.get(id(r), 0) for r in requests])
 
+    def _copy_sources(self) -> list[tuple[int, list[int]]]:
+        """(slot, the tokens a copy may take from it) of each running request."""
+        assert self._copyable is not None
+        sources: list[tuple[int, list[int]]] = []
+        for request in self.running:
+            if request.slot is not None and (length := self._copyable(request)):
+                sources.append((request.slot, request.prompt_token_ids[:length]))
+        return sources
+
+    def _awaits_prefix(self, request: Request) -> bool:
+        """Whether ``request`` waits for a running request still computing a prefix it shares
+        (see the class)."""
+        if self.prefix_cache is None or self.prefix_cache.granularity != 1:
+            return False
+        awaited = self._awaited.pop(request, None)
+        if awaited is not None and awaited[0].status is RequestStatus.RUNNING:
+            leader, length = awaited
+            if leader.is_prefilling and leader.num_cached < length:
+                self._awaited[request] = awaited
+                return True
+            return False  # computed: the admission copies it
+        prompt = request.prompt_token_ids
+        leader, length = None, 0
+        for other in self.prefilling:
+            if other.status is not RequestStatus.RUNNING or not other.is_prefilling:
+                continue
+            if other.prompt_token_ids[:1] != prompt[:1]:
+                continue
+            shared = common_prefix_length(other.prompt_token_ids, prompt)
+            reuse = self.prefix_cache.reusable(shared, prompt)
+            if reuse > length and other.num_cached < reuse:
+                leader, length = other, reuse
+        if leader is None or length < MIN_REUSE:
+            return False
+        now = self.prefix_cache.best_reuse(prompt, self.slots.free_slots(), self._copy_sources())
+        if length - now < MIN_REUSE:
+            return False
+        self._awaited[request] = (leader, length)
+        return True
+
     def _admit(self, request: Request) -> None:
         if self.prefix_cache is None or self._claim_slot is None:
             request.slot = self.slots.allocate()
             return
         slot, reused, source = self.prefix_cache.choose(
-            request.prompt_token_ids, self.slots.free_slots()
+            request.prompt_token_ids, self.slots.free_slots(), self._copy_sources()
         )
         self.slots.take(slot)
         self._claim_slot(slot, reused, source, request.prompt_token_ids)
@@ -127,6 +185,7 @@ class Scheduler:
                 self.prefilling.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+            self._awaited.pop(request, None)
         if request.slot is not None:
             self.slots.free(request.slot)
             request.slot = None

@@ -58,11 +58,18 @@ class Speculator:
         else:
             self.release(request)
 
-    def claim(self, slot: int, prompt: Sequence[int], source: int | None) -> None:
-        """A new request took ``slot``, reusing the target's keys there (or from ``source``)."""
+    def claim(
+        self,
+        slot: int,
+        prompt: Sequence[int],
+        source: int | None,
+        source_tokens: Sequence[int] | None = None,
+    ) -> None:
+        """A new request took ``slot``, reusing the target's keys there (or from ``source``;
+        ``source_tokens``: the sequence of the running request there, if one is)."""
         claim = getattr(self.proposer, "claim", None)
         if claim is not None:
-            claim(slot, prompt, source)
+            claim(slot, prompt, source, source_tokens)
 
     def prefill(
         self,

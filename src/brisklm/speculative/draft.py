@@ -225,9 +225,7 @@ class DraftModelProposer:
     def retain(self, slot: int, token_ids: Sequence[int]) -> None:
         """The slot's request is gone and the engine keeps its prefix ``token_ids``: keep the
         draft's keys and values of as much of it as the draft cache holds."""
-        state = self._slots[self._check_slot(slot)]
-        valid = 0 if state is None else min(state.num_cached, state.num_context, len(token_ids))
-        valid = self.runner.positions_computed_alike(slot, valid, True)
+        valid = self._num_held(slot, token_ids)
         if not self.keeps_prefixes or not valid:
             self.release(slot)
             return
@@ -235,11 +233,30 @@ class DraftModelProposer:
         self._kept[slot] = list(token_ids[:valid])
         self.runner.keep_slot_prefix(slot, valid)
 
-    def claim(self, slot: int, prompt: Sequence[int], source: int | None) -> None:
+    def _num_held(self, slot: int, token_ids: Sequence[int]) -> int:
+        """Of the slot's sequence ``token_ids``, how many leading tokens' keys the draft cache
+        holds as a pass computing them again would compute them."""
+        state = self._slots[self._check_slot(slot)]
+        valid = 0 if state is None else min(state.num_cached, state.num_context, len(token_ids))
+        return self.runner.positions_computed_alike(slot, valid, True)
+
+    def claim(
+        self,
+        slot: int,
+        prompt: Sequence[int],
+        source: int | None,
+        source_tokens: Sequence[int] | None = None,
+    ) -> None:
         """The engine gave ``slot`` to a new request with ``prompt``, reusing the target's keys
         there (or copied from slot ``source``): reuse the draft's kept keys of the same start
-        (at least the prompt's last token is fed: its logits start the first proposal)."""
-        kept = self._kept.get(self._check_slot(slot if source is None else source), [])
+        (at least the prompt's last token is fed: its logits start the first proposal).
+        ``source_tokens``: where ``source`` is a running request's slot, its sequence (the draft
+        holds its keys as far as it has taken them)."""
+        kept: Sequence[int] = self._kept.get(
+            self._check_slot(slot if source is None else source), []
+        )
+        if source is not None and source_tokens is not None and self._slots[source] is not None:
+            kept = source_tokens[: self._num_held(source, source_tokens)]
         length = 0
         if self.keeps_prefixes and prompt:
             length = min(common_prefix_length(kept, prompt), len(prompt) - 1)
