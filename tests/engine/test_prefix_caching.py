@@ -401,13 +401,13 @@ def test_a_draft_with_dynamic_rope_past_its_context_keeps_no_prefixes(float_dir,
 
 
 # ----------------------------------------------------------------- requests arriving together
-def _scheduler(num_slots: int, claims: list) -> Scheduler:
+def _scheduler(num_slots: int, claims: list, chunk_size: int = 16) -> Scheduler:
     """A scheduler over a prefix cache of granularity 1 whose running requests' prompts are
     copyable as far as computed; ``claims`` records each admission's (slot, reuse, source)."""
     return Scheduler(
         num_slots,
         max_prefill_tokens=8192,
-        prefill_chunk_size=16,
+        prefill_chunk_size=chunk_size,
         prefix_cache=PrefixCache(),
         claim_slot=lambda slot, length, source, prompt: claims.append((slot, length, source)),
         copyable=lambda r: min(r.num_cached, r.num_prompt_tokens),
@@ -457,6 +457,24 @@ def test_a_waiting_request_keeps_its_place_and_stops_waiting_for_a_request_gone(
     leader.status = RequestStatus.FINISHED
     assert scheduler.schedule().requests == [follower, later]
     assert claims[-2] == (follower.slot, 0, None)
+
+
+def test_a_request_arriving_after_the_leaders_first_chunk_still_waits(llm) -> None:
+    # The leader has computed 8 of the 20 shared tokens, too few to copy: the follower waits for
+    # all 20 (it was admitted, copied nothing and computed them beside the leader).
+    claims: list = []
+    scheduler = _scheduler(2, claims, chunk_size=8)
+    shared = list(range(10, 30))
+    leader, follower = (llm.make_request([*shared, t, t], GREEDY) for t in (60, 70))
+    scheduler.add(leader)
+    _advance(scheduler.schedule())
+    scheduler.add(follower)
+    while leader.num_cached < len(shared):
+        batch = scheduler.schedule()
+        assert batch.requests == [leader]
+        _advance(batch)
+    assert follower in scheduler.schedule().requests
+    assert claims[-1] == (follower.slot, len(shared), leader.slot)
 
 
 def test_a_short_or_already_reusable_prefix_is_not_waited_for(llm) -> None:

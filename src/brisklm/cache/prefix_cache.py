@@ -109,10 +109,11 @@ class PrefixCache:
         free_slots: Sequence[int],
         running: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> int:
-        """How many of ``prompt``'s tokens the best source ``choose`` weighs holds (no change)."""
-        return max(
-            self._best_retained(prompt, free_slots)[1], self._best_running(prompt, running)[1]
-        )
+        """How many of ``prompt``'s tokens ``choose`` would reuse from the best source it weighs
+        (no change); 0 below ``MIN_REUSE``, which ``choose`` copies from nowhere."""
+        retained = self._best_retained(prompt, free_slots)[1]
+        best = max(retained, self._best_running(prompt, running)[1])
+        return best if best >= MIN_REUSE else 0
 
     def reusable(self, common: int, prompt: Sequence[int]) -> int:
         """Of ``common`` leading tokens shared with a source, how many ``prompt`` may reuse: at
