@@ -23,3 +23,13 @@ def without_native_kernels(monkeypatch):
     yield
     monkeypatch.undo()
     native.library.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _native_team_from_scratch():
+    """Each test starts with the native pass's team uncapped: a cap one test's busy passes set
+    (brisklm.kernels.team_size) would otherwise cut the threads the next one asks for."""
+    from brisklm.kernels.team_size import TEAM
+
+    TEAM.reset()
+    yield

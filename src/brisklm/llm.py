@@ -411,7 +411,9 @@ class LLM:
         default: torch's, one per core; more than the CPUs the process may run on is warned of). On
         CPU, leave one core free of other busy processes per thread: with one of two cores taken by
         another process, two threads decoded the bundled model at 130-640 tokens/s and one thread
-        at 630-1,320 (2,400 with both free: the threads wait on each other's time slices).
+        at 630-1,320 (2,400 with both free: the threads wait on each other's time slices). The
+        engine runs fewer threads while it sees that (``brisklm.kernels.team_size``), at most
+        this many.
         ``prefill_chunk_size``: the most prompt tokens a request feeds per forward pass (default:
         512 on CPU, 2048 on CUDA). A longer prompt enters the cache over several passes, each of
         which also carries every other running request's next token, so a long prompt does not

@@ -522,3 +522,27 @@ def test_a_cache_folder_brisklm_makes_under_umask_002_is_private(tmp_path):
     assert folder.stat().st_mode & 0o777 == 0o700
     native._check_private(folder)  # not refused
     native._make_private_folder(folder)  # there already: left as it is
+
+
+def test_threads_asleep_for_a_late_teammate_cut_the_team_and_the_bits_stay(checkpoint):
+    """A thread coming late to every barrier (as a preempted one does) makes the others sleep
+    there: the kernels count the time (brisk_barrier_sleep_ns), and after a window of such
+    passes the team runs one thread fewer, for torch's ops on the thread too, with the same
+    logits."""
+    from brisklm.kernels.team_size import TEAM, WINDOW_S
+
+    name, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=1, max_seq_len=CACHE)
+    slept = ctypes.c_int64.in_dll(native.library(), "brisk_barrier_sleep_ns")
+    batch = ForwardBatch([0], [0], [[5, 6, 7]], [3])
+    expected = runner.forward(batch)
+    with thread_setup(2, late=1):
+        before, passes = slept.value, 0
+        while TEAM.cap is None:
+            assert runner.forward(batch).equal(expected), name
+            passes += 1
+            assert passes < 20 * WINDOW_S / 300e-6, "no cap after many late passes"
+        assert slept.value - before > 0.5 * WINDOW_S * 1e9  # most of the window asleep
+        assert runner.forward(batch).equal(expected)
+        assert TEAM.cap == 1 and torch.get_num_threads() == 1

@@ -921,6 +921,27 @@ static void late_start(void) {
     }
 }
 
+/* Nanoseconds threads have slept at barriers, waiting for a teammate late past the spin: a
+ * small part of a pass on an idle machine, most of it where other work preempts a teammate
+ * (brisklm.models.native_forward's TeamSize reads it). */
+int64_t brisk_barrier_sleep_ns = 0;
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Sets the calling thread's OpenMP team size for its next parallel regions: the native pass's
+ * and torch's ops on that thread (they share one libgomp; torch reads the thread's count). */
+void brisk_set_team_size(int n) {
+#ifdef _OPENMP
+    if (n >= 1) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
 /* Arrives at the barrier and returns once all ``team`` threads have. */
 static void team_wait(team_sync *s, int team) {
     const int phase = __atomic_load_n(&s->phase, __ATOMIC_ACQUIRE);
@@ -940,6 +961,7 @@ static void team_wait(team_sync *s, int team) {
         if (__atomic_load_n(&s->phase, __ATOMIC_ACQUIRE) != phase) return;
         cpu_pause();
     }
+    const int64_t asleep = now_ns();
     __atomic_add_fetch(&s->sleepers, 1, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&s->phase, __ATOMIC_SEQ_CST) == phase) {
 #if defined(__linux__)
@@ -949,6 +971,7 @@ static void team_wait(team_sync *s, int team) {
 #endif
     }
     __atomic_sub_fetch(&s->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&brisk_barrier_sleep_ns, now_ns() - asleep, __ATOMIC_RELAXED);
 }
 
 static void team_barrier(team_sync *s) {

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 
 import torch
 
 from brisklm.cache.contiguous import KVCache
 from brisklm.kernels import native
+from brisklm.kernels.team_size import TEAM
 from brisklm.models.layers import GatedMLP, Linear, RMSNorm
 from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
@@ -209,6 +211,8 @@ class NativeForward:
         config = model.config
         self.lib = native.library()
         assert self.lib is not None
+        # Nanoseconds the kernels' threads have slept at barriers (see kernels/team_size.py).
+        self._slept_ns = ctypes.c_int64.in_dll(self.lib, "brisk_barrier_sleep_ns")
         layers = model.model.layers
         eps = {m.eps for m in model.modules() if isinstance(m, RMSNorm)}
         if len(eps) != 1:
@@ -457,7 +461,7 @@ class NativeForward:
             args.rope_rows = ctypes.addressof(self._rope_rows)
         else:
             args.rope_rows = args.positions
-        threads = torch.get_num_threads()
+        threads = TEAM.for_this_thread(self.lib.brisk_set_team_size)
         self._cache_pointers()
         self._workspace(num_tokens, total_logits, threads)
         args.n_tokens = num_tokens
@@ -467,6 +471,9 @@ class NativeForward:
         args.sin = tables[1].data_ptr()
         args.logits = logits.data_ptr()
         args.argmax_cols = argmax_columns
+        slept = self._slept_ns.value
+        start = time.perf_counter_ns()
         status = self.lib.brisk_forward_f32(ctypes.byref(args))
+        TEAM.observe(threads, self._slept_ns.value - slept, time.perf_counter_ns() - start)
         if status != 0:
             raise RuntimeError(f"native forward pass refused its arguments (status {status})")
