@@ -1,7 +1,8 @@
-"""The native pass's team size on a machine whose cores other work keeps busy, in one run: chat
-calls with tools on the bundled model (greedy and seeded, one at a time), with the team following
-the barriers' sleeps (brisklm's default, ``brisklm.kernels.team_size``) and with the team fixed at
-torch's thread count (as before session 63), the two taking turns round by round. First on an idle
+"""Threads on a machine whose cores other work keeps busy, in one run: chat calls with tools on
+the bundled model (greedy and seeded, one at a time), as brisklm runs them (the native pass's team
+following its barriers' sleeps, ``brisklm.kernels.team_size``, and the sampler on one thread,
+``brisklm.kernels.omp``) and as before session 63 (both at torch's thread count), the two taking
+turns round by round. First on an idle
 machine, then beside a process that keeps one core busy (started by this script). Prints the
 time per call, the share of passes that ran with fewer threads, and the ratios; the two ways must
 give the same tokens (checked).
@@ -33,12 +34,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
 
+    import contextlib
+
     from brisklm import LLM, SamplingParams
-    from brisklm.kernels import team_size
+    from brisklm.kernels import omp, team_size
     from brisklm.llm import default_model_path
 
     team = team_size.TEAM
     adaptive_size = team.size
+    one_thread = omp.one_thread
     passes = {"all": 0, "fewer": 0}
 
     def counted(wanted: int) -> int:
@@ -75,6 +79,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for way, size in (("adaptive", counted), ("fixed", fixed)):
                         team.size = size  # type: ignore[method-assign]
+                        omp.one_thread = one_thread if way == "adaptive" else contextlib.nullcontext
                         team.reset()
                         passes.update(all=0, fewer=0)
                         outputs = []
@@ -93,6 +98,7 @@ def main() -> None:
                     spinner.kill()
                     spinner.wait()
         team.size = adaptive_size  # type: ignore[method-assign]
+        omp.one_thread = one_thread
     if tokens["adaptive"] != tokens["fixed"]:
         raise SystemExit("the team size changed the tokens")
 

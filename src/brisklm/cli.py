@@ -63,7 +63,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads (default: one per core; use fewer when other processes keep cores busy)",
+        help=(
+            "CPU threads at most (default: one per core; the engine runs fewer while other "
+            "processes keep cores busy)"
+        ),
     )
     group.add_argument(
         "--draft",

@@ -3,10 +3,7 @@ preempted teammates, tried again after a pause that doubles while the cores stay
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-import torch
 
 from brisklm.kernels.team_size import BUSY_SHARE, MAX_PAUSE_S, MIN_PAUSE_S, WINDOW_S, TeamSize
 
@@ -22,12 +19,12 @@ class Clock:
 
 
 def busy(team: TeamSize, threads: int) -> None:
-    """A window of passes whose threads slept at barriers for most of it."""
-    team.observe(threads, int(0.8 * WINDOW_NS), WINDOW_NS)
+    """A window of passes whose threads (but the late one) slept at barriers for most of it."""
+    team.observe(threads, int(0.8 * WINDOW_NS) * (threads - 1), WINDOW_NS)
 
 
 def clear(team: TeamSize, threads: int) -> None:
-    team.observe(threads, int(0.01 * WINDOW_NS), WINDOW_NS)
+    team.observe(threads, int(0.01 * WINDOW_NS) * (threads - 1), WINDOW_NS)
 
 
 def test_only_a_whole_window_of_passes_mostly_asleep_takes_a_thread_away() -> None:
@@ -82,38 +79,14 @@ def test_many_threads_step_down_and_up_one_at_a_time() -> None:
     assert team.size(4) == 4  # a count lowered under the cap is taken as it is
 
 
-def test_the_thread_running_the_passes_sets_its_own_team() -> None:
-    clock = Clock()
-    team = TeamSize(clock)
-    seen: dict[str, object] = {}
-
-    def run() -> None:  # a thread of its own: its thread count is its own
-        torch.set_num_threads(2)
-        calls: list[int] = []
-
-        def set_team_size(n: int) -> None:
-            calls.append(n)
-            torch.set_num_threads(n)
-
-        seen["idle"] = team.for_this_thread(set_team_size), list(calls)
-        busy(team, 2)
-        seen["busy"] = team.for_this_thread(set_team_size), torch.get_num_threads(), list(calls)
-        clock.now += MIN_PAUSE_S
-        seen["retry"] = team.for_this_thread(set_team_size), torch.get_num_threads(), list(calls)
-        torch.set_num_threads(3)  # the thread's own choice from now on
-        seen["own"] = team.for_this_thread(set_team_size), list(calls)
-
-    before = torch.get_num_threads()
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    torch.set_num_threads(before)
-    assert seen == {
-        "idle": (2, []),
-        "busy": (1, 1, [1]),
-        "retry": (2, 2, [1, 2]),
-        "own": (3, [1, 2]),
-    }
+def test_the_share_is_per_waiting_thread() -> None:
+    # Eight threads, one late: the seven others sleep together, 7 x 20% of the window in all,
+    # which is 20% each, under the share; 7 x 30% is over it.
+    team = TeamSize(Clock())
+    team.observe(8, int(7 * 0.2 * WINDOW_NS), WINDOW_NS)
+    assert team.size(8) == 8
+    team.observe(8, int(7 * 0.3 * WINDOW_NS), WINDOW_NS)
+    assert team.size(8) == 7
 
 
 @pytest.mark.parametrize("share", [0.0, 0.5])

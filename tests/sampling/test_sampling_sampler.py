@@ -11,6 +11,9 @@ from transformers import (
 )
 
 from brisklm.sampling import SamplingParams, processed_probs, sample
+from brisklm.sampling.categorical import inverse_cdf
+from brisklm.sampling.metadata import SamplingMetadata
+from brisklm.sampling.sampler import compute_logprobs, largest_values
 
 NEG_INF = float("-inf")
 
@@ -322,3 +325,46 @@ def test_cuda_matches_cpu() -> None:
         "cuda",
     )
     assert sample(logits[1:2].cuda(), alone).item() == tokens[1].item()
+
+
+def test_the_sampler_on_cpu_gives_the_same_bits_at_any_thread_count() -> None:
+    """The sampler's ops run on one thread whatever torch's count (brisklm.kernels.omp): a sum
+    over one row of 128k logits, split between threads, rounds otherwise at each count, and a
+    top-p at that edge kept one token or two depending on the count."""
+    vocab = 128256
+    before = torch.get_num_threads()
+    edge = None
+    for seed in range(200):  # logits whose top-p normaliser rounds otherwise on two threads
+        logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+        x = (logits - logits.amax(-1, keepdim=True)) / 0.8
+        values = largest_values(x, 256)
+        sums = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            sums[threads] = (values - x.amax(-1, keepdim=True)).exp().cumsum(-1) / x.exp().sum(
+                -1, keepdim=True
+            )
+        differ = (sums[1] != sums[2]).nonzero()
+        if len(differ):
+            column = differ[0, 1].item()
+            top_p = max(sums[1][0, column].item(), sums[2][0, column].item())
+            if top_p < 1.0:
+                edge = logits, top_p
+                break
+    torch.set_num_threads(before)
+    assert edge is not None, "no row whose normaliser depends on the thread count"
+    logits, top_p = edge
+    params = [SamplingParams(temperature=0.8, top_p=top_p, seed=3, logprobs=2)]
+    results = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            md = SamplingMetadata.build(params, [[1]], [[]], [None], vocab, "cpu")
+            probs = processed_probs(logits, md)
+            logprobs = compute_logprobs(logits, probs.argmax(-1), 2)
+            uniforms = torch.tensor([0.37], dtype=torch.float64)
+            results[threads] = (probs, logprobs.chosen, inverse_cdf(probs, uniforms))
+    finally:
+        torch.set_num_threads(before)
+    for threads in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(results[1], results[threads])), threads

@@ -932,16 +932,6 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* Sets the calling thread's OpenMP team size for its next parallel regions: the native pass's
- * and torch's ops on that thread (they share one libgomp; torch reads the thread's count). */
-void brisk_set_team_size(int n) {
-#ifdef _OPENMP
-    if (n >= 1) omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-}
-
 /* Arrives at the barrier and returns once all ``team`` threads have. */
 static void team_wait(team_sync *s, int team) {
     const int phase = __atomic_load_n(&s->phase, __ATOMIC_ACQUIRE);

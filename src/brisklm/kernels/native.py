@@ -275,7 +275,6 @@ _SIGNATURES = {
     "brisk_test_argmax": ([_PTR, _I64, _I32, _I64, _PTR, _I32], _I32),
     "brisk_apply_bitmask_f32": ([_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "brisk_attention_floats": ([_I64, _I32], _I64),
-    "brisk_set_team_size": ([_I32], None),
     **{name: _PRODUCT_SIGNATURE for name in (*_PRODUCTS.values(), "brisk_linear_int4")},
 }
 

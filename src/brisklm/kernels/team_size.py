@@ -14,12 +14,14 @@ most (a thread sleeps only after spinning ~50 us); where a teammate is preempted
 it. When it reaches ``BUSY_SHARE`` of the passes' time over ``WINDOW_S`` seconds of passes, the
 team runs one thread fewer for a pause, then tries one more again: a retry that finds the cores
 still busy doubles the next pause (from ``MIN_PAUSE_S`` up to ``MAX_PAUSE_S``), a retry that runs
-clear ends the backoff. The thread running the passes (the engine's) sets its own OpenMP team
-to that size (``for_this_thread``), so that torch's ops between its passes (the sampler's) run on
-the same number of threads: a small op on two threads, one of them preempted, waited as long. A
-pass's bits do not depend on its team's size (tests/models/test_native_forward.py), and torch's
-CPU ops on a row compute alike on any number of threads, so outputs stay the same; only speed
-changes.
+clear ends the backoff. A pass's bits do not depend on its team's size
+(tests/models/test_native_forward.py), so outputs stay the same; only speed changes.
+
+Only the native pass's team changes. Torch's ops keep torch's thread count, because their bits
+can depend on it: ``F.silu`` over a row split between threads at a point that is not a multiple of
+its vector width takes the split's ends through scalar code, and a sum over one row of more than
+32,768 elements (a 128k vocabulary's softmax normaliser) is split into per-thread parts. A count
+that followed the machine's load would make a seeded request's tokens vary from run to run.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-
-import torch
 
 logger = logging.getLogger(__name__)
 
@@ -53,22 +53,6 @@ class TeamSize:
         self._slept_ns = 0
         self._wall_ns = 0
         self._told = False
-        self._threads = threading.local()
-
-    def for_this_thread(self, set_team_size: Callable[[int], None]) -> int:
-        """``size`` for the calling thread's torch thread count, with the thread's OpenMP team
-        set to it (``set_team_size``: the kernels' ``brisk_set_team_size``) where it differs.
-        The count the thread wants is its torch count unless this set that: a count set since
-        (``torch.set_num_threads`` on this thread) is the one wanted from then on."""
-        state = self._threads
-        current = torch.get_num_threads()
-        if current != getattr(state, "applied", None):
-            state.wanted, state.applied = current, None
-        size = self.size(state.wanted)
-        if size != current:
-            set_team_size(size)
-            state.applied = size
-        return size
 
     def reset(self) -> None:
         """Forget what the passes so far saw: no cap, no backoff (tests)."""
@@ -92,11 +76,13 @@ class TeamSize:
 
     def observe(self, team: int, slept_ns: int, wall_ns: int) -> None:
         """A pass of ``team`` threads took ``wall_ns`` nanoseconds, in which its threads slept
-        ``slept_ns`` at barriers (summed over the threads)."""
+        ``slept_ns`` at barriers (summed over the threads; a window is busy when the threads
+        but one slept ``BUSY_SHARE`` of it each)."""
         if team < 2:
             return
         with self._lock:
-            self._slept_ns += slept_ns
+            # The team's other threads wait for a late one together: per waiting thread.
+            self._slept_ns += slept_ns // (team - 1)
             self._wall_ns += wall_ns
             if self._wall_ns < WINDOW_S * 1e9:
                 return

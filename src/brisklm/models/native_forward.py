@@ -461,7 +461,7 @@ class NativeForward:
             args.rope_rows = ctypes.addressof(self._rope_rows)
         else:
             args.rope_rows = args.positions
-        threads = TEAM.for_this_thread(self.lib.brisk_set_team_size)
+        threads = TEAM.size(torch.get_num_threads())
         self._cache_pointers()
         self._workspace(num_tokens, total_logits, threads)
         args.n_tokens = num_tokens

@@ -14,10 +14,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from brisklm.kernels.omp import on_one_cpu_thread
+
 # What inverse_cdf draws from a row with nothing to draw (see there).
 NO_TOKEN = -1
 
 
+@on_one_cpu_thread  # as the sampler's ops (brisklm.sampling.sampler)
 def inverse_cdf(dist: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """(B,) int64 token ids drawn from the rows of ``dist`` (B, V) with ``uniforms`` (B,) in [0, 1),
     and ``NO_TOKEN`` for a row without a finite positive mass (logits holding NaN or +inf, or

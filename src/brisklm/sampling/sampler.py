@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from brisklm.kernels.omp import on_one_cpu_thread
 from brisklm.sampling.categorical import inverse_cdf, row_uniforms
 from brisklm.sampling.metadata import SamplingMetadata
 
@@ -17,7 +18,15 @@ from brisklm.sampling.metadata import SamplingMetadata
 _TOP_P_PREFIX = 256
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
+# On the CPU the sampler's ops run on one thread (``on_one_cpu_thread``), whatever torch's count.
+# A step's rows are small: a parallel region costs about what it saves there, and on cores that
+# other work keeps busy a preempted helper thread stalls it (chat calls with tools on the bundled
+# model beside one busy process: 80 -> 56-64 ms; docs/benchmarks.md). And a row's bits then do
+# not depend on the thread count: a sum over one row of more than 32,768 logits (the top-p
+# normaliser at a 128k vocabulary) is split between threads, and rounds otherwise at each count.
 
+
+@on_one_cpu_thread
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """Pick one token per row: (B, V) logits -> (B,) int64 token ids.
 
@@ -38,6 +47,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return inverse_cdf(probs, uniforms)
 
 
+@on_one_cpu_thread
 def processed_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """The (B, V) float32 distribution that :func:`sample` draws from; each row sums to 1.
 
@@ -56,6 +66,7 @@ class LogprobsTensors:
     rank: torch.Tensor  # (B,) int64, 1 = most likely; 1 + number of strictly likelier tokens
 
 
+@on_one_cpu_thread
 def compute_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
 ) -> LogprobsTensors:

@@ -6,9 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
+from brisklm.kernels.omp import on_one_cpu_thread
 from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
 
 
+@on_one_cpu_thread  # as the sampler's ops (brisklm.sampling.sampler)
 def rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
