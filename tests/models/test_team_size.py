@@ -3,8 +3,6 @@ preempted teammates, tried again after a pause that doubles while the cores stay
 
 from __future__ import annotations
 
-import pytest
-
 from brisklm.kernels.team_size import BUSY_SHARE, MAX_PAUSE_S, MIN_PAUSE_S, WINDOW_S, TeamSize
 
 WINDOW_NS = int(WINDOW_S * 1e9)
@@ -89,9 +87,21 @@ def test_the_share_is_per_waiting_thread() -> None:
     assert team.size(8) == 7
 
 
-@pytest.mark.parametrize("share", [0.0, 0.5])
-def test_reset_forgets_the_cap(share: float) -> None:
+def test_reset_forgets_the_cap() -> None:
     team = TeamSize(Clock())
-    team.observe(2, int(share * WINDOW_NS), WINDOW_NS)
+    busy(team, 2)
+    assert team.size(2) == 1
     team.reset()
     assert team.size(2) == 2 and team.cap is None
+
+
+def test_a_retry_whose_window_filled_long_after_does_not_lengthen_the_pause() -> None:
+    clock = Clock()
+    team = TeamSize(clock)
+    busy(team, 2)
+    clock.now += MIN_PAUSE_S
+    assert team.size(2) == 2  # a retry; then the engine idles for an hour
+    clock.now += 3600
+    busy(team, 2)
+    clock.now += MIN_PAUSE_S
+    assert team.size(2) == 2  # the pause was the shortest again

@@ -10,6 +10,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from brisklm.kernels.omp import one_thread_works
 from brisklm.sampling import SamplingParams, processed_probs, sample
 from brisklm.sampling.categorical import inverse_cdf
 from brisklm.sampling.metadata import SamplingMetadata
@@ -331,6 +332,8 @@ def test_the_sampler_on_cpu_gives_the_same_bits_at_any_thread_count() -> None:
     """The sampler's ops run on one thread whatever torch's count (brisklm.kernels.omp): a sum
     over one row of 128k logits, split between threads, rounds otherwise at each count, and a
     top-p at that edge kept one token or two depending on the count."""
+    if not one_thread_works():
+        pytest.skip("torch's OpenMP runtime cannot be reached here (the sampler keeps its count)")
     vocab = 128256
     before = torch.get_num_threads()
     edge = None

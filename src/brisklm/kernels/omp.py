@@ -4,6 +4,12 @@ Torch's CPU ops on a thread split their work between as many threads as that thr
 count (libgomp keeps one per thread; ``torch.set_num_threads`` sets the caller's and the default
 for threads that start later). ``one_thread`` sets the calling thread's alone and puts it back:
 other threads, and the count new threads take, stay as they are.
+
+The count is set through the OpenMP runtime torch's own library is linked against (a lookup from
+``libtorch_cpu``'s handle searches its dependencies), not a ``libgomp.so.1`` found by name: a wheel
+bundling a renamed copy would otherwise load the system's, whose count torch never reads. Where
+that lookup fails, or setting the count does not change torch's (another OpenMP runtime), the
+block changes nothing, and ``one_thread_works`` says so.
 """
 
 from __future__ import annotations
@@ -11,37 +17,59 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 
 @functools.cache
-def _libgomp() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch's ops run on (loaded with torch: the same library), or None."""
+def _set_num_threads() -> Callable[[int], None] | None:
+    """``omp_set_num_threads`` of the runtime torch runs on, or None."""
     try:
-        lib = ctypes.CDLL("libgomp.so.1")
-    except OSError:
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        function = library.omp_set_num_threads
+    except (OSError, AttributeError):
         return None
-    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-    lib.omp_set_num_threads.restype = None
-    return lib
+    function.argtypes = [ctypes.c_int]
+    function.restype = None
+    return function
+
+
+@functools.cache
+def one_thread_works() -> bool:
+    """Whether ``one_thread`` takes effect here (checked once, on the calling thread)."""
+    setter = _set_num_threads()
+    if setter is None:
+        logger.info("torch's OpenMP runtime not found: its ops on the sampler keep torch's count")
+        return False
+    before = torch.get_num_threads()
+    probe = 2 if before == 1 else 1
+    setter(probe)
+    works = torch.get_num_threads() == probe
+    setter(before)
+    if not works:
+        logger.info("torch does not read libgomp's count: its ops on the sampler keep its count")
+    return works
 
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
     """Torch's CPU ops on the calling thread run on it alone inside the block."""
-    lib = _libgomp()
     before = torch.get_num_threads()  # also sets the thread's count up first, as torch does
-    if lib is None or before == 1:
+    setter = _set_num_threads()
+    if before == 1 or setter is None or not one_thread_works():
         yield
         return
-    lib.omp_set_num_threads(1)
+    setter(1)
     try:
         yield
     finally:
-        lib.omp_set_num_threads(before)
+        setter(before)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -50,6 +50,7 @@ class TeamSize:
         self._retry_at = 0.0  # when a capped team tries one thread more
         self._pause = MIN_PAUSE_S  # how long the cap holds after the next busy window
         self._retrying = False  # the window being measured runs the thread a retry added
+        self._retried_at = 0.0
         self._slept_ns = 0
         self._wall_ns = 0
         self._told = False
@@ -68,6 +69,7 @@ class TeamSize:
             if self.cap is not None and not self._retrying and self._clock() >= self._retry_at:
                 self.cap += 1
                 self._retrying = True
+                self._retried_at = self._clock()
                 self._slept_ns = self._wall_ns = 0
                 logger.debug("native pass: trying %d threads again", self.cap)
             if self.cap is not None and self.cap >= wanted:
@@ -89,7 +91,10 @@ class TeamSize:
             share = self._slept_ns / self._wall_ns
             self._slept_ns = self._wall_ns = 0
             if share >= BUSY_SHARE:
-                self._pause = min(2 * self._pause, MAX_PAUSE_S) if self._retrying else MIN_PAUSE_S
+                # A retry found the cores still busy: a longer pause. (A retry whose window filled
+                # only long after, the engine idle between, says nothing of now.)
+                recent = self._retrying and self._clock() - self._retried_at <= MAX_PAUSE_S
+                self._pause = min(2 * self._pause, MAX_PAUSE_S) if recent else MIN_PAUSE_S
                 self.cap = team - 1
                 self._retry_at = self._clock() + self._pause
                 self._retrying = False
