@@ -102,9 +102,11 @@ class TeamSize:
                 self._told = True
                 log(
                     "native pass: its threads slept %.0f%% of the last passes' time waiting for "
-                    "preempted teammates (other work on the CPUs): %d threads for %.1f s",
+                    "preempted teammates (other work on the CPUs): one thread fewer (%d of %d) "
+                    "for %.1f s",
                     100 * share,
                     self.cap,
+                    team,
                     self._pause,
                 )
             elif self._retrying:  # the added thread ran clear: keep it, and try the next
