@@ -4,6 +4,7 @@ sampling keeps the output distribution exactly the target's, rejected tokens are
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import torch
@@ -361,7 +362,7 @@ class Speculator:
         for b, token in enumerate(forced):
             if token is not None:
                 out_rows[b], accepted[b] = [token], 0
-        offsets = [sum(counts[:b]) for b in range(len(counts))]
+        offsets = _row_offsets(counts)
         logprobs = self._logprobs(engine, requests, logits, out_rows, accepted, offsets)
         return self._accept(
             engine, requests, proposals, feeds, out_rows, accepted, logprobs, tested
@@ -465,9 +466,14 @@ def _after_tested_eos(
     return out
 
 
+def _row_offsets(counts: list[int]) -> list[int]:
+    """The first logits row of each request, request b having ``counts[b]`` rows."""
+    return list(accumulate(counts, initial=0))[:-1]
+
+
 def _rows_of(going: list[int], counts: list[int]) -> torch.Tensor:
     """The logits rows (``counts[b]`` per request b) of the requests ``going``."""
-    offsets = [sum(counts[:b]) for b in range(len(counts))]
+    offsets = _row_offsets(counts)
     rows = [offsets[b] + j for b in going for j in range(counts[b])]
     return torch.tensor(rows, dtype=torch.int64)
 

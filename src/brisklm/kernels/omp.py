@@ -61,10 +61,11 @@ def one_thread_works() -> bool:
 def one_thread() -> Iterator[None]:
     """Torch's CPU ops on the calling thread run on it alone inside the block."""
     before = torch.get_num_threads()  # also sets the thread's count up first, as torch does
-    setter = _set_num_threads()
-    if before == 1 or setter is None or not one_thread_works():
+    if before == 1 or not one_thread_works():
         yield
         return
+    setter = _set_num_threads()
+    assert setter is not None  # one_thread_works found it
     setter(1)
     try:
         yield

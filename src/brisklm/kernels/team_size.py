@@ -49,8 +49,8 @@ class TeamSize:
         self.cap: int | None = None  # at most this many threads; None: torch's count
         self._retry_at = 0.0  # when a capped team tries one thread more
         self._pause = MIN_PAUSE_S  # how long the cap holds after the next busy window
-        self._retrying = False  # the window being measured runs the thread a retry added
-        self._retried_at = 0.0
+        # When the thread the window being measured runs was added by a retry; None: no retry.
+        self._retried_at: float | None = None
         self._slept_ns = 0
         self._wall_ns = 0
         self._told = False
@@ -59,17 +59,17 @@ class TeamSize:
         """Forget what the passes so far saw: no cap, no backoff (tests)."""
         with self._lock:
             self.cap = None
-            self._retrying = False
+            self._retried_at = None
             self._pause = MIN_PAUSE_S
             self._slept_ns = self._wall_ns = 0
 
     def size(self, wanted: int) -> int:
         """The team for the next pass, where torch's thread count is ``wanted``."""
         with self._lock:
-            if self.cap is not None and not self._retrying and self._clock() >= self._retry_at:
+            now = self._clock()
+            if self.cap is not None and self._retried_at is None and now >= self._retry_at:
                 self.cap += 1
-                self._retrying = True
-                self._retried_at = self._clock()
+                self._retried_at = now
                 self._slept_ns = self._wall_ns = 0
                 logger.debug("native pass: trying %d threads again", self.cap)
             if self.cap is not None and self.cap >= wanted:
@@ -93,11 +93,12 @@ class TeamSize:
             if share >= BUSY_SHARE:
                 # A retry found the cores still busy: a longer pause. (A retry whose window filled
                 # only long after, the engine idle between, says nothing of now.)
-                recent = self._retrying and self._clock() - self._retried_at <= MAX_PAUSE_S
+                now = self._clock()
+                recent = self._retried_at is not None and now - self._retried_at <= MAX_PAUSE_S
                 self._pause = min(2 * self._pause, MAX_PAUSE_S) if recent else MIN_PAUSE_S
                 self.cap = team - 1
-                self._retry_at = self._clock() + self._pause
-                self._retrying = False
+                self._retry_at = now + self._pause
+                self._retried_at = None
                 log = logger.debug if self._told else logger.info
                 self._told = True
                 log(
@@ -109,8 +110,8 @@ class TeamSize:
                     team,
                     self._pause,
                 )
-            elif self._retrying:  # the added thread ran clear: keep it, and try the next
-                self._retrying = False
+            elif self._retried_at is not None:  # the added thread ran clear: keep it, try the next
+                self._retried_at = None
                 self._pause = MIN_PAUSE_S
                 self._retry_at = self._clock()
 
