@@ -1509,6 +1509,14 @@ static inline void weighted_values64_paired(const float *p, const void *v, int64
  * alone: a query's result does not depend on its unit, the tiles or the thread. */
 #define UNIT_QUERIES 16  /* queries per unit at most */
 #define TILE_BYTES 16384 /* of keys (then values) per tile: half of a Zen 3's or Skylake's L1 */
+/* A unit whose keys take at most these bytes asks for all its keys (into L1) and values (into
+ * L2) before it reads any: between the products, whose weights have pushed them out of every
+ * cache, a short stream of keys was read at the latency of each access before the hardware
+ * prefetchers took it up. A Zen 4, the 125M model's one-token step at 160 positions (40 KB of
+ * keys a unit), attention's time in the step: 170 us against 220 (values_add took it from 240 to
+ * 220); the step, 7 ms, level within this VM's noise. Longer caches are left to the hardware
+ * prefetchers (see PREFETCH_AHEAD). */
+#define ASK_KEYS_BYTES 262144
 
 typedef struct {
     int t0, t1, h0, h1;
@@ -1731,6 +1739,58 @@ static inline __attribute__((always_inline)) void generic_values_add_paired(
 }
 #endif
 
+/* generic_values_add, or generic_values_add_paired where ``paired``, with a width known at compile
+ * time where it is a multiple of VW (of 2 * VW paired), as head sizes are: with a width known
+ * only at run time gcc kept the sums on the stack, a load and a store around every FMA (a Zen 4,
+ * the 125M model at 160 positions: a unit of three queries took 3.5 us with its keys and values
+ * in the caches). Same operations, same order: the same bits. */
+static inline __attribute__((always_inline)) void values_add(const float *p, const void *v0,
+                                                             int64_t from, int64_t to, int single,
+                                                             int d, int c0, int width,
+                                                             float *acc_mem, float *odd_mem,
+                                                             float *tail_mem, int paired, int ct) {
+#if defined(AVX512_ATTENTION)
+    if (paired) {
+#define PAIRED_CASE(W)                                                                         \
+    case W: generic_values_add_paired(p, v0, from, to, single, d, c0, W, acc_mem, odd_mem); \
+        return;
+        switch (width) {
+            PAIRED_CASE(2 * VW)
+            PAIRED_CASE(4 * VW)
+            PAIRED_CASE(6 * VW)
+            PAIRED_CASE(8 * VW)
+            default:
+                generic_values_add_paired(p, v0, from, to, single, d, c0, width, acc_mem, odd_mem);
+                return;
+        }
+#undef PAIRED_CASE
+    }
+#else
+    (void)paired;
+#endif
+#define VALUES_CASE(W)                                                                           \
+    case W:                                                                                      \
+        generic_values_add(p, v0, from, to, single, d, c0, W, acc_mem, odd_mem, tail_mem, ct); \
+        return;
+    switch (width) {
+        VALUES_CASE(VW)
+        VALUES_CASE(2 * VW)
+        VALUES_CASE(3 * VW)
+        VALUES_CASE(4 * VW)
+        VALUES_CASE(5 * VW)
+        VALUES_CASE(6 * VW)
+        VALUES_CASE(7 * VW)
+        VALUES_CASE(8 * VW)
+        default:
+            generic_values_add(p, v0, from, to, single, d, c0, width, acc_mem, odd_mem, tail_mem,
+                               ct);
+    }
+#undef VALUES_CASE
+}
+#if MAX_REG_DIM != 8 * VW
+#error "values_add: one case per multiple of VW up to MAX_REG_DIM"
+#endif
+
 /* The query's weighted sums over the values of keys t0 to t1 (those it attends), continued from
  * the tiles before. */
 static inline __attribute__((always_inline)) void values_tile(const brisk_forward_args *a,
@@ -1761,15 +1821,8 @@ static inline __attribute__((always_inline)) void values_tile(const brisk_forwar
     const int single = to_pair < count && to_pair < limit; /* the last key, of an odd count */
     for (int c0 = VALUE_COLUMNS(d); c0 < d; c0 += MAX_REG_DIM) {
         const int width = d - c0 < MAX_REG_DIM ? d - c0 : MAX_REG_DIM;
-#if defined(AVX512_ATTENTION)
-        if (paired) {
-            generic_values_add_paired(y->scores, v0, from_pair, to_pair, single, d, c0, width,
-                                      y->out + c0, y->extra + c0);
-            continue;
-        }
-#endif
-        generic_values_add(y->scores, v0, from_pair, to_pair, single, d, c0, width, y->out + c0,
-                           y->extra + c0, y->extra + d, ct);
+        values_add(y->scores, v0, from_pair, to_pair, single, d, c0, width, y->out + c0,
+                   y->extra + c0, y->extra + d, paired, ct);
     }
     y->pair = to_pair + single;
 }
@@ -1864,6 +1917,12 @@ static inline __attribute__((always_inline)) void attend_unit(const brisk_forwar
     }
     int64_t tile = TILE_BYTES / ((int64_t)d * WT_SIZE(ct)) / 16 * 16;
     if (tile < 16) tile = 16;
+    const int64_t bytes = (last + 1 - first) * d * WT_SIZE(ct);
+    if (bytes <= ASK_KEYS_BYTES) {
+        const char *k0 = CACHE_AT(keys, first * d, ct), *v0 = CACHE_AT(values, first * d, ct);
+        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(k0 + at, 0, 3);
+        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(v0 + at, 0, 2);
+    }
     for (int64_t t0 = first; t0 <= last; t0 += tile) {
         for (int i = 0; i < nq; i++) {
             attn_query *y = &x[i];
