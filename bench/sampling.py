@@ -2,8 +2,11 @@
 
 transformers' ``generate`` samples a step by running its logits warpers (temperature, top-k, top-p)
 and then ``torch.multinomial`` on the softmax; brisklm runs ``brisklm.sampling.sample`` (the same
-filters, then an inverse-CDF draw). Both are timed per decode step (best of several runs) for
-vocabularies of 32k and 128k tokens, one and eight rows, on two kinds of logits:
+filters, then an inverse-CDF draw), on the CPU through the native kernels' one pass a row
+(``sampler.native_draws``) where they build, and again through the torch ops that pass replaced
+(``native_draws`` returning None, as where the kernels do not build). All are timed per decode
+step (best of several runs) for vocabularies of 32k and 128k tokens, one and eight rows, on two
+kinds of logits:
 
 - "peaked": standard normal logits times 4, the shape of a trained model's next-token
   distribution (the top-p nucleus fits in a few hundred tokens);
@@ -22,7 +25,7 @@ import time
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from brisklm.sampling import SamplingMetadata, SamplingParams, make_generator, sample
+from brisklm.sampling import SamplingMetadata, SamplingParams, make_generator, sample, sampler
 
 CONFIGS = {
     "temperature 0.8": dict(temperature=0.8),
@@ -65,7 +68,7 @@ def main() -> None:
         f"machine: {platform.machine()} torch {torch.__version__} threads {torch.get_num_threads()}"
     )
     print(f"{'logits':<8}{'vocab':>7}{'rows':>5}  {'config':<24}{'brisklm us':>11}"
-          f"{'transformers us':>16}{'ratio':>8}")  # fmt: skip
+          f"{'torch ops us':>13}{'transformers us':>16}{'ratio':>8}")  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     for kind, scale in (("peaked", 4.0), ("flat", 1.0)):
         for vocab in (32000, 128256):
@@ -89,10 +92,16 @@ def main() -> None:
                         "cpu",
                     )
                     ours = best_time(lambda x=logits, m=md: sample(x, m), args.repeats)
+                    native_draws = sampler.native_draws
+                    sampler.native_draws = lambda *a, **k: None
+                    try:
+                        ops = best_time(lambda x=logits, m=md: sample(x, m), args.repeats)
+                    finally:
+                        sampler.native_draws = native_draws
                     theirs = best_time(lambda x=logits, p=params: hf_step(x, p), args.repeats)
                     print(
                         f"{kind:<8}{vocab:>7}{rows:>5}  {name:<24}{ours * 1e6:>11.0f}"
-                        f"{theirs * 1e6:>16.0f}{theirs / ours:>7.1f}x"
+                        f"{ops * 1e6:>13.0f}{theirs * 1e6:>16.0f}{theirs / ours:>7.1f}x"
                     )
 
 

@@ -87,6 +87,16 @@ def test_row_uniforms_draw_once_per_seeded_row_and_never_for_others():
     assert torch.equal(torch.get_rng_state(), replay_default.get_state())
 
 
+def test_row_uniforms_take_default_rows_as_a_tensor():
+    """SamplingMetadata keeps its default rows as a tensor: the same draws as from a list."""
+    torch.manual_seed(4)
+    from_list = row_uniforms(3, "cpu", [0, 2], {})
+    torch.manual_seed(4)
+    from_tensor = row_uniforms(3, "cpu", torch.tensor([0, 2]), {})
+    assert from_tensor.dtype == torch.float64 and torch.equal(from_list, from_tensor)
+    assert from_tensor[1] == 0.5
+
+
 def test_row_uniforms_all_default_rows():
     torch.manual_seed(2)
     out = row_uniforms(3, "cpu", None, {})

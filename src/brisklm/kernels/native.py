@@ -274,6 +274,7 @@ _SIGNATURES = {
     "brisk_forward_f32": ([ctypes.POINTER(ForwardArgs)], _I32),
     "brisk_test_argmax": ([_PTR, _I64, _I32, _I64, _PTR, _I32], _I32),
     "brisk_apply_bitmask_f32": ([_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64], None),
+    "brisk_sample_rows": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR], _I32),
     "brisk_attention_floats": ([_I64, _I32], _I64),
     **{name: _PRODUCT_SIGNATURE for name in (*_PRODUCTS.values(), "brisk_linear_int4")},
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,27 @@ class SamplingMetadata:
     seen_mask: torch.Tensor | None
     # Largest ``logprobs`` over the batch; None when no row asked for logprobs.
     max_num_logprobs: int | None
+
+    @functools.cached_property
+    def filter_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(temperature, top_k, top_p, min_p), each (B,) and contiguous: float32, int64, float32,
+        float32, with a filter's off value where no row uses it (top-k V, top-p 1, min-p 0). For
+        the native sampler (``sampler.native_draws``), built once per metadata, which the engine
+        keeps across steps. Not for an all-greedy batch (no temperature)."""
+        assert self.temperature is not None, "an all-greedy batch has no filters"
+        rows, device = self.batch_size, self.temperature.device
+        return (
+            self.temperature.to(torch.float32).contiguous(),
+            torch.full((rows,), self.vocab_size, dtype=torch.int64, device=device)
+            if self.top_k is None
+            else self.top_k.to(torch.int64).contiguous(),
+            torch.ones(rows, device=device)
+            if self.top_p is None
+            else self.top_p.to(torch.float32).contiguous(),
+            torch.zeros(rows, device=device)
+            if self.min_p is None
+            else self.min_p.to(torch.float32).contiguous(),
+        )
 
     @property
     def no_top_k(self) -> bool:

@@ -36,15 +36,72 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     inverse CDF (``brisklm.sampling.categorical``), an exact categorical draw from one uniform per
     row; a row with its own generator draws that uniform from it alone, so its tokens do not
     depend on the rest of the batch; the other rows share the default generator in one batched op.
+    On the CPU, where the native kernels run, temperature, the filters and the draw are one C
+    pass over each row instead (:func:`native_draws`): the same kept tokens (but at the very edge
+    of a top-p nucleus), probabilities within float32 rounding of :func:`processed_probs`'.
 
     Every row must have at least one finite logit. ``logits`` is not modified.
     """
     x = _adjust_logits(logits, md)  # (B, V)
     if md.all_greedy:
         return greedy_tokens(x)
-    probs = _probs_from_adjusted(x, md)  # (B, V)
-    uniforms = row_uniforms(probs.shape[0], probs.device, md.default_rng_rows, md.generators)
-    return inverse_cdf(probs, uniforms)
+    uniforms = row_uniforms(x.shape[0], x.device, md.default_rng_rows, md.generators)
+    tokens = native_draws(x, md, uniforms)
+    if tokens is None:
+        return inverse_cdf(_probs_from_adjusted(x, md), uniforms)
+    if md.is_greedy is not None:
+        tokens = torch.where(md.is_greedy, greedy_tokens(x), tokens)
+    return tokens
+
+
+def native_draws(
+    x: torch.Tensor,
+    md: SamplingMetadata,
+    uniforms: torch.Tensor,
+    probs: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """(B,) int64 tokens drawn from the rows of adjusted logits ``x`` (B, V) with ``uniforms``
+    (B,) by the native kernels (``brisk_sample_rows`` in cpu_forward.c): temperature, top-k,
+    top-p and min-p as :func:`processed_probs` applies them, then the draw of
+    :func:`~brisklm.sampling.categorical.inverse_cdf`, ``NO_TOKEN`` where a row has nothing to
+    draw. Greedy rows are drawn as random ones at temperature 1 (the caller replaces them).
+    ``probs`` (B, V) float32, if given, receives each row's distribution. None where it does not
+    run: not float32 logits on the CPU with rows of unit stride, or no native kernels.
+
+    One C call for the batch: after a forward pass the torch ops took ~0.2 ms a step of one row of
+    4,096 logits with a temperature alone, ~0.35 ms with top-p (docs/benchmarks.md)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        return None
+    from brisklm.kernels import native
+
+    lib = native.library()
+    draw = getattr(lib, "brisk_sample_rows", None) if lib is not None else None
+    if draw is None:
+        return None
+    rows, vocab = x.shape
+    if probs is not None and (
+        probs.shape != x.shape or probs.dtype != torch.float32 or not probs.is_contiguous()
+    ):
+        raise ValueError(f"probs must be a contiguous float32 tensor of shape {tuple(x.shape)}")
+    temperature, top_k, top_p, min_p = md.filter_rows
+    draws = uniforms.to(torch.float64).contiguous()
+    out = torch.empty(rows, dtype=torch.int64)
+    failed = draw(
+        x.data_ptr(),
+        x.stride(0),
+        rows,
+        vocab,
+        temperature.data_ptr(),
+        top_k.data_ptr(),
+        top_p.data_ptr(),
+        min_p.data_ptr(),
+        draws.data_ptr(),
+        out.data_ptr(),
+        probs.data_ptr() if probs is not None else None,
+    )
+    if failed:
+        raise MemoryError(f"no memory for the sampler's scratch rows ({4 * vocab} floats)")
+    return out
 
 
 @on_one_cpu_thread
