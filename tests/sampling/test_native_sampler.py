@@ -35,8 +35,8 @@ def native_probs(logits: torch.Tensor, md) -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_distribution_is_processed_probs_own(build_md, vocab: int) -> None:
     """Each filter keeps the same tokens as the torch ops, with the same probabilities to float32
     rounding, on logits with masked (-inf) tokens as a grammar leaves them. At the edge of a flat
-    row's nucleus (temperature 5, top-p 0.99 over 32,000 tokens) the float64 running sum here and
-    torch's float32 cumsum may keep one token more or less: at most one, of little mass."""
+    row's nucleus (temperature 5, top-p 0.99 over 32,000 tokens) the float64 sums here and torch's
+    float32 cumsum may keep one token more or less: at most one here, of little mass."""
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randn(len(FILTERS), vocab, generator=generator) * 3
     logits[:, ::5] = float("-inf")
@@ -63,6 +63,20 @@ def test_a_nucleus_past_the_first_256_tokens(build_md) -> None:
     assert (want > 0).sum().item() > 1500
     assert torch.equal(got > 0, want > 0)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_p=0.5), SamplingParams(top_k=20000)])
+def test_a_row_shaped_as_a_v(build_md, params: SamplingParams) -> None:
+    """Its smallest values in the middle, each twice: with the middle element as their pivot the
+    quickselects took quadratic time here (seconds at 128k); the tokens kept are the torch ops'."""
+    vocab = 65536
+    index = torch.arange(vocab)
+    logits = (torch.maximum(index, vocab - 1 - index) * (2.6 / vocab) - 2.6).unsqueeze(0)
+    md = build_md([params], vocab)
+    want = processed_probs(logits, md)
+    _, got = native_probs(logits, md)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-7)
 
 
 def test_ties_with_the_last_kept_token_are_kept(build_md) -> None:

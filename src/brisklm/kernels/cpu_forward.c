@@ -2288,10 +2288,13 @@ int brisk_test_attention(const brisk_forward_args *a) {
  * alone, ~0.35 ms with top-p: a third of a sampled token's time. Each filter is one threshold per
  * row, ties with the last kept token kept, as there. The probabilities agree with
  * processed_probs' to float32 rounding (another exp, other orders of sums), so a draw differs only
- * where its uniform falls within that rounding of a step of the cumulative sums; and the nucleus
- * is found with a float64 running sum where torch's cumsum is float32, so a flat row can keep
- * one token more or less at its edge (one token of 1e-5 in a test of 24,500). Tokens below e^-87
- * of the largest get no mass (torch's exp gives them up to 1e-38). */
+ * where its uniform falls within that rounding of a step of the cumulative sums. Where a
+ * threshold meets rounding, the kept tokens can differ by tokens of negligible mass: the nucleus
+ * is found with float64 sums where torch's cumsum is float32 (a flat row at top-p 0.99 kept one
+ * token of 1e-5 more of 24,500; at top-p 0.999999 hundreds of ~1e-8 in all, where these sums
+ * matched an exact computation), and min-p compares the weights, whose largest is exactly 1,
+ * where torch compares rounded probabilities. Tokens below e^-87 of the largest get no mass
+ * (torch's exp gives them up to 1e-38). */
 
 #define DRAW_BLOCK 64     /* tokens whose weights the draw sums at once (see block_mass) */
 
@@ -2339,11 +2342,26 @@ static double row_mass(const float *w, int64_t n) {
     return total;
 }
 
+/* The quickselects' pivots are drawn by a xorshift seeded alike at every call (a row's result,
+ * and the order of its sums, then depend on the row alone): with the middle element as the pivot,
+ * a row shaped as a V (its smallest values in the middle, each twice) took quadratic time, 4.8 s
+ * for 128k logits under top-p (a review, session 64). A pivot does not change what is selected. */
+#define PIVOT_SEED 0x9E3779B97F4A7C15ull
+static inline int64_t pivot_at(uint64_t *state, int64_t lo, int64_t count) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return lo + (int64_t)(x % (uint64_t)count);
+}
+
 /* Reorders v[0, n) so that its k largest values (1 <= k <= n) come first, in no order. */
 static void select_largest(float *v, int64_t n, int64_t k) {
     int64_t lo = 0, hi = n - 1;
+    uint64_t state = PIVOT_SEED;
     while (lo < hi) {
-        const float pivot = v[lo + (hi - lo) / 2];
+        const float pivot = v[pivot_at(&state, lo, hi - lo + 1)];
         int64_t i = lo, j = hi;
         while (i <= j) { /* Hoare's partition, larger values first */
             while (v[i] > pivot) i++;
@@ -2435,8 +2453,9 @@ static float nucleus_floor(const float *z, const float *w, int64_t n, double tot
     }
     const double target = (double)top_p * total;
     double above = 0.0; /* the mass of the values known to be larger than [lo, hi)'s */
+    uint64_t state = PIVOT_SEED;
     for (;;) {
-        const float pivot = buf[lo + (hi - lo) / 2];
+        const float pivot = buf[pivot_at(&state, lo, hi - lo)];
         /* Three ways: [lo, g) larger than the pivot, [g, s) equal, [s, hi) smaller. */
         int64_t g = lo, i = lo, s = hi;
         double larger = 0.0, equal = 0.0;
@@ -2456,7 +2475,7 @@ static float nucleus_floor(const float *z, const float *w, int64_t n, double tot
                 i++;
             }
         }
-        if (above + larger >= target && g > lo)
+        if (above + larger >= target && g > lo) /* (g > lo: rounding cannot empty it) */
             hi = g; /* the nucleus ends among the larger values */
         else if (above + larger + equal >= target || s == hi)
             return pivot; /* here (or, the sums rounding under top_p, at the smallest) */
@@ -2486,10 +2505,9 @@ static int64_t sample_row(const float *x, int64_t n, float temperature, int64_t 
             total = row_weights(z, n, floor, w);
         }
     }
-    if (min_p > 0.0f) { /* below min_p times the largest probability (1 / total) */
-        const float sum = (float)total, least = min_p * (1.0f / sum);
+    if (min_p > 0.0f) { /* below min_p times the largest probability: the largest weight is 1 */
         for (int64_t i = 0; i < n; i++)
-            if (w[i] / sum < least) w[i] = 0.0f;
+            if (w[i] < min_p) w[i] = 0.0f;
         total = row_mass(w, n);
     }
     if (probs)

@@ -37,8 +37,9 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     row; a row with its own generator draws that uniform from it alone, so its tokens do not
     depend on the rest of the batch; the other rows share the default generator in one batched op.
     On the CPU, where the native kernels run, temperature, the filters and the draw are one C
-    pass over each row instead (:func:`native_draws`): the same kept tokens (but at the very edge
-    of a top-p nucleus), probabilities within float32 rounding of :func:`processed_probs`'.
+    pass over each row instead (:func:`native_draws`): the same kept tokens (but where a top-p or
+    min-p threshold meets rounding: tokens of negligible mass), probabilities within float32
+    rounding of :func:`processed_probs`'.
 
     Every row must have at least one finite logit. ``logits`` is not modified.
     """
@@ -79,6 +80,8 @@ def native_draws(
     if draw is None:
         return None
     rows, vocab = x.shape
+    if md.vocab_size != vocab:  # filter_rows marks top-k off with md's vocabulary size
+        return None
     if probs is not None and (
         probs.shape != x.shape or probs.dtype != torch.float32 or not probs.is_contiguous()
     ):
