@@ -2289,14 +2289,15 @@ int brisk_test_attention(const brisk_forward_args *a) {
  * row, ties with the last kept token kept, as there. The probabilities agree with
  * processed_probs' to float32 rounding (another exp, other orders of sums), so a draw differs only
  * where its uniform falls within that rounding of a step of the cumulative sums. Where a
- * threshold meets rounding, the kept tokens can differ by tokens of negligible mass: the nucleus
- * is found with float64 sums where torch's cumsum is float32 (a flat row at top-p 0.99 kept one
- * token of 1e-5 more of 24,500; at top-p 0.999999 hundreds of ~1e-8 in all, where these sums
- * matched an exact computation), and min-p compares the weights, whose largest is exactly 1,
+ * threshold meets rounding, the kept tokens can differ at the edge of a nearly flat row: the
+ * nucleus is found with float64 sums where torch's cumsum is float32 (a flat row at top-p 0.99
+ * kept one token of 1e-5 more of 24,500, 1,000 tokens at temperature 1e30 991 against 990; at
+ * top-p 0.999999 hundreds of ~1e-8 in all, where these sums matched an exact computation), and
+ * min-p compares the weights, whose largest is exactly 1,
  * where torch compares rounded probabilities. Tokens below e^-87 of the largest get no mass
  * (torch's exp gives them up to 1e-38). */
 
-#define DRAW_BLOCK 64     /* tokens whose weights the draw sums at once (see block_mass) */
+#define DRAW_BLOCK 64 /* tokens whose weights the draw sums at once (see block_mass) */
 
 /* The row's largest logit, or NaN where one is NaN or +inf (nothing to draw). */
 static float row_max_checked(const float *x, int64_t n) {
@@ -2475,7 +2476,9 @@ static float nucleus_floor(const float *z, const float *w, int64_t n, double tot
                 i++;
             }
         }
-        if (above + larger >= target && g > lo) /* (g > lo: rounding cannot empty it) */
+        /* g > lo: above + larger can reach the target with no larger value, where the sums
+         * rounded otherwise than the test that moved `above` past the values before */
+        if (above + larger >= target && g > lo)
             hi = g; /* the nucleus ends among the larger values */
         else if (above + larger + equal >= target || s == hi)
             return pivot; /* here (or, the sums rounding under top_p, at the smallest) */

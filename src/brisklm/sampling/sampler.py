@@ -38,7 +38,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     depend on the rest of the batch; the other rows share the default generator in one batched op.
     On the CPU, where the native kernels run, temperature, the filters and the draw are one C
     pass over each row instead (:func:`native_draws`): the same kept tokens (but where a top-p or
-    min-p threshold meets rounding: tokens of negligible mass), probabilities within float32
+    min-p threshold meets rounding, at the edge of a nearly flat row), probabilities within float32
     rounding of :func:`processed_probs`'.
 
     Every row must have at least one finite logit. ``logits`` is not modified.
