@@ -36,3 +36,21 @@ def build_md() -> BuildMetadata:
         )
 
     return build
+
+
+@pytest.fixture
+def torch_ops_only(monkeypatch) -> None:
+    """The sampler through torch's ops alone, as where the native kernels do not run (CUDA, or a
+    CPU where they do not build): ``sample`` and ``processed_probs`` find no native pass."""
+    from brisklm.sampling import sampler
+
+    monkeypatch.setattr(sampler, "_native_sampler", lambda x, md: None)
+
+
+@pytest.fixture(params=["native pass", "torch ops"])
+def either_sampler_path(request) -> str:
+    """Each test that asks for this runs twice: through the native pass where it builds, and
+    through torch's ops (``torch_ops_only``)."""
+    if request.param == "torch ops":
+        request.getfixturevalue("torch_ops_only")
+    return request.param

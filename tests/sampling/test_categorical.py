@@ -36,6 +36,7 @@ def test_rows_of_a_batch_are_drawn_independently():
         assert dist[row, batched[row]] > 0
 
 
+@pytest.mark.usefixtures("either_sampler_path")
 def test_a_row_with_nothing_to_draw_gives_no_token_and_leaves_the_others_alone(build_md):
     # Logits holding NaN or +inf make NaN probabilities (x - max is NaN or inf - inf); a row whose
     # every token is masked has no mass. Drawing such a row used to return the last token, one of
@@ -112,8 +113,9 @@ def reference_nucleus(logits: torch.Tensor, temperature: float, top_k: int, top_
 
 
 @pytest.fixture
-def nucleus_widths(monkeypatch) -> list[int]:
-    """How many sorted values each top-p threshold search looked at (a spy on _last_kept)."""
+def nucleus_widths(monkeypatch, torch_ops_only) -> list[int]:
+    """How many sorted values each top-p threshold search of the torch ops looked at (a spy on
+    _last_kept)."""
     widths: list[int] = []
     last_kept = sampler_module._last_kept
 
@@ -181,6 +183,7 @@ def test_top_k_with_top_p_finds_the_nucleus_among_the_top_k_values(build_md, nuc
         torch.testing.assert_close(probs[row], expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("either_sampler_path")
 def test_top_k_with_top_p_falls_back_to_the_row_when_ties_run_past_the_list(build_md):
     # Top-k 2 keeps the 2.0 and every 1.0 (ties with the 2nd value), more than the 3 values
     # listed; the nucleus is then computed on the whole row.
@@ -197,6 +200,7 @@ def test_top_k_with_top_p_falls_back_to_the_row_when_ties_run_past_the_list(buil
     assert (probs > 0).sum(-1).tolist() == [1, 5]
 
 
+@pytest.mark.usefixtures("either_sampler_path")
 def test_sampled_tokens_stay_inside_the_nucleus_at_a_large_vocabulary(build_md):
     generator = torch.Generator().manual_seed(4)
     vocab = 32000

@@ -18,6 +18,9 @@ from brisklm.sampling.sampler import compute_logprobs, largest_values
 
 NEG_INF = float("-inf")
 
+# Every test here runs through the native pass and through torch's ops (tests/sampling/conftest.py).
+pytestmark = pytest.mark.usefixtures("either_sampler_path")
+
 
 def reference_probs(
     logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float

@@ -75,6 +75,8 @@ def test_pad_positions():
     ]
     with pytest.raises(ValueError, match="sum"):
         pad_positions(flat, [2, 2], 3)
+    # No row padded: the rows as they are.
+    assert pad_positions(flat, [3, 3], 3).tolist() == flat.reshape(2, 3, 2).tolist()
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,16 @@ K = 3  # proposals per row
 N = 40_000  # independent rows per statistical run
 
 
+@pytest.fixture(autouse=True, params=["native pass", "torch ops"])
+def sampler_path(request, monkeypatch) -> str:
+    """Every test runs through the native kernels' pass (where they build) and the torch ops."""
+    if request.param == "torch ops":
+        monkeypatch.setattr(rejection, "_native_rows", lambda *args: None)
+    elif rejection._native_rows(torch.zeros(1, 1, 1), torch.zeros(1, 0), None) is None:
+        pytest.skip("native kernels do not build here")
+    return request.param
+
+
 def _tv(empirical: torch.Tensor, expected: torch.Tensor) -> float:
     return 0.5 * float((empirical - expected).abs().sum())
 
@@ -189,8 +199,11 @@ MUTANT_CASES = [
 
 
 @pytest.mark.parametrize(("mutant", "deterministic"), MUTANT_CASES)
-def test_wrong_formulas_fail_the_bound(monkeypatch, mutant, deterministic):
-    """Negative controls: the same statistical check catches each deliberately wrong variant."""
+def test_wrong_formulas_fail_the_bound(monkeypatch, mutant, deterministic, sampler_path):
+    """Negative controls: the same statistical check catches each deliberately wrong variant (of
+    the torch ops; the native pass is held to the torch ops' decisions below)."""
+    if sampler_path == "native pass":
+        pytest.skip("the mutants replace torch ops")
     name, replacement = MUTANTS[mutant]
     monkeypatch.setattr(rejection, name, replacement)
     checks = _run_chain(deterministic)
@@ -415,3 +428,29 @@ def test_shape_errors_are_clear():
         rejection_sample(
             target, torch.zeros((2, K), dtype=torch.int64), [1, 1], None, [True] * 2, [None]
         )
+
+
+def test_the_native_pass_decides_as_the_torch_ops(monkeypatch, sampler_path):
+    """On 300 random batches (seeded, greedy and default rows; draft probabilities or none; tokens
+    the target forbids; K from 0 to 4) the native pass returns the torch ops' tokens and counts."""
+    if sampler_path == "torch ops":
+        pytest.skip("compares the two paths")
+    gen = torch.Generator().manual_seed(9)
+    native_path = rejection._native_rows
+    for case in range(300):
+        batch, width = int(torch.randint(1, 5, (1,), generator=gen)), case % 5
+        target, drafts, draft = _random_case(gen, batch, width)
+        target[target < 0.05] = 0.0  # forbidden tokens, as top-k or a grammar leaves them
+        greedy = (torch.rand(batch, generator=gen) < 0.3).tolist()
+        target[greedy] = torch.nn.functional.one_hot(target[greedy].argmax(-1), V).float()
+        num_draft = torch.randint(width + 1, (batch,), generator=gen).tolist()
+        q = draft if case % 2 else None
+        seeds = [int(s) if s % 3 else None for s in torch.randint(100, (batch,), generator=gen)]
+        results = []
+        for native_rows in (native_path, lambda *args: None):
+            monkeypatch.setattr(rejection, "_native_rows", native_rows)
+            generators = [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
+            torch.manual_seed(case)
+            out, accepted = rejection_sample(target, drafts, num_draft, q, greedy, generators)
+            results.append((out.tolist(), accepted.tolist()))
+        assert results[0] == results[1], case

@@ -84,8 +84,7 @@ def _apply_natively(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Ten
         return False
     from brisklm.kernels import native
 
-    lib = native.library()
-    apply = getattr(lib, "brisk_apply_bitmask_f32", None) if lib is not None else None
+    apply = native.function("brisk_apply_bitmask_f32")
     if apply is None:
         return False
     index = None

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -275,6 +276,10 @@ _SIGNATURES = {
     "brisk_test_argmax": ([_PTR, _I64, _I32, _I64, _PTR, _I32], _I32),
     "brisk_apply_bitmask_f32": ([_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "brisk_sample_rows": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR], _I32),
+    "brisk_rejection_rows": (
+        [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
+        None,
+    ),
     "brisk_attention_floats": ([_I64, _I32], _I64),
     **{name: _PRODUCT_SIGNATURE for name in (*_PRODUCTS.values(), "brisk_linear_int4")},
 }
@@ -324,6 +329,12 @@ def library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     return library() is not None
+
+
+def function(name: str) -> Any:
+    """The kernels' C function ``name`` (declared), or None where they cannot be used."""
+    lib = library()
+    return getattr(lib, name, None) if lib is not None else None
 
 
 PANEL = 32  # output rows per panel (NB in the C source)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +56,32 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return tokens
 
 
+@on_one_cpu_thread
+def sample_with_probs(
+    logits: torch.Tensor, md: SamplingMetadata, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, probs)``: ``inverse_cdf(processed_probs(logits, md), uniforms)`` and the
+    distribution it drew from, ``processed_probs(logits, md)`` (speculative decoding's draft needs
+    both). On the CPU, where the native kernels run, one C pass over each row gives both (as in
+    :func:`native_draws`); ``md``'s generators are not read: ``uniforms`` are the draws."""
+    x = _adjust_logits(logits, md)
+    if md.all_greedy:
+        tokens = greedy_tokens(x)
+        return tokens, _one_hot(x, tokens)
+    draw = _native_sampler(x, md)
+    if draw is None:
+        probs = _probs_from_adjusted(x, md)
+        return inverse_cdf(probs, uniforms), probs
+    probs = torch.empty(x.shape, dtype=torch.float32)
+    tokens = torch.empty(x.shape[0], dtype=torch.int64)
+    _run_native_sampler(draw, x, md, uniforms.to(torch.float64).contiguous(), tokens, probs)
+    if md.is_greedy is not None:
+        greedy = greedy_tokens(x)
+        tokens = torch.where(md.is_greedy, greedy, tokens)
+        probs = torch.where(md.is_greedy.unsqueeze(1), _one_hot(x, greedy), probs)
+    return tokens, probs
+
+
 def native_draws(
     x: torch.Tensor,
     md: SamplingMetadata,
@@ -71,24 +98,55 @@ def native_draws(
 
     One C call for the batch: after a forward pass the torch ops took ~0.2 ms a step of one row of
     4,096 logits with a temperature alone, ~0.35 ms with top-p (docs/benchmarks.md)."""
+    draw = _native_sampler(x, md)
+    if draw is None:
+        return None
+    draws = uniforms.to(torch.float64).contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _run_native_sampler(draw, x, md, draws, out, probs)
+    return out
+
+
+def native_probs(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor | None:
+    """(B, V) float32: the distributions of :func:`native_draws` (temperature and the filters on
+    the rows of adjusted logits ``x``), NaN in a row with nothing to draw, as torch's softmax gives
+    it; greedy rows as random ones at temperature 1. None where the native kernels do not run."""
+    compute = _native_sampler(x, md)
+    if compute is None:
+        return None
+    probs = torch.empty(x.shape, dtype=torch.float32)
+    _run_native_sampler(compute, x, md, None, None, probs)
+    return probs
+
+
+def _native_sampler(x: torch.Tensor, md: SamplingMetadata) -> Any:
+    """The native kernels' ``brisk_sample_rows`` where it can take ``x`` and ``md``: float32
+    logits on the CPU with rows of unit stride and md's vocabulary; else None."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        return None
+    if md.vocab_size != x.shape[1]:  # filter_rows marks top-k off with md's vocabulary size
         return None
     from brisklm.kernels import native
 
-    lib = native.library()
-    draw = getattr(lib, "brisk_sample_rows", None) if lib is not None else None
-    if draw is None:
-        return None
+    return native.function("brisk_sample_rows")
+
+
+def _run_native_sampler(
+    draw: Any,
+    x: torch.Tensor,
+    md: SamplingMetadata,
+    uniforms: torch.Tensor | None,
+    out: torch.Tensor | None,
+    probs: torch.Tensor | None,
+) -> None:
+    """One ``brisk_sample_rows`` call: ``out`` (B,) int64 gets the draws with ``uniforms`` (B,)
+    float64 (both or neither), ``probs`` the distributions."""
     rows, vocab = x.shape
-    if md.vocab_size != vocab:  # filter_rows marks top-k off with md's vocabulary size
-        return None
     if probs is not None and (
         probs.shape != x.shape or probs.dtype != torch.float32 or not probs.is_contiguous()
     ):
         raise ValueError(f"probs must be a contiguous float32 tensor of shape {tuple(x.shape)}")
     temperature, top_k, top_p, min_p = md.filter_rows
-    draws = uniforms.to(torch.float64).contiguous()
-    out = torch.empty(rows, dtype=torch.int64)
     failed = draw(
         x.data_ptr(),
         x.stride(0),
@@ -98,13 +156,12 @@ def native_draws(
         top_k.data_ptr(),
         top_p.data_ptr(),
         min_p.data_ptr(),
-        draws.data_ptr(),
-        out.data_ptr(),
+        uniforms.data_ptr() if uniforms is not None else None,
+        out.data_ptr() if out is not None else None,
         probs.data_ptr() if probs is not None else None,
     )
     if failed:
         raise MemoryError(f"no memory for the sampler's scratch rows ({4 * vocab} floats)")
-    return out
 
 
 @on_one_cpu_thread
@@ -112,7 +169,25 @@ def processed_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """The (B, V) float32 distribution that :func:`sample` draws from; each row sums to 1.
 
     Greedy rows are a one-hot of their argmax. Speculative decoding's rejection sampler uses this
-    for both target and draft so both go through exactly the same transforms."""
+    for both target and draft so both go through exactly the same transforms. On the CPU, where
+    the native kernels run, one C pass over each row computes it (:func:`native_probs`), to float32
+    rounding of the torch ops (the kept tokens as :func:`sample` says); a row with nothing to draw
+    is NaN either way."""
+    x = _adjust_logits(logits, md)
+    if md.all_greedy:
+        return _one_hot_argmax(x)
+    probs = native_probs(x, md)
+    if probs is None:
+        return _probs_from_adjusted(x, md)
+    if md.is_greedy is not None:
+        probs = torch.where(md.is_greedy.unsqueeze(1), _one_hot_argmax(x), probs)
+    return probs
+
+
+@on_one_cpu_thread
+def torch_processed_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """:func:`processed_probs` by torch's ops on any device: what it runs where the native kernels
+    do not, and the reference the native pass is tested against."""
     return _probs_from_adjusted(_adjust_logits(logits, md), md)
 
 
@@ -198,7 +273,11 @@ def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
 
 
 def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(x).scatter_(1, greedy_tokens(x).unsqueeze(1), 1.0)
+    return _one_hot(x, greedy_tokens(x))
+
+
+def _one_hot(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(x).scatter_(1, tokens.unsqueeze(1), 1.0)
 
 
 def _apply_top_k_top_p(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

@@ -12,9 +12,9 @@ from brisklm.cache.prefix_cache import common_prefix_length
 from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.sampling import SamplingMetadata, SamplingParams, processed_probs, sample
-from brisklm.sampling.categorical import NO_TOKEN, inverse_cdf, uniforms_for_rows
-from brisklm.sampling.sampler import greedy_tokens
+from brisklm.sampling import SamplingMetadata, SamplingParams, sample
+from brisklm.sampling.categorical import NO_TOKEN, uniforms_for_rows
+from brisklm.sampling.sampler import greedy_tokens, sample_with_probs
 from brisklm.speculative.proposer import DraftRow, Proposal
 
 # Added to a request's seed for its draft generator (mod 2**64): the golden-ratio increment.
@@ -373,10 +373,11 @@ class DraftModelProposer:
         they compute them (``_greedy_pass``): the logits are not read and no q is built."""
         rows = [plan.row for plan in plans]
         probs: torch.Tensor | None = None
+        metadata: SamplingMetadata | None = None
         if greedy:
             tokens = self._feed_greedy(rows, feeds)
-        else:
-            tokens, probs = self._next_tokens(self._extend(plans, feeds), plans)  # (A,), (A, V)
+        else:  # (A,), (A, V)
+            tokens, probs, metadata = self._next_tokens(self._extend(plans, feeds), plans)
         active = plans
         try:
             while True:
@@ -391,6 +392,12 @@ class DraftModelProposer:
                         still.append(plan)
                 if not still:
                     return
+                # The rows' metadata stays theirs while none went and it does not depend on the
+                # tokens drafted (no penalties; min_tokens met, which stays so as they grow).
+                if metadata is not None and not (
+                    len(still) == len(active) and metadata.no_penalties and metadata.no_min_tokens
+                ):
+                    metadata = None
                 active = still
                 batch = ForwardBatch(
                     slots=[plan.row.slot for plan in active],
@@ -402,7 +409,9 @@ class DraftModelProposer:
                 if greedy:
                     tokens = self._greedy_pass(batch)
                 else:
-                    tokens, probs = self._next_tokens(self.runner.forward(batch), active)
+                    tokens, probs, metadata = self._next_tokens(
+                        self.runner.forward(batch), active, metadata
+                    )
         finally:
             for plan in plans:
                 if plan.num_matched:
@@ -486,25 +495,27 @@ class DraftModelProposer:
         return True
 
     def _next_tokens(
-        self, logits: torch.Tensor, plans: list[_Plan]
-    ) -> tuple[list[int], torch.Tensor]:
-        """One token per row and the (A, V) distributions q they were drawn from, processed like
-        the target's. When every row is greedy, q is the one-hot of the argmax and is built from
-        the argmax directly (what drawing from the one-hot would return, with no draws)."""
-        logits, metadata = self._processing(logits, plans)
+        self, logits: torch.Tensor, plans: list[_Plan], metadata: SamplingMetadata | None = None
+    ) -> tuple[list[int], torch.Tensor, SamplingMetadata]:
+        """One token per row, the (A, V) distributions q they were drawn from, processed like
+        the target's, and the rows' metadata (``metadata``: the last step's, still theirs). When
+        every row is greedy, q is the one-hot of the argmax and is built from the argmax directly
+        (what drawing from the one-hot would return, with no draws)."""
+        logits, metadata = self._processing(logits, plans, metadata)
         if metadata.all_greedy:
             tokens = sample(logits, metadata)  # the argmax of the adjusted logits
             probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
             probs.scatter_(1, tokens[:, None], 1.0)
-            return tokens.tolist(), probs
-        probs = processed_probs(logits, metadata)
-        return self._draw(probs, plans).tolist(), probs
+            return tokens.tolist(), probs, metadata
+        tokens, probs = sample_with_probs(logits, metadata, self._uniforms(plans, logits.device))
+        return tokens.tolist(), probs, metadata
 
     def _processing(
-        self, logits: torch.Tensor, plans: list[_Plan]
+        self, logits: torch.Tensor, plans: list[_Plan], metadata: SamplingMetadata | None = None
     ) -> tuple[torch.Tensor, SamplingMetadata]:
         """The draft's logits in the target's width with the grammar masks applied, and the
-        sampling metadata of the rows (their own params, output plus the proposals so far)."""
+        sampling metadata of the rows (their own params, output plus the proposals so far), or
+        ``metadata`` where given."""
         logits = self._fit_vocab(logits)
         matched = [i for i, plan in enumerate(plans) if plan.row.matcher is not None]
         if matched:
@@ -515,6 +526,8 @@ class DraftModelProposer:
                 bitmask = allocate_token_bitmask(1, matcher.compiled.vocab_size)
                 matcher.fill_bitmask(bitmask, 0)
                 apply_token_bitmask_(logits[i : i + 1], bitmask)
+        if metadata is not None:
+            return logits, metadata
         metadata = SamplingMetadata.build(
             [plan.row.params for plan in plans],
             [plan.row.prompt_token_ids for plan in plans],
@@ -538,15 +551,15 @@ class DraftModelProposer:
             logits[:, self.num_real_tokens :] = float("-inf")
         return logits
 
-    def _draw(self, probs: torch.Tensor, plans: list[_Plan]) -> torch.Tensor:
-        """(A,) one token per row: argmax for greedy rows (their q is one-hot), an inverse-CDF draw
-        (an exact categorical draw) for random rows, seeded rows from their own generator."""
-        uniforms = uniforms_for_rows(
+    @staticmethod
+    def _uniforms(plans: list[_Plan], device: torch.device) -> torch.Tensor:
+        """(A,) one uniform per row for its inverse-CDF draw (an exact categorical draw): seeded
+        rows from their own generator, greedy rows none (their q is one-hot: the argmax)."""
+        return uniforms_for_rows(
             [plan.row.params.is_greedy for plan in plans],
             [plan.row.generator for plan in plans],
-            probs.device,
+            device,
         )
-        return inverse_cdf(probs, uniforms)
 
     def _empty_probs(self) -> torch.Tensor:
         return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -42,6 +43,10 @@ def rejection_sample(
     ``output_token_ids`` (B, K+1) int64 holds the accepted proposals followed by one drawn token,
     then -1 padding; ``num_accepted`` (B,) int64 counts accepted proposals, so row b emits
     ``num_accepted[b] + 1`` tokens. Both live on ``target_probs``' device.
+
+    On the CPU, where the native kernels run, one C call takes every row (``_native_rows``), with
+    the same uniforms and the same decisions; the last draw sums its weights in another order, so
+    a draw within rounding of a step of the cumulative sum could fall on the next token.
     """
     batch_size, width, vocab_size = target_probs.shape
     num_positions = width - 1  # K
@@ -51,6 +56,17 @@ def rejection_sample(
     greedy_flags = _host_bools(is_greedy, batch_size)
     if any(not 0 <= n <= num_positions for n in draft_counts):
         raise ValueError(f"num_draft must be in [0, K={num_positions}], got {draft_counts}")
+    native = _native_rows(target_probs, draft_token_ids, draft_probs)
+    if native is not None:
+        return _rejection_in_native_pass(
+            native,
+            target_probs,
+            draft_token_ids,
+            draft_counts,
+            draft_probs,
+            greedy_flags,
+            generators,
+        )
     all_greedy = all(greedy_flags)
     greedy = torch.tensor(greedy_flags, dtype=torch.bool, device=device)  # (B,)
     num_draft_t = torch.tensor(draft_counts, dtype=torch.int64, device=device)  # (B,)
@@ -96,6 +112,74 @@ def rejection_sample(
     output = torch.cat([output, output.new_full((batch_size, 1), -1)], dim=1)  # (B, K+1)
     output.scatter_(1, num_accepted[:, None], final[:, None])
     return output, num_accepted
+
+
+def _native_rows(
+    target_probs: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None
+) -> Any:
+    """The native kernels' ``brisk_rejection_rows`` where it takes these tensors: float32 on the
+    CPU (int64 proposals there), else None."""
+    tensors = [target_probs] if draft_probs is None else [target_probs, draft_probs]
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+        return None
+    if draft_token_ids.device.type != "cpu":
+        return None
+    from brisklm.kernels import native
+
+    return native.function("brisk_rejection_rows")
+
+
+def _rejection_in_native_pass(
+    run: Any,
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_counts: list[int],
+    draft_probs: torch.Tensor | None,
+    greedy_flags: list[bool],
+    generators: Sequence[torch.Generator | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rejection_sample`` by one ``brisk_rejection_rows`` call, with the torch path's uniforms
+    drawn in the same order (the acceptance tests', then one per row for the last draw)."""
+    batch_size, width, vocab_size = target_probs.shape
+    num_positions = width - 1
+    probs = target_probs.contiguous()
+    q = draft_probs.contiguous() if draft_probs is not None else None
+    # Padding past a row's proposals is any value: 0, as the torch path reads it.
+    tokens = draft_token_ids.to(torch.int64).clone()
+    for b, count in enumerate(draft_counts):
+        tokens[b, count:] = 0
+    if all(greedy_flags):
+        uniforms = torch.zeros((batch_size, num_positions), dtype=torch.float32)
+        draws = torch.full((batch_size,), 0.5, dtype=torch.float64)
+    else:
+        uniforms = _uniforms(greedy_flags, draft_counts, num_positions, generators, probs.device)
+        draws = uniforms_for_rows(greedy_flags, generators, probs.device).to(torch.float64)
+    counts = torch.tensor(draft_counts, dtype=torch.int64)
+    greedy = torch.tensor(greedy_flags, dtype=torch.uint8)
+    scratch = torch.empty(vocab_size, dtype=torch.float32)
+    num_accepted = torch.empty(batch_size, dtype=torch.int64)
+    final = torch.empty(batch_size, dtype=torch.int64)
+    run(
+        probs.data_ptr(),
+        q.data_ptr() if q is not None else None,
+        tokens.data_ptr(),
+        counts.data_ptr(),
+        greedy.data_ptr(),
+        uniforms.contiguous().data_ptr(),
+        draws.contiguous().data_ptr(),
+        batch_size,
+        width,
+        vocab_size,
+        scratch.data_ptr(),
+        num_accepted.data_ptr(),
+        final.data_ptr(),
+    )
+    accepted, finals, proposed = num_accepted.tolist(), final.tolist(), tokens.tolist()
+    output = [
+        proposed[b][: accepted[b]] + [finals[b]] + [-1] * (num_positions - accepted[b])
+        for b in range(batch_size)
+    ]
+    return torch.tensor(output, dtype=torch.int64).view(batch_size, width), num_accepted
 
 
 def _accept(uniforms: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,8 @@ def pad_positions(flat: torch.Tensor, counts: Sequence[int], width: int) -> torc
         raise ValueError(f"counts sum to {sum(counts)} but there are {flat.shape[0]} rows")
     if counts and max(counts) > width:
         raise ValueError(f"a row has {max(counts)} positions, more than width={width}")
+    if all(count == width for count in counts):  # no padding (one row, say): a view of the rows
+        return flat.view(len(counts), width, flat.shape[1])
     out = flat.new_zeros((len(counts), width, flat.shape[1]))
     counts_t = torch.tensor(list(counts), dtype=torch.int64)
     mask = torch.arange(width)[None, :] < counts_t[:, None]  # (B, width)
