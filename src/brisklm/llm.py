@@ -380,6 +380,7 @@ class LLM:
         cuda_graphs: bool = True,
         prefix_caching: bool = True,
         grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
+        max_decode_steps: int = 8,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -434,6 +435,11 @@ class LLM:
         pass, which prefix caching changes). ``grammar_cache_size``: how many compiled grammars
         (JSON schemas, regexes, choices, grammars, tool lists) are kept for reuse, least recently
         used dropped first; a grammar compiles again when it comes back after being dropped.
+        ``max_decode_steps``: through the native CPU pass, a batch decoding greedily on the raw
+        logits (no grammar, logprobs, penalty or bias, no draft) runs up to this many one-token
+        steps in one call of the kernels, as many as take about 20 ms, so that the Python around a
+        step runs once for them (the tokens are the same; a stream gets them a few at a time, and
+        a request that arrives meanwhile waits for the call); 1 runs a call a step.
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -450,6 +456,7 @@ class LLM:
             cuda_graphs=cuda_graphs,
             prefix_caching=prefix_caching,
             grammar_cache_size=grammar_cache_size,
+            max_decode_steps=max_decode_steps,
         )
         device_ = resolve_device(device)
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads

@@ -163,7 +163,8 @@ def test_chunked_prefill_gives_the_tokens_of_whole_prefill(tiny_dir, kernels):
 
 
 def test_a_decoding_request_gets_a_token_every_pass_while_a_long_prompt_is_fed(tiny_dir, kernels):
-    llm = load(tiny_dir, prefill_chunk_size=16)
+    # A token a pass while it decodes alone too (start_decoding counts passes).
+    llm = load(tiny_dir, prefill_chunk_size=16, max_decode_steps=1)
     reference = load(tiny_dir, prefill_chunk_size=4096)
     try:
         decoding, params = start_decoding(llm, 3)

@@ -329,8 +329,11 @@ def test_an_interrupt_without_a_signal_stops_a_waiting_call(tiny_dir, call):
     # queue get never woke for it, so generate noticed it only once the whole output was done.
     import _thread
 
+    # A step a call: several a call ran the tiny model's 3,000 tokens before the interrupt.
     params = SamplingParams(temperature=0.0, max_tokens=3_000, ignore_eos=True)
-    with LLM.from_pretrained(tiny_dir, max_seq_len=4_096, show_progress=False) as llm:
+    with LLM.from_pretrained(
+        tiny_dir, max_seq_len=4_096, show_progress=False, max_decode_steps=1
+    ) as llm:
         request = llm.make_request("Hello", params)
         timer = threading.Timer(0.2, _thread.interrupt_main)
         timer.start()

@@ -283,8 +283,9 @@ def test_chat_uses_template(llm):
 def test_an_aborted_stream_ends_with_the_text_it_held_back(tiny_dir):
     # The end of the text so far could start a stop string, so a stream holds it back; abort
     # dropped it from the stream while the request's output kept it. An LLM of its own, whose
-    # engine is stepped here: no engine thread may step it too.
-    llm = LLM.from_pretrained(tiny_dir, show_progress=False, max_seq_len=128)
+    # engine is stepped here: no engine thread may step it too; a token a step, so that the
+    # stream stops where it is counted.
+    llm = LLM.from_pretrained(tiny_dir, show_progress=False, max_seq_len=128, max_decode_steps=1)
     engine = llm.engine
 
     def run(params: SamplingParams, num_tokens: int):

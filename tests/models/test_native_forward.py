@@ -546,3 +546,57 @@ def test_threads_asleep_for_a_late_teammate_cut_the_team_and_the_bits_stay(check
         assert runner.forward(batch).equal(expected)
         assert TEAM.cap == 1 and runner.native.args.n_threads == 1
         assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_greedy_steps_in_one_call_are_the_steps_one_call_each(request, build, checkpoint):
+    """``greedy_steps``: n greedy passes of one token a row in one call of the kernels give the
+    tokens and the cache (keys and values, bit for bit) of n calls of ``forward_greedy``, rows at
+    ragged positions in several slots, sliding windows shorter than the rows; past a dynamic-NTK
+    model's trained context (rotary tables per row) it declines."""
+    name, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = runner_on_build(request, build, model, num_slots=4, max_seq_len=CACHE)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (9, 14, 6)]
+    slots = [3, 1, 0]
+    columns = model.config.vocab_size - 3  # the greedy tokens of the first columns only
+    _, firsts = runner.forward_greedy(ForwardBatch(slots, [0, 0, 0], prompts, [1, 1, 1]), columns)
+    starts = [len(p) for p in prompts]
+    keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    steps = 7
+    got = runner.greedy_steps(
+        ForwardBatch(slots, starts, [[t] for t in firsts], [1, 1, 1]), columns, steps
+    )
+    if name == "llama-dynamic-rope":  # trained context 24: 14 + 7 stays inside it
+        assert got is not None
+        late = ForwardBatch(slots, [20, 21, 22], [[5], [6], [7]], [1, 1, 1])
+        assert runner.greedy_steps(late, columns, 4) is None  # past 24: declined, nothing ran
+    assert got is not None and len(got) == steps and all(len(row) == 3 for row in got)
+    assert all(0 <= t < columns for row in got for t in row)
+    stepped_keys, stepped_values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    runner.kv_cache.keys.copy_(keys)
+    runner.kv_cache.values.copy_(values)
+    want, tokens = [], firsts
+    for step in range(steps):
+        batch = ForwardBatch(slots, [s + step for s in starts], [[t] for t in tokens], [1, 1, 1])
+        _, tokens = runner.forward_greedy(batch, columns)
+        want.append(list(tokens))
+    assert got == want, name
+    assert torch.equal(stepped_keys, runner.kv_cache.keys), name
+    assert torch.equal(stepped_values, runner.kv_cache.values), name
+
+
+def test_greedy_steps_refuse_what_does_not_fit(tmp_path):
+    """More steps than the cache has positions, or steps x rows past the kernels' tokens a call:
+    a ValueError naming the limit, nothing run."""
+    directory = save_hf_model(build_hf_model("llama"), tmp_path)
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = ModelRunner(model, num_slots=1, max_seq_len=32)
+    assert runner.native is not None
+    with pytest.raises(ValueError, match="does not fit the cache"):
+        runner.greedy_steps(ForwardBatch([0], [30], [[5]], [1]), 16, 3)
+    with pytest.raises(ValueError, match="steps x rows"):
+        runner.native.greedy_steps([5], [0], [0], native.MAX_TOKENS + 1, 16)
+    # Rows of more than one token, or with no logits, are not greedy steps: declined.
+    assert runner.greedy_steps(ForwardBatch([0], [0], [[5, 6]], [1]), 16, 2) is None

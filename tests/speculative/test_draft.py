@@ -398,3 +398,34 @@ def test_rows_of_very_different_feed_lengths_in_one_call(
         fresh = _proposer(draft_model, target_model, tokenizer, k=3).propose([row])[0]
         assert proposal.token_ids == fresh.token_ids
         torch.testing.assert_close(proposal.probs, fresh.probs, atol=1e-5, rtol=1e-4)
+
+
+def test_greedy_drafts_come_from_one_call_of_greedy_steps(
+    draft_model, target_model, tokenizer, prompts, monkeypatch
+):
+    """Rows drafting greedily on the raw logits take the tokens after their first from one call
+    of greedy steps: the proposals of a pass a step, each row with its own length and its own
+    stop token ending it early."""
+
+    def propose(rows, steps_run: bool) -> tuple[list[list[int]], list[int]]:
+        proposer = _proposer(draft_model, target_model, tokenizer, k=6)
+        calls: list[int] = []
+        original = proposer.runner.greedy_steps
+
+        def spy(batch, columns, steps):
+            calls.append(steps)
+            return original(batch, columns, steps) if steps_run else None
+
+        monkeypatch.setattr(proposer.runner, "greedy_steps", spy)
+        return [p.token_ids for p in proposer.propose(rows)], calls
+
+    greedy = SamplingParams.greedy(ignore_eos=True)
+    rows = [_row(i, p, len(p), k, greedy) for i, (p, k) in enumerate(zip(prompts, (6, 3, 5)))]
+    want, _ = propose(rows, steps_run=False)
+    got, calls = propose(rows, steps_run=True)
+    assert got == want and [len(p) for p in got] == [6, 3, 5]
+    assert calls == [5]  # the longest row's 5 tokens after its first, in one call
+    stopping = SamplingParams.greedy(ignore_eos=True, stop_token_ids=[want[0][2]])
+    rows[0] = _row(0, prompts[0], len(prompts[0]), 6, stopping)
+    got, _ = propose(rows, steps_run=True)
+    assert got[0] == want[0][: want[0].index(want[0][2]) + 1] and got[1:] == want[1:]

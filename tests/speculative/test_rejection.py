@@ -454,3 +454,43 @@ def test_the_native_pass_decides_as_the_torch_ops(monkeypatch, sampler_path):
             out, accepted = rejection_sample(target, drafts, num_draft, q, greedy, generators)
             results.append((out.tolist(), accepted.tolist()))
         assert results[0] == results[1], case
+
+
+def test_transposed_proposals_are_read_as_their_rows():
+    """A column-major (B, K) tensor of proposals: each row's own proposals are tested (the native
+    pass read its memory as row-major once, a review found)."""
+    target = torch.zeros(2, 3, 4)
+    target[0, :, 1] = 1.0
+    target[1, :, 2] = 1.0
+    proposals = torch.tensor([[1, 2], [1, 2]]).t()  # rows [1, 1] and [2, 2]
+    out, accepted = rejection_sample(target, proposals, [2, 2], None, [True, True], [None, None])
+    assert accepted.tolist() == [2, 2]
+    assert out.tolist() == [[1, 1, 1], [2, 2, 2]]
+
+
+def test_proposals_outside_the_vocabulary_are_refused():
+    target = torch.full((1, 3, 8), 1 / 8)
+    for bad in (8, -1):
+        with pytest.raises(ValueError, match=r"proposed token ids must be in \[0, V=8\)"):
+            rejection_sample(target, torch.tensor([[3, bad]]), [2], None, [False], [None])
+    # Padding past a row's proposals may hold anything.
+    out, _ = rejection_sample(target, torch.tensor([[3, 99]]), [1], None, [False], [None])
+    assert 0 <= out[0, 1].item() < 8 or out[0, 1].item() == -1
+
+
+def test_a_nan_inside_a_row_is_decided_as_torch_decides_it():
+    """A NaN in the residual makes it unusable (its sum is NaN): the draw falls back to p; in a
+    greedy row a NaN is the largest value, as torch's argmax takes it."""
+    nan = float("nan")
+    # Row 0 rejects its proposal (p(x) = 0); its residual holds the NaN: p has it too, so the
+    # fallback has nothing to draw. Row 1: q holds the NaN, p is clean: the draw is from p.
+    target = torch.tensor([[[0.0, nan, 0.5, 0.5], [0.25] * 4], [[0.0, 1.0, 0.0, 0.0], [0.25] * 4]])
+    draft = torch.tensor([[[1.0, 0.0, 0.0, 0.0]], [[0.5, nan, 0.0, 0.5]]])
+    out, accepted = rejection_sample(
+        target, torch.tensor([[0], [0]]), [1, 1], draft, [False, False], [None, None]
+    )
+    assert accepted.tolist() == [0, 0]
+    assert out[:, 0].tolist() == [-1, 1]
+    greedy = torch.tensor([[[0.1, nan, 0.5, 0.4], [0.1, 0.2, 0.3, 0.4]]])
+    out, accepted = rejection_sample(greedy, torch.tensor([[1]]), [1], None, [True], [None])
+    assert accepted.tolist() == [1] and out.tolist() == [[1, 3]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -57,6 +58,12 @@ def _check_int(name: str, value: object, minimum: int, also: str = "") -> None:
 # docs/benchmarks.md). On CUDA, a pass of 2,048 tokens keeps the GPU busy.
 DEFAULT_PREFILL_CHUNK = {"cpu": 512, "cuda": 2048}
 
+# How long the greedy steps one native call runs (EngineConfig.max_decode_steps) may take, by the
+# last step's time: a request that arrives meanwhile waits for them, and a stream gets their
+# tokens at once. The bundled model's ~0.5 ms steps run 8 a call, a 125M model's ~7 ms 2, a 7B
+# model's one.
+DECODE_STEPS_SECONDS = 0.02
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -75,6 +82,10 @@ class EngineConfig:
     sequence's length. ``grammar_cache_size``: compiled grammars (JSON schemas, regexes, choices,
     grammars, tool lists) kept for reuse, least recently used dropped first; each holds its
     grammar's automaton, from a few KB to ~1 MB for a large tool list over a 128k vocabulary.
+    ``max_decode_steps``: on the native CPU pass, a batch that decodes greedily on the raw logits
+    (no grammar, logprobs, penalty or bias) runs up to this many one-token steps in one call of
+    the kernels, as many as take about ``DECODE_STEPS_SECONDS``, and the engine's Python runs once
+    for them; tokens computed past a request's end are dropped. 1: a call a step.
     """
 
     max_batch_size: int = 8
@@ -85,6 +96,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     prefix_caching: bool = True
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
+    max_decode_steps: int = 8
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)
@@ -98,6 +110,7 @@ class EngineConfig:
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
         _check_int("grammar_cache_size", self.grammar_cache_size, 1)
+        _check_int("max_decode_steps", self.max_decode_steps, 1)
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
@@ -238,6 +251,8 @@ class LLMEngine:
             speculator.enable_prefix_reuse(self.prefill_chunk_size)
         # The last sampled batch's metadata, while nothing in it depends on the outputs.
         self._kept_metadata: tuple[tuple, SamplingMetadata] | None = None
+        # Seconds of the last greedy decode step (see decode_steps).
+        self._greedy_step_seconds: float | None = None
 
     @property
     def has_unfinished(self) -> bool:
@@ -382,6 +397,13 @@ class LLMEngine:
             # a decoding row of several tokens: a run of grammar-forced tokens
             stepwise=decode_rows_stepwise([n == 0 for n in prefill_lens], row_invariant),
         )
+        steps = self.decode_steps(requests, feeds, prefill_lens)
+        start = time.perf_counter()
+        if steps > 1:
+            chosen = self.runner.greedy_steps(forward, self.num_real_tokens, steps)
+            if chosen is not None:
+                self._greedy_step_seconds = (time.perf_counter() - start) / steps
+                return self._take_steps(requests, chosen)
         pending_masks = self.structured.start_masks(sampled)
         try:
             maybe_logits, greedy = self.forward_pass(forward, sampled)
@@ -391,6 +413,8 @@ class LLMEngine:
         for request, feed in zip(requests, feeds):
             request.num_cached += len(feed)
         if greedy is not None:  # the kernels found the tokens: the logits need not be read
+            if not any(prefill_lens) and all(len(feed) == 1 for feed in feeds):
+                self._greedy_step_seconds = time.perf_counter() - start
             return [(r, self.update_request(r, t, None)) for r, t in zip(sampled, greedy)]
         if not sampled:
             return []
@@ -408,6 +432,60 @@ class LLMEngine:
         now = dict(self.sample_and_update([sampled[i] for i in going], logits[rows]))
         return [(r, joined(appended.get(r), now[r]) if r in now else appended[r]) for r in sampled]
 
+    def decode_steps(
+        self, requests: list[Request], feeds: list[list[int]], prefill_lens: list[int]
+    ) -> int:
+        """How many greedy one-token steps the next call runs for ``requests`` (see
+        ``EngineConfig.max_decode_steps``): more than 1 only where every request decodes one token
+        on the raw logits' argmax, the last greedy step's time is known, and no request waits for a
+        slot; at most what the longest of them may still generate, and what every row's cache
+        slot has room for. Without a speculator (whose draft tracks each step)."""
+        limit = self.config.max_decode_steps
+        seconds = self._greedy_step_seconds
+        if limit <= 1 or seconds is None or self.speculator is not None or self.scheduler.waiting:
+            return 1
+        if any(prefill_lens) or any(len(feed) != 1 for feed in feeds):
+            return 1
+        if not all(self._takes_raw_argmax(r) for r in requests):
+            return 1
+        return max(
+            1,
+            min(
+                limit,
+                int(DECODE_STEPS_SECONDS / max(seconds, 1e-9)),
+                max(r.max_new_tokens for r in requests),
+                min(self.max_seq_len - r.num_cached for r in requests),
+            ),
+        )
+
+    @staticmethod
+    def _takes_raw_argmax(request: Request) -> bool:
+        """The request's next token is the raw logits' argmax, found by the kernels: greedy with
+        no bias, penalty or pending ``min_tokens``, no grammar and no logprobs."""
+        return (
+            request.params.picks_raw_argmax(len(request.output_token_ids))
+            and request.params.logprobs is None
+            and request.matcher is None
+        )
+
+    def _take_steps(self, requests: list[Request], chosen: list[list[int]]) -> list[StepResult]:
+        """Append each request's tokens of a call of greedy steps (``chosen[step][row]``) until
+        it finishes; the rest are dropped. The cache holds each kept token's keys but the last's,
+        as after as many one-token steps."""
+        results: list[StepResult] = []
+        for row, request in enumerate(requests):
+            result: StreamChunk | BaseException | None = None
+            taken = 0
+            for tokens in chosen:
+                taken += 1
+                result = joined(result, self.update_request(request, tokens[row], None))
+                if request.is_finished or isinstance(result, BaseException):
+                    break
+            request.num_cached += taken
+            assert result is not None
+            results.append((request, result))
+        return results
+
     def forward_pass(
         self, forward: ForwardBatch, sampled: list[Request]
     ) -> tuple[torch.Tensor | None, list[int] | None]:
@@ -415,12 +493,7 @@ class LLMEngine:
         every one of them takes the raw logits' argmax (greedy, no bias, penalty, grammar or
         logprobs, ``min_tokens`` met) and the kernels find it, ``(None, tokens)``: the logits are
         then not read (``ModelRunner.forward_greedy``)."""
-        if sampled and all(
-            r.params.picks_raw_argmax(len(r.output_token_ids))
-            and r.params.logprobs is None
-            and r.matcher is None
-            for r in sampled
-        ):
+        if sampled and all(self._takes_raw_argmax(r) for r in sampled):
             return self.runner.forward_greedy(forward, self.num_real_tokens)
         return self.runner.forward(forward), None
 

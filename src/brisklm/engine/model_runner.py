@@ -130,9 +130,18 @@ class ModelRunner:
         it computes each token alike in any call)."""
         return self.native is not None and max_row_len <= MAX_QUERY_LEN
 
-    @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row."""
+        """Float32 logits (sum(num_logits), V), rows in batch order, positions in order within a row.
+
+        Under inference mode. The engine's thread is in it already, and the pass then does not
+        enter it again: a sampled or speculative step calls this up to k + 1 times, and each entry
+        and exit ran ~14 Python calls after the weights had streamed through the caches."""
+        if torch.is_inference_mode_enabled():
+            return self._forward(batch)
+        with torch.inference_mode():
+            return self._forward(batch)
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         query_lens = [len(t) for t in batch.token_ids]
         self._check(batch, query_lens)
         self._record_writes(batch, query_lens)
@@ -231,6 +240,30 @@ class ModelRunner:
             batch.token_ids, batch.slots, batch.start_positions, batch.num_logits, columns
         )
         return None, tokens
+
+    def greedy_steps(self, batch: ForwardBatch, columns: int, steps: int) -> list[list[int]] | None:
+        """``steps`` greedy passes of a batch of one-token rows in one native call
+        (``NativeForward.greedy_steps``): each row feeds its token, then each pass's greedy token
+        over the first ``columns`` logits one position on. Returns each pass's tokens,
+        ``[step][row]``, each as ``forward_greedy`` of that one token would find it; None where the
+        native pass does not take the batch that way (then nothing ran)."""
+        query_lens = [len(t) for t in batch.token_ids]
+        if (
+            self.native is None
+            or any(n != 1 for n in query_lens)
+            or any(c != 1 for c in batch.num_logits)
+            or not self._native_runs_all(query_lens)
+            or self._graphs_take(batch, query_lens)
+        ):
+            return None
+        reach = [steps] * len(query_lens)  # the positions the passes write
+        self._check(batch, reach)
+        tokens = self.native.greedy_steps(
+            [t[0] for t in batch.token_ids], batch.slots, batch.start_positions, steps, columns
+        )
+        if tokens is not None:
+            self._record_writes(batch, reach)
+        return tokens
 
     def _graphs_take(self, batch: ForwardBatch, query_lens: list[int]) -> bool:
         """Whether the batch runs through ``self.graphs`` (plain decode passes)."""

@@ -1323,6 +1323,12 @@ typedef struct {
      * of the head's: WT_F32, WT_BF16, WT_F16 or WT_INT4 (each such weight then a q4_weight). */
     const int *layer_types;
     int head_type;
+    /* n_steps > 1: greedy decoding for n_steps passes in one call (brisk_forward_f32). Every
+     * token then has its logits (one token a row), argmax_cols > 0, rope_rows is positions, and
+     * step_tokens (n_steps x n_tokens) gets each pass's greedy tokens; each later pass feeds the
+     * last one's tokens one position on. 0 or 1: one pass. */
+    int n_steps;
+    int64_t *step_tokens;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -2060,8 +2066,31 @@ static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int6
 
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
  * and position, caches written for all of them before any attends), then the final norm and LM
- * head for the n_logits tokens listed. Token ids are checked by the caller. */
-int brisk_forward_f32(const brisk_forward_args *a) {
+ * head for the n_logits tokens listed. Token ids are checked by the caller. With n_steps > 1,
+ * n_steps greedy passes of one token a row (see brisk_forward_args), each computed as a call of
+ * its own would compute it: the team stays up between them, and the caller's Python runs once for
+ * them all. */
+int brisk_forward_f32(const brisk_forward_args *given) {
+    const int steps = given->n_steps > 1 ? given->n_steps : 1;
+    brisk_forward_args stepped = *given; /* its token ids and positions move on at each step */
+    int64_t step_ids[MAX_TOKENS], step_positions[MAX_TOKENS];
+    if (steps > 1) {
+        const int rows = given->n_tokens;
+        if (rows < 1 || rows > MAX_TOKENS || given->n_logits != rows || given->argmax_cols <= 0 ||
+            !given->step_tokens || given->rope_rows != given->positions ||
+            (int64_t)steps * rows > MAX_TOKENS)
+            return 1;
+        for (int r = 0; r < rows; r++) {
+            if (given->logit_tokens[r] != r || given->positions[r] < 0 ||
+                given->positions[r] + steps > given->max_seq_len)
+                return 1;
+            step_ids[r] = given->token_ids[r];
+            step_positions[r] = given->positions[r];
+        }
+        stepped.token_ids = step_ids;
+        stepped.positions = stepped.rope_rows = step_positions;
+    }
+    const brisk_forward_args *a = &stepped;
     const int n = a->n_tokens, e = a->hidden, hq = a->n_heads, hkv = a->n_kv_heads,
               d = a->head_dim, inter = a->inter;
     if (a->weight_type != WT_F32 && a->weight_type != WT_BF16 && a->weight_type != WT_F16)
@@ -2106,65 +2135,80 @@ int brisk_forward_f32(const brisk_forward_args *a) {
     {
         const int tid = THREAD_NUM();
         float *space = thread_space(a, tid);
+        for (int step = 0; step < steps; step++) {
 #pragma omp for schedule(static) nowait
-        for (int t = 0; t < n; t++) {
-            embedding_row(a->embed, a->weight_type, a->token_ids[t], e,
-                          a->hidden_states + (int64_t)t * e);
-        }
-        team_barrier(&sync);
-        for (int l = 0; l < a->n_layers; l++) {
-#pragma omp for schedule(static) nowait
-            for (int t = 0; t < n; t++)
-                rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
+            for (int t = 0; t < n; t++) {
+                embedding_row(a->embed, a->weight_type, a->token_ids[t], e,
+                              a->hidden_states + (int64_t)t * e);
+            }
             team_barrier(&sync);
-            matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_types[4 * l + 0], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, &sync, stream);
+            for (int l = 0; l < a->n_layers; l++) {
 #pragma omp for schedule(static) nowait
-            for (int item = 0; item < n * (hq + 2 * hkv); item++) {
-                int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
-                float *x = a->qkv + t * qkv_ld + (int64_t)h * d;
-                const int64_t row = a->rope_rows[t] * d;
-                if (h < hq + hkv) rope(x, a->cos + row, a->sin + row, d);
-                if (h >= hq) {
-                    int g = h < hq + hkv ? h - hq : h - hq - hkv;
-                    void *cache = h < hq + hkv ? a->k_cache[l] : a->v_cache[l];
-                    cstore_row(cache, ((a->slots[t] * hkv + g) * a->max_seq_len + a->positions[t]) * d,
-                               x, d, a->cache_type);
+                for (int t = 0; t < n; t++)
+                    rms_norm(a->hidden_states + (int64_t)t * e, a->in_norm[l], e, a->eps, a->xn + (int64_t)t * e);
+                team_barrier(&sync);
+                matmul_team(a->xn, e, n, e, a->qkv_w[l], a->layer_types[4 * l + 0], a->qkv_b[l], qkv_rows, a->qkv, qkv_ld, 0, slots, &sync, stream);
+#pragma omp for schedule(static) nowait
+                for (int item = 0; item < n * (hq + 2 * hkv); item++) {
+                    int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
+                    float *x = a->qkv + t * qkv_ld + (int64_t)h * d;
+                    const int64_t row = a->rope_rows[t] * d;
+                    if (h < hq + hkv) rope(x, a->cos + row, a->sin + row, d);
+                    if (h >= hq) {
+                        int g = h < hq + hkv ? h - hq : h - hq - hkv;
+                        void *cache = h < hq + hkv ? a->k_cache[l] : a->v_cache[l];
+                        cstore_row(cache, ((a->slots[t] * hkv + g) * a->max_seq_len + a->positions[t]) * d,
+                                   x, d, a->cache_type);
+                    }
                 }
+                team_barrier(&sync);
+#pragma omp for schedule(static) nowait
+                for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
+                team_barrier(&sync);
+                matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->layer_types[4 * l + 1], a->o_b[l], e, a->hidden_states, e,
+                            1, slots, &sync, stream);
+#pragma omp for schedule(static) nowait
+                for (int t = 0; t < n; t++)
+                    rms_norm(a->hidden_states + (int64_t)t * e, a->post_norm[l], e, a->eps, a->xn + (int64_t)t * e);
+                team_barrier(&sync);
+                /* gate and up as one product over their 2 * inter contiguous rows: computing a
+                 * gate row and its up row together reads two streams at once, measurably slower
+                 * (53-55 against 58-62 GB/s for the products of a 125M model). */
+                matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_types[4 * l + 2], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, &sync, stream);
+                /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
+                 * the threads too. */
+#pragma omp for schedule(static) nowait
+                for (int item = 0; item < n * silu_chunks; item++) {
+                    const int t = item / silu_chunks, o = item % silu_chunks * SILU_CHUNK;
+                    const float *gate = a->gate_up + (int64_t)t * 2 * inter;
+                    silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
+                             inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
+                }
+                team_barrier(&sync);
+                matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_types[4 * l + 3], a->down_b[l], e, a->hidden_states, e, 1, slots, &sync, stream);
             }
-            team_barrier(&sync);
 #pragma omp for schedule(static) nowait
-            for (int u = 0; u < n_units; u++) attend(a, l, &units[u], space);
+            for (int r = 0; r < a->n_logits; r++)
+                rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
+                         a->normed + (int64_t)r * e);
             team_barrier(&sync);
-            matmul_team(a->attn, (int64_t)hq * d, n, hq * d, a->o_w[l], a->layer_types[4 * l + 1], a->o_b[l], e, a->hidden_states, e,
-                        1, slots, &sync, stream);
-#pragma omp for schedule(static) nowait
-            for (int t = 0; t < n; t++)
-                rms_norm(a->hidden_states + (int64_t)t * e, a->post_norm[l], e, a->eps, a->xn + (int64_t)t * e);
-            team_barrier(&sync);
-            /* gate and up as one product over their 2 * inter contiguous rows: computing a
-             * gate row and its up row together reads two streams at once, measurably slower
-             * (53-55 against 58-62 GB/s for the products of a 125M model). */
-            matmul_team(a->xn, e, n, e, a->gu_w[l], a->layer_types[4 * l + 2], a->gu_b[l], 2 * inter, a->gate_up, 2 * inter, 0, slots, &sync, stream);
-            /* In chunks of SILU_CHUNK outputs, so that a single token's SiLU is split across
-             * the threads too. */
-#pragma omp for schedule(static) nowait
-            for (int item = 0; item < n * silu_chunks; item++) {
-                const int t = item / silu_chunks, o = item % silu_chunks * SILU_CHUNK;
-                const float *gate = a->gate_up + (int64_t)t * 2 * inter;
-                silu_mul(gate + o, gate + inter + o, a->act + (int64_t)t * inter + o,
-                         inter - o < SILU_CHUNK ? inter - o : SILU_CHUNK);
+            if (a->head_w && a->n_logits > 0)
+                matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
+            if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found, &sync);
+            if (steps > 1) { /* team_argmax ended with a barrier: the tokens are there */
+                if (tid == 0) {
+                    for (int r = 0; r < n; r++) a->step_tokens[(int64_t)step * n + r] = a->argmax[r];
+                    if (step + 1 < steps) {
+                        for (int r = 0; r < n; r++) {
+                            step_ids[r] = a->argmax[r];
+                            step_positions[r]++;
+                        }
+                        n_units = attention_units(a, units); /* keys one position further */
+                    }
+                }
+                team_barrier(&sync);
             }
-            team_barrier(&sync);
-            matmul_team(a->act, inter, n, inter, a->down_w[l], a->layer_types[4 * l + 3], a->down_b[l], e, a->hidden_states, e, 1, slots, &sync, stream);
         }
-#pragma omp for schedule(static) nowait
-        for (int r = 0; r < a->n_logits; r++)
-            rms_norm(a->hidden_states + a->logit_tokens[r] * e, a->final_norm, e, a->eps,
-                     a->normed + (int64_t)r * e);
-        team_barrier(&sync);
-        if (a->head_w && a->n_logits > 0)
-            matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
-        if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found, &sync);
     }
     free(units);
     free(found);
@@ -2573,11 +2617,13 @@ int brisk_sample_rows(const float *logits, int64_t ld, int64_t rows, int64_t voc
  * brisklm.speculative.rejection.rejection_sample, row by row. Its ~50 tensor ops took ~0.3-0.45 ms
  * a verification step of one row on 2 vCPUs, more than the bundled draft's five passes. */
 
-/* The first largest of w[0, n). */
+/* The first largest of w[0, n), a NaN larger than any number: torch's argmax. */
 static int64_t first_largest(const float *w, int64_t n) {
     int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
+        if (w[i] != w[i]) return i;
         if (w[i] > w[best]) best = i;
+    }
     return best;
 }
 
@@ -2596,9 +2642,10 @@ static int64_t draw_weights(const float *w, int64_t n, double u) {
  * (rows x (width - 1)) the acceptance tests' uniforms, final_u[b] the last draw's; scratch room
  * for vocab floats. A random row accepts proposal x at position j while accept_u * q_j(x) <
  * p_j(x) (float32), then draws its next token from max(p - q, 0) at the rejected position (from p
- * where that has no mass, or where every proposal was accepted); a greedy row accepts while the
- * proposal is p's first largest and takes the first largest after them. num_accepted[b] gets the
- * count, final[b] the token (-1: nothing to draw). One thread. */
+ * where that has no mass or a NaN, or where every proposal was accepted); a greedy row accepts
+ * while the proposal is p's first largest (a NaN the largest) and takes the first largest after
+ * them. num_accepted[b] gets the count, final[b] the token (-1: nothing to draw). The caller
+ * checks that the proposals are tokens (in [0, vocab)). One thread. */
 void brisk_rejection_rows(const float *p, const float *q, const int64_t *tokens,
                           const int64_t *num_draft, const uint8_t *greedy, const float *accept_u,
                           const double *final_u, int64_t rows, int64_t width, int64_t vocab,
@@ -2625,15 +2672,13 @@ void brisk_rejection_rows(const float *p, const float *q, const int64_t *tokens,
         num_accepted[b] = a;
         const float *pa = pb + a * vocab;
         const float *w = pa;
-        if (a < n) { /* rejected: the residual, where it has mass */
-            int any = 0;
+        if (a < n) { /* rejected: the residual, where it has mass (a NaN kept: then p) */
             for (int64_t i = 0; i < vocab; i++) {
                 const float qi = qb ? qb[a * vocab + i] : (i == xb[a] ? 1.0f : 0.0f);
                 const float r = pa[i] - qi;
-                scratch[i] = r > 0.0f ? r : 0.0f;
-                any |= scratch[i] > 0.0f;
+                scratch[i] = r < 0.0f ? 0.0f : r;
             }
-            if (any) w = scratch;
+            if (row_mass(scratch, vocab) > 0.0) w = scratch;
         }
         final[b] = draw_weights(w, vocab, final_u[b]);
     }

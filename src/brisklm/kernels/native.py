@@ -126,6 +126,8 @@ class ForwardArgs(ctypes.Structure):
         ("argmax", _ptr),
         ("layer_types", _ptr),
         ("head_type", ctypes.c_int),
+        ("n_steps", ctypes.c_int),
+        ("step_tokens", _ptr),
     ]
 
 

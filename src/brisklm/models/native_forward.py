@@ -260,6 +260,7 @@ class NativeForward:
         int64s = ctypes.c_int64 * native.MAX_TOKENS
         self._ids, self._slots, self._positions = int64s(), int64s(), int64s()
         self._logit_tokens, self._rope_rows, self._argmax = int64s(), int64s(), int64s()
+        self._step_tokens = int64s()
         self._greedy_logits = torch.empty(0, config.vocab_size, dtype=torch.float32)
         # The shapes, as the C side reads them (also read back here: args.hidden, ...).
         args = native.ForwardArgs(
@@ -298,6 +299,7 @@ class NativeForward:
         args.positions = ctypes.addressof(self._positions)
         args.logit_tokens = ctypes.addressof(self._logit_tokens)
         args.argmax = ctypes.addressof(self._argmax)
+        args.step_tokens = ctypes.addressof(self._step_tokens)
         self.args = args
 
     @classmethod
@@ -407,6 +409,49 @@ class NativeForward:
         self._run(token_ids, slots, start_positions, num_logits, self._greedy_logits, columns)
         return self._argmax[:total]
 
+    def greedy_steps(
+        self,
+        token_ids: list[int],
+        slots: list[int],
+        start_positions: list[int],
+        steps: int,
+        columns: int,
+    ) -> list[list[int]] | None:
+        """``steps`` greedy passes in one call: row b feeds ``token_ids[b]`` to slot ``slots[b]``
+        at ``start_positions[b]``, then each pass's greedy token (over the first ``columns``
+        logits) one position on. Each pass computes what ``forward_greedy`` of that one token would
+        (the same bits); the Python around a pass runs once for them all. Returns each pass's
+        tokens, ``[step][row]``; None where a row's rotary tables depend on its length (dynamic
+        NTK past the trained context), which takes one pass a call."""
+        rows = len(token_ids)
+        if steps < 1 or rows < 1 or steps * rows > native.MAX_TOKENS:
+            raise ValueError(
+                f"steps x rows must be in [1, {native.MAX_TOKENS}], got {steps} x {rows}"
+            )
+        if not 0 < columns <= self.args.vocab:
+            raise ValueError(f"columns must be in [1, {self.args.vocab}], got {columns}")
+        longest = max(start_positions) + steps
+        if longest > self.kv_cache.max_seq_len:
+            raise ValueError(
+                f"{steps} steps from position {max(start_positions)} pass the cache's "
+                f"{self.kv_cache.max_seq_len} positions"
+            )
+        if self.model.rotary.tables(_CPU, torch.float32, longest) is None:
+            return None
+        if self._greedy_logits.shape[0] < rows:
+            self._greedy_logits = torch.empty(rows, self.args.vocab, dtype=torch.float32)
+        self._run(
+            [[t] for t in token_ids],
+            slots,
+            start_positions,
+            [1] * rows,
+            self._greedy_logits,
+            columns,
+            steps,
+        )
+        flat = self._step_tokens[: steps * rows]
+        return [flat[s * rows : (s + 1) * rows] for s in range(steps)]
+
     def _run(
         self,
         token_ids: list[list[int]],
@@ -415,9 +460,11 @@ class NativeForward:
         num_logits: list[int],
         logits: torch.Tensor,
         argmax_columns: int,
+        steps: int = 1,
     ) -> None:
         """The pass, its logits into ``logits`` (at least sum(num_logits) rows) and, with
-        ``argmax_columns``, its greedy tokens into ``self._argmax``."""
+        ``argmax_columns``, its greedy tokens into ``self._argmax``; ``steps`` > 1: that many
+        greedy passes (``greedy_steps``), their tokens into ``self._step_tokens``."""
         query_lens = [len(tokens) for tokens in token_ids]
         num_tokens = sum(query_lens)
         total_logits = sum(num_logits)
@@ -447,7 +494,7 @@ class NativeForward:
         self._slots[:num_tokens] = token_slots
         self._positions[:num_tokens] = positions
         self._logit_tokens[:total_logits] = logit_tokens
-        longest = max(s + n for s, n in zip(start_positions, query_lens))
+        longest = max(s + n for s, n in zip(start_positions, query_lens)) + steps - 1
         tables = self.model.rotary.tables(_CPU, torch.float32, longest)
         if tables is None:  # computed per row: dynamic NTK scaling past the trained context
             tables = self.model.rotary(
@@ -471,6 +518,7 @@ class NativeForward:
         args.sin = tables[1].data_ptr()
         args.logits = logits.data_ptr()
         args.argmax_cols = argmax_columns
+        args.n_steps = steps
         slept = self._slept_ns.value
         start = time.perf_counter_ns()
         status = self.lib.brisk_forward_f32(ctypes.byref(args))

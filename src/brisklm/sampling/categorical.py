@@ -75,6 +75,8 @@ def row_uniforms(
     ):
         # The same draws as below, gathered as Python floats into one tensor: a step's five small
         # tensor ops a seeded row cost ~40 us after a forward pass (the bundled model).
+        if batch_size == 1 and generators and not len(default_rows):  # one seeded row: its draw
+            return torch.rand(1, dtype=torch.float64, generator=generators[0])
         values = [0.5] * batch_size
         if len(default_rows):
             rows = default_rows.tolist() if torch.is_tensor(default_rows) else list(default_rows)

@@ -379,6 +379,9 @@ class DraftModelProposer:
         else:  # (A,), (A, V)
             tokens, probs, metadata = self._next_tokens(self._extend(plans, feeds), plans)
         active = plans
+        # Greedy: each row's later tokens from one call of greedy steps (by plan), next first;
+        # {}: that call declined, a pass a step.
+        queued: dict[int, list[int]] | None = None
         try:
             while True:
                 still = []
@@ -407,7 +410,12 @@ class DraftModelProposer:
                     row_invariant=any(plan.row.params.is_seeded for plan in active),
                 )
                 if greedy:
-                    tokens = self._greedy_pass(batch)
+                    if queued is None:
+                        queued = self._greedy_steps(batch, active)
+                    if queued:
+                        tokens = [queued[id(plan)].pop(0) for plan in active]
+                    else:
+                        tokens = self._greedy_pass(batch)
                 else:
                     tokens, probs, metadata = self._next_tokens(
                         self.runner.forward(batch), active, metadata
@@ -426,6 +434,21 @@ class DraftModelProposer:
             assert logits is not None
             tokens = greedy_tokens(logits[:, :columns]).tolist()
         return tokens
+
+    def _greedy_steps(self, batch: ForwardBatch, plans: list[_Plan]) -> dict[int, list[int]]:
+        """Each row's greedy tokens for the rest of its proposal from one call of greedy steps
+        (``ModelRunner.greedy_steps``: the tokens of a pass a step, bit for bit), by ``id`` of
+        its plan; {} where that does not run (a pass a step then). A row that stops early (a stop
+        token) leaves the rest of its tokens unread, and their keys past its proposal, which
+        the cache drops as it drops a rejected proposal's."""
+        steps = max(plan.max_tokens - len(plan.drafted) for plan in plans)
+        if steps < 2:
+            return {}
+        columns = min(self.runner.model.config.vocab_size, self.num_real_tokens)
+        chosen = self.runner.greedy_steps(batch, columns, steps)
+        if chosen is None:
+            return {}
+        return {id(plan): [row[i] for row in chosen] for i, plan in enumerate(plans)}
 
     def _extend(self, plans: list[_Plan], feeds: list[tuple[int, list[int]]]) -> torch.Tensor:
         """Feed each row its unseen tokens; (A, V_draft) logits at each row's last position."""

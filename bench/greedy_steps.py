@@ -1,0 +1,81 @@
+"""Greedy decoding a step a native call against several steps a call
+(``EngineConfig.max_decode_steps``), in one run, at batch 1 and 8.
+
+Two engines on the same model, ``max_decode_steps=1`` and the default 8, alternating in each
+round: a 64-token prompt, then ``--new-tokens`` greedy tokens (the time of a one-token call
+subtracted, so prefill is left out), median of ``--rounds`` rounds. The tokens are the same either
+way (checked).
+
+    python bench/greedy_steps.py                     # the bundled model
+    python bench/greedy_steps.py --preset 125m       # a random 125M Llama (float32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import PRESETS, parse_checked, write_checkpoint
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="a random model (default: bundled)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parse_checked(parser)
+
+    from brisklm import LLM, SamplingParams
+
+    path = None
+    if args.preset:
+        path = Path(tempfile.mkdtemp()) / args.preset
+        write_checkpoint(path, args.preset, torch.float32)
+    engines = {
+        steps: LLM.from_pretrained(
+            path, max_decode_steps=steps, max_batch_size=8, show_progress=False
+        )
+        for steps in (1, 8)
+    }
+    prompt = torch.randint(3, 250, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    one = SamplingParams(temperature=0, max_tokens=1)
+    many = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    print(
+        f"machine: {platform.machine()} torch {torch.__version__} threads "
+        f"{torch.get_num_threads()}; model: {args.preset or 'bundled brisk-chat'}, "
+        f"{args.new_tokens} new tokens, median of {args.rounds} rounds"
+    )
+    print(f"{'batch':<6}{'a step a call':>16}{'up to 8 a call':>16}{'speed-up':>10}")
+    for batch in (1, 8):
+        prompts = [prompt] * batch
+        times: dict[int, list[float]] = {steps: [] for steps in engines}
+        outputs: dict[int, list[list[int]]] = {}
+        for _ in range(args.rounds):
+            for steps, llm in engines.items():
+                llm.generate(prompts, one)  # warm
+                start = time.perf_counter()
+                outs = llm.generate(prompts, many)
+                elapsed = time.perf_counter() - start
+                start = time.perf_counter()
+                llm.generate(prompts, one)
+                prefill = time.perf_counter() - start
+                times[steps].append((elapsed - prefill) / (args.new_tokens - 1))
+                outputs[steps] = [out.token_ids for out in outs]
+        assert outputs[1] == outputs[8], "several steps a call changed the tokens"
+        a, b = statistics.median(times[1]), statistics.median(times[8])
+        print(f"{batch:<6}{a * 1e3:>13.3f} ms{b * 1e3:>13.3f} ms{a / b:>9.2f}x")
+    for llm in engines.values():
+        llm.close()
+
+
+if __name__ == "__main__":
+    main()
