@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from brisklm import LLM, SamplingParams
+from brisklm.engine import llm_engine
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.kernels import native
 
@@ -100,6 +101,31 @@ def test_steps_stop_at_the_end_of_the_cache(tiny_dir, calls) -> None:
     same([outputs[1]], [outputs[0]])
     assert outputs[0].finish_reason == "length"
     assert len(outputs[0].prompt_token_ids) + len(outputs[0].token_ids) == 40
+
+
+def test_steps_times_rows_stay_within_the_kernels_tokens_a_call(
+    tiny_dir, one_a_call, monkeypatch
+) -> None:
+    """max_decode_steps far past what a call takes (512 tokens: 64 steps of 8 rows), with no
+    time limit: the calls are cut to fit, the outputs as a step a call's."""
+    monkeypatch.setattr(llm_engine, "DECODE_STEPS_SECONDS", 60.0)
+    params = SamplingParams(temperature=0, max_tokens=90, ignore_eos=True)
+    prompts = [f"{p} {i}" for i, p in enumerate(PROMPTS * 2)]
+    expected = one_a_call.generate(prompts[:4], params) + one_a_call.generate(prompts[4:], params)
+    llm = load(tiny_dir, max_decode_steps=600, max_batch_size=8)
+    made: list[tuple[int, int]] = []
+    original = llm.engine.runner.greedy_steps
+
+    def counted(batch, columns, steps):
+        made.append((steps, len(batch.slots)))
+        return original(batch, columns, steps)
+
+    llm.engine.runner.greedy_steps = counted
+    try:
+        same(llm.generate(prompts, params), expected)
+    finally:
+        llm.close()
+    assert made and max(steps * rows for steps, rows in made) == 512
 
 
 def test_sampled_and_logprob_requests_take_a_step_a_call(one_a_call, several, calls) -> None:

@@ -600,3 +600,10 @@ def test_greedy_steps_refuse_what_does_not_fit(tmp_path):
         runner.native.greedy_steps([5], [0], [0], native.MAX_TOKENS + 1, 16)
     # Rows of more than one token, or with no logits, are not greedy steps: declined.
     assert runner.greedy_steps(ForwardBatch([0], [0], [[5, 6]], [1]), 16, 2) is None
+    # Two rows in one slot would write each other's positions.
+    with pytest.raises(ValueError, match="a slot of its own"):
+        runner.native.greedy_steps([5, 6], [0, 0], [3, 4], 2, 16)
+    # One step is forward_greedy's pass (the kernels then write no step tokens of their own).
+    runner.forward(ForwardBatch([0], [0], [[7, 8, 9]], [1]))
+    one = runner.greedy_steps(ForwardBatch([0], [3], [[5]], [1]), 16, 1)
+    assert one == [runner.forward_greedy(ForwardBatch([0], [3], [[5]], [1]), 16)[1]]

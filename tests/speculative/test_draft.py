@@ -429,3 +429,20 @@ def test_greedy_drafts_come_from_one_call_of_greedy_steps(
     rows[0] = _row(0, prompts[0], len(prompts[0]), 6, stopping)
     got, _ = propose(rows, steps_run=True)
     assert got[0] == want[0][: want[0].index(want[0][2]) + 1] and got[1:] == want[1:]
+
+
+def test_greedy_drafts_near_the_cache_end_fit_their_call(
+    draft_model, target_model, tokenizer, prompts
+):
+    """A row near its slot's end beside one with room: the call runs what every row has room
+    for, and the longer proposal goes on a pass a step (one call of the longest's steps failed the
+    whole step once, a review found)."""
+    greedy = SamplingParams.greedy(ignore_eos=True)
+    context = (prompts[0] * 3)[:14]
+    rows = [_row(0, context, 14, 4, greedy), _row(1, prompts[1][:6], 6, 4, greedy)]
+    got = _proposer(draft_model, target_model, tokenizer, k=4, max_seq_len=16).propose(rows)
+    proposer = _proposer(draft_model, target_model, tokenizer, k=4, max_seq_len=16)
+    proposer.runner.greedy_steps = lambda batch, columns, steps: None  # a pass a step
+    want = proposer.propose(rows)
+    assert [p.token_ids for p in got] == [p.token_ids for p in want]
+    assert [len(p) for p in got] == [3, 4]

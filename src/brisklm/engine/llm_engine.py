@@ -19,6 +19,7 @@ from brisklm.engine.request import Request
 from brisklm.engine.scheduler import ScheduledBatch, Scheduler
 from brisklm.engine.speculation import Speculator
 from brisklm.engine.structured import StructuredOutputs
+from brisklm.kernels.native import MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob, joined
 from brisklm.sampling import SamplingMetadata, compute_logprobs, sample
@@ -455,6 +456,7 @@ class LLMEngine:
                 int(DECODE_STEPS_SECONDS / max(seconds, 1e-9)),
                 max(r.max_new_tokens for r in requests),
                 min(self.max_seq_len - r.num_cached for r in requests),
+                MAX_TOKENS // len(requests),  # the kernels' tokens a call
             ),
         )
 

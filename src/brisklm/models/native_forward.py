@@ -430,6 +430,8 @@ class NativeForward:
             )
         if not 0 < columns <= self.args.vocab:
             raise ValueError(f"columns must be in [1, {self.args.vocab}], got {columns}")
+        if len(set(slots)) != rows:
+            raise ValueError(f"each row of greedy steps needs a slot of its own, got {slots}")
         longest = max(start_positions) + steps
         if longest > self.kv_cache.max_seq_len:
             raise ValueError(
@@ -449,6 +451,8 @@ class NativeForward:
             columns,
             steps,
         )
+        if steps == 1:  # one pass: its tokens are forward_greedy's
+            return [self._argmax[:rows]]
         flat = self._step_tokens[: steps * rows]
         return [flat[s * rows : (s + 1) * rows] for s in range(steps)]
 

@@ -11,6 +11,7 @@ import torch
 from brisklm.cache.prefix_cache import common_prefix_length
 from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
+from brisklm.kernels.native import MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.sampling import SamplingMetadata, SamplingParams, sample
 from brisklm.sampling.categorical import NO_TOKEN, uniforms_for_rows
@@ -412,9 +413,10 @@ class DraftModelProposer:
                 if greedy:
                     if queued is None:
                         queued = self._greedy_steps(batch, active)
-                    if queued:
+                    if queued and all(queued[id(plan)] for plan in active):
                         tokens = [queued[id(plan)].pop(0) for plan in active]
-                    else:
+                    else:  # (a row needs more than the call could run: a pass a step from here)
+                        queued = {}
                         tokens = self._greedy_pass(batch)
                 else:
                     tokens, probs, metadata = self._next_tokens(
@@ -440,8 +442,13 @@ class DraftModelProposer:
         (``ModelRunner.greedy_steps``: the tokens of a pass a step, bit for bit), by ``id`` of
         its plan; {} where that does not run (a pass a step then). A row that stops early (a stop
         token) leaves the rest of its tokens unread, and their keys past its proposal, which
-        the cache drops as it drops a rejected proposal's."""
-        steps = max(plan.max_tokens - len(plan.drafted) for plan in plans)
+        the cache drops as it drops a rejected proposal's. As many steps as the longest proposal
+        needs, but what every row's slot has room for and the kernels take in a call."""
+        steps = min(
+            max(plan.max_tokens - len(plan.drafted) for plan in plans),
+            min(self.max_seq_len - start for start in batch.start_positions),
+            MAX_TOKENS // len(plans),
+        )
         if steps < 2:
             return {}
         columns = min(self.runner.model.config.vocab_size, self.num_real_tokens)
