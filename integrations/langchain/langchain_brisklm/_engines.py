@@ -42,6 +42,7 @@ class EngineKey:
     prefill_chunk_size: int | None = None
     prefix_caching: bool = True
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
+    max_decode_steps: int = 8
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -138,6 +139,7 @@ def get_engine(
     prefill_chunk_size: int | None = None,
     prefix_caching: bool = True,
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
+    max_decode_steps: int = 8,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -151,6 +153,7 @@ def get_engine(
         max_seq_len=max_seq_len,
         prefix_caching=prefix_caching,
         grammar_cache_size=grammar_cache_size,
+        max_decode_steps=max_decode_steps,
     )
     chunk_size = engine.resolved_prefill_chunk_size(device_)
     context = engine.resolved_max_seq_len(_max_positions(path))
@@ -169,6 +172,7 @@ def get_engine(
         prefill_chunk_size=chunk_size,
         prefix_caching=prefix_caching,
         grammar_cache_size=grammar_cache_size,
+        max_decode_steps=max_decode_steps,
     )
     with _lock:
         llm = _engines.get(key)
@@ -193,6 +197,7 @@ def get_engine(
                 prefill_chunk_size=prefill_chunk_size,
                 prefix_caching=prefix_caching,
                 grammar_cache_size=grammar_cache_size,
+                max_decode_steps=max_decode_steps,
                 show_progress=False,
             )
             with _lock:

@@ -77,6 +77,10 @@ class BriskSettings(BaseModel):
     """Compiled constraints (structured-output schemas, tool lists) the engine keeps for reuse,
     least recently used dropped first: an app with a schema or tool list per user bounds their
     memory with it, or keeps more of them compiled."""
+    max_decode_steps: int = 8
+    """Greedy decoding through brisklm's native CPU pass runs up to this many steps a call of its
+    kernels (about 20 ms of them), so a stream's chunks may hold several tokens; 1: a token a
+    step, a chunk a token. The tokens are the same either way."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's
@@ -140,6 +144,7 @@ class BriskSettings(BaseModel):
             prefill_chunk_size=self.prefill_chunk_size,
             prefix_caching=self.prefix_caching,
             grammar_cache_size=self.grammar_cache_size,
+            max_decode_steps=self.max_decode_steps,
         )
         cpu = torch.device("cpu")  # names only: whether the device has CUDA is the engine's
         if self.device not in (None, "auto"):
@@ -191,6 +196,7 @@ class BriskSettings(BaseModel):
             prefill_chunk_size=self.prefill_chunk_size,
             prefix_caching=self.prefix_caching,
             grammar_cache_size=self.grammar_cache_size,
+            max_decode_steps=self.max_decode_steps,
         )
 
     def get_token_ids(self, text: str) -> list[int]:

@@ -534,6 +534,17 @@ def test_engine_settings_reach_the_engine(tiny_chat_dir: Path) -> None:
     assert small_cache._engine().engine.structured.compiler.max_cache_size == 3
     with pytest.raises(ValueError, match="grammar_cache_size must be an int >= 1"):
         ChatBrisk(model=str(tiny_chat_dir), grammar_cache_size=0)
+    # A token a step: a stream's text a token at a time (several steps a call, the default,
+    # give chunks of several); the same text.
+    stepwise = plain.model_copy(update={"max_decode_steps": 1, "max_tokens": 12})
+    assert stepwise._engine() is not plain._engine()
+    assert stepwise._engine().engine.config.max_decode_steps == 1
+    several = [c.content for c in plain.model_copy(update={"max_tokens": 12}).stream(prompt)]
+    one = [c.content for c in stepwise.stream(prompt)]
+    assert "".join(one) == "".join(several) == stepwise.invoke(prompt).content
+    assert len([c for c in one if c]) > len([c for c in several if c])
+    with pytest.raises(ValueError, match="max_decode_steps must be an int >= 1"):
+        ChatBrisk(model=str(tiny_chat_dir), max_decode_steps=0)
 
 
 def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> None:
