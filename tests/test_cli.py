@@ -468,6 +468,8 @@ def test_kv_cache_dtype_flag_reaches_the_engine(model_dir, capsys, monkeypatch):
         ("cuda_graphs", ["--no-cuda-graphs"], False),
         ("prefix_caching", [], True),
         ("prefix_caching", ["--no-prefix-caching"], False),
+        ("max_decode_steps", [], 8),
+        ("max_decode_steps", ["--max-decode-steps", "1"], 1),
     ],
 )
 def test_engine_switches_reach_the_engine(model_dir, capsys, monkeypatch, option, flags, expected):
@@ -487,6 +489,13 @@ def test_engine_switches_reach_the_engine(model_dir, capsys, monkeypatch, option
     assert main(argv) == 0
     assert seen == {"argument": expected, "config": expected}
     assert capsys.readouterr().out
+
+
+def test_a_bad_max_decode_steps_is_one_line(model_dir, capsys):
+    code = main(["generate", "--model", str(model_dir), "--max-decode-steps", "0", "hi"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1
+    assert "max_decode_steps must be an int >= 1" in err
 
 
 def test_a_json_schema_file_with_bad_json_is_named_as_such(model_dir, capsys, tmp_path):

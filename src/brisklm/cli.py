@@ -60,6 +60,13 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "turns')",
     )
     group.add_argument(
+        "--max-decode-steps",
+        type=int,
+        default=8,
+        help="greedy steps a call of the native CPU kernels (default 8; 1: the text a token at a "
+        "time)",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -324,6 +331,7 @@ def _load(args: argparse.Namespace) -> Any:
         num_threads=args.threads,
         cuda_graphs=args.cuda_graphs,
         prefix_caching=args.prefix_caching,
+        max_decode_steps=args.max_decode_steps,
     )
 
 
