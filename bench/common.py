@@ -299,6 +299,17 @@ def parse_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
+def add_rounds_arguments(parser: argparse.ArgumentParser, new_tokens: int) -> None:
+    """``--preset`` (a random model of PRESETS' shapes; default: the bundled model),
+    ``--new-tokens`` and ``--rounds``: the options of a benchmark that alternates its ways of
+    decoding in rounds on one model."""
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="a random model (default: bundled)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=new_tokens)
+    parser.add_argument("--rounds", type=int, default=5)
+
+
 def add_model_arguments(parser, preset: str, device: str, dtype: str) -> None:
     """``--preset`` (a random model of PRESETS' shapes), ``--device`` and ``--dtype``."""
     parser.add_argument("--preset", default=preset, choices=sorted(PRESETS))

@@ -20,26 +20,27 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, parse_checked, write_checkpoint
+from common import add_rounds_arguments, parse_checked, write_checkpoint
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--preset", choices=sorted(PRESETS), help="a random model (default: bundled)"
-    )
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=5)
+    add_rounds_arguments(parser, new_tokens=256)
     args = parse_checked(parser)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = None
+        if args.preset:
+            path = Path(tmp) / args.preset
+            write_checkpoint(path, args.preset, torch.float32)
+        run(args, path)
 
+
+def run(args: argparse.Namespace, path: Path | None) -> None:
+    """The rounds on the bundled model (``path`` None) or the checkpoint at ``path``."""
     from brisklm import LLM, SamplingParams
 
-    path = None
-    if args.preset:
-        path = Path(tempfile.mkdtemp()) / args.preset
-        write_checkpoint(path, args.preset, torch.float32)
     engines = {
         steps: LLM.from_pretrained(
             path, max_decode_steps=steps, max_batch_size=8, show_progress=False

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import PRESETS, parse_checked, write_checkpoint
+from common import add_rounds_arguments, parse_checked, write_checkpoint
 
 SETTINGS = {
     "greedy": dict(temperature=0.0),
@@ -38,14 +38,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--preset", choices=sorted(PRESETS), help="a random model (default: bundled)"
-    )
-    parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--rounds", type=int, default=5)
+    add_rounds_arguments(parser, new_tokens=96)
     args = parse_checked(parser)
-    if args.new_tokens < 2:
-        raise SystemExit("--new-tokens must be at least 2")
 
     import transformers
 

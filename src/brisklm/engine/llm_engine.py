@@ -398,7 +398,8 @@ class LLMEngine:
             # a decoding row of several tokens: a run of grammar-forced tokens
             stepwise=decode_rows_stepwise([n == 0 for n in prefill_lens], row_invariant),
         )
-        steps = self.decode_steps(requests, feeds, prefill_lens)
+        one_token_rows = not any(prefill_lens) and all(len(feed) == 1 for feed in feeds)
+        steps = self.decode_steps(requests) if one_token_rows else 1
         start = time.perf_counter()
         if steps > 1:
             chosen = self.runner.greedy_steps(forward, self.num_real_tokens, steps)
@@ -414,7 +415,7 @@ class LLMEngine:
         for request, feed in zip(requests, feeds):
             request.num_cached += len(feed)
         if greedy is not None:  # the kernels found the tokens: the logits need not be read
-            if not any(prefill_lens) and all(len(feed) == 1 for feed in feeds):
+            if one_token_rows:
                 self._greedy_step_seconds = time.perf_counter() - start
             return [(r, self.update_request(r, t, None)) for r, t in zip(sampled, greedy)]
         if not sampled:
@@ -433,19 +434,15 @@ class LLMEngine:
         now = dict(self.sample_and_update([sampled[i] for i in going], logits[rows]))
         return [(r, joined(appended.get(r), now[r]) if r in now else appended[r]) for r in sampled]
 
-    def decode_steps(
-        self, requests: list[Request], feeds: list[list[int]], prefill_lens: list[int]
-    ) -> int:
-        """How many greedy one-token steps the next call runs for ``requests`` (see
-        ``EngineConfig.max_decode_steps``): more than 1 only where every request decodes one token
-        on the raw logits' argmax, the last greedy step's time is known, and no request waits for a
+    def decode_steps(self, requests: list[Request]) -> int:
+        """How many greedy one-token steps the next call runs for ``requests``, each decoding one
+        token (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes the
+        raw logits' argmax, the last greedy step's time is known, and no request waits for a
         slot; at most what the longest of them may still generate, and what every row's cache
         slot has room for. Without a speculator (whose draft tracks each step)."""
         limit = self.config.max_decode_steps
         seconds = self._greedy_step_seconds
         if limit <= 1 or seconds is None or self.speculator is not None or self.scheduler.waiting:
-            return 1
-        if any(prefill_lens) or any(len(feed) != 1 for feed in feeds):
             return 1
         if not all(self._takes_raw_argmax(r) for r in requests):
             return 1

@@ -2196,16 +2196,11 @@ int brisk_forward_f32(const brisk_forward_args *given) {
                 matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
             if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found, &sync);
             if (steps > 1) { /* team_argmax ended with a barrier: the tokens are there */
-                if (tid == 0) {
-                    for (int r = 0; r < n; r++) a->step_tokens[(int64_t)step * n + r] = a->argmax[r];
-                    if (step + 1 < steps) {
-                        for (int r = 0; r < n; r++) {
-                            step_ids[r] = a->argmax[r];
-                            step_positions[r]++;
-                        }
-                        n_units = attention_units(a, units); /* keys one position further */
+                if (tid == 0) /* (the attention units depend on the rows' slots, not positions) */
+                    for (int r = 0; r < n; r++) {
+                        a->step_tokens[(int64_t)step * n + r] = step_ids[r] = a->argmax[r];
+                        step_positions[r]++;
                     }
-                }
                 team_barrier(&sync);
             }
         }
@@ -2617,14 +2612,12 @@ int brisk_sample_rows(const float *logits, int64_t ld, int64_t rows, int64_t voc
  * brisklm.speculative.rejection.rejection_sample, row by row. Its ~50 tensor ops took ~0.3-0.45 ms
  * a verification step of one row on 2 vCPUs, more than the bundled draft's five passes. */
 
-/* The first largest of w[0, n), a NaN larger than any number: torch's argmax. */
+/* The first largest of w[0, n) (n >= 1), a NaN larger than any number: torch's argmax. */
 static int64_t first_largest(const float *w, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (w[i] != w[i]) return i;
-        if (w[i] > w[best]) best = i;
-    }
-    return best;
+    float best = 0.0f;
+    int64_t at = -1;
+    scan_larger(w, 0, n, &best, &at);
+    return at;
 }
 
 /* A token drawn from the non-negative weights w[0, n) with the uniform u, as inverse_cdf draws:

@@ -74,7 +74,7 @@ def sample_with_probs(
         return inverse_cdf(probs, uniforms), probs
     probs = torch.empty(x.shape, dtype=torch.float32)
     tokens = torch.empty(x.shape[0], dtype=torch.int64)
-    _run_native_sampler(draw, x, md, uniforms.to(torch.float64).contiguous(), tokens, probs)
+    _run_native_sampler(draw, x, md, uniforms, tokens, probs)
     if md.is_greedy is not None:
         greedy = greedy_tokens(x)
         tokens = torch.where(md.is_greedy, greedy, tokens)
@@ -101,9 +101,8 @@ def native_draws(
     draw = _native_sampler(x, md)
     if draw is None:
         return None
-    draws = uniforms.to(torch.float64).contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64)
-    _run_native_sampler(draw, x, md, draws, out, probs)
+    _run_native_sampler(draw, x, md, uniforms, out, probs)
     return out
 
 
@@ -140,8 +139,10 @@ def _run_native_sampler(
     probs: torch.Tensor | None,
 ) -> None:
     """One ``brisk_sample_rows`` call: ``out`` (B,) int64 gets the draws with ``uniforms`` (B,)
-    float64 (both or neither), ``probs`` the distributions."""
+    (both or neither), ``probs`` the distributions."""
     rows, vocab = x.shape
+    if uniforms is not None:
+        uniforms = uniforms.to(torch.float64).contiguous()
     if probs is not None and (
         probs.shape != x.shape or probs.dtype != torch.float32 or not probs.is_contiguous()
     ):

@@ -13,7 +13,7 @@ from brisklm.config import ModelConfig
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.kernels.native import MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.sampling import SamplingMetadata, SamplingParams, sample
+from brisklm.sampling import SamplingMetadata, SamplingParams
 from brisklm.sampling.categorical import NO_TOKEN, uniforms_for_rows
 from brisklm.sampling.sampler import greedy_tokens, sample_with_probs
 from brisklm.speculative.proposer import DraftRow, Proposal
@@ -427,10 +427,15 @@ class DraftModelProposer:
                 if plan.num_matched:
                     plan.row.matcher.rollback(plan.num_matched)
 
+    @property
+    def _greedy_columns(self) -> int:
+        """The logits a greedy draft picks from: the target's real tokens that the draft's
+        vocabulary has (the rest are -inf after ``_fit_vocab``)."""
+        return min(self.runner.model.config.vocab_size, self.num_real_tokens)
+
     def _greedy_pass(self, batch: ForwardBatch) -> list[int]:
-        """The argmax of each logits row of ``batch`` over the target's real tokens that the
-        draft's vocabulary has (the rest are -inf after ``_fit_vocab``)."""
-        columns = min(self.runner.model.config.vocab_size, self.num_real_tokens)
+        """The argmax of each logits row of ``batch`` over ``_greedy_columns``."""
+        columns = self._greedy_columns
         logits, tokens = self.runner.forward_greedy(batch, columns)
         if tokens is None:
             assert logits is not None
@@ -451,8 +456,7 @@ class DraftModelProposer:
         )
         if steps < 2:
             return {}
-        columns = min(self.runner.model.config.vocab_size, self.num_real_tokens)
-        chosen = self.runner.greedy_steps(batch, columns, steps)
+        chosen = self.runner.greedy_steps(batch, self._greedy_columns, steps)
         if chosen is None:
             return {}
         return {id(plan): [row[i] for row in chosen] for i, plan in enumerate(plans)}
@@ -532,11 +536,6 @@ class DraftModelProposer:
         every row is greedy, q is the one-hot of the argmax and is built from the argmax directly
         (what drawing from the one-hot would return, with no draws)."""
         logits, metadata = self._processing(logits, plans, metadata)
-        if metadata.all_greedy:
-            tokens = sample(logits, metadata)  # the argmax of the adjusted logits
-            probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-            probs.scatter_(1, tokens[:, None], 1.0)
-            return tokens.tolist(), probs, metadata
         tokens, probs = sample_with_probs(logits, metadata, self._uniforms(plans, logits.device))
         return tokens.tolist(), probs, metadata
 

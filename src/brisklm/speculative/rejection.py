@@ -71,13 +71,7 @@ def rejection_sample(
     native = _native_rows(target_probs, draft_token_ids, draft_probs)
     if native is not None:
         return _rejection_in_native_pass(
-            native,
-            target_probs,
-            draft_token_ids,
-            draft_counts,
-            draft_probs,
-            greedy_flags,
-            generators,
+            native, target_probs, proposals, draft_counts, draft_probs, greedy_flags, generators
         )
     all_greedy = all(greedy_flags)
     greedy = torch.tensor(greedy_flags, dtype=torch.bool, device=device)  # (B,)
@@ -144,23 +138,25 @@ def _native_rows(
 def _rejection_in_native_pass(
     run: Any,
     target_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
+    proposals: list[list[int]],
     draft_counts: list[int],
     draft_probs: torch.Tensor | None,
     greedy_flags: list[bool],
     generators: Sequence[torch.Generator | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rejection_sample`` by one ``brisk_rejection_rows`` call, with the torch path's uniforms
-    drawn in the same order (the acceptance tests', then one per row for the last draw)."""
+    drawn in the same order (the acceptance tests', then one per row for the last draw).
+    ``proposals``: the (B, K) draft tokens as lists, row b's first ``draft_counts[b]`` proposed."""
     batch_size, width, vocab_size = target_probs.shape
     num_positions = width - 1
     probs = target_probs.contiguous()
     q = draft_probs.contiguous() if draft_probs is not None else None
-    # Padding past a row's proposals is any value: 0, as the torch path reads it. Row-major, as
-    # the C side reads it (a transposed tensor clones to its own strides).
-    tokens = draft_token_ids.to(torch.int64).clone(memory_format=torch.contiguous_format)
-    for b, count in enumerate(draft_counts):
-        tokens[b, count:] = 0
+    # Row-major, as the C side reads it; the padding past a row's proposals 0, as the torch path
+    # reads it.
+    proposed = [row[:count] for row, count in zip(proposals, draft_counts, strict=True)]
+    tokens = torch.tensor(
+        [row + [0] * (num_positions - len(row)) for row in proposed], dtype=torch.int64
+    ).view(batch_size, num_positions)
     if all(greedy_flags):
         uniforms = torch.zeros((batch_size, num_positions), dtype=torch.float32)
         draws = torch.full((batch_size,), 0.5, dtype=torch.float64)
@@ -187,7 +183,7 @@ def _rejection_in_native_pass(
         num_accepted.data_ptr(),
         final.data_ptr(),
     )
-    accepted, finals, proposed = num_accepted.tolist(), final.tolist(), tokens.tolist()
+    accepted, finals = num_accepted.tolist(), final.tolist()
     output = [
         proposed[b][: accepted[b]] + [finals[b]] + [-1] * (num_positions - accepted[b])
         for b in range(batch_size)
