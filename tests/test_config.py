@@ -284,3 +284,43 @@ def test_a_top_level_original_context_wins_as_in_transformers(tmp_path, rope_typ
     ours, _ = rope_inv_freq(config.rope, config.head_dim, config.max_position_embeddings)
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).model.rotary_emb
     torch.testing.assert_close(ours, reference.inv_freq, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        # Phi-3's v4 rope block: the file, the block and the key that hold the value.
+        (
+            {"rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [1.0]}},
+            "unsupported rope type 'su' (config.json's rope_scaling.type); supported: default",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+            "unsupported rope type 'longrope' (config.json's rope_parameters.rope_type)",
+        ),
+        (
+            {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"},
+            "unsupported architecture 'MixtralForCausalLM' (config.json's architectures); "
+            "supported: LlamaForCausalLM",
+        ),
+        (
+            {"hidden_act": "gelu"},
+            "unsupported activation 'gelu' (config.json's hidden_act); supported: silu",
+        ),
+        ({"hidden_size": None}, "required field 'hidden_size' is null"),
+    ],
+)
+def test_unsupported_values_name_the_file_the_field_and_what_is_supported(
+    tmp_path, overrides, says
+):
+    # These said "unsupported rope type 'su'; supported: ...": no file, no field.
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **overrides}))
+    with pytest.raises(ValueError) as info:
+        ModelConfig.from_pretrained(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path / 'config.json'}: ")
+    assert says in str(info.value)
+
+
+def test_swish_is_silu_as_in_transformers():
+    # transformers' ACT2FN maps "swish" to SiLU; brisklm refused the checkpoint.
+    assert make(hidden_act="swish").hidden_act == "silu"

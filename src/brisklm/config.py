@@ -99,6 +99,13 @@ class RopeConfig:
             if v is not None  # a null setting is an unset one
         }
         rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            block = "rope_scaling" if isinstance(scaling, dict) and scaling else "rope_parameters"
+            key = "rope_type" if "rope_type" in params else "type"
+            raise ValueError(
+                f"unsupported rope type {rope_type!r} (config.json's {block}.{key}); supported: "
+                f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
         # transformers 4 wrote dynamic NTK as "dynamic"; some configs carry "ntk" aliases we do not guess at.
         theta = _first_set(
             params.get("rope_theta"), rope_parameters.get("rope_theta"), raw.get("rope_theta")
@@ -238,8 +245,8 @@ class ModelConfig:
         architecture = architectures[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"unsupported architecture {architecture!r}; supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported architecture {architecture!r} (config.json's architectures); "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[architecture]
         if model_type != family and model_type in by_type:
@@ -281,6 +288,14 @@ class ModelConfig:
         else:  # Mistral's too: the loader keeps only the biases its checkpoint stores
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
+        hidden_act = raw.get("hidden_act", "silu")
+        if hidden_act == "swish":  # transformers' ACT2FN runs it as SiLU too
+            hidden_act = "silu"
+        if hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(
+                f"unsupported activation {hidden_act!r} (config.json's hidden_act); supported: "
+                f"{', '.join(SUPPORTED_ACTIVATIONS)}"
+            )
         eos = raw.get("eos_token_id")
         eos_ids = token_ids(eos)
         if eos_ids is None:
@@ -300,7 +315,7 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=max_positions,
             rms_norm_eps=float(_first_set(raw.get("rms_norm_eps"), 1e-6)),
-            hidden_act=raw.get("hidden_act", "silu"),
+            hidden_act=hidden_act,
             tie_word_embeddings=json_bool(
                 raw.get("tie_word_embeddings"), "config.json's tie_word_embeddings"
             ),
@@ -328,7 +343,10 @@ class ModelConfig:
             raise ValueError(f"{config_file} is not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{config_file} must hold a JSON object")
-        return cls.from_dict(raw)
+        try:
+            return cls.from_dict(raw)
+        except ValueError as exc:  # say which file: a model directory has several config files
+            raise ValueError(f"{config_file}: {exc}") from None
 
 
 def checkpoint_directory(path: str | Path, what: str = "model") -> Path:

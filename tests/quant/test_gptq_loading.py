@@ -163,10 +163,22 @@ def test_unsupported_quantization_is_a_clear_error(hf_models, tmp_path, changes,
     with pytest.raises(ValueError, match="unsupported quantization") as info:
         load_model(directory, device="cpu", show_progress=False)
     assert message in str(info.value)
+    # The file and the key that hold the value (it said only the directory).
+    assert f"{directory / 'config.json'}'s quantization_config: " in str(info.value)
     from brisklm import LLM
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         LLM.from_pretrained(directory, device="cpu", show_progress=False)
+
+
+def test_an_unsupported_quantize_config_json_is_named(hf_models, tmp_path):
+    directory = write_gptq_checkpoint(
+        hf_models["llama"], tmp_path / "q", group_size=32, config_in="quantize_config.json"
+    )
+    path = directory / "quantize_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "bits": 8}))
+    with pytest.raises(ValueError, match=f"{path}: bits=8 is not supported"):
+        load_model(directory, device="cpu", show_progress=False)
 
 
 def test_config_not_matching_tensors_names_the_tensor(hf_models, tmp_path):

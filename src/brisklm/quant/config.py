@@ -183,11 +183,11 @@ class GPTQConfig:
         if config_path.is_file():
             qc = _read_json(config_path).get("quantization_config")
             if qc is not None:
-                from_config_json = cls.from_dict(qc)
+                from_config_json = _from_file(cls, qc, f"{config_path}'s quantization_config")
         from_quantize_json = None
         qpath = model_dir / QUANTIZE_CONFIG_FILE
         if qpath.is_file():
-            from_quantize_json = cls.from_dict(_read_json(qpath))
+            from_quantize_json = _from_file(cls, _read_json(qpath), str(qpath))
         if from_config_json is not None and from_quantize_json is not None:
             diff = [
                 f"{name}: {getattr(from_config_json, name)!r} vs {getattr(from_quantize_json, name)!r}"
@@ -254,6 +254,14 @@ class GPTQConfig:
         if self.modules_in_block_to_quantize:
             out["modules_in_block_to_quantize"] = [list(self.modules_in_block_to_quantize)]
         return out
+
+
+def _from_file(cls: type[GPTQConfig], raw: Any, source: str) -> GPTQConfig:
+    """``cls.from_dict(raw)``, its ValueError naming ``source`` (the file, and the key within it)."""
+    try:
+        return cls.from_dict(raw)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 # Everything up to a decoder layer's own modules: "model.layers.3." in "model.layers.3.mlp.up_proj".

@@ -102,7 +102,7 @@ def linear_factory_for(
     except UnreadableConfigError:
         raise
     except ValueError as exc:
-        raise ValueError(f"{model_dir}: unsupported quantization: {exc}") from None
+        raise ValueError(f"unsupported quantization: {exc}") from None  # exc names the file
     if quant is None:
         return dense_linear
     return gptq_linear_factory(
