@@ -777,6 +777,12 @@ class LLM:
     def abort(self, request_id: str) -> None:
         """Stop a submitted request (``Request.request_id``): it finishes with finish reason
         ``abort`` and the text so far. An id that is unknown or already finished is ignored."""
+        if not isinstance(request_id, str):  # a Request itself matched no id, silently
+            raise TypeError(
+                "abort takes a request id (a str: Request.request_id), got "
+                f"{type(request_id).__name__}"
+                + (": pass request.request_id" if isinstance(request_id, Request) else "")
+            )
         self._loop.abort(request_id)
 
     def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:

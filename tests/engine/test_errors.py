@@ -399,6 +399,18 @@ def test_a_request_runs_once(llm):
     assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
 
 
+def test_abort_given_a_request_instead_of_its_id_says_so(llm):
+    # llm.abort(request) matched no id and was ignored: the request ran on to max_tokens.
+    request = llm.make_request("Hello", GREEDY)
+    with pytest.raises(TypeError, match="abort takes a request id .*pass request.request_id"):
+        llm.abort(request)
+    with pytest.raises(TypeError, match="abort takes a request id .*got NoneType"):
+        llm.abort(None)
+    llm.abort("no-such-request")  # an unknown id is still ignored
+    assert len(llm.run_requests([request])[0].token_ids) == GREEDY.max_tokens
+    assert_still_works(llm)
+
+
 def test_model_error_fails_only_that_step(llm, monkeypatch):
     runner = llm.engine.runner
 

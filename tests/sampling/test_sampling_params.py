@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from brisklm.constrained import Regex
 from brisklm.sampling import MAX_LOGPROBS, SamplingParams
 
 BAD_VALUES = [
@@ -117,6 +118,29 @@ def test_frozen_hashable_and_replace_revalidates() -> None:
     assert q.is_greedy and q.logit_bias == p.logit_bias  # normalised value round-trips
     with pytest.raises(ValueError, match="top_p"):
         dataclasses.replace(p, top_p=2.0)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}}},
+        {"json_object": True},
+        {"regex": "a+"},
+        {"choice": ["yes", "no"]},
+        {"grammar": 'start: "x"'},
+        {"grammar": 'root ::= "x"', "grammar_syntax": "gbnf"},
+    ],
+)
+def test_replace_copies_params_made_from_a_constraint_option(option) -> None:
+    # dataclasses.replace passes the option and the constraint resolved from it: that was
+    # refused as both given ("pass either constraint= or one of json_schema/...").
+    params = SamplingParams(**option)
+    copy = dataclasses.replace(params, max_tokens=5)
+    assert copy.max_tokens == 5 and copy.constraint == params.constraint
+    name = next(iter(option))
+    assert getattr(copy, name) == getattr(params, name)
+    with pytest.raises(ValueError, match="pass either constraint=.*with_changes"):
+        dataclasses.replace(params, constraint=Regex("b"))  # another one: two constraints
 
 
 def test_greedy_convenience_and_boundaries() -> None:

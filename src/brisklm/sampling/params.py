@@ -161,9 +161,12 @@ class SamplingParams:
             grammar=self.grammar,
             grammar_syntax=self.grammar_syntax,
         )
-        if from_fields is not None and self.constraint is not None:
+        # Both set and alike: a copy of params made from an option (dataclasses.replace passes
+        # every field, the constraint resolved from the option too).
+        if from_fields is not None and self.constraint not in (None, from_fields):
             raise ValueError(
-                "pass either constraint= or one of json_schema/json_object/regex/choice/grammar"
+                "pass either constraint= or one of json_schema/json_object/regex/choice/grammar "
+                "(to change the constraint of a SamplingParams, use its with_changes())"
             )
         if self.choice is not None:
             put("choice", tuple(self.choice))
