@@ -66,10 +66,12 @@ def format_tools(tools: Iterable[ToolLike] | None) -> list[dict[str, Any]]:
     """
     if tools is None:
         return []
-    if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Iterable):
-        raise TypeError(
-            f"tools must be a list of tools ({_TOOL_FORMS}), got {type(tools).__name__}"
-        )
+    # A LangChain tool or other pydantic object is iterable (over its fields): one tool given
+    # without its list was read as a list of (field, value) pairs, none of them a tool.
+    if isinstance(tools, (str, bytes, dict, BaseModel)) or not isinstance(tools, Iterable):
+        got = f"the class {tools.__name__}" if isinstance(tools, type) else type(tools).__name__
+        one = " (put a single tool in a list: [tool])" if _is_one_tool(tools) else ""
+        raise TypeError(f"tools must be a list of tools ({_TOOL_FORMS}), got {got}{one}")
     formatted: list[dict[str, Any]] = []
     seen: dict[str, tuple[int, Any]] = {}  # name -> (position, what its calls accept)
     for position, tool in enumerate(tools):
@@ -89,6 +91,15 @@ def format_tools(tools: Iterable[ToolLike] | None) -> list[dict[str, Any]]:
         seen[name] = (position, accepts)
         formatted.append(converted)
     return formatted
+
+
+def _is_one_tool(tools: Any) -> bool:
+    """Whether ``tools`` is a single tool rather than a list of them."""
+    return (
+        isinstance(tools, (BaseTool, dict))
+        or (isinstance(tools, type) and issubclass(tools, BaseModel))
+        or callable(tools)
+    )
 
 
 # JSON Schema annotations: they describe instances but do not change which are valid.

@@ -276,7 +276,11 @@ def test_per_call_tools_are_formatted_like_bind_tools(chat: ChatBrisk) -> None:
         ([{"name": "T", "parameters": {"type": "string"}}], ValueError, "must be an object schema"),
         ([{"name": "T", "parameters": "x"}], ValueError, "must be a JSON Schema object"),
         ([PickCity, {"name": "PickCity", "parameters": {}}], ValueError, r"tools\[1\] and tools\[0\] are both named 'PickCity' with different"),
-        (PickCity, TypeError, "tools must be a list"),
+        (PickCity, TypeError, r"tools must be a list .*got the class PickCity \(put a single tool in a list"),
+        # A LangChain tool is a pydantic object, iterable over its fields: it was read as a list
+        # of ("name", "get_weather") pairs, "tools[0] cannot be used as a tool".
+        (get_weather, TypeError, r"tools must be a list .*got StructuredTool \(put a single tool in a list"),
+        (PickCity(city="Paris"), TypeError, "tools must be a list of tools .*got PickCity$"),
     ],
 )  # fmt: skip
 def test_bad_tools_are_refused(chat: ChatBrisk, tools: Any, error: type, match: str) -> None:
