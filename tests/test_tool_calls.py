@@ -15,6 +15,7 @@ from brisklm.tool_calls import (
     ToolCallDelta,
     ToolCallStreamParser,
     parse_tool_calls,
+    unclosed_block_start,
 )
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}\n</tool_call>'
@@ -127,6 +128,16 @@ def test_a_block_with_an_open_string_does_not_swallow_the_calls_after_it() -> No
     # holds the end tag stays one block (content here, an invalid call in LangChain).
     cut = '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and'
     assert parse_tool_calls(cut) == (cut, [])
+    # Nor when the tags that follow open no call: a grammar's string may hold both tags (the
+    # bundled model wrote this one, cut by max_tokens).
+    assert parse_tool_calls(CUT_STRING_WITH_BOTH_TAGS) == (CUT_STRING_WITH_BOTH_TAGS, [])
+    assert unclosed_block_start(CUT_STRING_WITH_BOTH_TAGS) == 0  # one block, cut
+
+
+CUT_STRING_WITH_BOTH_TAGS = (
+    '<tool_call>\n{"name": "Order", "arguments": {"items": [{"name": "apples</tool_call> '
+    '<tool_call> {", "qty": 4'
+)
 
 
 def _stream(text: str, cuts: list[int]) -> tuple[str, list[ToolCall], list]:
@@ -160,6 +171,7 @@ STREAM_TEXTS = [
     UNCLOSED_STRING_THEN_CALLS,
     '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and',
     '<tool_call>\n{"name": "a", "arguments": {"q": "x}}\n</tool_call> no block after',
+    CUT_STRING_WITH_BOTH_TAGS,
     # cut inside the end tag of a whole call: the call
     f"Sure.\n{WEATHER[:-1]}",
     f"{WEATHER}\n{SEARCH[:-4]}",

@@ -142,16 +142,18 @@ def block_end(text: str, body_start: int) -> int:
 
     The first end tag outside the call's JSON strings, where the arguments may hold the tag. When
     there is none and the rest does not parse, a string was left open (malformed JSON, or a call
-    cut inside a string): if another block starts after the first end tag, the model closed this
-    one there; otherwise the block runs on (a cut call).
+    cut inside a string): if a call follows the first end tag, the model closed this block there
+    (so that the calls after it count); otherwise the block runs on, a call cut inside a string
+    that holds the tags (as a grammar's strings may: ``"a</tool_call> <tool_call> {"`` then the
+    cut).
     """
     end = find_unquoted(text, TOOL_CALL_END, body_start)
     if end >= 0:
         return end
     plain = text.find(TOOL_CALL_END, body_start)
-    if plain < 0 or text.find(TOOL_CALL_START, plain + len(TOOL_CALL_END)) < 0:
+    if plain < 0 or parse_tool_call_body(text[body_start:]) is not None:
         return -1
-    return -1 if parse_tool_call_body(text[body_start:]) is not None else plain
+    return plain if parse_tool_calls(text[plain + len(TOOL_CALL_END) :])[1] else -1
 
 
 def unclosed_block_start(text: str) -> int:

@@ -228,6 +228,9 @@ def test_tool_choice_spellings() -> None:
     [
         '<tool_call>\n{"name": "note", "arguments": {"text": "end it with </tool_call> and',
         '<tool_call>\n{"name": "note", "arguments": {"text": "start with <tool_call> then',
+        # Both tags, then the cut (the bundled model under a grammar, max_tokens): the block was
+        # closed at the inner end tag, its markup content and the rest a call named None.
+        '<tool_call>\n{"name": "note", "arguments": {"text": "apples</tool_call> <tool_call> {", "qty": 4',
     ],
 )
 def test_tags_inside_a_cut_calls_strings_are_its_text(text: str) -> None:
@@ -237,6 +240,10 @@ def test_tags_inside_a_cut_calls_strings_are_its_text(text: str) -> None:
     args = text[text.index('{"text"') :]
     assert (content, calls, [(c["name"], c["args"]) for c in invalid]) == ("", [], [("note", args)])
     assert HERMES.ended_inside_call(text)
+    for pieces in ([len(text)], [7] * (len(text) // 7 + 1), [1] * len(text)):
+        full = run(text, pieces)  # streamed: no markup in the content, the call's text once
+        assert full.content == ""
+        assert [(c["name"], c["args"]) for c in full.tool_call_chunks] == [("note", args)]
 
 
 @pytest.mark.parametrize("form", CUT_REPLIES)
