@@ -1,12 +1,14 @@
-"""Greedy decoding a step a native call against several steps a call
-(``EngineConfig.max_decode_steps``), in one run, at batch 1 and 8.
+"""Decoding a step a native call against several steps a call
+(``EngineConfig.max_decode_steps``), in one run, at batch 1 and 8: greedy, or sampled with
+``--temperature`` (and ``--top-p``), each row with a seed of its own.
 
 Two engines on the same model, ``max_decode_steps=1`` and the default 8, alternating in each
-round: a 64-token prompt, then ``--new-tokens`` greedy tokens (the time of a one-token call
-subtracted, so prefill is left out), median of ``--rounds`` rounds. The tokens are the same either
-way (checked).
+round: a 64-token prompt, then ``--new-tokens`` tokens (the time of a one-token call subtracted,
+so prefill is left out), median of ``--rounds`` rounds. The tokens are the same either way
+(checked; a seed draws the same tokens).
 
-    python bench/greedy_steps.py                     # the bundled model
+    python bench/greedy_steps.py                     # the bundled model, greedy
+    python bench/greedy_steps.py --temperature 0.7   # sampled
     python bench/greedy_steps.py --preset 125m       # a random 125M Llama (float32)
 """
 
@@ -28,6 +30,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_rounds_arguments(parser, new_tokens=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parse_checked(parser)
     with tempfile.TemporaryDirectory() as tmp:
         path = None
@@ -49,15 +53,19 @@ def run(args: argparse.Namespace, path: Path | None) -> None:
     }
     prompt = torch.randint(3, 250, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     one = SamplingParams(temperature=0, max_tokens=1)
-    many = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    sampling = dict(temperature=args.temperature, top_p=args.top_p)
     print(
         f"machine: {platform.machine()} torch {torch.__version__} threads "
         f"{torch.get_num_threads()}; model: {args.preset or 'bundled brisk-chat'}, "
-        f"{args.new_tokens} new tokens, median of {args.rounds} rounds"
+        f"{args.new_tokens} new tokens, {sampling}, median of {args.rounds} rounds"
     )
     print(f"{'batch':<6}{'a step a call':>16}{'up to 8 a call':>16}{'speed-up':>10}")
     for batch in (1, 8):
         prompts = [prompt] * batch
+        many = [
+            SamplingParams(max_tokens=args.new_tokens, ignore_eos=True, seed=row, **sampling)
+            for row in range(batch)
+        ]
         times: dict[int, list[float]] = {steps: [] for steps in engines}
         outputs: dict[int, list[list[int]]] = {}
         for _ in range(args.rounds):

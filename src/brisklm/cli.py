@@ -63,8 +63,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--max-decode-steps",
         type=int,
         default=8,
-        help="greedy steps a call of the native CPU kernels (default 8; 1: the text a token at a "
-        "time)",
+        help="decode steps a call of the native CPU kernels, greedy or sampled (default 8; 1: the "
+        "text a token at a time)",
     )
     group.add_argument(
         "--threads",

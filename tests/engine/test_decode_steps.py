@@ -1,7 +1,10 @@
-"""Greedy steps a few to a native call (EngineConfig.max_decode_steps): the outputs of a step a
-call, with every stop rule, in batches and streams; one step a call where they cannot apply."""
+"""Decode steps a few to a native call (EngineConfig.max_decode_steps), greedy and sampled: the
+outputs of a step a call, with every stop rule, in batches and streams; one step a call where they
+cannot apply."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -39,13 +42,13 @@ def calls(several, monkeypatch) -> list[int]:
     """The steps of each call of greedy steps the engine of ``several`` makes."""
     runner = several.engine.runner
     made: list[int] = []
-    original = runner.greedy_steps
+    original = runner.run_steps
 
-    def counted(batch, columns, steps):
+    def counted(batch, columns, steps, sampling=None):
         made.append(steps)
-        return original(batch, columns, steps)
+        return original(batch, columns, steps, sampling)
 
-    monkeypatch.setattr(runner, "greedy_steps", counted)
+    monkeypatch.setattr(runner, "run_steps", counted)
     return made
 
 
@@ -114,13 +117,13 @@ def test_steps_times_rows_stay_within_the_kernels_tokens_a_call(
     expected = one_a_call.generate(prompts[:4], params) + one_a_call.generate(prompts[4:], params)
     llm = load(tiny_dir, max_decode_steps=600, max_batch_size=8)
     made: list[tuple[int, int]] = []
-    original = llm.engine.runner.greedy_steps
+    original = llm.engine.runner.run_steps
 
-    def counted(batch, columns, steps):
+    def counted(batch, columns, steps, sampling=None):
         made.append((steps, len(batch.slots)))
-        return original(batch, columns, steps)
+        return original(batch, columns, steps, sampling)
 
-    llm.engine.runner.greedy_steps = counted
+    llm.engine.runner.run_steps = counted
     try:
         same(llm.generate(prompts, params), expected)
     finally:
@@ -128,13 +131,57 @@ def test_steps_times_rows_stay_within_the_kernels_tokens_a_call(
     assert made and max(steps * rows for steps, rows in made) == 512
 
 
-def test_sampled_and_logprob_requests_take_a_step_a_call(one_a_call, several, calls) -> None:
-    """A seeded sampled request beside greedy ones, and a greedy one with logprobs: no call of
-    several steps while they decode; the outputs are a step a call's."""
-    seeded = SamplingParams(temperature=0.8, max_tokens=20, seed=3, ignore_eos=True)
-    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    logprobs = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
-    batch = [seeded, greedy, logprobs]
+SAMPLED = [
+    SamplingParams(temperature=0.8, max_tokens=40, seed=3, ignore_eos=True),
+    SamplingParams(temperature=1.3, top_k=20, max_tokens=40, seed=4, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_p=0.8, min_p=0.02, max_tokens=36, seed=2**64 - 1),
+    SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+]
+
+
+def test_seeded_sampled_requests_draw_the_tokens_of_a_step_a_call(
+    one_a_call, several, calls
+) -> None:
+    """Seeded sampled rows (temperature, top-k, top-p, min-p) beside a greedy one: each row's
+    uniforms drawn ahead from its own generator give the tokens of a step a call, in a batch, alone
+    and streamed, and leave the generator where a step a call leaves it (the stop rules end rows
+    mid-call)."""
+    expected = one_a_call.generate(PROMPTS, SAMPLED)
+    same(several.generate(PROMPTS, SAMPLED), expected)
+    assert calls and max(calls) > 1
+    for prompt, p, want in zip(PROMPTS, SAMPLED, expected, strict=True):
+        same([several.generate(prompt, p)], [want])
+    assert "".join(several.stream(PROMPTS[1], SAMPLED[1])) == expected[1].text
+    stop = [expected[0].text[10:13]]
+    with_stop = SAMPLED[0].with_changes(stop=stop, min_tokens=5)
+    same([several.generate(PROMPTS[0], with_stop)], [one_a_call.generate(PROMPTS[0], with_stop)])
+
+
+def test_unseeded_sampled_requests_take_several_steps_a_call(several, calls) -> None:
+    out = several.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [30] * 4
+    assert calls and max(calls) > 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True, logprobs=0),
+        SamplingParams(temperature=0.8, seed=1, max_tokens=20, repetition_penalty=1.2),
+        SamplingParams(temperature=0.8, seed=1, max_tokens=20, presence_penalty=0.5),
+        SamplingParams(temperature=0.8, seed=1, max_tokens=20, logit_bias={7: 2.0}),
+        SamplingParams(temperature=0, max_tokens=20, regex="[a-z ]{200}"),
+    ],
+    ids=["logprobs", "sampled-logprobs", "repetition", "presence", "bias", "grammar"],
+)
+def test_requests_the_steps_cannot_take_run_a_step_a_call(
+    one_a_call, several, calls, params
+) -> None:
+    """Logprobs, penalties, a logit bias or a grammar beside a sampled and a greedy request: no
+    call of several steps while they decode; the outputs are a step a call's."""
+    params = params.with_changes(ignore_eos=True)  # each row runs the 20 tokens
+    batch = [SAMPLED[0].with_changes(max_tokens=20), SAMPLED[3].with_changes(max_tokens=20), params]
     expected = one_a_call.generate(PROMPTS[:3], batch)
     same(several.generate(PROMPTS[:3], batch), expected)
     assert calls == []
@@ -143,3 +190,66 @@ def test_sampled_and_logprob_requests_take_a_step_a_call(one_a_call, several, ca
 def test_max_decode_steps_is_checked() -> None:
     with pytest.raises(ValueError, match="max_decode_steps"):
         EngineConfig(max_decode_steps=0)
+
+
+def test_a_row_with_nothing_to_draw_fails_as_with_a_step_a_call(tmp_path) -> None:
+    """A sampled row whose logits turn NaN mid-call (its own draw fed a token whose embedding is
+    NaN) ends the call there: it fails with the error of a step a call, after the same tokens, and
+    the seeded row beside it, its generator put back to the steps that ran, goes on as alone."""
+    from tests.engine.test_errors import nan_at_token
+    from tests.tiny import make_tiny_checkpoint
+
+    directory = make_tiny_checkpoint(tmp_path / "tiny")
+    first = SamplingParams(temperature=1.0, seed=5, max_tokens=16, ignore_eos=True)
+    second = SamplingParams(temperature=0.9, seed=9, max_tokens=16, ignore_eos=True)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    with load(directory, max_decode_steps=1) as llm:
+        clean = [o.token_ids for o in llm.generate(prompts, [first, second])]
+    seen = {*prompts[0], *prompts[1], *clean[1]}
+    late = [i for i in range(4, 16) if clean[0][i] not in seen | set(clean[0][:i])]
+    assert late, "no token of the first output to poison"
+    nan_at_token(directory, clean[0][late[0]])
+
+    def run(steps: int) -> tuple[str, list[int], list[int]]:
+        with load(directory, max_decode_steps=steps) as llm:
+            made: list[int] = []
+            original = llm.engine.runner.run_steps
+
+            def counted(batch, columns, n, sampling=None):
+                made.append(n)
+                return original(batch, columns, n, sampling)
+
+            llm.engine.runner.run_steps = counted
+            requests = [llm.make_request(p, q) for p, q in zip(prompts, [first, second])]
+
+            async def each():
+                return dict([pair async for pair in llm.arun_requests_each(requests)])
+
+            results = asyncio.run(each())
+            assert isinstance(results[0], RuntimeError)
+            return str(results[0]).split(": ", 1)[1], results[1].token_ids, made  # no request id
+
+    one_error, one_tokens, _ = run(1)
+    error, tokens, made = run(8)
+    assert f"after {late[0] + 1} output tokens" in one_error
+    assert (error, tokens) == (one_error, one_tokens)
+    assert tokens == clean[1] and max(made) > 1
+
+
+def test_steps_past_a_dynamic_rope_models_trained_context_draw_as_a_step_a_call(tmp_path) -> None:
+    """Past the trained context of a dynamic-NTK model the kernels decline several steps a call
+    (their rotary tables depend on the row's length): the uniforms drawn for them are put back,
+    so a seeded request's tokens stay a step a call's."""
+    from tests.tiny import make_tiny_checkpoint
+
+    directory = make_tiny_checkpoint(
+        tmp_path / "dynamic",
+        max_position_embeddings=24,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+    params = SamplingParams(temperature=1.0, seed=11, max_tokens=40, ignore_eos=True)
+    outputs = []
+    for steps in (1, 8):
+        with load(directory, max_seq_len=64, max_decode_steps=steps) as llm:
+            outputs.append(llm.generate([5, 6, 7, 8, 9, 10], params))
+    same([outputs[1]], [outputs[0]])

@@ -548,9 +548,20 @@ def test_threads_asleep_for_a_late_teammate_cut_the_team_and_the_bits_stay(check
         assert torch.get_num_threads() == 2
 
 
+def cache_put_back(
+    runner: ModelRunner, keys: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runner's cache's keys and values (copies) before they are set back to ``keys`` and
+    ``values``: what a call of several steps wrote, before the steps run a call each."""
+    written = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    runner.kv_cache.keys.copy_(keys)
+    runner.kv_cache.values.copy_(values)
+    return written
+
+
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_greedy_steps_in_one_call_are_the_steps_one_call_each(request, build, checkpoint):
-    """``greedy_steps``: n greedy passes of one token a row in one call of the kernels give the
+    """``run_steps``: n greedy passes of one token a row in one call of the kernels give the
     tokens and the cache (keys and values, bit for bit) of n calls of ``forward_greedy``, rows at
     ragged positions in several slots, sliding windows shorter than the rows; past a dynamic-NTK
     model's trained context (rotary tables per row) it declines."""
@@ -565,24 +576,74 @@ def test_greedy_steps_in_one_call_are_the_steps_one_call_each(request, build, ch
     starts = [len(p) for p in prompts]
     keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
     steps = 7
-    got = runner.greedy_steps(
+    got = runner.run_steps(
         ForwardBatch(slots, starts, [[t] for t in firsts], [1, 1, 1]), columns, steps
     )
     if name == "llama-dynamic-rope":  # trained context 24: 14 + 7 stays inside it
         assert got is not None
         late = ForwardBatch(slots, [20, 21, 22], [[5], [6], [7]], [1, 1, 1])
-        assert runner.greedy_steps(late, columns, 4) is None  # past 24: declined, nothing ran
+        assert runner.run_steps(late, columns, 4) is None  # past 24: declined, nothing ran
     assert got is not None and len(got) == steps and all(len(row) == 3 for row in got)
     assert all(0 <= t < columns for row in got for t in row)
-    stepped_keys, stepped_values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
-    runner.kv_cache.keys.copy_(keys)
-    runner.kv_cache.values.copy_(values)
+    stepped_keys, stepped_values = cache_put_back(runner, keys, values)
     want, tokens = [], firsts
     for step in range(steps):
         batch = ForwardBatch(slots, [s + step for s in starts], [[t] for t in tokens], [1, 1, 1])
         _, tokens = runner.forward_greedy(batch, columns)
         want.append(list(tokens))
     assert got == want, name
+    assert torch.equal(stepped_keys, runner.kv_cache.keys), name
+    assert torch.equal(stepped_values, runner.kv_cache.values), name
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_sampled_steps_in_one_call_draw_what_the_sampler_draws_a_call_each(
+    request, build, checkpoint
+):
+    """``run_steps`` with ``StepSampling``: each sampled row's token at each step is what
+    ``native_draws`` draws with that step's uniform from the logits of a call a step (their columns
+    past ``columns`` at -inf, as the engine masks them), beside a greedy row; the cache is the
+    calls' bit for bit."""
+    from brisklm.models.native_forward import StepSampling
+    from brisklm.sampling import SamplingMetadata
+    from brisklm.sampling.sampler import native_draws
+
+    name, directory = checkpoint
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    runner = runner_on_build(request, build, model, num_slots=4, max_seq_len=CACHE)
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 150, (n,), generator=generator).tolist() for n in (9, 14, 6)]
+    slots, steps, vocab = [2, 0, 3], 6, model.config.vocab_size
+    columns = vocab - 3
+    params = [
+        SamplingParams(temperature=1.5, top_k=40),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.9, top_p=0.9, min_p=0.01),
+    ]
+    md = SamplingMetadata.build(
+        params, prompts, [[], [], []], [None] * 3, vocab_size=vocab, device="cpu"
+    )
+    uniforms = torch.rand(steps, 3, dtype=torch.float64, generator=generator)
+    sampling = StepSampling(uniforms, torch.tensor([True, False, True]), md.filter_rows)
+    _, firsts = runner.forward_greedy(ForwardBatch(slots, [0, 0, 0], prompts, [1, 1, 1]), columns)
+    starts = [len(p) for p in prompts]
+    keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    got = runner.run_steps(
+        ForwardBatch(slots, starts, [[t] for t in firsts], [1, 1, 1]), columns, steps, sampling
+    )
+    assert got is not None and len(got) == steps
+    stepped_keys, stepped_values = cache_put_back(runner, keys, values)
+    want, tokens = [], firsts
+    for step in range(steps):
+        batch = ForwardBatch(slots, [s + step for s in starts], [[t] for t in tokens], [1, 1, 1])
+        logits = runner.forward(batch).clone()
+        logits[:, columns:] = float("-inf")
+        drawn = native_draws(logits, md, uniforms[step])
+        assert drawn is not None
+        tokens = [int(drawn[0]), int(logits[1].argmax()), int(drawn[2])]
+        want.append(tokens)
+    assert got == want, name
+    assert len({tuple(t) for t in got}) > 1  # the draws moved on
     assert torch.equal(stepped_keys, runner.kv_cache.keys), name
     assert torch.equal(stepped_values, runner.kv_cache.values), name
 
@@ -595,15 +656,15 @@ def test_greedy_steps_refuse_what_does_not_fit(tmp_path):
     runner = ModelRunner(model, num_slots=1, max_seq_len=32)
     assert runner.native is not None
     with pytest.raises(ValueError, match="does not fit the cache"):
-        runner.greedy_steps(ForwardBatch([0], [30], [[5]], [1]), 16, 3)
+        runner.run_steps(ForwardBatch([0], [30], [[5]], [1]), 16, 3)
     with pytest.raises(ValueError, match="steps x rows"):
-        runner.native.greedy_steps([5], [0], [0], native.MAX_TOKENS + 1, 16)
+        runner.native.run_steps([5], [0], [0], native.MAX_TOKENS + 1, 16)
     # Rows of more than one token, or with no logits, are not greedy steps: declined.
-    assert runner.greedy_steps(ForwardBatch([0], [0], [[5, 6]], [1]), 16, 2) is None
+    assert runner.run_steps(ForwardBatch([0], [0], [[5, 6]], [1]), 16, 2) is None
     # Two rows in one slot would write each other's positions.
     with pytest.raises(ValueError, match="a slot of its own"):
-        runner.native.greedy_steps([5, 6], [0, 0], [3, 4], 2, 16)
+        runner.native.run_steps([5, 6], [0, 0], [3, 4], 2, 16)
     # One step is forward_greedy's pass (the kernels then write no step tokens of their own).
     runner.forward(ForwardBatch([0], [0], [[7, 8, 9]], [1]))
-    one = runner.greedy_steps(ForwardBatch([0], [3], [[5]], [1]), 16, 1)
+    one = runner.run_steps(ForwardBatch([0], [3], [[5]], [1]), 16, 1)
     assert one == [runner.forward_greedy(ForwardBatch([0], [3], [[5]], [1]), 16)[1]]

@@ -410,13 +410,13 @@ def test_greedy_drafts_come_from_one_call_of_greedy_steps(
     def propose(rows, steps_run: bool) -> tuple[list[list[int]], list[int]]:
         proposer = _proposer(draft_model, target_model, tokenizer, k=6)
         calls: list[int] = []
-        original = proposer.runner.greedy_steps
+        original = proposer.runner.run_steps
 
         def spy(batch, columns, steps):
             calls.append(steps)
             return original(batch, columns, steps) if steps_run else None
 
-        monkeypatch.setattr(proposer.runner, "greedy_steps", spy)
+        monkeypatch.setattr(proposer.runner, "run_steps", spy)
         return [p.token_ids for p in proposer.propose(rows)], calls
 
     greedy = SamplingParams.greedy(ignore_eos=True)
@@ -442,7 +442,7 @@ def test_greedy_drafts_near_the_cache_end_fit_their_call(
     rows = [_row(0, context, 14, 4, greedy), _row(1, prompts[1][:6], 6, 4, greedy)]
     got = _proposer(draft_model, target_model, tokenizer, k=4, max_seq_len=16).propose(rows)
     proposer = _proposer(draft_model, target_model, tokenizer, k=4, max_seq_len=16)
-    proposer.runner.greedy_steps = lambda batch, columns, steps: None  # a pass a step
+    proposer.runner.run_steps = lambda batch, columns, steps, sampling=None: None  # a pass a step
     want = proposer.propose(rows)
     assert [p.token_ids for p in got] == [p.token_ids for p in want]
     assert [len(p) for p in got] == [3, 4]

@@ -78,9 +78,10 @@ class BriskSettings(BaseModel):
     least recently used dropped first: an app with a schema or tool list per user bounds their
     memory with it, or keeps more of them compiled."""
     max_decode_steps: int = 8
-    """Greedy decoding through brisklm's native CPU pass runs up to this many steps a call of its
-    kernels (about 20 ms of them), so a stream's chunks may hold several tokens; 1: a token a
-    step, a chunk a token. The tokens are the same either way."""
+    """Decoding through brisklm's native CPU pass (greedy, or sampled without penalties, bias or
+    logprobs) runs up to this many steps a call of its kernels (about 20 ms of them), so a
+    stream's chunks may hold several tokens; 1: a token a step, a chunk a token. The tokens are
+    the same either way, a seed's too."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's

@@ -18,6 +18,7 @@ from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_s
 from brisklm.engine.request import Request
 from brisklm.engine.scheduler import ScheduledBatch, Scheduler
 from brisklm.engine.speculation import Speculator
+from brisklm.engine.step_draws import StepDraws
 from brisklm.engine.structured import StructuredOutputs
 from brisklm.kernels.native import MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
@@ -59,7 +60,7 @@ def _check_int(name: str, value: object, minimum: int, also: str = "") -> None:
 # docs/benchmarks.md). On CUDA, a pass of 2,048 tokens keeps the GPU busy.
 DEFAULT_PREFILL_CHUNK = {"cpu": 512, "cuda": 2048}
 
-# How long the greedy steps one native call runs (EngineConfig.max_decode_steps) may take, by the
+# How long the decode steps one native call runs (EngineConfig.max_decode_steps) may take, by the
 # last step's time: a request that arrives meanwhile waits for them, and a stream gets their
 # tokens at once. The bundled model's ~0.5 ms steps run 8 a call, a 125M model's ~7 ms 2, a 7B
 # model's one.
@@ -83,10 +84,12 @@ class EngineConfig:
     sequence's length. ``grammar_cache_size``: compiled grammars (JSON schemas, regexes, choices,
     grammars, tool lists) kept for reuse, least recently used dropped first; each holds its
     grammar's automaton, from a few KB to ~1 MB for a large tool list over a 128k vocabulary.
-    ``max_decode_steps``: on the native CPU pass, a batch that decodes greedily on the raw logits
-    (no grammar, logprobs, penalty or bias) runs up to this many one-token steps in one call of
-    the kernels, as many as take about ``DECODE_STEPS_SECONDS``, and the engine's Python runs once
-    for them; tokens computed past a request's end are dropped. 1: a call a step.
+    ``max_decode_steps``: on the native CPU pass, a batch that decodes on the raw logits, greedy
+    or sampled with temperature, top-k, top-p and min-p (no grammar, logprobs, penalty or bias),
+    runs up to this many one-token steps in one call of the kernels, as many as take about
+    ``DECODE_STEPS_SECONDS``, and the engine's Python runs once for them; a sampled row's uniforms
+    are drawn ahead as its steps would draw them (``step_draws``), so a seed gives the same
+    tokens; tokens computed past a request's end are dropped. 1: a call a step.
     """
 
     max_batch_size: int = 8
@@ -252,8 +255,9 @@ class LLMEngine:
             speculator.enable_prefix_reuse(self.prefill_chunk_size)
         # The last sampled batch's metadata, while nothing in it depends on the outputs.
         self._kept_metadata: tuple[tuple, SamplingMetadata] | None = None
-        # Seconds of the last greedy decode step (see decode_steps).
-        self._greedy_step_seconds: float | None = None
+        # Seconds of the last decode step of one-token rows (see decode_steps).
+        self._decode_step_seconds: float | None = None
+        self._vocab_size = model.config.vocab_size
 
     @property
     def has_unfinished(self) -> bool:
@@ -402,9 +406,16 @@ class LLMEngine:
         steps = self.decode_steps(requests) if one_token_rows else 1
         start = time.perf_counter()
         if steps > 1:
-            chosen = self.runner.greedy_steps(forward, self.num_real_tokens, steps)
-            if chosen is not None:
-                self._greedy_step_seconds = (time.perf_counter() - start) / steps
+            drawn = self._step_sampling(requests, steps)
+            chosen = self.runner.run_steps(
+                forward, self.num_real_tokens, steps, drawn.sampling if drawn else None
+            )
+            if drawn is not None and (chosen is None or len(chosen) < steps):
+                # Declined (dynamic NTK past the trained context), or a row had nothing to draw:
+                # the generators as after the steps that ran.
+                drawn.rewind(len(chosen) if chosen else 0)
+            if chosen:  # (none: a row had nothing to draw at once; its pass below says so)
+                self._decode_step_seconds = (time.perf_counter() - start) / len(chosen)
                 return self._take_steps(requests, chosen)
         pending_masks = self.structured.start_masks(sampled)
         try:
@@ -416,7 +427,7 @@ class LLMEngine:
             request.num_cached += len(feed)
         if greedy is not None:  # the kernels found the tokens: the logits need not be read
             if one_token_rows:
-                self._greedy_step_seconds = time.perf_counter() - start
+                self._decode_step_seconds = time.perf_counter() - start
             return [(r, self.update_request(r, t, None)) for r, t in zip(sampled, greedy)]
         if not sampled:
             return []
@@ -427,7 +438,10 @@ class LLMEngine:
             sampled, logits, [1] * len(sampled), pending_masks
         )
         if not appended:
-            return self.sample_and_update(sampled, logits)
+            results = self.sample_and_update(sampled, logits)
+            if one_token_rows:
+                self._decode_step_seconds = time.perf_counter() - start
+            return results
         # Requests that their pending tokens finished (or failed) sample nothing more.
         going = [i for i, r in enumerate(sampled) if not r.is_finished]
         rows = torch.tensor(going, dtype=torch.int64, device=logits.device)
@@ -435,16 +449,17 @@ class LLMEngine:
         return [(r, joined(appended.get(r), now[r]) if r in now else appended[r]) for r in sampled]
 
     def decode_steps(self, requests: list[Request]) -> int:
-        """How many greedy one-token steps the next call runs for ``requests``, each decoding one
-        token (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes the
-        raw logits' argmax, the last greedy step's time is known, and no request waits for a
-        slot; at most what the longest of them may still generate, and what every row's cache
-        slot has room for. Without a speculator (whose draft tracks each step)."""
+        """How many one-token steps the next call runs for ``requests``, each decoding one token
+        (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes its token
+        from the raw logits (``_takes_native_steps``), the last such step's time is known, and no
+        request waits for a slot; at most what the longest of them may still generate, and what
+        every row's cache slot has room for. Without a speculator (whose draft tracks each
+        step)."""
         limit = self.config.max_decode_steps
-        seconds = self._greedy_step_seconds
+        seconds = self._decode_step_seconds
         if limit <= 1 or seconds is None or self.speculator is not None or self.scheduler.waiting:
             return 1
-        if not all(self._takes_raw_argmax(r) for r in requests):
+        if self.runner.native is None or not all(self._takes_native_steps(r) for r in requests):
             return 1
         return max(
             1,
@@ -458,6 +473,29 @@ class LLMEngine:
         )
 
     @staticmethod
+    def _takes_native_steps(request: Request) -> bool:
+        """The request's next token comes from the raw logits, as the native pass's steps take
+        it: greedy, or sampled with temperature, top-k, top-p and min-p only (no bias, penalty or
+        pending ``min_tokens``, no grammar and no logprobs)."""
+        params = request.params
+        return (
+            not params.logit_bias
+            and not params.uses_penalties
+            and len(request.output_token_ids) >= params.min_tokens
+            and params.logprobs is None
+            and request.matcher is None
+        )
+
+    def _step_sampling(self, requests: list[Request], steps: int) -> StepDraws | None:
+        """The draws of ``steps`` sampled steps of ``requests`` (None: every one is greedy): each
+        sampled row's uniforms, drawn ahead as as many sampled steps would draw them (a seeded
+        row from its own generator, the others from the default one, step by step)."""
+        if all(r.params.is_greedy for r in requests):
+            return None
+        md = self._metadata(requests, self._vocab_size, torch.device("cpu"))
+        return StepDraws.draw(md, steps, len(requests))
+
+    @staticmethod
     def _takes_raw_argmax(request: Request) -> bool:
         """The request's next token is the raw logits' argmax, found by the kernels: greedy with
         no bias, penalty or pending ``min_tokens``, no grammar and no logprobs."""
@@ -468,7 +506,7 @@ class LLMEngine:
         )
 
     def _take_steps(self, requests: list[Request], chosen: list[list[int]]) -> list[StepResult]:
-        """Append each request's tokens of a call of greedy steps (``chosen[step][row]``) until
+        """Append each request's tokens of a call of decode steps (``chosen[step][row]``) until
         it finishes; the rest are dropped. The cache holds each kept token's keys but the last's,
         as after as many one-token steps."""
         results: list[StepResult] = []
@@ -538,14 +576,17 @@ class LLMEngine:
             # pass that streamed the weights through the caches, the build's Python ran ~70 us
             # against ~5 us warm (the 125M benchmark model's step, a 2-vCPU Xeon).
             return greedy_tokens(logits)
-        return sample(logits, self._metadata(requests, logits))  # logits untouched (logprobs)
+        # logits untouched (logprobs)
+        return sample(logits, self._metadata(requests, logits.shape[1], logits.device))
 
-    def _metadata(self, requests: list[Request], logits: torch.Tensor) -> SamplingMetadata:
+    def _metadata(
+        self, requests: list[Request], vocab_size: int, device: torch.device
+    ) -> SamplingMetadata:
         """The sampling metadata of ``requests``: the last step's when the batch is the same and
         nothing in it depends on the outputs (no penalties; ``min_tokens`` reached, which stays
         so). Building it took ~50 us a step of one row, a twentieth of a sampled step of the
         bundled model."""
-        key = (tuple(requests), logits.shape[1], logits.device)
+        key = (tuple(requests), vocab_size, device)
         if self._kept_metadata is not None and self._kept_metadata[0] == key:
             return self._kept_metadata[1]
         metadata = SamplingMetadata.build(
@@ -553,8 +594,8 @@ class LLMEngine:
             [r.prompt_token_ids for r in requests],
             [r.output_token_ids for r in requests],
             [r.generator for r in requests],
-            vocab_size=logits.shape[1],
-            device=logits.device,
+            vocab_size=vocab_size,
+            device=device,
             eos_token_ids=self.eos_token_ids,
         )
         constant = metadata.no_penalties and metadata.no_min_tokens

@@ -11,7 +11,7 @@ from brisklm.cache.contiguous import KVCache
 from brisklm.engine.decode_graphs import DecodeGraphs
 from brisklm.kernels.native import MAX_TOKENS as NATIVE_MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.models.native_forward import MAX_QUERY_LEN, NativeForward
+from brisklm.models.native_forward import MAX_QUERY_LEN, NativeForward, StepSampling
 
 
 @dataclass
@@ -241,12 +241,20 @@ class ModelRunner:
         )
         return None, tokens
 
-    def greedy_steps(self, batch: ForwardBatch, columns: int, steps: int) -> list[list[int]] | None:
-        """``steps`` greedy passes of a batch of one-token rows in one native call
-        (``NativeForward.greedy_steps``): each row feeds its token, then each pass's greedy token
-        over the first ``columns`` logits one position on. Returns each pass's tokens,
-        ``[step][row]``, each as ``forward_greedy`` of that one token would find it; None where the
-        native pass does not take the batch that way (then nothing ran)."""
+    def run_steps(
+        self,
+        batch: ForwardBatch,
+        columns: int,
+        steps: int,
+        sampling: StepSampling | None = None,
+    ) -> list[list[int]] | None:
+        """``steps`` passes of a batch of one-token rows in one native call
+        (``NativeForward.run_steps``): each row feeds its token, then each pass's greedy token
+        over the first ``columns`` logits, or with ``sampling`` a sampled row's draw, one position
+        on. Returns each pass's tokens, ``[step][row]``, each as ``forward_greedy`` of that one
+        token would find it or the native sampler draw it (fewer steps where a sampled row had
+        nothing to draw); None where the native pass does not take the batch that way (then
+        nothing ran)."""
         query_lens = [len(t) for t in batch.token_ids]
         if (
             self.native is None
@@ -258,8 +266,13 @@ class ModelRunner:
             return None
         reach = [steps] * len(query_lens)  # the positions the passes write
         self._check(batch, reach)
-        tokens = self.native.greedy_steps(
-            [t[0] for t in batch.token_ids], batch.slots, batch.start_positions, steps, columns
+        tokens = self.native.run_steps(
+            [t[0] for t in batch.token_ids],
+            batch.slots,
+            batch.start_positions,
+            steps,
+            columns,
+            sampling,
         )
         if tokens is not None:
             self._record_writes(batch, reach)

@@ -1323,12 +1323,23 @@ typedef struct {
      * of the head's: WT_F32, WT_BF16, WT_F16 or WT_INT4 (each such weight then a q4_weight). */
     const int *layer_types;
     int head_type;
-    /* n_steps > 1: greedy decoding for n_steps passes in one call (brisk_forward_f32). Every
-     * token then has its logits (one token a row), argmax_cols > 0, rope_rows is positions, and
-     * step_tokens (n_steps x n_tokens) gets each pass's greedy tokens; each later pass feeds the
-     * last one's tokens one position on. 0 or 1: one pass. */
+    /* n_steps > 1, or step_uniforms: decoding for n_steps passes in one call
+     * (brisk_forward_f32). Every token then has its logits (one token a row), argmax_cols > 0,
+     * rope_rows is positions, and step_tokens (n_steps x n_tokens) gets each pass's tokens; each
+     * later pass feeds the last one's tokens one position on. Else one pass. A row's token is its greedy one, or, with step_uniforms
+     * and sampled_rows[r] set, the draw of brisk_sample_rows from its logits (those past
+     * argmax_cols -inf) with temperature[r], top_k[r], top_p[r], min_p[r] and the uniform
+     * step_uniforms[step * n_tokens + r]. A row with nothing to draw ends the call before that
+     * step's tokens are kept; steps_done gets the steps whose tokens are in step_tokens. */
     int n_steps;
     int64_t *step_tokens;
+    const double *step_uniforms;
+    const uint8_t *sampled_rows;
+    const float *temperature;
+    const int64_t *top_k;
+    const float *top_p;
+    const float *min_p;
+    int *steps_done;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -2064,6 +2075,10 @@ static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int6
     team_barrier(sync);
 }
 
+static double row_distribution(const float *x, int64_t n, float temperature, int64_t top_k,
+                               float top_p, float min_p, float *z, float *w, float *buf, float *e);
+static int64_t draw_row(const float *w, int64_t n, double total, double u);
+
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
  * and position, caches written for all of them before any attends), then the final norm and LM
  * head for the n_logits tokens listed. Token ids are checked by the caller. With n_steps > 1,
@@ -2074,11 +2089,17 @@ int brisk_forward_f32(const brisk_forward_args *given) {
     const int steps = given->n_steps > 1 ? given->n_steps : 1;
     brisk_forward_args stepped = *given; /* its token ids and positions move on at each step */
     int64_t step_ids[MAX_TOKENS], step_positions[MAX_TOKENS];
-    if (steps > 1) {
+    const int sampling = given->step_uniforms != NULL;
+    const int stepping = steps > 1 || sampling; /* the steps' tokens go to step_tokens */
+    if (given->steps_done) *given->steps_done = 0;
+    if (stepping) {
         const int rows = given->n_tokens;
         if (rows < 1 || rows > MAX_TOKENS || given->n_logits != rows || given->argmax_cols <= 0 ||
             !given->step_tokens || given->rope_rows != given->positions ||
-            (int64_t)steps * rows > MAX_TOKENS)
+            (int64_t)steps * rows > MAX_TOKENS || !given->steps_done)
+            return 1;
+        if (sampling && (!given->sampled_rows || !given->temperature || !given->top_k ||
+                         !given->top_p || !given->min_p))
             return 1;
         for (int r = 0; r < rows; r++) {
             if (given->logit_tokens[r] != r || given->positions[r] < 0 ||
@@ -2129,8 +2150,18 @@ int brisk_forward_f32(const brisk_forward_args *given) {
             return 1;
         }
     }
+    float *draw_space = NULL; /* each thread's room for a sampled row (row_distribution's) */
+    if (sampling) {
+        draw_space = malloc(sizeof(float) * 4 * (size_t)a->vocab * team_size);
+        if (!draw_space) {
+            free(units);
+            free(found);
+            return 1;
+        }
+    }
     team_slot slots[MAX_TEAM] = {{0}};
     team_sync sync = {0}; /* the phases' barrier (the loops' own are dropped: nowait) */
+    int nothing_drawn = 0; /* a sampled row had nothing to draw: the call ends (thread 0 sets) */
 #pragma omp parallel num_threads(team_size)
     {
         const int tid = THREAD_NUM();
@@ -2195,18 +2226,46 @@ int brisk_forward_f32(const brisk_forward_args *given) {
             if (a->head_w && a->n_logits > 0)
                 matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
             if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found, &sync);
-            if (steps > 1) { /* team_argmax ended with a barrier: the tokens are there */
-                if (tid == 0) /* (the attention units depend on the rows' slots, not positions) */
-                    for (int r = 0; r < n; r++) {
-                        a->step_tokens[(int64_t)step * n + r] = step_ids[r] = a->argmax[r];
-                        step_positions[r]++;
-                    }
+            if (sampling) { /* team_argmax ended with a barrier: the logits are whole */
+                float *z = draw_space + (int64_t)4 * a->vocab * tid, *w = z + a->vocab,
+                      *buf = w + a->vocab, *ex = buf + a->vocab;
+#pragma omp for schedule(static) nowait
+                for (int r = 0; r < n; r++) {
+                    if (!a->sampled_rows[r]) continue;
+                    float *x = a->logits + (int64_t)r * a->vocab; /* as the engine masks them */
+                    for (int64_t i = a->argmax_cols; i < a->vocab; i++) x[i] = -INFINITY;
+                    const double total = row_distribution(x, a->vocab, a->temperature[r],
+                                                          a->top_k[r], a->top_p[r], a->min_p[r],
+                                                          z, w, buf, ex);
+                    a->argmax[r] = total > 0.0
+                                       ? draw_row(w, a->vocab, total,
+                                                  a->step_uniforms[(int64_t)step * n + r])
+                                       : -1;
+                }
                 team_barrier(&sync);
+            }
+            if (stepping) { /* the tokens are there */
+                if (tid == 0) { /* (the attention units depend on the rows' slots, not positions) */
+                    int none = 0;
+                    for (int r = 0; r < n; r++)
+                        if (a->argmax[r] < 0) none = 1;
+                    __atomic_store_n(&nothing_drawn, none, __ATOMIC_RELAXED);
+                    if (!none) {
+                        for (int r = 0; r < n; r++) {
+                            a->step_tokens[(int64_t)step * n + r] = step_ids[r] = a->argmax[r];
+                            step_positions[r]++;
+                        }
+                        *a->steps_done = step + 1;
+                    }
+                }
+                team_barrier(&sync); /* (orders thread 0's store before the loads) */
+                if (__atomic_load_n(&nothing_drawn, __ATOMIC_RELAXED)) break;
             }
         }
     }
     free(units);
     free(found);
+    free(draw_space);
     return 0;
 }
 

@@ -128,6 +128,13 @@ class ForwardArgs(ctypes.Structure):
         ("head_type", ctypes.c_int),
         ("n_steps", ctypes.c_int),
         ("step_tokens", _ptr),
+        ("step_uniforms", _ptr),
+        ("sampled_rows", _ptr),
+        ("temperature", _ptr),
+        ("top_k", _ptr),
+        ("top_p", _ptr),
+        ("min_p", _ptr),
+        ("steps_done", _ptr),
     ]
 
 

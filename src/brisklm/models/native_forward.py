@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -198,6 +199,18 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
+@dataclass(frozen=True)
+class StepSampling:
+    """How ``NativeForward.run_steps`` samples: ``uniforms`` (steps, rows) float64 in [0, 1), a
+    row's uniform for each step (``sampler.row_uniforms``'s, drawn ahead); ``sampled`` (rows,)
+    bool, the rows that draw (the others take the greedy token); ``filters`` the rows'
+    (temperature, top_k, top_p, min_p), as ``SamplingMetadata.filter_rows`` gives them."""
+
+    uniforms: torch.Tensor
+    sampled: torch.Tensor
+    filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 class NativeForward:
     """Runs ``model`` over ``kv_cache`` through the native kernels; see ``forward``.
 
@@ -261,6 +274,7 @@ class NativeForward:
         self._ids, self._slots, self._positions = int64s(), int64s(), int64s()
         self._logit_tokens, self._rope_rows, self._argmax = int64s(), int64s(), int64s()
         self._step_tokens = int64s()
+        self._steps_done = ctypes.c_int(0)
         self._greedy_logits = torch.empty(0, config.vocab_size, dtype=torch.float32)
         # The shapes, as the C side reads them (also read back here: args.hidden, ...).
         args = native.ForwardArgs(
@@ -300,6 +314,7 @@ class NativeForward:
         args.logit_tokens = ctypes.addressof(self._logit_tokens)
         args.argmax = ctypes.addressof(self._argmax)
         args.step_tokens = ctypes.addressof(self._step_tokens)
+        args.steps_done = ctypes.addressof(self._steps_done)
         self.args = args
 
     @classmethod
@@ -409,20 +424,25 @@ class NativeForward:
         self._run(token_ids, slots, start_positions, num_logits, self._greedy_logits, columns)
         return self._argmax[:total]
 
-    def greedy_steps(
+    def run_steps(
         self,
         token_ids: list[int],
         slots: list[int],
         start_positions: list[int],
         steps: int,
         columns: int,
+        sampling: StepSampling | None = None,
     ) -> list[list[int]] | None:
-        """``steps`` greedy passes in one call: row b feeds ``token_ids[b]`` to slot ``slots[b]``
-        at ``start_positions[b]``, then each pass's greedy token (over the first ``columns``
-        logits) one position on. Each pass computes what ``forward_greedy`` of that one token would
-        (the same bits); the Python around a pass runs once for them all. Returns each pass's
-        tokens, ``[step][row]``; None where a row's rotary tables depend on its length (dynamic
-        NTK past the trained context), which takes one pass a call."""
+        """``steps`` one-token passes in one call: row b feeds ``token_ids[b]`` to slot
+        ``slots[b]`` at ``start_positions[b]``, then each pass's token one position on: its greedy
+        token (over the first ``columns`` logits), or with ``sampling`` a sampled row's draw
+        (``StepSampling``). Each pass computes what ``forward_greedy`` of that one token would (the
+        same bits), a draw what ``sampler.native_draws`` would draw from those logits with the
+        columns past ``columns`` at -inf (as the engine masks them); the Python around a pass runs
+        once for them all. Returns each pass's tokens, ``[step][row]``: fewer steps than asked
+        where a sampled row had nothing to draw (a NaN or +inf logit, or none finite), the steps
+        before it (none: that step is the caller's to run); None where a row's rotary tables depend
+        on its length (dynamic NTK past the trained context), which takes one pass a call."""
         rows = len(token_ids)
         if steps < 1 or rows < 1 or steps * rows > native.MAX_TOKENS:
             raise ValueError(
@@ -442,19 +462,56 @@ class NativeForward:
             return None
         if self._greedy_logits.shape[0] < rows:
             self._greedy_logits = torch.empty(rows, self.args.vocab, dtype=torch.float32)
-        self._run(
-            [[t] for t in token_ids],
-            slots,
-            start_positions,
-            [1] * rows,
-            self._greedy_logits,
-            columns,
-            steps,
-        )
-        if steps == 1:  # one pass: its tokens are forward_greedy's
+        kept = self._sampling_arguments(sampling, steps, rows)
+        try:
+            self._run(
+                [[t] for t in token_ids],
+                slots,
+                start_positions,
+                [1] * rows,
+                self._greedy_logits,
+                columns,
+                steps,
+            )
+        finally:
+            del kept
+            self.args.step_uniforms = None
+        if steps == 1 and sampling is None:  # one pass: its tokens are forward_greedy's
             return [self._argmax[:rows]]
-        flat = self._step_tokens[: steps * rows]
-        return [flat[s * rows : (s + 1) * rows] for s in range(steps)]
+        done = self._steps_done.value
+        flat = self._step_tokens[: done * rows]
+        return [flat[s * rows : (s + 1) * rows] for s in range(done)]
+
+    def _sampling_arguments(
+        self, sampling: StepSampling | None, steps: int, rows: int
+    ) -> list[torch.Tensor] | None:
+        """Point the call's sampling arguments at ``sampling``'s tensors (checked, converted);
+        returns them, to be kept alive through the call."""
+        if sampling is None:
+            self.args.step_uniforms = None
+            return None
+        uniforms = sampling.uniforms.to(torch.float64).contiguous()
+        sampled = sampling.sampled.to(torch.uint8).contiguous()
+        temperature, top_k, top_p, min_p = sampling.filters
+        kept = [
+            uniforms,
+            sampled,
+            temperature.to(torch.float32).contiguous(),
+            top_k.to(torch.int64).contiguous(),
+            top_p.to(torch.float32).contiguous(),
+            min_p.to(torch.float32).contiguous(),
+        ]
+        if uniforms.shape != (steps, rows) or any(t.shape != (rows,) for t in kept[1:]):
+            raise ValueError(
+                f"sampled steps need uniforms of shape ({steps}, {rows}) and filters of ({rows},), "
+                f"got {[tuple(t.shape) for t in kept]}"
+            )
+        if any(t.device.type != "cpu" for t in kept):
+            raise ValueError("the native pass samples from CPU tensors")
+        names = ("step_uniforms", "sampled_rows", "temperature", "top_k", "top_p", "min_p")
+        for name, tensor in zip(names, kept, strict=True):
+            setattr(self.args, name, tensor.data_ptr())
+        return kept
 
     def _run(
         self,
@@ -468,7 +525,7 @@ class NativeForward:
     ) -> None:
         """The pass, its logits into ``logits`` (at least sum(num_logits) rows) and, with
         ``argmax_columns``, its greedy tokens into ``self._argmax``; ``steps`` > 1: that many
-        greedy passes (``greedy_steps``), their tokens into ``self._step_tokens``."""
+        greedy passes (``run_steps``), their tokens into ``self._step_tokens``."""
         query_lens = [len(tokens) for tokens in token_ids]
         num_tokens = sum(query_lens)
         total_logits = sum(num_logits)

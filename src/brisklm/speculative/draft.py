@@ -444,7 +444,7 @@ class DraftModelProposer:
 
     def _greedy_steps(self, batch: ForwardBatch, plans: list[_Plan]) -> dict[int, list[int]]:
         """Each row's greedy tokens for the rest of its proposal from one call of greedy steps
-        (``ModelRunner.greedy_steps``: the tokens of a pass a step, bit for bit), by ``id`` of
+        (``ModelRunner.run_steps``: the tokens of a pass a step, bit for bit), by ``id`` of
         its plan; {} where that does not run (a pass a step then). A row that stops early (a stop
         token) leaves the rest of its tokens unread, and their keys past its proposal, which
         the cache drops as it drops a rejected proposal's. As many steps as the longest proposal
@@ -456,7 +456,7 @@ class DraftModelProposer:
         )
         if steps < 2:
             return {}
-        chosen = self.runner.greedy_steps(batch, self._greedy_columns, steps)
+        chosen = self.runner.run_steps(batch, self._greedy_columns, steps)
         if chosen is None:
             return {}
         return {id(plan): [row[i] for row in chosen] for i, plan in enumerate(plans)}
