@@ -40,6 +40,18 @@ def accepts(compiler: GrammarCompiler, schema: Any, instance: Any) -> bool:
         ("b", ["abc", "b"], ["ac"]),  # unanchored: search semantics
         ("^a\\0$", ["a\x00"], ["a0", "a"]),  # ECMA's NUL escape (Rust: a backreference)
         ("^[\\0-\\x1f]$", ["\x00", "\x1f"], [" "]),
+        # A range may end at "-" (Rust reads "--" in a class as set difference) and start at it.
+        ("^[^!--]$", [".", "a"], ["!", "#", "-"]),
+        ("^[--/]$", ["-", ".", "/"], ["a", ","]),
+        ("^[^a-c--b]$", ["d"], ["a", "b", "-", "0"]),
+        # Annex B: beside a class escape "-" is a literal, not a range from the escape's last
+        # character (\w is ...Za-z_: "_-z" would take in "`").
+        ("^[\\w-.]+$", ["a-.", "_"], ["`", "/"]),
+        ("^[\\w-z]$", ["-", "z"], ["`"]),
+        ("^[%-\\w]$", ["%", "-", "a"], ["&", "0-"]),
+        ("^[^\\w-z]$", ["`", "!"], ["-", "z", "a"]),
+        ("^[\\b]$", ["\x08"], ["b"]),  # backspace in an ECMA class
+        ("^[\\x41-\\x43]$", ["B"], ["x", "4"]),
     ],
 )
 def test_ecma_pattern_semantics(

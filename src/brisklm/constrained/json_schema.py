@@ -143,30 +143,12 @@ def may_be_integer(node: dict[str, Any], also: tuple[str, ...] = ()) -> bool:
 def ecma_regex_to_rust(pattern: str) -> str:
     """Rewrite an ECMA-262 regex (JSON Schema `pattern`) into the Rust syntax llguidance reads."""
     out: list[str] = []
-    i, n, in_class = 0, len(pattern), False
+    i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\":
-            if i + 1 == n:
-                raise ConstraintError(f"pattern {pattern!r} ends with a lone backslash")
-            e = pattern[i + 1]
-            i += 2
-            if e in _ECMA_CLASS_ESCAPES:
-                out.append(_ECMA_CLASS_ESCAPES[e][in_class])
-            elif e == "0" and not (i < n and pattern[i].isdigit()):
-                out.append(r"\x00")  # ECMA's NUL escape; Rust reads \0 as a backreference
-            elif e.isascii() and e.isalpha() and e not in _SAME_LETTER_ESCAPES:
-                raise ConstraintError(f"pattern {pattern!r}: escape \\{e} cannot be enforced")
-            else:
-                out.append("\\" + e)
-            continue
-        if in_class:
-            if c == "]":
-                in_class = False
-            elif c in "[&~":  # literal in ECMA classes; nesting / set operators in Rust
-                c = "\\" + c
-            out.append(c)
-            i += 1
+            atom, i = _ecma_escape(pattern, i, in_class=False)
+            out.append(atom[1])
             continue
         if c == "[":
             negated = pattern.startswith("[^", i)
@@ -175,12 +157,84 @@ def ecma_regex_to_rust(pattern: str) -> str:
                 out.append(r"[\x00-\x{10FFFF}]" if negated else r"[^\x00-\x{10FFFF}]")
                 i = j + 1
                 continue
-            out.append("[^" if negated else "[")
-            in_class, i = True, j
+            body, i = _ecma_class_body(pattern, j)
+            out.append(("[^" if negated else "[") + body)
             continue
         out.append(_ECMA_DOT if c == "." else c)
         i += 1
     return "".join(out)
+
+
+# Characters written escaped in a Rust class: its own syntax there (nesting, negation, ranges,
+# and the set operators `&&`, `--`, `~~`), all literal in an ECMA class.
+_RUST_CLASS_SPECIAL = frozenset("[]\\^-&~")
+_HEX = re.compile("[0-9A-Fa-f]+")
+
+
+def _ecma_escape(pattern: str, i: int, in_class: bool) -> tuple[tuple[str, str], int]:
+    """The escape at ``pattern[i]`` (a backslash) as (kind, Rust text) and the index after it:
+    kind "char" for one character, "set" for a class of them (``\\d``, ``\\p{L}``)."""
+    n = len(pattern)
+    if i + 1 == n:
+        raise ConstraintError(f"pattern {pattern!r} ends with a lone backslash")
+    e = pattern[i + 1]
+    i += 2
+    if e in _ECMA_CLASS_ESCAPES:
+        return ("set", _ECMA_CLASS_ESCAPES[e][in_class]), i
+    if e == "0" and not (i < n and pattern[i].isdigit()):
+        return ("char", r"\x00"), i  # ECMA's NUL escape; Rust reads \0 as a backreference
+    if in_class and e == "b":
+        return ("char", r"\x08"), i  # backspace in an ECMA class (Rust has no \b there)
+    if e.isascii() and e.isalpha() and e not in _SAME_LETTER_ESCAPES:
+        raise ConstraintError(f"pattern {pattern!r}: escape \\{e} cannot be enforced")
+    # The whole escape, so that a range's end is one atom: \xHH, \uHHHH, \u{...}, \p{..}, \pL.
+    end = i
+    if e in "upP" and pattern.startswith("{", i):
+        end = pattern.find("}", i) + 1 or n
+    elif e in "xu":
+        hex_digits = _HEX.match(pattern, i, i + (2 if e == "x" else 4))
+        end = hex_digits.end() if hex_digits else i
+    elif e in "pP":
+        end = min(i + 1, n)
+    kind = "set" if e in "pP" else "char"
+    return (kind, "\\" + e + pattern[i:end]), end
+
+
+def _ecma_class_body(pattern: str, i: int) -> tuple[str, int]:
+    """The body of the ECMA class whose first atom is at ``pattern[i]`` in Rust syntax, its
+    closing ``]`` included, and the index after that. ECMA's class grammar, written out: ``A-B`` is a range only
+    between two single characters (Annex B: beside a class escape, as in ``[\\w-.]``, the ``-``
+    is a literal), every other ``-`` is literal, and so are ``[``, ``&&``, ``--``, ``~~``."""
+    n = len(pattern)
+    atoms: list[tuple[str, str]] = []  # (kind, Rust text); kind "dash" for an unescaped -
+    while True:
+        if i >= n:  # unclosed (no "]"): left for the regex parser to report
+            return "".join(text for _, text in atoms), i
+        c = pattern[i]
+        if c == "]":
+            i += 1
+            break
+        if c == "\\":
+            atom, i = _ecma_escape(pattern, i, in_class=True)
+            atoms.append(atom)
+            continue
+        atoms.append(("dash" if c == "-" else "char", "\\" + c if c in _RUST_CLASS_SPECIAL else c))
+        i += 1
+    parts: list[str] = []
+    k = 0
+    while k < len(atoms):
+        first = atoms[k]
+        if k + 2 < len(atoms) and atoms[k + 1][0] == "dash":
+            last = atoms[k + 2]
+            if first[0] != "set" and last[0] != "set":
+                parts.append(f"{first[1]}-{last[1]}")
+            else:  # Annex B: a class escape ends no range; the three are a union
+                parts += [first[1], r"\-", last[1]]
+            k += 3
+            continue
+        parts.append(first[1])
+        k += 1
+    return "".join(parts) + "]", i
 
 
 class _SchemaRewriter:
