@@ -74,6 +74,42 @@ def test_pattern_properties_keys_are_rewritten(bpe_compiler: GrammarCompiler) ->
     assert not accepts(bpe_compiler, schema, {"\r": 1})
 
 
+def accepts_text(compiler: GrammarCompiler, constraint: JsonSchema, text: str) -> bool:
+    matcher = compiler.compile(constraint).matcher()
+    ids = compiler.llg_tokenizer.tokenize_str(text)
+    return matcher.accept_tokens(ids) == len(ids) and matcher.accept_token(
+        compiler.eos_token_ids[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": True},
+        {"patternProperties": {"^a": {"type": "integer"}}},
+        {
+            "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"type": "string"},
+            "x-guidance": {"json_allow_general_unicode_escapes": True},
+        },
+    ],
+)
+def test_other_keys_cannot_spell_a_named_key_with_escapes(
+    bpe_compiler: GrammarCompiler, schema: dict[str, Any]
+) -> None:
+    """llguidance wrote other keys as any string but a named key's text, \\u escapes allowed:
+    "\\u0061" is the key "a" to a JSON parser, and its value escaped a's schema."""
+    schema = {"type": "object", **schema}
+    for strict in (True, False):
+        constraint = JsonSchema(schema, strict=strict)
+        assert accepts_text(bpe_compiler, constraint, '{"a": 1, "b": "x"}')
+        for text in ['{"\\u0061": "x"}', '{"a": 1, "\\u0061": "x"}', '{"\\u0061b": "x"}']:
+            assert not accepts_text(bpe_compiler, constraint, text), (schema, text)
+    # Elsewhere strings keep their \\u escapes of control characters.
+    assert accepts_text(bpe_compiler, JsonSchema({"type": "string"}), '"\\u0001"')
+
+
 @pytest.mark.parametrize("escape", ["\\A", "\\z", "\\Z", "\\h", "\\G"])
 def test_escapes_with_other_meanings_are_refused(escape: str) -> None:
     with pytest.raises(ConstraintError, match="cannot be enforced"):

@@ -24,6 +24,8 @@ JSON_OPTIONS: dict[str, Any] = {
     "key_separator": ": ",
 }
 SOUND_JSON_OPTIONS: dict[str, Any] = {"lenient": False, "coerce_one_of": False}
+# llguidance's default `json_allowed_escapes`.
+DEFAULT_JSON_ESCAPES = 'nrbtf\\"u'
 
 _SCHEMA_MAPS = frozenset(
     {"$defs", "definitions", "properties", "patternProperties", "dependentSchemas"}
@@ -674,6 +676,42 @@ def check_guidance_options(options: Any) -> None:
         )
 
 
+def sound_json_options(prepared: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The options that override a prepared schema's (``options``: the defaults and its own
+    ``x-guidance``) so that llguidance enforces it exactly: ``SOUND_JSON_OPTIONS``, and no
+    ``\\uXXXX`` escapes where an object's other keys sit beside named ones.
+
+    llguidance writes the name of such a key (``additionalProperties``, or keys left open, beside
+    ``properties`` or ``patternProperties``) as any JSON string but a named key's text, and lets it
+    spell any character as ``\\uXXXX``: ``"\\u0061"`` is the key ``"a"`` to a JSON parser, and
+    its value went unchecked by ``a``'s schema (or the same key came twice). Without ``\\u``
+    escapes a key has one spelling, so its text decides. The price: such a schema's strings cannot
+    hold the control characters that have no short escape (U+0000-U+001F but \\b \\f \\n \\r \\t).
+    """
+    if not _named_and_other_keys(prepared):
+        return dict(SOUND_JSON_OPTIONS)
+    escapes = options.get("json_allowed_escapes")
+    escapes = DEFAULT_JSON_ESCAPES if escapes is None else escapes
+    return {**SOUND_JSON_OPTIONS, "json_allowed_escapes": escapes.replace("u", "")}
+
+
+def _named_and_other_keys(node: Any) -> bool:
+    """Whether some object schema in ``node`` has named keys (``properties`` or
+    ``patternProperties``) and allows others (``additionalProperties`` not false)."""
+    if isinstance(node, list):
+        return any(_named_and_other_keys(item) for item in node)
+    if not isinstance(node, dict):
+        return False
+    named = any(
+        isinstance(node.get(k), dict) and node[k] for k in ("properties", "patternProperties")
+    )
+    if named and node.get("additionalProperties", True) is not False:
+        return True
+    return any(
+        _named_and_other_keys(value) for key, value in node.items() if key not in _DATA_KEYWORDS
+    )
+
+
 def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = False) -> str:
     """llguidance grammar text for a JSON Schema (draft 2020-12); ConstraintError if not enforceable.
 
@@ -707,9 +745,11 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
     significant digits can round, as a float, onto an exclusive bound (`1.99999999999999999` < 2).
     """
     prepared = prepare_json_schema(schema, strict)
+    own = prepared.get("x-guidance")
+    options = {**JSON_OPTIONS, **(own if isinstance(own, dict) else {})}
     try:
         return LLMatcher.grammar_from_json_schema(
-            prepared, defaults=JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS
+            prepared, defaults=JSON_OPTIONS, overrides=sound_json_options(prepared, options)
         )
     except ValueError as e:
         raise ConstraintError(f"invalid JSON schema: {e}") from e
