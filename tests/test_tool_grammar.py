@@ -229,6 +229,25 @@ def test_arguments_in_any_order_exactly_as_the_schema_allows(check: Checker) -> 
     assert check(grammar, spaced) == "rejected"
 
 
+def test_other_arguments_cannot_spell_a_named_one_with_escapes(check: Checker) -> None:
+    """Extra arguments (additionalProperties) are written without \\u escapes: "\\u0063ity"
+    is the argument "city" to a JSON parser, and its value would escape city's schema."""
+    open_tool = tool(
+        "t",
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+            "additionalProperties": {"type": "boolean"},
+        },
+    )
+    grammar = tool_call_grammar([open_tool], "required")
+    assert check(grammar, call("t", {"city": "Rome", "n": 1, "x": True})) == "complete"
+    spelled = call("t", {"city": "Rome", "n": 1}).replace("}}", ', "\\u0063ity": true}}')
+    assert check(grammar, spelled) == "rejected"
+    spelled = call("t", {"ci": True}).replace('"ci"', '"\\u006e"')
+    assert check(grammar, spelled) == "rejected"
+
+
 def test_any_order_with_definitions(check: Checker) -> None:
     """A pydantic model's nested model stays a `$ref` into `$defs`; it still resolves."""
     pydantic = pytest.importorskip("pydantic")

@@ -20,9 +20,9 @@ from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_schema import (
     JSON_OPTIONS,
     SCHEMA_TOO_DEEP,
-    SOUND_JSON_OPTIONS,
     nullable_as_json_schema,
     prepare_json_schema,
+    sound_json_options,
 )
 from brisklm.constrained.spec import lark_literal
 from brisklm.tool_call_ids import new_tool_call_id
@@ -411,7 +411,8 @@ def _enforced_schema_text(key: str, own_options: bool) -> str:
 def _enforce_schema(schema: Any, own_options: bool) -> dict[str, Any]:
     prepared = prepare_json_schema(schema, strict=True)
     own = prepared.get("x-guidance", {}) if own_options else {}
-    prepared["x-guidance"] = {**JSON_OPTIONS, **own, **SOUND_JSON_OPTIONS}
+    options = {**JSON_OPTIONS, **own}
+    prepared["x-guidance"] = {**options, **sound_json_options(prepared, options)}
     check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared), schema)
     return prepared
 

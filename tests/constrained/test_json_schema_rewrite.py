@@ -40,6 +40,18 @@ def accepts(compiler: GrammarCompiler, schema: Any, instance: Any) -> bool:
         ("b", ["abc", "b"], ["ac"]),  # unanchored: search semantics
         ("^a\\0$", ["a\x00"], ["a0", "a"]),  # ECMA's NUL escape (Rust: a backreference)
         ("^[\\0-\\x1f]$", ["\x00", "\x1f"], [" "]),
+        # A range may end at "-" (Rust reads "--" in a class as set difference) and start at it.
+        ("^[^!--]$", [".", "a"], ["!", "#", "-"]),
+        ("^[--/]$", ["-", ".", "/"], ["a", ","]),
+        ("^[^a-c--b]$", ["d"], ["a", "b", "-", "0"]),
+        # Annex B: beside a class escape "-" is a literal, not a range from the escape's last
+        # character (\w is ...Za-z_: "_-z" would take in "`").
+        ("^[\\w-.]+$", ["a-.", "_"], ["`", "/"]),
+        ("^[\\w-z]$", ["-", "z"], ["`"]),
+        ("^[%-\\w]$", ["%", "-", "a"], ["&", "0-"]),
+        ("^[^\\w-z]$", ["`", "!"], ["-", "z", "a"]),
+        ("^[\\b]$", ["\x08"], ["b"]),  # backspace in an ECMA class
+        ("^[\\x41-\\x43]$", ["B"], ["x", "4"]),
     ],
 )
 def test_ecma_pattern_semantics(
@@ -60,6 +72,42 @@ def test_pattern_properties_keys_are_rewritten(bpe_compiler: GrammarCompiler) ->
     }
     assert accepts(bpe_compiler, schema, {"a": 1})
     assert not accepts(bpe_compiler, schema, {"\r": 1})
+
+
+def accepts_text(compiler: GrammarCompiler, constraint: JsonSchema, text: str) -> bool:
+    matcher = compiler.compile(constraint).matcher()
+    ids = compiler.llg_tokenizer.tokenize_str(text)
+    return matcher.accept_tokens(ids) == len(ids) and matcher.accept_token(
+        compiler.eos_token_ids[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": True},
+        {"patternProperties": {"^a": {"type": "integer"}}},
+        {
+            "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"type": "string"},
+            "x-guidance": {"json_allow_general_unicode_escapes": True},
+        },
+    ],
+)
+def test_other_keys_cannot_spell_a_named_key_with_escapes(
+    bpe_compiler: GrammarCompiler, schema: dict[str, Any]
+) -> None:
+    """llguidance wrote other keys as any string but a named key's text, \\u escapes allowed:
+    "\\u0061" is the key "a" to a JSON parser, and its value escaped a's schema."""
+    schema = {"type": "object", **schema}
+    for strict in (True, False):
+        constraint = JsonSchema(schema, strict=strict)
+        assert accepts_text(bpe_compiler, constraint, '{"a": 1, "b": "x"}')
+        for text in ['{"\\u0061": "x"}', '{"a": 1, "\\u0061": "x"}', '{"\\u0061b": "x"}']:
+            assert not accepts_text(bpe_compiler, constraint, text), (schema, text)
+    # Elsewhere strings keep their \\u escapes of control characters.
+    assert accepts_text(bpe_compiler, JsonSchema({"type": "string"}), '"\\u0001"')
 
 
 @pytest.mark.parametrize("escape", ["\\A", "\\z", "\\Z", "\\h", "\\G"])

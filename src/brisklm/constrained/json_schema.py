@@ -24,6 +24,8 @@ JSON_OPTIONS: dict[str, Any] = {
     "key_separator": ": ",
 }
 SOUND_JSON_OPTIONS: dict[str, Any] = {"lenient": False, "coerce_one_of": False}
+# llguidance's default `json_allowed_escapes`.
+DEFAULT_JSON_ESCAPES = 'nrbtf\\"u'
 
 _SCHEMA_MAPS = frozenset(
     {"$defs", "definitions", "properties", "patternProperties", "dependentSchemas"}
@@ -143,30 +145,12 @@ def may_be_integer(node: dict[str, Any], also: tuple[str, ...] = ()) -> bool:
 def ecma_regex_to_rust(pattern: str) -> str:
     """Rewrite an ECMA-262 regex (JSON Schema `pattern`) into the Rust syntax llguidance reads."""
     out: list[str] = []
-    i, n, in_class = 0, len(pattern), False
+    i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\":
-            if i + 1 == n:
-                raise ConstraintError(f"pattern {pattern!r} ends with a lone backslash")
-            e = pattern[i + 1]
-            i += 2
-            if e in _ECMA_CLASS_ESCAPES:
-                out.append(_ECMA_CLASS_ESCAPES[e][in_class])
-            elif e == "0" and not (i < n and pattern[i].isdigit()):
-                out.append(r"\x00")  # ECMA's NUL escape; Rust reads \0 as a backreference
-            elif e.isascii() and e.isalpha() and e not in _SAME_LETTER_ESCAPES:
-                raise ConstraintError(f"pattern {pattern!r}: escape \\{e} cannot be enforced")
-            else:
-                out.append("\\" + e)
-            continue
-        if in_class:
-            if c == "]":
-                in_class = False
-            elif c in "[&~":  # literal in ECMA classes; nesting / set operators in Rust
-                c = "\\" + c
-            out.append(c)
-            i += 1
+            atom, i = _ecma_escape(pattern, i, in_class=False)
+            out.append(atom[1])
             continue
         if c == "[":
             negated = pattern.startswith("[^", i)
@@ -175,12 +159,84 @@ def ecma_regex_to_rust(pattern: str) -> str:
                 out.append(r"[\x00-\x{10FFFF}]" if negated else r"[^\x00-\x{10FFFF}]")
                 i = j + 1
                 continue
-            out.append("[^" if negated else "[")
-            in_class, i = True, j
+            body, i = _ecma_class_body(pattern, j)
+            out.append(("[^" if negated else "[") + body)
             continue
         out.append(_ECMA_DOT if c == "." else c)
         i += 1
     return "".join(out)
+
+
+# Characters written escaped in a Rust class: its own syntax there (nesting, negation, ranges,
+# and the set operators `&&`, `--`, `~~`), all literal in an ECMA class.
+_RUST_CLASS_SPECIAL = frozenset("[]\\^-&~")
+_HEX = re.compile("[0-9A-Fa-f]+")
+
+
+def _ecma_escape(pattern: str, i: int, in_class: bool) -> tuple[tuple[str, str], int]:
+    """The escape at ``pattern[i]`` (a backslash) as (kind, Rust text) and the index after it:
+    kind "char" for one character, "set" for a class of them (``\\d``, ``\\p{L}``)."""
+    n = len(pattern)
+    if i + 1 == n:
+        raise ConstraintError(f"pattern {pattern!r} ends with a lone backslash")
+    e = pattern[i + 1]
+    i += 2
+    if e in _ECMA_CLASS_ESCAPES:
+        return ("set", _ECMA_CLASS_ESCAPES[e][in_class]), i
+    if e == "0" and not (i < n and pattern[i].isdigit()):
+        return ("char", r"\x00"), i  # ECMA's NUL escape; Rust reads \0 as a backreference
+    if in_class and e == "b":
+        return ("char", r"\x08"), i  # backspace in an ECMA class (Rust has no \b there)
+    if e.isascii() and e.isalpha() and e not in _SAME_LETTER_ESCAPES:
+        raise ConstraintError(f"pattern {pattern!r}: escape \\{e} cannot be enforced")
+    # The whole escape, so that a range's end is one atom: \xHH, \uHHHH, \u{...}, \p{..}, \pL.
+    end = i
+    if e in "upP" and pattern.startswith("{", i):
+        end = pattern.find("}", i) + 1 or n
+    elif e in "xu":
+        hex_digits = _HEX.match(pattern, i, i + (2 if e == "x" else 4))
+        end = hex_digits.end() if hex_digits else i
+    elif e in "pP":
+        end = min(i + 1, n)
+    kind = "set" if e in "pP" else "char"
+    return (kind, "\\" + e + pattern[i:end]), end
+
+
+def _ecma_class_body(pattern: str, i: int) -> tuple[str, int]:
+    """The body of the ECMA class whose first atom is at ``pattern[i]`` in Rust syntax, its
+    closing ``]`` included, and the index after that. ECMA's class grammar, written out: ``A-B`` is a range only
+    between two single characters (Annex B: beside a class escape, as in ``[\\w-.]``, the ``-``
+    is a literal), every other ``-`` is literal, and so are ``[``, ``&&``, ``--``, ``~~``."""
+    n = len(pattern)
+    atoms: list[tuple[str, str]] = []  # (kind, Rust text); kind "dash" for an unescaped -
+    while True:
+        if i >= n:  # unclosed (no "]"): left for the regex parser to report
+            return "".join(text for _, text in atoms), i
+        c = pattern[i]
+        if c == "]":
+            i += 1
+            break
+        if c == "\\":
+            atom, i = _ecma_escape(pattern, i, in_class=True)
+            atoms.append(atom)
+            continue
+        atoms.append(("dash" if c == "-" else "char", "\\" + c if c in _RUST_CLASS_SPECIAL else c))
+        i += 1
+    parts: list[str] = []
+    k = 0
+    while k < len(atoms):
+        first = atoms[k]
+        if k + 2 < len(atoms) and atoms[k + 1][0] == "dash":
+            last = atoms[k + 2]
+            if first[0] != "set" and last[0] != "set":
+                parts.append(f"{first[1]}-{last[1]}")
+            else:  # Annex B: a class escape ends no range; the three are a union
+                parts += [first[1], r"\-", last[1]]
+            k += 3
+            continue
+        parts.append(first[1])
+        k += 1
+    return "".join(parts) + "]", i
 
 
 class _SchemaRewriter:
@@ -620,6 +676,42 @@ def check_guidance_options(options: Any) -> None:
         )
 
 
+def sound_json_options(prepared: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The options that override a prepared schema's (``options``: the defaults and its own
+    ``x-guidance``) so that llguidance enforces it exactly: ``SOUND_JSON_OPTIONS``, and no
+    ``\\uXXXX`` escapes where an object's other keys sit beside named ones.
+
+    llguidance writes the name of such a key (``additionalProperties``, or keys left open, beside
+    ``properties`` or ``patternProperties``) as any JSON string but a named key's text, and lets it
+    spell any character as ``\\uXXXX``: ``"\\u0061"`` is the key ``"a"`` to a JSON parser, and
+    its value went unchecked by ``a``'s schema (or the same key came twice). Without ``\\u``
+    escapes a key has one spelling, so its text decides. The price: such a schema's strings cannot
+    hold the control characters that have no short escape (U+0000-U+001F but \\b \\f \\n \\r \\t).
+    """
+    if not _named_and_other_keys(prepared):
+        return dict(SOUND_JSON_OPTIONS)
+    escapes = options.get("json_allowed_escapes")
+    escapes = DEFAULT_JSON_ESCAPES if escapes is None else escapes
+    return {**SOUND_JSON_OPTIONS, "json_allowed_escapes": escapes.replace("u", "")}
+
+
+def _named_and_other_keys(node: Any) -> bool:
+    """Whether some object schema in ``node`` has named keys (``properties`` or
+    ``patternProperties``) and allows others (``additionalProperties`` not false)."""
+    if isinstance(node, list):
+        return any(_named_and_other_keys(item) for item in node)
+    if not isinstance(node, dict):
+        return False
+    named = any(
+        isinstance(node.get(k), dict) and node[k] for k in ("properties", "patternProperties")
+    )
+    if named and node.get("additionalProperties", True) is not False:
+        return True
+    return any(
+        _named_and_other_keys(value) for key, value in node.items() if key not in _DATA_KEYWORDS
+    )
+
+
 def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = False) -> str:
     """llguidance grammar text for a JSON Schema (draft 2020-12); ConstraintError if not enforceable.
 
@@ -653,9 +745,11 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
     significant digits can round, as a float, onto an exclusive bound (`1.99999999999999999` < 2).
     """
     prepared = prepare_json_schema(schema, strict)
+    own = prepared.get("x-guidance")
+    options = {**JSON_OPTIONS, **(own if isinstance(own, dict) else {})}
     try:
         return LLMatcher.grammar_from_json_schema(
-            prepared, defaults=JSON_OPTIONS, overrides=SOUND_JSON_OPTIONS
+            prepared, defaults=JSON_OPTIONS, overrides=sound_json_options(prepared, options)
         )
     except ValueError as e:
         raise ConstraintError(f"invalid JSON schema: {e}") from e
