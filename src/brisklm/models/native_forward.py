@@ -451,7 +451,7 @@ class NativeForward:
         if not 0 < columns <= self.args.vocab:
             raise ValueError(f"columns must be in [1, {self.args.vocab}], got {columns}")
         if len(set(slots)) != rows:
-            raise ValueError(f"each row of greedy steps needs a slot of its own, got {slots}")
+            raise ValueError(f"each row of decode steps needs a slot of its own, got {slots}")
         longest = max(start_positions) + steps
         if longest > self.kv_cache.max_seq_len:
             raise ValueError(
