@@ -16,6 +16,11 @@ def test_the_python_api_example_runs(capsys):
     assert len(outs) == 2 and out.usage.completion_tokens >= 1
     assert isinstance(namespace["Person"].model_validate_json(out.text).age, int)  # constrained
     assert isinstance(reply.content, str)
+    scored = namespace["scored"]  # prompt logprobs: an entry per prompt token, the first None
+    assert len(scored.prompt_logprobs) == len(scored.prompt_token_ids) > 1
+    assert scored.prompt_logprobs[0] is None and all(
+        e.logprob <= 0 for e in scored.prompt_logprobs[1:]
+    )
     assert namespace["llm"]._loop.closed  # the example ends with llm.close()
     assert "Usage(" in capsys.readouterr().out
 

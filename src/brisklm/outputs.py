@@ -76,6 +76,9 @@ class StreamChunk:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     usage: Usage | None = None
+    # The request's first chunk, with SamplingParams.prompt_logprobs: the prompt's logprobs (as
+    # GenerationOutput.prompt_logprobs).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,6 +90,8 @@ class StreamChunk:
         self.token_ids.extend(later.token_ids)
         if later.logprobs:
             self.logprobs = (self.logprobs or []) + later.logprobs
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
         self.finish_reason = later.finish_reason
         self.stop_reason = later.stop_reason
         self.usage = later.usage
@@ -120,6 +125,9 @@ class GenerationOutput:
     logprobs: list[TokenLogprob] | None = None
     speculative: SpeculativeStats | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, its logprob given the
+    # tokens before it and the top alternatives (the first token's entry is None).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

@@ -65,6 +65,8 @@ DEFAULT_PREFILL_CHUNK = {"cpu": 512, "cuda": 2048}
 # tokens at once. The bundled model's ~0.5 ms steps run 8 a call, a 125M model's ~7 ms 2, a 7B
 # model's one.
 DECODE_STEPS_SECONDS = 0.02
+# Prompt logprobs are computed this many logits rows at a time (each a float32 copy of a row).
+PROMPT_LOGPROB_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -392,6 +394,9 @@ class LLMEngine:
         sampled = [r for r, n in zip(requests, num_logits) if n]
         # A decoding request's pending forced tokens: a row of logits each, for their logprobs.
         num_logits = [n * (1 + len(r.pending_forced)) for r, n in zip(requests, num_logits)]
+        # A prompt chunk of a request with prompt logprobs: a row before those for each token.
+        extra = [self.prompt_logprob_rows(r, n) for r, n in zip(requests, prefill_lens)]
+        num_logits = [n + e for n, e in zip(num_logits, extra)]
         row_invariant = any(r.params.is_seeded for r in requests)
         forward = ForwardBatch(
             slots=[r.slot for r in requests],  # type: ignore[misc]
@@ -419,7 +424,9 @@ class LLMEngine:
                 return self._take_steps(requests, chosen)
         pending_masks = self.structured.start_masks(sampled)
         try:
-            maybe_logits, greedy = self.forward_pass(forward, sampled)
+            maybe_logits, greedy = self.forward_pass(forward, sampled, read_logits=any(extra))
+            if any(extra):
+                maybe_logits = self.take_prompt_logprobs(requests, extra, num_logits, maybe_logits)
         except BaseException:
             self.structured.settle(pending_masks)
             raise
@@ -524,13 +531,14 @@ class LLMEngine:
         return results
 
     def forward_pass(
-        self, forward: ForwardBatch, sampled: list[Request]
+        self, forward: ForwardBatch, sampled: list[Request], read_logits: bool = False
     ) -> tuple[torch.Tensor | None, list[int] | None]:
         """Run ``forward``, whose logits rows belong to ``sampled``: ``(logits, None)``, or, when
         every one of them takes the raw logits' argmax (greedy, no bias, penalty, grammar or
         logprobs, ``min_tokens`` met) and the kernels find it, ``(None, tokens)``: the logits are
-        then not read (``ModelRunner.forward_greedy``)."""
-        if sampled and all(self._takes_raw_argmax(r) for r in sampled):
+        then not read (``ModelRunner.forward_greedy``). ``read_logits``: the logits are wanted
+        anyway (prompt logprobs)."""
+        if not read_logits and sampled and all(self._takes_raw_argmax(r) for r in sampled):
             return self.runner.forward_greedy(forward, self.num_real_tokens)
         return self.runner.forward(forward), None
 
@@ -541,6 +549,53 @@ class LLMEngine:
         if prefill_len:
             return request.prompt_token_ids[request.num_cached : request.num_cached + prefill_len]
         return request.uncached_token_ids
+
+    @staticmethod
+    def prompt_logprob_rows(request: Request, prefill_len: int) -> int:
+        """The logits rows a prompt chunk of ``prefill_len`` tokens adds for the request's prompt
+        logprobs: one for each of its tokens that a prompt token follows (0 without
+        ``prompt_logprobs``, and for a decoding row)."""
+        if not prefill_len or request.params.prompt_logprobs is None:
+            return 0
+        return prefill_len - int(request.num_cached + prefill_len == request.num_prompt_tokens)
+
+    def take_prompt_logprobs(
+        self,
+        requests: list[Request],
+        extra: list[int],
+        num_logits: list[int],
+        logits: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Record the prompt logprobs of a pass's rows: request i's ``num_logits[i]`` logits rows
+        begin with ``extra[i]`` rows at its prompt chunk's tokens (``prompt_logprob_rows``), whose
+        next tokens' logprobs it keeps; returns the other rows, in order. Run before the requests'
+        ``num_cached`` moves past the chunk (and again, a failed step's rerun records the same)."""
+        assert logits is not None
+        kept: list[int] = []
+        offset = 0
+        for request, rows, count in zip(requests, extra, num_logits, strict=True):
+            if rows:
+                self._record_prompt_logprobs(request, logits[offset : offset + rows])
+            kept.extend(range(offset + rows, offset + count))
+            offset += count
+        return logits.index_select(0, torch.tensor(kept, dtype=torch.int64, device=logits.device))
+
+    def _record_prompt_logprobs(self, request: Request, logits: torch.Tensor) -> None:
+        """Prompt tokens ``num_cached + 1`` on: their logprobs under ``logits`` (a row at each
+        token before them), with the request's top ``prompt_logprobs`` alternatives."""
+        start = request.num_cached
+        targets = request.prompt_token_ids[start + 1 : start + 1 + logits.shape[0]]
+        wanted = request.params.prompt_logprobs or 0
+        entries: list[TokenLogprob | None] = []
+        for first in range(0, len(targets), PROMPT_LOGPROB_ROWS):  # bounded float32 copies
+            rows = logits[first : first + PROMPT_LOGPROB_ROWS]
+            self.mask_padding(rows)
+            tokens = torch.tensor(targets[first : first + rows.shape[0]], device=rows.device)
+            entries += self.token_logprobs([request] * len(tokens), rows, tokens, wanted)
+        recorded = request.prompt_logprobs
+        assert recorded is not None
+        del recorded[start + 1 :]  # (a failed step's rerun records them again)
+        recorded.extend(entries)
 
     @staticmethod
     def samples_after(request: Request, prefill_len: int) -> bool:
@@ -795,12 +850,21 @@ class LLMEngine:
         )
 
     def token_logprobs(
-        self, requests: list[Request], logits: torch.Tensor, tokens: torch.Tensor
+        self,
+        requests: list[Request],
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        num_alternatives: int | None = None,
     ) -> list[TokenLogprob]:
-        """Row i's chosen token's logprob under ``logits[i]`` with the request's top-N alternatives:
-        those of logprob -inf left out (a grammar's masked tokens, a padded vocabulary's: no JSON
-        writes -inf), so fewer than N where fewer tokens are possible."""
-        num_top = max(r.params.logprobs or 0 for r in requests)
+        """Row i's chosen token's logprob under ``logits[i]`` with the request's top-N alternatives
+        (N: its ``logprobs``, or ``num_alternatives`` for every row): those of logprob -inf left
+        out (a grammar's masked tokens, a padded vocabulary's: no JSON writes -inf), so fewer
+        than N where fewer tokens are possible."""
+        counts = [
+            (r.params.logprobs or 0) if num_alternatives is None else num_alternatives
+            for r in requests
+        ]
+        num_top = max(counts, default=0)
         # A NO_TOKEN row's entry (against token 0) is never used: its request fails.
         tokens = tokens.clamp_min(0)
         values = compute_logprobs(logits, tokens, num_top)
@@ -810,8 +874,7 @@ class LLMEngine:
         top_logprobs = values.top_logprobs.tolist()
         table = self.tokenizer.token_bytes()
         out = []
-        for row, request in enumerate(requests):
-            wanted = request.params.logprobs or 0
+        for row, wanted in enumerate(counts):
             token_id = int(tokens[row])
             top = tuple(
                 TopLogprob(tid, _token_text(table, tid), lp, table[tid])

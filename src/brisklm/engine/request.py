@@ -61,6 +61,9 @@ class Request:
     pending_masks: torch.Tensor | None = None
     pending_roles: list[tuple[bool, bool]] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    # With params.prompt_logprobs: entry i is prompt token i's logprob given the tokens before it
+    # (entry 0 None), as far as the prompt has been computed (LLMEngine.take_prompt_logprobs).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     speculative: SpeculativeStats | None = None
@@ -78,6 +81,8 @@ class Request:
         )
         if self.params.logprobs is not None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -162,6 +167,8 @@ class Request:
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             usage=self.usage if self.is_finished else None,
+            # (the first chunk carries the prompt's, complete once a token is sampled)
+            prompt_logprobs=self.prompt_logprobs if len(self.output_token_ids) == 1 else None,
         )
 
     def grammar_role(self, token_id: int) -> tuple[bool, bool]:
@@ -249,6 +256,7 @@ class Request:
             usage=self.usage,
             stop_reason=self.stop_reason,
             logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
             speculative=self.speculative,
             metrics=metrics,
         )

@@ -137,7 +137,11 @@ class Scheduler:
     def _awaits_prefix(self, request: Request) -> bool:
         """Whether ``request`` waits for a running request still computing a prefix it shares
         (see the class)."""
-        if self.prefix_cache is None or self.prefix_cache.granularity != 1:
+        if (
+            self.prefix_cache is None
+            or self.prefix_cache.granularity != 1
+            or request.params.prompt_logprobs is not None
+        ):
             return False
         awaited = self._awaited.pop(request, None)
         if awaited is not None and awaited[0].status is RequestStatus.RUNNING:
@@ -169,8 +173,11 @@ class Scheduler:
         if self.prefix_cache is None or self._claim_slot is None:
             request.slot = self.slots.allocate()
             return
+        # A request with prompt logprobs computes its whole prompt (a reused prefix has no
+        # logits): it takes a slot as a prompt sharing nothing would.
+        wanted = [] if request.params.prompt_logprobs is not None else request.prompt_token_ids
         slot, reused, source = self.prefix_cache.choose(
-            request.prompt_token_ids, self.slots.free_slots(), self._copy_sources()
+            wanted, self.slots.free_slots(), self._copy_sources()
         )
         self.slots.take(slot)
         self._claim_slot(slot, reused, source, request.prompt_token_ids)

@@ -69,6 +69,9 @@ class SamplingParams:
       and a stop string counts only when it completes at or after the ``min_tokens``-th token
       (vLLM's rule); text before then that contains one is ordinary output.
     - ``logprobs`` None returns no logprobs; N >= 0 returns the chosen token's plus the top N.
+    - ``prompt_logprobs`` None returns none for the prompt; N >= 0 returns each prompt token's
+      logprob given the tokens before it (the first token's entry is None) plus the top N, from
+      the raw model logits. Such a request computes its whole prompt: it reuses no cached prefix.
     """
 
     max_tokens: int = 256
@@ -87,6 +90,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False  # stop strings only: a stop token's text never is
     # Constrained decoding: at most one of these. The output is guaranteed to match it (unless the
@@ -199,12 +203,14 @@ class SamplingParams:
         put("stop", _normalise_stop(self.stop))
         put("stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
 
-        if self.logprobs is not None:
-            allowed = f"None or an int in [0, {MAX_LOGPROBS}]"
-            logprobs = _as_int("logprobs", self.logprobs, allowed)
-            if not 0 <= logprobs <= MAX_LOGPROBS:
-                raise _fail("logprobs", logprobs, allowed)
-            put("logprobs", logprobs)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                allowed = f"None or an int in [0, {MAX_LOGPROBS}]"
+                count = _as_int(name, value, allowed)
+                if not 0 <= count <= MAX_LOGPROBS:
+                    raise _fail(name, count, allowed)
+                put(name, count)
 
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _as_bool(name, getattr(self, name))
