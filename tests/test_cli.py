@@ -286,7 +286,7 @@ def test_bad_constraint_is_one_line(model_dir, capsys):
             "argument --draft-length: invalid choice",
         ),
         (["generate"], "the following arguments are required: prompt"),
-        (["serve"], "argument command: invalid choice: 'serve'"),
+        (["bogus"], "argument command: invalid choice: 'bogus'"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_1(capsys, argv, message):
@@ -860,3 +860,12 @@ def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
     )
     stdout = _fresh_interpreter(script)
     assert stdout.split() == ["130", "True", "default_int_handler"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [(["--port", "70000"], "--port must be in"), (["--max-batch-size", "0"], "at least 1")],
+)
+def test_serve_refuses_bad_flags_before_loading(flags, words, capsys) -> None:
+    assert main(["serve", *flags]) == 1
+    assert words in capsys.readouterr().err

@@ -621,12 +621,12 @@ def test_chat_keeps_the_calls_before_a_cut(tool_format: ToolCallFormat, text: st
     from brisklm.outputs import GenerationOutput, Usage
 
     output = GenerationOutput("r", None, [1], text, [2], "length", Usage(1, 1))
-    reply = LLM._chat_output(output, tool_format)
+    reply = LLM.chat_output(output, tool_format)
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("f", {"a": 1})]
     assert reply.content == ("Sure." if tool_format is MISTRAL else "")
     assert reply.finish_reason == "length"
     # Ended at eos, the same text is no cut: content, as parse reads it.
-    at_eos = LLM._chat_output(
+    at_eos = LLM.chat_output(
         GenerationOutput("r", None, [1], text, [2], "stop", Usage(1, 1)), tool_format
     )
     assert (at_eos.content, at_eos.tool_calls) == (text.strip(), [])
@@ -647,7 +647,7 @@ def test_chat_keeps_text_that_only_looks_like_calls(tool_format, text, finish) -
 
     reason, stop_reason = finish
     output = GenerationOutput("r", None, [1], text, [2], reason, Usage(1, 1), stop_reason)
-    reply = LLM._chat_output(output, tool_format)
+    reply = LLM.chat_output(output, tool_format)
     assert (reply.content, reply.tool_calls) == (text, [])
 
 

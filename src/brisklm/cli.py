@@ -1,4 +1,5 @@
-"""The ``brisklm`` command: generate and chat from the terminal, quantize checkpoints."""
+"""The ``brisklm`` command: generate and chat from the terminal, serve OpenAI's API, quantize
+checkpoints."""
 
 from __future__ import annotations
 
@@ -174,6 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(chat)
     chat.add_argument("--system", default=None, help="system message")
 
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (needs: pip install 'brisklm[server]')",
+        description="Serve the model over OpenAI's API: /v1/chat/completions (tools, "
+        "tool_choice, response_format, logprobs, streaming), /v1/completions, /v1/models and "
+        "/health. Requests are batched together, up to --max-batch-size at once.",
+    )
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    serve.add_argument(
+        "--max-batch-size", type=int, default=8, help="requests decoded together at most (8)"
+    )
+    serve.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API (default: the model directory's name, or brisk-chat)",
+    )
+
     quantize = commands.add_parser(
         "quantize",
         help="quantize a float checkpoint to GPTQ int4",
@@ -308,7 +328,7 @@ def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | 
     )
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace, max_batch_size: int = 1) -> Any:
     from brisklm.llm import LLM
 
     if args.num_speculative_tokens is None:
@@ -323,7 +343,7 @@ def _load(args: argparse.Namespace) -> Any:
         device=args.device,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
-        max_batch_size=1,
+        max_batch_size=max_batch_size,
         max_seq_len=args.max_seq_len,
         draft=args.draft,
         num_speculative_tokens=args.num_speculative_tokens,
@@ -383,6 +403,34 @@ def _run_generate(args: argparse.Namespace) -> int:
             report["acceptance_rate"] = round(request.speculative.acceptance_rate, 3)
             report["mean_accepted_per_step"] = round(request.speculative.mean_accepted_per_step, 3)
         print(json.dumps(report), file=sys.stderr)
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from brisklm.server.app import build_app
+    except ImportError as exc:
+        raise CliError(
+            f"brisklm serve needs the server extra ({exc.name} is not installed): "
+            "pip install 'brisklm[server]'"
+        ) from None
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_batch_size < 1:
+        raise CliError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
+    name = args.served_model_name or (Path(args.model).name if args.model else "brisk-chat")
+    llm = _load(args, max_batch_size=args.max_batch_size)
+    try:
+        print(
+            f"brisklm: serving {name} at http://{args.host}:{args.port}/v1 (Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
+        uvicorn.run(build_app(llm, name), host=args.host, port=args.port, log_level="warning")
+    finally:
+        llm.close()
     return 0
 
 
@@ -622,7 +670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         unknown_arguments_error(parser, args.command, argv, unknown)
-    handlers = {"generate": _run_generate, "chat": _run_chat, "quantize": _run_quantize}
+    handlers = {
+        "generate": _run_generate,
+        "chat": _run_chat,
+        "serve": _run_serve,
+        "quantize": _run_quantize,
+    }
     try:
         if sys.stdout is None:  # `brisklm ... >&-`
             raise CliError("stdout is closed: brisklm writes its output there")

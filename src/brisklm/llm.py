@@ -862,7 +862,7 @@ class LLM:
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
         format, params = self._chat_format(tools, params, template_kwargs)
         output = self.generate(ids, params)
-        return self._chat_output(output, format)
+        return self.chat_output(output, format)
 
     async def achat(
         self,
@@ -877,7 +877,7 @@ class LLM:
 
         ids, format, chosen = await run_off_loop(prepare)  # the template, off the loop
         output = await self.agenerate(ids, chosen)
-        return self._chat_output(output, format)
+        return self.chat_output(output, format)
 
     def stream_chat(
         self,
@@ -921,7 +921,7 @@ class LLM:
         return format, params
 
     @staticmethod
-    def _chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
+    def chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
         """The turn's content and calls. A Llama 3 / Mistral reply that max_tokens, a stop string
         or a stop token cut inside its calls (``cut_calls``) keeps the calls complete before the
         cut and the content before the calls, as a Hermes reply does (it was all content, markup

@@ -29,10 +29,10 @@ from pydantic import ConfigDict
 from brisklm import LLM, EngineConfig
 from brisklm.config import ModelConfig
 from brisklm.constrained.compiler import check_json_schema
-from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
 from brisklm.offload import run_off_loop
+from brisklm.openai_format import response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
@@ -108,45 +108,6 @@ def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
     if isinstance(schema, dict) and ("function" not in schema and "parameters" not in schema):
         return schema  # already a JSON Schema
     return convert_to_json_schema(schema)
-
-
-_RESPONSE_FORMATS = (
-    'response_format must be {"type": "text"} (the default: no constraint), '
-    '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} '
-    'or OpenAI\'s {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, '
-    '"strict": ...}}, where the schema is a JSON Schema dict (or `true`: any JSON)'
-)
-
-
-def _response_format_schema(response_format: dict[str, Any]) -> Any:
-    """The schema of a json_schema response_format, flat or in OpenAI's nested shape."""
-    nested = response_format.get("json_schema")
-    if "schema" in response_format and nested is not None:
-        raise ValueError(
-            "response_format has both a schema and a json_schema entry; give the schema once. "
-            + _RESPONSE_FORMATS
-        )
-    if nested is not None:
-        if not isinstance(nested, dict) or "schema" not in nested:
-            raise ValueError(
-                f"response_format's json_schema entry must be a dict with a schema, got "
-                f"{nested!r}; {_RESPONSE_FORMATS}"
-            )
-        # OpenAI's strict: accepted; the reply always follows the schema as given.
-        strict = nested.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise ValueError(f"response_format's json_schema.strict must be a bool, got {strict!r}")
-        schema = nested["schema"]
-    elif "schema" in response_format:
-        schema = response_format["schema"]
-    else:
-        raise ValueError(f"response_format {response_format!r} has no schema; {_RESPONSE_FORMATS}")
-    if not isinstance(schema, (dict, bool)):
-        raise ValueError(
-            f"response_format's schema must be a JSON Schema dict (or `true`), got "
-            f"{type(schema).__name__} {schema!r}; {_RESPONSE_FORMATS}"
-        )
-    return schema
 
 
 def _usage_metadata(usage: Usage) -> UsageMetadata:
@@ -264,7 +225,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # Checked without tools too: a choice that requires a call cannot be met without one.
         choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
         constraint: dict[str, Any] = {}
-        answer = None if response_format is None else self._response_json_schema(response_format)
+        answer = None if response_format is None else response_format_schema(response_format)
         llm = self._engine(model)  # loaded once the call's options are known to be valid
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
@@ -288,36 +249,6 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         request = llm.make_request(prompt_ids, params)
         name = self._display_name(model)
         return _Call(llm, request, parse_tools, name, tool_format)
-
-    @staticmethod
-    def _response_json_schema(response_format: Any) -> dict[str, Any]:
-        """The JSON Schema to decode under for a `response_format`; ValueError for any other shape."""
-        kind = response_format.get("type") if isinstance(response_format, dict) else None
-        if kind == "json_object":
-            schema: Any = {"type": "object"}
-        elif kind == "json_schema":
-            schema = _response_format_schema(response_format)
-        else:
-            raise ValueError(
-                f"unsupported response_format {response_format!r}; {_RESPONSE_FORMATS}"
-            )
-        if schema is True:  # the JSON Schema `true`: any JSON value
-            schema = {}
-        elif schema is False:
-            raise ValueError(
-                "response_format's schema is `false`, which no JSON value matches; "
-                f"{_RESPONSE_FORMATS}"
-            )
-        schema = dict(schema)
-        guidance = schema.get("x-guidance", {})
-        if not isinstance(guidance, dict):
-            raise ValueError(
-                "response_format's schema has an x-guidance entry that is not an object: "
-                f"{guidance!r}"
-            )
-        # Spaced separators as json.dumps writes them, the JSON style chat models see in training.
-        schema["x-guidance"] = {**JSON_OPTIONS, **guidance}
-        return schema
 
     def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
         invalid = []

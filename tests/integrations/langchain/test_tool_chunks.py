@@ -271,7 +271,7 @@ def test_a_reply_cut_inside_a_call_is_told_from_one_that_ended_after_its_calls(f
         _, _, invalid = parse_reply(reply, tool_format, "cut")
         assert turn_finish_reason("stop", True, bool(invalid)) == expected
         output = GenerationOutput("r", None, [1], reply, [2], "stop", Usage(1, 1), stop_reason="x")
-        chat = LLM._chat_output(output, tool_format)
+        chat = LLM.chat_output(output, tool_format)
         assert chat.finish_reason == (expected if chat.tool_calls else "stop")
 
 

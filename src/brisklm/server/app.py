@@ -1,0 +1,268 @@
+"""The OpenAI-compatible HTTP server behind ``brisklm serve``: ``/v1/chat/completions`` (tools,
+``tool_choice``, ``response_format``, logprobs, streaming), ``/v1/completions``, ``/v1/models``
+and ``/health``, on Starlette (the ``server`` extra). Requests are decoded by the LLM's engine
+thread, batched together; a streamed request whose client goes away is aborted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from brisklm.constrained import ConstraintError
+from brisklm.engine.request import Request
+from brisklm.llm import LLM
+from brisklm.offload import run_off_loop
+from brisklm.outputs import StreamChunk
+from brisklm.server import protocol
+from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
+from brisklm.tool_calls import ContentDelta, ToolCallComplete, turn_finish_reason
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[HttpRequest], Awaitable[Response]]
+
+
+def build_app(llm: LLM, model_name: str) -> Starlette:
+    """The server's ASGI app for ``llm``, which it serves as ``model_name``."""
+    server = _Server(llm, model_name)
+    routes = [
+        Route("/health", server.health, methods=["GET"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/completions", _answering_errors(server.completions), methods=["POST"]),
+        Route("/v1/chat/completions", _answering_errors(server.chat), methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+
+async def _http_error(request: HttpRequest, error: Exception) -> Response:
+    """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error shape."""
+    assert isinstance(error, HTTPException)
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    return _error_response(ApiError(message, status=error.status_code, kind=kind))
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _as_api_error(error: Exception) -> ApiError:
+    """A request's failure as the client sees it: its own mistakes 400, the engine's 500."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, (ValueError, TypeError, ConstraintError)):
+        return ApiError(str(error))
+    logger.error("request failed", exc_info=error)
+    return ApiError(str(error) or type(error).__name__, status=500, kind="server_error")
+
+
+def _answering_errors(handler: Handler) -> Handler:
+    async def answered(request: HttpRequest) -> Response:
+        try:
+            return await handler(request)
+        except Exception as error:  # noqa: BLE001 - every failure gets OpenAI's error body
+            return _error_response(_as_api_error(error))
+
+    return answered
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+_DONE = "data: [DONE]\n\n"
+
+
+class _Server:
+    def __init__(self, llm: LLM, model_name: str) -> None:
+        self.llm = llm
+        self.model_name = model_name
+
+    async def health(self, request: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: HttpRequest) -> Response:
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "brisklm",
+            "max_model_len": self.llm.max_seq_len,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    # ------------------------------------------------------------------------ completions
+    async def completions(self, http: HttpRequest) -> Response:
+        body = protocol.read_body(await http.body())
+        plan, requests = await run_off_loop(self._prepare_completion, body)
+        if plan.options.stream:
+            return self._stream(self._completion_events(plan, requests))
+        outputs = await self.llm.arun_requests(requests)
+        response = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
+        response["choices"] = [
+            protocol.completion_choice(
+                i, out.text, out.logprobs, out.finish_reason, out.prompt_logprobs
+            )
+            for i, out in enumerate(outputs)
+        ]
+        usage = protocol.total_usage([out.usage for out in outputs])
+        response["usage"] = protocol.usage_dict(usage)
+        return JSONResponse(response)
+
+    def _prepare_completion(self, body: dict[str, Any]) -> tuple[CompletionRequest, list[Request]]:
+        plan = protocol.completion_request(self.llm, body, self.model_name)
+        requests = [self.llm.make_request(prompt, plan.params) for prompt in plan.prompts]
+        return plan, requests
+
+    async def _completion_events(
+        self, plan: CompletionRequest, requests: list[Request]
+    ) -> AsyncIterator[str]:
+        head = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
+        usages = []
+        async for index, chunk in self._merged_streams(requests):
+            choice = protocol.completion_choice(
+                index,
+                chunk.text,
+                chunk.logprobs if plan.params.logprobs is not None else None,
+                chunk.finish_reason,
+                chunk.prompt_logprobs,
+            )
+            yield _sse({**head, "choices": [choice]})
+            if chunk.usage is not None:
+                usages.append(chunk.usage)
+        if plan.options.include_usage:
+            usage = protocol.usage_dict(protocol.total_usage(usages))
+            yield _sse({**head, "choices": [], "usage": usage})
+
+    async def _merged_streams(
+        self, requests: list[Request]
+    ) -> AsyncIterator[tuple[int, StreamChunk]]:
+        """The chunks of several requests as they come, each with its request's index; the first
+        failure raises, and leaving early aborts the requests still running."""
+        if len(requests) == 1:
+            async for chunk in self.llm.astream_request(requests[0]):
+                yield 0, chunk
+            return
+        queue: asyncio.Queue[tuple[int, StreamChunk | BaseException | None]] = asyncio.Queue()
+
+        async def pump(index: int, request: Request) -> None:
+            try:
+                async for chunk in self.llm.astream_request(request):
+                    await queue.put((index, chunk))
+            except Exception as error:  # noqa: BLE001 - handed to the consumer
+                await queue.put((index, error))
+            await queue.put((index, None))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+        running = len(tasks)
+        try:
+            while running:
+                index, item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()  # (a pump's stream aborts its request as it closes)
+
+    # ------------------------------------------------------------------------------- chat
+    async def chat(self, http: HttpRequest) -> Response:
+        body = protocol.read_body(await http.body())
+        plan, request = await run_off_loop(self._prepare_chat, body)
+        if plan.options.stream:
+            return self._stream(self._chat_events(plan, request))
+        (output,) = await self.llm.arun_requests([request])
+        turn = LLM.chat_output(output, plan.tool_format)
+        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+        if turn.tool_calls:
+            message["content"] = turn.content or None
+            message["tool_calls"] = [protocol.tool_call_dict(call) for call in turn.tool_calls]
+        response = protocol.envelope(
+            "chat.completion", protocol.new_id("chatcmpl"), self.model_name
+        )
+        response["choices"] = [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": protocol.chat_choice_logprobs(output.logprobs),
+                "finish_reason": turn.finish_reason,
+            }
+        ]
+        response["usage"] = protocol.usage_dict(output.usage)
+        return JSONResponse(response)
+
+    def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, Request]:
+        plan = protocol.chat_request(self.llm, body, self.model_name)
+        ids = self.llm.chat_prompt_ids(plan.messages, plan.tools)
+        return plan, self.llm.make_request(ids, plan.params)
+
+    async def _chat_events(self, plan: ChatRequest, request: Request) -> AsyncIterator[str]:
+        head = protocol.envelope(
+            "chat.completion.chunk", protocol.new_id("chatcmpl"), self.model_name
+        )
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return _sse({**head, "choices": [choice]})
+
+        yield chunk({"role": "assistant", "content": ""})
+        format = plan.tool_format
+        parser = format.stream_parser() if format is not None else None
+        text: list[str] = []
+        async for piece in self.llm.astream_request(request):
+            text.append(piece.text)
+            if parser is None:
+                events: list[Any] = [ContentDelta(piece.text)] if piece.text else []
+            else:
+                events = parser.feed(piece.text)
+                if piece.finished:
+                    events += parser.finish()
+            content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+            calls = [
+                protocol.tool_call_dict(e.call, e.index)
+                for e in events
+                if isinstance(e, ToolCallComplete)
+            ]
+            delta: dict[str, Any] = {}
+            if content:
+                delta["content"] = content
+            if calls:
+                delta["tool_calls"] = calls
+            logprobs = protocol.chat_choice_logprobs(piece.logprobs) if plan.logprobs else None
+            if delta or (logprobs and logprobs["content"]):
+                yield chunk(delta, None, logprobs)
+            if piece.finished:
+                cut = format is not None and format.ended_inside_call("".join(text))
+                called = parser is not None and parser.num_calls > 0
+                yield chunk({}, turn_finish_reason(piece.finish_reason, called, cut))
+                if plan.options.include_usage and piece.usage is not None:
+                    usage = protocol.usage_dict(piece.usage)
+                    yield _sse({**head, "choices": [], "usage": usage})
+
+    # -------------------------------------------------------------------------- streaming
+    @staticmethod
+    def _stream(events: AsyncIterator[str]) -> StreamingResponse:
+        """Server-sent events ending in ``[DONE]``; a failure mid-stream is an error event (the
+        status line has gone out)."""
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                async for event in events:
+                    yield event
+            except Exception as error:  # noqa: BLE001 - reported in the stream
+                yield _sse(_as_api_error(error).body())
+            yield _DONE
+
+        return StreamingResponse(body(), media_type="text/event-stream")

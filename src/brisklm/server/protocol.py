@@ -1,0 +1,605 @@
+"""OpenAI's request and response shapes for ``brisklm serve``: a request body read into
+SamplingParams (and messages, tools) with an error naming the field at fault, and the responses
+and stream chunks written back. No web framework here: ``app`` serves these over HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from brisklm.openai_format import chat_logprobs, completion_logprobs, response_format_schema
+from brisklm.outputs import TokenLogprob, Usage
+from brisklm.sampling import SamplingParams
+from brisklm.sampling.params import MAX_LOGPROBS
+
+if TYPE_CHECKING:
+    from brisklm.llm import LLM
+    from brisklm.tool_calls import ToolCall
+    from brisklm.tool_formats import ToolCallFormat
+
+
+class ApiError(Exception):
+    """A request the server refuses: the HTTP status and OpenAI's error body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.kind = kind
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+# Fields both endpoints read, OpenAI's and (marked) brisklm's / vLLM's extensions.
+_SAMPLING = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "user",
+    # extensions, as vLLM's server names them
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+}
+COMPLETION_FIELDS = frozenset(
+    _SAMPLING | {"prompt", "logprobs", "echo", "suffix", "best_of", "prompt_logprobs"}
+)
+CHAT_FIELDS = frozenset(
+    _SAMPLING
+    | {
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "metadata",
+        "store",
+        "service_tier",
+    }
+)
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def read_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ApiError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ApiError(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def check_fields(body: Mapping[str, Any], allowed: frozenset[str], endpoint: str) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(
+            f"unrecognized request argument {unknown[0]!r} for {endpoint}; supported: "
+            f"{', '.join(sorted(allowed))}",
+            param=unknown[0],
+        )
+
+
+def check_model(body: Mapping[str, Any], served: str) -> None:
+    """A request may name the served model, or no model."""
+    model = body.get("model")
+    if model is not None and model != served:
+        raise ApiError(
+            f"the model {model!r} does not exist here; this server serves {served!r}",
+            param="model",
+            status=404,
+            code="model_not_found",
+        )
+
+
+def _get(body: Mapping[str, Any], name: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise ApiError(f"{name} must be {what}, got {value!r}", param=name)
+    if not isinstance(value, kinds):
+        raise ApiError(f"{name} must be {what}, got {value!r}", param=name)
+    return value
+
+
+@dataclass
+class StreamOptions:
+    stream: bool = False
+    include_usage: bool = False
+
+
+def stream_options(body: Mapping[str, Any]) -> StreamOptions:
+    stream = _get(body, "stream", bool, "true or false") or False
+    options = _get(body, "stream_options", dict, 'an object like {"include_usage": true}')
+    if options is None:
+        return StreamOptions(stream)
+    if not stream:
+        raise ApiError("stream_options is only allowed with stream: true", param="stream_options")
+    unknown = sorted(set(options) - {"include_usage"})
+    if unknown:
+        raise ApiError(
+            f"stream_options has an unknown key {unknown[0]!r}; supported: include_usage",
+            param="stream_options",
+        )
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise ApiError(
+            f"stream_options.include_usage must be true or false, got {include!r}",
+            param="stream_options",
+        )
+    return StreamOptions(stream, include)
+
+
+def sampling_changes(
+    body: Mapping[str, Any], max_tokens_field: str = "max_tokens"
+) -> dict[str, Any]:
+    """The SamplingParams fields a request sets (values are checked by SamplingParams)."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise ApiError(
+            f"n must be 1 (one completion per prompt; several are not supported yet), got {n!r}",
+            param="n",
+        )
+    changes: dict[str, Any] = {}
+    if body.get(max_tokens_field) is not None:
+        changes["max_tokens"] = body[max_tokens_field]
+    for name in (
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "min_tokens",
+        "ignore_eos",
+    ):
+        if body.get(name) is not None:
+            changes[name] = body[name]
+    stop = body.get("stop")
+    if stop is not None:
+        changes["stop"] = [stop] if isinstance(stop, str) else stop
+    bias = _get(body, "logit_bias", dict, 'an object of token ids to biases, {"50256": -100}')
+    if bias:
+        try:
+            changes["logit_bias"] = {int(token): value for token, value in bias.items()}
+        except ValueError:
+            raise ApiError(
+                f"logit_bias keys must be token ids (integers as strings), got {sorted(bias)!r}",
+                param="logit_bias",
+            ) from None
+    constraints = {
+        "guided_json": "json_schema",
+        "guided_regex": "regex",
+        "guided_choice": "choice",
+        "guided_grammar": "grammar",
+    }
+    for name, option in constraints.items():
+        if body.get(name) is not None:
+            changes[option] = body[name]
+    return changes
+
+
+def make_params(llm: LLM, changes: dict[str, Any]) -> SamplingParams:
+    """The request's SamplingParams over the model's defaults; a bad value is an ApiError that
+    names it."""
+    try:
+        return llm.default_sampling_params(**changes)
+    except (ValueError, TypeError) as error:
+        raise ApiError(str(error), param=_named_field(str(error), changes)) from None
+
+
+def _named_field(message: str, changes: Mapping[str, Any]) -> str | None:
+    """The request field a SamplingParams error names ("SamplingParams.top_p=2 is invalid")."""
+    named = re.match(r"(?:SamplingParams\.)?(\w+)", message)
+    name = named.group(1) if named else None
+    aliases = {"json_schema": "guided_json", "regex": "guided_regex", "choice": "guided_choice"}
+    return aliases.get(name, name) if name in changes else None  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ completions
+
+
+@dataclass
+class CompletionRequest:
+    prompts: list[str | list[int]]
+    params: SamplingParams
+    options: StreamOptions
+
+
+def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> CompletionRequest:
+    check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+    check_model(body, served)
+    for name, allowed in (("echo", (None, False)), ("suffix", (None,)), ("best_of", (None, 1))):
+        if body.get(name) not in allowed:
+            raise ApiError(f"{name} is not supported (only its default)", param=name)
+    prompts = _prompts(body.get("prompt"))
+    changes = sampling_changes(body)
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int):
+            raise ApiError(
+                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r}",
+                param="logprobs",
+            )
+        changes["logprobs"] = logprobs
+    if body.get("prompt_logprobs") is not None:
+        changes["prompt_logprobs"] = body["prompt_logprobs"]
+    return CompletionRequest(prompts, make_params(llm, changes), stream_options(body))
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """A completion's prompts: a string, a list of strings, a list of token ids or a list of
+    such lists."""
+    what = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError(f"prompt must be {what}, got {prompt!r}", param="prompt")
+    if all(_is_id(t) for t in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise ApiError(f"prompt must be {what}", param="prompt")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def completion_choice(
+    index: int,
+    text: str,
+    logprobs: Sequence[TokenLogprob] | None,
+    finish_reason: str | None,
+    prompt_logprobs: Sequence[TokenLogprob | None] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": index,
+        "text": text,
+        "logprobs": None if logprobs is None else completion_logprobs(logprobs),
+        "finish_reason": finish_reason,
+    }
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = [
+            None if e is None else {"token": e.token, "logprob": e.logprob, "rank": e.rank}
+            for e in prompt_logprobs
+        ]
+    return choice
+
+
+# ------------------------------------------------------------------------------------- chat
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    params: SamplingParams
+    options: StreamOptions
+    # The model's tool-call format where its reply may hold calls (None: text only).
+    tool_format: ToolCallFormat | None
+    logprobs: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
+    check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    check_model(body, served)
+    messages = _messages(body.get("messages"))
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        if body["max_tokens"] != body["max_completion_tokens"]:
+            raise ApiError(
+                "max_tokens and max_completion_tokens differ; give one (max_completion_tokens is "
+                "OpenAI's newer name)",
+                param="max_completion_tokens",
+            )
+    field_name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    changes = sampling_changes(body, field_name)
+    wants_logprobs = _get(body, "logprobs", bool, "true or false") or False
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not wants_logprobs:
+            raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
+        if isinstance(top, bool) or not isinstance(top, int):
+            raise ApiError(
+                f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}",
+                param="top_logprobs",
+            )
+    if wants_logprobs:
+        changes["logprobs"] = top or 0
+    tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"), [t["function"]["name"] for t in tools or []])
+    parallel = _get(body, "parallel_tool_calls", bool, "true or false")
+    answer = None
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        if any(name in changes for name in ("json_schema", "regex", "choice", "grammar")):
+            raise ApiError(
+                "response_format and a guided_* constraint were both given; give one",
+                param="response_format",
+            )
+        try:
+            answer = response_format_schema(response_format)
+        except ValueError as error:
+            raise ApiError(str(error), param="response_format") from None
+    tool_format = None
+    if tools:
+        mode, allowed = ("required", [t for t in tools if t["function"]["name"] == choice])
+        if choice in ("auto", "required", "none"):
+            mode, allowed = choice, tools
+        if any(name in changes for name in ("json_schema", "regex", "choice", "grammar")):
+            raise ApiError(
+                "tools and a guided_* constraint were both given; the tools' grammar decides "
+                "the reply (use response_format for a JSON answer beside tools)",
+                param="tools",
+            )
+        format = llm.tool_call_format()
+        single = choice not in ("auto", "required", "none") or parallel is False
+        try:
+            changes["grammar"] = format.grammar(
+                allowed, mode, parallel=not single, answer_schema=answer
+            )
+        except ValueError as error:
+            raise ApiError(str(error), param="tools") from None
+        if mode != "none":
+            tool_format = format
+            if format.keeps_special_tokens:
+                changes["skip_special_tokens"] = False  # the calls' tag is a special token
+    elif answer is not None:
+        changes["json_schema"] = answer
+    return ChatRequest(
+        messages=messages,
+        tools=tools,
+        params=make_params(llm, changes),
+        options=stream_options(body),
+        tool_format=tool_format,
+        logprobs=wants_logprobs,
+    )
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as chat templates read them: text content (a list of text parts joined),
+    developer as system, tool-call arguments as objects."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(
+            'messages must be a non-empty list of messages ({"role": ..., "content": ...})',
+            param="messages",
+        )
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise ApiError(f"{where} must be an object, got {message!r}", param="messages")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise ApiError(
+                f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}", param="messages"
+            )
+        converted: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": _content(message.get("content"), where),
+        }
+        calls = message.get("tool_calls")
+        if calls:
+            if role != "assistant":
+                raise ApiError(
+                    f"{where} has tool_calls but is not an assistant message", param="messages"
+                )
+            converted["tool_calls"] = [
+                _call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)
+            ]
+        elif converted["content"] is None:
+            raise ApiError(f"{where} has no content", param="messages")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise ApiError(f"{where} (a tool message) needs its tool_call_id", param="messages")
+            converted["tool_call_id"] = call_id
+        if isinstance(message.get("name"), str):
+            converted["name"] = message["name"]
+        out.append(converted)
+    return out
+
+
+def _content(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise ApiError(
+                    f"{where}.content holds a part other than text ({part!r}); this server "
+                    "takes text only",
+                    param="messages",
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError(f"{where}.content must be a string or a list of text parts", param="messages")
+
+
+def _call(call: Any, where: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(
+            f'{where} must be {{"type": "function", "function": {{"name", "arguments"}}}}',
+            param="messages",
+        )
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except json.JSONDecodeError as error:
+            raise ApiError(
+                f"{where}.function.arguments is not valid JSON: {error}", param="messages"
+            ) from None
+    if not isinstance(arguments, dict):
+        raise ApiError(f"{where}.function.arguments must be a JSON object", param="messages")
+    return {
+        "id": call.get("id") or new_id("call"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ApiError(
+            'tools must be a list of {"type": "function", "function": {...}}', param="tools"
+        )
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise ApiError(
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
+                f'"description": ..., "parameters": {{...}}}}}}, got {tool!r}',
+                param="tools",
+            )
+    return tools or None
+
+
+def _tool_choice(choice: Any, names: list[str]) -> str:
+    """ "auto", "required", "none", or the one tool's name."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if (
+            choice.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise ApiError(
+                'tool_choice must be "auto", "required", "none" or {"type": "function", '
+                f'"function": {{"name": ...}}}}, got {choice!r}',
+                param="tool_choice",
+            )
+        name = function["name"]
+        if name not in names:
+            raise ApiError(
+                f"tool_choice names the function {name!r}, which is not among the tools "
+                f"({', '.join(names) or 'none given'})",
+                param="tool_choice",
+            )
+        return name
+    if choice not in ("auto", "required", "none"):
+        raise ApiError(
+            f'tool_choice must be "auto", "required", "none" or a function, got {choice!r}',
+            param="tool_choice",
+        )
+    if choice == "required" and not names:
+        raise ApiError('tool_choice "required" needs tools', param="tool_choice")
+    return choice
+
+
+def tool_call_dict(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A call as OpenAI writes it: the arguments as JSON text."""
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update(
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {
+                "name": call.name,
+                "arguments": json.dumps(call.arguments, ensure_ascii=False),
+            },
+        }
+    )
+    return out
+
+
+def chat_choice_logprobs(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    return None if entries is None else chat_logprobs(entries)
+
+
+# ---------------------------------------------------------------------------------- shared
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+    }
+
+
+def total_usage(usages: Sequence[Usage]) -> Usage:
+    return Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in usages),
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_prompt_tokens=sum(u.cached_prompt_tokens for u in usages),
+    )
+
+
+def envelope(kind: str, response_id: str, model: str, created: int | None = None) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": kind,
+        "created": created or int(time.time()),
+        "model": model,
+    }

@@ -1,0 +1,381 @@
+"""``brisklm serve``'s app through OpenAI's own Python client (its request and response models
+are the reference for the API's shapes), on the bundled model: each endpoint gives what the
+Python API gives for the same request, streams add up to the whole reply, and bad requests get
+OpenAI's error body naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import pytest
+
+pytest.importorskip("starlette")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from brisklm import LLM, SamplingParams  # noqa: E402
+from brisklm.server.app import build_app  # noqa: E402
+
+pytestmark = pytest.mark.bundled_model
+
+NAME = "brisk-chat"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CONVERT = {
+    "type": "function",
+    "function": {
+        "name": "celsius_to_fahrenheit",
+        "description": "Convert a temperature from Celsius to Fahrenheit",
+        "parameters": {
+            "type": "object",
+            "properties": {"celsius": {"type": "number"}},
+            "required": ["celsius"],
+        },
+    },
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    model = LLM.from_pretrained(None, max_batch_size=4, show_progress=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def app(llm):
+    return build_app(llm, NAME)
+
+
+@pytest.fixture(scope="module")
+def http(app):
+    with TestClient(app) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http)
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_models_lists_the_served_model(client, llm) -> None:
+    (model,) = client.models.list().data
+    assert model.id == NAME and model.owned_by == "brisklm"
+    assert model.model_extra["max_model_len"] == llm.max_seq_len
+
+
+def test_a_chat_reply_is_the_python_apis(client, llm) -> None:
+    reply = client.chat.completions.create(model=NAME, messages=ask("Hello!"), max_tokens=24)
+    expected = llm.chat(ask("Hello!"), llm.default_sampling_params(max_tokens=24))
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == expected.content
+    assert choice.finish_reason == expected.finish_reason and choice.message.tool_calls is None
+    assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert reply.usage.completion_tokens == expected.usage.completion_tokens
+    assert reply.id.startswith("chatcmpl-") and reply.model == NAME
+
+
+def test_a_streamed_chat_reply_adds_up_to_the_whole(client) -> None:
+    whole = client.chat.completions.create(model=NAME, messages=ask("Hello!"), max_tokens=24)
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME,
+            messages=ask("Hello!"),
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and not any(finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_a_tool_call_comes_back_in_openais_shape(client) -> None:
+    reply = client.chat.completions.create(
+        model=NAME, messages=ask("What is the weather in Paris?"), tools=[WEATHER, CONVERT]
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_a_streamed_tool_call_is_the_same_call(client) -> None:
+    messages = ask("What is the weather in Paris?")
+    whole = client.chat.completions.create(model=NAME, messages=messages, tools=[WEATHER])
+    calls = {}
+    finish = None
+    for chunk in client.chat.completions.create(
+        model=NAME, messages=messages, tools=[WEATHER], stream=True
+    ):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            calls[delta.index] = (delta.function.name, json.loads(delta.function.arguments))
+        finish = chunk.choices[0].finish_reason or finish
+    (expected,) = whole.choices[0].message.tool_calls
+    assert calls == {0: (expected.function.name, json.loads(expected.function.arguments))}
+    assert finish == "tool_calls"
+
+
+def test_tool_choice_forces_a_named_tool_or_none(client) -> None:
+    forced = client.chat.completions.create(
+        model=NAME,
+        messages=ask("Hello!"),
+        tools=[WEATHER, CONVERT],
+        tool_choice={"type": "function", "function": {"name": "celsius_to_fahrenheit"}},
+        max_tokens=40,
+    )
+    (call,) = forced.choices[0].message.tool_calls
+    assert call.function.name == "celsius_to_fahrenheit"
+    parameters = CONVERT["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), parameters)
+    plain = client.chat.completions.create(
+        model=NAME,
+        messages=ask("What is the weather in Paris?"),
+        tools=[WEATHER],
+        tool_choice="none",
+        max_tokens=24,
+    )
+    assert plain.choices[0].message.tool_calls is None
+    assert isinstance(plain.choices[0].message.content, str)
+
+
+def test_a_tool_result_goes_back_in(client) -> None:
+    """The assistant's call (arguments as JSON text, as OpenAI's clients send them) and the tool's
+    result render with the template; the reply answers."""
+    first = client.chat.completions.create(
+        model=NAME, messages=ask("What is the weather in Paris?"), tools=[WEATHER]
+    )
+    call = first.choices[0].message.tool_calls[0]
+    messages = [
+        *ask("What is the weather in Paris?"),
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees"},
+    ]
+    second = client.chat.completions.create(
+        model=NAME, messages=messages, tools=[WEATHER], max_tokens=40
+    )
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+
+
+def test_response_format_and_logprobs(client) -> None:
+    reply = client.chat.completions.create(
+        model=NAME,
+        messages=ask("Ada is 36. Reply in JSON."),
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+        max_tokens=40,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+    entries = choice.logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    assert all(e.logprob <= 0 and len(e.top_logprobs) <= 2 for e in entries)
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == choice.message.content
+
+
+def test_completions_are_the_python_apis(client, llm) -> None:
+    prompts = ["Once upon a time", "The capital of France is"]
+    reply = client.completions.create(model=NAME, prompt=prompts, max_tokens=8, logprobs=2)
+    expected = llm.generate(prompts, llm.default_sampling_params(max_tokens=8, logprobs=2))
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert [c.text for c in reply.choices] == [o.text for o in expected]
+    assert [c.finish_reason for c in reply.choices] == [o.finish_reason for o in expected]
+    first = reply.choices[0].logprobs
+    assert first.token_logprobs == pytest.approx([e.logprob for e in expected[0].logprobs])
+    assert all(len(top) <= 2 for top in first.top_logprobs)
+    assert reply.usage.completion_tokens == sum(o.usage.completion_tokens for o in expected)
+    ids = llm.tokenizer.encode(prompts[0])
+    by_ids = client.completions.create(model=NAME, prompt=ids, max_tokens=8)
+    assert by_ids.choices[0].text == expected[0].text
+
+
+def test_streamed_completions_add_up_per_prompt(client) -> None:
+    prompts = ["Once upon a time", "Hello"]
+    whole = client.completions.create(model=NAME, prompt=prompts, max_tokens=12)
+    texts = ["", ""]
+    finishes = [None, None]
+    usage = None
+    for chunk in client.completions.create(
+        model=NAME,
+        prompt=prompts,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        if not chunk.choices:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [c.text for c in whole.choices]
+    assert finishes == [c.finish_reason for c in whole.choices]
+    assert usage is not None and usage.total_tokens == whole.usage.total_tokens
+
+
+def test_prompt_logprobs_extension(http, llm) -> None:
+    body = {"prompt": "The capital of France is", "max_tokens": 1, "prompt_logprobs": 0}
+    reply = http.post("/v1/completions", json=body).json()
+    entries = reply["choices"][0]["prompt_logprobs"]
+    expected = llm.generate(body["prompt"], SamplingParams(max_tokens=1, prompt_logprobs=0))
+    assert entries[0] is None and len(entries) == len(expected.prompt_token_ids)
+    assert [e["logprob"] for e in entries[1:]] == pytest.approx(
+        [e.logprob for e in expected.prompt_logprobs[1:]], abs=1e-5
+    )
+
+
+async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
+    """Requests arriving together decode in one batch; each reply is the one it gets alone."""
+    prompts = ["Hello!", "What is 2+2?", "Tell me a joke.", "Thanks!"]
+    params = llm.default_sampling_params(max_tokens=16)
+    expected = [llm.chat(ask(p), params).content for p in prompts]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+
+        async def one(prompt: str) -> str:
+            body = {"messages": ask(prompt), "max_tokens": 16}
+            response = await http.post("/v1/chat/completions", json=body)
+            return response.json()["choices"][0]["message"]["content"]
+
+        replies = await asyncio.gather(*(one(p) for p in prompts))
+    assert list(replies) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        ({"model": "gpt-4o", "messages": ask("x")}, 404, "model", "does not exist"),
+        ({"messages": ask("x"), "temperature": -1}, 400, "temperature", "temperature"),
+        ({"messages": ask("x"), "top_p": 2}, 400, "top_p", "top_p"),
+        ({"messages": ask("x"), "frobnicate": 1}, 400, "frobnicate", "unrecognized"),
+        ({"messages": ask("x"), "n": 2}, 400, "n", "n must be 1"),
+        ({"messages": []}, 400, "messages", "non-empty"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages",
+            "text only",
+        ),
+        (
+            {
+                "messages": ask("x"),
+                "tools": [WEATHER],
+                "tool_choice": {"type": "function", "function": {"name": "nope"}},
+            },
+            400,
+            "tool_choice",
+            "not among the tools",
+        ),
+        ({"messages": ask("x"), "tool_choice": "required"}, 400, "tool_choice", "needs tools"),
+        (
+            {"messages": ask("x"), "response_format": {"type": "xml"}},
+            400,
+            "response_format",
+            "response_format",
+        ),
+        (
+            {"messages": ask("x"), "stream_options": {"include_usage": True}},
+            400,
+            "stream_options",
+            "stream: true",
+        ),
+        ({"messages": ask("x"), "top_logprobs": 2}, 400, "top_logprobs", "logprobs: true"),
+        ({"messages": ask("x"), "guided_regex": "(a"}, 400, None, "regex"),
+    ],
+)
+def test_bad_chat_requests_get_openais_error_body(http, body, status, param, words) -> None:
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert words in error["message"] and error["param"] == param and error["type"]
+
+
+def test_bad_bodies_and_paths(http) -> None:
+    response = http.post("/v1/completions", content=b"{not json")
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    response = http.post("/v1/completions", json=["a"])
+    assert response.status_code == 400 and "JSON object" in response.json()["error"]["message"]
+    response = http.post("/v1/completions", json={"prompt": [1, "a"]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    response = http.post("/v1/completions", json={"prompt": "a", "echo": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
+    response = http.get("/v1/nothing")
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    assert http.get("/health").json() == {"status": "ok"}
+    # The server goes on serving after each of these.
+    ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is not None
+
+
+def test_a_client_that_leaves_a_stream_aborts_its_request(app, llm, monkeypatch) -> None:
+    """Over a real socket (uvicorn, as ``brisklm serve`` runs it): a client that closes a stream
+    early aborts its request in the engine, which goes on serving."""
+    import threading
+    import time
+
+    import uvicorn
+
+    aborted: list[str] = []
+    abort = llm._loop.abort
+    monkeypatch.setattr(llm._loop, "abort", lambda rid: (aborted.append(rid), abort(rid)))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        live = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        body = {
+            "max_tokens": 900,
+            "temperature": 0.9,
+            "seed": 1,
+            "extra_body": {"ignore_eos": True},
+        }
+        stream = live.chat.completions.create(
+            model=NAME, messages=ask("Tell me a story."), stream=True, **body
+        )
+        for index, _ in enumerate(stream):
+            if index == 2:
+                break
+        stream.close()
+        while not aborted and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert aborted, "the request was not aborted"
+        reply = live.chat.completions.create(model=NAME, messages=ask("Hello!"), max_tokens=8)
+        assert reply.choices[0].message.content
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
