@@ -77,6 +77,45 @@ def client(http):
     return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http)
 
 
+@pytest.fixture(scope="module")
+def live(app):
+    """The app on uvicorn over a socket, as ``brisklm serve`` runs it: its base URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def aborted(llm, monkeypatch) -> list[str]:
+    """The ids of the requests aborted while the test runs."""
+    ids: list[str] = []
+    abort = llm._loop.abort
+    monkeypatch.setattr(llm._loop, "abort", lambda rid: (ids.append(rid), abort(rid)))
+    return ids
+
+
+def wait_for(condition, seconds: float = 30) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
 def ask(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
@@ -311,7 +350,28 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
             "stream: true",
         ),
         ({"messages": ask("x"), "top_logprobs": 2}, 400, "top_logprobs", "logprobs: true"),
-        ({"messages": ask("x"), "guided_regex": "(a"}, 400, None, "regex"),
+        ({"messages": ask("x"), "guided_regex": "(a"}, 400, "guided_regex", "regex"),
+        ({"messages": ask("x"), "guided_grammar": 5}, 400, "guided_grammar", "grammar"),
+        ({"messages": ask("x"), "max_completion_tokens": "5"}, 400, "max_completion_tokens", "max"),
+        ({"messages": ask("x"), "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", "50"),
+        (
+            {
+                "messages": ask("x"),
+                "response_format": {"type": "json_schema", "schema": {"type": "nonsense"}},
+            },
+            400,
+            "response_format",
+            "schema",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": 5}]},
+            400,
+            "messages",
+            "a list of calls",
+        ),
+        ({"model": 5, "messages": ask("x")}, 400, "model", "a string"),
+        ({"messages": ask("x"), "n": True}, 400, "n", "n must be 1"),
+        ({"messages": ask("word " * 2000)}, 400, "messages", "context"),
     ],
 )
 def test_bad_chat_requests_get_openais_error_body(http, body, status, param, words) -> None:
@@ -338,44 +398,91 @@ def test_bad_bodies_and_paths(http) -> None:
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is not None
 
 
-def test_a_client_that_leaves_a_stream_aborts_its_request(app, llm, monkeypatch) -> None:
-    """Over a real socket (uvicorn, as ``brisklm serve`` runs it): a client that closes a stream
-    early aborts its request in the engine, which goes on serving."""
-    import threading
-    import time
+def test_a_client_that_leaves_a_stream_aborts_its_request(live, aborted) -> None:
+    """Over a real socket: a client that closes a stream early aborts its request in the engine,
+    which goes on serving."""
+    client = openai.OpenAI(base_url=live, api_key="unused")
+    body = {"max_tokens": 900, "temperature": 0.9, "seed": 1, "extra_body": {"ignore_eos": True}}
+    stream = client.chat.completions.create(
+        model=NAME, messages=ask("Tell me a story."), stream=True, **body
+    )
+    for index, _ in enumerate(stream):
+        if index == 2:
+            break
+    stream.close()
+    assert wait_for(lambda: aborted), "the request was not aborted"
+    reply = client.chat.completions.create(model=NAME, messages=ask("Hello!"), max_tokens=8)
+    assert reply.choices[0].message.content
 
-    import uvicorn
 
-    aborted: list[str] = []
-    abort = llm._loop.abort
-    monkeypatch.setattr(llm._loop, "abort", lambda rid: (aborted.append(rid), abort(rid)))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        live = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-        body = {
-            "max_tokens": 900,
-            "temperature": 0.9,
-            "seed": 1,
-            "extra_body": {"ignore_eos": True},
-        }
-        stream = live.chat.completions.create(
-            model=NAME, messages=ask("Tell me a story."), stream=True, **body
+def test_a_failure_after_the_request_was_taken_is_a_server_error(http, llm, monkeypatch) -> None:
+    async def fail(requests):
+        raise ValueError("the engine broke")
+
+    monkeypatch.setattr(llm, "arun_requests", fail)
+    response = http.post("/v1/chat/completions", json={"messages": ask("Hello!")})
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "the engine broke",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+
+
+def test_prompt_logprobs_carry_their_alternatives(http) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 1, "prompt_logprobs": 2}
+    entries = http.post("/v1/completions", json=body).json()["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None
+    for entry in entries[1:]:
+        tops = entry["top_logprobs"]
+        assert len(tops) == 2 and tops[0]["logprob"] >= tops[1]["logprob"]
+        assert entry["rank"] >= 1 and (
+            entry["rank"] > 2 or entry["token_id"] in {t["token_id"] for t in tops}
         )
-        for index, _ in enumerate(stream):
-            if index == 2:
-                break
-        stream.close()
-        while not aborted and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert aborted, "the request was not aborted"
-        reply = live.chat.completions.create(model=NAME, messages=ask("Hello!"), max_tokens=8)
-        assert reply.choices[0].message.content
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+
+
+def test_a_reply_cut_inside_a_call_holds_no_markup(client) -> None:
+    """max_tokens ends the reply inside its second call: the first call stands, the cut one is
+    dropped (its markup is no content), and the finish reason says "length"; streamed alike."""
+    tools = [WEATHER]
+    messages = ask("What's the weather in Paris and in Rome?")
+    whole = client.chat.completions.create(model=NAME, messages=messages, tools=tools)
+    (first, second) = whole.choices[0].message.tool_calls  # (two calls when not cut)
+    full = whole.usage.completion_tokens
+    cut = client.chat.completions.create(
+        model=NAME, messages=messages, tools=tools, max_tokens=full - 4
+    )
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length"
+    assert "<tool_call>" not in (choice.message.content or "")
+    assert [c.function.arguments for c in choice.message.tool_calls] == [first.function.arguments]
+    streamed = client.chat.completions.create(
+        model=NAME, messages=messages, tools=tools, max_tokens=full - 4, stream=True
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert "<tool_call>" not in content
+
+
+def test_without_max_tokens_a_reply_may_fill_the_context(http, llm, monkeypatch) -> None:
+    """A checkpoint whose generation_config.json sets no max_new_tokens: a request without
+    max_tokens may run to the end of the context, as OpenAI's do."""
+    defaults = {k: v for k, v in llm.sampling_defaults.items() if k != "max_tokens"}
+    monkeypatch.setattr(llm, "sampling_defaults", defaults)
+    body = {"prompt": "Once upon a time", "ignore_eos": True}
+    reply = http.post("/v1/completions", json=body).json()
+    usage = reply["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == llm.max_seq_len
+    assert reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_client_that_leaves_before_the_reply_aborts_its_request(live, aborted) -> None:
+    """Over a real socket: a non-streamed request whose client times out is aborted."""
+    hasty = openai.OpenAI(base_url=live, api_key="unused", timeout=0.05, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        hasty.completions.create(
+            model=NAME, prompt="Once upon a time", max_tokens=900, extra_body={"ignore_eos": True}
+        )
+    assert wait_for(lambda: aborted), "the request was not aborted"
+    client = openai.OpenAI(base_url=live, api_key="unused")
+    assert client.completions.create(model=NAME, prompt="Hello", max_tokens=4).choices[0].text

@@ -6,10 +6,11 @@ thread, batched together; a streamed request whose client goes away is aborted."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,14 +22,23 @@ from brisklm.constrained import ConstraintError
 from brisklm.engine.request import Request
 from brisklm.llm import LLM
 from brisklm.offload import run_off_loop
-from brisklm.outputs import StreamChunk
+from brisklm.outputs import ChatOutput, StreamChunk
+from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
-from brisklm.tool_calls import ContentDelta, ToolCallComplete, turn_finish_reason
+from brisklm.tool_calls import (
+    ContentDelta,
+    ToolCallComplete,
+    turn_finish_reason,
+    unclosed_block_start,
+)
+from brisklm.tool_formats import ToolCallFormat
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
+T = TypeVar("T")
+_GONE = Response(status_code=499)  # (nobody reads it: the client has gone)
 
 
 def build_app(llm: LLM, model_name: str) -> Starlette:
@@ -37,6 +47,7 @@ def build_app(llm: LLM, model_name: str) -> Starlette:
     routes = [
         Route("/health", server.health, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", _answering_errors(server.model), methods=["GET"]),
         Route("/v1/completions", _answering_errors(server.completions), methods=["POST"]),
         Route("/v1/chat/completions", _answering_errors(server.chat), methods=["POST"]),
     ]
@@ -56,13 +67,45 @@ def _error_response(error: ApiError) -> JSONResponse:
 
 
 def _as_api_error(error: Exception) -> ApiError:
-    """A request's failure as the client sees it: its own mistakes 400, the engine's 500."""
+    """A request's failure as the client sees it: its own mistakes (found while it is prepared,
+    ``_refused``) as they were raised, any later failure 500."""
     if isinstance(error, ApiError):
         return error
-    if isinstance(error, (ValueError, TypeError, ConstraintError)):
-        return ApiError(str(error))
     logger.error("request failed", exc_info=error)
     return ApiError(str(error) or type(error).__name__, status=500, kind="server_error")
+
+
+def _refused(error: Exception, param: str | None) -> ApiError:
+    """A mistake in a request, found while preparing it (a prompt too long for the context, a
+    grammar that does not compile, a token id past the vocabulary): 400, naming ``param``."""
+    if isinstance(error, ApiError):
+        return error
+    code = "context_length_exceeded" if "context" in str(error) else None
+    return ApiError(str(error), param=param, code=code)
+
+
+async def _disconnected(http: HttpRequest) -> None:
+    """Returns once the client has gone (its request body already read)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None once the client has gone; the work is then cancelled (which
+    aborts its requests in the engine), as a stream's is when its client goes."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(http))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        logger.info("the client left before its reply: its request was aborted")
+        return None
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
 
 
 def _answering_errors(handler: Handler) -> Handler:
@@ -82,6 +125,16 @@ def _sse(data: dict[str, Any]) -> str:
 _DONE = "data: [DONE]\n\n"
 
 
+def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) -> ChatOutput:
+    """A Hermes reply cut inside a call block: its content and calls before that block (the
+    block's text, markup included, was content); other formats' cut replies already read so."""
+    start = unclosed_block_start(text) if format.name == "hermes" else -1
+    if start < 0:
+        return turn
+    content, calls = format.parse(text[:start])
+    return dataclasses.replace(turn, content=content.strip(), tool_calls=calls)
+
+
 class _Server:
     def __init__(self, llm: LLM, model_name: str) -> None:
         self.llm = llm
@@ -91,14 +144,21 @@ class _Server:
         return JSONResponse({"status": "ok"})
 
     async def models(self, request: HttpRequest) -> Response:
-        model = {
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: HttpRequest) -> Response:
+        name = request.path_params["model"]
+        protocol.check_model({"model": name}, self.model_name)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
             "id": self.model_name,
             "object": "model",
             "created": 0,
             "owned_by": "brisklm",
             "max_model_len": self.llm.max_seq_len,
         }
-        return JSONResponse({"object": "list", "data": [model]})
 
     # ------------------------------------------------------------------------ completions
     async def completions(self, http: HttpRequest) -> Response:
@@ -106,7 +166,9 @@ class _Server:
         plan, requests = await run_off_loop(self._prepare_completion, body)
         if plan.options.stream:
             return self._stream(self._completion_events(plan, requests))
-        outputs = await self.llm.arun_requests(requests)
+        outputs = await _unless_disconnected(http, self.llm.arun_requests(requests))
+        if outputs is None:
+            return _GONE
         response = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
         response["choices"] = [
             protocol.completion_choice(
@@ -120,13 +182,33 @@ class _Server:
 
     def _prepare_completion(self, body: dict[str, Any]) -> tuple[CompletionRequest, list[Request]]:
         plan = protocol.completion_request(self.llm, body, self.model_name)
-        requests = [self.llm.make_request(prompt, plan.params) for prompt in plan.prompts]
+        requests = []
+        for prompt in plan.prompts:
+            try:
+                ids = self.llm.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+                params = self._with_room(plan.params, body, len(ids))
+                requests.append(self.llm.make_request(ids, params))
+            except (ValueError, TypeError, ConstraintError) as error:
+                constraint = isinstance(error, ConstraintError)
+                raise _refused(error, plan.constraint_field if constraint else "prompt") from None
         return plan, requests
+
+    def _with_room(
+        self, params: SamplingParams, body: dict[str, Any], prompt_len: int
+    ) -> SamplingParams:
+        """OpenAI's default for a request without max_tokens: the rest of the context (unless
+        the checkpoint's generation_config.json sets max_new_tokens, which vLLM follows too)."""
+        given = any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens"))
+        if given or "max_tokens" in self.llm.sampling_defaults:
+            return params
+        return params.with_changes(max_tokens=max(1, self.llm.max_seq_len - prompt_len))
 
     async def _completion_events(
         self, plan: CompletionRequest, requests: list[Request]
     ) -> AsyncIterator[str]:
         head = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
+        if plan.options.include_usage:
+            head["usage"] = None  # (as OpenAI's chunks before the last)
         usages = []
         async for index, chunk in self._merged_streams(requests):
             choice = protocol.completion_choice(
@@ -183,8 +265,13 @@ class _Server:
         plan, request = await run_off_loop(self._prepare_chat, body)
         if plan.options.stream:
             return self._stream(self._chat_events(plan, request))
-        (output,) = await self.llm.arun_requests([request])
+        outputs = await _unless_disconnected(http, self.llm.arun_requests([request]))
+        if outputs is None:
+            return _GONE
+        (output,) = outputs
         turn = LLM.chat_output(output, plan.tool_format)
+        if plan.tool_format is not None and plan.tool_format.ended_inside_call(output.text):
+            turn = _before_the_cut_call(turn, plan.tool_format, output.text)
         message: dict[str, Any] = {"role": "assistant", "content": turn.content}
         if turn.tool_calls:
             message["content"] = turn.content or None
@@ -205,13 +292,21 @@ class _Server:
 
     def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, Request]:
         plan = protocol.chat_request(self.llm, body, self.model_name)
-        ids = self.llm.chat_prompt_ids(plan.messages, plan.tools)
-        return plan, self.llm.make_request(ids, plan.params)
+        try:
+            ids = self.llm.chat_prompt_ids(plan.messages, plan.tools)
+            params = self._with_room(plan.params, body, len(ids))
+            return plan, self.llm.make_request(ids, params)
+        except (ValueError, TypeError, ConstraintError) as error:
+            constraint = isinstance(error, ConstraintError)
+            raise _refused(error, plan.constraint_field if constraint else "messages") from None
 
     async def _chat_events(self, plan: ChatRequest, request: Request) -> AsyncIterator[str]:
         head = protocol.envelope(
             "chat.completion.chunk", protocol.new_id("chatcmpl"), self.model_name
         )
+
+        if plan.options.include_usage:
+            head["usage"] = None  # (as OpenAI's chunks before the last)
 
         def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -228,7 +323,12 @@ class _Server:
             else:
                 events = parser.feed(piece.text)
                 if piece.finished:
-                    events += parser.finish()
+                    last = parser.finish()
+                    if format is not None and format.ended_inside_call("".join(text)):
+                        # The call it ended inside is no content (OpenAI's never holds calls'
+                        # markup); the finish reason says the reply was cut.
+                        last = [e for e in last if not isinstance(e, ContentDelta)]
+                    events += last
             content = "".join(e.text for e in events if isinstance(e, ContentDelta))
             calls = [
                 protocol.tool_call_dict(e.call, e.index)

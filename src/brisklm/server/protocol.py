@@ -9,7 +9,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from brisklm.openai_format import chat_logprobs, completion_logprobs, response_format_schema
@@ -129,6 +129,8 @@ def check_fields(body: Mapping[str, Any], allowed: frozenset[str], endpoint: str
 def check_model(body: Mapping[str, Any], served: str) -> None:
     """A request may name the served model, or no model."""
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(f"model must be a string, got {model!r}", param="model")
     if model is not None and model != served:
         raise ApiError(
             f"the model {model!r} does not exist here; this server serves {served!r}",
@@ -162,10 +164,12 @@ def stream_options(body: Mapping[str, Any]) -> StreamOptions:
         return StreamOptions(stream)
     if not stream:
         raise ApiError("stream_options is only allowed with stream: true", param="stream_options")
-    unknown = sorted(set(options) - {"include_usage"})
+    # (include_obfuscation pads OpenAI's chunks against side channels: nothing to pad here)
+    unknown = sorted(set(options) - {"include_usage", "include_obfuscation"})
     if unknown:
         raise ApiError(
-            f"stream_options has an unknown key {unknown[0]!r}; supported: include_usage",
+            f"stream_options has an unknown key {unknown[0]!r}; supported: include_usage, "
+            "include_obfuscation",
             param="stream_options",
         )
     include = options.get("include_usage", False)
@@ -182,7 +186,7 @@ def sampling_changes(
 ) -> dict[str, Any]:
     """The SamplingParams fields a request sets (values are checked by SamplingParams)."""
     n = body.get("n")
-    if n is not None and n != 1:
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise ApiError(
             f"n must be 1 (one completion per prompt; several are not supported yet), got {n!r}",
             param="n",
@@ -216,33 +220,34 @@ def sampling_changes(
                 f"logit_bias keys must be token ids (integers as strings), got {sorted(bias)!r}",
                 param="logit_bias",
             ) from None
-    constraints = {
-        "guided_json": "json_schema",
-        "guided_regex": "regex",
-        "guided_choice": "choice",
-        "guided_grammar": "grammar",
-    }
-    for name, option in constraints.items():
+    for option, name in CONSTRAINT_FIELDS.items():
         if body.get(name) is not None:
             changes[option] = body[name]
     return changes
 
 
-def make_params(llm: LLM, changes: dict[str, Any]) -> SamplingParams:
+def make_params(
+    llm: LLM, changes: dict[str, Any], fields: Mapping[str, str] | None = None
+) -> SamplingParams:
     """The request's SamplingParams over the model's defaults; a bad value is an ApiError that
-    names it."""
+    names the request's field (``fields``: SamplingParams field -> request field, where they
+    differ)."""
     try:
         return llm.default_sampling_params(**changes)
     except (ValueError, TypeError) as error:
-        raise ApiError(str(error), param=_named_field(str(error), changes)) from None
+        named = re.match(r"(?:SamplingParams\.)?(\w+)", str(error))
+        name = named.group(1) if named and named.group(1) in changes else None
+        names = {**CONSTRAINT_FIELDS, **(fields or {})}
+        raise ApiError(str(error), param=names.get(name, name) if name else None) from None
 
 
-def _named_field(message: str, changes: Mapping[str, Any]) -> str | None:
-    """The request field a SamplingParams error names ("SamplingParams.top_p=2 is invalid")."""
-    named = re.match(r"(?:SamplingParams\.)?(\w+)", message)
-    name = named.group(1) if named else None
-    aliases = {"json_schema": "guided_json", "regex": "guided_regex", "choice": "guided_choice"}
-    return aliases.get(name, name) if name in changes else None  # type: ignore[arg-type]
+# The SamplingParams constraint options and the request fields (vLLM's) that give them.
+CONSTRAINT_FIELDS = {
+    "json_schema": "guided_json",
+    "regex": "guided_regex",
+    "choice": "guided_choice",
+    "grammar": "guided_grammar",
+}
 
 
 # ------------------------------------------------------------------------------ completions
@@ -253,6 +258,8 @@ class CompletionRequest:
     prompts: list[str | list[int]]
     params: SamplingParams
     options: StreamOptions
+    # The request field that gave the constraint (a grammar that fails to compile names it).
+    constraint_field: str | None = None
 
 
 def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> CompletionRequest:
@@ -273,7 +280,12 @@ def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> Comple
         changes["logprobs"] = logprobs
     if body.get("prompt_logprobs") is not None:
         changes["prompt_logprobs"] = body["prompt_logprobs"]
-    return CompletionRequest(prompts, make_params(llm, changes), stream_options(body))
+    return CompletionRequest(
+        prompts,
+        make_params(llm, changes),
+        stream_options(body),
+        next((CONSTRAINT_FIELDS[k] for k in CONSTRAINT_FIELDS if k in changes), None),
+    )
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:
@@ -311,11 +323,22 @@ def completion_choice(
         "finish_reason": finish_reason,
     }
     if prompt_logprobs is not None:
-        choice["prompt_logprobs"] = [
-            None if e is None else {"token": e.token, "logprob": e.logprob, "rank": e.rank}
-            for e in prompt_logprobs
-        ]
+        choice["prompt_logprobs"] = [None if e is None else _entry(e) for e in prompt_logprobs]
     return choice
+
+
+def _entry(entry: TokenLogprob) -> dict[str, Any]:
+    """A prompt token's logprob entry (brisklm's extension): the token, its logprob and rank, and
+    the most likely tokens there."""
+    return {
+        "token_id": entry.token_id,
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "rank": entry.rank,
+        "top_logprobs": [
+            {"token_id": t.token_id, "token": t.token, "logprob": t.logprob} for t in entry.top
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------------- chat
@@ -330,7 +353,8 @@ class ChatRequest:
     # The model's tool-call format where its reply may hold calls (None: text only).
     tool_format: ToolCallFormat | None
     logprobs: bool = False
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The request field that gave the constraint (a grammar that fails to compile names it).
+    constraint_field: str | None = None
 
 
 def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
@@ -348,6 +372,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     changes = sampling_changes(body, field_name)
+    fields = {"max_tokens": field_name, "logprobs": "top_logprobs"}
     wants_logprobs = _get(body, "logprobs", bool, "true or false") or False
     top = body.get("top_logprobs")
     if top is not None:
@@ -360,6 +385,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             )
     if wants_logprobs:
         changes["logprobs"] = top or 0
+    constraint_field = next((CONSTRAINT_FIELDS[k] for k in CONSTRAINT_FIELDS if k in changes), None)
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), [t["function"]["name"] for t in tools or []])
     parallel = _get(body, "parallel_tool_calls", bool, "true or false")
@@ -394,19 +420,24 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             )
         except ValueError as error:
             raise ApiError(str(error), param="tools") from None
+        constraint_field = "tools"
         if mode != "none":
             tool_format = format
             if format.keeps_special_tokens:
                 changes["skip_special_tokens"] = False  # the calls' tag is a special token
     elif answer is not None:
         changes["json_schema"] = answer
+        constraint_field = "response_format"
+    if constraint_field in ("tools", "response_format"):
+        fields[next(k for k in CONSTRAINT_FIELDS if k in changes)] = constraint_field
     return ChatRequest(
         messages=messages,
         tools=tools,
-        params=make_params(llm, changes),
+        params=make_params(llm, changes, fields),
         options=stream_options(body),
         tool_format=tool_format,
         logprobs=wants_logprobs,
+        constraint_field=constraint_field,
     )
 
 
@@ -433,6 +464,8 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             "content": _content(message.get("content"), where),
         }
         calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise ApiError(f"{where}.tool_calls must be a list of calls", param="messages")
         if calls:
             if role != "assistant":
                 raise ApiError(
