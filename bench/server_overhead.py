@@ -1,6 +1,7 @@
-"""What ``brisklm serve`` costs over the Python API, in one run: the same chat requests through
-uvicorn and OpenAI's Python client (HTTP, JSON, the server's request reading, SSE), and through
-``LLM.chat`` / ``LLM.stream_chat`` / ``LLM.achat`` on the same loaded engine.
+"""What ``brisklm serve`` costs over the Python API, in one run: the same chat requests through a
+``brisklm serve`` process and OpenAI's Python client here (HTTP, JSON, the server's request
+reading, SSE, the client's parsing), and through ``LLM.chat`` / ``LLM.stream_chat`` /
+``LLM.achat`` on the same model loaded here (the two engines take turns, never run together).
 
 Greedy, a fixed number of tokens per reply (``ignore_eos``), so both sides generate the same
 tokens (checked); tokens/s of each way, median over ``--rounds`` rounds that alternate them, and
@@ -15,17 +16,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
+import socket
 import statistics
-import threading
+import subprocess
+import sys
 import time
+import urllib.request
 
 import openai
 import torch
-import uvicorn
 from langchain_overhead import PROMPTS  # (the same chat requests)
 
 from brisklm import LLM
-from brisklm.server.app import build_app
 
 NAME = "brisk-chat"
 
@@ -34,15 +36,22 @@ def ask(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-def start_server(llm: LLM) -> tuple[uvicorn.Server, threading.Thread, int]:
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(llm, NAME), host="127.0.0.1", port=0, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, thread, server.servers[0].sockets[0].getsockname()[1]
+def start_server(max_batch_size: int) -> tuple[subprocess.Popen, int]:
+    """``brisklm serve`` on a free port, once it answers /health."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "brisklm", "serve", "--port", str(port)]
+    process = subprocess.Popen([*command, "--max-batch-size", str(max_batch_size)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return process, port
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("brisklm serve did not start")
 
 
 def main() -> None:
@@ -53,7 +62,7 @@ def main() -> None:
     llm = LLM.from_pretrained(None, max_batch_size=8, show_progress=False)
     params = llm.default_sampling_params(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     body = {"temperature": 0, "max_tokens": args.max_tokens, "extra_body": {"ignore_eos": True}}
-    server, thread, port = start_server(llm)
+    server, port = start_server(max_batch_size=8)
     base = f"http://127.0.0.1:{port}/v1"
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
     aclient = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
@@ -106,6 +115,13 @@ def main() -> None:
     )
     print(f"{'way':26s} {'Python API':>12s} {'server':>12s} {'server/API':>11s}")
     try:
+        for _ in range(20):  # (warm)
+            client.models.list()
+        start = time.perf_counter()
+        for _ in range(200):
+            client.models.list()
+        floor = (time.perf_counter() - start) / 200
+        print(f"an HTTP round trip through the client (GET /v1/models): {floor * 1000:.2f} ms")
         for label, (direct, served) in ways.items():
             assert direct() == served(), f"{label}: the replies differ"  # (and a warm-up)
             times: dict[str, list[float]] = {"api": [], "server": []}
@@ -116,10 +132,16 @@ def main() -> None:
                     times[key].append(time.perf_counter() - start)
             api = tokens / statistics.median(times["api"])
             served_rate = tokens / statistics.median(times["server"])
-            print(f"{label:26s} {api:9.0f} t/s {served_rate:9.0f} t/s {served_rate / api:10.2f}x")
+            extra = (statistics.median(times["server"]) - statistics.median(times["api"])) / len(
+                PROMPTS
+            )
+            print(
+                f"{label:26s} {api:9.0f} t/s {served_rate:9.0f} t/s {served_rate / api:10.2f}x"
+                f"  (+{extra * 1000:.1f} ms a request)"
+            )
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        server.terminate()
+        server.wait(timeout=30)
         loop.close()
         llm.close()
 
