@@ -486,3 +486,15 @@ def test_a_client_that_leaves_before_the_reply_aborts_its_request(live, aborted)
     assert wait_for(lambda: aborted), "the request was not aborted"
     client = openai.OpenAI(base_url=live, api_key="unused")
     assert client.completions.create(model=NAME, prompt="Hello", max_tokens=4).choices[0].text
+
+
+def test_the_readmes_example_runs(live) -> None:
+    """The README's client example, against the app on a socket (its URL for the README's)."""
+    from tests.readme_examples import python_blocks
+
+    (block,) = python_blocks("OpenAI-compatible server")
+    assert "http://127.0.0.1:8000/v1" in block
+    namespace: dict = {}
+    exec(compile(block.replace("http://127.0.0.1:8000/v1", live), "README.md", "exec"), namespace)
+    reply = namespace["reply"]
+    assert reply.choices[0].message.content and reply.model == NAME
