@@ -114,8 +114,11 @@ def test_sampling_fields_map_to_sampling_params() -> None:
     with pytest.raises(ApiError, match="token ids") as error:
         protocol.sampling_changes({"logit_bias": {"a": 1}})
     assert error.value.param == "logit_bias"
-    with pytest.raises(ApiError, match="n must be 1"):
-        protocol.sampling_changes({"n": 3})
+    assert protocol.choices_wanted({"n": 3}) == 3 and protocol.choices_wanted({}) == 1
+    for bad in (0, 129, 2.0, True, "2"):
+        with pytest.raises(ApiError, match="n must be") as error:
+            protocol.choices_wanted({"n": bad})
+        assert error.value.param == "n"
 
 
 def test_stream_options() -> None:
@@ -126,3 +129,25 @@ def test_stream_options() -> None:
         protocol.stream_options({"stream": True, "stream_options": {"usage": True}})
     with pytest.raises(ApiError, match="true or false"):
         protocol.stream_options({"stream": "yes"})
+
+
+def test_a_seeded_requests_choices_draw_with_seeds_of_their_own() -> None:
+    from brisklm import SamplingParams
+    from brisklm.sampling.params import MAX_SEED
+
+    params = SamplingParams(temperature=0.8, seed=MAX_SEED - 1)
+    assert [p.seed for p in protocol.choice_params(params, 3)] == [
+        MAX_SEED - 1,
+        MAX_SEED,
+        -(2**64) + MAX_SEED + 1,
+    ]
+    unseeded = SamplingParams(temperature=0.8)
+    assert protocol.choice_params(unseeded, 2) == [unseeded, unseeded]
+
+
+def test_usage_counts_each_prompt_once() -> None:
+    from brisklm.outputs import Usage
+
+    usages = [Usage(10, 3, 0), Usage(10, 5, 8), Usage(4, 1, 0), Usage(4, 2, 3)]
+    assert protocol.choices_usage(usages, 2) == Usage(14, 11, 0)
+    assert protocol.choices_usage(usages, 1) == Usage(28, 11, 11)

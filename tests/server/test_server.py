@@ -317,7 +317,7 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
         ({"messages": ask("x"), "temperature": -1}, 400, "temperature", "temperature"),
         ({"messages": ask("x"), "top_p": 2}, 400, "top_p", "top_p"),
         ({"messages": ask("x"), "frobnicate": 1}, 400, "frobnicate", "unrecognized"),
-        ({"messages": ask("x"), "n": 2}, 400, "n", "n must be 1"),
+        ({"messages": ask("x"), "n": 0}, 400, "n", "n must be an integer in [1, 128]"),
         ({"messages": []}, 400, "messages", "non-empty"),
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "role"),
         (
@@ -370,7 +370,7 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
             "a list of calls",
         ),
         ({"model": 5, "messages": ask("x")}, 400, "model", "a string"),
-        ({"messages": ask("x"), "n": True}, 400, "n", "n must be 1"),
+        ({"messages": ask("x"), "n": True}, 400, "n", "n must be an integer"),
         ({"messages": ask("word " * 2000)}, 400, "messages", "context"),
     ],
 )
@@ -498,3 +498,36 @@ def test_the_readmes_example_runs(live) -> None:
     exec(compile(block.replace("http://127.0.0.1:8000/v1", live), "README.md", "exec"), namespace)
     reply = namespace["reply"]
     assert reply.choices[0].message.content and reply.model == NAME
+
+
+def test_n_choices_a_prompt(client, llm) -> None:
+    """n choices: a seeded request's choice i is what seed + i gives alone; the usage counts the
+    prompt once; streamed, each choice's deltas add up to its reply."""
+    body = {"temperature": 0.9, "seed": 5, "max_tokens": 16, "n": 3}
+    reply = client.chat.completions.create(model=NAME, messages=ask("Tell me a joke."), **body)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    params = llm.default_sampling_params(temperature=0.9, max_tokens=16)
+    turns = [llm.chat(ask("Tell me a joke."), params.with_changes(seed=5 + i)) for i in range(3)]
+    alone = [turn.content for turn in turns]
+    assert [c.message.content for c in reply.choices] == alone
+    assert reply.usage.prompt_tokens == turns[0].usage.prompt_tokens
+    assert reply.usage.completion_tokens == sum(t.usage.completion_tokens for t in turns)
+    texts = ["", "", ""]
+    finishes = [None, None, None]
+    for chunk in client.chat.completions.create(
+        model=NAME, messages=ask("Tell me a joke."), stream=True, **body
+    ):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == alone and finishes == [c.finish_reason for c in reply.choices]
+    completions = client.completions.create(
+        model=NAME, prompt=["Once upon a time", "Hello"], max_tokens=6, n=2, temperature=0.9, seed=1
+    )
+    assert [c.index for c in completions.choices] == [0, 1, 2, 3]
+    expected = [
+        llm.generate(p, llm.default_sampling_params(temperature=0.9, seed=1 + i, max_tokens=6)).text
+        for p in ("Once upon a time", "Hello")
+        for i in range(2)
+    ]
+    assert [c.text for c in completions.choices] == expected

@@ -135,6 +135,63 @@ def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) ->
     return dataclasses.replace(turn, content=content.strip(), tool_calls=calls)
 
 
+def _chat_choice(index: int, output: Any, format: ToolCallFormat | None) -> dict[str, Any]:
+    """A whole reply as a chat choice: its content and calls as ``LLM.chat`` reads them (less a
+    call it was cut inside)."""
+    turn = LLM.chat_output(output, format)
+    if format is not None and format.ended_inside_call(output.text):
+        turn = _before_the_cut_call(turn, format, output.text)
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if turn.tool_calls:
+        message["content"] = turn.content or None
+        message["tool_calls"] = [protocol.tool_call_dict(call) for call in turn.tool_calls]
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": protocol.chat_choice_logprobs(output.logprobs),
+        "finish_reason": turn.finish_reason,
+    }
+
+
+class _StreamedReply:
+    """One choice of a streamed chat reply: its engine chunks as deltas (content, and each tool
+    call whole once its block closes) and, at its end, its finish reason."""
+
+    def __init__(self, format: ToolCallFormat | None) -> None:
+        self.format = format
+        self.parser = format.stream_parser() if format is not None else None
+        self.text: list[str] = []
+
+    def take(self, piece: StreamChunk) -> tuple[dict[str, Any], str | None]:
+        self.text.append(piece.text)
+        format, parser = self.format, self.parser
+        cut = piece.finished and format is not None and format.ended_inside_call("".join(self.text))
+        if parser is None:
+            events: list[Any] = [ContentDelta(piece.text)] if piece.text else []
+        else:
+            events = parser.feed(piece.text)
+            if piece.finished:
+                last = parser.finish()
+                if cut:  # the call it ended inside is no content (OpenAI's holds no markup)
+                    last = [e for e in last if not isinstance(e, ContentDelta)]
+                events += last
+        delta: dict[str, Any] = {}
+        content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+        if content:
+            delta["content"] = content
+        calls = [
+            protocol.tool_call_dict(e.call, e.index)
+            for e in events
+            if isinstance(e, ToolCallComplete)
+        ]
+        if calls:
+            delta["tool_calls"] = calls
+        if not piece.finished:
+            return delta, None
+        called = parser is not None and parser.num_calls > 0
+        return delta, turn_finish_reason(piece.finish_reason, called, cut)
+
+
 class _Server:
     def __init__(self, llm: LLM, model_name: str) -> None:
         self.llm = llm
@@ -176,18 +233,19 @@ class _Server:
             )
             for i, out in enumerate(outputs)
         ]
-        usage = protocol.total_usage([out.usage for out in outputs])
+        usage = protocol.choices_usage([out.usage for out in outputs], plan.n)
         response["usage"] = protocol.usage_dict(usage)
         return JSONResponse(response)
 
     def _prepare_completion(self, body: dict[str, Any]) -> tuple[CompletionRequest, list[Request]]:
         plan = protocol.completion_request(self.llm, body, self.model_name)
-        requests = []
+        requests = []  # (prompt i's choice j is request i * n + j, as OpenAI orders them)
         for prompt in plan.prompts:
             try:
                 ids = self.llm.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
                 params = self._with_room(plan.params, body, len(ids))
-                requests.append(self.llm.make_request(ids, params))
+                for choice in protocol.choice_params(params, plan.n):
+                    requests.append(self.llm.make_request(ids, choice))
             except (ValueError, TypeError, ConstraintError) as error:
                 constraint = isinstance(error, ConstraintError)
                 raise _refused(error, plan.constraint_field if constraint else "prompt") from None
@@ -209,7 +267,7 @@ class _Server:
         head = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
         if plan.options.include_usage:
             head["usage"] = None  # (as OpenAI's chunks before the last)
-        usages = []
+        usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
         async for index, chunk in self._merged_streams(requests):
             choice = protocol.completion_choice(
                 index,
@@ -220,9 +278,11 @@ class _Server:
             )
             yield _sse({**head, "choices": [choice]})
             if chunk.usage is not None:
-                usages.append(chunk.usage)
+                usages[index] = chunk.usage
         if plan.options.include_usage:
-            usage = protocol.usage_dict(protocol.total_usage(usages))
+            usage = protocol.usage_dict(
+                protocol.choices_usage([u for u in usages if u is not None], plan.n)
+            )
             yield _sse({**head, "choices": [], "usage": usage})
 
     async def _merged_streams(
@@ -262,94 +322,64 @@ class _Server:
     # ------------------------------------------------------------------------------- chat
     async def chat(self, http: HttpRequest) -> Response:
         body = protocol.read_body(await http.body())
-        plan, request = await run_off_loop(self._prepare_chat, body)
+        plan, requests = await run_off_loop(self._prepare_chat, body)
         if plan.options.stream:
-            return self._stream(self._chat_events(plan, request))
-        outputs = await _unless_disconnected(http, self.llm.arun_requests([request]))
+            return self._stream(self._chat_events(plan, requests))
+        outputs = await _unless_disconnected(http, self.llm.arun_requests(requests))
         if outputs is None:
             return _GONE
-        (output,) = outputs
-        turn = LLM.chat_output(output, plan.tool_format)
-        if plan.tool_format is not None and plan.tool_format.ended_inside_call(output.text):
-            turn = _before_the_cut_call(turn, plan.tool_format, output.text)
-        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
-        if turn.tool_calls:
-            message["content"] = turn.content or None
-            message["tool_calls"] = [protocol.tool_call_dict(call) for call in turn.tool_calls]
         response = protocol.envelope(
             "chat.completion", protocol.new_id("chatcmpl"), self.model_name
         )
         response["choices"] = [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": protocol.chat_choice_logprobs(output.logprobs),
-                "finish_reason": turn.finish_reason,
-            }
+            _chat_choice(index, output, plan.tool_format) for index, output in enumerate(outputs)
         ]
-        response["usage"] = protocol.usage_dict(output.usage)
+        usage = protocol.choices_usage([out.usage for out in outputs], plan.n)
+        response["usage"] = protocol.usage_dict(usage)
         return JSONResponse(response)
 
-    def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, Request]:
+    def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, list[Request]]:
         plan = protocol.chat_request(self.llm, body, self.model_name)
         try:
             ids = self.llm.chat_prompt_ids(plan.messages, plan.tools)
             params = self._with_room(plan.params, body, len(ids))
-            return plan, self.llm.make_request(ids, params)
+            choices = protocol.choice_params(params, plan.n)
+            return plan, [self.llm.make_request(ids, p) for p in choices]
         except (ValueError, TypeError, ConstraintError) as error:
             constraint = isinstance(error, ConstraintError)
             raise _refused(error, plan.constraint_field if constraint else "messages") from None
 
-    async def _chat_events(self, plan: ChatRequest, request: Request) -> AsyncIterator[str]:
+    async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:
         head = protocol.envelope(
             "chat.completion.chunk", protocol.new_id("chatcmpl"), self.model_name
         )
-
         if plan.options.include_usage:
             head["usage"] = None  # (as OpenAI's chunks before the last)
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        def chunk(
+            index: int, delta: dict[str, Any], finish: Any = None, logprobs: Any = None
+        ) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return _sse({**head, "choices": [choice]})
 
-        yield chunk({"role": "assistant", "content": ""})
-        format = plan.tool_format
-        parser = format.stream_parser() if format is not None else None
-        text: list[str] = []
-        async for piece in self.llm.astream_request(request):
-            text.append(piece.text)
-            if parser is None:
-                events: list[Any] = [ContentDelta(piece.text)] if piece.text else []
-            else:
-                events = parser.feed(piece.text)
-                if piece.finished:
-                    last = parser.finish()
-                    if format is not None and format.ended_inside_call("".join(text)):
-                        # The call it ended inside is no content (OpenAI's never holds calls'
-                        # markup); the finish reason says the reply was cut.
-                        last = [e for e in last if not isinstance(e, ContentDelta)]
-                    events += last
-            content = "".join(e.text for e in events if isinstance(e, ContentDelta))
-            calls = [
-                protocol.tool_call_dict(e.call, e.index)
-                for e in events
-                if isinstance(e, ToolCallComplete)
-            ]
-            delta: dict[str, Any] = {}
-            if content:
-                delta["content"] = content
-            if calls:
-                delta["tool_calls"] = calls
+        for index in range(len(requests)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        replies = [_StreamedReply(plan.tool_format) for _ in requests]
+        usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
+        async for index, piece in self._merged_streams(requests):
+            delta, finish = replies[index].take(piece)
             logprobs = protocol.chat_choice_logprobs(piece.logprobs) if plan.logprobs else None
             if delta or (logprobs and logprobs["content"]):
-                yield chunk(delta, None, logprobs)
-            if piece.finished:
-                cut = format is not None and format.ended_inside_call("".join(text))
-                called = parser is not None and parser.num_calls > 0
-                yield chunk({}, turn_finish_reason(piece.finish_reason, called, cut))
-                if plan.options.include_usage and piece.usage is not None:
-                    usage = protocol.usage_dict(piece.usage)
-                    yield _sse({**head, "choices": [], "usage": usage})
+                yield chunk(index, delta, None, logprobs)
+            if finish is not None:
+                yield chunk(index, {}, finish)
+            if piece.usage is not None:
+                usages[index] = piece.usage
+        if plan.options.include_usage:
+            usage = protocol.usage_dict(
+                protocol.choices_usage([u for u in usages if u is not None], plan.n)
+            )
+            yield _sse({**head, "choices": [], "usage": usage})
 
     # -------------------------------------------------------------------------- streaming
     @staticmethod

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from brisklm.openai_format import chat_logprobs, completion_logprobs, response_format_schema
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
-from brisklm.sampling.params import MAX_LOGPROBS
+from brisklm.sampling.params import MAX_LOGPROBS, MAX_SEED
 
 if TYPE_CHECKING:
     from brisklm.llm import LLM
@@ -185,12 +185,6 @@ def sampling_changes(
     body: Mapping[str, Any], max_tokens_field: str = "max_tokens"
 ) -> dict[str, Any]:
     """The SamplingParams fields a request sets (values are checked by SamplingParams)."""
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise ApiError(
-            f"n must be 1 (one completion per prompt; several are not supported yet), got {n!r}",
-            param="n",
-        )
     changes: dict[str, Any] = {}
     if body.get(max_tokens_field) is not None:
         changes["max_tokens"] = body[max_tokens_field]
@@ -250,6 +244,32 @@ CONSTRAINT_FIELDS = {
 }
 
 
+MAX_N = 128  # choices a request may ask for (OpenAI's limit)
+
+
+def choices_wanted(body: Mapping[str, Any]) -> int:
+    """``n``: how many choices a prompt gets."""
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise ApiError(f"n must be an integer in [1, {MAX_N}], got {n!r}", param="n")
+    return n
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The params of a prompt's ``n`` choices: a seeded request's choice i draws with seed + i
+    (so the choices differ, and each is reproducible alone); unseeded ones draw in turn from the
+    default generator; greedy ones are alike."""
+    if params.seed is None or n == 1:
+        return [params] * n
+    return [params.with_changes(seed=_wrapped_seed(params.seed + i)) for i in range(n)]
+
+
+def _wrapped_seed(seed: int) -> int:
+    return seed - 2**64 if seed > MAX_SEED else seed
+
+
 # ------------------------------------------------------------------------------ completions
 
 
@@ -260,6 +280,7 @@ class CompletionRequest:
     options: StreamOptions
     # The request field that gave the constraint (a grammar that fails to compile names it).
     constraint_field: str | None = None
+    n: int = 1  # choices a prompt
 
 
 def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> CompletionRequest:
@@ -285,6 +306,7 @@ def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> Comple
         make_params(llm, changes),
         stream_options(body),
         next((CONSTRAINT_FIELDS[k] for k in CONSTRAINT_FIELDS if k in changes), None),
+        choices_wanted(body),
     )
 
 
@@ -355,6 +377,7 @@ class ChatRequest:
     logprobs: bool = False
     # The request field that gave the constraint (a grammar that fails to compile names it).
     constraint_field: str | None = None
+    n: int = 1  # choices
 
 
 def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
@@ -438,6 +461,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         tool_format=tool_format,
         logprobs=wants_logprobs,
         constraint_field=constraint_field,
+        n=choices_wanted(body),
     )
 
 
@@ -621,11 +645,14 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
     }
 
 
-def total_usage(usages: Sequence[Usage]) -> Usage:
+def choices_usage(usages: Sequence[Usage], n: int) -> Usage:
+    """A response's usage from its choices' (``n`` a prompt, in order, as many as finished): each
+    prompt counted once, as OpenAI counts it, with the cache hits its first choice had."""
+    firsts = usages[::n] if len(usages) % n == 0 else usages
     return Usage(
-        prompt_tokens=sum(u.prompt_tokens for u in usages),
+        prompt_tokens=sum(u.prompt_tokens for u in firsts),
         completion_tokens=sum(u.completion_tokens for u in usages),
-        cached_prompt_tokens=sum(u.cached_prompt_tokens for u in usages),
+        cached_prompt_tokens=sum(u.cached_prompt_tokens for u in firsts),
     )
 
 
