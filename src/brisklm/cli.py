@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch-size", type=int, default=8, help="requests decoded together at most (8)"
     )
     serve.add_argument(
+        "--api-key",
+        default=os.environ.get("BRISKLM_API_KEY"),
+        help="the key /v1 requests must send (Authorization: Bearer KEY; default: "
+        "$BRISKLM_API_KEY, else none checked)",
+    )
+    serve.add_argument(
         "--served-model-name",
         default=None,
         help="the model's name in the API (default: the model directory's name, or brisk-chat)",
@@ -428,7 +434,8 @@ def _run_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        uvicorn.run(build_app(llm, name), host=args.host, port=args.port, log_level="warning")
+        app = build_app(llm, name, api_key=args.api_key or None)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         llm.close()
     return 0

@@ -372,6 +372,7 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
         ({"model": 5, "messages": ask("x")}, 400, "model", "a string"),
         ({"messages": ask("x"), "n": True}, 400, "n", "n must be an integer"),
         ({"messages": ask("word " * 2000)}, 400, "messages", "context"),
+        ({"messages": ask("x"), "max_tokens": 5000}, 400, "max_tokens", "lower max_tokens"),
     ],
 )
 def test_bad_chat_requests_get_openais_error_body(http, body, status, param, words) -> None:
@@ -531,3 +532,26 @@ def test_n_choices_a_prompt(client, llm) -> None:
         for i in range(2)
     ]
     assert [c.text for c in completions.choices] == expected
+
+
+def test_an_api_key_guards_the_v1_routes(llm) -> None:
+    with TestClient(build_app(llm, NAME, api_key="s3cret")) as guarded:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            response = guarded.get("/v1/models", headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+        assert guarded.get("/health").status_code == 200  # (open, for load balancers)
+        keyed = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="s3cret", http_client=guarded
+        )
+        assert keyed.models.list().data[0].id == NAME
+        wrong = openai.OpenAI(base_url="http://testserver/v1", api_key="nope", http_client=guarded)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.chat.completions.create(model=NAME, messages=ask("Hello!"))
+
+
+def test_a_context_too_small_for_max_tokens_is_refused(http, llm) -> None:
+    body = {"messages": ask("Hello!"), "max_completion_tokens": llm.max_seq_len}
+    error = http.post("/v1/chat/completions", json=body).json()["error"]
+    assert error["param"] == "max_completion_tokens" and error["code"] == "context_length_exceeded"
+    assert f"context is {llm.max_seq_len} tokens" in error["message"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,9 +15,11 @@ from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brisklm.constrained import ConstraintError
 from brisklm.engine.request import Request
@@ -41,8 +44,9 @@ T = TypeVar("T")
 _GONE = Response(status_code=499)  # (nobody reads it: the client has gone)
 
 
-def build_app(llm: LLM, model_name: str) -> Starlette:
-    """The server's ASGI app for ``llm``, which it serves as ``model_name``."""
+def build_app(llm: LLM, model_name: str, api_key: str | None = None) -> Starlette:
+    """The server's ASGI app for ``llm``, which it serves as ``model_name``; with ``api_key``,
+    the ``/v1`` routes want it as a bearer token (``Authorization: Bearer KEY``), as OpenAI's."""
     server = _Server(llm, model_name)
     routes = [
         Route("/health", server.health, methods=["GET"]),
@@ -51,7 +55,34 @@ def build_app(llm: LLM, model_name: str) -> Starlette:
         Route("/v1/completions", _answering_errors(server.completions), methods=["POST"]),
         Route("/v1/chat/completions", _answering_errors(server.chat), methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    middleware = [Middleware(_RequireApiKey, key=api_key)] if api_key else []
+    return Starlette(
+        routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error}
+    )
+
+
+class _RequireApiKey:
+    """401 with OpenAI's error body for a ``/v1`` request without the key (``/health`` is
+    open, for load balancers)."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "no API key" if not given else "an API key that is not this server's"
+                error = ApiError(
+                    f"the request has {what}: send Authorization: Bearer <the key brisklm serve "
+                    "was started with>",
+                    status=401,
+                    code="invalid_api_key",
+                )
+                await _error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _http_error(request: HttpRequest, error: Exception) -> Response:
@@ -256,8 +287,17 @@ class _Server:
     ) -> SamplingParams:
         """OpenAI's default for a request without max_tokens: the rest of the context (unless
         the checkpoint's generation_config.json sets max_new_tokens, which vLLM follows too)."""
-        given = any(body.get(k) is not None for k in ("max_tokens", "max_completion_tokens"))
-        if given or "max_tokens" in self.llm.sampling_defaults:
+        names = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
+        context = self.llm.max_seq_len
+        if names and prompt_len + params.max_tokens > context:
+            raise ApiError(
+                f"the model's context is {context} tokens, and the request asks for "
+                f"{prompt_len + params.max_tokens} ({prompt_len} in the prompt, {params.max_tokens} "
+                f"for the reply): lower {names[0]} to at most {max(context - prompt_len, 0)}",
+                param=names[0],
+                code="context_length_exceeded",
+            )
+        if names or "max_tokens" in self.llm.sampling_defaults:
             return params
         return params.with_changes(max_tokens=max(1, self.llm.max_seq_len - prompt_len))
 
