@@ -169,18 +169,27 @@ def test_a_tool_call_comes_back_in_openais_shape(client) -> None:
 
 
 def test_a_streamed_tool_call_is_the_same_call(client) -> None:
+    """Streamed as OpenAI streams calls: a call's first delta has its id, type and name, the
+    next ones pieces of its arguments, which join to the whole reply's arguments."""
     messages = ask("What is the weather in Paris?")
     whole = client.chat.completions.create(model=NAME, messages=messages, tools=[WEATHER])
-    calls = {}
+    calls: dict[int, dict] = {}
     finish = None
     for chunk in client.chat.completions.create(
         model=NAME, messages=messages, tools=[WEATHER], stream=True
     ):
         for delta in chunk.choices[0].delta.tool_calls or []:
-            calls[delta.index] = (delta.function.name, json.loads(delta.function.arguments))
+            if delta.index not in calls:
+                assert delta.id and delta.type == "function" and delta.function.name
+                calls[delta.index] = {"id": delta.id, "name": delta.function.name, "args": ""}
+            else:
+                assert delta.id is None and delta.function.name is None
+            calls[delta.index]["args"] += delta.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
     (expected,) = whole.choices[0].message.tool_calls
-    assert calls == {0: (expected.function.name, json.loads(expected.function.arguments))}
+    (call,) = calls.values()
+    assert call["name"] == expected.function.name
+    assert json.loads(call["args"]) == json.loads(expected.function.arguments)
     assert finish == "tool_calls"
 
 

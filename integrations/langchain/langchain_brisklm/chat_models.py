@@ -34,6 +34,7 @@ from brisklm.engine.request import Request
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
+from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
@@ -49,7 +50,6 @@ from langchain_brisklm._structured import (
     WholePydanticToolsParser,
 )
 from langchain_brisklm._tools import (
-    ToolCallChunker,
     ToolChoice,
     check_parallel_tool_calls,
     cut_call_error,

@@ -29,12 +29,8 @@ from brisklm.outputs import ChatOutput, StreamChunk
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
-from brisklm.tool_calls import (
-    ContentDelta,
-    ToolCallComplete,
-    turn_finish_reason,
-    unclosed_block_start,
-)
+from brisklm.tool_call_chunks import CallChunk, ToolCallChunker
+from brisklm.tool_calls import turn_finish_reason, unclosed_block_start
 from brisklm.tool_formats import ToolCallFormat
 
 logger = logging.getLogger(__name__)
@@ -186,41 +182,44 @@ def _chat_choice(index: int, output: Any, format: ToolCallFormat | None) -> dict
 
 class _StreamedReply:
     """One choice of a streamed chat reply: its engine chunks as deltas (content, and each tool
-    call whole once its block closes) and, at its end, its finish reason."""
+    call's id and name once its name is whole, then its arguments piece by piece, as OpenAI
+    streams them) and, at its end, its finish reason."""
 
     def __init__(self, format: ToolCallFormat | None) -> None:
-        self.format = format
-        self.parser = format.stream_parser() if format is not None else None
-        self.text: list[str] = []
+        self.chunker = ToolCallChunker(format) if format is not None else None
 
     def take(self, piece: StreamChunk) -> tuple[dict[str, Any], str | None]:
-        self.text.append(piece.text)
-        format, parser = self.format, self.parser
-        cut = piece.finished and format is not None and format.ended_inside_call("".join(self.text))
-        if parser is None:
-            events: list[Any] = [ContentDelta(piece.text)] if piece.text else []
+        chunker = self.chunker
+        if chunker is None:
+            content, chunks = piece.text, []
         else:
-            events = parser.feed(piece.text)
-            if piece.finished:
-                last = parser.finish()
-                if cut:  # the call it ended inside is no content (OpenAI's holds no markup)
-                    last = [e for e in last if not isinstance(e, ContentDelta)]
-                events += last
+            content, chunks = chunker.feed(piece.text)
+            if piece.finished:  # (a call the reply ended inside is no content)
+                more_content, more_chunks = chunker.finish()
+                content += more_content
+                chunks += more_chunks
         delta: dict[str, Any] = {}
-        content = "".join(e.text for e in events if isinstance(e, ContentDelta))
         if content:
             delta["content"] = content
-        calls = [
-            protocol.tool_call_dict(e.call, e.index)
-            for e in events
-            if isinstance(e, ToolCallComplete)
-        ]
-        if calls:
-            delta["tool_calls"] = calls
+        if chunks:
+            delta["tool_calls"] = [_call_delta(chunk) for chunk in chunks]
         if not piece.finished:
             return delta, None
-        called = parser is not None and parser.num_calls > 0
+        called = chunker is not None and chunker.num_calls > 0
+        cut = chunker is not None and chunker.cut
         return delta, turn_finish_reason(piece.finish_reason, called, cut)
+
+
+def _call_delta(chunk: CallChunk) -> dict[str, Any]:
+    """A tool-call chunk as OpenAI's delta: the first of a call with its id, type and name."""
+    delta: dict[str, Any] = {"index": chunk["index"]}
+    if chunk["id"] is not None:
+        delta.update(id=chunk["id"], type="function")
+    function: dict[str, Any] = {"arguments": chunk["args"] or ""}
+    if chunk["name"] is not None:
+        function["name"] = chunk["name"]
+    delta["function"] = function
+    return delta
 
 
 class _Server:

@@ -9,9 +9,9 @@ import random
 import pytest
 from langchain_core.messages import AIMessageChunk
 
+from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._tools import (
-    ToolCallChunker,
     cut_call_error,
     normalize_tool_choice,
     parse_reply,

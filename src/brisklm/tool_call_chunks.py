@@ -1,0 +1,155 @@
+"""A streamed reply's tool calls as chunks: each call's index, id and name once its name is
+whole, then the pieces of its arguments JSON as the model writes them (the pieces joined are the
+arguments exactly). ChatBrisk's stream sends them as LangChain's ``tool_call_chunks`` (the
+chunks are that shape), and ``brisklm serve`` as OpenAI's ``tool_calls`` deltas."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from brisklm.tool_call_ids import new_tool_call_id
+from brisklm.tool_calls import (
+    TOOL_CALL_START,
+    ContentDelta,
+    ToolCallComplete,
+    ToolCallDelta,
+)
+from brisklm.tool_formats import ToolCallFormat
+
+# {"name", "args", "id", "index", "type": "tool_call_chunk"}: LangChain's ToolCallChunk.
+CallChunk = dict[str, Any]
+
+
+def call_chunk(
+    name: str | None = None,
+    args: str | None = None,
+    id: str | None = None,
+    index: int | None = None,
+) -> CallChunk:
+    return {"name": name, "args": args, "id": id, "index": index, "type": "tool_call_chunk"}
+
+
+# The start of a call as the grammar writes it, up to its arguments object.
+# It matches once the arguments have begun, so the whitespace before them is never an argument piece.
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+def _settled_arguments(text: str) -> str:
+    # The arguments end one "}" before the call's closing "}"; hold back a trailing "}" and the
+    # whitespace after it until the next piece shows whether it was the last.
+    text = text.rstrip()
+    return text[:-1] if text.endswith("}") else text
+
+
+@dataclass
+class _CallState:
+    raw: str = ""
+    id: str = field(default_factory=new_tool_call_id)
+    head_end: int | None = None
+    emitted: int = 0
+
+
+class ToolCallChunker:
+    """Turns generated text into message content and `tool_call_chunks`, as the text streams.
+
+    Each call gets a first chunk with its index, id and name once its name is complete, then
+    chunks with pieces of its arguments JSON; the pieces joined are the arguments exactly.
+    """
+
+    def __init__(self, tool_format: ToolCallFormat | None = None) -> None:
+        self._format = tool_format or ToolCallFormat()
+        self._parser = self._format.stream_parser()
+        self._calls: dict[int, _CallState] = {}
+        self._text = ""
+        self._num_calls_before_cut = 0
+        self.cut = False  # the reply ended inside a call (known at finish)
+
+    def feed(self, text: str) -> tuple[str, list[CallChunk]]:
+        self._text += text
+        return self._convert(self._parser.feed(text))
+
+    def finish(self) -> tuple[str, list[CallChunk]]:
+        self.cut = self._format.ended_inside_call(self._text)
+        events = self._parser.finish()
+        cut_calls = self._format.cut_calls(self._text)
+        if cut_calls is not None:
+            # Calls (llama3_json, mistral: parsed whole at the end) the reply ended inside: the
+            # content went out before them; the calls complete before the cut go out.
+            _, calls, _ = cut_calls
+            self._num_calls_before_cut = len(calls)
+            return "", [
+                self._complete(index, _CallState(), call)[0] for index, call in enumerate(calls)
+            ]
+        last = events[-1] if events else None
+        cut = isinstance(last, ContentDelta) and last.text.lstrip().startswith(TOOL_CALL_START)
+        if cut:
+            # A call the reply ended inside is not content, as in the reply's message (which
+            # lists it as invalid). Its chunks went out already once its name was complete; the
+            # merged chunks hold the partial call.
+            events = events[:-1]
+        return self._convert(events)
+
+    @property
+    def num_calls(self) -> int:
+        """Calls complete so far (a call cut by the reply's end is none)."""
+        return self._parser.num_calls + self._num_calls_before_cut
+
+    def _convert(self, events: list[Any]) -> tuple[str, list[CallChunk]]:
+        content: list[str] = []
+        chunks: list[CallChunk] = []
+        for event in events:
+            if isinstance(event, ContentDelta):
+                content.append(event.text)
+            elif isinstance(event, ToolCallDelta):
+                state = self._calls.setdefault(event.index, _CallState())
+                state.raw += event.text
+                chunks.extend(self._progress(event.index, state))
+            elif isinstance(event, ToolCallComplete):
+                state = self._calls.pop(event.index, _CallState())
+                chunks.extend(self._complete(event.index, state, event.call))
+        return "".join(content), _coalesce(chunks)
+
+    def _progress(self, index: int, state: _CallState) -> list[CallChunk]:
+        text = state.raw.lstrip()
+        out: list[CallChunk] = []
+        if state.head_end is None:
+            match = _CALL_HEAD.match(text)
+            if match is None:
+                return out
+            state.head_end = match.end()
+            name = json.loads(match.group(1))
+            out.append(call_chunk(name=name, args="", id=state.id, index=index))
+        settled = _settled_arguments(text[state.head_end :])
+        if len(settled) > state.emitted:
+            out.append(call_chunk(args=settled[state.emitted :], index=index))
+            state.emitted = len(settled)
+        return out
+
+    @staticmethod
+    def _complete(index: int, state: _CallState, call: Any) -> list[CallChunk]:
+        if (
+            state.head_end is None
+        ):  # not streamed (another format, or another layout): send it whole
+            args = json.dumps(call.arguments, ensure_ascii=False)
+            return [call_chunk(name=call.name, args=args, id=call.id, index=index)]
+        body = state.raw.strip()
+        arguments = body[state.head_end : -1].rstrip() if body.endswith("}") else ""
+        rest = arguments[state.emitted :]
+        return [call_chunk(args=rest, index=index)] if rest else []
+
+
+def _coalesce(chunks: list[CallChunk]) -> list[CallChunk]:
+    """One chunk per call index: a message whose chunk list repeats an index merges out of order."""
+    by_index: dict[int | None, CallChunk] = {}
+    for chunk in chunks:
+        first = by_index.get(chunk["index"])
+        if first is None:
+            by_index[chunk["index"]] = chunk
+        else:
+            first["args"] = (first["args"] or "") + (chunk["args"] or "")
+            first["name"] = first["name"] or chunk["name"]
+            first["id"] = first["id"] or chunk["id"]
+    return list(by_index.values())
