@@ -381,6 +381,7 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
         ({"model": 5, "messages": ask("x")}, 400, "model", "a string"),
         ({"messages": ask("x"), "n": True}, 400, "n", "n must be an integer"),
         ({"messages": ask("word " * 2000)}, 400, "messages", "context"),
+        ({"messages": ask("word " * 2000), "max_tokens": 3}, 400, "messages", "prompt"),
         ({"messages": ask("x"), "max_tokens": 5000}, 400, "max_tokens", "lower max_tokens"),
     ],
 )

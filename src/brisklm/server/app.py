@@ -288,7 +288,8 @@ class _Server:
         the checkpoint's generation_config.json sets max_new_tokens, which vLLM follows too)."""
         names = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
         context = self.llm.max_seq_len
-        if names and prompt_len + params.max_tokens > context:
+        # (a prompt that fills the context alone is refused as that, by make_request)
+        if names and prompt_len < context and prompt_len + params.max_tokens > context:
             raise ApiError(
                 f"the model's context is {context} tokens, and the request asks for "
                 f"{prompt_len + params.max_tokens} ({prompt_len} in the prompt, {params.max_tokens} "
