@@ -335,8 +335,18 @@ def test_an_interrupt_without_a_signal_stops_a_waiting_call(tiny_dir, call):
         tiny_dir, max_seq_len=4_096, show_progress=False, max_decode_steps=1
     ) as llm:
         request = llm.make_request("Hello", params)
-        timer = threading.Timer(0.2, _thread.interrupt_main)
-        timer.start()
+        stop = threading.Event()
+
+        def interrupt_once_decoding() -> None:
+            # Once the request decodes (a fixed delay lost the race on an idle machine, where
+            # the tiny model ran all 3,000 tokens in under 0.2 s).
+            while not stop.is_set() and len(request.output_token_ids) < 2:
+                time.sleep(0.0005)
+            if not stop.is_set():
+                _thread.interrupt_main()
+
+        watcher = threading.Thread(target=interrupt_once_decoding, daemon=True)
+        watcher.start()
         try:
             with pytest.raises(KeyboardInterrupt):
                 if call == "generate":
@@ -345,7 +355,8 @@ def test_an_interrupt_without_a_signal_stops_a_waiting_call(tiny_dir, call):
                     for _ in llm.stream_request(request):
                         pass
         finally:
-            timer.cancel()
+            stop.set()
+            watcher.join()
         # The abort is the engine thread's to carry out, before the next request's steps.
         after = llm.generate("Hello", SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(after.token_ids) == 4

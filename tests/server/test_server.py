@@ -399,8 +399,10 @@ def test_bad_bodies_and_paths(http) -> None:
     assert response.status_code == 400 and "JSON object" in response.json()["error"]["message"]
     response = http.post("/v1/completions", json={"prompt": [1, "a"]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
-    response = http.post("/v1/completions", json={"prompt": "a", "echo": True})
+    response = http.post("/v1/completions", json={"prompt": "a", "echo": 1})
     assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
+    response = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 0})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
     response = http.get("/v1/nothing")
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
     assert http.get("/health").json() == {"status": "ok"}
@@ -565,3 +567,33 @@ def test_a_context_too_small_for_max_tokens_is_refused(http, llm) -> None:
     error = http.post("/v1/chat/completions", json=body).json()["error"]
     assert error["param"] == "max_completion_tokens" and error["code"] == "context_length_exceeded"
     assert f"context is {llm.max_seq_len} tokens" in error["message"]
+
+
+def test_echo_scores_a_prompt_as_lm_eval_asks(client, llm) -> None:
+    """echo with logprobs and max_tokens 0 (lm-eval's loglikelihood request): the prompt's text
+    and its tokens' logprobs (the first None), no reply tokens; with max_tokens, the reply
+    follows the prompt, in text and logprobs; streamed alike."""
+    prompt = "The capital of France is Paris"
+    scored = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    choice = scored.choices[0]
+    expected = llm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=1))
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert scored.usage.completion_tokens == 0
+    assert scored.usage.prompt_tokens == len(expected.prompt_token_ids)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(expected.prompt_token_ids) and lp.token_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(
+        [e.logprob for e in expected.prompt_logprobs[1:]], abs=1e-5
+    )
+    assert lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:])
+    body = dict(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=0, temperature=0)
+    grown = client.completions.create(**body)
+    reply = llm.generate(prompt, SamplingParams(max_tokens=4, temperature=0, logprobs=0))
+    assert grown.choices[0].text == prompt + reply.text
+    assert len(grown.choices[0].logprobs.tokens) == len(expected.prompt_token_ids) + 4
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **body))
+    assert streamed == prompt + reply.text
+    plain = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True)
+    assert plain.choices[0].text == prompt + reply.text and plain.choices[0].logprobs is None

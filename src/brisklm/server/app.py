@@ -25,7 +25,7 @@ from brisklm.constrained import ConstraintError
 from brisklm.engine.request import Request
 from brisklm.llm import LLM
 from brisklm.offload import run_off_loop
-from brisklm.outputs import ChatOutput, StreamChunk
+from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
@@ -258,14 +258,53 @@ class _Server:
             return _GONE
         response = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
         response["choices"] = [
-            protocol.completion_choice(
-                i, out.text, out.logprobs, out.finish_reason, out.prompt_logprobs
-            )
-            for i, out in enumerate(outputs)
+            self._completion_choice(plan, i, request, out, first=True)
+            for i, (request, out) in enumerate(zip(requests, outputs, strict=True))
         ]
-        usage = protocol.choices_usage([out.usage for out in outputs], plan.n)
-        response["usage"] = protocol.usage_dict(usage)
+        usages = [self._usage(plan, out.usage) for out in outputs]
+        response["usage"] = protocol.usage_dict(protocol.choices_usage(usages, plan.n))
         return JSONResponse(response)
+
+    def _completion_choice(
+        self,
+        plan: CompletionRequest,
+        index: int,
+        request: Request,
+        out: GenerationOutput | StreamChunk,
+        first: bool,
+    ) -> dict[str, Any]:
+        """A whole output, or a stream's chunk of one (``first``: its first), as a choice; with
+        ``echo`` the first begins with the prompt's text and logprobs."""
+        text, logprobs, finish = out.text, out.logprobs, out.finish_reason
+        if plan.params.logprobs is None:
+            logprobs = None
+        if plan.no_output:  # (the one token decoded is not the reply's)
+            text, logprobs = "", None if logprobs is None else []
+            finish = None if finish is None else "length"
+        prompt_logprobs = out.prompt_logprobs if plan.prompt_logprobs else None
+        if not (plan.echo and first):
+            return protocol.completion_choice(index, text, logprobs, finish, prompt_logprobs)
+        prompt = plan.prompts[index // plan.n]
+        if not isinstance(prompt, str):
+            prompt = self.llm.tokenizer.decode(prompt, skip_special_tokens=False)
+        if logprobs is None:
+            return protocol.completion_choice(index, prompt + text, None, finish, prompt_logprobs)
+        table = self.llm.tokenizer.token_bytes()
+        first_token = table[request.prompt_token_ids[0]].decode("utf-8", "replace")
+        entries = [e for e in out.prompt_logprobs or [] if e is not None]
+        choice = protocol.echoed_choice(
+            index, prompt + text, first_token, entries, logprobs, finish
+        )
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = protocol.completion_choice(
+                index, "", None, None, prompt_logprobs
+            )["prompt_logprobs"]
+        return choice
+
+    @staticmethod
+    def _usage(plan: CompletionRequest, usage: Usage) -> Usage:
+        """With max_tokens 0, the one token decoded is not the reply's."""
+        return dataclasses.replace(usage, completion_tokens=0) if plan.no_output else usage
 
     def _prepare_completion(self, body: dict[str, Any]) -> tuple[CompletionRequest, list[Request]]:
         plan = protocol.completion_request(self.llm, body, self.model_name)
@@ -308,17 +347,14 @@ class _Server:
         if plan.options.include_usage:
             head["usage"] = None  # (as OpenAI's chunks before the last)
         usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
+        seen: set[int] = set()
         async for index, chunk in self._merged_streams(requests):
-            choice = protocol.completion_choice(
-                index,
-                chunk.text,
-                chunk.logprobs if plan.params.logprobs is not None else None,
-                chunk.finish_reason,
-                chunk.prompt_logprobs,
-            )
+            first = index not in seen
+            seen.add(index)
+            choice = self._completion_choice(plan, index, requests[index], chunk, first)
             yield _sse({**head, "choices": [choice]})
             if chunk.usage is not None:
-                usages[index] = chunk.usage
+                usages[index] = self._usage(plan, chunk.usage)
         if plan.options.include_usage:
             usage = protocol.usage_dict(
                 protocol.choices_usage([u for u in usages if u is not None], plan.n)

@@ -281,15 +281,25 @@ class CompletionRequest:
     # The request field that gave the constraint (a grammar that fails to compile names it).
     constraint_field: str | None = None
     n: int = 1  # choices a prompt
+    echo: bool = False  # the reply's text (and logprobs) begin with the prompt's
+    no_output: bool = False  # max_tokens 0 (with echo): the prompt alone
+    prompt_logprobs: bool = False  # the request asked for the prompt_logprobs extension
 
 
 def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> CompletionRequest:
     check_fields(body, COMPLETION_FIELDS, "/v1/completions")
     check_model(body, served)
-    for name, allowed in (("echo", (None, False)), ("suffix", (None,)), ("best_of", (None, 1))):
+    for name, allowed in (("suffix", (None,)), ("best_of", (None, 1))):
         if body.get(name) not in allowed:
             raise ApiError(f"{name} is not supported (only its default)", param=name)
     prompts = _prompts(body.get("prompt"))
+    echo = _get(body, "echo", bool, "true or false") or False
+    body = dict(body)
+    # max_tokens 0 with echo: the prompt's logprobs alone (lm-eval's loglikelihood requests);
+    # the engine decodes one token, which the reply leaves out.
+    no_output = echo and body.get("max_tokens") == 0 and not isinstance(body["max_tokens"], bool)
+    if no_output:
+        body["max_tokens"] = 1
     changes = sampling_changes(body)
     logprobs = body.get("logprobs")
     if logprobs is not None:
@@ -299,14 +309,26 @@ def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> Comple
                 param="logprobs",
             )
         changes["logprobs"] = logprobs
-    if body.get("prompt_logprobs") is not None:
-        changes["prompt_logprobs"] = body["prompt_logprobs"]
+    asked = body.get("prompt_logprobs")
+    if asked is not None:
+        changes["prompt_logprobs"] = asked
+    if echo and logprobs is not None:  # the echoed prompt's logprobs
+        if asked is not None and asked != logprobs:
+            raise ApiError(
+                "echo with logprobs reports the prompt's logprobs with logprobs' alternatives; "
+                "give prompt_logprobs the same count, or leave it out",
+                param="prompt_logprobs",
+            )
+        changes["prompt_logprobs"] = logprobs
     return CompletionRequest(
         prompts,
         make_params(llm, changes),
         stream_options(body),
         next((CONSTRAINT_FIELDS[k] for k in CONSTRAINT_FIELDS if k in changes), None),
         choices_wanted(body),
+        echo=echo,
+        no_output=no_output,
+        prompt_logprobs=asked is not None,
     )
 
 
@@ -347,6 +369,30 @@ def completion_choice(
     if prompt_logprobs is not None:
         choice["prompt_logprobs"] = [None if e is None else _entry(e) for e in prompt_logprobs]
     return choice
+
+
+def echoed_choice(
+    index: int,
+    text: str,
+    first_token: str,
+    prompt_entries: Sequence[TokenLogprob],
+    entries: Sequence[TokenLogprob],
+    finish_reason: str | None,
+) -> dict[str, Any]:
+    """A choice whose text begins with its prompt (``echo``), the logprobs too: the prompt's
+    first token has none (None, as OpenAI writes it), each other one its logprob given the
+    tokens before it."""
+    logprobs = completion_logprobs([*prompt_entries, *entries])
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": {
+            "tokens": [first_token, *logprobs["tokens"]],
+            "token_logprobs": [None, *logprobs["token_logprobs"]],
+            "top_logprobs": [None, *logprobs["top_logprobs"]],
+        },
+        "finish_reason": finish_reason,
+    }
 
 
 def _entry(entry: TokenLogprob) -> dict[str, Any]:
