@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server behind ``brisklm serve``: ``/v1/chat/completions`` (tools,
-``tool_choice``, ``response_format``, logprobs, streaming), ``/v1/completions``, ``/v1/models``
-and ``/health``, on Starlette (the ``server`` extra). Requests are decoded by the LLM's engine
-thread, batched together; a streamed request whose client goes away is aborted."""
+``tool_choice``, ``response_format``, logprobs, ``n``, streaming), ``/v1/completions`` (also
+``echo``), ``/v1/models`` and ``/health``, on Starlette (the ``server`` extra). Requests are
+decoded by the LLM's engine thread, batched together; a request whose client goes away, streamed
+or not, is aborted."""
 
 from __future__ import annotations
 
@@ -162,7 +163,9 @@ def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) ->
     return dataclasses.replace(turn, content=content.strip(), tool_calls=calls)
 
 
-def _chat_choice(index: int, output: Any, format: ToolCallFormat | None) -> dict[str, Any]:
+def _chat_choice(
+    index: int, output: GenerationOutput, format: ToolCallFormat | None
+) -> dict[str, Any]:
     """A whole reply as a chat choice: its content and calls as ``LLM.chat`` reads them (less a
     call it was cut inside)."""
     turn = LLM.chat_output(output, format)
