@@ -597,3 +597,18 @@ def test_echo_scores_a_prompt_as_lm_eval_asks(client, llm) -> None:
     assert streamed == prompt + reply.text
     plain = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True)
     assert plain.choices[0].text == prompt + reply.text and plain.choices[0].logprobs is None
+
+
+def test_text_offsets_lay_the_tokens_end_to_end(client) -> None:
+    """Completions' text_offset: where each token's text begins, whole or streamed."""
+    body = dict(model=NAME, prompt="Once upon a time", max_tokens=12, logprobs=1, temperature=0)
+    whole = client.completions.create(**body).choices[0].logprobs
+    starts = [sum(len(t) for t in whole.tokens[:i]) for i in range(len(whole.tokens))]
+    assert whole.text_offset == starts
+    streamed: list[int] = []
+    for chunk in client.completions.create(stream=True, **body):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.text_offset
+    assert streamed == whole.text_offset
+    echoed = client.completions.create(echo=True, **body).choices[0].logprobs
+    assert echoed.text_offset[0] == 0 and echoed.text_offset[1] == len(echoed.tokens[0])

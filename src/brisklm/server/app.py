@@ -275,6 +275,7 @@ class _Server:
         request: Request,
         out: GenerationOutput | StreamChunk,
         first: bool,
+        text_start: int = 0,
     ) -> dict[str, Any]:
         """A whole output, or a stream's chunk of one (``first``: its first), as a choice; with
         ``echo`` the first begins with the prompt's text and logprobs."""
@@ -286,7 +287,9 @@ class _Server:
             finish = None if finish is None else "length"
         prompt_logprobs = out.prompt_logprobs if plan.prompt_logprobs else None
         if not (plan.echo and first):
-            return protocol.completion_choice(index, text, logprobs, finish, prompt_logprobs)
+            return protocol.completion_choice(
+                index, text, logprobs, finish, prompt_logprobs, text_start
+            )
         prompt = plan.prompts[index // plan.n]
         if not isinstance(prompt, str):
             prompt = self.llm.tokenizer.decode(prompt, skip_special_tokens=False)
@@ -350,11 +353,12 @@ class _Server:
         if plan.options.include_usage:
             head["usage"] = None  # (as OpenAI's chunks before the last)
         usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
-        seen: set[int] = set()
+        text_starts: dict[int, int] = {}  # (each choice's tokens' text so far: text_offset)
         async for index, chunk in self._merged_streams(requests):
-            first = index not in seen
-            seen.add(index)
-            choice = self._completion_choice(plan, index, requests[index], chunk, first)
+            first = index not in text_starts
+            start = text_starts.get(index, 0)
+            choice = self._completion_choice(plan, index, requests[index], chunk, first, start)
+            text_starts[index] = start + protocol.text_length(choice)
             yield _sse({**head, "choices": [choice]})
             if chunk.usage is not None:
                 usages[index] = self._usage(plan, chunk.usage)

@@ -359,11 +359,16 @@ def completion_choice(
     logprobs: Sequence[TokenLogprob] | None,
     finish_reason: str | None,
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None,
+    text_start: int = 0,
 ) -> dict[str, Any]:
+    """A completion choice; ``text_start``: where its tokens' text offsets begin (a stream's
+    chunk: the length of the tokens' text before it)."""
     choice: dict[str, Any] = {
         "index": index,
         "text": text,
-        "logprobs": None if logprobs is None else completion_logprobs(logprobs),
+        "logprobs": None
+        if logprobs is None
+        else _offsets(completion_logprobs(logprobs), text_start),
         "finish_reason": finish_reason,
     }
     if prompt_logprobs is not None:
@@ -383,16 +388,33 @@ def echoed_choice(
     first token has none (None, as OpenAI writes it), each other one its logprob given the
     tokens before it."""
     logprobs = completion_logprobs([*prompt_entries, *entries])
+    echoed = {
+        "tokens": [first_token, *logprobs["tokens"]],
+        "token_logprobs": [None, *logprobs["token_logprobs"]],
+        "top_logprobs": [None, *logprobs["top_logprobs"]],
+    }
     return {
         "index": index,
         "text": text,
-        "logprobs": {
-            "tokens": [first_token, *logprobs["tokens"]],
-            "token_logprobs": [None, *logprobs["token_logprobs"]],
-            "top_logprobs": [None, *logprobs["top_logprobs"]],
-        },
+        "logprobs": _offsets(echoed, 0),
         "finish_reason": finish_reason,
     }
+
+
+def _offsets(logprobs: dict[str, Any], start: int) -> dict[str, Any]:
+    """OpenAI's ``text_offset``: where each token's text begins, its tokens' texts laid end to
+    end from ``start`` (as vLLM counts them)."""
+    offsets = []
+    for token in logprobs["tokens"]:
+        offsets.append(start)
+        start += len(token)
+    return {**logprobs, "text_offset": offsets}
+
+
+def text_length(choice: Mapping[str, Any]) -> int:
+    """The length of a choice's tokens' texts (a stream's next ``text_start`` moves by it)."""
+    logprobs = choice.get("logprobs")
+    return sum(len(token) for token in logprobs["tokens"]) if logprobs else 0
 
 
 def _entry(entry: TokenLogprob) -> dict[str, Any]:
