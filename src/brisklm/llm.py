@@ -710,20 +710,30 @@ class LLM:
             raise RuntimeError("the engine is closed")
 
     def stream_request(self, request: Request) -> Iterator[StreamChunk]:
+        """Stream one prepared request (``stream_requests`` of one)."""
+        with contextlib.closing(self.stream_requests([request])) as chunks:
+            for _, chunk in chunks:
+                yield chunk
+
+    def stream_requests(self, requests: list[Request]) -> Iterator[tuple[int, StreamChunk]]:
+        """Submit prepared requests together (one engine batch) and yield each one's chunks,
+        ``(index, chunk)``, as they come. The first request to fail raises; closing the
+        generator early aborts the requests not yet finished."""
         collector = SyncCollector()
-        self._loop.submit([request], collector)
-        finished = False
+        self._loop.submit(requests, collector)
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        pending = set(index)
         try:
-            while not finished:
-                _, result = collector.get()
+            while pending:
+                request, result = collector.get()
+                if isinstance(result, BaseException) or result.finished:
+                    pending.discard(request.request_id)
                 if isinstance(result, BaseException):
-                    finished = True
                     raise result
-                finished = result.finished
-                yield result
+                yield index[request.request_id], result
         finally:
-            if not finished:
-                self._loop.abort(request.request_id)
+            for request_id in pending:
+                self._loop.abort(request_id)
 
     # ---------------------------------------------------------------- async API
     @overload  # a str is also a Sequence[str]: the first overload wins
@@ -800,20 +810,32 @@ class LLM:
         return self.astream_request(request)
 
     async def astream_request(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Async ``stream_request``."""
+        async with contextlib.aclosing(self.astream_requests([request])) as chunks:
+            async for _, chunk in chunks:
+                yield chunk
+
+    async def astream_requests(
+        self, requests: list[Request]
+    ) -> AsyncIterator[tuple[int, StreamChunk]]:
+        """Async ``stream_requests``: closing the generator (``aclose``, or
+        ``contextlib.aclosing`` around the loop) or cancelling the task in it aborts the requests
+        not yet finished."""
         collector = AsyncCollector()
-        self._loop.submit([request], collector)
-        finished = False
+        self._loop.submit(requests, collector)
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        pending = set(index)
         try:
-            while not finished:
-                _, result = await collector.queue.get()
+            while pending:
+                request, result = await collector.queue.get()
+                if isinstance(result, BaseException) or result.finished:
+                    pending.discard(request.request_id)
                 if isinstance(result, BaseException):
-                    finished = True
                     raise result
-                finished = result.finished
-                yield result
+                yield index[request.request_id], result
         finally:
-            if not finished:
-                self._loop.abort(request.request_id)
+            for request_id in pending:
+                self._loop.abort(request_id)
 
     # --------------------------------------------------------------------- chat
     def chat_prompt_ids(

@@ -424,6 +424,16 @@ def check_tool_schema(tool: Any) -> None:
     _arguments_schema(_tool_function(tool))
 
 
+def grammar_mode(
+    tools: Sequence[dict[str, Any]], tool_choice: str
+) -> tuple[ToolChoiceMode, list[dict[str, Any]]]:
+    """The grammar mode and the tools it allows for a tool choice: "auto", "required", "none",
+    or the name of the one tool to call (then "required", that tool alone)."""
+    if tool_choice in ("auto", "required", "none"):
+        return tool_choice, list(tools)  # type: ignore[return-value]
+    return "required", [t for t in tools if t["function"]["name"] == tool_choice]
+
+
 def check_tool_choice_mode(mode: Any) -> None:
     if mode not in ("auto", "required", "none"):
         raise ValueError(f"mode must be 'auto', 'required' or 'none', got {mode!r}")

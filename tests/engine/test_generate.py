@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -381,3 +382,34 @@ def test_sampling_metadata_is_kept_while_nothing_in_it_depends_on_the_outputs(ll
     outs = llm.generate(["Hello", "The quick"], [short, plain])
     assert builds == [2, 1]
     assert outs[1].token_ids == llm.generate("The quick", plain).token_ids
+
+
+def test_stream_requests_adds_up_per_request_and_aborts_the_rest_when_closed(llm, monkeypatch):
+    """``stream_requests``: the chunks of requests submitted together, each tagged with its
+    request's index, add up to each output alone; closing the stream early aborts the others."""
+    requests = [llm.make_request(p, GREEDY) for p in PROMPTS]
+    texts = [""] * len(PROMPTS)
+    with contextlib.closing(llm.stream_requests(requests)) as chunks:
+        for index, chunk in chunks:
+            texts[index] += chunk.text
+    assert texts == [o.text for o in llm.generate(PROMPTS, GREEDY)]
+    aborted: list[str] = []
+    abort = llm._loop.abort
+    monkeypatch.setattr(llm._loop, "abort", lambda rid: (aborted.append(rid), abort(rid)))
+    long = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    requests = [llm.make_request(p, long) for p in PROMPTS[:2]]
+    chunks = llm.stream_requests(requests)
+    index, first = next(chunks)
+    chunks.close()
+    # (the other request had not finished: a chunk of 100 tokens' request cannot be its last)
+    assert not first.finished and requests[1 - index].request_id in aborted
+    assert len(llm.generate("Hello", GREEDY).token_ids) == 24  # the engine goes on
+
+
+async def test_astream_requests_adds_up_per_request(llm):
+    requests = [llm.make_request(p, GREEDY) for p in PROMPTS]
+    texts = [""] * len(PROMPTS)
+    async with contextlib.aclosing(llm.astream_requests(requests)) as chunks:
+        async for index, chunk in chunks:
+            texts[index] += chunk.text
+    assert texts == [o.text for o in llm.generate(PROMPTS, GREEDY)]

@@ -308,15 +308,6 @@ def _needs_tools(tool_choice: ToolChoice) -> ValueError:
     )
 
 
-def grammar_mode(
-    tools: Sequence[dict[str, Any]], tool_choice: str
-) -> tuple[ToolChoiceMode, list[dict[str, Any]]]:
-    """The grammar mode and the tools it allows for a normalized tool_choice."""
-    if tool_choice in ("auto", "required", "none"):
-        return tool_choice, list(tools)  # type: ignore[return-value]
-    return "required", [t for t in tools if t["function"]["name"] == tool_choice]
-
-
 def cut_call_error(
     finish_reason: str | None,
     stop_reason: str | int | None,

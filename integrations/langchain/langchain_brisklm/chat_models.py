@@ -35,7 +35,7 @@ from brisklm.offload import run_off_loop
 from brisklm.openai_format import response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.tool_call_chunks import ToolCallChunker
-from brisklm.tool_calls import turn_finish_reason
+from brisklm.tool_calls import grammar_mode, turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
@@ -54,7 +54,6 @@ from langchain_brisklm._tools import (
     check_parallel_tool_calls,
     cut_call_error,
     format_tools,
-    grammar_mode,
     is_bare_json_schema,
     normalize_tool_choice,
     parse_reply,

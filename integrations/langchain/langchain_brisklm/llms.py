@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import queue
-import threading
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -153,10 +151,11 @@ class BriskLLM(BriskSettings, BaseLLM):
             return self._result(llm.run_requests(requests), model_name)
         # Streaming: every request still decodes in the shared batch; tokens reach the callbacks
         # on this thread, tagged with the prompt they belong to.
-        for index, chunk in _stream_together(llm, requests):
-            if chunk.text:
-                piece = GenerationChunk(text=chunk.text)
-                run_manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
+        with contextlib.closing(llm.stream_requests(requests)) as chunks:
+            for index, chunk in chunks:
+                if chunk.text:
+                    piece = GenerationChunk(text=chunk.text)
+                    run_manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
         return self._result([r.to_output() for r in requests], model_name)
 
     async def _agenerate(
@@ -169,24 +168,11 @@ class BriskLLM(BriskSettings, BaseLLM):
         llm, requests, model_name = await run_off_loop(self._requests, prompts, stop, kwargs)
         if not (self.streaming and run_manager is not None):
             return self._result(await llm.arun_requests(requests), model_name)
-        manager = run_manager
-
-        async def consume(index: int, request: Request) -> None:
-            async for chunk in llm.astream_request(request):
+        async with contextlib.aclosing(llm.astream_requests(requests)) as chunks:
+            async for index, chunk in chunks:
                 if chunk.text:
                     piece = GenerationChunk(text=chunk.text)
-                    await manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
-
-        tasks = [asyncio.ensure_future(consume(i, r)) for i, r in enumerate(requests)]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            # gather leaves the other prompts decoding (and calling back) for no one: cancel
-            # them, and wait for their streams to close, which aborts their requests.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+                    await run_manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
         return self._result([r.to_output() for r in requests], model_name)
 
     def _stream(
@@ -232,46 +218,3 @@ def _generation_chunk(chunk: StreamChunk) -> GenerationChunk | None:
         return GenerationChunk(text=chunk.text) if chunk.text else None
     info = _generation_info(chunk.finish_reason, chunk.stop_reason, chunk.usage, chunk.logprobs)
     return GenerationChunk(text=chunk.text, generation_info=info)
-
-
-_DONE = object()
-
-
-def _stream_together(llm: LLM, requests: list[Request]) -> Iterator[tuple[int, StreamChunk]]:
-    """Stream several requests at once, yielding (index, chunk) in arrival order on this thread."""
-    inbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-    stop = threading.Event()
-
-    def pump(index: int, request: Request) -> None:
-        chunks = llm.stream_request(request)
-        try:
-            for chunk in chunks:
-                inbox.put((index, chunk))
-                if stop.is_set():
-                    break
-        except BaseException as error:  # handed to the consumer, which raises it
-            inbox.put((index, error))
-        finally:
-            chunks.close()  # aborts the request if it is still running
-            inbox.put((index, _DONE))
-
-    threads = [
-        threading.Thread(target=pump, args=(i, r), name="brisklm-stream", daemon=True)
-        for i, r in enumerate(requests)
-    ]
-    for thread in threads:
-        thread.start()
-    running = len(threads)
-    try:
-        while running:
-            index, item = inbox.get()
-            if item is _DONE:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()

@@ -502,15 +502,11 @@ class LLMEngine:
         md = self._metadata(requests, self._vocab_size, torch.device("cpu"))
         return StepDraws.draw(md, steps, len(requests))
 
-    @staticmethod
-    def _takes_raw_argmax(request: Request) -> bool:
-        """The request's next token is the raw logits' argmax, found by the kernels: greedy with
-        no bias, penalty or pending ``min_tokens``, no grammar and no logprobs."""
-        return (
-            request.params.picks_raw_argmax(len(request.output_token_ids))
-            and request.params.logprobs is None
-            and request.matcher is None
-        )
+    @classmethod
+    def _takes_raw_argmax(cls, request: Request) -> bool:
+        """The request's next token is the raw logits' argmax, found by the kernels: a greedy
+        request that takes its token from the raw logits (``_takes_native_steps``)."""
+        return request.params.is_greedy and cls._takes_native_steps(request)
 
     def _take_steps(self, requests: list[Request], chosen: list[list[int]]) -> list[StepResult]:
         """Append each request's tokens of a call of decode steps (``chosen[step][row]``) until

@@ -7,6 +7,7 @@ or not, is aborted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import json
@@ -302,9 +303,7 @@ class _Server:
             index, prompt + text, first_token, entries, logprobs, finish
         )
         if prompt_logprobs is not None:
-            choice["prompt_logprobs"] = protocol.completion_choice(
-                index, "", None, None, prompt_logprobs
-            )["prompt_logprobs"]
+            choice["prompt_logprobs"] = protocol.prompt_logprob_entries(prompt_logprobs)
         return choice
 
     @staticmethod
@@ -354,53 +353,20 @@ class _Server:
             head["usage"] = None  # (as OpenAI's chunks before the last)
         usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
         text_starts: dict[int, int] = {}  # (each choice's tokens' text so far: text_offset)
-        async for index, chunk in self._merged_streams(requests):
-            first = index not in text_starts
-            start = text_starts.get(index, 0)
-            choice = self._completion_choice(plan, index, requests[index], chunk, first, start)
-            text_starts[index] = start + protocol.text_length(choice)
-            yield _sse({**head, "choices": [choice]})
-            if chunk.usage is not None:
-                usages[index] = self._usage(plan, chunk.usage)
+        async with contextlib.aclosing(self.llm.astream_requests(requests)) as chunks:
+            async for index, chunk in chunks:
+                first = index not in text_starts
+                start = text_starts.get(index, 0)
+                choice = self._completion_choice(plan, index, requests[index], chunk, first, start)
+                text_starts[index] = start + protocol.text_length(choice)
+                yield _sse({**head, "choices": [choice]})
+                if chunk.usage is not None:
+                    usages[index] = self._usage(plan, chunk.usage)
         if plan.options.include_usage:
             usage = protocol.usage_dict(
                 protocol.choices_usage([u for u in usages if u is not None], plan.n)
             )
             yield _sse({**head, "choices": [], "usage": usage})
-
-    async def _merged_streams(
-        self, requests: list[Request]
-    ) -> AsyncIterator[tuple[int, StreamChunk]]:
-        """The chunks of several requests as they come, each with its request's index; the first
-        failure raises, and leaving early aborts the requests still running."""
-        if len(requests) == 1:
-            async for chunk in self.llm.astream_request(requests[0]):
-                yield 0, chunk
-            return
-        queue: asyncio.Queue[tuple[int, StreamChunk | BaseException | None]] = asyncio.Queue()
-
-        async def pump(index: int, request: Request) -> None:
-            try:
-                async for chunk in self.llm.astream_request(request):
-                    await queue.put((index, chunk))
-            except Exception as error:  # noqa: BLE001 - handed to the consumer
-                await queue.put((index, error))
-            await queue.put((index, None))
-
-        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
-        running = len(tasks)
-        try:
-            while running:
-                index, item = await queue.get()
-                if item is None:
-                    running -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield index, item
-        finally:
-            for task in tasks:
-                task.cancel()  # (a pump's stream aborts its request as it closes)
 
     # ------------------------------------------------------------------------------- chat
     async def chat(self, http: HttpRequest) -> Response:
@@ -449,15 +415,16 @@ class _Server:
             yield chunk(index, {"role": "assistant", "content": ""})
         replies = [_StreamedReply(plan.tool_format) for _ in requests]
         usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
-        async for index, piece in self._merged_streams(requests):
-            delta, finish = replies[index].take(piece)
-            logprobs = protocol.chat_choice_logprobs(piece.logprobs) if plan.logprobs else None
-            if delta or (logprobs and logprobs["content"]):
-                yield chunk(index, delta, None, logprobs)
-            if finish is not None:
-                yield chunk(index, {}, finish)
-            if piece.usage is not None:
-                usages[index] = piece.usage
+        async with contextlib.aclosing(self.llm.astream_requests(requests)) as pieces:
+            async for index, piece in pieces:
+                delta, finish = replies[index].take(piece)
+                logprobs = protocol.chat_choice_logprobs(piece.logprobs) if plan.logprobs else None
+                if delta or (logprobs and logprobs["content"]):
+                    yield chunk(index, delta, None, logprobs)
+                if finish is not None:
+                    yield chunk(index, {}, finish)
+                if piece.usage is not None:
+                    usages[index] = piece.usage
         if plan.options.include_usage:
             usage = protocol.usage_dict(
                 protocol.choices_usage([u for u in usages if u is not None], plan.n)

@@ -16,6 +16,7 @@ from brisklm.openai_format import chat_logprobs, completion_logprobs, response_f
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.sampling.params import MAX_LOGPROBS, MAX_SEED
+from brisklm.tool_calls import grammar_mode
 
 if TYPE_CHECKING:
     from brisklm.llm import LLM
@@ -244,6 +245,11 @@ CONSTRAINT_FIELDS = {
 }
 
 
+def _guided_field(changes: Mapping[str, Any]) -> str | None:
+    """The guided_* field that gave the request's constraint, if one did."""
+    return next((name for option, name in CONSTRAINT_FIELDS.items() if option in changes), None)
+
+
 MAX_N = 128  # choices a request may ask for (OpenAI's limit)
 
 
@@ -324,7 +330,7 @@ def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> Comple
         prompts,
         make_params(llm, changes),
         stream_options(body),
-        next((CONSTRAINT_FIELDS[k] for k in CONSTRAINT_FIELDS if k in changes), None),
+        _guided_field(changes),
         choices_wanted(body),
         echo=echo,
         no_output=no_output,
@@ -372,8 +378,13 @@ def completion_choice(
         "finish_reason": finish_reason,
     }
     if prompt_logprobs is not None:
-        choice["prompt_logprobs"] = [None if e is None else _entry(e) for e in prompt_logprobs]
+        choice["prompt_logprobs"] = prompt_logprob_entries(prompt_logprobs)
     return choice
+
+
+def prompt_logprob_entries(entries: Sequence[TokenLogprob | None]) -> list[dict[str, Any] | None]:
+    """The prompt_logprobs extension's entries (the first token's None)."""
+    return [None if e is None else _entry(e) for e in entries]
 
 
 def echoed_choice(
@@ -476,14 +487,14 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             )
     if wants_logprobs:
         changes["logprobs"] = top or 0
-    constraint_field = next((CONSTRAINT_FIELDS[k] for k in CONSTRAINT_FIELDS if k in changes), None)
+    constraint_field = _guided_field(changes)
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), [t["function"]["name"] for t in tools or []])
     parallel = _get(body, "parallel_tool_calls", bool, "true or false")
     answer = None
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
-        if any(name in changes for name in ("json_schema", "regex", "choice", "grammar")):
+        if constraint_field is not None:
             raise ApiError(
                 "response_format and a guided_* constraint were both given; give one",
                 param="response_format",
@@ -494,10 +505,8 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             raise ApiError(str(error), param="response_format") from None
     tool_format = None
     if tools:
-        mode, allowed = ("required", [t for t in tools if t["function"]["name"] == choice])
-        if choice in ("auto", "required", "none"):
-            mode, allowed = choice, tools
-        if any(name in changes for name in ("json_schema", "regex", "choice", "grammar")):
+        mode, allowed = grammar_mode(tools, choice)
+        if constraint_field is not None:
             raise ApiError(
                 "tools and a guided_* constraint were both given; the tools' grammar decides "
                 "the reply (use response_format for a JSON answer beside tools)",
@@ -511,16 +520,14 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             )
         except ValueError as error:
             raise ApiError(str(error), param="tools") from None
-        constraint_field = "tools"
+        constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
         if mode != "none":
             tool_format = format
             if format.keeps_special_tokens:
                 changes["skip_special_tokens"] = False  # the calls' tag is a special token
     elif answer is not None:
         changes["json_schema"] = answer
-        constraint_field = "response_format"
-    if constraint_field in ("tools", "response_format"):
-        fields[next(k for k in CONSTRAINT_FIELDS if k in changes)] = constraint_field
+        constraint_field = fields["json_schema"] = "response_format"
     return ChatRequest(
         messages=messages,
         tools=tools,
@@ -724,10 +731,10 @@ def choices_usage(usages: Sequence[Usage], n: int) -> Usage:
     )
 
 
-def envelope(kind: str, response_id: str, model: str, created: int | None = None) -> dict[str, Any]:
+def envelope(kind: str, response_id: str, model: str) -> dict[str, Any]:
     return {
         "id": response_id,
         "object": kind,
-        "created": created or int(time.time()),
+        "created": int(time.time()),
         "model": model,
     }
