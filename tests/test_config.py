@@ -94,6 +94,58 @@ def test_mistral_sliding_window_all_layers():
     )
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # A transformers 5 Qwen2 config saved with sliding layers named, but the flag off: the
+        # config drops the window, so every layer attends to the whole sequence.
+        {"use_sliding_window": False, "layer_types": ["full_attention", "sliding_attention"] * 2},
+        {"use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"] * 2},
+        {"use_sliding_window": True, "max_window_layers": 1},
+        {"use_sliding_window": True, "max_window_layers": 1, "layer_types": ["full_attention"] * 4},
+        {"architectures": ["MistralForCausalLM"], "layer_types": ["full_attention"] * 4},
+    ],
+)
+def test_sliding_windows_per_layer_match_transformers(overrides):
+    transformers = pytest.importorskip("transformers")
+    raw = {
+        **BASE,
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_key_value_heads": 8,
+        "sliding_window": 16,
+        **overrides,
+    }
+    raw["model_type"] = "mistral" if "Mistral" in raw["architectures"][0] else "qwen2"
+    reference = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**raw)
+    )
+    # (Mistral's attention keeps no window of its own: it reads the config's at every layer.)
+    window = reference.config.sliding_window
+    expected = tuple(
+        getattr(layer.self_attn, "sliding_window", window) for layer in reference.model.layers
+    )
+    assert ModelConfig.from_dict(raw).sliding_windows == expected
+
+
+@pytest.mark.parametrize(
+    ("layer_types", "message"),
+    [
+        (["full_attention"] * 3, r"one entry per layer \(4\), got \['full_attention'"),
+        ("sliding_attention", "one entry per layer"),
+        (["full_attention"] * 3 + ["chunked_attention"], "holds 'chunked_attention'"),
+    ],
+)
+def test_bad_layer_types_name_what_is_allowed(layer_types, message):
+    with pytest.raises(ValueError, match=message):
+        make(
+            architectures=["Qwen2ForCausalLM"],
+            num_key_value_heads=8,
+            sliding_window=16,
+            use_sliding_window=True,
+            layer_types=layer_types,
+        )
+
+
 def test_bias_keys_are_read_for_llama_and_mistral():
     biased = dict(attention_bias=True, mlp_bias=True)
     for architecture in ("LlamaForCausalLM", "MistralForCausalLM"):

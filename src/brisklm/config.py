@@ -418,19 +418,34 @@ _DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32}
 
 
 def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
-    """Per-layer sliding window, following transformers' rules for each family."""
+    """Per-layer sliding window, following transformers' rules for each family.
+
+    Mistral's model windows every layer (transformers warns about a ``layer_types`` and ignores
+    it); Qwen2's windows none unless ``use_sliding_window`` is true (its config then sets the
+    window to None, whatever ``layer_types`` says), and then the layers ``layer_types`` names, or
+    without it those from ``max_window_layers`` on.
+    """
     window = raw.get("sliding_window", _DEFAULT_SLIDING_WINDOW.get(family))
     if family == "llama" or window is None:
         return (None,) * num_layers
     window = _int_field({"sliding_window": window}, "sliding_window")
-    layer_types = raw.get("layer_types")
-    if family == "mistral" and not layer_types:
+    if family == "mistral":
         return (window,) * num_layers
-    if family == "qwen2" and not layer_types:
-        if not json_bool(raw.get("use_sliding_window"), "config.json's use_sliding_window"):
-            return (None,) * num_layers
+    if not json_bool(raw.get("use_sliding_window"), "config.json's use_sliding_window"):
+        return (None,) * num_layers
+    layer_types = raw.get("layer_types")
+    if not layer_types:
         first_sliding = _int_field(raw, "max_window_layers", 28)
         return tuple(window if i >= first_sliding else None for i in range(num_layers))
-    if len(layer_types) != num_layers:
-        raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        raise ValueError(
+            f"config.json's layer_types must be a list of one entry per layer ({num_layers}), "
+            f"got {layer_types!r}"
+        )
+    for kind in layer_types:
+        if kind not in ("full_attention", "sliding_attention"):
+            raise ValueError(
+                f"config.json's layer_types holds {kind!r}: a Qwen2 layer is "
+                "'full_attention' or 'sliding_attention'"
+            )
     return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
