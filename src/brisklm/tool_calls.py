@@ -24,6 +24,7 @@ from brisklm.constrained.json_schema import (
     prepare_json_schema,
     sound_json_options,
 )
+from brisklm.constrained.lark_json import mark_prepared
 from brisklm.constrained.spec import lark_literal
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_schema import tool_json_schema
@@ -414,7 +415,7 @@ def _enforce_schema(schema: Any, own_options: bool) -> dict[str, Any]:
     options = {**JSON_OPTIONS, **own}
     prepared["x-guidance"] = {**options, **sound_json_options(prepared, options)}
     check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared), schema)
-    return prepared
+    return mark_prepared(prepared)
 
 
 def check_tool_schema(tool: Any) -> None:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from brisklm.constrained import CompiledGrammar, ConstraintError, GrammarCompiler, JsonSchema
+from brisklm.constrained import (
+    CompiledGrammar,
+    ConstraintError,
+    Grammar,
+    GrammarCompiler,
+    JsonSchema,
+)
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SUITE_DIR = DATA_DIR / "json-schema-test-suite" / "tests" / "draft2020-12"
@@ -187,12 +194,11 @@ def test_json_schema_test_suite(
     assert counts["skipped files"] == len(SKIPPED_FILES)
 
 
-def test_strict_mode_accepts_no_invalid_instance(
-    bpe_compiler: GrammarCompiler, bpe_tokenizer: Any
-) -> None:
-    """Strict mode closes objects; it may reject more valid instances, never accept an invalid
-    one, and it compiles what the open mode compiles (closing must not make a schema
-    unsatisfiable or refused)."""
+def _soundness_against_the_open_schema(
+    compiler: GrammarCompiler, tokenizer: Any, constraint: Callable[[Any], Any]
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], int]:
+    """The suite's invalid instances that ``constraint(schema)`` accepts, the cases it refuses
+    where ``JsonSchema(schema, strict=False)`` compiles, and how many cases it compiled."""
     false_accepts = []
     lost = []
     num_compiled = 0
@@ -202,10 +208,10 @@ def test_strict_mode_accepts_no_invalid_instance(
             continue
         for case in json.loads(path.read_text(encoding="utf-8")):
             try:
-                compiled = bpe_compiler.compile(JsonSchema(case["schema"], strict=True))
+                compiled = compiler.compile(constraint(case["schema"]))
             except ConstraintError:
                 try:
-                    bpe_compiler.compile(JsonSchema(case["schema"], strict=False))
+                    compiler.compile(JsonSchema(case["schema"], strict=False))
                 except ConstraintError:
                     continue
                 lost.append((name, case["description"]))
@@ -213,10 +219,39 @@ def test_strict_mode_accepts_no_invalid_instance(
             num_compiled += 1
             for test in case["tests"]:
                 text = _instance_text(test["data"])
-                if not test["valid"] and _accepts(bpe_compiler, compiled, bpe_tokenizer, text):
+                if not test["valid"] and _accepts(compiler, compiled, tokenizer, text):
                     false_accepts.append((name, case["description"], text))
+    return false_accepts, lost, num_compiled
+
+
+def test_strict_mode_accepts_no_invalid_instance(
+    bpe_compiler: GrammarCompiler, bpe_tokenizer: Any
+) -> None:
+    """Strict mode closes objects; it may reject more valid instances, never accept an invalid
+    one, and it compiles what the open mode compiles (closing must not make a schema
+    unsatisfiable or refused)."""
+    false_accepts, lost, num_compiled = _soundness_against_the_open_schema(
+        bpe_compiler, bpe_tokenizer, lambda schema: JsonSchema(schema, strict=True)
+    )
     assert not false_accepts, f"strict grammars accepted invalid instances: {false_accepts}"
     assert not lost, f"compiled only without strict: {lost}"
+    assert num_compiled >= 200
+
+
+def test_lark_json_embeds_accept_no_invalid_instance(
+    bpe_compiler: GrammarCompiler, bpe_tokenizer: Any
+) -> None:
+    """A Lark grammar's `%json` embed is enforced as a json_schema constraint is: the suite's
+    schemas embedded in a grammar accept no invalid instance either (llguidance alone took
+    escaped keys, over-approximated formats and read ECMA patterns as Rust ones), and compile
+    where the constraint compiles."""
+    false_accepts, lost, num_compiled = _soundness_against_the_open_schema(
+        bpe_compiler,
+        bpe_tokenizer,
+        lambda schema: Grammar("start: %json " + json.dumps(schema, ensure_ascii=False)),
+    )
+    assert not false_accepts, f"%json embeds accepted invalid instances: {false_accepts}"
+    assert not lost, f"compiled as json_schema only: {lost}"
     assert num_compiled >= 200
 
 

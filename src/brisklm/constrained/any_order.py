@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from brisklm.constrained.json_schema import JSON_OPTIONS
+from brisklm.constrained.lark_json import PREPARED_MARK, mark_prepared
 from brisklm.constrained.spec import lark_literal
 
 MAX_ANY_ORDER_PROPERTIES = 6
@@ -36,6 +37,7 @@ _PLAIN_OBJECT_KEYWORDS = frozenset(
         "examples",
         "default",
         "x-guidance",
+        PREPARED_MARK,
     }
 )
 _DEFINITION_MAPS = ("$defs", "definitions")
@@ -137,7 +139,9 @@ def any_order_object_rules(rule: str, schema: Mapping[str, Any]) -> list[str] | 
             subschema = {}
         if not isinstance(subschema, Mapping) or any(k in subschema for k in _DEFINITION_MAPS):
             return None
-        value = {**_definitions_used(subschema, definitions), **subschema, "x-guidance": options}
+        value = mark_prepared(
+            {**_definitions_used(subschema, definitions), **subschema, "x-guidance": options}
+        )
         lines.append(f"{rule}_v{len(names)}: %json {json.dumps(value, ensure_ascii=False)}")
         names.append(name)
     if len(names) < 2 or any(name not in names for name in required):

@@ -13,6 +13,7 @@ from llguidance import LLMatcher
 from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.gbnf import gbnf_to_lark
 from brisklm.constrained.json_schema import json_schema_to_llguidance
+from brisklm.constrained.lark_json import enforce_json_embeds
 
 
 def lark_literal(text: str) -> str:
@@ -207,8 +208,11 @@ class Grammar:
         return ("grammar", self.syntax, self.text)
 
     def to_llguidance(self) -> str:
-        """llguidance grammar text; a GBNF syntax error raises ConstraintError with line and column."""
-        lark = gbnf_to_lark(self.text) if self.syntax == "gbnf" else self.text
+        """llguidance grammar text; a GBNF syntax error raises ConstraintError with line and column.
+
+        A Lark grammar's ``%json`` embeds are enforced as ``json_schema`` constraints are
+        (``enforce_json_embeds``), in the whitespace their own options ask for."""
+        lark = gbnf_to_lark(self.text) if self.syntax == "gbnf" else enforce_json_embeds(self.text)
         return LLMatcher.grammar_from_lark(lark)
 
 
