@@ -495,7 +495,7 @@ def test_a_bad_max_decode_steps_is_one_line(model_dir, capsys):
     code = main(["generate", "--model", str(model_dir), "--max-decode-steps", "0", "hi"])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
-    assert "max_decode_steps must be an int >= 1" in err
+    assert "--max-decode-steps must be an int >= 1" in err
 
 
 def test_a_json_schema_file_with_bad_json_is_named_as_such(model_dir, capsys, tmp_path):

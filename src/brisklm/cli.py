@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -427,18 +428,52 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.max_batch_size < 1:
         raise CliError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
     name = args.served_model_name or (Path(args.model).name if args.model else "brisk-chat")
-    llm = _load(args, max_batch_size=args.max_batch_size)
+    # The socket first: a port in use or a host that does not resolve fails in one line before
+    # the model loads, and --port 0 says which port the system gave.
+    listening = _listen(args.host, args.port)
     try:
-        print(
-            f"brisklm: serving {name} at http://{args.host}:{args.port}/v1 (Ctrl-C stops)",
-            file=sys.stderr,
-            flush=True,
-        )
-        app = build_app(llm, name, api_key=args.api_key or None)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        llm = _load(args, max_batch_size=args.max_batch_size)
+        try:
+            app = build_app(llm, name, api_key=args.api_key or None)
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+            host, port = listening.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(
+                f"brisklm: serving {name} at http://{shown}:{port}/v1 (Ctrl-C stops)",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                server.run(sockets=[listening])
+            except SystemExit as exc:  # uvicorn's startup failed; it logged why
+                if exc.code:
+                    raise CliError("the server could not start (see the line above)") from None
+        finally:
+            llm.close()
     finally:
-        llm.close()
+        listening.close()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (as uvicorn binds its own), or CliError naming
+    the flag and the system's reason."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise CliError(f"--host {host!r} cannot be resolved: {exc}") from None
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError as exc:
+        listening.close()
+        raise CliError(
+            f"cannot listen on {host}:{port} (--host, --port): {exc.strerror or exc}"
+        ) from None
+    return listening
 
 
 def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
@@ -762,6 +797,7 @@ _ENGINE_FLAGS = {
     "num_speculative_tokens": "--num-speculative-tokens",
     "draft_length": "--draft-length",
     "num_threads": "--threads",
+    "max_decode_steps": "--max-decode-steps",
 }
 # The same for QuantizeOptions' fields, in `brisklm quantize`.
 _QUANTIZE_FLAGS = {

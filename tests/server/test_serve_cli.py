@@ -1,0 +1,57 @@
+"""``brisklm serve`` from the command line: the socket it listens on, and its one-line errors."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from brisklm.cli import main
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(capsys) -> None:
+    # uvicorn printed the "serving" line, logged the bind error and exited 3.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--port", str(port), "--model", "/nonexistent"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"brisklm: error: cannot listen on 127.0.0.1:{port} (--host, --port): ")
+    assert len(err.strip().splitlines()) == 1 and "serving" not in err
+    assert "/nonexistent" not in err  # the socket is tried first
+
+
+def test_port_0_serves_on_the_port_it_names_and_ctrl_c_stops_it() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "brisklm", "serve", "--port", "0", "--max-batch-size", "2"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        found = re.fullmatch(
+            r"brisklm: serving brisk-chat at (http://127\.0\.0\.1:(\d+))/v1 \(Ctrl-C stops\)\n",
+            line,
+        )
+        assert found and int(found.group(2)) != 0, line
+        base = found.group(1)
+        assert httpx.get(f"{base}/health", timeout=30).status_code == 200
+        models = httpx.get(f"{base}/v1/models", timeout=30).json()
+        assert [m["id"] for m in models["data"]] == ["brisk-chat"]
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 130  # the CLI's code for an interrupt, as in generate
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
