@@ -91,6 +91,27 @@ def write_checkpoint(
     )
 
 
+def add_model_or_preset_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model DIR`` or ``--preset NAME`` (a random model of PRESETS' shapes); see
+    ``model_directory``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
+    group.add_argument("--preset", default=None, help="a random model of bench/common.py")
+
+
+def model_directory(args: argparse.Namespace, scratch: str) -> str:
+    """The checkpoint ``add_model_or_preset_arguments``' flags name: ``--preset``'s random model
+    (float32, a tokenizer of the model's whole vocabulary) written under ``scratch``, else
+    ``--model``, else the bundled model."""
+    if args.preset:
+        directory = Path(scratch) / args.preset
+        write_checkpoint(directory, args.preset, torch.float32, full_vocab_tokenizer=True)
+        return str(directory)
+    from brisklm.llm import default_model_path
+
+    return args.model or str(default_model_path())
+
+
 def full_vocab_bpe(vocab_size: int):
     """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens (at least 259): three special
     tokens, the 256 byte symbols, then two-symbol tokens and, past 65,795, three-symbol ones, each

@@ -21,9 +21,9 @@ import platform
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
+from common import add_model_or_preset_arguments, model_directory
 
 SCHEMA = {
     "type": "object",
@@ -81,9 +81,7 @@ def sharing(llm, on: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
-    group.add_argument("--preset", default=None, help="a random model of bench/common.py")
+    add_model_or_preset_arguments(parser)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4, help="n of the n-samples workload")
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -95,16 +93,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from brisklm import LLM, SamplingParams
-    from brisklm.llm import default_model_path
 
     scratch = tempfile.TemporaryDirectory()
-    if args.preset:
-        from bench.common import write_checkpoint
-
-        directory = str(Path(scratch.name) / args.preset)
-        write_checkpoint(Path(directory), args.preset, torch.float32, full_vocab_tokenizer=True)
-    else:
-        directory = args.model or str(default_model_path())
+    directory = model_directory(args, scratch.name)
 
     extraction = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, json_schema=SCHEMA)
     seeded = [

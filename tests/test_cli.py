@@ -864,7 +864,15 @@ def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
 
 @pytest.mark.parametrize(
     ("flags", "words"),
-    [(["--port", "70000"], "--port must be in"), (["--max-batch-size", "0"], "at least 1")],
+    [
+        (["--port", "70000"], "--port must be in"),
+        (["--max-batch-size", "0"], "at least 1"),
+        (["--port", "0", "--prefix-cache-slots", "-1"], "--prefix-cache-slots must be an int >= 0"),
+        (
+            ["--port", "0", "--prefix-cache-slots", "2", "--no-prefix-caching"],
+            "--prefix-cache-slots 2 needs prefix caching (no --no-prefix-caching)",
+        ),
+    ],
 )
 def test_serve_refuses_bad_flags_before_loading(flags, words, capsys) -> None:
     assert main(["serve", *flags]) == 1

@@ -190,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch-size", type=int, default=8, help="requests decoded together at most (8)"
     )
     serve.add_argument(
+        "--prefix-cache-slots",
+        type=int,
+        default=0,
+        help="KV cache slots beyond --max-batch-size that only keep finished requests' "
+        "prefixes, so more conversations than run at once keep their history's keys (0)",
+    )
+    serve.add_argument(
         "--api-key",
         default=os.environ.get("BRISKLM_API_KEY"),
         help="the key /v1 requests must send (Authorization: Bearer KEY; default: "
@@ -335,7 +342,7 @@ def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | 
     )
 
 
-def _load(args: argparse.Namespace, max_batch_size: int = 1) -> Any:
+def _load(args: argparse.Namespace, max_batch_size: int = 1, prefix_cache_slots: int = 0) -> Any:
     from brisklm.llm import LLM
 
     if args.num_speculative_tokens is None:
@@ -359,6 +366,7 @@ def _load(args: argparse.Namespace, max_batch_size: int = 1) -> Any:
         cuda_graphs=args.cuda_graphs,
         prefix_caching=args.prefix_caching,
         max_decode_steps=args.max_decode_steps,
+        prefix_cache_slots=prefix_cache_slots,
     )
 
 
@@ -432,7 +440,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     # the model loads, and --port 0 says which port the system gave.
     listening = _listen(args.host, args.port)
     try:
-        llm = _load(args, max_batch_size=args.max_batch_size)
+        llm = _load(
+            args,
+            max_batch_size=args.max_batch_size,
+            prefix_cache_slots=args.prefix_cache_slots,
+        )
         try:
             app = build_app(llm, name, api_key=args.api_key or None)
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -798,6 +810,7 @@ _ENGINE_FLAGS = {
     "draft_length": "--draft-length",
     "num_threads": "--threads",
     "max_decode_steps": "--max-decode-steps",
+    "prefix_cache_slots": "--prefix-cache-slots",
 }
 # The same for QuantizeOptions' fields, in `brisklm quantize`.
 _QUANTIZE_FLAGS = {
@@ -823,6 +836,8 @@ _API_WORDS = (
     # The CLI runs one sequence at a time (its KV cache holds one), and has no flag for it.
     (" with max_batch_size=1 needs", " needs"),
     ("max_seq_len can be at most", "--max-seq-len can be at most"),
+    ("needs prefix_caching=True", "needs prefix caching (no --no-prefix-caching)"),
+    (" and prefix_cache_slots=", " and --prefix-cache-slots "),
     ("(the default max_seq_len,", "(the default --max-seq-len,"),
     ("must be None, ", "must be "),
 )

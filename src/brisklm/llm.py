@@ -290,13 +290,19 @@ def build_speculator(
         draft_model.kv_cache_dtype = kv_cache_dtype
     # Both caches, before the draft's is allocated (the target's was checked alone).
     max_seq_len = config.resolved_max_seq_len(target.config.max_position_embeddings)
-    check_kv_cache_fits(target, config.max_batch_size, max_seq_len, draft=draft_model)
+    check_kv_cache_fits(
+        target,
+        config.max_batch_size,
+        max_seq_len,
+        draft=draft_model,
+        prefix_cache_slots=config.prefix_cache_slots,
+    )
     has_tokenizer = any(
         (directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
     )
     proposer = DraftModelProposer(
         draft_model,
-        config.max_batch_size,
+        config.num_cache_slots,  # the target's slots (those keeping prefixes too)
         max_seq_len,
         num_speculative_tokens,
         config.attention_backend,
@@ -304,6 +310,7 @@ def build_speculator(
         target_config=target.config,
         tokenizer=tokenizer,
         draft_tokenizer=Tokenizer.from_pretrained(directory) if has_tokenizer else None,
+        max_batch_size=config.max_batch_size,
     )
     return Speculator(proposer, num_speculative_tokens, schedule)
 
@@ -381,6 +388,7 @@ class LLM:
         prefix_caching: bool = True,
         grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
         max_decode_steps: int = 8,
+        prefix_cache_slots: int = 0,
     ) -> LLM:
         """Load a Hugging Face checkpoint directory (default: the bundled model).
 
@@ -441,6 +449,12 @@ class LLM:
         many as take about 20 ms, so that the Python around a step runs once for them (the tokens
         are the same, a seed's too; a stream gets them a few at a time, and a request that arrives
         meanwhile waits for the call); 1 runs a call a step.
+        ``prefix_cache_slots``: cache slots beyond ``max_batch_size`` that only keep finished
+        requests' prefixes: with prefix caching, the keys of at most ``max_batch_size`` earlier
+        conversations stay (the one retained longest ago gives way), so more conversations taking
+        turns than that recompute their history at every turn; with this many more slots, up to
+        ``max_batch_size + prefix_cache_slots`` keep theirs. Each slot is ``max_seq_len``
+        positions of KV cache memory (the draft model's too), allocated up front.
         """
         if num_threads is not None and (
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
@@ -458,6 +472,7 @@ class LLM:
             prefix_caching=prefix_caching,
             grammar_cache_size=grammar_cache_size,
             max_decode_steps=max_decode_steps,
+            prefix_cache_slots=prefix_cache_slots,
         )
         device_ = resolve_device(device)
         resolve_dtype(dtype, device_)  # a bad value fails before anything loads
@@ -496,6 +511,7 @@ class LLM:
                 model,
                 config.max_batch_size,
                 config.resolved_max_seq_len(model.config.max_position_embeddings),
+                prefix_cache_slots=config.prefix_cache_slots,
             )
             speculator = None
             if draft is not None:

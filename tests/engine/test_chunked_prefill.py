@@ -642,3 +642,16 @@ def test_streams_of_chunked_prompts_give_the_generated_text(tiny_dir):
         assert asyncio.run(astream()) == expected
     finally:
         llm.close()
+
+
+def test_a_scheduler_runs_at_most_max_running_requests(make) -> None:
+    # Slots past max_running only keep prefixes (EngineConfig.prefix_cache_slots).
+    scheduler = Scheduler(num_slots=3, max_prefill_tokens=64, prefill_chunk_size=8, max_running=1)
+    requests = [make(3) for _ in range(3)]
+    for request in requests:
+        scheduler.add(request)
+    batch = scheduler.schedule()
+    assert batch is not None and batch.requests == [requests[0]]
+    assert list(scheduler.waiting) == requests[1:] and scheduler.slots.num_free == 2
+    with pytest.raises(ValueError, match=r"max_running must be in \[1, 3\], got 4"):
+        Scheduler(num_slots=3, max_prefill_tokens=64, prefill_chunk_size=8, max_running=4)

@@ -535,3 +535,69 @@ def test_a_draft_and_n_samples_of_a_prompt_share_its_prefix(float_dir) -> None:
         assert [o.usage.cached_prompt_tokens for o in outputs[True]] == [0, *[length - 1] * 2]
     # The draft model copied the prompt's keys from the leader's slot too.
     assert draft_reuse == [0, length - 1, length - 1]
+
+
+def _conversations(llm: LLM, num_conversations: int, num_turns: int) -> list:
+    """Conversations taking turns, one request at a time: each turn's prompt is the previous
+    turn's prompt and output and one more token; then the first turns of all, as one batch."""
+    start = llm.tokenizer.encode(SYSTEM)[:40]
+    prompts = [[10 + i, *start] for i in range(num_conversations)]
+    outputs = []
+    for turn in range(num_turns):
+        for i, prompt in enumerate(prompts):
+            out = llm.generate(prompt, GREEDY if i % 2 else SEEDED)
+            outputs.append(out)
+            prompts[i] = prompt + out.token_ids + [5 + turn]
+    outputs += llm.generate([[10 + i, *start] for i in range(num_conversations)], GREEDY)
+    return outputs
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_prefix_cache_slots_keep_more_conversations_than_run_at_once(
+    float_dir, kernels, draft
+) -> None:
+    # With one request running at a time, one slot kept one conversation's keys: four taking
+    # turns recomputed their whole history at every turn. Three more slots keep all four.
+    options = dict(max_seq_len=256, prefill_chunk_size=8, show_progress=False, max_batch_size=1)
+    if draft:
+        options["draft"] = float_dir
+    with LLM.from_pretrained(float_dir, prefix_caching=False, **options) as llm:
+        plain = _conversations(llm, 4, 3)
+    with LLM.from_pretrained(float_dir, **options) as llm:
+        one_slot = _conversations(llm, 4, 3)
+    with LLM.from_pretrained(float_dir, prefix_cache_slots=3, **options) as llm:
+        engine = llm.engine
+        assert engine.runner.kv_cache.num_slots == 4 and engine.scheduler.max_running == 1
+        if draft:
+            assert engine.speculator.proposer.num_slots == 4
+        most_running = []
+        schedule = engine.scheduler.schedule
+
+        def record():
+            batch = schedule()
+            most_running.append(len(engine.scheduler.running))
+            return batch
+
+        engine.scheduler.schedule = record
+        kept = _conversations(llm, 4, 3)
+    _same(kept, plain)
+    _same(one_slot, plain)
+    assert max(most_running) == 1  # the batch of four ran one at a time
+    granularity = 1 if kernels == "native" else 8
+    for index in range(4, 12):  # turns 2 and 3: the conversation's previous sequence
+        previous = kept[index - 4]
+        length = len(previous.prompt_token_ids)
+        if granularity == 1:
+            length += len(previous.token_ids) - 1  # but the last token, never fed
+        assert kept[index].usage.cached_prompt_tokens == length // granularity * granularity
+        assert one_slot[index].usage.cached_prompt_tokens == 0  # another conversation's slot
+    # The first turns again: each finds its own conversation's slot.
+    assert all(o.usage.cached_prompt_tokens >= 40 // granularity * granularity for o in kept[12:])
+
+
+def test_prefix_cache_slots_need_prefix_caching() -> None:
+    with pytest.raises(ValueError, match="prefix_cache_slots must be an int >= 0, got -1"):
+        EngineConfig(prefix_cache_slots=-1)
+    with pytest.raises(ValueError, match="prefix_cache_slots=2 needs prefix_caching=True"):
+        EngineConfig(prefix_caching=False, prefix_cache_slots=2)
+    assert EngineConfig(max_batch_size=3, prefix_cache_slots=2).num_cache_slots == 5

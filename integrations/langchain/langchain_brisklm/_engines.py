@@ -43,6 +43,7 @@ class EngineKey:
     prefix_caching: bool = True
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
     max_decode_steps: int = 8
+    prefix_cache_slots: int = 0
 
 
 _engines: dict[EngineKey, LLM] = {}
@@ -140,6 +141,7 @@ def get_engine(
     prefix_caching: bool = True,
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
     max_decode_steps: int = 8,
+    prefix_cache_slots: int = 0,
 ) -> LLM:
     """The shared LLM for these settings, loading it on first use (thread-safe)."""
     path = resolve_model_path(model).resolve()
@@ -154,6 +156,7 @@ def get_engine(
         prefix_caching=prefix_caching,
         grammar_cache_size=grammar_cache_size,
         max_decode_steps=max_decode_steps,
+        prefix_cache_slots=prefix_cache_slots,
     )
     chunk_size = engine.resolved_prefill_chunk_size(device_)
     context = engine.resolved_max_seq_len(_max_positions(path))
@@ -173,6 +176,7 @@ def get_engine(
         prefix_caching=prefix_caching,
         grammar_cache_size=grammar_cache_size,
         max_decode_steps=max_decode_steps,
+        prefix_cache_slots=prefix_cache_slots,
     )
     with _lock:
         llm = _engines.get(key)
@@ -198,6 +202,7 @@ def get_engine(
                 prefix_caching=prefix_caching,
                 grammar_cache_size=grammar_cache_size,
                 max_decode_steps=max_decode_steps,
+                prefix_cache_slots=prefix_cache_slots,
                 show_progress=False,
             )
             with _lock:

@@ -82,6 +82,11 @@ class BriskSettings(BaseModel):
     logprobs) runs up to this many steps a call of its kernels (about 20 ms of them), so a
     stream's chunks may hold several tokens; 1: a token a step, a chunk a token. The tokens are
     the same either way, a seed's too."""
+    prefix_cache_slots: int = 0
+    """KV cache slots beyond ``max_batch_size`` that only keep finished calls' prefixes: with
+    prefix caching, at most ``max_batch_size`` conversations keep their history's keys; an app
+    serving more conversations at once keeps up to ``max_batch_size + prefix_cache_slots``
+    (each slot costs ``max_seq_len`` positions of KV cache memory)."""
 
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. None (like the other sampling fields): the model's
@@ -146,6 +151,7 @@ class BriskSettings(BaseModel):
             prefix_caching=self.prefix_caching,
             grammar_cache_size=self.grammar_cache_size,
             max_decode_steps=self.max_decode_steps,
+            prefix_cache_slots=self.prefix_cache_slots,
         )
         cpu = torch.device("cpu")  # names only: whether the device has CUDA is the engine's
         if self.device not in (None, "auto"):
@@ -198,6 +204,7 @@ class BriskSettings(BaseModel):
             prefix_caching=self.prefix_caching,
             grammar_cache_size=self.grammar_cache_size,
             max_decode_steps=self.max_decode_steps,
+            prefix_cache_slots=self.prefix_cache_slots,
         )
 
     def get_token_ids(self, text: str) -> list[int]:

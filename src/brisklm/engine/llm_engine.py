@@ -92,6 +92,10 @@ class EngineConfig:
     ``DECODE_STEPS_SECONDS``, and the engine's Python runs once for them; a sampled row's uniforms
     are drawn ahead as its steps would draw them (``step_draws``), so a seed gives the same
     tokens; tokens computed past a request's end are dropped. 1: a call a step.
+    ``prefix_cache_slots``: KV cache slots beyond ``max_batch_size`` that only keep finished
+    requests' prefixes, so that up to ``max_batch_size + prefix_cache_slots`` conversations keep
+    their history's keys while at most ``max_batch_size`` requests run (each slot is a sequence of
+    ``max_seq_len`` positions of memory); needs ``prefix_caching``.
     """
 
     max_batch_size: int = 8
@@ -103,6 +107,7 @@ class EngineConfig:
     prefix_caching: bool = True
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
     max_decode_steps: int = 8
+    prefix_cache_slots: int = 0
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, 1)
@@ -117,6 +122,18 @@ class EngineConfig:
             raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
         _check_int("grammar_cache_size", self.grammar_cache_size, 1)
         _check_int("max_decode_steps", self.max_decode_steps, 1)
+        _check_int("prefix_cache_slots", self.prefix_cache_slots, 0)
+        if self.prefix_cache_slots and not self.prefix_caching:
+            raise ValueError(
+                f"prefix_cache_slots={self.prefix_cache_slots} needs prefix_caching=True: the "
+                "extra slots only keep finished requests' prefixes"
+            )
+
+    @property
+    def num_cache_slots(self) -> int:
+        """The KV cache's sequences: ``max_batch_size`` running, ``prefix_cache_slots`` more
+        keeping prefixes."""
+        return self.max_batch_size + self.prefix_cache_slots
 
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
@@ -140,9 +157,10 @@ def check_kv_cache_fits(
     max_batch_size: int,
     max_seq_len: int,
     draft: LlamaForCausalLM | None = None,
+    prefix_cache_slots: int = 0,
 ) -> None:
     """A ValueError, before anything is allocated, when the KV cache for ``max_batch_size``
-    sequences of ``max_seq_len`` tokens (and the ``draft`` model's beside it) is larger than the
+    (and ``prefix_cache_slots``) sequences of ``max_seq_len`` tokens (and the ``draft`` model's beside it) is larger than the
     memory free on the model's device (the allocator's own error only says how many bytes it was
     asked for; on Linux a CPU cache that the allocator grants but the machine cannot hold brings
     the out-of-memory killer)."""
@@ -152,7 +170,8 @@ def check_kv_cache_fits(
     per_token = kv_cache_bytes_per_token(model)
     if draft is not None:
         per_token += kv_cache_bytes_per_token(draft)
-    needed = per_token * max_batch_size * max_seq_len
+    num_slots = max_batch_size + prefix_cache_slots
+    needed = per_token * num_slots * max_seq_len
     if free is None or needed <= free:
         return
     memory = format_bytes(free)
@@ -161,12 +180,13 @@ def check_kv_cache_fits(
         if device.type == "cpu"
         else f"the {memory} free on {device}"
     )
-    size = cache_size_text(per_token, max_batch_size * max_seq_len, model.cache_dtype)
+    size = cache_size_text(per_token, num_slots * max_seq_len, model.cache_dtype)
     caches = "KV caches (the model's and its draft's)" if draft is not None else "a KV cache"
+    extra = f" and prefix_cache_slots={prefix_cache_slots}" if prefix_cache_slots else ""
     raise ValueError(
-        f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size} needs {caches} of "
-        f"{size}, more than {where}: "
-        f"max_seq_len can be at most {free // (per_token * max_batch_size)} here; the model's "
+        f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size}{extra} needs {caches} "
+        f"of {size}, more than {where}: "
+        f"max_seq_len can be at most {free // (per_token * num_slots)} here; the model's "
         f"max_position_embeddings is {config.max_position_embeddings} (the default max_seq_len, "
         "up to 4096; past it output usually degrades)"
     )
@@ -189,13 +209,17 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
-        check_kv_cache_fits(model, config.max_batch_size, self.max_seq_len)
+        # Dynamic NTK past the trained context rotates keys by a sequence's length: no reuse.
+        reuses = config.prefix_caching and not model.rotary.rotates_by_length(self.max_seq_len)
+        extra_slots = config.prefix_cache_slots if reuses else 0
+        check_kv_cache_fits(model, config.max_batch_size, self.max_seq_len, None, extra_slots)
         self.runner = ModelRunner(
             model,
-            config.max_batch_size,
+            config.max_batch_size + extra_slots,
             self.max_seq_len,
             config.attention_backend,
             cuda_graphs=config.cuda_graphs,
+            max_batch_size=config.max_batch_size,
         )
         # Warned once the cache is allocated: an error that follows is then the only line.
         if self.max_seq_len > model.config.max_position_embeddings:
@@ -224,16 +248,17 @@ class LLMEngine:
                 if self.runner.computes_rows_alike(self.prefill_chunk_size)
                 else self.prefill_chunk_size
             )
-            if config.prefix_caching and not model.rotary.rotates_by_length(self.max_seq_len)
+            if reuses
             else None
         )
         self.scheduler = Scheduler(
-            config.max_batch_size,
+            config.max_batch_size + extra_slots,
             config.max_prefill_tokens,
             self.prefill_chunk_size,
             prefix_cache=self.prefix_cache,
             claim_slot=self._claim_slot if self.prefix_cache is not None else None,
             copyable=self._copyable_prefix if self.prefix_cache is not None else None,
+            max_running=config.max_batch_size,
         )
         # Model vocabularies are often padded past the tokenizer's; those ids are not tokens.
         self.num_real_tokens = min(tokenizer.vocab_size, model.config.vocab_size)

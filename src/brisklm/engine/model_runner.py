@@ -63,7 +63,10 @@ class ModelRunner:
         max_seq_len: int,
         attention_backend: str = "auto",
         cuda_graphs: bool = True,
+        max_batch_size: int | None = None,
     ) -> None:
+        """``max_batch_size``: the most sequences a pass runs (CUDA graphs are captured up to
+        it; default ``num_slots``), where the cache's other slots only keep prefixes."""
         self.model = model
         config = model.config
         first_param = next(model.parameters())
@@ -110,7 +113,9 @@ class ModelRunner:
             and self.device.type == "cuda"
             and DecodeGraphs.supported(model, max_seq_len)
         ):
-            self.graphs = DecodeGraphs(model, self.kv_cache, num_slots, max_seq_len)
+            self.graphs = DecodeGraphs(
+                model, self.kv_cache, max_batch_size or num_slots, max_seq_len
+            )
 
     def positions_computed_alike(self, slot: int, length: int, any_offset: bool) -> int:
         """Of a slot's first ``length`` positions, how many a later request recomputing them

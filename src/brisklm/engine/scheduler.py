@@ -60,6 +60,9 @@ class Scheduler:
     now waits until that request has computed them, then copies them (n samples of one prompt, a
     batch of calls with one system prompt and tools). A waiting request keeps its place: the
     requests behind it take only the slots left over.
+
+    ``max_running``: at most this many requests run (and wait for a prefix) at once; with more
+    slots than that, the others only keep finished requests' prefixes (``prefix_cache_slots``).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Scheduler:
         prefix_cache: PrefixCache | None = None,
         claim_slot: Callable[[int, int, int | None, list[int]], None] | None = None,
         copyable: Callable[[Request], int] | None = None,
+        max_running: int | None = None,
     ) -> None:
         if len({prefix_cache is None, claim_slot is None, copyable is None}) > 1:
             raise ValueError(
@@ -81,6 +85,11 @@ class Scheduler:
         # Waiting requests held for a running one's prefix -> (that request, tokens awaited).
         self._awaited: dict[Request, tuple[Request, int]] = {}
         self.slots = SlotAllocator(num_slots)
+        # At most this many requests run; the slots past it only keep prefixes (None: a request
+        # in every slot).
+        self.max_running = num_slots if max_running is None else max_running
+        if not 1 <= self.max_running <= num_slots:
+            raise ValueError(f"max_running must be in [1, {num_slots}], got {max_running}")
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_chunk_size = prefill_chunk_size
         self.waiting: deque[Request] = deque()
@@ -98,7 +107,11 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         admitted = False
         held: list[Request] = []  # each keeps a slot for itself
-        while self.waiting and self.slots.num_free > len(held):
+        while (
+            self.waiting
+            and self.slots.num_free > len(held)
+            and len(self.running) + len(held) < self.max_running
+        ):
             request = self.waiting.popleft()
             if self._awaits_prefix(request):
                 held.append(request)

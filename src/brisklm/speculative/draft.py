@@ -143,6 +143,8 @@ class DraftModelProposer:
 
     With ``tokenizer`` (the target's), :func:`check_compatible` runs first; ``target_config`` sets
     the width of q to the target's logits (default: the draft's own vocabulary).
+    ``max_batch_size``: the most rows a pass runs, where the engine's ``num_slots`` include slots
+    that only keep prefixes (default: ``num_slots``).
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class DraftModelProposer:
         target_config: ModelConfig | None = None,
         tokenizer: Any = None,
         draft_tokenizer: Any = None,
+        max_batch_size: int | None = None,
     ) -> None:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
@@ -165,7 +168,12 @@ class DraftModelProposer:
         if tokenizer is not None:
             check_compatible(target, draft_config, tokenizer, draft_tokenizer)
         self.runner = ModelRunner(
-            model, num_slots, max_seq_len, attention_backend, cuda_graphs=cuda_graphs
+            model,
+            num_slots,
+            max_seq_len,
+            attention_backend,
+            cuda_graphs=cuda_graphs,
+            max_batch_size=max_batch_size,
         )
         self.device = self.runner.device
         self.num_slots = num_slots

@@ -545,6 +545,12 @@ def test_engine_settings_reach_the_engine(tiny_chat_dir: Path) -> None:
     assert len([c for c in one if c]) > len([c for c in several if c])
     with pytest.raises(ValueError, match="max_decode_steps must be an int >= 1"):
         ChatBrisk(model=str(tiny_chat_dir), max_decode_steps=0)
+    # Slots that keep more conversations' prefixes than run at once: another engine.
+    kept = plain.model_copy(update={"prefix_cache_slots": 2})
+    assert kept._engine() is not plain._engine()
+    assert kept._engine().engine.runner.kv_cache.num_slots == plain.max_batch_size + 2
+    with pytest.raises(ValueError, match="prefix_cache_slots=2 needs prefix_caching=True"):
+        ChatBrisk(model=str(tiny_chat_dir), prefix_caching=False, prefix_cache_slots=2)
 
 
 def test_equivalent_engine_settings_share_one_engine(tiny_chat_dir: Path) -> None:
