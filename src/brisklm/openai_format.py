@@ -3,11 +3,27 @@ OpenAI reports them, and the JSON schema of a ``response_format``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from brisklm.constrained.json_schema import JSON_OPTIONS
 from brisklm.outputs import TokenLogprob
+
+
+def reply_logprobs(
+    entries: Sequence[TokenLogprob],
+    token_ids: Sequence[int],
+    stop_reason: Any,
+    eos_token_ids: Collection[int],
+) -> list[TokenLogprob]:
+    """The logprobs of a chat reply's tokens (or of a stream chunk's, the last chunk's ending
+    the reply): without the token that ended the turn (an eos, or a stop token id: no text of the
+    reply), as OpenAI reports them."""
+    if entries and token_ids and (stop_reason is None or isinstance(stop_reason, int)):
+        last = token_ids[-1]
+        if last == stop_reason or (stop_reason is None and last in eos_token_ids):
+            return list(entries[:-1])
+    return list(entries)
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:

@@ -252,6 +252,25 @@ def test_response_format_and_logprobs(client) -> None:
     assert b"".join(bytes(e.bytes) for e in entries).decode() == choice.message.content
 
 
+def test_chat_logprobs_are_the_contents_tokens_without_the_end_of_turn(client) -> None:
+    # The eos that ended the turn had an entry (and a streamed chunk with no delta of its own);
+    # OpenAI's content lists, and ChatBrisk's, hold the content's tokens only.
+    options = dict(model=NAME, messages=ask("Hello!"), max_tokens=30, logprobs=True)
+    reply = client.chat.completions.create(**options)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content
+    entries = choice.logprobs.content
+    assert len(entries) == reply.usage.completion_tokens - 1  # the eos counts as a token
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == choice.message.content
+    streamed = []
+    for chunk in client.chat.completions.create(**options, stream=True):
+        for part in chunk.choices:
+            if part.logprobs is not None:
+                assert part.delta.content  # no entry without text of its own
+                streamed += part.logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in entries]
+
+
 def test_completions_are_the_python_apis(client, llm) -> None:
     prompts = ["Once upon a time", "The capital of France is"]
     reply = client.completions.create(model=NAME, prompt=prompts, max_tokens=8, logprobs=2)
@@ -383,6 +402,15 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
         ({"messages": ask("word " * 2000)}, 400, "messages", "context"),
         ({"messages": ask("word " * 2000), "max_tokens": 3}, 400, "messages", "prompt"),
         ({"messages": ask("x"), "max_tokens": 5000}, 400, "max_tokens", "lower max_tokens"),
+        # Errors the template or the vocabulary finds name their field too (they named messages).
+        (
+            {"messages": ask("x"), "tools": [{**WEATHER, "function": {"name": ""}}]},
+            400,
+            "tools",
+            "non-empty str name",
+        ),
+        ({"messages": ask("x"), "tools": [WEATHER, WEATHER]}, 400, "tools", "must be unique"),
+        ({"messages": ask("x"), "logit_bias": {"99999": 1}}, 400, "logit_bias", "vocab_size"),
     ],
 )
 def test_bad_chat_requests_get_openais_error_body(http, body, status, param, words) -> None:

@@ -32,7 +32,7 @@ from brisklm.constrained.compiler import check_json_schema
 from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
 from brisklm.offload import run_off_loop
-from brisklm.openai_format import response_format_schema
+from brisklm.openai_format import reply_logprobs, response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_calls import grammar_mode, turn_finish_reason
@@ -84,14 +84,8 @@ class _Call:
     def reply_logprobs(
         self, entries: list[TokenLogprob], token_ids: list[int], stop_reason: Any
     ) -> list[TokenLogprob]:
-        """The logprobs of a reply's tokens (or of a stream chunk's, the last chunk's ending the
-        reply): without the token that ended the turn (an eos, or a stop token id: no text of
-        the reply), as ChatOpenAI reports them."""
-        if entries and token_ids and (stop_reason is None or isinstance(stop_reason, int)):
-            last = token_ids[-1]
-            if last == stop_reason or (stop_reason is None and last in self.request.eos_token_ids):
-                return entries[:-1]
-        return entries
+        """The logprobs of a reply's tokens, as ChatOpenAI reports them (``reply_logprobs``)."""
+        return reply_logprobs(entries, token_ids, stop_reason, self.request.eos_token_ids)
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:

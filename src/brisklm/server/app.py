@@ -12,6 +12,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -27,7 +28,8 @@ from brisklm.constrained import ConstraintError
 from brisklm.engine.request import Request
 from brisklm.llm import LLM
 from brisklm.offload import run_off_loop
-from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, Usage
+from brisklm.openai_format import chat_logprobs, reply_logprobs
+from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
@@ -109,8 +111,16 @@ def _refused(error: Exception, param: str | None) -> ApiError:
     grammar that does not compile, a token id past the vocabulary): 400, naming ``param``."""
     if isinstance(error, ApiError):
         return error
-    code = "context_length_exceeded" if "context" in str(error) else None
-    return ApiError(str(error), param=param, code=code)
+    text = str(error)
+    code = "context_length_exceeded" if "context" in text else None
+    # The field the error names where it is not ``param``: a tool the template refused
+    # ("tools[1] and tools[0] are both named ..."), a token id past the vocabulary
+    # ("SamplingParams.logit_bias=..."; its fields that get here have the request's names).
+    if text.startswith("tools["):
+        param = "tools"
+    elif named := re.match(r"SamplingParams\.(\w+)=", text):
+        param = named.group(1)
+    return ApiError(text, param=param, code=code)
 
 
 async def _disconnected(http: HttpRequest) -> None:
@@ -165,10 +175,10 @@ def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) ->
 
 
 def _chat_choice(
-    index: int, output: GenerationOutput, format: ToolCallFormat | None
+    index: int, output: GenerationOutput, format: ToolCallFormat | None, request: Request
 ) -> dict[str, Any]:
     """A whole reply as a chat choice: its content and calls as ``LLM.chat`` reads them (less a
-    call it was cut inside)."""
+    call it was cut inside), its logprobs those of its tokens (not the one ending the turn)."""
     turn = LLM.chat_output(output, format)
     if format is not None and format.ended_inside_call(output.text):
         turn = _before_the_cut_call(turn, format, output.text)
@@ -179,9 +189,19 @@ def _chat_choice(
     return {
         "index": index,
         "message": message,
-        "logprobs": protocol.chat_choice_logprobs(output.logprobs),
+        "logprobs": _turn_logprobs(output.logprobs, output.token_ids, output.stop_reason, request),
         "finish_reason": turn.finish_reason,
     }
+
+
+def _turn_logprobs(
+    entries: list[TokenLogprob] | None, token_ids: list[int], stop_reason: Any, request: Request
+) -> dict[str, Any] | None:
+    """A chat choice's (or a chunk's) ``logprobs``: without the token that ended the turn (an
+    eos or a stop token id, which OpenAI's content lists do not hold)."""
+    if entries is None:
+        return None
+    return chat_logprobs(reply_logprobs(entries, token_ids, stop_reason, request.eos_token_ids))
 
 
 class _StreamedReply:
@@ -381,7 +401,8 @@ class _Server:
             "chat.completion", protocol.new_id("chatcmpl"), self.model_name
         )
         response["choices"] = [
-            _chat_choice(index, output, plan.tool_format) for index, output in enumerate(outputs)
+            _chat_choice(index, output, plan.tool_format, request)
+            for index, (output, request) in enumerate(zip(outputs, requests, strict=True))
         ]
         usage = protocol.choices_usage([out.usage for out in outputs], plan.n)
         response["usage"] = protocol.usage_dict(usage)
@@ -418,7 +439,11 @@ class _Server:
         async with contextlib.aclosing(self.llm.astream_requests(requests)) as pieces:
             async for index, piece in pieces:
                 delta, finish = replies[index].take(piece)
-                logprobs = protocol.chat_choice_logprobs(piece.logprobs) if plan.logprobs else None
+                logprobs = None
+                if plan.logprobs and piece.logprobs is not None:
+                    stop_reason = piece.stop_reason if piece.finished else None
+                    ids = piece.token_ids if piece.finished else []
+                    logprobs = _turn_logprobs(piece.logprobs, ids, stop_reason, requests[index])
                 if delta or (logprobs and logprobs["content"]):
                     yield chunk(index, delta, None, logprobs)
                 if finish is not None:

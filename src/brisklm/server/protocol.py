@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from brisklm.openai_format import chat_logprobs, completion_logprobs, response_format_schema
+from brisklm.openai_format import completion_logprobs, response_format_schema
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.sampling.params import MAX_LOGPROBS, MAX_SEED
@@ -702,10 +702,6 @@ def tool_call_dict(call: ToolCall, index: int | None = None) -> dict[str, Any]:
         }
     )
     return out
-
-
-def chat_choice_logprobs(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
-    return None if entries is None else chat_logprobs(entries)
 
 
 # ---------------------------------------------------------------------------------- shared
