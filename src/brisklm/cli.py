@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from brisklm import __version__
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
+from brisklm.speed import DECODE_PROMPT_TOKENS
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -206,6 +207,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-model-name",
         default=None,
         help="the model's name in the API (default: the model directory's name, or brisk-chat)",
+    )
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure the model's prefill and decode speed on this machine",
+        description="Measure how fast the model prefills a prompt and decodes at each batch size "
+        "here (greedy, eos ignored, prefix caching off; the best of --repeats runs).",
+    )
+    _add_model_args(bench)
+    bench.add_argument(
+        "--prompt-tokens", type=int, default=512, help="the prefilled prompt's tokens (512)"
+    )
+    bench.add_argument(
+        "--new-tokens",
+        type=int,
+        default=64,
+        help=f"tokens decoded a row, after a prompt of {DECODE_PROMPT_TOKENS} tokens (64)",
+    )
+    bench.add_argument(
+        "--batch-sizes", default="1,8", help="decode batch sizes, comma-separated (1,8)"
+    )
+    bench.add_argument("--repeats", type=int, default=3, help="runs of each, the best kept (3)")
+    bench.add_argument(
+        "--json", dest="as_json", action="store_true", help="print the figures as one JSON object"
     )
 
     quantize = commands.add_parser(
@@ -488,6 +513,45 @@ def _listen(host: str, port: int) -> socket.socket:
     return listening
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from brisklm.speed import check_speed_options, measure_speed
+
+    try:
+        batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
+    except ValueError:
+        raise CliError(
+            f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}"
+        ) from None
+    check_speed_options(args.prompt_tokens, args.new_tokens, batch_sizes, args.repeats)
+    args.prefix_caching = False  # a repeated prompt would be reused, not computed
+    llm = _load(args, max_batch_size=max(batch_sizes))
+    try:
+        report = measure_speed(llm, args.prompt_tokens, args.new_tokens, batch_sizes, args.repeats)
+    finally:
+        llm.close()
+    name = Path(args.model).name if args.model else "brisk-chat"
+    if args.as_json:
+        print(json.dumps({"model": name, "threads": _torch_threads(), **report.as_dict()}))
+        return 0
+    print(f"{name}, {llm.engine.device}, {_torch_threads()} threads (best of {args.repeats})")
+    print(
+        f"prefill {report.prompt_tokens} tokens: {report.prefill_tokens_per_second:10,.1f} "
+        f"tokens/s ({1000 * report.prefill_seconds:.1f} ms)"
+    )
+    for row in report.decode:
+        print(
+            f"decode batch {row.batch_size}: {row.tokens_per_second:10,.1f} tokens/s "
+            f"({1000 * row.seconds_per_step:.2f} ms a step)"
+        )
+    return 0
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
     """On stderr: the output ended because the context was full, before --max-tokens."""
     if request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens:
@@ -729,6 +793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chat": _run_chat,
         "serve": _run_serve,
         "quantize": _run_quantize,
+        "bench": _run_bench,
     }
     try:
         if sys.stdout is None:  # `brisklm ... >&-`
@@ -811,6 +876,10 @@ _ENGINE_FLAGS = {
     "num_threads": "--threads",
     "max_decode_steps": "--max-decode-steps",
     "prefix_cache_slots": "--prefix-cache-slots",
+    "prompt_tokens": "--prompt-tokens",
+    "new_tokens": "--new-tokens",
+    "batch_sizes": "--batch-sizes",
+    "repeats": "--repeats",
 }
 # The same for QuantizeOptions' fields, in `brisklm quantize`.
 _QUANTIZE_FLAGS = {
@@ -838,6 +907,8 @@ _API_WORDS = (
     ("max_seq_len can be at most", "--max-seq-len can be at most"),
     ("needs prefix_caching=True", "needs prefix caching (no --no-prefix-caching)"),
     (" and prefix_cache_slots=", " and --prefix-cache-slots "),
+    (" and new_tokens=", " and --new-tokens "),
+    ("past the engine's max_batch_size=", "past the engine's batch of "),
     ("(the default max_seq_len,", "(the default --max-seq-len,"),
     ("must be None, ", "must be "),
 )
