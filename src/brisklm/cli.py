@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key",
         default=os.environ.get("BRISKLM_API_KEY"),
-        help="the key /v1 requests must send (Authorization: Bearer KEY; default: "
+        help="the key every route but /health wants (Authorization: Bearer KEY; default: "
         "$BRISKLM_API_KEY, else none checked)",
     )
     serve.add_argument(
@@ -456,14 +456,12 @@ def _run_serve(args: argparse.Namespace) -> int:
             f"brisklm serve needs the server extra ({exc.name} is not installed): "
             "pip install 'brisklm[server]'"
         ) from None
-    if not 0 <= args.port <= 65535:
-        raise CliError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_batch_size < 1:
         raise CliError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
     name = args.served_model_name or (Path(args.model).name if args.model else "brisk-chat")
     # The socket first: a port in use or a host that does not resolve fails in one line before
     # the model loads, and --port 0 says which port the system gave.
-    listening = _listen(args.host, args.port)
+    sockets = _listen(args.host, args.port)
     try:
         llm = _load(
             args,
@@ -473,7 +471,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         try:
             app = build_app(llm, name, api_key=args.api_key or None)
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-            host, port = listening.getsockname()[:2]
+            bound, port = sockets[0].getsockname()[:2]
+            host = args.host or bound
             shown = f"[{host}]" if ":" in host else host
             print(
                 f"brisklm: serving {name} at http://{shown}:{port}/v1 (Ctrl-C stops)",
@@ -481,36 +480,57 @@ def _run_serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
             try:
-                server.run(sockets=[listening])
+                server.run(sockets=sockets)
             except SystemExit as exc:  # uvicorn's startup failed; it logged why
                 if exc.code:
                     raise CliError("the server could not start (see the line above)") from None
         finally:
             llm.close()
     finally:
-        listening.close()
+        for listening in sockets:
+            listening.close()
     return 0
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (as uvicorn binds its own), or CliError naming
-    the flag and the system's reason."""
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """TCP sockets listening on every address ``host`` resolves to (all interfaces for ""), at
+    ``port`` (0: one the system picks, the same for all), as uvicorn's own server binds them; or
+    CliError naming the flags and the system's reason."""
+    if not 0 <= port <= 65535:  # (getaddrinfo takes 70000 as 4464)
+        raise CliError(f"--port must be in [0, 65535], got {port}")
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except (socket.gaierror, UnicodeError) as exc:
         raise CliError(f"--host {host!r} cannot be resolved: {exc}") from None
-    listening = socket.socket(family, kind, proto)
+    sockets: list[socket.socket] = []
     try:
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listening.bind(address)
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            try:
+                listening = socket.socket(family, kind, proto)
+            except OSError:  # a family this machine lacks (IPv6), as asyncio skips it
+                continue
+            sockets.append(listening)
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # its IPv4 twin, if any, has a socket of its own
+                listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            listening.bind(address)
+            listening.listen()  # (a second bind of a port with SO_REUSEADDR succeeds; this fails)
     except OSError as exc:
-        listening.close()
+        for listening in sockets:
+            listening.close()
         raise CliError(
             f"cannot listen on {host}:{port} (--host, --port): {exc.strerror or exc}"
         ) from None
-    return listening
+    if not sockets:
+        raise CliError(
+            f"cannot listen on {host}:{port} (--host): no address family it resolves "
+            "to is available here"
+        )
+    return sockets
 
 
 def _run_bench(args: argparse.Namespace) -> int:

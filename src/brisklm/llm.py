@@ -18,7 +18,12 @@ from numpy import ndarray
 
 from brisklm.config import checkpoint_directory
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
-from brisklm.engine.llm_engine import EngineConfig, LLMEngine, check_kv_cache_fits
+from brisklm.engine.llm_engine import (
+    EngineConfig,
+    LLMEngine,
+    check_kv_cache_fits,
+    prefix_cache_slots_for,
+)
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
@@ -290,19 +295,20 @@ def build_speculator(
         draft_model.kv_cache_dtype = kv_cache_dtype
     # Both caches, before the draft's is allocated (the target's was checked alone).
     max_seq_len = config.resolved_max_seq_len(target.config.max_position_embeddings)
+    extra_slots = prefix_cache_slots_for(config, target)
     check_kv_cache_fits(
         target,
         config.max_batch_size,
         max_seq_len,
         draft=draft_model,
-        prefix_cache_slots=config.prefix_cache_slots,
+        prefix_cache_slots=extra_slots,
     )
     has_tokenizer = any(
         (directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
     )
     proposer = DraftModelProposer(
         draft_model,
-        config.num_cache_slots,  # the target's slots (those keeping prefixes too)
+        config.max_batch_size + extra_slots,  # the target's slots (those keeping prefixes too)
         max_seq_len,
         num_speculative_tokens,
         config.attention_backend,
@@ -511,7 +517,7 @@ class LLM:
                 model,
                 config.max_batch_size,
                 config.resolved_max_seq_len(model.config.max_position_embeddings),
-                prefix_cache_slots=config.prefix_cache_slots,
+                prefix_cache_slots=prefix_cache_slots_for(config, model),
             )
             speculator = None
             if draft is not None:

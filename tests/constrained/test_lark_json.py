@@ -61,6 +61,8 @@ def test_every_embed_of_a_grammar_is_enforced(bpe_compiler: GrammarCompiler) -> 
         'start: "%json {\\"type\\": \\"integer\\"}" | "b"\n',
         'start: /%json \\{\\}/ | "b"\n',
         'start: "b" // %json {"type": "string", "format": "date"}\n',
+        'start: "b"\n# an example: %json []\n',
+        'start: "a#b" | /#/ # %json []\n',
         'start: "a" | jsonish\njsonish: "%json" "b"\n',
         '%llguidance {}\nstart: "x"\n',
     ],
@@ -113,6 +115,9 @@ def test_a_schema_that_cannot_be_enforced_names_its_line(bpe_compiler: GrammarCo
     lenient = lenient.replace('"lenient": 1', '"lenient": true')
     with pytest.raises(ConstraintError, match="line 1, column 9: .*Unimplemented keys.*contains"):
         bpe_compiler.compile(Grammar(lenient))
+    # An escaped lone surrogate is llguidance's to refuse (it was a UnicodeEncodeError).
+    with pytest.raises(ConstraintError, match="invalid Lark grammar"):
+        bpe_compiler.compile(Grammar('start: %json {"const": "\\ud800"}'))
     # Text after %json that is not JSON is llguidance's to report.
     with pytest.raises(ConstraintError, match="invalid Lark grammar"):
         bpe_compiler.compile(Grammar("start: %json {not json}"))

@@ -240,6 +240,24 @@ def test_dynamic_rope_past_the_trained_context_does_not_cache_prefixes(tmp_path)
         assert llm.engine.prefix_cache is not None
 
 
+def test_slots_keeping_prefixes_are_not_allocated_where_none_is_kept(tmp_path, caplog) -> None:
+    # Dynamic NTK past the trained context keeps no prefix: its engine dropped the extra slots,
+    # but the draft's cache (and the memory check) still counted them.
+    directory = make_tiny_checkpoint(
+        tmp_path / "dynamic",
+        max_position_embeddings=64,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+    options = dict(max_batch_size=1, prefix_cache_slots=3, draft=directory, show_progress=False)
+    with LLM.from_pretrained(directory, max_seq_len=128, **options) as llm:
+        assert llm.engine.runner.kv_cache.num_slots == 1
+        assert llm.engine.speculator.proposer.runner.kv_cache.num_slots == 1
+    assert "prefix_cache_slots=3 unused" in caplog.text
+    with LLM.from_pretrained(directory, max_seq_len=64, **options) as llm:
+        assert llm.engine.runner.kv_cache.num_slots == 4
+        assert llm.engine.speculator.proposer.runner.kv_cache.num_slots == 4
+
+
 def test_chunks_longer_than_the_native_pass_are_reused_whole(float_dir, monkeypatch) -> None:
     # Chunks the native pass does not take (over 512 tokens; 16 here) are reused whole: the guard
     # against keys written through torch's ops cut every prompt's retained tokens to nothing.
@@ -600,4 +618,3 @@ def test_prefix_cache_slots_need_prefix_caching() -> None:
         EngineConfig(prefix_cache_slots=-1)
     with pytest.raises(ValueError, match="prefix_cache_slots=2 needs prefix_caching=True"):
         EngineConfig(prefix_caching=False, prefix_cache_slots=2)
-    assert EngineConfig(max_batch_size=3, prefix_cache_slots=2).num_cache_slots == 5

@@ -55,3 +55,21 @@ def test_port_0_serves_on_the_port_it_names_and_ctrl_c_stops_it() -> None:
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_every_address_of_the_host_is_listened_on_at_one_port() -> None:
+    from brisklm.cli import CliError, _listen
+
+    # "" is every interface (IPv4 and, where the machine has it, IPv6), as uvicorn binds it.
+    sockets = _listen("", 0)
+    try:
+        assert {s.getsockname()[1] for s in sockets} == {sockets[0].getsockname()[1]}
+        assert "0.0.0.0" in {s.getsockname()[0] for s in sockets}
+        # Listening already: a second bind of the port fails here, not once the model loads.
+        with pytest.raises(CliError, match="Address already in use"):
+            _listen("0.0.0.0", sockets[0].getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    with pytest.raises(CliError, match=r"--port must be in \[0, 65535\], got 70000"):
+        _listen("127.0.0.1", 70000)  # (getaddrinfo took it as port 4464)

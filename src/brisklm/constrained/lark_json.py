@@ -15,9 +15,11 @@ PREPARED_MARK = "x-brisklm-prepared"
 
 _DECODER = json.JSONDecoder()
 # What the scan stops at: a string or regex literal (a backslash escapes the next character; an
-# unclosed one ends at its line's end, where Lark's lexer stops it too), a comment, or `%json`.
+# unclosed one ends at its line's end, where Lark's lexer stops it too), a comment (`//` or, in
+# llguidance's dialect, `#`), or `%json`.
 _LEXEMES = re.compile(
-    r'"(?:[^"\\\n]|\\.)*"?|//[^\n]*|/(?:[^/\\\n]|\\.)*/?|(?P<json>%json(?![A-Za-z0-9_]))'
+    r'"(?:[^"\\\n]|\\.)*"?|//[^\n]*|#[^\n]*|/(?:[^/\\\n]|\\.)*/?'
+    r"|(?P<json>%json(?![A-Za-z0-9_]))"
 )
 _SPACE = re.compile(r"[ \t\r\n]*")
 
@@ -50,7 +52,9 @@ def enforce_json_embeds(lark: str) -> str:
         if isinstance(schema, dict) and schema.get(PREPARED_MARK) is True:
             continue
         line = lark.count("\n", 0, lexeme.start()) + 1
-        pieces += [lark[done:start], json.dumps(_enforced(schema, line), ensure_ascii=False)]
+        # (ASCII: an escaped lone surrogate stays an escape, which llguidance refuses by name;
+        # written out raw, it could not be encoded at all)
+        pieces += [lark[done:start], json.dumps(_enforced(schema, line))]
         done = end
     return "".join(pieces) + lark[done:] if pieces else lark
 

@@ -129,12 +129,6 @@ class EngineConfig:
                 "extra slots only keep finished requests' prefixes"
             )
 
-    @property
-    def num_cache_slots(self) -> int:
-        """The KV cache's sequences: ``max_batch_size`` running, ``prefix_cache_slots`` more
-        keeping prefixes."""
-        return self.max_batch_size + self.prefix_cache_slots
-
     def resolved_max_seq_len(self, model_max: int) -> int:
         return self.max_seq_len if self.max_seq_len is not None else min(model_max, 4096)
 
@@ -142,6 +136,16 @@ class EngineConfig:
         if self.prefill_chunk_size is not None:
             return self.prefill_chunk_size
         return DEFAULT_PREFILL_CHUNK.get(device.type, DEFAULT_PREFILL_CHUNK["cuda"])
+
+
+def prefix_cache_slots_for(config: EngineConfig, model: LlamaForCausalLM) -> int:
+    """The ``prefix_cache_slots`` an engine for ``model`` allocates: none where it reuses no
+    prefix (prefix caching off, or dynamic NTK rope past the trained context, whose keys depend
+    on a sequence's length)."""
+    max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
+    if not config.prefix_caching or model.rotary.rotates_by_length(max_seq_len):
+        return 0
+    return config.prefix_cache_slots
 
 
 def kv_cache_bytes_per_token(model: LlamaForCausalLM) -> int:
@@ -211,7 +215,13 @@ class LLMEngine:
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
         # Dynamic NTK past the trained context rotates keys by a sequence's length: no reuse.
         reuses = config.prefix_caching and not model.rotary.rotates_by_length(self.max_seq_len)
-        extra_slots = config.prefix_cache_slots if reuses else 0
+        extra_slots = prefix_cache_slots_for(config, model)
+        if config.prefix_cache_slots and not extra_slots:
+            logger.warning(
+                "prefix_cache_slots=%d unused: dynamic NTK rope past the model's trained context "
+                "reuses no prefix",
+                config.prefix_cache_slots,
+            )
         check_kv_cache_fits(model, config.max_batch_size, self.max_seq_len, None, extra_slots)
         self.runner = ModelRunner(
             model,
