@@ -10,7 +10,7 @@ from brisklm.server.protocol import ApiError
 
 
 def test_messages_are_read_as_templates_read_them() -> None:
-    messages = protocol._messages(
+    messages = protocol.chat_messages(
         [
             {"role": "developer", "content": "Be brief."},
             {
@@ -72,7 +72,7 @@ def test_messages_are_read_as_templates_read_them() -> None:
 )
 def test_bad_messages_name_what_is_wrong(messages, words) -> None:
     with pytest.raises(ApiError, match=words) as error:
-        protocol._messages(messages)
+        protocol.chat_messages(messages)
     assert error.value.param == "messages" and error.value.status == 400
 
 

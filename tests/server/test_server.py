@@ -581,6 +581,10 @@ def test_an_api_key_guards_the_v1_routes(llm) -> None:
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "invalid_api_key"
         assert guarded.get("/health").status_code == 200  # (open, for load balancers)
+        refused = guarded.post("/tokenize", json={"prompt": "Hi"})
+        assert refused.status_code == 401  # (vLLM leaves it open)
+        headers = {"Authorization": "Bearer s3cret"}
+        assert guarded.post("/tokenize", json={"prompt": "Hi"}, headers=headers).status_code == 200
         keyed = openai.OpenAI(
             base_url="http://testserver/v1", api_key="s3cret", http_client=guarded
         )
@@ -588,6 +592,40 @@ def test_an_api_key_guards_the_v1_routes(llm) -> None:
         wrong = openai.OpenAI(base_url="http://testserver/v1", api_key="nope", http_client=guarded)
         with pytest.raises(openai.AuthenticationError):
             wrong.chat.completions.create(model=NAME, messages=ask("Hello!"))
+
+
+def test_tokenize_and_detokenize_as_vllm_answers_them(http, llm) -> None:
+    reply = http.post("/tokenize", json={"model": NAME, "prompt": "Hello, Zürich!"}).json()
+    ids = llm.tokenizer.encode("Hello, Zürich!")
+    assert reply == {"count": len(ids), "max_model_len": llm.max_seq_len, "tokens": ids,
+                     "token_strs": None}  # fmt: skip
+    # A chat: the ids a chat request sends the model (tools included), and without the
+    # assistant's turn opened.
+    body = {"messages": ask("Weather in Oslo?"), "tools": [WEATHER], "return_token_strs": True}
+    reply = http.post("/tokenize", json=body).json()
+    assert reply["tokens"] == llm.chat_prompt_ids(ask("Weather in Oslo?"), [WEATHER])
+    assert reply["token_strs"] == [llm.tokenizer.id_to_token(i) for i in reply["tokens"]]
+    closed = http.post("/tokenize", json={**body, "add_generation_prompt": False}).json()
+    assert (
+        closed["count"] < reply["count"] and reply["tokens"][: closed["count"]] == closed["tokens"]
+    )
+    text = http.post("/detokenize", json={"tokens": reply["tokens"]}).json()["prompt"]
+    assert text == llm.tokenizer.decode(reply["tokens"], skip_special_tokens=False)
+    assert "<|im_start|>assistant" in text and "get_weather" in text
+    for path, bad, param in [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": ask("b")}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, "add_generation_prompt"),
+        ("/tokenize", {"messages": ask("b"), "add_special_tokens": "yes"}, "add_special_tokens"),
+        ("/tokenize", {"messages": ask("b"), "tools": [WEATHER, WEATHER]}, "tools"),
+        ("/tokenize", {"prompt": "a", "suffix": "b"}, "suffix"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": "12"}, "tokens"),
+    ]:
+        response = http.post(path, json=bad)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, bad
+    assert http.post("/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404
 
 
 def test_a_context_too_small_for_max_tokens_is_refused(http, llm) -> None:

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server behind ``brisklm serve``: ``/v1/chat/completions`` (tools,
 ``tool_choice``, ``response_format``, logprobs, ``n``, streaming), ``/v1/completions`` (also
-``echo``), ``/v1/models`` and ``/health``, on Starlette (the ``server`` extra). Requests are
+``echo``), ``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize``, and ``/health``, on Starlette (the ``server`` extra). Requests are
 decoded by the LLM's engine thread, batched together; a request whose client goes away, streamed
 or not, is aborted."""
 
@@ -33,6 +33,7 @@ from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogp
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
+from brisklm.server.tokenize import detokenize, tokenize
 from brisklm.tool_call_chunks import CallChunk, ToolCallChunker
 from brisklm.tool_calls import turn_finish_reason, unclosed_block_start
 from brisklm.tool_formats import ToolCallFormat
@@ -46,7 +47,8 @@ _GONE = Response(status_code=499)  # (nobody reads it: the client has gone)
 
 def build_app(llm: LLM, model_name: str, api_key: str | None = None) -> Starlette:
     """The server's ASGI app for ``llm``, which it serves as ``model_name``; with ``api_key``,
-    the ``/v1`` routes want it as a bearer token (``Authorization: Bearer KEY``), as OpenAI's."""
+    every route but ``/health`` wants it as a bearer token (``Authorization: Bearer KEY``), as
+    OpenAI's."""
     server = _Server(llm, model_name)
     routes = [
         Route("/health", server.health, methods=["GET"]),
@@ -54,6 +56,8 @@ def build_app(llm: LLM, model_name: str, api_key: str | None = None) -> Starlett
         Route("/v1/models/{model:path}", _answering_errors(server.model), methods=["GET"]),
         Route("/v1/completions", _answering_errors(server.completions), methods=["POST"]),
         Route("/v1/chat/completions", _answering_errors(server.chat), methods=["POST"]),
+        Route("/tokenize", _answering_errors(server.tokenize), methods=["POST"]),
+        Route("/detokenize", _answering_errors(server.detokenize), methods=["POST"]),
     ]
     middleware = [Middleware(_RequireApiKey, key=api_key)] if api_key else []
     return Starlette(
@@ -62,15 +66,15 @@ def build_app(llm: LLM, model_name: str, api_key: str | None = None) -> Starlett
 
 
 class _RequireApiKey:
-    """401 with OpenAI's error body for a ``/v1`` request without the key (``/health`` is
-    open, for load balancers)."""
+    """401 with OpenAI's error body for a request without the key (``/health`` alone is open,
+    for load balancers; vLLM leaves ``/tokenize`` open too, which this does not)."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
         self.expected = f"Bearer {key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"] != "/health":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 what = "no API key" if not given else "an API key that is not this server's"
@@ -253,6 +257,14 @@ class _Server:
 
     async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def tokenize(self, http: HttpRequest) -> Response:
+        body = protocol.read_body(await http.body())
+        return JSONResponse(await run_off_loop(tokenize, self.llm, body, self.model_name))
+
+    async def detokenize(self, http: HttpRequest) -> Response:
+        body = protocol.read_body(await http.body())
+        return JSONResponse(detokenize(self.llm, body, self.model_name))
 
     async def models(self, request: HttpRequest) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card()]})

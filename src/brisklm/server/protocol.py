@@ -462,7 +462,7 @@ class ChatRequest:
 def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     check_model(body, served)
-    messages = _messages(body.get("messages"))
+    messages = chat_messages(body.get("messages"))
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         if body["max_tokens"] != body["max_completion_tokens"]:
             raise ApiError(
@@ -488,7 +488,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     if wants_logprobs:
         changes["logprobs"] = top or 0
     constraint_field = _guided_field(changes)
-    tools = _tools(body.get("tools"))
+    tools = chat_tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), [t["function"]["name"] for t in tools or []])
     parallel = _get(body, "parallel_tool_calls", bool, "true or false")
     answer = None
@@ -540,7 +540,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     )
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
     """The messages as chat templates read them: text content (a list of text parts joined),
     developer as system, tool-call arguments as objects."""
     if not isinstance(messages, list) or not messages:
@@ -631,7 +631,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     }
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):

@@ -1,0 +1,82 @@
+"""vLLM's ``/tokenize`` and ``/detokenize``: the token ids of a prompt or of a chat as the
+model's template renders it (what a request would send the model), and the text of ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from brisklm.llm import LLM
+from brisklm.server.protocol import ApiError, chat_messages, chat_tools, check_fields, check_model
+
+_TOKENIZE_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "messages",
+        "tools",
+        "add_special_tokens",
+        "add_generation_prompt",
+        "return_token_strs",
+    }
+)
+_DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+
+
+def tokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
+    """``{"count", "max_model_len", "tokens", "token_strs"}`` for ``prompt`` (text; the
+    tokenizer's special tokens added unless ``add_special_tokens`` is false) or ``messages``
+    (and ``tools``) rendered by the chat template (with the assistant's turn opened unless
+    ``add_generation_prompt`` is false; no special tokens added: the template writes them)."""
+    check_fields(body, _TOKENIZE_FIELDS, "/tokenize")
+    check_model(body, served)
+    if ("prompt" in body) == ("messages" in body):
+        raise ApiError("give one of prompt (text) or messages (a chat)", param="prompt")
+    chat = "messages" in body
+    special = _flag(body, "add_special_tokens", default=not chat)
+    generation = _flag(body, "add_generation_prompt", default=True)
+    names = _flag(body, "return_token_strs", default=False)
+    if chat:
+        messages, tools = chat_messages(body["messages"]), chat_tools(body.get("tools"))
+        try:
+            text = llm.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=generation
+            )
+        except ValueError as error:
+            field = "tools" if str(error).startswith("tools[") else "messages"
+            raise ApiError(str(error), param=field) from None
+    else:
+        if "add_generation_prompt" in body:
+            raise ApiError("add_generation_prompt needs messages", param="add_generation_prompt")
+        text = body["prompt"]
+        if not isinstance(text, str):
+            raise ApiError(f"prompt must be a string, got {text!r}", param="prompt")
+    ids = llm.tokenizer.encode(text, add_special_tokens=special)
+    return {
+        "count": len(ids),
+        "max_model_len": llm.max_seq_len,
+        "tokens": ids,
+        "token_strs": [llm.tokenizer.id_to_token(i) for i in ids] if names else None,
+    }
+
+
+def detokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
+    """``{"prompt": text}`` of ``tokens`` (special tokens kept, as transformers decodes)."""
+    check_fields(body, _DETOKENIZE_FIELDS, "/detokenize")
+    check_model(body, served)
+    ids = body.get("tokens")
+    vocab = llm.tokenizer.vocab_size
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids
+    ):
+        raise ApiError(f"tokens must be a list of token ids in [0, {vocab})", param="tokens")
+    return {"prompt": llm.tokenizer.decode(ids, skip_special_tokens=False)}
+
+
+def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(f"{name} must be true or false, got {value!r}", param=name)
+    return value
