@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import json
 import logging
@@ -517,7 +518,15 @@ def _listen(host: str, port: int) -> list[socket.socket]:
                 listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if port == 0 and len(sockets) > 1:
                 address = (address[0], sockets[0].getsockname()[1], *address[2:])
-            listening.bind(address)
+            try:
+                listening.bind(address)
+            except OSError as exc:
+                # An address of a family the kernel has off (IPv6 disabled: "::" is not
+                # available) is left out where another one binds; a port in use is not.
+                if exc.errno != errno.EADDRNOTAVAIL or len(found) == 1:
+                    raise
+                sockets.pop().close()
+                continue
             listening.listen()  # (a second bind of a port with SO_REUSEADDR succeeds; this fails)
     except OSError as exc:
         for listening in sockets:
