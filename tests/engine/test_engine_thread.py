@@ -392,13 +392,15 @@ if pid == 0:
         print("child:", error, flush=True)
     started = time.monotonic()
     llm.close()
+    # (A hang guard, far from any load's noise: close, and the exit below, waited 10 s for the
+    # parent's engine thread.)
+    print("child: close took under 5 s", time.monotonic() - started < 5.0, flush=True)
     own = LLM.from_pretrained(sys.argv[1], device="cpu", max_seq_len=128, show_progress=False)
     print("child: own LLM", own.generate("a b c", params).token_ids == expected, flush=True)
-    print("child: close took under 1 s", time.monotonic() - started < 1.0, flush=True)
+    print("child: exiting at", time.time(), flush=True)
     sys.exit(0)  # interpreter exit: brisklm's exit handler waits for no parent thread
-started = time.monotonic()
 _, status = os.waitpid(pid, 0)
-print("parent: child exit", os.waitstatus_to_exitcode(status), time.monotonic() - started < 8)
+print("parent: child exit", os.waitstatus_to_exitcode(status), time.time(), flush=True)
 print("parent: still serving", llm.generate("a b c", params).token_ids == expected, flush=True)
 print("parent: its stream went on", len("".join(in_flight)) > 0, flush=True)
 """
@@ -418,11 +420,16 @@ def test_a_forked_child_gets_a_clear_error_and_may_make_its_own_llm(tiny_dir, tm
     for line in (
         "parent: its stream went on True",
         "child: own LLM True",
-        "child: close took under 1 s True",
-        "parent: child exit 0 True",
+        "child: close took under 5 s True",
         "parent: still serving True",
     ):
         assert line in lines, lines
+    # The child's exit: from its last line to the parent's wait returning (it waited 10 s).
+    exiting = next(float(line.split()[-1]) for line in lines if line.startswith("child: exiting"))
+    code, exited = next(
+        line.split()[-2:] for line in lines if line.startswith("parent: child exit")
+    )
+    assert code == "0" and float(exited) - exiting < 5.0, lines
 
 
 AFTER_MAIN_SCRIPT = """
