@@ -628,3 +628,59 @@ def test_formats_of_schemas_that_cannot_be_strings(bpe_compiler: GrammarCompiler
     # Where it may be a string, llguidance enforces (or refuses) it as before.
     assert accepts(bpe_compiler, {"type": ["string", "integer"], "format": "date"}, 5)
     assert not accepts(bpe_compiler, {"type": ["string", "integer"], "format": "date"}, "x")
+
+
+def test_email_is_what_pydantic_accepts_too(
+    bpe_compiler: GrammarCompiler, bpe_tokenizer: Any, generate: Any
+) -> None:
+    """llguidance's email format took bob@example, a@1.2.3.4 and x@host.local, which Pydantic's
+    EmailStr (email-validator) refuses; the pattern in its place never writes one of those."""
+    pydantic = pytest.importorskip("pydantic")
+    pytest.importorskip("email_validator")
+    import random
+
+    adapter = pydantic.TypeAdapter(pydantic.EmailStr)
+
+    def pydantic_accepts(text: str) -> bool:
+        try:
+            adapter.validate_python(text)
+        except pydantic.ValidationError:
+            return False
+        return True
+
+    email = JsonSchema({"type": "string", "format": "email"})
+    for text in ["bob@example", "a@1.2.3.4", "x@host.local", "a@x.TEST", "a@x.c1", "a@[1.2.3.4]"]:
+        assert not pydantic_accepts(text) and not accepts_text(bpe_compiler, email, f'"{text}"')
+    for text in ["maria@example.com", "A.B+c@mail.x-y.co", "a@x.tests", "a@x.1c", "t~e@z.io"]:
+        assert pydantic_accepts(text) and accepts_text(bpe_compiler, email, f'"{text}"'), text
+    # Random addresses: whatever the pattern takes, Pydantic takes (the pattern is Rust syntax
+    # that Python's re reads alike: classes and bounded repeats).
+    pattern = re.compile(_FORMAT_REWRITES["email"]["pattern"])
+    rng = random.Random(0)
+    alphabet = "abcxyzABC0129-"
+    taken = 0
+    for _ in range(3000):
+        labels = [
+            "".join(rng.choices(alphabet, k=rng.randint(1, 6))) for _ in range(rng.randint(1, 3))
+        ]
+        if rng.random() < 0.3:
+            labels[-1] = rng.choice(["test", "local", "localhost", "onion", "arpa", "invalid"])
+            labels[-1] += rng.choice(["", "", "s", "1"])
+        local = "".join(rng.choices("ab.+_~!{}`'-9", k=rng.randint(1, 6)))
+        text = f"{local}@{'.'.join(labels)}"
+        if pattern.fullmatch(text):
+            taken += 1
+            assert pydantic_accepts(text), text
+    assert taken > 500
+    # Random logits decoded under the schema: every address written passes EmailStr.
+    compiled = bpe_compiler.compile(email)
+    finished = 0
+    for seed in range(30):
+        out = generate(
+            compiled, bpe_tokenizer.token_bytes(), seed=seed, temperature=1.0, max_tokens=300,
+            eos_bias=4.0,
+        )  # fmt: skip
+        if out.finished:
+            finished += 1
+            assert pydantic_accepts(json.loads(out.text.decode())), out.text
+    assert finished >= 10

@@ -8,6 +8,7 @@ from urllib.parse import unquote
 
 from llguidance import LLMatcher
 
+from brisklm.constrained.email_format import MAX_ADDRESS, email_pattern
 from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_numbers import (
     check_exact_numbers,
@@ -112,6 +113,8 @@ _FORMAT_REWRITES: dict[str, dict[str, Any]] = {
     "time": {"pattern": f"^{_TIME}$"},
     "date-time": {"pattern": f"^{_DATE}[Tt]{_TIME}$"},
     "hostname": {"pattern": rf"^{_LABEL}(?:\.{_LABEL})*$", "maxLength": 253},
+    # What Pydantic's EmailStr accepts too (llguidance's took bob@example: email_format).
+    "email": {"pattern": email_pattern(_LABEL), "maxLength": MAX_ADDRESS},
 }
 
 
