@@ -684,3 +684,40 @@ def test_email_is_what_pydantic_accepts_too(
             finished += 1
             assert pydantic_accepts(json.loads(out.text.decode())), out.text
     assert finished >= 10
+
+
+def test_duration_is_rfc_3339s_within_what_pydantic_reads(
+    bpe_compiler: GrammarCompiler, bpe_tokenizer: Any, generate: Any
+) -> None:
+    """llguidance's duration format took numbers of any length, which Pydantic's timedelta
+    refuses past a few digits ("PT99999999999S": too large)."""
+    pydantic = pytest.importorskip("pydantic")
+    adapter = pydantic.TypeAdapter(datetime.timedelta)
+
+    def pydantic_accepts(text: str) -> bool:
+        try:
+            adapter.validate_python(text)
+        except pydantic.ValidationError:
+            return False
+        return True
+
+    duration = JsonSchema({"type": "string", "format": "duration"})
+    good = ["P4DT12H30M5S", "P4Y", "PT0S", "P0D", "P1M", "PT1M", "PT36H", "P2W", "P1Y2M3D",
+            "PT99999H999999M99999999S", "P9999Y99999M9999999DT99999H999999M99999999S"]  # fmt: skip
+    for text in good:
+        assert pydantic_accepts(text) and accepts_text(bpe_compiler, duration, f'"{text}"'), text
+    # RFC 3339's order and shape (P1W2D: a week stands alone; PT1H1S skips the minutes), and
+    # numbers too large for timedelta.
+    for text in ["P", "PT", "P1YT", "P2D1Y", "PT1D", "P1W2D", "PT1H1S", "P1.5D", "PT99999999999S"]:
+        assert not accepts_text(bpe_compiler, duration, f'"{text}"'), text
+    compiled = bpe_compiler.compile(duration)
+    finished = 0
+    for seed in range(60):
+        out = generate(
+            compiled, bpe_tokenizer.token_bytes(), seed=seed, temperature=1.0, max_tokens=60,
+            eos_bias=3.0,
+        )  # fmt: skip
+        if out.finished:
+            finished += 1
+            assert pydantic_accepts(json.loads(out.text.decode())), out.text
+    assert finished >= 20

@@ -107,12 +107,23 @@ _LABEL = (
     r"|[A-Za-z0-9][A-Za-z0-9-]{2}[A-Za-z0-9]"
     r"|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]{0,58}[A-Za-z0-9])"
 )
+# RFC 3339's duration (Appendix A), with at most as many digits in each number as Pydantic's
+# timedelta reads all together (it refuses "PT9999999999S": too large; a duration of every
+# number at these bounds is 17 million days, under timedelta's 999,999,999).
+_DURATION_TIME = (
+    r"T(?:[0-9]{1,5}H(?:[0-9]{1,6}M(?:[0-9]{1,8}S)?)?|[0-9]{1,6}M(?:[0-9]{1,8}S)?|[0-9]{1,8}S)"
+)
+_DURATION_DATE = (
+    r"(?:[0-9]{1,7}D|[0-9]{1,5}M(?:[0-9]{1,7}D)?|[0-9]{1,4}Y(?:[0-9]{1,5}M(?:[0-9]{1,7}D)?)?)"
+)
+_DURATION = rf"P(?:{_DURATION_DATE}(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,7}}W)"
 # format -> string constraints that replace it (patterns are Rust syntax, already anchored).
 _FORMAT_REWRITES: dict[str, dict[str, Any]] = {
     "date": {"pattern": f"^{_DATE}$"},
     "time": {"pattern": f"^{_TIME}$"},
     "date-time": {"pattern": f"^{_DATE}[Tt]{_TIME}$"},
     "hostname": {"pattern": rf"^{_LABEL}(?:\.{_LABEL})*$", "maxLength": 253},
+    "duration": {"pattern": f"^{_DURATION}$"},
     # What Pydantic's EmailStr accepts too (llguidance's took bob@example: email_format).
     "email": {"pattern": email_pattern(_LABEL), "maxLength": MAX_ADDRESS},
 }
