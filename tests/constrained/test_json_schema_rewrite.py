@@ -630,6 +630,33 @@ def test_formats_of_schemas_that_cannot_be_strings(bpe_compiler: GrammarCompiler
     assert not accepts(bpe_compiler, {"type": ["string", "integer"], "format": "date"}, "x")
 
 
+def _pydantic_accepts(kind: Any) -> Any:
+    """A check of a text by Pydantic's validator for ``kind`` (EmailStr, timedelta)."""
+    pydantic = pytest.importorskip("pydantic")
+    adapter = pydantic.TypeAdapter(kind)
+
+    def accepts(text: str) -> bool:
+        try:
+            adapter.validate_python(text)
+        except pydantic.ValidationError:
+            return False
+        return True
+
+    return accepts
+
+
+def _random_decodes(
+    compiler: GrammarCompiler, tokenizer: Any, generate: Any, schema: JsonSchema, **options: Any
+) -> list[Any]:
+    """The strings random logits wrote under ``schema`` (one a seed, those that finished)."""
+    compiled = compiler.compile(schema)
+    outputs = [
+        generate(compiled, tokenizer.token_bytes(), seed=seed, temperature=1.0, **options)
+        for seed in range(60)
+    ]
+    return [json.loads(out.text.decode()) for out in outputs if out.finished]
+
+
 def test_email_is_what_pydantic_accepts_too(
     bpe_compiler: GrammarCompiler, bpe_tokenizer: Any, generate: Any
 ) -> None:
@@ -639,15 +666,7 @@ def test_email_is_what_pydantic_accepts_too(
     pytest.importorskip("email_validator")
     import random
 
-    adapter = pydantic.TypeAdapter(pydantic.EmailStr)
-
-    def pydantic_accepts(text: str) -> bool:
-        try:
-            adapter.validate_python(text)
-        except pydantic.ValidationError:
-            return False
-        return True
-
+    pydantic_accepts = _pydantic_accepts(pydantic.EmailStr)
     email = JsonSchema({"type": "string", "format": "email"})
     for text in ["bob@example", "a@1.2.3.4", "x@host.local", "a@x.TEST", "a@x.c1", "a@[1.2.3.4]"]:
         assert not pydantic_accepts(text) and not accepts_text(bpe_compiler, email, f'"{text}"')
@@ -673,17 +692,10 @@ def test_email_is_what_pydantic_accepts_too(
             assert pydantic_accepts(text), text
     assert taken > 500
     # Random logits decoded under the schema: every address written passes EmailStr.
-    compiled = bpe_compiler.compile(email)
-    finished = 0
-    for seed in range(30):
-        out = generate(
-            compiled, bpe_tokenizer.token_bytes(), seed=seed, temperature=1.0, max_tokens=300,
-            eos_bias=4.0,
-        )  # fmt: skip
-        if out.finished:
-            finished += 1
-            assert pydantic_accepts(json.loads(out.text.decode())), out.text
-    assert finished >= 10
+    written = _random_decodes(
+        bpe_compiler, bpe_tokenizer, generate, email, max_tokens=300, eos_bias=4.0
+    )
+    assert len(written) >= 20 and all(map(pydantic_accepts, written)), written
 
 
 def test_duration_is_rfc_3339s_within_what_pydantic_reads(
@@ -691,16 +703,7 @@ def test_duration_is_rfc_3339s_within_what_pydantic_reads(
 ) -> None:
     """llguidance's duration format took numbers of any length, which Pydantic's timedelta
     refuses past a few digits ("PT99999999999S": too large)."""
-    pydantic = pytest.importorskip("pydantic")
-    adapter = pydantic.TypeAdapter(datetime.timedelta)
-
-    def pydantic_accepts(text: str) -> bool:
-        try:
-            adapter.validate_python(text)
-        except pydantic.ValidationError:
-            return False
-        return True
-
+    pydantic_accepts = _pydantic_accepts(datetime.timedelta)
     duration = JsonSchema({"type": "string", "format": "duration"})
     good = ["P4DT12H30M5S", "P4Y", "PT0S", "P0D", "P1M", "PT1M", "PT36H", "P2W", "P1Y2M3D",
             "PT99999H999999M99999999S", "P9999Y99999M9999999DT99999H999999M99999999S"]  # fmt: skip
@@ -710,14 +713,7 @@ def test_duration_is_rfc_3339s_within_what_pydantic_reads(
     # numbers too large for timedelta.
     for text in ["P", "PT", "P1YT", "P2D1Y", "PT1D", "P1W2D", "PT1H1S", "P1.5D", "PT99999999999S"]:
         assert not accepts_text(bpe_compiler, duration, f'"{text}"'), text
-    compiled = bpe_compiler.compile(duration)
-    finished = 0
-    for seed in range(60):
-        out = generate(
-            compiled, bpe_tokenizer.token_bytes(), seed=seed, temperature=1.0, max_tokens=60,
-            eos_bias=3.0,
-        )  # fmt: skip
-        if out.finished:
-            finished += 1
-            assert pydantic_accepts(json.loads(out.text.decode())), out.text
-    assert finished >= 20
+    written = _random_decodes(
+        bpe_compiler, bpe_tokenizer, generate, duration, max_tokens=60, eos_bias=3.0
+    )
+    assert len(written) >= 20 and all(map(pydantic_accepts, written)), written
