@@ -97,10 +97,11 @@ _MONTH_DAY = (
 )
 _LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _DATE = rf"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+# No leap second (23:59:60, which RFC 3339 allows): Python's datetime and time, and so Pydantic's,
+# refuse a second of 60.
 _TIME = (
-    r"(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
+    r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
     r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-    r"|23:59:60(?:\.[0-9]+)?(?:[Zz]|[+-]00:00))"
 )
 _LABEL = (
     r"(?:[A-Za-z0-9]|[A-Za-z0-9]{2}|[A-Za-z0-9][A-Za-z0-9-][A-Za-z0-9]"
@@ -743,8 +744,9 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
       meaning differs (`\\A`, `\\z`, ...) are rejected.
     - `format` `date`, `time`, `date-time` and `hostname` are over-approximated by llguidance (Feb 29 of
       any year, leap seconds at any minute, punycode, total length); they are replaced by exact or
-      stricter patterns (leap seconds only at 23:59:60 UTC; hostname labels with `--` at positions 3-4,
-      i.e. IDN A-labels, are refused).
+      stricter patterns (no leap second, which Pydantic's datetime refuses; hostname labels with
+      `--` at positions 3-4, i.e. IDN A-labels, are refused). `email` and `duration` are replaced
+      by patterns that Pydantic's EmailStr and timedelta accept too (``email_format``).
     - keys matched by `additionalProperties` / `patternProperties` may repeat in the output, which
       defeats `minProperties` above max(1, number of required keys): rejected.
     - draft-07 / 2019-09 keywords that 2020-12 dropped (`items` as an array, `additionalItems`,
