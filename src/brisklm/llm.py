@@ -32,6 +32,7 @@ from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.offload import run_off_loop
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
+from brisklm.progress import BatchProgress
 from brisklm.quant.loading import linear_factory_for
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.sampling.generation_config import sampling_defaults
@@ -679,33 +680,54 @@ class LLM:
     # ----------------------------------------------------------------- sync API
     @overload  # a str is also a Sequence[str]: the first overload wins
     def generate(  # type: ignore[overload-overlap]
-        self, prompts: str | list[int] | tuple[int, ...], params: ParamsArg = None
+        self,
+        prompts: str | list[int] | tuple[int, ...],
+        params: ParamsArg = None,
+        *,
+        show_progress: bool = False,
     ) -> GenerationOutput: ...
     @overload
     def generate(
-        self, prompts: Sequence[Prompt], params: ParamsArg = None
+        self, prompts: Sequence[Prompt], params: ParamsArg = None, *, show_progress: bool = False
     ) -> list[GenerationOutput]: ...
     @overload  # 1-D: one prompt, 2-D: a batch (not told apart by a type): Any, not a union
-    def generate(self, prompts: torch.Tensor | ndarray, params: ParamsArg = None) -> Any: ...
+    def generate(
+        self,
+        prompts: torch.Tensor | ndarray,
+        params: ParamsArg = None,
+        *,
+        show_progress: bool = False,
+    ) -> Any: ...
 
-    def generate(self, prompts: Any, params: ParamsArg = None) -> Any:
-        """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch)."""
+    def generate(
+        self, prompts: Any, params: ParamsArg = None, *, show_progress: bool = False
+    ) -> Any:
+        """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch).
+
+        ``show_progress``: a progress bar on stderr (tqdm) of the prompts finished and the output
+        tokens a second, for a long list."""
         prompt_list, single = self._prompt_list(prompts)
-        outputs = self.run_requests(self._make_requests(prompt_list, params))
+        requests = self._make_requests(prompt_list, params)
+        outputs = self.run_requests(requests, show_progress=show_progress)
         return outputs[0] if single else outputs
 
-    def run_requests(self, requests: list[Request]) -> list[GenerationOutput]:
-        """Submit prepared requests together and block until all finish."""
+    def run_requests(
+        self, requests: list[Request], *, show_progress: bool = False
+    ) -> list[GenerationOutput]:
+        """Submit prepared requests together and block until all finish (``show_progress``: a
+        progress bar, as ``generate``'s)."""
         collector = SyncCollector(final_only=True)
         self._loop.submit(requests, collector)
         pending = {r.request_id for r in requests}
         try:
-            while pending:
-                request, result = collector.get()
-                if isinstance(result, BaseException):
-                    raise result
-                if result.finished:
-                    pending.discard(request.request_id)
+            with BatchProgress(len(requests), show_progress) as progress:
+                while pending:
+                    request, result = collector.get()
+                    if isinstance(result, BaseException):
+                        raise result
+                    if result.finished:
+                        pending.discard(request.request_id)
+                        progress.finished(request)
         finally:
             for request_id in pending:
                 self._loop.abort(request_id)
@@ -760,29 +782,45 @@ class LLM:
     # ---------------------------------------------------------------- async API
     @overload  # a str is also a Sequence[str]: the first overload wins
     async def agenerate(  # type: ignore[overload-overlap]
-        self, prompts: str | list[int] | tuple[int, ...], params: ParamsArg = None
+        self,
+        prompts: str | list[int] | tuple[int, ...],
+        params: ParamsArg = None,
+        *,
+        show_progress: bool = False,
     ) -> GenerationOutput: ...
     @overload
     async def agenerate(
-        self, prompts: Sequence[Prompt], params: ParamsArg = None
+        self, prompts: Sequence[Prompt], params: ParamsArg = None, *, show_progress: bool = False
     ) -> list[GenerationOutput]: ...
     @overload  # 1-D: one prompt, 2-D: a batch (not told apart by a type): Any, not a union
-    async def agenerate(self, prompts: torch.Tensor | ndarray, params: ParamsArg = None) -> Any: ...
+    async def agenerate(
+        self,
+        prompts: torch.Tensor | ndarray,
+        params: ParamsArg = None,
+        *,
+        show_progress: bool = False,
+    ) -> Any: ...
 
-    async def agenerate(self, prompts: Any, params: ParamsArg = None) -> Any:
+    async def agenerate(
+        self, prompts: Any, params: ParamsArg = None, *, show_progress: bool = False
+    ) -> Any:
         """Async ``generate``: awaits without blocking the event loop (the prompts are tokenized
         and their grammars compiled in a worker thread: a new tool grammar takes ~0.1-0.3 s)."""
         prompt_list, single = self._prompt_list(prompts)
         requests = await run_off_loop(self._make_requests, prompt_list, params)
-        outputs = await self.arun_requests(requests)
+        outputs = await self.arun_requests(requests, show_progress=show_progress)
         return outputs[0] if single else outputs
 
-    async def arun_requests(self, requests: list[Request]) -> list[GenerationOutput]:
+    async def arun_requests(
+        self, requests: list[Request], *, show_progress: bool = False
+    ) -> list[GenerationOutput]:
         """Async ``run_requests``: the first request to fail raises, and the others are aborted."""
         async with contextlib.aclosing(self.arun_requests_each(requests)) as results:
-            async for _, result in results:
-                if isinstance(result, BaseException):
-                    raise result
+            with BatchProgress(len(requests), show_progress) as progress:
+                async for index, result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                    progress.finished(requests[index])
         return [r.to_output() for r in requests]
 
     async def arun_requests_each(

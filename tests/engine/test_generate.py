@@ -413,3 +413,18 @@ async def test_astream_requests_adds_up_per_request(llm):
         async for index, chunk in chunks:
             texts[index] += chunk.text
     assert texts == [o.text for o in llm.generate(PROMPTS, GREEDY)]
+
+
+def test_a_progress_bar_counts_the_prompts_finished(llm, capsys):
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    quiet = llm.generate(PROMPTS, params)
+    assert capsys.readouterr().err == ""  # off by default
+    shown = llm.generate(PROMPTS, params, show_progress=True)
+    err = capsys.readouterr().err
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in err and "output tokens/s" in err
+    assert [o.token_ids for o in shown] == [o.token_ids for o in quiet]
+    import asyncio
+
+    again = asyncio.run(llm.agenerate(PROMPTS, params, show_progress=True))
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in capsys.readouterr().err
+    assert [o.token_ids for o in again] == [o.token_ids for o in quiet]
