@@ -428,3 +428,24 @@ def test_a_progress_bar_counts_the_prompts_finished(llm, capsys):
     again = asyncio.run(llm.agenerate(PROMPTS, params, show_progress=True))
     assert f"{len(PROMPTS)}/{len(PROMPTS)}" in capsys.readouterr().err
     assert [o.token_ids for o in again] == [o.token_ids for o in quiet]
+
+
+def test_engine_stats_count_finished_requests(llm):
+    stats = llm.engine.stats
+    before = dict(stats.finished), stats.prompt_tokens, stats.generation_tokens
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params)
+    assert stats.finished["length"] - before[0]["length"] == len(PROMPTS)
+    assert stats.prompt_tokens - before[1] == sum(len(o.prompt_token_ids) for o in outs)
+    assert stats.generation_tokens - before[2] == 5 * len(PROMPTS)
+    # The prompt tokens a request reused from the prefix cache are counted apart.
+    cached = stats.cached_prompt_tokens
+    again = llm.generate(outs[0].prompt_token_ids + outs[0].token_ids + [5], params)
+    assert again.usage.cached_prompt_tokens > 0
+    assert stats.cached_prompt_tokens - cached == again.usage.cached_prompt_tokens
+    # An abort counts as one (it reaches the engine before the request sent after it).
+    stream = llm.stream_chunks(PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True))
+    next(stream)
+    stream.close()
+    llm.generate(PROMPTS[1], params)
+    assert stats.finished["abort"] - before[0]["abort"] == 1

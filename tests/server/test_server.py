@@ -583,6 +583,7 @@ def test_an_api_key_guards_the_v1_routes(llm) -> None:
         assert guarded.get("/health").status_code == 200  # (open, for load balancers)
         refused = guarded.post("/tokenize", json={"prompt": "Hi"})
         assert refused.status_code == 401  # (vLLM leaves it open)
+        assert guarded.get("/metrics").status_code == 401
         headers = {"Authorization": "Bearer s3cret"}
         assert guarded.post("/tokenize", json={"prompt": "Hi"}, headers=headers).status_code == 200
         keyed = openai.OpenAI(
@@ -626,6 +627,33 @@ def test_tokenize_and_detokenize_as_vllm_answers_them(http, llm) -> None:
         response = http.post(path, json=bad)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, bad
     assert http.post("/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404
+
+
+def test_metrics_count_what_the_engine_finished(http, client) -> None:
+    def read() -> dict[str, float]:
+        response = http.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        values = {}
+        for line in response.text.splitlines():
+            if not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+    label = f'model_name="{NAME}"'
+    before = read()
+    assert before[f"brisklm_requests_running{{{label}}}"] == 0
+    assert before[f"brisklm_kv_cache_slots{{{label}}}"] == 4
+    reply = client.chat.completions.create(model=NAME, messages=ask("Hello!"), max_tokens=6)
+    after = read()
+    generated = f"brisklm_generation_tokens_total{{{label}}}"
+    assert after[generated] - before[generated] == reply.usage.completion_tokens
+    prompt = f"brisklm_prompt_tokens_total{{{label}}}"
+    assert after[prompt] - before[prompt] == reply.usage.prompt_tokens
+    reason = "stop" if reply.choices[0].finish_reason == "stop" else "length"
+    finished = f'brisklm_request_finished_total{{{label},finished_reason="{reason}"}}'
+    assert after[finished] - before[finished] == 1
 
 
 def test_a_context_too_small_for_max_tokens_is_refused(http, llm) -> None:

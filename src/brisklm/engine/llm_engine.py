@@ -18,6 +18,7 @@ from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_s
 from brisklm.engine.request import Request
 from brisklm.engine.scheduler import ScheduledBatch, Scheduler
 from brisklm.engine.speculation import Speculator
+from brisklm.engine.stats import EngineStats
 from brisklm.engine.step_draws import StepDraws
 from brisklm.engine.structured import StructuredOutputs
 from brisklm.kernels.native import MAX_TOKENS
@@ -261,6 +262,7 @@ class LLMEngine:
             if reuses
             else None
         )
+        self.stats = EngineStats()
         self.scheduler = Scheduler(
             config.max_batch_size + extra_slots,
             config.max_prefill_tokens,
@@ -329,6 +331,7 @@ class LLMEngine:
 
     def release(self, request: Request) -> None:
         """A finished request leaves its cache slot (and the proposer's state for it)."""
+        self.stats.record(request)
         slot = request.slot
         retained = self._retained_tokens(request)
         if self.speculator is not None:

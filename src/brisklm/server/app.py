@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server behind ``brisklm serve``: ``/v1/chat/completions`` (tools,
 ``tool_choice``, ``response_format``, logprobs, ``n``, streaming), ``/v1/completions`` (also
-``echo``), ``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize``, and ``/health``, on Starlette (the ``server`` extra). Requests are
+``echo``), ``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize``, ``/metrics`` (Prometheus)
+and ``/health``, on Starlette (the ``server`` extra). Requests are
 decoded by the LLM's engine thread, batched together; a request whose client goes away, streamed
 or not, is aborted."""
 
@@ -32,6 +33,8 @@ from brisklm.openai_format import chat_logprobs, reply_logprobs
 from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
+from brisklm.server.metrics import CONTENT_TYPE as METRICS_TYPE
+from brisklm.server.metrics import metrics_text
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
 from brisklm.server.tokenize import detokenize, tokenize
 from brisklm.tool_call_chunks import CallChunk, ToolCallChunker
@@ -52,6 +55,7 @@ def build_app(llm: LLM, model_name: str, api_key: str | None = None) -> Starlett
     server = _Server(llm, model_name)
     routes = [
         Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.metrics, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model:path}", _answering_errors(server.model), methods=["GET"]),
         Route("/v1/completions", _answering_errors(server.completions), methods=["POST"]),
@@ -257,6 +261,9 @@ class _Server:
 
     async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def metrics(self, request: HttpRequest) -> Response:
+        return Response(metrics_text(self.llm, self.model_name), media_type=METRICS_TYPE)
 
     async def tokenize(self, http: HttpRequest) -> Response:
         body = protocol.read_body(await http.body())
