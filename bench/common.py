@@ -10,6 +10,11 @@ from pathlib import Path
 
 import torch
 
+# The benchmarks' timing of brisklm, as ``brisklm bench`` times it (generate returns once the
+# tokens are on the host: no device sync is needed around it).
+from brisklm.speed import measure  # noqa: F401
+from brisklm.speed import time_generate as time_brisk  # noqa: F401
+
 PRESETS = {
     # ~125M parameters: 12 layers of 768 wide, GQA 12/4, 32k vocabulary, untied head.
     "125m": dict(
@@ -272,17 +277,6 @@ def now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def time_brisk(llm, prompts: list[list[int]], num_new: int) -> float:
-    from brisklm import SamplingParams
-
-    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
-    start = now(llm.engine.device)
-    outputs = llm.generate(prompts, params)
-    elapsed = now(llm.engine.device) - start
-    assert all(len(o.token_ids) == num_new for o in outputs)
-    return elapsed
-
-
 def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device) -> float:
     ids = torch.tensor(prompts, device=device)
     start = now(device)
@@ -298,13 +292,6 @@ def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device)
     elapsed = now(device) - start
     assert out.shape[1] == ids.shape[1] + num_new
     return elapsed
-
-
-def measure(run, prompts: list[list[int]], num_new: int, repeats: int) -> tuple[float, float]:
-    """(prefill seconds, decode seconds per step): best-of-``repeats`` of 1-token and full runs."""
-    first = min(run(prompts, 1) for _ in range(repeats))
-    full = min(run(prompts, num_new) for _ in range(repeats))
-    return first, max(full - first, 1e-9) / (num_new - 1)
 
 
 def parse_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:

@@ -85,7 +85,8 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
 
     runs = {}
-    for extra in (0, args.conversations - args.max_batch_size):
+    kept_slots = args.conversations - args.max_batch_size  # a slot for every conversation
+    for extra in (0, kept_slots):
         with LLM.from_pretrained(
             directory,
             show_progress=False,
@@ -94,7 +95,6 @@ def main() -> None:
         ) as llm:
             llm.generate(histories[0][:32], params)  # warm-up (kernels)
             runs[extra] = run_brisk(llm, histories, args.turns, follow_ups, params)
-    kept_slots = args.conversations - args.max_batch_size
     if [c[2].token_ids for c in runs[0]] != [c[2].token_ids for c in runs[kept_slots]]:
         raise SystemExit("the prefix cache slots changed the output")
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import PRESETS, parse_checked, write_checkpoint
+from common import PRESETS, parse_checked, time_brisk, write_checkpoint
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:
@@ -49,17 +49,6 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
     decode = tensor_bytes(model.model.layers) + tensor_bytes(model.model.norm)
     decode += tensor_bytes(model.lm_head)
     return linears, decode, decode + tensor_bytes(model.model.embed_tokens)
-
-
-def run_generate(llm, prompts: list[list[int]], num_new: int) -> float:
-    from brisklm import SamplingParams
-
-    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    assert all(len(o.token_ids) == num_new for o in outputs)
-    return elapsed
 
 
 def decode_rates(
@@ -162,7 +151,7 @@ def main() -> None:
             memory[name] = weight_bytes(llm.engine.model)
             if name == "float32":
                 params = sum(p.numel() for p in llm.engine.model.parameters())
-            runs = {name: (lambda p, n, llm=llm: run_generate(llm, p, n))}
+            runs = {name: (lambda p, n, llm=llm: time_brisk(llm, p, n))}
             with torch.inference_mode():
                 runs[name](batches[args.batch_sizes[0]][:1], 4)  # warm-up
                 for batch in args.batch_sizes:

@@ -459,7 +459,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         ) from None
     if args.max_batch_size < 1:
         raise CliError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
-    name = args.served_model_name or (Path(args.model).name if args.model else "brisk-chat")
+    name = args.served_model_name or _model_name(args)
     # The socket first: a port in use or a host that does not resolve fails in one line before
     # the model loads, and --port 0 says which port the system gave.
     sockets = _listen(args.host, args.port)
@@ -558,7 +558,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         report = measure_speed(llm, args.prompt_tokens, args.new_tokens, batch_sizes, args.repeats)
     finally:
         llm.close()
-    name = Path(args.model).name if args.model else "brisk-chat"
+    name = _model_name(args)
     if args.as_json:
         print(json.dumps({"model": name, "threads": _torch_threads(), **report.as_dict()}))
         return 0
@@ -573,6 +573,11 @@ def _run_bench(args: argparse.Namespace) -> int:
             f"({1000 * row.seconds_per_step:.2f} ms a step)"
         )
     return 0
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    """The model's name for people: its directory's, or the bundled model's."""
+    return Path(args.model).name if args.model else "brisk-chat"
 
 
 def _torch_threads() -> int:
@@ -937,7 +942,6 @@ _API_WORDS = (
     ("needs prefix_caching=True", "needs prefix caching (no --no-prefix-caching)"),
     (" and prefix_cache_slots=", " and --prefix-cache-slots "),
     (" and new_tokens=", " and --new-tokens "),
-    ("past the engine's max_batch_size=", "past the engine's batch of "),
     ("(the default max_seq_len,", "(the default --max-seq-len,"),
     ("must be None, ", "must be "),
 )

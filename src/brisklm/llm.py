@@ -22,7 +22,7 @@ from brisklm.engine.llm_engine import (
     EngineConfig,
     LLMEngine,
     check_kv_cache_fits,
-    prefix_cache_slots_for,
+    num_cache_slots,
 )
 from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
@@ -296,20 +296,13 @@ def build_speculator(
         draft_model.kv_cache_dtype = kv_cache_dtype
     # Both caches, before the draft's is allocated (the target's was checked alone).
     max_seq_len = config.resolved_max_seq_len(target.config.max_position_embeddings)
-    extra_slots = prefix_cache_slots_for(config, target)
-    check_kv_cache_fits(
-        target,
-        config.max_batch_size,
-        max_seq_len,
-        draft=draft_model,
-        prefix_cache_slots=extra_slots,
-    )
+    check_kv_cache_fits(target, config, draft=draft_model)
     has_tokenizer = any(
         (directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
     )
     proposer = DraftModelProposer(
         draft_model,
-        config.max_batch_size + extra_slots,  # the target's slots (those keeping prefixes too)
+        num_cache_slots(config, target),  # the target's slots (those keeping prefixes too)
         max_seq_len,
         num_speculative_tokens,
         config.attention_backend,
@@ -514,12 +507,7 @@ class LLM:
             if cache_dtype is not None:
                 model.kv_cache_dtype = cache_dtype
             # Before the draft model's cache, which would fail to allocate first.
-            check_kv_cache_fits(
-                model,
-                config.max_batch_size,
-                config.resolved_max_seq_len(model.config.max_position_embeddings),
-                prefix_cache_slots=prefix_cache_slots_for(config, model),
-            )
+            check_kv_cache_fits(model, config)
             speculator = None
             if draft is not None:
                 speculator = build_speculator(
@@ -716,22 +704,37 @@ class LLM:
     ) -> list[GenerationOutput]:
         """Submit prepared requests together and block until all finish (``show_progress``: a
         progress bar, as ``generate``'s)."""
-        collector = SyncCollector(final_only=True)
+        with (
+            contextlib.closing(self._results(requests, final_only=True)) as results,
+            BatchProgress(len(requests), show_progress) as progress,
+        ):
+            for _, request, result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                if result.finished:
+                    progress.finished(request)
+        return [r.to_output() for r in requests]
+
+    def _results(
+        self, requests: list[Request], final_only: bool
+    ) -> Iterator[tuple[int, Request, StreamChunk | BaseException]]:
+        """Submit ``requests`` together (one engine batch) and yield ``(index, request, chunk or
+        error)`` as the engine delivers them (``final_only``: each request's last alone, no
+        hand-off a token) until every one has finished or failed; closing the generator early
+        aborts the requests not yet finished."""
+        collector = SyncCollector(final_only=final_only)
         self._loop.submit(requests, collector)
-        pending = {r.request_id for r in requests}
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        pending = set(index)
         try:
-            with BatchProgress(len(requests), show_progress) as progress:
-                while pending:
-                    request, result = collector.get()
-                    if isinstance(result, BaseException):
-                        raise result
-                    if result.finished:
-                        pending.discard(request.request_id)
-                        progress.finished(request)
+            while pending:
+                request, result = collector.get()
+                if isinstance(result, BaseException) or result.finished:
+                    pending.discard(request.request_id)
+                yield index[request.request_id], request, result
         finally:
             for request_id in pending:
                 self._loop.abort(request_id)
-        return [r.to_output() for r in requests]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the completion's text as it is generated (never text that a stop string later claims).
@@ -763,21 +766,11 @@ class LLM:
         """Submit prepared requests together (one engine batch) and yield each one's chunks,
         ``(index, chunk)``, as they come. The first request to fail raises; closing the
         generator early aborts the requests not yet finished."""
-        collector = SyncCollector()
-        self._loop.submit(requests, collector)
-        index = {r.request_id: i for i, r in enumerate(requests)}
-        pending = set(index)
-        try:
-            while pending:
-                request, result = collector.get()
-                if isinstance(result, BaseException) or result.finished:
-                    pending.discard(request.request_id)
+        with contextlib.closing(self._results(requests, final_only=False)) as results:
+            for index, _, result in results:
                 if isinstance(result, BaseException):
                     raise result
-                yield index[request.request_id], result
-        finally:
-            for request_id in pending:
-                self._loop.abort(request_id)
+                yield index, result
 
     # ---------------------------------------------------------------- async API
     @overload  # a str is also a Sequence[str]: the first overload wins
@@ -830,7 +823,20 @@ class LLM:
         each finishes, or ``(index, error)`` for one that fails while the others go on. Closing
         the generator (``aclose``, or ``contextlib.aclosing`` around the loop, so that leaving it
         early closes it) or cancelling the task in it aborts the requests not yet finished."""
-        collector = AsyncCollector(final_only=True)  # no wake-up of the event loop per token
+        # (final_only: no wake-up of the event loop per token)
+        async with contextlib.aclosing(self._aresults(requests, final_only=True)) as results:
+            async for index, request, result in results:
+                if isinstance(result, BaseException):
+                    yield index, result
+                elif result.finished:
+                    yield index, request.to_output()
+
+    async def _aresults(
+        self, requests: list[Request], final_only: bool
+    ) -> AsyncIterator[tuple[int, Request, StreamChunk | BaseException]]:
+        """Async ``_results``: cancelling the task in it aborts the requests not yet finished
+        too."""
+        collector = AsyncCollector(final_only=final_only)
         self._loop.submit(requests, collector)
         index = {r.request_id: i for i, r in enumerate(requests)}
         pending = set(index)
@@ -839,8 +845,7 @@ class LLM:
                 request, result = await collector.queue.get()
                 if isinstance(result, BaseException) or result.finished:
                     pending.discard(request.request_id)
-                    done = result if isinstance(result, BaseException) else request.to_output()
-                    yield index[request.request_id], done
+                yield index[request.request_id], request, result
         finally:
             for request_id in pending:
                 self._loop.abort(request_id)
@@ -881,21 +886,11 @@ class LLM:
         """Async ``stream_requests``: closing the generator (``aclose``, or
         ``contextlib.aclosing`` around the loop) or cancelling the task in it aborts the requests
         not yet finished."""
-        collector = AsyncCollector()
-        self._loop.submit(requests, collector)
-        index = {r.request_id: i for i, r in enumerate(requests)}
-        pending = set(index)
-        try:
-            while pending:
-                request, result = await collector.queue.get()
-                if isinstance(result, BaseException) or result.finished:
-                    pending.discard(request.request_id)
+        async with contextlib.aclosing(self._aresults(requests, final_only=False)) as results:
+            async for index, _, result in results:
                 if isinstance(result, BaseException):
                     raise result
-                yield index[request.request_id], result
-        finally:
-            for request_id in pending:
-                self._loop.abort(request_id)
+                yield index, result
 
     # --------------------------------------------------------------------- chat
     def chat_prompt_ids(

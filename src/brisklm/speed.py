@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,13 +40,11 @@ def check_speed_options(
     prompt_tokens: int, new_tokens: int, batch_sizes: Sequence[int], repeats: int
 ) -> None:
     """ValueError naming the option that is out of range."""
-    for name, value, minimum in (
-        ("prompt_tokens", prompt_tokens, 1),
-        ("new_tokens", new_tokens, 1),
-        ("repeats", repeats, 1),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    from brisklm.engine.llm_engine import check_int
+
+    check_int("prompt_tokens", prompt_tokens, 1)
+    check_int("new_tokens", new_tokens, 1)
+    check_int("repeats", repeats, 1)
     if not batch_sizes or any(
         isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes
     ):
@@ -92,22 +90,40 @@ def measure_speed(
             f"{llm.engine.config.max_batch_size}"
         )
 
-    def best(prompts: list[list[int]], max_tokens: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            llm.generate(prompts, params)
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def run(prompts: list[list[int]], num_new: int) -> float:
+        return time_generate(llm, prompts, num_new)
 
     llm.generate([prompt_ids(llm, 8)], SamplingParams(temperature=0.0, max_tokens=2))  # warm-up
-    prefill = best([prompt_ids(llm, prompt_tokens)], 1)
+    prefill = min(run([prompt_ids(llm, prompt_tokens)], 1) for _ in range(repeats))
     decode = []
     for batch_size in batch_sizes:
         prompts = [prompt_ids(llm, decode_prompt, row) for row in range(batch_size)]
-        first = best(prompts, 1)
-        whole = best(prompts, new_tokens + 1)
-        step = max(whole - first, 1e-9) / new_tokens
+        step = measure(run, prompts, new_tokens + 1, repeats)[1]
         decode.append(DecodeSpeed(batch_size, batch_size / step, step))
     return SpeedReport(prompt_tokens, prefill, prompt_tokens / prefill, new_tokens, decode)
+
+
+def time_generate(llm: Any, prompts: list[list[int]], num_new: int) -> float:
+    """Seconds ``llm.generate`` takes for ``num_new`` greedy tokens a prompt (eos ignored)."""
+    from brisklm.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.token_ids) == num_new for o in outputs)
+    return elapsed
+
+
+def measure(
+    run: Callable[[list[list[int]], int], float],
+    prompts: list[list[int]],
+    num_new: int,
+    repeats: int,
+) -> tuple[float, float]:
+    """(seconds of a run of 1 token, seconds a decode step): the best of ``repeats`` runs of 1
+    and of ``num_new`` tokens (``run(prompts, num_new)`` times one), a step their difference over
+    ``num_new - 1``."""
+    first = min(run(prompts, 1) for _ in range(repeats))
+    full = min(run(prompts, num_new) for _ in range(repeats))
+    return first, max(full - first, 1e-9) / (num_new - 1)

@@ -20,9 +20,9 @@ from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_schema import (
     JSON_OPTIONS,
     SCHEMA_TOO_DEEP,
+    enforced_options,
     nullable_as_json_schema,
     prepare_json_schema,
-    sound_json_options,
 )
 from brisklm.constrained.lark_json import mark_prepared
 from brisklm.constrained.spec import lark_literal
@@ -411,9 +411,7 @@ def _enforced_schema_text(key: str, own_options: bool) -> str:
 
 def _enforce_schema(schema: Any, own_options: bool) -> dict[str, Any]:
     prepared = prepare_json_schema(schema, strict=True)
-    own = prepared.get("x-guidance", {}) if own_options else {}
-    options = {**JSON_OPTIONS, **own}
-    prepared["x-guidance"] = {**options, **sound_json_options(prepared, options)}
+    prepared["x-guidance"] = enforced_options(prepared, JSON_OPTIONS, own=own_options)
     check_json_schema_grammar(LLMatcher.grammar_from_json_schema(prepared), schema)
     return mark_prepared(prepared)
 

@@ -32,14 +32,13 @@ from brisklm.constrained.compiler import check_json_schema
 from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
 from brisklm.offload import run_off_loop
-from brisklm.openai_format import reply_logprobs, response_format_schema
+from brisklm.openai_format import chat_logprobs, reply_logprobs, response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
 from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_calls import grammar_mode, turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
-from langchain_brisklm._logprobs import chat_logprobs
 from langchain_brisklm._messages import to_template_messages
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 from langchain_brisklm._structured import (
@@ -80,12 +79,6 @@ class _Call:
     parse_tools: bool
     model_name: str
     tool_format: ToolCallFormat
-
-    def reply_logprobs(
-        self, entries: list[TokenLogprob], token_ids: list[int], stop_reason: Any
-    ) -> list[TokenLogprob]:
-        """The logprobs of a reply's tokens, as ChatOpenAI reports them (``reply_logprobs``)."""
-        return reply_logprobs(entries, token_ids, stop_reason, self.request.eos_token_ids)
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
@@ -268,7 +261,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         if invalid:  # parse_reply's only invalid call is the one the reply ended inside
             metadata[CUT_TOOL_CALL] = True
         if output.logprobs is not None:
-            entries = call.reply_logprobs(output.logprobs, output.token_ids, output.stop_reason)
+            entries = reply_logprobs(
+                output.logprobs, output.token_ids, output.stop_reason, call.request.eos_token_ids
+            )
             metadata["logprobs"] = chat_logprobs(entries)
         message = AIMessage(
             content=content,
@@ -595,7 +590,9 @@ class _ChunkConverter:
         if chunk.logprobs:
             entries = chunk.logprobs
             if chunk.finished:
-                entries = self.call.reply_logprobs(entries, chunk.token_ids, chunk.stop_reason)
+                entries = reply_logprobs(
+                    entries, chunk.token_ids, chunk.stop_reason, self.call.request.eos_token_ids
+                )
             self.held_logprobs += entries
         for text, tool_chunks in pieces:
             if text or tool_chunks:

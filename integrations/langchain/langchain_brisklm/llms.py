@@ -17,9 +17,9 @@ from brisklm import LLM
 from brisklm.engine.request import Request
 from brisklm.llm import naming_prompt
 from brisklm.offload import run_off_loop
+from brisklm.openai_format import completion_logprobs
 from brisklm.outputs import StreamChunk, TokenLogprob, Usage
 from langchain_brisklm._engines import get_tokenizer
-from langchain_brisklm._logprobs import completion_logprobs
 from langchain_brisklm._settings import BriskSettings, split_call_kwargs
 
 # Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").

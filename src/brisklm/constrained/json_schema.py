@@ -710,6 +710,15 @@ def sound_json_options(prepared: Any, options: dict[str, Any]) -> dict[str, Any]
     return {**SOUND_JSON_OPTIONS, "json_allowed_escapes": escapes.replace("u", "")}
 
 
+def enforced_options(
+    prepared: dict[str, Any], defaults: dict[str, Any], own: bool = True
+) -> dict[str, Any]:
+    """The ``x-guidance`` options that enforce a prepared schema exactly: ``defaults``, the
+    schema's own over them (unless not ``own``), and ``sound_json_options`` over both."""
+    options = {**defaults, **(prepared.get("x-guidance", {}) if own else {})}
+    return {**options, **sound_json_options(prepared, options)}
+
+
 def _named_and_other_keys(node: Any) -> bool:
     """Whether some object schema in ``node`` has named keys (``properties`` or
     ``patternProperties``) and allows others (``additionalProperties`` not false)."""
@@ -761,11 +770,9 @@ def json_schema_to_llguidance(schema: dict[str, Any] | bool, strict: bool = Fals
     significant digits can round, as a float, onto an exclusive bound (`1.99999999999999999` < 2).
     """
     prepared = prepare_json_schema(schema, strict)
-    own = prepared.get("x-guidance")
-    options = {**JSON_OPTIONS, **(own if isinstance(own, dict) else {})}
     try:
         return LLMatcher.grammar_from_json_schema(
-            prepared, defaults=JSON_OPTIONS, overrides=sound_json_options(prepared, options)
+            prepared, defaults=JSON_OPTIONS, overrides=enforced_options(prepared, JSON_OPTIONS)
         )
     except ValueError as e:
         raise ConstraintError(f"invalid JSON schema: {e}") from e

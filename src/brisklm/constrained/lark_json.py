@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from brisklm.constrained.errors import ConstraintError
-from brisklm.constrained.json_schema import prepare_json_schema, sound_json_options
+from brisklm.constrained.json_schema import enforced_options, prepare_json_schema
 
 # Marks an embed that brisklm wrote already prepared (tool-call and answer grammars): taken as is,
 # since preparing a prepared schema again would read its Rust regexes as ECMA-262 ones.
@@ -64,7 +64,5 @@ def _enforced(schema: Any, line: int) -> Any:
         prepared = prepare_json_schema(schema)
     except ConstraintError as e:
         raise ConstraintError(f"the %json schema at line {line}: {e}") from e
-    own = prepared.get("x-guidance")
-    own = own if isinstance(own, dict) else {}
-    prepared["x-guidance"] = {**own, **sound_json_options(prepared, own)}
+    prepared["x-guidance"] = enforced_options(prepared, {})
     return prepared

@@ -47,7 +47,7 @@ def own_exception(exc: BaseException) -> BaseException:
     return copy
 
 
-def _check_int(name: str, value: object, minimum: int, also: str = "") -> None:
+def check_int(name: str, value: object, minimum: int, also: str = "") -> None:
     """An int (not a bool) of at least ``minimum``, or a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
@@ -111,19 +111,19 @@ class EngineConfig:
     prefix_cache_slots: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("max_batch_size", self.max_batch_size, 1)
+        check_int("max_batch_size", self.max_batch_size, 1)
         if self.max_seq_len is not None:
-            _check_int("max_seq_len", self.max_seq_len, 2, " or None (the model's)")
-        _check_int("max_prefill_tokens", self.max_prefill_tokens, 1)
+            check_int("max_seq_len", self.max_seq_len, 2, " or None (the model's)")
+        check_int("max_prefill_tokens", self.max_prefill_tokens, 1)
         if self.prefill_chunk_size is not None:
-            _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, " or None (by device)")
+            check_int("prefill_chunk_size", self.prefill_chunk_size, 1, " or None (by device)")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
-        _check_int("grammar_cache_size", self.grammar_cache_size, 1)
-        _check_int("max_decode_steps", self.max_decode_steps, 1)
-        _check_int("prefix_cache_slots", self.prefix_cache_slots, 0)
+        check_int("grammar_cache_size", self.grammar_cache_size, 1)
+        check_int("max_decode_steps", self.max_decode_steps, 1)
+        check_int("prefix_cache_slots", self.prefix_cache_slots, 0)
         if self.prefix_cache_slots and not self.prefix_caching:
             raise ValueError(
                 f"prefix_cache_slots={self.prefix_cache_slots} needs prefix_caching=True: the "
@@ -139,14 +139,18 @@ class EngineConfig:
         return DEFAULT_PREFILL_CHUNK.get(device.type, DEFAULT_PREFILL_CHUNK["cuda"])
 
 
-def prefix_cache_slots_for(config: EngineConfig, model: LlamaForCausalLM) -> int:
-    """The ``prefix_cache_slots`` an engine for ``model`` allocates: none where it reuses no
-    prefix (prefix caching off, or dynamic NTK rope past the trained context, whose keys depend
-    on a sequence's length)."""
+def reuses_prefixes(config: EngineConfig, model: LlamaForCausalLM) -> bool:
+    """Whether an engine for ``model`` keeps prefixes: prefix caching on, and no dynamic NTK rope
+    past the trained context (whose keys depend on a sequence's length)."""
     max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
-    if not config.prefix_caching or model.rotary.rotates_by_length(max_seq_len):
-        return 0
-    return config.prefix_cache_slots
+    return config.prefix_caching and not model.rotary.rotates_by_length(max_seq_len)
+
+
+def num_cache_slots(config: EngineConfig, model: LlamaForCausalLM) -> int:
+    """The sequences an engine's KV cache for ``model`` holds: ``max_batch_size``, and the
+    ``prefix_cache_slots`` where it reuses prefixes."""
+    extra = config.prefix_cache_slots if reuses_prefixes(config, model) else 0
+    return config.max_batch_size + extra
 
 
 def kv_cache_bytes_per_token(model: LlamaForCausalLM) -> int:
@@ -158,24 +162,23 @@ def kv_cache_bytes_per_token(model: LlamaForCausalLM) -> int:
 
 
 def check_kv_cache_fits(
-    model: LlamaForCausalLM,
-    max_batch_size: int,
-    max_seq_len: int,
-    draft: LlamaForCausalLM | None = None,
-    prefix_cache_slots: int = 0,
+    model: LlamaForCausalLM, engine: EngineConfig, draft: LlamaForCausalLM | None = None
 ) -> None:
-    """A ValueError, before anything is allocated, when the KV cache for ``max_batch_size``
-    (and ``prefix_cache_slots``) sequences of ``max_seq_len`` tokens (and the ``draft`` model's beside it) is larger than the
-    memory free on the model's device (the allocator's own error only says how many bytes it was
-    asked for; on Linux a CPU cache that the allocator grants but the machine cannot hold brings
-    the out-of-memory killer)."""
+    """A ValueError, before anything is allocated, when the KV cache an engine with ``engine``'s
+    settings makes for ``model`` (``num_cache_slots`` sequences of its ``max_seq_len`` tokens,
+    and the ``draft`` model's beside it) is larger than the memory free on the model's device
+    (the allocator's own error only says how many bytes it was asked for; on Linux a CPU cache
+    that the allocator grants but the machine cannot hold brings the out-of-memory killer)."""
     config = model.config
+    max_batch_size = engine.max_batch_size
+    max_seq_len = engine.resolved_max_seq_len(config.max_position_embeddings)
+    num_slots = num_cache_slots(engine, model)
+    prefix_cache_slots = num_slots - max_batch_size
     device = next(model.parameters()).device
     free = available_memory(device)
     per_token = kv_cache_bytes_per_token(model)
     if draft is not None:
         per_token += kv_cache_bytes_per_token(draft)
-    num_slots = max_batch_size + prefix_cache_slots
     needed = per_token * num_slots * max_seq_len
     if free is None or needed <= free:
         return
@@ -215,18 +218,17 @@ class LLMEngine:
         self.config = config
         self.max_seq_len = config.resolved_max_seq_len(model.config.max_position_embeddings)
         # Dynamic NTK past the trained context rotates keys by a sequence's length: no reuse.
-        reuses = config.prefix_caching and not model.rotary.rotates_by_length(self.max_seq_len)
-        extra_slots = prefix_cache_slots_for(config, model)
-        if config.prefix_cache_slots and not extra_slots:
+        reuses = reuses_prefixes(config, model)
+        if config.prefix_cache_slots and not reuses:
             logger.warning(
                 "prefix_cache_slots=%d unused: dynamic NTK rope past the model's trained context "
                 "reuses no prefix",
                 config.prefix_cache_slots,
             )
-        check_kv_cache_fits(model, config.max_batch_size, self.max_seq_len, None, extra_slots)
+        check_kv_cache_fits(model, config)
         self.runner = ModelRunner(
             model,
-            config.max_batch_size + extra_slots,
+            num_cache_slots(config, model),
             self.max_seq_len,
             config.attention_backend,
             cuda_graphs=config.cuda_graphs,
@@ -264,7 +266,7 @@ class LLMEngine:
         )
         self.stats = EngineStats()
         self.scheduler = Scheduler(
-            config.max_batch_size + extra_slots,
+            self.runner.kv_cache.num_slots,
             config.max_prefill_tokens,
             self.prefill_chunk_size,
             prefix_cache=self.prefix_cache,
@@ -462,9 +464,7 @@ class LLMEngine:
                 return self._take_steps(requests, chosen)
         pending_masks = self.structured.start_masks(sampled)
         try:
-            maybe_logits, greedy = self.forward_pass(forward, sampled, read_logits=any(extra))
-            if any(extra):
-                maybe_logits = self.take_prompt_logprobs(requests, extra, num_logits, maybe_logits)
+            maybe_logits, greedy = self.forward_pass(forward, sampled, requests, extra)
         except BaseException:
             self.structured.settle(pending_masks)
             raise
@@ -565,14 +565,22 @@ class LLMEngine:
         return results
 
     def forward_pass(
-        self, forward: ForwardBatch, sampled: list[Request], read_logits: bool = False
+        self,
+        forward: ForwardBatch,
+        sampled: list[Request],
+        rows: list[Request],
+        extra: list[int],
     ) -> tuple[torch.Tensor | None, list[int] | None]:
-        """Run ``forward``, whose logits rows belong to ``sampled``: ``(logits, None)``, or, when
-        every one of them takes the raw logits' argmax (greedy, no bias, penalty, grammar or
-        logprobs, ``min_tokens`` met) and the kernels find it, ``(None, tokens)``: the logits are
-        then not read (``ModelRunner.forward_greedy``). ``read_logits``: the logits are wanted
-        anyway (prompt logprobs)."""
-        if not read_logits and sampled and all(self._takes_raw_argmax(r) for r in sampled):
+        """Run ``forward`` (``rows``: the request of each of its rows), whose logits rows past
+        each row's ``extra`` prompt-logprob rows (``prompt_logprob_rows``, recorded here by
+        ``take_prompt_logprobs``) belong to ``sampled``: ``(those logits, None)``, or, when every
+        one of them takes the raw logits' argmax (greedy, no bias, penalty, grammar or logprobs,
+        ``min_tokens`` met), no row has prompt logprobs and the kernels find it, ``(None,
+        tokens)``: the logits are then not read (``ModelRunner.forward_greedy``)."""
+        if any(extra):
+            logits = self.runner.forward(forward)
+            return self.take_prompt_logprobs(rows, extra, forward.num_logits, logits), None
+        if sampled and all(self._takes_raw_argmax(r) for r in sampled):
             return self.runner.forward_greedy(forward, self.num_real_tokens)
         return self.runner.forward(forward), None
 
@@ -906,10 +914,10 @@ class LLMEngine:
         ranks = values.rank.tolist()
         top_ids = values.top_ids.tolist()
         top_logprobs = values.top_logprobs.tolist()
+        token_ids = tokens.tolist()  # (one read: a row's int() on a device tensor syncs each)
         table = self.tokenizer.token_bytes()
         out = []
-        for row, wanted in enumerate(counts):
-            token_id = int(tokens[row])
+        for row, (token_id, wanted) in enumerate(zip(token_ids, counts, strict=True)):
             top = tuple(
                 TopLogprob(tid, _token_text(table, tid), lp, table[tid])
                 for tid, lp in zip(top_ids[row][:wanted], top_logprobs[row][:wanted])

@@ -143,7 +143,9 @@ class Request:
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
         self.output_token_ids.append(token_id)
-        if logprob is not None and self.logprobs is not None:
+        if self.logprobs is None:  # (a batch computes them for every row once one asks)
+            logprob = None
+        if logprob is not None:
             self.logprobs.append(logprob)
         text = ""
         enough = len(self.output_token_ids) >= self.params.min_tokens

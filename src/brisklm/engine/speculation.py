@@ -244,8 +244,8 @@ class Speculator:
         chunk_logits = [int(engine.samples_after(r, n)) for r, n in chunked]
         sampled = [r for (r, _), k in zip(chunked, chunk_logits) if k]
         # (a prompt chunk with prompt logprobs: a row before those for each of its tokens)
-        extra = [0] * len(decoding) + [engine.prompt_logprob_rows(r, n) for r, n in chunked]
-        chunk_logits = [k + e for k, e in zip(chunk_logits, extra[len(decoding) :])]
+        chunk_extra = [engine.prompt_logprob_rows(r, n) for r, n in chunked]
+        chunk_logits = [k + e for k, e in zip(chunk_logits, chunk_extra)]
         row_invariant = any(r.params.is_seeded for r in requests)
         forward = ForwardBatch(
             slots=[r.slot for r in decoding] + [r.slot for r, _ in chunked],  # type: ignore[misc]
@@ -266,12 +266,11 @@ class Speculator:
         # when every row is greedy on the raw logits (the kernels pick them).
         try:
             maybe_logits, choices = engine.forward_pass(
-                forward, [*decoding, *sampled], read_logits=any(extra)
+                forward,
+                [*decoding, *sampled],
+                [*decoding, *(r for r, _ in chunked)],
+                [0] * len(decoding) + chunk_extra,
             )
-            if any(extra):
-                maybe_logits = engine.take_prompt_logprobs(
-                    [*decoding, *(r for r, _ in chunked)], extra, forward.num_logits, maybe_logits
-                )
         except BaseException:
             engine.structured.settle(pending_masks)
             _restore(drawn, states)

@@ -13,8 +13,7 @@ import dataclasses
 import hmac
 import json
 import logging
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -119,16 +118,19 @@ def _refused(error: Exception, param: str | None) -> ApiError:
     grammar that does not compile, a token id past the vocabulary): 400, naming ``param``."""
     if isinstance(error, ApiError):
         return error
-    text = str(error)
-    code = "context_length_exceeded" if "context" in text else None
-    # The field the error names where it is not ``param``: a tool the template refused
-    # ("tools[1] and tools[0] are both named ..."), a token id past the vocabulary
-    # ("SamplingParams.logit_bias=..."; its fields that get here have the request's names).
-    if text.startswith("tools["):
-        param = "tools"
-    elif named := re.match(r"SamplingParams\.(\w+)=", text):
-        param = named.group(1)
-    return ApiError(text, param=param, code=code)
+    code = "context_length_exceeded" if "context" in str(error) else None
+    return ApiError(str(error), param=protocol.field_in_error(error, param), code=code)
+
+
+@contextlib.contextmanager
+def _refusing(plan: ChatRequest | CompletionRequest, param: str) -> Iterator[None]:
+    """A library error while a request is prepared as a 400 (``_refused``), naming ``param``, or
+    the field that gave the constraint for a ConstraintError."""
+    try:
+        yield
+    except (ValueError, TypeError, ConstraintError) as error:
+        constraint = isinstance(error, ConstraintError)
+        raise _refused(error, plan.constraint_field if constraint else param) from None
 
 
 async def _disconnected(http: HttpRequest) -> None:
@@ -146,7 +148,6 @@ async def _unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T | Non
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
-        task.cancel()
         logger.info("the client left before its reply: its request was aborted")
         return None
     finally:
@@ -175,7 +176,7 @@ _DONE = "data: [DONE]\n\n"
 def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) -> ChatOutput:
     """A Hermes reply cut inside a call block: its content and calls before that block (the
     block's text, markup included, was content); other formats' cut replies already read so."""
-    start = unclosed_block_start(text) if format.name == "hermes" else -1
+    start = unclosed_block_start(text)
     if start < 0:
         return turn
     content, calls = format.parse(text[:start])
@@ -188,7 +189,7 @@ def _chat_choice(
     """A whole reply as a chat choice: its content and calls as ``LLM.chat`` reads them (less a
     call it was cut inside), its logprobs those of its tokens (not the one ending the turn)."""
     turn = LLM.chat_output(output, format)
-    if format is not None and format.ended_inside_call(output.text):
+    if format is not None and format.name == "hermes" and format.ended_inside_call(output.text):
         turn = _before_the_cut_call(turn, format, output.text)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.tool_calls:
@@ -296,17 +297,65 @@ class _Server:
         plan, requests = await run_off_loop(self._prepare_completion, body)
         if plan.options.stream:
             return self._stream(self._completion_events(plan, requests))
+        return await self._reply(
+            http,
+            plan,
+            requests,
+            "text_completion",
+            "cmpl",
+            lambda i, request, out: self._completion_choice(plan, i, request, out, first=True),
+            lambda usage: self._usage(plan, usage),
+        )
+
+    async def _reply(
+        self,
+        http: HttpRequest,
+        plan: ChatRequest | CompletionRequest,
+        requests: list[Request],
+        kind: str,
+        id_prefix: str,
+        choice: Callable[[int, Request, GenerationOutput], dict[str, Any]],
+        usage: Callable[[Usage], Usage] = lambda usage: usage,
+    ) -> Response:
+        """A whole (not streamed) response: ``choice(i, request, output)`` each, and the usage
+        of them all (``usage``: an output's as the response counts it); nothing if the client
+        left (its requests are aborted)."""
         outputs = await _unless_disconnected(http, self.llm.arun_requests(requests))
         if outputs is None:
             return _GONE
-        response = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
+        response = protocol.envelope(kind, protocol.new_id(id_prefix), self.model_name)
         response["choices"] = [
-            self._completion_choice(plan, i, request, out, first=True)
+            choice(i, request, out)
             for i, (request, out) in enumerate(zip(requests, outputs, strict=True))
         ]
-        usages = [self._usage(plan, out.usage) for out in outputs]
+        usages = [usage(out.usage) for out in outputs]
         response["usage"] = protocol.usage_dict(protocol.choices_usage(usages, plan.n))
         return JSONResponse(response)
+
+    def _stream_head(
+        self, plan: ChatRequest | CompletionRequest, kind: str, id_prefix: str
+    ) -> dict[str, Any]:
+        """What every event of a stream holds besides its choices."""
+        head = protocol.envelope(kind, protocol.new_id(id_prefix), self.model_name)
+        if plan.options.include_usage:
+            head["usage"] = None  # (as OpenAI's chunks before the last)
+        return head
+
+    @staticmethod
+    def _usage_event(
+        head: dict[str, Any], plan: ChatRequest | CompletionRequest, usages: list[Usage | None]
+    ) -> Iterator[str]:
+        """The stream's last event, with the usage of all its choices, where it was asked for."""
+        if plan.options.include_usage:
+            total = protocol.choices_usage([u for u in usages if u is not None], plan.n)
+            yield _sse({**head, "choices": [], "usage": protocol.usage_dict(total)})
+
+    def _requests(
+        self, plan: ChatRequest | CompletionRequest, body: dict[str, Any], ids: list[int]
+    ) -> list[Request]:
+        """The ``n`` requests of a prompt's choices."""
+        params = self._with_room(plan.params, body, len(ids))
+        return [self.llm.make_request(ids, p) for p in protocol.choice_params(params, plan.n)]
 
     def _completion_choice(
         self,
@@ -320,8 +369,6 @@ class _Server:
         """A whole output, or a stream's chunk of one (``first``: its first), as a choice; with
         ``echo`` the first begins with the prompt's text and logprobs."""
         text, logprobs, finish = out.text, out.logprobs, out.finish_reason
-        if plan.params.logprobs is None:
-            logprobs = None
         if plan.no_output:  # (the one token decoded is not the reply's)
             text, logprobs = "", None if logprobs is None else []
             finish = None if finish is None else "length"
@@ -353,15 +400,10 @@ class _Server:
     def _prepare_completion(self, body: dict[str, Any]) -> tuple[CompletionRequest, list[Request]]:
         plan = protocol.completion_request(self.llm, body, self.model_name)
         requests = []  # (prompt i's choice j is request i * n + j, as OpenAI orders them)
-        for prompt in plan.prompts:
-            try:
+        with _refusing(plan, "prompt"):
+            for prompt in plan.prompts:
                 ids = self.llm.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-                params = self._with_room(plan.params, body, len(ids))
-                for choice in protocol.choice_params(params, plan.n):
-                    requests.append(self.llm.make_request(ids, choice))
-            except (ValueError, TypeError, ConstraintError) as error:
-                constraint = isinstance(error, ConstraintError)
-                raise _refused(error, plan.constraint_field if constraint else "prompt") from None
+                requests += self._requests(plan, body, ids)
         return plan, requests
 
     def _with_room(
@@ -387,10 +429,10 @@ class _Server:
     async def _completion_events(
         self, plan: CompletionRequest, requests: list[Request]
     ) -> AsyncIterator[str]:
-        head = protocol.envelope("text_completion", protocol.new_id("cmpl"), self.model_name)
-        if plan.options.include_usage:
-            head["usage"] = None  # (as OpenAI's chunks before the last)
-        usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
+        head = self._stream_head(plan, "text_completion", "cmpl")
+        usages: list[Usage | None] = [None] * len(
+            requests
+        )  # (by request: choices_usage reads the order)
         text_starts: dict[int, int] = {}  # (each choice's tokens' text so far: text_offset)
         async with contextlib.aclosing(self.llm.astream_requests(requests)) as chunks:
             async for index, chunk in chunks:
@@ -401,11 +443,8 @@ class _Server:
                 yield _sse({**head, "choices": [choice]})
                 if chunk.usage is not None:
                     usages[index] = self._usage(plan, chunk.usage)
-        if plan.options.include_usage:
-            usage = protocol.usage_dict(
-                protocol.choices_usage([u for u in usages if u is not None], plan.n)
-            )
-            yield _sse({**head, "choices": [], "usage": usage})
+        for event in self._usage_event(head, plan, usages):
+            yield event
 
     # ------------------------------------------------------------------------------- chat
     async def chat(self, http: HttpRequest) -> Response:
@@ -413,37 +452,24 @@ class _Server:
         plan, requests = await run_off_loop(self._prepare_chat, body)
         if plan.options.stream:
             return self._stream(self._chat_events(plan, requests))
-        outputs = await _unless_disconnected(http, self.llm.arun_requests(requests))
-        if outputs is None:
-            return _GONE
-        response = protocol.envelope(
-            "chat.completion", protocol.new_id("chatcmpl"), self.model_name
+        return await self._reply(
+            http,
+            plan,
+            requests,
+            "chat.completion",
+            "chatcmpl",
+            lambda i, request, out: _chat_choice(i, out, plan.tool_format, request),
         )
-        response["choices"] = [
-            _chat_choice(index, output, plan.tool_format, request)
-            for index, (output, request) in enumerate(zip(outputs, requests, strict=True))
-        ]
-        usage = protocol.choices_usage([out.usage for out in outputs], plan.n)
-        response["usage"] = protocol.usage_dict(usage)
-        return JSONResponse(response)
 
     def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, list[Request]]:
         plan = protocol.chat_request(self.llm, body, self.model_name)
-        try:
-            ids = self.llm.chat_prompt_ids(plan.messages, plan.tools)
-            params = self._with_room(plan.params, body, len(ids))
-            choices = protocol.choice_params(params, plan.n)
-            return plan, [self.llm.make_request(ids, p) for p in choices]
-        except (ValueError, TypeError, ConstraintError) as error:
-            constraint = isinstance(error, ConstraintError)
-            raise _refused(error, plan.constraint_field if constraint else "messages") from None
+        with _refusing(plan, "messages"):
+            return plan, self._requests(
+                plan, body, self.llm.chat_prompt_ids(plan.messages, plan.tools)
+            )
 
     async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:
-        head = protocol.envelope(
-            "chat.completion.chunk", protocol.new_id("chatcmpl"), self.model_name
-        )
-        if plan.options.include_usage:
-            head["usage"] = None  # (as OpenAI's chunks before the last)
+        head = self._stream_head(plan, "chat.completion.chunk", "chatcmpl")
 
         def chunk(
             index: int, delta: dict[str, Any], finish: Any = None, logprobs: Any = None
@@ -454,26 +480,21 @@ class _Server:
         for index in range(len(requests)):
             yield chunk(index, {"role": "assistant", "content": ""})
         replies = [_StreamedReply(plan.tool_format) for _ in requests]
-        usages: list[Any] = [None] * len(requests)  # (by request: choices_usage reads the order)
+        usages: list[Usage | None] = [None] * len(requests)  # (by request, as choices_usage reads)
         async with contextlib.aclosing(self.llm.astream_requests(requests)) as pieces:
             async for index, piece in pieces:
                 delta, finish = replies[index].take(piece)
-                logprobs = None
-                if plan.logprobs and piece.logprobs is not None:
-                    stop_reason = piece.stop_reason if piece.finished else None
-                    ids = piece.token_ids if piece.finished else []
-                    logprobs = _turn_logprobs(piece.logprobs, ids, stop_reason, requests[index])
+                stop_reason = piece.stop_reason if piece.finished else None
+                ids = piece.token_ids if piece.finished else []
+                logprobs = _turn_logprobs(piece.logprobs, ids, stop_reason, requests[index])
                 if delta or (logprobs and logprobs["content"]):
                     yield chunk(index, delta, None, logprobs)
                 if finish is not None:
                     yield chunk(index, {}, finish)
                 if piece.usage is not None:
                     usages[index] = piece.usage
-        if plan.options.include_usage:
-            usage = protocol.usage_dict(
-                protocol.choices_usage([u for u in usages if u is not None], plan.n)
-            )
-            yield _sse({**head, "choices": [], "usage": usage})
+        for event in self._usage_event(head, plan, usages):
+            yield event
 
     # -------------------------------------------------------------------------- streaming
     @staticmethod

@@ -141,13 +141,14 @@ def check_model(body: Mapping[str, Any], served: str) -> None:
         )
 
 
-def _get(body: Mapping[str, Any], name: str, kinds: type | tuple[type, ...], what: str) -> Any:
+def get_field(body: Mapping[str, Any], name: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    """``body[name]``, None where it is missing or null; an ApiError naming it unless it is of
+    ``kinds`` (``what`` says so in words; a bool is not an int)."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise ApiError(f"{name} must be {what}, got {value!r}", param=name)
-    if not isinstance(value, kinds):
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         raise ApiError(f"{name} must be {what}, got {value!r}", param=name)
     return value
 
@@ -159,8 +160,8 @@ class StreamOptions:
 
 
 def stream_options(body: Mapping[str, Any]) -> StreamOptions:
-    stream = _get(body, "stream", bool, "true or false") or False
-    options = _get(body, "stream_options", dict, 'an object like {"include_usage": true}')
+    stream = get_field(body, "stream", bool, "true or false") or False
+    options = get_field(body, "stream_options", dict, 'an object like {"include_usage": true}')
     if options is None:
         return StreamOptions(stream)
     if not stream:
@@ -206,7 +207,7 @@ def sampling_changes(
     stop = body.get("stop")
     if stop is not None:
         changes["stop"] = [stop] if isinstance(stop, str) else stop
-    bias = _get(body, "logit_bias", dict, 'an object of token ids to biases, {"50256": -100}')
+    bias = get_field(body, "logit_bias", dict, 'an object of token ids to biases, {"50256": -100}')
     if bias:
         try:
             changes["logit_bias"] = {int(token): value for token, value in bias.items()}
@@ -219,6 +220,18 @@ def sampling_changes(
         if body.get(name) is not None:
             changes[option] = body[name]
     return changes
+
+
+def field_in_error(error: Exception, default: str | None) -> str | None:
+    """The request field an error from the library names at its start, else ``default``: a tool
+    the template refused ("tools[1] and tools[0] are both named ..."), a sampling field past the
+    vocabulary ("SamplingParams.logit_bias=..."; those that get past ``make_params`` have the
+    request's names)."""
+    text = str(error)
+    if text.startswith("tools["):
+        return "tools"
+    named = re.match(r"SamplingParams\.(\w+)=", text)
+    return named.group(1) if named else default
 
 
 def make_params(
@@ -299,7 +312,7 @@ def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> Comple
         if body.get(name) not in allowed:
             raise ApiError(f"{name} is not supported (only its default)", param=name)
     prompts = _prompts(body.get("prompt"))
-    echo = _get(body, "echo", bool, "true or false") or False
+    echo = get_field(body, "echo", bool, "true or false") or False
     body = dict(body)
     # max_tokens 0 with echo: the prompt's logprobs alone (lm-eval's loglikelihood requests);
     # the engine decodes one token, which the reply leaves out.
@@ -453,7 +466,6 @@ class ChatRequest:
     options: StreamOptions
     # The model's tool-call format where its reply may hold calls (None: text only).
     tool_format: ToolCallFormat | None
-    logprobs: bool = False
     # The request field that gave the constraint (a grammar that fails to compile names it).
     constraint_field: str | None = None
     n: int = 1  # choices
@@ -475,7 +487,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     )
     changes = sampling_changes(body, field_name)
     fields = {"max_tokens": field_name, "logprobs": "top_logprobs"}
-    wants_logprobs = _get(body, "logprobs", bool, "true or false") or False
+    wants_logprobs = get_field(body, "logprobs", bool, "true or false") or False
     top = body.get("top_logprobs")
     if top is not None:
         if not wants_logprobs:
@@ -490,7 +502,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     constraint_field = _guided_field(changes)
     tools = chat_tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), [t["function"]["name"] for t in tools or []])
-    parallel = _get(body, "parallel_tool_calls", bool, "true or false")
+    parallel = get_field(body, "parallel_tool_calls", bool, "true or false")
     answer = None
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
@@ -534,7 +546,6 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         params=make_params(llm, changes, fields),
         options=stream_options(body),
         tool_format=tool_format,
-        logprobs=wants_logprobs,
         constraint_field=constraint_field,
         n=choices_wanted(body),
     )
@@ -688,20 +699,16 @@ def _tool_choice(choice: Any, names: list[str]) -> str:
     return choice
 
 
-def tool_call_dict(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+def tool_call_dict(call: ToolCall) -> dict[str, Any]:
     """A call as OpenAI writes it: the arguments as JSON text."""
-    out: dict[str, Any] = {} if index is None else {"index": index}
-    out.update(
-        {
-            "id": call.id,
-            "type": "function",
-            "function": {
-                "name": call.name,
-                "arguments": json.dumps(call.arguments, ensure_ascii=False),
-            },
-        }
-    )
-    return out
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {
+            "name": call.name,
+            "arguments": json.dumps(call.arguments, ensure_ascii=False),
+        },
+    }
 
 
 # ---------------------------------------------------------------------------------- shared

@@ -7,7 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from brisklm.llm import LLM
-from brisklm.server.protocol import ApiError, chat_messages, chat_tools, check_fields, check_model
+from brisklm.server.protocol import (
+    ApiError,
+    chat_messages,
+    chat_tools,
+    check_fields,
+    check_model,
+    field_in_error,
+    get_field,
+)
 
 _TOKENIZE_FIELDS = frozenset(
     {
@@ -33,9 +41,9 @@ def tokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
     if ("prompt" in body) == ("messages" in body):
         raise ApiError("give one of prompt (text) or messages (a chat)", param="prompt")
     chat = "messages" in body
-    special = _flag(body, "add_special_tokens", default=not chat)
-    generation = _flag(body, "add_generation_prompt", default=True)
-    names = _flag(body, "return_token_strs", default=False)
+    special = _flag(body, "add_special_tokens", not chat)
+    generation = _flag(body, "add_generation_prompt", True)
+    names = _flag(body, "return_token_strs", False)
     if chat:
         messages, tools = chat_messages(body["messages"]), chat_tools(body.get("tools"))
         try:
@@ -43,8 +51,7 @@ def tokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
                 messages, tools=tools, add_generation_prompt=generation
             )
         except ValueError as error:
-            field = "tools" if str(error).startswith("tools[") else "messages"
-            raise ApiError(str(error), param=field) from None
+            raise ApiError(str(error), param=field_in_error(error, "messages")) from None
     else:
         if "add_generation_prompt" in body:
             raise ApiError("add_generation_prompt needs messages", param="add_generation_prompt")
@@ -74,9 +81,5 @@ def detokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]
 
 
 def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(f"{name} must be true or false, got {value!r}", param=name)
-    return value
+    value = get_field(body, name, bool, "true or false")
+    return default if value is None else value

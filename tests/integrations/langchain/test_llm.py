@@ -43,8 +43,8 @@ def test_logprobs_in_generation_info_as_openai_completions_report_them(llm: Bris
 
 def test_completion_top_logprobs_keep_the_likeliest_of_alternatives_with_one_text() -> None:
     # Pieces of a character all read U+FFFD: the dict kept the last (least likely) of them.
+    from brisklm.openai_format import completion_logprobs
     from brisklm.outputs import TokenLogprob, TopLogprob
-    from langchain_brisklm._logprobs import completion_logprobs
 
     tops = (TopLogprob(5, "\ufffd", -1.0), TopLogprob(6, "a", -2.0), TopLogprob(7, "\ufffd", -3.0))
     entry = TokenLogprob(5, "\ufffd", -1.0, 1, tops)
