@@ -14,6 +14,8 @@ def test_the_python_api_example_runs(capsys):
     namespace = run_blocks("Python API", str(default_model_path()))
     out, outs, reply = namespace["out"], namespace["outs"], namespace["reply"]
     assert len(outs) == 2 and out.usage.completion_tokens >= 1
+    story = namespace["story"]  # n=3: three completions, seeded apart
+    assert len(story.choices) == 3 and len({c.text for c in story.choices}) > 1
     assert isinstance(namespace["Person"].model_validate_json(out.text).age, int)  # constrained
     assert isinstance(reply.content, str)
     scored = namespace["scored"]  # prompt logprobs: an entry per prompt token, the first None

@@ -216,6 +216,25 @@ async def _atexts(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[str]:
             yield chunk.text
 
 
+def _flat(groups: list[list[Request]]) -> list[Request]:
+    return [request for group in groups for request in group]
+
+
+def _with_choices(
+    groups: list[list[Request]], outputs: list[GenerationOutput]
+) -> list[GenerationOutput]:
+    """Each group's first output, the group's others in its ``other_choices`` (``outputs``: the
+    groups' requests' in order)."""
+    firsts = []
+    start = 0
+    for group in groups:
+        first, *others = outputs[start : start + len(group)]
+        first.other_choices = others
+        firsts.append(first)
+        start += len(group)
+    return firsts
+
+
 def default_model_path(draft: bool = False) -> Path:
     """The bundled default chat model (or, with ``draft``, its draft model) shipped in the package."""
     path = Path(__file__).parent / "assets" / ("brisk-draft" if draft else "brisk-chat")
@@ -554,9 +573,18 @@ class LLM:
     def make_request(
         self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True
     ) -> Request:
-        """Validate and tokenize one prompt. Raises ValueError/TypeError before anything is queued."""
+        """Validate and tokenize one prompt. Raises ValueError/TypeError before anything is queued.
+
+        A request is one completion: ``params.n`` must be 1 (``make_requests`` makes one request
+        for each of its ``n``)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.n != 1:
+            raise ValueError(
+                f"SamplingParams.n={params.n}: a request (and a stream) is one completion; "
+                "generate, agenerate, chat and achat take n, and make_requests makes a request "
+                "for each completion"
+            )
         prompt = _as_list(prompt)
         if isinstance(prompt, str):
             _check_encodable(prompt)
@@ -613,7 +641,23 @@ class LLM:
             matcher=matcher,
         )
 
-    def _make_requests(self, prompts: Sequence[Prompt], params: ParamsArg) -> list[Request]:
+    def make_requests(
+        self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True
+    ) -> list[Request]:
+        """The requests of ``params.n`` completions of one prompt (``params.per_choice()``: with
+        a seed, choice i samples with seed + i), the prompt validated and tokenized once."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        first, *others = params.per_choice()
+        requests = [self.make_request(prompt, first, add_special_tokens)]
+        for choice in others:
+            request = self.make_request(requests[0].prompt_token_ids, choice)
+            request.prompt = requests[0].prompt
+            requests.append(request)
+        return requests
+
+    def _make_requests(self, prompts: Sequence[Prompt], params: ParamsArg) -> list[list[Request]]:
+        """Each prompt's requests, one a completion (``SamplingParams.n``)."""
         if not prompts:
             raise ValueError("no prompts given: pass a prompt or a non-empty list of prompts")
         if params is None or isinstance(params, SamplingParams):
@@ -643,12 +687,12 @@ class LLM:
                     + (" (decode bytes to str first)" if _is_bytes(prompt) else "")
                 )
         if len(prompts) == 1:
-            return [self.make_request(prompts[0], params_list[0])]
-        requests = []
+            return [self.make_requests(prompts[0], params_list[0])]
+        groups = []
         for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
             with naming_prompt(index, len(prompts)):
-                requests.append(self.make_request(prompt, sampling))
-        return requests
+                groups.append(self.make_requests(prompt, sampling))
+        return groups
 
     @staticmethod
     def _prompt_list(prompts: Any) -> tuple[list[Any], bool]:
@@ -692,12 +736,13 @@ class LLM:
     ) -> Any:
         """Complete one prompt (returns one output) or a list (returns a list, batched in one engine batch).
 
-        ``show_progress``: a progress bar on stderr (tqdm) of the prompts finished and the output
+        ``show_progress``: a progress bar on stderr (tqdm) of the completions finished and the output
         tokens a second, for a long list."""
         prompt_list, single = self._prompt_list(prompts)
-        requests = self._make_requests(prompt_list, params)
-        outputs = self.run_requests(requests, show_progress=show_progress)
-        return outputs[0] if single else outputs
+        groups = self._make_requests(prompt_list, params)
+        outputs = self.run_requests(_flat(groups), show_progress=show_progress)
+        firsts = _with_choices(groups, outputs)
+        return firsts[0] if single else firsts
 
     def run_requests(
         self, requests: list[Request], *, show_progress: bool = False
@@ -800,9 +845,10 @@ class LLM:
         """Async ``generate``: awaits without blocking the event loop (the prompts are tokenized
         and their grammars compiled in a worker thread: a new tool grammar takes ~0.1-0.3 s)."""
         prompt_list, single = self._prompt_list(prompts)
-        requests = await run_off_loop(self._make_requests, prompt_list, params)
-        outputs = await self.arun_requests(requests, show_progress=show_progress)
-        return outputs[0] if single else outputs
+        groups = await run_off_loop(self._make_requests, prompt_list, params)
+        outputs = await self.arun_requests(_flat(groups), show_progress=show_progress)
+        firsts = _with_choices(groups, outputs)
+        return firsts[0] if single else firsts
 
     async def arun_requests(
         self, requests: list[Request], *, show_progress: bool = False
@@ -1013,7 +1059,14 @@ class LLM:
             content, calls = format.parse(output.text) if format else (output.text, [])
         cut = format is not None and format.ended_inside_call(output.text)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
-        return ChatOutput(content=content, tool_calls=calls, finish_reason=finish, output=output)
+        others = [LLM.chat_output(choice, format) for choice in output.other_choices]
+        return ChatOutput(
+            content=content,
+            tool_calls=calls,
+            finish_reason=finish,
+            output=output,
+            other_choices=others,
+        )
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

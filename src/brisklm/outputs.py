@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,6 +47,17 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+def choices_usage(usages: Sequence[Usage], n: int) -> Usage:
+    """The usage of a call's completions, ``n`` a prompt in order (as many as finished): each
+    prompt counted once, as OpenAI counts it, with the cache hits its first choice had."""
+    firsts = usages[::n] if len(usages) % n == 0 else usages
+    return Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in firsts),
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_prompt_tokens=sum(u.cached_prompt_tokens for u in firsts),
+    )
 
 
 @dataclass
@@ -128,6 +140,15 @@ class GenerationOutput:
     # With SamplingParams.prompt_logprobs: one entry per prompt token, its logprob given the
     # tokens before it and the top alternatives (the first token's entry is None).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # With SamplingParams.n > 1 (generate / agenerate): the prompt's other completions, in
+    # order; see ``choices``.
+    other_choices: list[GenerationOutput] = field(default_factory=list)
+
+    @property
+    def choices(self) -> list[GenerationOutput]:
+        """The prompt's completions: this one, then ``other_choices`` (SamplingParams.n of
+        them). Each has its own text, tokens, finish reason, logprobs and usage."""
+        return [self, *self.other_choices]
 
 
 @dataclass
@@ -141,6 +162,14 @@ class ChatOutput:
     tool_calls: list[Any]
     finish_reason: str
     output: GenerationOutput
+    # With SamplingParams.n > 1: the other completions' turns, in order; see ``choices``.
+    other_choices: list[ChatOutput] = field(default_factory=list)
+
+    @property
+    def choices(self) -> list[ChatOutput]:
+        """The turns of the ``n`` completions (SamplingParams.n): this one, then
+        ``other_choices``, each with its own content and tool calls."""
+        return [self, *self.other_choices]
 
     @property
     def usage(self) -> Usage:

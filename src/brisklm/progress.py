@@ -1,5 +1,5 @@
-"""A progress bar over a batch of requests (``generate(..., show_progress=True)``): the prompts
-finished, and the output tokens a second so far."""
+"""A progress bar over a batch of requests (``generate(..., show_progress=True)``): the
+completions finished (a prompt's ``SamplingParams.n`` each), and the output tokens a second so far."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ class BatchProgress:
         if show:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, desc="Generating", unit="prompt", dynamic_ncols=True)
+            self._bar = tqdm(total=total, desc="Generating", unit="completion", dynamic_ncols=True)
         self._tokens = 0
         self._start = time.perf_counter()
 
     def finished(self, request: Any) -> None:
-        """``request`` (a Request) has finished: one more prompt, its output tokens counted."""
+        """``request`` (a Request) has finished: one more completion, its output tokens counted."""
         if self._bar is None:
             return
         self._tokens += len(request.output_token_ids)

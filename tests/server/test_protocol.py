@@ -131,23 +131,9 @@ def test_stream_options() -> None:
         protocol.stream_options({"stream": "yes"})
 
 
-def test_a_seeded_requests_choices_draw_with_seeds_of_their_own() -> None:
-    from brisklm import SamplingParams
-    from brisklm.sampling.params import MAX_SEED
-
-    params = SamplingParams(temperature=0.8, seed=MAX_SEED - 1)
-    assert [p.seed for p in protocol.choice_params(params, 3)] == [
-        MAX_SEED - 1,
-        MAX_SEED,
-        -(2**64) + MAX_SEED + 1,
-    ]
-    unseeded = SamplingParams(temperature=0.8)
-    assert protocol.choice_params(unseeded, 2) == [unseeded, unseeded]
-
-
 def test_usage_counts_each_prompt_once() -> None:
-    from brisklm.outputs import Usage
+    from brisklm.outputs import Usage, choices_usage
 
     usages = [Usage(10, 3, 0), Usage(10, 5, 8), Usage(4, 1, 0), Usage(4, 2, 3)]
-    assert protocol.choices_usage(usages, 2) == Usage(14, 11, 0)
-    assert protocol.choices_usage(usages, 1) == Usage(28, 11, 11)
+    assert choices_usage(usages, 2) == Usage(14, 11, 0)
+    assert choices_usage(usages, 1) == Usage(28, 11, 11)

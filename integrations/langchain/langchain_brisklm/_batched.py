@@ -19,8 +19,9 @@ from typing import Any
 from brisklm.offload import run_off_loop
 from brisklm.outputs import GenerationOutput
 
-Prepared = Any  # chat_models._Call: .llm (the engine) and .request
-Waiting = tuple[Callable[[], Prepared], "asyncio.Future[tuple[Prepared, GenerationOutput]]"]
+Prepared = Any  # chat_models._Call: .llm (the engine) and .requests (a completion each)
+Outcome = tuple[Prepared, list[GenerationOutput]]
+Waiting = tuple[Callable[[], Prepared], "asyncio.Future[Outcome]"]
 
 
 class BatchSubmission:
@@ -40,15 +41,16 @@ class BatchSubmission:
             if not future.done():
                 future.cancel()
 
-    async def run(self, prepare: Callable[[], Prepared]) -> tuple[Prepared, GenerationOutput]:
-        """``prepare()`` run beside the other calls of this turn, then its request's output.
+    async def run(self, prepare: Callable[[], Prepared]) -> Outcome:
+        """``prepare()`` run beside the other calls of this turn, then its requests' outputs.
 
-        A call whose ``prepare`` raises, or whose request fails in the engine, gets that error
-        alone; a cancelled call's request is aborted (or, not yet submitted, never made)."""
+        A call whose ``prepare`` raises, or one of whose requests fails in the engine, gets that
+        error alone (its other requests aborted); a cancelled call's requests are aborted (or,
+        not yet submitted, never made)."""
         if self._cancelled:
             raise asyncio.CancelledError
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[Prepared, GenerationOutput]] = loop.create_future()
+        future: asyncio.Future[Outcome] = loop.create_future()
         self._futures.append(future)
         self._waiting.append((prepare, future))
         if len(self._waiting) == 1:
@@ -109,20 +111,29 @@ async def _run_group(group: list[Waiting]) -> None:
 
 async def _submit(items: list[tuple[Prepared, asyncio.Future[Any]]]) -> None:
     llm = items[0][0].llm
-    for call, future in items:
-        request_id = call.request.request_id
-        future.add_done_callback(
-            lambda f, request_id=request_id: llm.abort(request_id) if f.cancelled() else None
-        )
-    results = llm.arun_requests_each([call.request for call, _ in items])
+
+    def abort(call: Prepared) -> None:
+        for request in call.requests:  # (one that has finished is ignored)
+            llm.abort(request.request_id)
+
+    owner = []  # the item of each request
+    for item, (call, future) in enumerate(items):
+        future.add_done_callback(lambda f, call=call: abort(call) if f.cancelled() else None)
+        owner += [item] * len(call.requests)
+    done: list[dict[int, GenerationOutput]] = [{} for _ in items]
+    results = llm.arun_requests_each([request for call, _ in items for request in call.requests])
     try:
         async with contextlib.aclosing(results):
             async for index, result in results:
-                call, future = items[index]
+                item = owner[index]
+                call, future = items[item]
                 if isinstance(result, BaseException):
                     _settle(future, error=result)
-                else:
-                    _settle(future, result=(call, result))
+                    abort(call)
+                    continue
+                done[item][index] = result
+                if len(done[item]) == len(call.requests):
+                    _settle(future, result=(call, [done[item][i] for i in sorted(done[item])]))
     except Exception as error:  # this engine's own failure (closed, say): its calls alone
         for _, future in items:
             _settle(future, error=error)

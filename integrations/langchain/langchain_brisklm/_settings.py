@@ -36,6 +36,7 @@ SAMPLING_FIELDS = (
     "logit_bias",
     "logprobs",
     "top_logprobs",
+    "n",
 )
 # Accepted for compatibility with hosted chat models' standard parameters; a local engine has no
 # network connection, so none of them does anything here.
@@ -111,6 +112,9 @@ class BriskSettings(BaseModel):
     """Stop sequences; stop sequences passed to a call replace these for that call."""
     streaming: bool = False
     """Generate through the streaming path, so callbacks see each new token."""
+    n: int = 1
+    """Completions of each prompt (ChatOpenAI's ``n``), each a generation of the result; with a
+    ``seed``, completion i samples with seed + i. A stream is one completion: 1 when streaming."""
 
     @model_validator(mode="before")
     @classmethod
@@ -140,6 +144,7 @@ class BriskSettings(BaseModel):
         call (which may come long after, in another part of the program). The model itself is
         not read: construction stays cheap."""
         sampling = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        check_one_when_streaming(self.n, self.streaming)
         SamplingParams(
             stop=self.stop or None,
             **_engine_options({k: v for k, v in sampling.items() if v is not None}),
@@ -250,6 +255,12 @@ def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
     if wanted:
         options["logprobs"] = 0 if top is None else top
     return options
+
+
+def check_one_when_streaming(n: Any, streaming: bool) -> None:
+    """A stream is one completion: ``n`` must be 1 (as ChatOpenAI requires)."""
+    if streaming and n != 1:
+        raise ValueError(f"n must be 1 when streaming (a stream is one completion), got {n!r}")
 
 
 def split_call_kwargs(kwargs: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:

@@ -33,14 +33,18 @@ from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import chat_logprobs, reply_logprobs, response_format_schema
-from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage
+from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, choices_usage
 from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_calls import grammar_mode, turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
 from langchain_brisklm._messages import to_template_messages
-from langchain_brisklm._settings import BriskSettings, split_call_kwargs
+from langchain_brisklm._settings import (
+    BriskSettings,
+    check_one_when_streaming,
+    split_call_kwargs,
+)
 from langchain_brisklm._structured import (
     CUT_TOOL_CALL,
     WholeJsonOutputKeyToolsParser,
@@ -72,13 +76,19 @@ _BATCH: contextvars.ContextVar[BatchSubmission | None] = contextvars.ContextVar(
 
 @dataclass
 class _Call:
-    """One prepared chat request and how to read its output."""
+    """One prepared chat call's requests (a completion each: ``n``) and how to read their
+    outputs."""
 
     llm: LLM
-    request: Request
+    requests: list[Request]
     parse_tools: bool
     model_name: str
     tool_format: ToolCallFormat
+
+    @property
+    def request(self) -> Request:
+        """The first completion's request (a stream's only one)."""
+        return self.requests[0]
 
 
 def _json_schema_of(schema: dict[str, Any] | type) -> dict[str, Any]:
@@ -196,8 +206,15 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     # ------------------------------------------------------------------ requests
-    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: Any) -> _Call:
+    def _prepare(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: Any,
+        streaming: bool = False,
+    ) -> _Call:
         overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
+        check_one_when_streaming(overrides.get("n", self.n), streaming)
         model = kwargs.get("model")
         # Per-call tools go through the same conversion and checks as bind_tools (idempotent on
         # the OpenAI dicts that bind_tools binds).
@@ -232,17 +249,35 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 constraint["skip_special_tokens"] = False  # the calls' tag is a special token
         prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
-        request = llm.make_request(prompt_ids, params)
+        requests = llm.make_requests(prompt_ids, params)
         name = self._display_name(model)
-        return _Call(llm, request, parse_tools, name, tool_format)
+        return _Call(llm, requests, parse_tools, name, tool_format)
 
-    def _result(self, call: _Call, output: GenerationOutput) -> ChatResult:
+    def _result(self, call: _Call, outputs: Sequence[GenerationOutput]) -> ChatResult:
+        """A generation for each completion. As ChatOpenAI's, each message's usage is the
+        call's: the prompt counted once, every completion's tokens."""
+        usage = choices_usage([o.usage for o in outputs], len(outputs))
+        return ChatResult(
+            generations=[self._generation(call, output, usage) for output in outputs],
+            llm_output={
+                "model_name": call.model_name,
+                "token_usage": {
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "total_tokens": usage.total_tokens,
+                },
+            },
+        )
+
+    @staticmethod
+    def _generation(call: _Call, output: GenerationOutput, usage: Usage) -> ChatGeneration:
+        """One completion's message (``usage``: the call's)."""
         invalid = []
         if call.parse_tools:
             # The context, not max_tokens, ended it when the reply filled the context (an unset
             # max_tokens is the room left in it, so the two limits meet there).
-            usage = output.usage
-            full = usage.prompt_tokens + usage.completion_tokens >= call.llm.max_seq_len
+            own = output.usage
+            full = own.prompt_tokens + own.completion_tokens >= call.llm.max_seq_len
             error = cut_call_error(
                 output.finish_reason, output.stop_reason, call.llm.max_seq_len if full else None
             )
@@ -269,20 +304,10 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             content=content,
             tool_calls=tool_calls,
             invalid_tool_calls=invalid,
-            usage_metadata=_usage_metadata(output.usage),
+            usage_metadata=_usage_metadata(usage),
             response_metadata=metadata,
         )
-        return ChatResult(
-            generations=[ChatGeneration(message=message, generation_info=dict(metadata))],
-            llm_output={
-                "model_name": call.model_name,
-                "token_usage": {
-                    "prompt_tokens": output.usage.prompt_tokens,
-                    "completion_tokens": output.usage.completion_tokens,
-                    "total_tokens": output.usage.total_tokens,
-                },
-            },
-        )
+        return ChatGeneration(message=message, generation_info=dict(metadata))
 
     def _generate(
         self,
@@ -292,8 +317,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         call = self._prepare(messages, stop, kwargs)
-        (output,) = call.llm.run_requests([call.request])
-        return self._result(call, output)
+        return self._result(call, call.llm.run_requests(call.requests))
 
     async def _agenerate(
         self,
@@ -304,11 +328,10 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     ) -> ChatResult:
         batch = _BATCH.get()
         if batch is not None:
-            call, output = await batch.run(lambda: self._prepare(messages, stop, kwargs))
-            return self._result(call, output)
+            call, outputs = await batch.run(lambda: self._prepare(messages, stop, kwargs))
+            return self._result(call, outputs)
         call = await run_off_loop(self._prepare, messages, stop, kwargs)
-        (output,) = await call.llm.arun_requests([call.request])
-        return self._result(call, output)
+        return self._result(call, await call.llm.arun_requests(call.requests))
 
     async def abatch(
         self,
@@ -361,7 +384,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        call = self._prepare(messages, stop, kwargs)
+        call = self._prepare(messages, stop, kwargs, streaming=True)
         converter = _ChunkConverter(call)
         for stream_chunk in call.llm.stream_request(call.request):
             for chunk in converter.convert(stream_chunk):
@@ -376,7 +399,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        call = await run_off_loop(self._prepare, messages, stop, kwargs)
+        call = await run_off_loop(self._prepare, messages, stop, kwargs, True)
         converter = _ChunkConverter(call)
         async for stream_chunk in call.llm.astream_request(call.request):
             for chunk in converter.convert(stream_chunk):

@@ -18,9 +18,13 @@ from brisklm.engine.request import Request
 from brisklm.llm import naming_prompt
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import completion_logprobs
-from brisklm.outputs import StreamChunk, TokenLogprob, Usage
+from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, choices_usage
 from langchain_brisklm._engines import get_tokenizer
-from langchain_brisklm._settings import BriskSettings, split_call_kwargs
+from langchain_brisklm._settings import (
+    BriskSettings,
+    check_one_when_streaming,
+    split_call_kwargs,
+)
 
 # Constrained decoding options a call may pass, e.g. llm.invoke(prompt, regex=r"[0-9]+").
 _CONSTRAINT_OPTIONS = frozenset(
@@ -99,9 +103,17 @@ class BriskLLM(BriskSettings, BaseLLM):
         return len(get_tokenizer(self.model).encode(text, add_special_tokens=True))
 
     def _requests(
-        self, prompts: Sequence[str], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[LLM, list[Request], str]:
+        self,
+        prompts: Sequence[str],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        streaming: bool = False,
+    ) -> tuple[LLM, list[Request], str, int]:
+        """The engine, the requests (each prompt's ``n`` completions in turn), the model's name
+        and ``n``."""
         overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
+        n = overrides.get("n", self.n)
+        check_one_when_streaming(n, streaming)
         constraint = {k: v for k, v in kwargs.items() if k in _CONSTRAINT_OPTIONS}
         model = kwargs.get("model")
         llm = self._engine(model)
@@ -111,32 +123,25 @@ class BriskLLM(BriskSettings, BaseLLM):
             # A bad prompt of a batch is named (LangChain's batch fails them all with its error).
             with naming_prompt(index, len(prompts)) if len(prompts) > 1 else nullcontext():
                 params = self._sampling_params(llm, len(ids), stop, overrides, **constraint)
-                requests.append(llm.make_request(ids, params))
-        return llm, requests, self._display_name(model)
+                requests += llm.make_requests(ids, params)
+        return llm, requests, self._display_name(model), n
 
     @staticmethod
-    def _result(outputs: Sequence[Any], model_name: str) -> LLMResult:
+    def _result(outputs: Sequence[GenerationOutput], model_name: str, n: int) -> LLMResult:
+        """Each prompt's ``n`` generations; the token usage counts each prompt once."""
         generations = [
-            [
-                Generation(
-                    text=o.text,
-                    generation_info=_generation_info(
-                        o.finish_reason, o.stop_reason, o.usage, o.logprobs
-                    ),
-                )
-            ]
+            Generation(
+                text=o.text,
+                generation_info=_generation_info(
+                    o.finish_reason, o.stop_reason, o.usage, o.logprobs
+                ),
+            )
             for o in outputs
         ]
-        prompt_tokens = sum(o.usage.prompt_tokens for o in outputs)
-        completion_tokens = sum(o.usage.completion_tokens for o in outputs)
-        token_usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+        usage = choices_usage([o.usage for o in outputs], n)
         return LLMResult(
-            generations=generations,
-            llm_output={"token_usage": token_usage, "model_name": model_name},
+            generations=[generations[i : i + n] for i in range(0, len(generations), n)],
+            llm_output={"token_usage": _usage_dict(usage), "model_name": model_name},
         )
 
     def _generate(
@@ -146,9 +151,10 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        llm, requests, model_name = self._requests(prompts, stop, kwargs)
-        if not (self.streaming and run_manager is not None):
-            return self._result(llm.run_requests(requests), model_name)
+        streams = self.streaming and run_manager is not None
+        llm, requests, model_name, n = self._requests(prompts, stop, kwargs, streams)
+        if not streams:
+            return self._result(llm.run_requests(requests), model_name, n)
         # Streaming: every request still decodes in the shared batch; tokens reach the callbacks
         # on this thread, tagged with the prompt they belong to.
         with contextlib.closing(llm.stream_requests(requests)) as chunks:
@@ -156,7 +162,7 @@ class BriskLLM(BriskSettings, BaseLLM):
                 if chunk.text:
                     piece = GenerationChunk(text=chunk.text)
                     run_manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
-        return self._result([r.to_output() for r in requests], model_name)
+        return self._result([r.to_output() for r in requests], model_name, n)
 
     async def _agenerate(
         self,
@@ -165,15 +171,18 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        llm, requests, model_name = await run_off_loop(self._requests, prompts, stop, kwargs)
-        if not (self.streaming and run_manager is not None):
-            return self._result(await llm.arun_requests(requests), model_name)
+        streams = self.streaming and run_manager is not None
+        llm, requests, model_name, n = await run_off_loop(
+            self._requests, prompts, stop, kwargs, streams
+        )
+        if not streams:
+            return self._result(await llm.arun_requests(requests), model_name, n)
         async with contextlib.aclosing(llm.astream_requests(requests)) as chunks:
             async for index, chunk in chunks:
                 if chunk.text:
                     piece = GenerationChunk(text=chunk.text)
                     await run_manager.on_llm_new_token(chunk.text, chunk=piece, prompt_index=index)
-        return self._result([r.to_output() for r in requests], model_name)
+        return self._result([r.to_output() for r in requests], model_name, n)
 
     def _stream(
         self,
@@ -182,7 +191,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        llm, (request,), _ = self._requests([prompt], stop, kwargs)
+        llm, (request,), _, _ = self._requests([prompt], stop, kwargs, streaming=True)
         for chunk in llm.stream_request(request):
             piece = _generation_chunk(chunk)
             if piece is None:
@@ -198,7 +207,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        llm, (request,), _ = await run_off_loop(self._requests, [prompt], stop, kwargs)
+        llm, (request,), _, _ = await run_off_loop(self._requests, [prompt], stop, kwargs, True)
         async for chunk in llm.astream_request(request):
             piece = _generation_chunk(chunk)
             if piece is None:

@@ -22,6 +22,7 @@ MAX_ABS_OPENAI_PENALTY = 2.0
 # seed s and s + 2**64 draw alike (-1 as 2**64 - 1).
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
+MAX_N = 128  # completions a prompt may ask for (OpenAI's limit)
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
@@ -72,6 +73,10 @@ class SamplingParams:
     - ``prompt_logprobs`` None returns none for the prompt; N >= 0 returns each prompt token's
       logprob given the tokens before it (the first token's entry is None) plus the top N, from
       the raw model logits. Such a request computes its whole prompt: it reuses no cached prefix.
+    - ``n``: completions of the prompt (``LLM.generate`` returns the first, with all of them in
+      its ``choices``). Each is a request of its own (``per_choice``): with a ``seed``, choice i
+      samples with seed + i, so each is reproducible alone; the prompt's shared keys are computed
+      once where prefix caching is on.
     """
 
     max_tokens: int = 256
@@ -103,6 +108,7 @@ class SamplingParams:
     grammar_syntax: str = "lark"  # "lark" or "gbnf"
     # The resolved constraint (derived from the fields above, or given directly).
     constraint: Constraint | None = None
+    n: int = 1  # completions of the prompt (last: positional construction keeps its order)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -215,6 +221,11 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _as_bool(name, getattr(self, name))
 
+        n = _as_int("n", self.n, f"an int in [1, {MAX_N}]")
+        if not 1 <= n <= MAX_N:
+            raise _fail("n", n, f"an int in [1, {MAX_N}]")
+        put("n", n)
+
     def with_changes(self, **changes: Any) -> SamplingParams:
         """A copy with ``changes`` applied, validated like a new instance. The constraint carries
         over (with the options it came from: ``grammar_syntax=`` alone re-reads the grammar),
@@ -234,6 +245,18 @@ class SamplingParams:
         if values["grammar"] is None and "grammar_syntax" not in changes:
             values["grammar_syntax"] = "lark"  # with_changes(grammar=None) on a GBNF grammar
         return SamplingParams(**values)
+
+    def per_choice(self) -> list[SamplingParams]:
+        """The params of each of the ``n`` completions, one request each (``n`` 1): with a seed,
+        choice i draws with seed + i (wrapping past the largest seed), so the choices differ and
+        each is reproducible alone; unseeded ones draw in turn from the default generator; greedy
+        ones are alike."""
+        if self.n == 1:
+            return [self]
+        one = self.with_changes(n=1)
+        if self.seed is None:
+            return [one] * self.n
+        return [one.with_changes(seed=_wrapped_seed(self.seed + i)) for i in range(self.n)]
 
     @classmethod
     def greedy(cls, **kwargs: Any) -> SamplingParams:
@@ -311,6 +334,10 @@ _NO_CONSTRAINT_OPTIONS: dict[str, Any] = {
     "grammar": None,
     "grammar_syntax": "lark",
 }
+
+
+def _wrapped_seed(seed: int) -> int:
+    return seed - 2**64 if seed > MAX_SEED else seed
 
 
 def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:

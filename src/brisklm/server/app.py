@@ -29,7 +29,14 @@ from brisklm.engine.request import Request
 from brisklm.llm import LLM
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import chat_logprobs, reply_logprobs
-from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
+from brisklm.outputs import (
+    ChatOutput,
+    GenerationOutput,
+    StreamChunk,
+    TokenLogprob,
+    Usage,
+    choices_usage,
+)
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -329,7 +336,7 @@ class _Server:
             for i, (request, out) in enumerate(zip(requests, outputs, strict=True))
         ]
         usages = [usage(out.usage) for out in outputs]
-        response["usage"] = protocol.usage_dict(protocol.choices_usage(usages, plan.n))
+        response["usage"] = protocol.usage_dict(choices_usage(usages, plan.n))
         return JSONResponse(response)
 
     def _stream_head(
@@ -347,7 +354,7 @@ class _Server:
     ) -> Iterator[str]:
         """The stream's last event, with the usage of all its choices, where it was asked for."""
         if plan.options.include_usage:
-            total = protocol.choices_usage([u for u in usages if u is not None], plan.n)
+            total = choices_usage([u for u in usages if u is not None], plan.n)
             yield _sse({**head, "choices": [], "usage": protocol.usage_dict(total)})
 
     def _requests(
@@ -355,7 +362,7 @@ class _Server:
     ) -> list[Request]:
         """The ``n`` requests of a prompt's choices."""
         params = self._with_room(plan.params, body, len(ids))
-        return [self.llm.make_request(ids, p) for p in protocol.choice_params(params, plan.n)]
+        return self.llm.make_requests(ids, params.with_changes(n=plan.n))
 
     def _completion_choice(
         self,

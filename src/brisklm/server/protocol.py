@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from brisklm.openai_format import completion_logprobs, response_format_schema
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
-from brisklm.sampling.params import MAX_LOGPROBS, MAX_SEED
+from brisklm.sampling.params import MAX_LOGPROBS, MAX_N
 from brisklm.tool_calls import grammar_mode
 
 if TYPE_CHECKING:
@@ -263,9 +263,6 @@ def _guided_field(changes: Mapping[str, Any]) -> str | None:
     return next((name for option, name in CONSTRAINT_FIELDS.items() if option in changes), None)
 
 
-MAX_N = 128  # choices a request may ask for (OpenAI's limit)
-
-
 def choices_wanted(body: Mapping[str, Any]) -> int:
     """``n``: how many choices a prompt gets."""
     n = body.get("n", 1)
@@ -274,19 +271,6 @@ def choices_wanted(body: Mapping[str, Any]) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise ApiError(f"n must be an integer in [1, {MAX_N}], got {n!r}", param="n")
     return n
-
-
-def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """The params of a prompt's ``n`` choices: a seeded request's choice i draws with seed + i
-    (so the choices differ, and each is reproducible alone); unseeded ones draw in turn from the
-    default generator; greedy ones are alike."""
-    if params.seed is None or n == 1:
-        return [params] * n
-    return [params.with_changes(seed=_wrapped_seed(params.seed + i)) for i in range(n)]
-
-
-def _wrapped_seed(seed: int) -> int:
-    return seed - 2**64 if seed > MAX_SEED else seed
 
 
 # ------------------------------------------------------------------------------ completions
@@ -721,17 +705,6 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
     }
-
-
-def choices_usage(usages: Sequence[Usage], n: int) -> Usage:
-    """A response's usage from its choices' (``n`` a prompt, in order, as many as finished): each
-    prompt counted once, as OpenAI counts it, with the cache hits its first choice had."""
-    firsts = usages[::n] if len(usages) % n == 0 else usages
-    return Usage(
-        prompt_tokens=sum(u.prompt_tokens for u in firsts),
-        completion_tokens=sum(u.completion_tokens for u in usages),
-        cached_prompt_tokens=sum(u.cached_prompt_tokens for u in firsts),
-    )
 
 
 def envelope(kind: str, response_id: str, model: str) -> dict[str, Any]:
