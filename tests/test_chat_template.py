@@ -172,6 +172,77 @@ USER_ONLY = [{"role": "user", "content": "  hello  "}]
 CONVERSATIONS = [SYSTEM_USER, TOOL_ROUND_TRIP, USER_ONLY]
 
 
+# In the manner of Qwen3's: the last user query found walking the messages backwards through a
+# namespace, reasoning split out of an assistant's content (or taken from reasoning_content) and
+# shown only after that query, tool results gathered into one user turn, enable_thinking.
+REASONING_TEMPLATE = """{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- 'Tools you may call, one <tool_call> block each:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(looking=true, last_query=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if ns.looking and message.role == 'user' and message.content is string
+    and not (message.content.startswith('<tool_response>')
+    and message.content.endswith('</tool_response>')) %}
+{%- set ns.looking = false %}{%- set ns.last_query = index %}
+{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set content = message.content if message.content is string else '' %}
+{%- set reasoning = '' %}
+{%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+{%- set reasoning = message.reasoning_content %}
+{%- elif '</think>' in content %}
+{%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\n') %}
+{%- endif %}
+{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+{{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+{%- else %}
+{{- '<|im_start|>assistant\n' + content }}
+{%- endif %}
+{%- for call in message.tool_calls or [] %}
+{%- if (loop.first and content) or not loop.first %}{{- '\n' }}{%- endif %}
+{%- set call = call.function if call.function else call %}
+{{- '<tool_call>\n{"name": "' + call.name + '", "arguments": ' }}
+{{- call.arguments if call.arguments is string else call.arguments | tojson }}
+{{- '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %}"""
+REASONED = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {
+        "role": "assistant",
+        "content": "<think>\nThe user wants the weather.\n</think>\n\n",
+        "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}],
+    },
+    {"role": "tool", "content": '{"temperature": 21}'},
+    {"role": "tool", "content": "no alerts"},
+    {"role": "assistant", "content": "21 °C.", "reasoning_content": "From the tool."},
+    {"role": "user", "content": "<tool_response>\nlate\n</tool_response>"},
+]
+
+
 @pytest.fixture(scope="module")
 def chatml_pair(tmp_path_factory: pytest.TempPathFactory):
     directory = build_byte_level_bpe(
@@ -201,8 +272,8 @@ def llama2_pair(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize(
     "template",
-    [QWEN25_TEMPLATE, LLAMA3_TEMPLATE, TOJSON_TEMPLATE],
-    ids=["qwen25", "llama3", "tojson"],
+    [QWEN25_TEMPLATE, LLAMA3_TEMPLATE, TOJSON_TEMPLATE, REASONING_TEMPLATE],
+    ids=["qwen25", "llama3", "tojson", "reasoning"],
 )
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("tools", [None, [WEATHER_TOOL, SEARCH_TOOL]], ids=["no_tools", "tools"])
@@ -210,7 +281,8 @@ def test_rendering_matches_transformers(
     chatml_pair, template, add_generation_prompt, tools
 ) -> None:
     ours, reference = chatml_pair
-    for messages in CONVERSATIONS:
+    conversations = [*CONVERSATIONS, REASONED] if template is REASONING_TEMPLATE else CONVERSATIONS
+    for messages in conversations:
         expected = reference.apply_chat_template(
             messages,
             tools=tools,
@@ -264,6 +336,22 @@ def test_extra_kwargs_reach_the_template(chatml_pair) -> None:
         )
         assert rendered == expected
         assert ("26 Jul 2024" in rendered) or ("<on>" in rendered)
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_a_reasoning_template_renders_as_transformers_with_thinking_on_or_off(
+    chatml_pair, enable_thinking
+) -> None:
+    ours, reference = chatml_pair
+    messages = REASONED[:-1] + [{"role": "user", "content": "And tomorrow?"}]
+    kwargs = {"chat_template": REASONING_TEMPLATE, "enable_thinking": enable_thinking}
+    expected = reference.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+    assert ours.apply_chat_template(messages, add_generation_prompt=True, **kwargs) == expected
+    # Reasoning before the last query is dropped; an empty block closes the prompt without it.
+    assert "The user wants the weather" not in expected
+    assert expected.endswith("assistant\n" if enable_thinking else "<think>\n\n</think>\n\n")
 
 
 def test_sentencepiece_template_with_bos_eos_and_raise_exception(llama2_pair) -> None:

@@ -104,6 +104,13 @@ def test_mistral_sliding_window_all_layers():
         {"use_sliding_window": True, "max_window_layers": 1},
         {"use_sliding_window": True, "max_window_layers": 1, "layer_types": ["full_attention"] * 4},
         {"architectures": ["MistralForCausalLM"], "layer_types": ["full_attention"] * 4},
+        {"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "max_window_layers": 1},
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "use_sliding_window": True,
+            "layer_types": ["full_attention", "sliding_attention"] * 2,
+        },
+        {"architectures": ["Qwen3ForCausalLM"], "layer_types": ["sliding_attention"] * 4},
     ],
 )
 def test_sliding_windows_per_layer_match_transformers(overrides):
@@ -115,7 +122,7 @@ def test_sliding_windows_per_layer_match_transformers(overrides):
         "sliding_window": 16,
         **overrides,
     }
-    raw["model_type"] = "mistral" if "Mistral" in raw["architectures"][0] else "qwen2"
+    raw["model_type"] = raw["architectures"][0].removesuffix("ForCausalLM").lower()
     reference = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(**raw)
     )
@@ -288,6 +295,40 @@ def test_model_type_decides_the_family_as_in_transformers(caplog):
     assert "names architecture 'LlamaForCausalLM' but model_type 'mistral'" in caplog.text
     assert make(model_type="qwen2", num_key_value_heads=2).qkv_bias
     assert make(model_type="gemma").architecture == "LlamaForCausalLM"  # unknown: the name's
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # head_dim left out: Qwen3's config gives 128, not hidden_size // heads
+        {"head_dim": 16},
+        {"attention_bias": True, "mlp_bias": True},  # its MLP has no bias whatever the file says
+        {"num_key_value_heads": None},
+    ],
+)
+def test_qwen3_configs_build_the_network_transformers_builds(overrides):
+    transformers = pytest.importorskip("transformers")
+    raw = {
+        **BASE,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "num_key_value_heads": 4,
+        **overrides,
+    }
+    reference = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**raw)
+    )
+    layer = reference.model.layers[0]
+    config = ModelConfig.from_dict(raw)
+    assert config.qk_norm and config.model_type == "qwen3"
+    assert config.head_dim == layer.self_attn.head_dim == layer.self_attn.q_norm.weight.shape[0]
+    assert config.num_key_value_heads == reference.config.num_key_value_heads
+    assert config.qkv_bias == (layer.self_attn.q_proj.bias is not None)
+    assert config.o_proj_bias == (layer.self_attn.o_proj.bias is not None)
+    assert config.mlp_bias == (layer.mlp.down_proj.bias is not None)
+    assert config.max_position_embeddings == reference.config.max_position_embeddings
+    qwen2 = make(architectures=["Qwen2ForCausalLM"], num_key_value_heads=8)
+    assert not make().qk_norm and not qwen2.qk_norm
 
 
 def test_missing_kv_heads_take_each_familys_default():

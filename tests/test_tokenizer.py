@@ -48,6 +48,7 @@ KINDS = [
     "mistral_hub_json",  # model_type mistral: tokenizer.json as is, even though LlamaTokenizer is named
     "qwen2_model_type",  # model_type qwen2 makes it a Qwen2Tokenizer whatever the name
     "bytelevel_model_type_qwen2",  # ... which rebuilds a pipeline other than Qwen's (NFC, digits)
+    "bytelevel_model_type_qwen3",  # ... but model_type qwen3 keeps the class named
     "legacy_layout",  # no added_tokens_decoder: special_tokens_map.json and tokenizer.json's added tokens
     "spm_added_tokens_json",  # tokenizer.model with added_tokens.json (saved before transformers 4.34)
     "bytelevel_null_post_processor",  # add_bos_token beside a tokenizer.json without post-processor
@@ -168,6 +169,9 @@ def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "legacy_layout": _legacy_layout(build_byte_level_bpe(root / "legacy_layout")),
         "bytelevel_model_type_qwen2": _with_model_config(
             build_byte_level_bpe(root / "bytelevel_model_type_qwen2"), "qwen2"
+        ),
+        "bytelevel_model_type_qwen3": _with_model_config(
+            build_byte_level_bpe(root / "bytelevel_model_type_qwen3"), "qwen3"
         ),
         "spm_added_tokens_json": _added_tokens_json(build_sentencepiece(root / "spm_added_json")),
         "bytelevel_null_post_processor": _null_post_processor(

@@ -11,11 +11,13 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# Architecture name in config.json -> our model family. All three share one network definition.
+# Architecture name in config.json -> our model family. All share one network definition (Qwen3
+# adds an RMSNorm over each query and key head: ModelConfig.qk_norm).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("silu",)
@@ -160,6 +162,9 @@ class ModelConfig:
     qkv_bias: bool = False
     o_proj_bias: bool = False
     mlp_bias: bool = False
+    # Qwen3: each query and key head goes through an RMSNorm of its own weights (over head_dim)
+    # before the rotary embedding.
+    qk_norm: bool = False
     # Window of keys each query sees (including itself), per layer; None = full causal attention.
     sliding_windows: tuple[int | None, ...] = ()
     rope: RopeConfig = field(default_factory=RopeConfig)
@@ -279,12 +284,17 @@ class ModelConfig:
                 f"{family} ({num_kv_heads}) does not divide num_attention_heads ({num_heads}): "
                 "give num_key_value_heads"
             )
-        # 0 or null: derived, as transformers does; 16.5 was read as 16.
-        head_dim = _int_field(raw, "head_dim", 0) or hidden_size // num_heads
+        # 0 or null: derived, as transformers does; 16.5 was read as 16. Left out: Qwen3's
+        # config class gives 128 whatever the sizes.
+        head_dim = _int_field(raw, "head_dim", _DEFAULT_HEAD_DIM.get(family, 0))
+        head_dim = head_dim or hidden_size // num_heads
         max_positions = _int_field(raw, "max_position_embeddings", _DEFAULT_MAX_POSITIONS[family])
         windows = _sliding_windows(raw, family, num_layers)
         if family == "qwen2":
             qkv_bias, o_bias, mlp_bias = True, False, False
+        elif family == "qwen3":  # (its MLP has no bias whatever the file says)
+            qkv_bias = o_bias = bool(raw.get("attention_bias", False))
+            mlp_bias = False
         else:  # Mistral's too: the loader keeps only the biases its checkpoint stores
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
@@ -322,6 +332,7 @@ class ModelConfig:
             qkv_bias=qkv_bias,
             o_proj_bias=o_bias,
             mlp_bias=mlp_bias,
+            qk_norm=family == "qwen3",
             sliding_windows=windows,
             rope=RopeConfig.from_hf(raw, max_positions),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
@@ -411,17 +422,19 @@ def _int_field(raw: dict[str, Any], name: str, default: int | None = None) -> in
 
 
 # transformers' defaults where a config.json leaves these out.
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
-_DEFAULT_SLIDING_WINDOW = {"mistral": 4096, "qwen2": 4096}
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768}
+_DEFAULT_SLIDING_WINDOW = {"mistral": 4096, "qwen2": 4096, "qwen3": 4096}
 # (Llama's is num_attention_heads.)
-_DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32}
+_DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32, "qwen3": 32}
+# (The others' is hidden_size // num_attention_heads.)
+_DEFAULT_HEAD_DIM = {"qwen3": 128}
 
 
 def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
     """Per-layer sliding window, following transformers' rules for each family.
 
     Mistral's model windows every layer (transformers warns about a ``layer_types`` and ignores
-    it); Qwen2's windows none unless ``use_sliding_window`` is true (its config then sets the
+    it); Qwen2's and Qwen3's window none unless ``use_sliding_window`` is true (its config then sets the
     window to None, whatever ``layer_types`` says), and then the layers ``layer_types`` names, or
     without it those from ``max_window_layers`` on.
     """
@@ -445,7 +458,7 @@ def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple
     for kind in layer_types:
         if kind not in ("full_attention", "sliding_attention"):
             raise ValueError(
-                f"config.json's layer_types holds {kind!r}: a Qwen2 layer is "
+                f"config.json's layer_types holds {kind!r}: a {family.capitalize()} layer is "
                 "'full_attention' or 'sliding_attention'"
             )
     return tuple(window if kind == "sliding_attention" else None for kind in layer_types)

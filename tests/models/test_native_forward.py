@@ -155,6 +155,7 @@ CASES = {
     "llama-gqa": ("llama", {}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
     "qwen2-bias": ("qwen2", {}),
+    "qwen3-qk-norm": ("qwen3", {"head_dim": 32, "attention_bias": True}),
     "mistral-window": ("mistral", {"sliding_window": 5}),
     "llama-head-dim-40": ("llama", {"hidden_size": 80, "num_attention_heads": 2, "head_dim": 40}),
     # Head sizes for the AVX2 attention's paths: not a multiple of 8 (4-key scores), and two

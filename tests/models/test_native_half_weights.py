@@ -94,6 +94,7 @@ CASES = {
     "llama-gqa": ("llama", {}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
     "qwen2-bias": ("qwen2", {}),
+    "qwen3-qk-norm": ("qwen3", {"head_dim": 32}),
     "mistral-window": ("mistral", {"sliding_window": 5}),
     # Heads of 64: attention's 64-output value blocks (AVX2), over bfloat16 caches read in pairs.
     "llama-head-64": (

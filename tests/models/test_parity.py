@@ -58,6 +58,19 @@ CASES = {
     ),
     "tied": ("llama", {"tie_word_embeddings": True}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    # Qwen3: q/k norms; head_dim left out (its config's 128, not hidden_size // heads); tied.
+    "qwen3": ("qwen3", {"tie_word_embeddings": True}),
+    # q/k/v and o biases, and a window on the layers from max_window_layers on.
+    "qwen3-bias-window": (
+        "qwen3",
+        {
+            "head_dim": 32,
+            "attention_bias": True,
+            "use_sliding_window": True,
+            "sliding_window": 7,
+            "max_window_layers": 1,
+        },
+    ),
     "mistral-sliding": ("mistral", {"sliding_window": 7}),
 }
 

@@ -53,6 +53,7 @@ VARIANTS = {
     ),
     "both-configs": ("llama", dict(group_size=32, sym=False, config_in="both")),
     "qwen2-bias-tied-act-order": ("qwen2", dict(group_size=64, sym=False, act_order=True)),
+    "qwen3-qk-norm": ("qwen3", dict(group_size=32, sym=False)),
 }
 
 
@@ -61,6 +62,7 @@ def hf_models():
     return {
         "llama": build_hf_model("llama", **SHAPE),
         "qwen2": build_hf_model("qwen2", tie_word_embeddings=True, **SHAPE),
+        "qwen3": build_hf_model("qwen3", head_dim=32, **SHAPE),
     }
 
 

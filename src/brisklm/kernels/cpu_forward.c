@@ -1340,6 +1340,9 @@ typedef struct {
     const float *top_p;
     const float *min_p;
     int *steps_done;
+    /* Qwen3: per layer, the RMSNorm weights (head_dim) over each query head and each key head,
+     * applied before the rotation; NULL: none. */
+    const float **q_norm, **k_norm;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -2184,7 +2187,10 @@ int brisk_forward_f32(const brisk_forward_args *given) {
                     int t = item / (hq + 2 * hkv), h = item % (hq + 2 * hkv);
                     float *x = a->qkv + t * qkv_ld + (int64_t)h * d;
                     const int64_t row = a->rope_rows[t] * d;
-                    if (h < hq + hkv) rope(x, a->cos + row, a->sin + row, d);
+                    if (h < hq + hkv) {
+                        if (a->q_norm) rms_norm(x, h < hq ? a->q_norm[l] : a->k_norm[l], d, a->eps, x);
+                        rope(x, a->cos + row, a->sin + row, d);
+                    }
                     if (h >= hq) {
                         int g = h < hq + hkv ? h - hq : h - hq - hkv;
                         void *cache = h < hq + hkv ? a->k_cache[l] : a->v_cache[l];

@@ -135,6 +135,8 @@ class ForwardArgs(ctypes.Structure):
         ("top_p", _ptr),
         ("min_p", _ptr),
         ("steps_done", _ptr),
+        ("q_norm", _ptr),
+        ("k_norm", _ptr),
     ]
 
 

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over Hugging Face parameter names.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over Hugging Face parameter names.
 
 q/k/v and gate/up are merged into one matmul each (``qkv_proj``, ``gate_up_proj``); the loader maps
 the checkpoint's separate tensors onto slices of them through ``PACKED_MODULES``. Nothing here
@@ -45,6 +45,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = make_linear(
             q_size, [config.hidden_size], config.o_proj_bias, f"{prefix}.o_proj"
         )
+        # Qwen3: an RMSNorm over each query head and each key head, before the rotation.
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(
         self,
@@ -59,8 +65,12 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x).view(
             num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim
         )
+        qk = qkv[:, : self.num_heads + self.num_kv_heads]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
         # Rotate q and k together: one set of elementwise ops instead of two.
-        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        qk = apply_rotary(qk, cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.num_heads + self.num_kv_heads :]
         out = backend.attend(q, k, v, kv[0], kv[1], meta, self.sliding_window)  # (N, H * D)

@@ -261,6 +261,9 @@ class NativeForward:
             "down_w": weights([m.down_proj for m in mlp]),
             "down_b": pointers([_bias(m.down_proj) for m in mlp]),
         }
+        if config.qk_norm:  # (else the kernels see NULL: no norm)
+            self._tables["q_norm"] = pointers([a.q_norm.weight for a in attn])
+            self._tables["k_norm"] = pointers([a.k_norm.weight for a in attn])
         # 0: no window (also for a window no shorter than the cache, which then never applies).
         windows = list(config.sliding_windows) or [None] * len(layers)
         self._windows = (ctypes.c_int * len(layers))(
