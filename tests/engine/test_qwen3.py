@@ -15,15 +15,18 @@ transformers = pytest.importorskip("transformers")
 
 PROMPTS = [[1, 17, 93, 5, 44, 120, 8, 61], [1, 300, 9], [1, 33, 150, 9, 70, 2, 140, 17, 88, 3]]
 STEPS = 24
-WEATHER = {
+# Bounded arguments, so that a random model's call ends well within max_tokens.
+FORECAST = {
     "type": "function",
     "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
+        "name": "get_forecast",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Zürich"]}},
-            "required": ["city"],
+            "properties": {
+                "city": {"enum": ["Paris", "Zürich"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
         },
     },
 }
@@ -72,12 +75,13 @@ def test_a_chat_turn_with_tools_calls_one_under_the_grammar(qwen3):
     with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as llm:
         assert llm.tool_call_format().name == "hermes"
         messages = [{"role": "user", "content": "Weather in Zürich?"}]
-        prompt = llm.chat_prompt_ids(messages, tools=[WEATHER], enable_thinking=False)
+        prompt = llm.chat_prompt_ids(messages, tools=[FORECAST], enable_thinking=False)
         text = llm.tokenizer.decode(prompt, skip_special_tokens=False)
         assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        grammar = llm.tool_call_format().grammar([WEATHER], "required", parallel=False)
+        grammar = llm.tool_call_format().grammar([FORECAST], "required", parallel=False)
         params = SamplingParams(temperature=0, max_tokens=64, grammar=grammar)
-        reply = llm.chat(messages, params, tools=[WEATHER], enable_thinking=False)
-        assert [c.name for c in reply.tool_calls] == ["get_weather"]
-        assert reply.tool_calls[0].arguments["city"] in ("Paris", "Zürich")
+        reply = llm.chat(messages, params, tools=[FORECAST], enable_thinking=False)
+        assert [c.name for c in reply.tool_calls] == ["get_forecast"]
+        arguments = reply.tool_calls[0].arguments
+        assert arguments["city"] in ("Paris", "Zürich") and 1 <= arguments["days"] <= 7
         assert reply.finish_reason == "tool_calls"
