@@ -78,8 +78,10 @@ def _cut_by(message: BaseMessage) -> str | None:
     """What ended an incomplete reply early, with what to do about it; None while it runs on."""
     metadata = message.response_metadata
     if metadata.get("finish_reason") == "length":
+        # (with n > 1 the usage is the whole call's, the reply's own count in the metadata)
         usage = getattr(message, "usage_metadata", None) or {}
-        after = f" after {usage['output_tokens']} tokens" if usage.get("output_tokens") else ""
+        count = metadata.get("completion_tokens", usage.get("output_tokens"))
+        after = f" after {count} tokens" if count else ""
         return (
             f"{after} (finish_reason 'length'): raise max_tokens (or the engine's max_seq_len, "
             "if the context is full)"

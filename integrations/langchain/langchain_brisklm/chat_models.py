@@ -214,7 +214,6 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         streaming: bool = False,
     ) -> _Call:
         overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
-        check_one_when_streaming(overrides.get("n", self.n), streaming)
         model = kwargs.get("model")
         # Per-call tools go through the same conversion and checks as bind_tools (idempotent on
         # the OpenAI dicts that bind_tools binds).
@@ -249,6 +248,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 constraint["skip_special_tokens"] = False  # the calls' tag is a special token
         prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
+        check_one_when_streaming(params.n, streaming)
         requests = llm.make_requests(prompt_ids, params)
         name = self._display_name(model)
         return _Call(llm, requests, parse_tools, name, tool_format)
@@ -300,6 +300,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 output.logprobs, output.token_ids, output.stop_reason, call.request.eos_token_ids
             )
             metadata["logprobs"] = chat_logprobs(entries)
+        if len(call.requests) > 1:  # (usage_metadata is then the whole call's)
+            metadata["completion_tokens"] = output.usage.completion_tokens
         message = AIMessage(
             content=content,
             tool_calls=tool_calls,
@@ -377,6 +379,22 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         return _run_cancellable(work)
 
     # ----------------------------------------------------------------- streaming
+    def _should_stream(
+        self,
+        *,
+        async_api: bool,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> bool:
+        """As LangChain decides, but a call of several completions (``n``) does not stream (a
+        stream is one completion): ``invoke`` under ``astream_events`` or a streaming callback
+        handler gets its whole result, and ``stream`` / ``astream`` (a chain streaming through
+        the model) yield the first completion whole, in one chunk."""
+        n = kwargs.get("n", self.n)
+        if n is not None and n != 1:
+            return False
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
+
     def _stream(
         self,
         messages: list[BaseMessage],

@@ -112,18 +112,19 @@ class BriskLLM(BriskSettings, BaseLLM):
         """The engine, the requests (each prompt's ``n`` completions in turn), the model's name
         and ``n``."""
         overrides = split_call_kwargs(kwargs, _CALL_OPTIONS)
-        n = overrides.get("n", self.n)
-        check_one_when_streaming(n, streaming)
         constraint = {k: v for k, v in kwargs.items() if k in _CONSTRAINT_OPTIONS}
         model = kwargs.get("model")
         llm = self._engine(model)
         requests = []
+        n = 1
         for index, prompt in enumerate(prompts):
             ids = llm.tokenizer.encode(prompt, add_special_tokens=True)
             # A bad prompt of a batch is named (LangChain's batch fails them all with its error).
             with naming_prompt(index, len(prompts)) if len(prompts) > 1 else nullcontext():
                 params = self._sampling_params(llm, len(ids), stop, overrides, **constraint)
+                check_one_when_streaming(params.n, streaming)
                 requests += llm.make_requests(ids, params)
+            n = params.n  # (the same for every prompt: the call's)
         return llm, requests, self._display_name(model), n
 
     @staticmethod

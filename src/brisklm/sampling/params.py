@@ -75,8 +75,9 @@ class SamplingParams:
       the raw model logits. Such a request computes its whole prompt: it reuses no cached prefix.
     - ``n``: completions of the prompt (``LLM.generate`` returns the first, with all of them in
       its ``choices``). Each is a request of its own (``per_choice``): with a ``seed``, choice i
-      samples with seed + i, so each is reproducible alone; the prompt's shared keys are computed
-      once where prefix caching is on.
+      samples with seed + i, so each is reproducible alone. With prefix caching the native CPU
+      pass computes the prompt's keys once for them all (a prompt of 16 tokens or more);
+      elsewhere prefixes are reused in whole prefill chunks only.
     """
 
     max_tokens: int = 256

@@ -84,8 +84,11 @@ def test_async_and_batched_chat_calls_take_n(chat: ChatBrisk) -> None:
 def test_a_stream_is_one_completion(tiny_chat_dir: Path, chat: ChatBrisk) -> None:
     with pytest.raises(ValueError, match="n must be 1 when streaming"):
         ChatBrisk(model=str(tiny_chat_dir), n=2, streaming=True)
+    # stream() (a chain streaming through the model) yields the first completion whole
+    (whole,) = list(chat.stream(MESSAGES))
+    assert whole.content == chat.invoke(MESSAGES).content
     with pytest.raises(ValueError, match="n must be 1 when streaming"):
-        next(iter(chat.stream(MESSAGES)))
+        list(chat._stream(MESSAGES))
     with pytest.raises(ValueError, match="n must be 1 when streaming"):
         BriskLLM(model=str(tiny_chat_dir), n=2, streaming=True)
     single = chat.model_copy(update={"n": 1})
@@ -114,3 +117,42 @@ def test_llm_n_gives_each_prompt_its_completions(tiny_chat_dir: Path) -> None:
         next(iter(llm.stream("Hello")))
     with pytest.raises(ValueError, match=r"SamplingParams.n=0"):
         llm.generate(["Hello"], n=0)
+
+
+def test_n_none_per_call_is_the_default_of_one(tiny_chat_dir: Path, chat: ChatBrisk) -> None:
+    llm = BriskLLM(model=str(tiny_chat_dir), n=2, **SAMPLED)
+    assert [len(g) for g in llm.generate(["Hello"], n=None).generations] == [1]
+    assert len(chat._generate(MESSAGES, n=None).generations) == 1
+    assert "".join(c.content for c in chat.stream(MESSAGES, n=None))  # one completion streams
+
+
+def test_a_call_langchain_would_stream_returns_its_first_completion(chat: ChatBrisk) -> None:
+    # astream_events (and any streaming callback handler) sends a chain's call to the streaming
+    # path, which takes one completion: a call of several completions is generated whole instead.
+    from langchain_core.runnables import RunnableLambda
+
+    chain = RunnableLambda(lambda _: MESSAGES) | chat
+
+    async def events() -> list[dict[str, Any]]:
+        return [e async for e in chain.astream_events("x", version="v2")]
+
+    ended = [e for e in asyncio.run(events()) if e["event"] == "on_chat_model_end"]
+    assert ended[0]["data"]["output"].content == chat._generate(MESSAGES).generations[0].text
+
+
+def test_a_cut_structured_reply_names_its_own_token_count(tiny_chat_dir: Path) -> None:
+    from langchain_core.exceptions import OutputParserException
+
+    chat = ChatBrisk(model=str(tiny_chat_dir), n=3, **{**SAMPLED, "max_tokens": 5})
+    schema = {
+        "title": "Person",
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 60}},
+        "required": ["name"],
+    }
+    structured = chat.with_structured_output(schema, method="json_schema")
+    with pytest.raises(OutputParserException, match="cut off after 5 tokens"):
+        structured.invoke(MESSAGES)
+    result = chat._generate(MESSAGES, response_format={"type": "json_object"})
+    own = [g.message.response_metadata["completion_tokens"] for g in result.generations]
+    assert sum(own) == result.llm_output["token_usage"]["completion_tokens"]
