@@ -169,9 +169,15 @@ _NOT_TEMPLATE_VARIABLES = frozenset(
 )
 
 
-def _check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
+def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
     """Refuse a sampling option or an OpenAI-style request field given to chat as a keyword: the
-    keywords are the chat template's variables, and such a value would change nothing."""
+    keywords are the chat template's variables, and such a value would change nothing; and
+    ``add_generation_prompt``, which chat always sets."""
+    if "add_generation_prompt" in template_kwargs:
+        raise ValueError(
+            "add_generation_prompt is not a chat option: chat always renders the prompt of "
+            "the assistant's next turn"
+        )
     for name in template_kwargs:
         if name not in _NOT_TEMPLATE_VARIABLES:
             continue
@@ -953,12 +959,7 @@ class LLM:
             )
         if not messages:
             raise ValueError("messages is empty: a chat needs at least one message")
-        if "add_generation_prompt" in template_kwargs:
-            raise ValueError(
-                "add_generation_prompt is not a chat option: chat always renders the prompt of "
-                "the assistant's next turn"
-            )
-        _check_template_kwargs(template_kwargs)
+        check_template_kwargs(template_kwargs)
         if tools is not None:
             check_tools_list(tools)
         text = self.tokenizer.apply_chat_template(

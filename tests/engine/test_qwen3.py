@@ -32,17 +32,23 @@ FORECAST = {
 }
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    # q/k norms, a head_dim other than hidden_size // heads, q/k/v and o biases, tied embeddings
+def make_qwen3_checkpoint(directory):
+    """A tiny random Qwen3 checkpoint with a Qwen-style tokenizer and a reasoning chat template
+    (``enable_thinking``): its directory and the transformers model saved there. q/k norms, a
+    head_dim other than hidden_size // heads, q/k/v and o biases, tied embeddings."""
     hf = build_hf_model(
         "qwen3", vocab_size=640, head_dim=32, attention_bias=True, tie_word_embeddings=True
     )
-    directory = save_hf_model(hf, tmp_path_factory.mktemp("qwen3"))
+    save_hf_model(hf, directory)
     build_byte_level_bpe(
         directory, qwen_style=True, config_overrides={"chat_template": REASONING_TEMPLATE}
     )
     return directory, hf
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return make_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3"))
 
 
 def hf_greedy(hf, prompt: list[int], real_tokens: int) -> list[int]:

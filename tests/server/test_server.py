@@ -706,3 +706,33 @@ def test_text_offsets_lay_the_tokens_end_to_end(client) -> None:
     assert streamed == whole.text_offset
     echoed = client.completions.create(echo=True, **body).choices[0].logprobs
     assert echoed.text_offset[0] == 0 and echoed.text_offset[1] == len(echoed.tokens[0])
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path) -> None:
+    # vLLM's chat_template_kwargs: Qwen3's enable_thinking=false closes an empty think block.
+    from tests.engine.test_qwen3 import make_qwen3_checkpoint
+
+    directory, _ = make_qwen3_checkpoint(tmp_path / "qwen3")
+    with LLM.from_pretrained(directory, show_progress=False, max_seq_len=256) as tiny:
+        with TestClient(build_app(tiny, "tiny")) as http:
+            body = {"messages": ask("Hi"), "max_tokens": 6, "temperature": 0}
+            off = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+            reply = http.post("/v1/chat/completions", json=off).json()
+            plain = http.post("/v1/chat/completions", json=body).json()
+            expected = tiny.chat(
+                ask("Hi"), SamplingParams(max_tokens=6, temperature=0), enable_thinking=False
+            )
+            assert reply["choices"][0]["message"]["content"] == expected.content
+            assert reply["usage"]["prompt_tokens"] == expected.usage.prompt_tokens
+            assert plain["usage"]["prompt_tokens"] < reply["usage"]["prompt_tokens"]
+            for kwargs, words in [
+                ([1], "must be an object"),
+                ({"tools": []}, "a field of the request"),
+                ({"add_generation_prompt": False}, "set by the server"),
+            ]:
+                response = http.post(
+                    "/v1/chat/completions", json={**body, "chat_template_kwargs": kwargs}
+                )
+                error = response.json()["error"]
+                assert response.status_code == 400 and error["param"] == "chat_template_kwargs"
+                assert words in error["message"]

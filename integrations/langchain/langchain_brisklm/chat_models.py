@@ -24,13 +24,14 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 
 from brisklm import LLM, EngineConfig
 from brisklm.config import ModelConfig
 from brisklm.constrained.compiler import check_json_schema
 from brisklm.engine.loop import POLL_S
 from brisklm.engine.request import Request
+from brisklm.llm import check_template_kwargs
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import chat_logprobs, reply_logprobs, response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, choices_usage
@@ -66,7 +67,15 @@ from langchain_brisklm._tools import (
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 # Keyword arguments that bind_tools / with_structured_output bind, besides sampling overrides.
 _CALL_OPTIONS = frozenset(
-    {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model", "stream"}
+    {
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "model",
+        "stream",
+        "chat_template_kwargs",
+    }
 )
 # Set while ChatBrisk.abatch runs: its calls' requests reach the engine together.
 _BATCH: contextvars.ContextVar[BatchSubmission | None] = contextvars.ContextVar(
@@ -140,6 +149,25 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     # names it, not a setting silently left at its default (LangChain's models ignore extras).
     model_config = ConfigDict(extra="forbid")
 
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables of the model's chat template besides messages and tools, as vLLM's field:
+    ``{"enable_thinking": False}`` for Qwen3. A call's own ``chat_template_kwargs`` add to
+    these."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _check_chat_template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_template_kwargs(value or {})
+        return value
+
+    def _template_kwargs(self, call: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The chat template's variables of a call: the field's, then the call's own."""
+        if call is not None and not isinstance(call, dict):
+            raise TypeError(f"chat_template_kwargs must be a dict, got {type(call).__name__}")
+        merged = {**(self.chat_template_kwargs or {}), **(call or {})}
+        check_template_kwargs(merged)
+        return merged
+
     @property
     def _llm_type(self) -> str:
         return "brisklm-chat"
@@ -202,6 +230,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             to_template_messages(messages),
             tools=format_tools(tools) or None,
             add_generation_prompt=True,
+            **self._template_kwargs(),
         )
         return len(tokenizer.encode(text, add_special_tokens=False))
 
@@ -246,7 +275,11 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             parse_tools = mode != "none"
             if parse_tools and tool_format.keeps_special_tokens:
                 constraint["skip_special_tokens"] = False  # the calls' tag is a special token
-        prompt_ids = llm.chat_prompt_ids(to_template_messages(messages), tools=tools or None)
+        prompt_ids = llm.chat_prompt_ids(
+            to_template_messages(messages),
+            tools=tools or None,
+            **self._template_kwargs(kwargs.get("chat_template_kwargs")),
+        )
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         check_one_when_streaming(params.n, streaming)
         requests = llm.make_requests(prompt_ids, params)

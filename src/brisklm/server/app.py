@@ -471,9 +471,8 @@ class _Server:
     def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, list[Request]]:
         plan = protocol.chat_request(self.llm, body, self.model_name)
         with _refusing(plan, "messages"):
-            return plan, self._requests(
-                plan, body, self.llm.chat_prompt_ids(plan.messages, plan.tools)
-            )
+            ids = self.llm.chat_prompt_ids(plan.messages, plan.tools, **plan.template_kwargs)
+            return plan, self._requests(plan, body, ids)
 
     async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:
         head = self._stream_head(plan, "chat.completion.chunk", "chatcmpl")

@@ -9,7 +9,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from brisklm.openai_format import completion_logprobs, response_format_schema
@@ -97,8 +97,12 @@ CHAT_FIELDS = frozenset(
         "metadata",
         "store",
         "service_tier",
+        # vLLM's: the chat template's variables ({"enable_thinking": false} for Qwen3)
+        "chat_template_kwargs",
     }
 )
+# Arguments of the template's rendering that are the request's (or the server's) to set.
+_RENDERING_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "chat_template")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -453,6 +457,31 @@ class ChatRequest:
     # The request field that gave the constraint (a grammar that fails to compile names it).
     constraint_field: str | None = None
     n: int = 1  # choices
+    # chat_template_kwargs: variables the chat template reads besides messages and tools
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``chat_template_kwargs``: the chat template's variables (vLLM's field), none of them a
+    request field or an argument of the rendering the server sets."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ApiError(
+            "chat_template_kwargs must be an object of the chat template's variables (as "
+            f'{{"enable_thinking": false}}), got {value!r}',
+            param="chat_template_kwargs",
+        )
+    for name in value:
+        if name in CHAT_FIELDS or name in _RENDERING_ARGUMENTS:
+            where = "a field of the request" if name in CHAT_FIELDS else "set by the server"
+            raise ApiError(
+                f"chat_template_kwargs may not hold {name!r}: it is {where}, not a variable of "
+                "the chat template",
+                param="chat_template_kwargs",
+            )
+    return dict(value)
 
 
 def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
@@ -532,6 +561,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         tool_format=tool_format,
         constraint_field=constraint_field,
         n=choices_wanted(body),
+        template_kwargs=chat_template_kwargs(body),
     )
 
 
