@@ -34,6 +34,7 @@ from brisklm.offload import run_off_loop
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
 from brisklm.progress import BatchProgress
 from brisklm.quant.loading import linear_factory_for
+from brisklm.reasoning import opens_thinking, split_reasoning, template_reasons
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.sampling.generation_config import sampling_defaults
 from brisklm.speculative import (
@@ -982,11 +983,13 @@ class LLM:
         tools: Sequence[Any] | None = None,
         **template_kwargs: Any,
     ) -> ChatOutput:
-        """One assistant turn for ``messages``; with ``tools``, tool calls are parsed out of the reply."""
+        """One assistant turn for ``messages``; with ``tools``, tool calls are parsed out of the
+        reply, and a reasoning model's thinking block out of its start (``ChatOutput.reasoning``;
+        see ``reasoning_start``)."""
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
         format, params = self._chat_format(tools, params, template_kwargs)
         output = self.generate(ids, params)
-        return self.chat_output(output, format)
+        return self.chat_output(output, format, self._reasoning_start(ids, tools, template_kwargs))
 
     async def achat(
         self,
@@ -1001,7 +1004,7 @@ class LLM:
 
         ids, format, chosen = await run_off_loop(prepare)  # the template, off the loop
         output = await self.agenerate(ids, chosen)
-        return self.chat_output(output, format)
+        return self.chat_output(output, format, self._reasoning_start(ids, tools, template_kwargs))
 
     def stream_chat(
         self,
@@ -1012,9 +1015,34 @@ class LLM:
     ) -> Iterator[str]:
         """Stream the assistant's reply text (with tools, decoded as ``chat`` decodes it: a
         special-token tag that starts the model's calls is kept, so the text parses with
-        ``tool_call_format().parse`` or its ``stream_parser``)."""
+        ``tool_call_format().parse`` or its ``stream_parser``; a reasoning model's thinking
+        block included: ``brisklm.reasoning.ReasoningSplitter`` tells it apart)."""
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
         return self.stream(ids, self._chat_format(tools, params, template_kwargs)[1])
+
+    def reasoning_start(
+        self, prompt_ids: Sequence[int], chat_template: str | None = None, has_tools: bool = False
+    ) -> bool | None:
+        """How a chat reply to ``prompt_ids`` may hold a thinking block (``brisklm.reasoning``):
+        None where the chat template shows none, True where the prompt has opened one (the reply
+        begins inside it, as DeepSeek-R1's templates make it), False where the reply may open
+        one (Qwen3's). ``chat_template`` and ``has_tools`` pick the template as ``chat`` does."""
+        try:
+            template = self.tokenizer.template_for(chat_template, has_tools=has_tools)
+        except ValueError:
+            return None
+        if not template_reasons(template):
+            return None
+        tail = self.tokenizer.decode(list(prompt_ids[-8:]), skip_special_tokens=False)
+        return opens_thinking(tail)
+
+    def _reasoning_start(
+        self,
+        prompt_ids: Sequence[int],
+        tools: Sequence[Any] | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> bool | None:
+        return self.reasoning_start(prompt_ids, template_kwargs.get("chat_template"), bool(tools))
 
     def tool_call_format(self, chat_template: str | None = None) -> ToolCallFormat:
         """How the model writes tool calls (hermes, llama3_json or mistral), read from the chat
@@ -1045,28 +1073,38 @@ class LLM:
         return format, params
 
     @staticmethod
-    def chat_output(output: GenerationOutput, format: ToolCallFormat | None) -> ChatOutput:
-        """The turn's content and calls. A Llama 3 / Mistral reply that max_tokens, a stop string
-        or a stop token cut inside its calls (``cut_calls``) keeps the calls complete before the
-        cut and the content before the calls, as a Hermes reply does (it was all content, markup
-        included, and no calls); the cut call's text is in ``output.text``. A reply that ended at
-        eos, or shows no complete call, is read by ``parse`` (text that does not parse is
+    def chat_output(
+        output: GenerationOutput,
+        format: ToolCallFormat | None,
+        reasoning_start: bool | None = None,
+    ) -> ChatOutput:
+        """The turn's reasoning, content and calls. ``reasoning_start`` (``reasoning_start``'s):
+        not None, a thinking block that opens the reply is its ``reasoning``, and the rest is
+        read as the reply. A Llama 3 / Mistral reply that max_tokens, a stop string or a stop
+        token cut inside its calls (``cut_calls``) keeps the calls complete before the cut and
+        the content before the calls, as a Hermes reply does (it was all content, markup
+        included, and no calls); the cut call's text is in ``output.text``. A reply that ended
+        at eos, or shows no complete call, is read by ``parse`` (text that does not parse is
         content)."""
-        cut_calls = format.cut_calls(output.text) if format else None
+        reasoning, text = None, output.text
+        if reasoning_start is not None:
+            reasoning, text = split_reasoning(text, reasoning_start)
+        cut_calls = format.cut_calls(text) if format else None
         was_cut = output.finish_reason == "length" or output.stop_reason is not None
         if cut_calls is not None and cut_calls[1] and was_cut:
             content, calls, _ = cut_calls
         else:
-            content, calls = format.parse(output.text) if format else (output.text, [])
-        cut = format is not None and format.ended_inside_call(output.text)
+            content, calls = format.parse(text) if format else (text, [])
+        cut = format is not None and format.ended_inside_call(text)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
-        others = [LLM.chat_output(choice, format) for choice in output.other_choices]
+        others = [LLM.chat_output(c, format, reasoning_start) for c in output.other_choices]
         return ChatOutput(
             content=content,
             tool_calls=calls,
             finish_reason=finish,
             output=output,
             other_choices=others,
+            reasoning=reasoning,
         )
 
     # ---------------------------------------------------------------- lifecycle

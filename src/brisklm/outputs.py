@@ -164,6 +164,9 @@ class ChatOutput:
     output: GenerationOutput
     # With SamplingParams.n > 1: the other completions' turns, in order; see ``choices``.
     other_choices: list[ChatOutput] = field(default_factory=list)
+    # A reasoning model's thinking (the <think> block that opened the reply, brisklm.reasoning);
+    # None where the reply has none.
+    reasoning: str | None = None
 
     @property
     def choices(self) -> list[ChatOutput]:
@@ -179,6 +182,8 @@ class ChatOutput:
         """The turn as a message to append to the history for the next ``chat`` call (tool
         calls in the OpenAI shape, which every family's template reads)."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:  # (Qwen3's template shows it within a tool loop)
+            message["reasoning_content"] = self.reasoning
         if self.tool_calls:
             message["tool_calls"] = [call.to_message_dict() for call in self.tool_calls]
         return message

@@ -108,6 +108,9 @@ def _one_message(message: BaseMessage, tool_names: dict[str, str]) -> dict[str, 
         out = {"role": "user", "content": content_text(message.content, "human")}
     elif isinstance(message, AIMessage):
         out = {"role": "assistant", "content": content_text(message.content, "AI")}
+        reasoning = message.additional_kwargs.get("reasoning_content")
+        if isinstance(reasoning, str):  # (Qwen3's template shows it within a tool loop)
+            out["reasoning_content"] = reasoning
         if message.tool_calls:
             out["tool_calls"] = _assistant_tool_calls(message)
             for call in message.tool_calls:

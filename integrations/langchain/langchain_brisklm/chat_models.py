@@ -35,6 +35,7 @@ from brisklm.llm import check_template_kwargs
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import chat_logprobs, reply_logprobs, response_format_schema
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, choices_usage
+from brisklm.reasoning import ReasoningSplitter, split_reasoning
 from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_calls import grammar_mode, turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
@@ -93,6 +94,8 @@ class _Call:
     parse_tools: bool
     model_name: str
     tool_format: ToolCallFormat
+    # How a reply may open with a thinking block (LLM.reasoning_start; None: it shows none).
+    reasoning_start: bool | None = None
 
     @property
     def request(self) -> Request:
@@ -284,7 +287,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         check_one_when_streaming(params.n, streaming)
         requests = llm.make_requests(prompt_ids, params)
         name = self._display_name(model)
-        return _Call(llm, requests, parse_tools, name, tool_format)
+        template = kwargs.get("chat_template_kwargs") or {}
+        start = llm.reasoning_start(prompt_ids, template.get("chat_template"), bool(tools))
+        return _Call(llm, requests, parse_tools, name, tool_format, start)
 
     def _result(self, call: _Call, outputs: Sequence[GenerationOutput]) -> ChatResult:
         """A generation for each completion. As ChatOpenAI's, each message's usage is the
@@ -306,6 +311,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     def _generation(call: _Call, output: GenerationOutput, usage: Usage) -> ChatGeneration:
         """One completion's message (``usage``: the call's)."""
         invalid = []
+        reasoning, text = None, output.text
+        if call.reasoning_start is not None:
+            reasoning, text = split_reasoning(text, call.reasoning_start)
         if call.parse_tools:
             # The context, not max_tokens, ended it when the reply filled the context (an unset
             # max_tokens is the room left in it, so the two limits meet there).
@@ -314,9 +322,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             error = cut_call_error(
                 output.finish_reason, output.stop_reason, call.llm.max_seq_len if full else None
             )
-            content, calls, invalid = parse_reply(output.text, call.tool_format, error)
+            content, calls, invalid = parse_reply(text, call.tool_format, error)
         else:
-            content, calls = output.text, []
+            content, calls = text, []
         tool_calls = [
             {"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls
         ]
@@ -337,6 +345,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             metadata["completion_tokens"] = output.usage.completion_tokens
         message = AIMessage(
             content=content,
+            # (as langchain-deepseek and langchain-qwq put a reasoning model's thinking)
+            additional_kwargs={} if reasoning is None else {"reasoning_content": reasoning},
             tool_calls=tool_calls,
             invalid_tool_calls=invalid,
             usage_metadata=_usage_metadata(usage),
@@ -644,6 +654,9 @@ class _ChunkConverter:
         self.call = call
         self.chunker = ToolCallChunker(call.tool_format) if call.parse_tools else None
         self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
+        start = call.reasoning_start
+        self.reasoning = None if start is None else ReasoningSplitter(start)
+        self.thought_sent = False
 
     def _take_logprobs(self, last: bool = False) -> dict[str, Any]:
         """The response metadata of the logprobs held so far; none: empty, but for the ``last``
@@ -653,12 +666,27 @@ class _ChunkConverter:
         entries, self.held_logprobs = self.held_logprobs, []
         return {"logprobs": chat_logprobs(entries)}
 
+    def _thought(self, chunk: StreamChunk) -> tuple[str, str]:
+        """The chunk's reasoning and reply text (a reasoning model's thinking told apart)."""
+        if self.reasoning is None:
+            return "", chunk.text
+        thought, text = self.reasoning.feed(chunk.text)
+        if chunk.finished:
+            more_thought, more_text = self.reasoning.finish()
+            thought, text = thought + more_thought, text + more_text
+        return thought, text
+
     def convert(self, chunk: StreamChunk) -> list[ChatGenerationChunk]:
         out: list[ChatGenerationChunk] = []
+        thought, text = self._thought(chunk)
+        if thought:
+            self.thought_sent = True
+            message = AIMessageChunk(content="", additional_kwargs={"reasoning_content": thought})
+            out.append(ChatGenerationChunk(message=message))
         if self.chunker is None:
-            pieces = [(chunk.text, [])]
+            pieces = [(text, [])]
         else:
-            pieces = [self.chunker.feed(chunk.text)]
+            pieces = [self.chunker.feed(text)]
             if chunk.finished:
                 pieces.append(self.chunker.finish())
         if chunk.logprobs:
@@ -685,8 +713,11 @@ class _ChunkConverter:
             if cut:  # its chunks merge into a call with the arguments so far: say it was cut
                 metadata[CUT_TOOL_CALL] = True
             metadata.update(self._take_logprobs(last=True))
+            # (an empty thinking block: the whole reply's reasoning is "", not absent)
+            empty = self.reasoning is not None and self.reasoning.reasoned and not self.thought_sent
             message = AIMessageChunk(
                 content="",
+                additional_kwargs={"reasoning_content": ""} if empty else {},
                 usage_metadata=_usage_metadata(chunk.usage) if chunk.usage else None,
                 response_metadata=metadata,
                 chunk_position="last",

@@ -37,6 +37,7 @@ from brisklm.outputs import (
     Usage,
     choices_usage,
 )
+from brisklm.reasoning import ReasoningSplitter, split_reasoning
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -191,14 +192,24 @@ def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) ->
 
 
 def _chat_choice(
-    index: int, output: GenerationOutput, format: ToolCallFormat | None, request: Request
+    index: int,
+    output: GenerationOutput,
+    format: ToolCallFormat | None,
+    request: Request,
+    reasoning_start: bool | None = None,
 ) -> dict[str, Any]:
-    """A whole reply as a chat choice: its content and calls as ``LLM.chat`` reads them (less a
-    call it was cut inside), its logprobs those of its tokens (not the one ending the turn)."""
-    turn = LLM.chat_output(output, format)
-    if format is not None and format.name == "hermes" and format.ended_inside_call(output.text):
-        turn = _before_the_cut_call(turn, format, output.text)
+    """A whole reply as a chat choice: its reasoning, content and calls as ``LLM.chat`` reads
+    them (less a call it was cut inside), its logprobs those of its tokens (not the one ending
+    the turn)."""
+    turn = LLM.chat_output(output, format, reasoning_start)
+    text = output.text
+    if reasoning_start is not None:
+        text = split_reasoning(text, reasoning_start)[1]
+    if format is not None and format.name == "hermes" and format.ended_inside_call(text):
+        turn = _before_the_cut_call(turn, format, text)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if turn.reasoning is not None:  # (vLLM's and DeepSeek's field)
+        message["reasoning_content"] = turn.reasoning
     if turn.tool_calls:
         message["content"] = turn.content or None
         message["tool_calls"] = [protocol.tool_call_dict(call) for call in turn.tool_calls]
@@ -225,20 +236,29 @@ class _StreamedReply:
     call's id and name once its name is whole, then its arguments piece by piece, as OpenAI
     streams them) and, at its end, its finish reason."""
 
-    def __init__(self, format: ToolCallFormat | None) -> None:
+    def __init__(self, format: ToolCallFormat | None, reasoning_start: bool | None) -> None:
         self.chunker = ToolCallChunker(format) if format is not None else None
+        self.reasoning = None if reasoning_start is None else ReasoningSplitter(reasoning_start)
 
     def take(self, piece: StreamChunk) -> tuple[dict[str, Any], str | None]:
         chunker = self.chunker
+        thought, text = "", piece.text
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text)
+            if piece.finished:
+                more_thought, more_text = self.reasoning.finish()
+                thought, text = thought + more_thought, text + more_text
         if chunker is None:
-            content, chunks = piece.text, []
+            content, chunks = text, []
         else:
-            content, chunks = chunker.feed(piece.text)
+            content, chunks = chunker.feed(text)
             if piece.finished:  # (a call the reply ended inside is no content)
                 more_content, more_chunks = chunker.finish()
                 content += more_content
                 chunks += more_chunks
         delta: dict[str, Any] = {}
+        if thought:
+            delta["reasoning_content"] = thought
         if content:
             delta["content"] = content
         if chunks:
@@ -465,13 +485,16 @@ class _Server:
             requests,
             "chat.completion",
             "chatcmpl",
-            lambda i, request, out: _chat_choice(i, out, plan.tool_format, request),
+            lambda i, request, out: _chat_choice(
+                i, out, plan.tool_format, request, plan.reasoning_start
+            ),
         )
 
     def _prepare_chat(self, body: dict[str, Any]) -> tuple[ChatRequest, list[Request]]:
         plan = protocol.chat_request(self.llm, body, self.model_name)
         with _refusing(plan, "messages"):
             ids = self.llm.chat_prompt_ids(plan.messages, plan.tools, **plan.template_kwargs)
+            plan.reasoning_start = self.llm.reasoning_start(ids, has_tools=bool(plan.tools))
             return plan, self._requests(plan, body, ids)
 
     async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:
@@ -485,7 +508,7 @@ class _Server:
 
         for index in range(len(requests)):
             yield chunk(index, {"role": "assistant", "content": ""})
-        replies = [_StreamedReply(plan.tool_format) for _ in requests]
+        replies = [_StreamedReply(plan.tool_format, plan.reasoning_start) for _ in requests]
         usages: list[Usage | None] = [None] * len(requests)  # (by request, as choices_usage reads)
         async with contextlib.aclosing(self.llm.astream_requests(requests)) as pieces:
             async for index, piece in pieces:

@@ -459,6 +459,9 @@ class ChatRequest:
     n: int = 1  # choices
     # chat_template_kwargs: variables the chat template reads besides messages and tools
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Whether (and how) a reply may open with a thinking block: LLM.reasoning_start's, set once
+    # the prompt is rendered.
+    reasoning_start: bool | None = None
 
 
 def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:

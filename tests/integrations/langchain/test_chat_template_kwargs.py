@@ -50,3 +50,36 @@ def test_a_sampling_option_or_the_generation_prompt_is_not_a_template_variable(
         chat.invoke(MESSAGES, chat_template_kwargs={"max_tokens": 3})
     with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
         chat.invoke(MESSAGES, chat_template_kwargs=["enable_thinking"])
+
+
+def test_a_thinking_block_goes_to_reasoning_content_whole_and_streamed(qwen3_dir: Path) -> None:
+    # The tiny model does not think of itself: its replies are given here, as the engine would
+    # hand them over, through ChatBrisk's reading of a call on this Qwen3-style template.
+    from brisklm.outputs import GenerationOutput, StreamChunk, Usage
+    from langchain_brisklm._messages import to_template_messages
+    from langchain_brisklm.chat_models import _ChunkConverter
+
+    chat = ChatBrisk(model=str(qwen3_dir), max_tokens=8, **TINY_ENGINE)
+    call = chat._prepare(MESSAGES, None, {})
+    assert call.reasoning_start is False  # the template shows thinking; the prompt opens none
+    text = "<think>\nThe user greets.\n</think>\n\nHello!"
+    usage = Usage(5, 9)
+    output = GenerationOutput("r", None, [], text, [5] * 9, "stop", usage)
+    message = chat._generation(call, output, usage).message
+    assert message.content == "Hello!"
+    assert message.additional_kwargs == {"reasoning_content": "The user greets."}
+    converter = _ChunkConverter(call)
+    pieces = ["<thi", "nk>\nThe user", " greets.\n</th", "ink>\n\nHel", "lo!"]
+    chunks = [StreamChunk("r", piece, [5]) for piece in pieces[:-1]]
+    chunks.append(StreamChunk("r", pieces[-1], [5], finish_reason="stop", usage=usage))
+    merged = None
+    for chunk in chunks:
+        for piece in converter.convert(chunk):
+            merged = piece if merged is None else merged + piece
+    assert merged is not None and merged.message.content == "Hello!"
+    assert merged.message.additional_kwargs == {"reasoning_content": "The user greets."}
+    # ... and goes back into the history, where Qwen3's template shows it within a tool loop
+    (_, rendered) = to_template_messages([HumanMessage("Hi"), message])
+    assert rendered["reasoning_content"] == "The user greets."
+    plain = GenerationOutput("r", None, [], "Hello!", [5], "stop", usage)
+    assert chat._generation(call, plain, usage).message.additional_kwargs == {}

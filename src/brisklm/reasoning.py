@@ -1,0 +1,93 @@
+"""A reasoning model's thinking told apart from its reply: the text of a ``<think>...</think>``
+block that opens an assistant turn (Qwen3, DeepSeek-R1's distills, QwQ).
+
+Whether a reply can open with one is read from the chat template (``template_reasons``: it
+writes both tags), and whether the prompt has opened it already from the prompt's end
+(``opens_thinking``: DeepSeek-R1's templates end the generation prompt with ``<think>\\n``, so
+the reply begins inside the block and only closes it). ``ReasoningSplitter`` splits a reply as
+it streams; ``split_reasoning`` a whole one. The newlines that templates put around the thinking
+(``<think>\\n...\\n</think>\\n\\n``) belong to neither part. A reply that does not open with the
+block is all content; one cut off inside it (``max_tokens``) is all reasoning.
+"""
+
+from __future__ import annotations
+
+from brisklm.tool_calls import partial_tag_length
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def template_reasons(template: str | None) -> bool:
+    """Whether a chat template shows thinking blocks (writes both tags)."""
+    return template is not None and OPEN in template and CLOSE in template
+
+
+def opens_thinking(prompt_text: str) -> bool:
+    """Whether a rendered prompt ends inside an open thinking block (its reply begins there)."""
+    return prompt_text.rstrip().endswith(OPEN)
+
+
+class ReasoningSplitter:
+    """Splits a reply's text, fed as it streams, into reasoning and content: ``feed`` returns
+    each piece's ``(reasoning, content)`` delta, holding back what may still turn out to be a
+    tag (or the newlines before the closing tag); ``finish`` returns the rest. The deltas of a
+    stream add up to ``split_reasoning``'s parts of the whole."""
+
+    def __init__(self, inside: bool = False) -> None:
+        # "start": not yet known whether the reply opens a block; "thinking"; "after": just
+        # closed (newlines dropped); "content".
+        self._state = "thinking" if inside else "start"
+        self._held = ""
+        self._thought = False  # any reasoning text yet (leading newlines are dropped)
+        self.reasoned = inside  # the reply holds a thinking block
+
+    def feed(self, text: str) -> tuple[str, str]:
+        reasoning, content = "", ""
+        self._held += text
+        if self._state == "start":
+            start = self._held.lstrip()
+            if start.startswith(OPEN):
+                self._state, self.reasoned = "thinking", True
+                self._held = start[len(OPEN) :]
+            elif not start or OPEN.startswith(start):
+                return "", ""  # whitespace, or the tag arriving
+            else:
+                self._state = "content"
+        if self._state == "thinking":
+            if not self._thought:
+                self._held = self._held.lstrip("\n")
+            end = self._held.find(CLOSE)
+            if end < 0:
+                keep = len(self._held) - partial_tag_length(self._held, CLOSE)
+                keep = len(self._held[:keep].rstrip("\n"))  # (the newlines before the tag)
+                reasoning, self._held = self._held[:keep], self._held[keep:]
+                self._thought = self._thought or bool(reasoning)
+                return reasoning, ""
+            reasoning = self._held[:end].rstrip("\n")
+            self._held, self._state = self._held[end + len(CLOSE) :], "after"
+        if self._state == "after":
+            self._held = self._held.lstrip("\n")
+            if not self._held:
+                return reasoning, ""
+            self._state = "content"
+        content, self._held = self._held, ""
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """The text held back at the reply's end: a reply cut inside its thinking keeps it as
+        reasoning (newlines and a partial tag included), a lone start as content."""
+        held, self._held = self._held, ""
+        if self._state == "thinking":
+            return held, ""
+        return "", held if self._state in ("start", "content") else ""
+
+
+def split_reasoning(text: str, inside: bool = False) -> tuple[str | None, str]:
+    """A whole reply's ``(reasoning, content)``: reasoning None where the reply holds no
+    thinking block (``inside``: the prompt opened it, see ``opens_thinking``)."""
+    splitter = ReasoningSplitter(inside)
+    reasoning, content = splitter.feed(text)
+    rest_reasoning, rest_content = splitter.finish()
+    if not splitter.reasoned:
+        return None, content + rest_content
+    return reasoning + rest_reasoning, content + rest_content

@@ -1,0 +1,73 @@
+"""brisklm.reasoning: a reply's thinking block told apart from its content, whole and streamed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from brisklm.reasoning import (
+    ReasoningSplitter,
+    opens_thinking,
+    split_reasoning,
+    template_reasons,
+)
+
+CASES = [
+    # (reply, the prompt opened the block, reasoning, content)
+    ("<think>\nLet me see.\n</think>\n\nParis.", False, "Let me see.", "Paris."),
+    ("<think>\n\n</think>\n\nHi!", False, "", "Hi!"),
+    ("  <think>a\n\nb</think>c\n", False, "a\n\nb", "c\n"),
+    ("Paris.", False, None, "Paris."),
+    ("The tag <think> mid-reply is content", False, None, "The tag <think> mid-reply is content"),
+    ("<thinking> is not the tag", False, None, "<thinking> is not the tag"),
+    ("<think>\ncut off by max_tokens\n</thi", False, "cut off by max_tokens\n</thi", ""),
+    ("Okay, the user asks.\n</think>\n\nParis.", True, "Okay, the user asks.", "Paris."),
+    ("no close at all", True, "no close at all", ""),
+    ("", False, None, ""),
+    ("<think>x</think>", False, "x", ""),
+    (
+        "<think>x</think>\n\n<tool_call>\n{}\n</tool_call>",
+        False,
+        "x",
+        "<tool_call>\n{}\n</tool_call>",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "inside", "reasoning", "content"), CASES)
+def test_a_whole_reply_splits_into_reasoning_and_content(text, inside, reasoning, content):
+    assert split_reasoning(text, inside) == (reasoning, content)
+
+
+@pytest.mark.parametrize(("text", "inside", "reasoning", "content"), CASES)
+def test_a_streamed_reply_adds_up_to_the_whole_however_it_is_cut(text, inside, reasoning, content):
+    rng = random.Random(len(text))
+    for _ in range(40):
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text), rng.randint(0, 6))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        splitter = ReasoningSplitter(inside)
+        thought, said = "", ""
+        for piece in pieces:
+            r, c = splitter.feed(piece)
+            thought, said = thought + r, said + c
+            assert "</think>" not in thought and "<think>" not in thought
+        r, c = splitter.finish()
+        assert (thought + r if splitter.reasoned else None, said + c) == (reasoning, content)
+
+
+def test_a_stream_holds_back_only_what_may_be_a_tag():
+    splitter = ReasoningSplitter()
+    assert splitter.feed("<thi") == ("", "")  # maybe the tag
+    assert splitter.feed("nk>\nStep one") == ("Step one", "")
+    assert splitter.feed("\n</th") == ("", "")  # newlines, then maybe the closing tag
+    assert splitter.feed("ey say") == ("\n</they say", "")
+    assert splitter.feed("</think>\n") == ("", "")
+    assert splitter.feed("\nAnswer") == ("", "Answer")
+
+
+def test_templates_and_prompts_that_open_thinking():
+    assert template_reasons("{{ '<think>\\n' + r + '\\n</think>' }}")
+    assert not template_reasons("{{ messages }}") and not template_reasons(None)
+    assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
