@@ -394,9 +394,9 @@ def test_chat_leaves_room_for_the_reply_and_reads_crlf_and_bad_lines(
     calls = []
     reply_request = cli._reply_request
 
-    def recording(llm, messages, params):
+    def recording(llm, messages, params, **template_vars):
         calls.append((len(llm.chat_prompt_ids(messages)), params.max_tokens, messages[-1]))
-        return reply_request(llm, messages, params)
+        return reply_request(llm, messages, params, **template_vars)
 
     monkeypatch.setattr(cli, "_reply_request", recording)
     turns = "".join(f"Tell me about the number {n} please\r\n" for n in range(6))
@@ -418,9 +418,9 @@ def test_a_refused_line_leaves_the_history_as_it_was(model_dir, capsys, monkeypa
     histories = []
     reply_request = cli._reply_request
 
-    def recording(llm, messages, params):
+    def recording(llm, messages, params, **template_vars):
         histories.append([m["content"] for m in messages if m["role"] == "user"])
-        return reply_request(llm, messages, params)
+        return reply_request(llm, messages, params, **template_vars)
 
     monkeypatch.setattr(cli, "_reply_request", recording)
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n" + "word " * 80 + "\nBye\n"))
@@ -877,3 +877,33 @@ def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
 def test_serve_refuses_bad_flags_before_loading(flags, words, capsys) -> None:
     assert main(["serve", *flags]) == 1
     assert words in capsys.readouterr().err
+
+
+def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):
+    # Qwen3's enable_thinking=false: the prompt of each reply closes an empty thinking block.
+    from brisklm import cli
+    from tests.engine.test_qwen3 import make_qwen3_checkpoint
+
+    directory, _ = make_qwen3_checkpoint(tmp_path / "qwen3")
+    capsys.readouterr()  # (the checkpoint's writing)
+    prompts = []
+    reply_request = cli._reply_request
+
+    def recording(llm, messages, params, **template_vars):
+        request = reply_request(llm, messages, params, **template_vars)
+        prompts.append(llm.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False))
+        return request
+
+    monkeypatch.setattr(cli, "_reply_request", recording)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nAgain\n"))
+    argv = ["chat", "--model", str(directory), "--temperature", "0", "--max-tokens", "3"]
+    assert main([*argv, "--template-var", "enable_thinking=false"]) == 0
+    assert len(prompts) == 2 and all(p.endswith("<think>\n\n</think>\n\n") for p in prompts)
+    for bad, message in [
+        ("enable_thinking", "is not NAME=VALUE"),
+        ("temperature=0", "not a chat template variable"),
+        ("add_generation_prompt=false", "add_generation_prompt is not a chat option"),
+    ]:
+        assert main([*argv, "--template-var", bad]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("brisklm: error: --template-var") and message in err

@@ -177,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     _add_sampling_args(chat)
     chat.add_argument("--system", default=None, help="system message")
+    chat.add_argument(
+        "--template-var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a chat template variable (repeatable), VALUE read as JSON where it is JSON, else "
+        "as text: --template-var enable_thinking=false (Qwen3)",
+    )
 
     serve = commands.add_parser(
         "serve",
@@ -597,16 +605,43 @@ def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
         )
 
 
-def _reply_request(llm: Any, messages: list[dict[str, str]], params: Any) -> Any:
+def _reply_request(
+    llm: Any, messages: list[dict[str, str]], params: Any, **template_vars: Any
+) -> Any:
     """The request for the assistant's reply to ``messages`` (streamed with its finish reason,
     which ``stream_chat`` does not give)."""
-    return llm.make_request(llm.chat_prompt_ids(messages), params)
+    return llm.make_request(llm.chat_prompt_ids(messages, **template_vars), params)
+
+
+def _template_vars(settings: list[str]) -> dict[str, Any]:
+    """``--template-var NAME=VALUE`` flags as the chat template's variables (VALUE as JSON where
+    it parses, else the text)."""
+    from brisklm.llm import check_template_kwargs
+
+    variables: dict[str, Any] = {}
+    for setting in settings:
+        name, equals, text = setting.partition("=")
+        if not equals or not name.isidentifier():
+            raise CliError(
+                f"--template-var {setting!r} is not NAME=VALUE with NAME a template variable's "
+                "name (enable_thinking=false)"
+            )
+        try:
+            variables[name] = json.loads(text)
+        except ValueError:
+            variables[name] = text
+    try:
+        check_template_kwargs(variables)
+    except (TypeError, ValueError) as error:
+        raise CliError(f"--template-var: {error}") from None
+    return variables
 
 
 def _run_chat(args: argparse.Namespace) -> int:
     if sys.stdin is None:  # `brisklm chat <&-`
         raise CliError("stdin is closed: chat reads the messages from it")
     _sampling_params(args)
+    template_vars = _template_vars(args.template_var)
     llm = _load(args)
     if isinstance(sys.stdin, io.TextIOWrapper):
         # A line that is not UTF-8 is refused alone; strict decoding would end the session.
@@ -619,7 +654,8 @@ def _run_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "system", "content": args.system})
         # The shortest chat there can be: the system message and an empty user turn. If that
         # leaves no room for a reply, every line would be refused.
-        least = len(llm.chat_prompt_ids([*messages, {"role": "user", "content": ""}]))
+        empty_turn = [*messages, {"role": "user", "content": ""}]
+        least = len(llm.chat_prompt_ids(empty_turn, **template_vars))
         if least >= llm.max_seq_len:
             raise CliError(
                 f"--system takes {least} tokens with the chat template and an empty user turn, "
@@ -658,7 +694,8 @@ def _run_chat(args: argparse.Namespace) -> int:
             messages = messages[:1] if args.system else []
             continue
         messages.append({"role": "user", "content": user})
-        if not _fit_history(llm, messages, 1 if args.system else 0, params.max_tokens):
+        keep = 1 if args.system else 0
+        if not _fit_history(llm, messages, keep, params.max_tokens, template_vars):
             messages.pop()
             refused += 1
             print(
@@ -668,7 +705,7 @@ def _run_chat(args: argparse.Namespace) -> int:
             )
             continue
         reply = []
-        request = _reply_request(llm, messages, params)
+        request = _reply_request(llm, messages, params, **template_vars)
         for chunk in llm.stream_request(request):
             if chunk.text:
                 reply.append(chunk.text)
@@ -717,15 +754,23 @@ def _undecodable_column(line: str) -> int:
     return 0
 
 
-def _fit_history(llm: Any, messages: list[dict[str, str]], keep: int, reply_room: int) -> bool:
+def _fit_history(
+    llm: Any,
+    messages: list[dict[str, str]],
+    keep: int,
+    reply_room: int,
+    template_vars: dict[str, Any] | None = None,
+) -> bool:
     """Drop the oldest turns (after the first ``keep`` messages) until the chat leaves room for
     a reply of ``reply_room`` tokens, at most half the context (replies were cut off
     mid-sentence by the context otherwise); the newest message alone may leave less. False,
-    with the history as it was, if it leaves none."""
+    with the history as it was, if it leaves none. ``template_vars``: the template's variables
+    (``--template-var``)."""
     reply_room = min(reply_room, llm.max_seq_len // 2)
     fitted = list(messages)
     dropped = 0
-    while (length := len(llm.chat_prompt_ids(fitted))) + reply_room > llm.max_seq_len:
+    variables = template_vars or {}
+    while (length := len(llm.chat_prompt_ids(fitted, **variables))) + reply_room > llm.max_seq_len:
         # The oldest turn whole: its user message and the reply, up to the next user message
         # (templates that need alternating roles refuse a history starting with a reply).
         end = next((i for i in range(keep + 1, len(fitted)) if fitted[i]["role"] == "user"), 0)
