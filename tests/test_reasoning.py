@@ -8,6 +8,7 @@ import pytest
 
 from brisklm.reasoning import (
     ReasoningSplitter,
+    may_close_thinking,
     opens_thinking,
     split_reasoning,
     template_reasons,
@@ -68,6 +69,26 @@ def test_a_stream_holds_back_only_what_may_be_a_tag():
 
 def test_templates_and_prompts_that_open_thinking():
     assert template_reasons("{{ '<think>\\n' + r + '\\n</think>' }}")
-    assert not template_reasons("{{ messages }}") and not template_reasons(None)
+    # DeepSeek-R1's first templates only strip the block from earlier replies
+    assert template_reasons("{{ m.content.split('</think>')[-1] }}")
+    assert not template_reasons("{{ messages }}{# no <think> ... </think> here #}")
+    assert not template_reasons(None)
     assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert opens_thinking("<｜Assistant｜><think>\n")
+    assert opens_thinking("<|im_start|>assistant\n<think>\nLet me see")  # a reasoning prefill
     assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # a user's literal tag, the template's turn markup after it
+    assert not opens_thinking("<|im_start|>user\nsay <think><|im_end|>\n<|im_start|>assistant\n")
+    assert not opens_thinking("<｜User｜>say <think><｜Assistant｜>")
+
+
+def test_constraints_that_may_close_a_thinking_block():
+    from brisklm.constrained.spec import Choice, Grammar, JsonSchema, Regex
+
+    assert may_close_thinking(None)
+    assert may_close_thinking(Regex(r"[a-z]+\n</think>\n\nok"))
+    assert may_close_thinking(Regex(r"[a-z]+<\/think>ok"))
+    assert may_close_thinking(Grammar('start: /[a-z]+/ "</think>" "ok"'))
+    assert may_close_thinking(Choice(["a</think>b"]))
+    assert not may_close_thinking(JsonSchema({"type": "object"}))
+    assert not may_close_thinking(Regex(r"[0-9]+"))

@@ -284,8 +284,9 @@ class ModelConfig:
                 f"{family} ({num_kv_heads}) does not divide num_attention_heads ({num_heads}): "
                 "give num_key_value_heads"
             )
-        # 0 or null: derived, as transformers does; 16.5 was read as 16. Left out: Qwen3's
-        # config class gives 128 whatever the sizes.
+        # 0: derived, as transformers does (null too, but for Qwen3, which transformers refuses
+        # and brisklm reads as left out); 16.5 was read as 16. Left out: Qwen3's config class
+        # gives 128 whatever the sizes.
         head_dim = _int_field(raw, "head_dim", _DEFAULT_HEAD_DIM.get(family, 0))
         head_dim = head_dim or hidden_size // num_heads
         max_positions = _int_field(raw, "max_position_embeddings", _DEFAULT_MAX_POSITIONS[family])

@@ -34,7 +34,13 @@ from brisklm.offload import run_off_loop
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
 from brisklm.progress import BatchProgress
 from brisklm.quant.loading import linear_factory_for
-from brisklm.reasoning import opens_thinking, split_reasoning, template_reasons
+from brisklm.reasoning import OPEN as OPEN_TAG
+from brisklm.reasoning import (
+    may_close_thinking,
+    opens_thinking,
+    split_reasoning,
+    template_reasons,
+)
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.sampling.generation_config import sampling_defaults
 from brisklm.speculative import (
@@ -164,7 +170,7 @@ def _is_bytes(value: Any) -> bool:
 
 # Keywords a chat call takes for the template's variables (enable_thinking=..., a template's own
 # names) and passes on to it: these would be taken there silently, as variables no template reads.
-_NOT_TEMPLATE_VARIABLES = frozenset(
+NOT_TEMPLATE_VARIABLES = frozenset(
     {f.name for f in dataclasses.fields(SamplingParams)}
     | {"sampling_params", "tool_choice", "response_format", "parallel_tool_calls"}
 )
@@ -180,7 +186,7 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
             "the assistant's next turn"
         )
     for name in template_kwargs:
-        if name not in _NOT_TEMPLATE_VARIABLES:
+        if name not in NOT_TEMPLATE_VARIABLES:
             continue
         if name in ("tool_choice", "parallel_tool_calls"):
             hint = (
@@ -989,7 +995,8 @@ class LLM:
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
         format, params = self._chat_format(tools, params, template_kwargs)
         output = self.generate(ids, params)
-        return self.chat_output(output, format, self._reasoning_start(ids, tools, template_kwargs))
+        start = self._reasoning_start(ids, tools, template_kwargs, params)
+        return self.chat_output(output, format, start)
 
     async def achat(
         self,
@@ -1004,7 +1011,8 @@ class LLM:
 
         ids, format, chosen = await run_off_loop(prepare)  # the template, off the loop
         output = await self.agenerate(ids, chosen)
-        return self.chat_output(output, format, self._reasoning_start(ids, tools, template_kwargs))
+        start = self._reasoning_start(ids, tools, template_kwargs, chosen)
+        return self.chat_output(output, format, start)
 
     def stream_chat(
         self,
@@ -1021,28 +1029,56 @@ class LLM:
         return self.stream(ids, self._chat_format(tools, params, template_kwargs)[1])
 
     def reasoning_start(
-        self, prompt_ids: Sequence[int], chat_template: str | None = None, has_tools: bool = False
+        self,
+        prompt_ids: Sequence[int],
+        chat_template: str | None = None,
+        has_tools: bool = False,
+        constraint: Any = None,
     ) -> bool | None:
         """How a chat reply to ``prompt_ids`` may hold a thinking block (``brisklm.reasoning``):
-        None where the chat template shows none, True where the prompt has opened one (the reply
-        begins inside it, as DeepSeek-R1's templates make it), False where the reply may open
-        one (Qwen3's). ``chat_template`` and ``has_tools`` pick the template as ``chat`` does."""
+        None where the chat template knows none, True where the prompt has opened one (the
+        reply begins inside it, as DeepSeek-R1's templates and a reasoning prefill make it),
+        False where the reply may open one (Qwen3's). ``chat_template`` and ``has_tools`` pick
+        the template as ``chat`` does; ``constraint`` (the params' resolved one, where it
+        decides the reply's start): a reply inside an opened block that it cannot close holds
+        none (None)."""
         try:
             template = self.tokenizer.template_for(chat_template, has_tools=has_tools)
         except ValueError:
             return None
         if not template_reasons(template):
             return None
-        tail = self.tokenizer.decode(list(prompt_ids[-8:]), skip_special_tokens=False)
-        return opens_thinking(tail)
+        if not opens_thinking(self._thinking_tail(prompt_ids)):
+            return False
+        return True if may_close_thinking(constraint) else None
+
+    def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
+        """The prompt's text from its last opening tag (where that tag is one token), else its
+        last 512 tokens' text."""
+        start = max(0, len(prompt_ids) - 512)
+        open_id = self.tokenizer.token_to_id(OPEN_TAG)
+        if open_id is not None:
+            at = next(
+                (i for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] == open_id), None
+            )
+            if at is None:
+                return ""
+            start = at
+        return self.tokenizer.decode(list(prompt_ids[start:]), skip_special_tokens=False)
 
     def _reasoning_start(
         self,
         prompt_ids: Sequence[int],
         tools: Sequence[Any] | None,
         template_kwargs: Mapping[str, Any],
+        params: SamplingParams | None,
     ) -> bool | None:
-        return self.reasoning_start(prompt_ids, template_kwargs.get("chat_template"), bool(tools))
+        """``reasoning_start`` of a ``chat`` call: the template it rendered with (tools given,
+        even an empty list, pick the tool_use one) and its params' constraint."""
+        constraint = params.constraint if params is not None else None
+        return self.reasoning_start(
+            prompt_ids, template_kwargs.get("chat_template"), tools is not None, constraint
+        )
 
     def tool_call_format(self, chat_template: str | None = None) -> ToolCallFormat:
         """How the model writes tool calls (hermes, llama3_json or mistral), read from the chat

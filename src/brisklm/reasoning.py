@@ -1,10 +1,13 @@
 """A reasoning model's thinking told apart from its reply: the text of a ``<think>...</think>``
 block that opens an assistant turn (Qwen3, DeepSeek-R1's distills, QwQ).
 
-Whether a reply can open with one is read from the chat template (``template_reasons``: it
-writes both tags), and whether the prompt has opened it already from the prompt's end
-(``opens_thinking``: DeepSeek-R1's templates end the generation prompt with ``<think>\\n``, so
-the reply begins inside the block and only closes it). ``ReasoningSplitter`` splits a reply as
+Whether a reply can hold one is read from the chat template (``template_reasons``: it writes
+or strips the closing tag), and whether the prompt has opened it already (``LLM.reasoning_start``:
+DeepSeek-R1's newer templates end the generation prompt with ``<think>\\n``, and a prefill of
+the reasoning, ``continue_final_message="reasoning_content"``, ends inside the block, so the
+reply begins inside it and only closes it). A reply whose start a constraint decides (a JSON
+schema, a tool call forced) thinks only where the constraint can write the closing tag
+(``may_close_thinking``). ``ReasoningSplitter`` splits a reply as
 it streams; ``split_reasoning`` a whole one. The newlines that templates put around the thinking
 (``<think>\\n...\\n</think>\\n\\n``) belong to neither part. A reply that does not open with the
 block is all content; one cut off inside it (``max_tokens``) is all reasoning.
@@ -12,19 +15,39 @@ block is all content; one cut off inside it (``max_tokens``) is all reasoning.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from brisklm.tool_calls import partial_tag_length
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
 def template_reasons(template: str | None) -> bool:
-    """Whether a chat template shows thinking blocks (writes both tags)."""
-    return template is not None and OPEN in template and CLOSE in template
+    """Whether a chat template knows thinking blocks: it writes the closing tag, or strips it
+    from earlier replies (DeepSeek-R1's first templates), outside its comments."""
+    return template is not None and CLOSE in re.sub(r"\{#.*?#\}", "", template, flags=re.S)
 
 
 def opens_thinking(prompt_text: str) -> bool:
-    """Whether a rendered prompt ends inside an open thinking block (its reply begins there)."""
-    return prompt_text.rstrip().endswith(OPEN)
+    """Whether a rendered prompt's text ends inside an open thinking block (its reply begins
+    there): the last opening tag comes after the last closing one, with no template markup
+    (``<|...|>``, ``[INST]``-like tags aside) after it."""
+    start = prompt_text.rfind(OPEN)
+    if start < 0 or prompt_text.rfind(CLOSE) > start:
+        return False
+    return re.search(r"<[|｜][^|｜<>]*[|｜]>", prompt_text[start:]) is None
+
+
+def may_close_thinking(constraint: Any) -> bool:
+    """Whether output under ``constraint`` (a SamplingParams' resolved constraint) may close a
+    thinking block: no constraint, or a regex, choice or grammar that writes the closing tag
+    (a JSON schema or a forced tool call does not)."""
+    if constraint is None:
+        return True
+    texts = [getattr(constraint, "pattern", None), getattr(constraint, "text", None)]
+    texts += list(getattr(constraint, "options", None) or ())
+    return any(isinstance(text, str) and CLOSE in text.replace("\\", "") for text in texts)
 
 
 class ReasoningSplitter:

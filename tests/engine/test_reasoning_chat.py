@@ -33,6 +33,18 @@ def llm(tmp_path_factory):
         yield model
 
 
+@pytest.fixture(scope="module")
+def opening(tmp_path_factory):
+    """The same model with OPENING_TEMPLATE as its chat template."""
+    directory, _ = make_qwen3_checkpoint(tmp_path_factory.mktemp("opening"))
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = OPENING_TEMPLATE
+    config_file.write_text(json.dumps(config))
+    with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as model:
+        yield model
+
+
 def forced(pattern: str, **changes) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=120, regex=pattern, **changes)
 
@@ -73,6 +85,49 @@ def test_a_prompt_that_opens_the_block_makes_the_reply_begin_inside_it(llm):
     assert llm.reasoning_start(ids, "{{ messages[0].content }}") is None
 
 
+def test_a_reasoning_prefill_is_continued_as_reasoning(llm):
+    prefill = [*ASK, {"role": "assistant", "reasoning_content": "Let me see", "content": ""}]
+    kwargs = {"continue_final_message": "reasoning_content"}
+    ids = llm.chat_prompt_ids(prefill, **kwargs)
+    assert llm.reasoning_start(ids) is True
+    reply = llm.chat(prefill, forced(r" [a-z]{3,8}\n</think>\n\nIt is [a-z]{3,8}\."), **kwargs)
+    assert reply.reasoning == reply.output.text.split("\n")[0]
+    assert reply.content.startswith("It is ")
+
+
+def test_a_constraint_that_decides_the_start_leaves_no_reasoning_after_an_opened_prompt(
+    opening,
+):
+    # The prompt opens the block, but a JSON schema (or a forced call) makes the reply begin
+    # with its JSON: no closing tag can come, and the whole reply is content.
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Rome", "Oslo"]}},
+        "required": ["city"],
+    }
+    reply = opening.chat(ASK, SamplingParams(temperature=0, max_tokens=40, json_schema=schema))
+    assert reply.reasoning is None and json.loads(reply.content)["city"] in ("Rome", "Oslo")
+    grammar = opening.tool_call_format().grammar([FORECAST], "required", parallel=False)
+    params = SamplingParams(temperature=0, max_tokens=80, grammar=grammar)
+    called = opening.chat(ASK, params, tools=[FORECAST])
+    assert called.reasoning is None and [c.name for c in called.tool_calls] == ["get_forecast"]
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from brisklm.server.app import build_app
+
+    with TestClient(build_app(opening, "tiny")) as http:
+        body = {"messages": ASK, "temperature": 0, "max_tokens": 80}
+        answer = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+        message = http.post(
+            "/v1/chat/completions", json={**body, "response_format": answer}
+        ).json()["choices"][0]["message"]
+        assert "reasoning_content" not in message and json.loads(message["content"])
+        forced_call = {**body, "tools": [FORECAST], "tool_choice": "required"}
+        choice = http.post("/v1/chat/completions", json=forced_call).json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
+
+
 def test_the_server_reports_reasoning_content_whole_and_streamed(llm):
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
@@ -98,3 +153,25 @@ def test_the_server_reports_reasoning_content_whole_and_streamed(llm):
     ]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == expected.reasoning
     assert "".join(d.get("content") or "" for d in deltas) == expected.content
+
+
+def test_an_empty_thinking_block_streams_an_empty_reasoning_content(llm):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from brisklm.server.app import build_app
+
+    pattern = r"<think>\n\n</think>\n\nIt is [a-z]{3,8}\."
+    body = {"messages": ASK, "temperature": 0, "max_tokens": 60, "guided_regex": pattern}
+    with TestClient(build_app(llm, "tiny")) as http:
+        whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        lines = http.post("/v1/chat/completions", json={**body, "stream": True}).text.splitlines()
+        counted = http.post(
+            "/tokenize",
+            json={"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}},
+        ).json()["count"]
+    assert whole["reasoning_content"] == ""
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in lines if "{" in line]
+    assert [d["reasoning_content"] for d in deltas if "reasoning_content" in d] == [""]
+    # /tokenize renders with the template's variables too
+    assert counted == len(llm.chat_prompt_ids(ASK, enable_thinking=False))

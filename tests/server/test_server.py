@@ -729,6 +729,7 @@ def test_chat_template_kwargs_reach_the_template(tmp_path) -> None:
                 ([1], "must be an object"),
                 ({"tools": []}, "a field of the request"),
                 ({"add_generation_prompt": False}, "set by the server"),
+                ({"regex": "a"}, "a sampling option"),
             ]:
                 response = http.post(
                     "/v1/chat/completions", json={**body, "chat_template_kwargs": kwargs}

@@ -264,6 +264,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
         parse_tools = False
+        free_start = answer is None  # (the tools' "auto" grammar lets the reply begin with text)
         if not tools:
             if answer is not None:
                 constraint["json_schema"] = answer
@@ -276,19 +277,23 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 allowed, mode, parallel=not single, answer_schema=answer
             )
             parse_tools = mode != "none"
+            free_start = free_start and mode == "auto"
             if parse_tools and tool_format.keeps_special_tokens:
                 constraint["skip_special_tokens"] = False  # the calls' tag is a special token
+        template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
-            to_template_messages(messages),
-            tools=tools or None,
-            **self._template_kwargs(kwargs.get("chat_template_kwargs")),
+            to_template_messages(messages), tools=tools or None, **template_kwargs
         )
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         check_one_when_streaming(params.n, streaming)
         requests = llm.make_requests(prompt_ids, params)
         name = self._display_name(model)
-        template = kwargs.get("chat_template_kwargs") or {}
-        start = llm.reasoning_start(prompt_ids, template.get("chat_template"), bool(tools))
+        start = llm.reasoning_start(
+            prompt_ids,
+            template_kwargs.get("chat_template"),
+            bool(tools),
+            None if free_start else params.constraint,
+        )
         return _Call(llm, requests, parse_tools, name, tool_format, start)
 
     def _result(self, call: _Call, outputs: Sequence[GenerationOutput]) -> ChatResult:

@@ -239,6 +239,7 @@ class _StreamedReply:
     def __init__(self, format: ToolCallFormat | None, reasoning_start: bool | None) -> None:
         self.chunker = ToolCallChunker(format) if format is not None else None
         self.reasoning = None if reasoning_start is None else ReasoningSplitter(reasoning_start)
+        self.thought_sent = False
 
     def take(self, piece: StreamChunk) -> tuple[dict[str, Any], str | None]:
         chunker = self.chunker
@@ -257,8 +258,11 @@ class _StreamedReply:
                 content += more_content
                 chunks += more_chunks
         delta: dict[str, Any] = {}
-        if thought:
+        # (an empty thinking block too: the whole reply's reasoning_content is "", not absent)
+        empty = piece.finished and self.reasoning is not None and self.reasoning.reasoned
+        if thought or (empty and not self.thought_sent):
             delta["reasoning_content"] = thought
+            self.thought_sent = True
         if content:
             delta["content"] = content
         if chunks:
@@ -494,7 +498,10 @@ class _Server:
         plan = protocol.chat_request(self.llm, body, self.model_name)
         with _refusing(plan, "messages"):
             ids = self.llm.chat_prompt_ids(plan.messages, plan.tools, **plan.template_kwargs)
-            plan.reasoning_start = self.llm.reasoning_start(ids, has_tools=bool(plan.tools))
+            constraint = plan.params.constraint if plan.constrained_start else None
+            plan.reasoning_start = self.llm.reasoning_start(
+                ids, has_tools=bool(plan.tools), constraint=constraint
+            )
             return plan, self._requests(plan, body, ids)
 
     async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from brisklm.llm import NOT_TEMPLATE_VARIABLES
 from brisklm.openai_format import completion_logprobs, response_format_schema
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
@@ -102,7 +103,14 @@ CHAT_FIELDS = frozenset(
     }
 )
 # Arguments of the template's rendering that are the request's (or the server's) to set.
-_RENDERING_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "chat_template")
+_RENDERING_ARGUMENTS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "tokenize",
+    "return_dict",
+    "return_tensors",
+)
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -462,6 +470,9 @@ class ChatRequest:
     # Whether (and how) a reply may open with a thinking block: LLM.reasoning_start's, set once
     # the prompt is rendered.
     reasoning_start: bool | None = None
+    # Whether the constraint decides the reply's start (not the tools' "auto" grammar, which
+    # lets it begin with text): a thinking block the prompt opened must then be closable by it.
+    constrained_start: bool = False
 
 
 def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -477,8 +488,13 @@ def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
             param="chat_template_kwargs",
         )
     for name in value:
-        if name in CHAT_FIELDS or name in _RENDERING_ARGUMENTS:
-            where = "a field of the request" if name in CHAT_FIELDS else "set by the server"
+        if name in CHAT_FIELDS or name in _RENDERING_ARGUMENTS or name in NOT_TEMPLATE_VARIABLES:
+            if name in CHAT_FIELDS:
+                where = "a field of the request"
+            elif name in _RENDERING_ARGUMENTS:
+                where = "set by the server"
+            else:
+                where = "a sampling option"
             raise ApiError(
                 f"chat_template_kwargs may not hold {name!r}: it is {where}, not a variable of "
                 "the chat template",
@@ -532,8 +548,10 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         except ValueError as error:
             raise ApiError(str(error), param="response_format") from None
     tool_format = None
+    constrained_start = constraint_field is not None or answer is not None
     if tools:
         mode, allowed = grammar_mode(tools, choice)
+        constrained_start = mode != "auto" or answer is not None
         if constraint_field is not None:
             raise ApiError(
                 "tools and a guided_* constraint were both given; the tools' grammar decides "
@@ -565,6 +583,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         constraint_field=constraint_field,
         n=choices_wanted(body),
         template_kwargs=chat_template_kwargs(body),
+        constrained_start=constrained_start,
     )
 
 

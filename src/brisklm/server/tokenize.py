@@ -10,6 +10,7 @@ from brisklm.llm import LLM
 from brisklm.server.protocol import (
     ApiError,
     chat_messages,
+    chat_template_kwargs,
     chat_tools,
     check_fields,
     check_model,
@@ -26,6 +27,7 @@ _TOKENIZE_FIELDS = frozenset(
         "add_special_tokens",
         "add_generation_prompt",
         "return_token_strs",
+        "chat_template_kwargs",
     }
 )
 _DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
@@ -34,8 +36,9 @@ _DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 def tokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
     """``{"count", "max_model_len", "tokens", "token_strs"}`` for ``prompt`` (text; the
     tokenizer's special tokens added unless ``add_special_tokens`` is false) or ``messages``
-    (and ``tools``) rendered by the chat template (with the assistant's turn opened unless
-    ``add_generation_prompt`` is false; no special tokens added: the template writes them)."""
+    (and ``tools``, and ``chat_template_kwargs``) rendered by the chat template (with the
+    assistant's turn opened unless ``add_generation_prompt`` is false; no special tokens added:
+    the template writes them)."""
     check_fields(body, _TOKENIZE_FIELDS, "/tokenize")
     check_model(body, served)
     if ("prompt" in body) == ("messages" in body):
@@ -46,15 +49,17 @@ def tokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
     names = _flag(body, "return_token_strs", False)
     if chat:
         messages, tools = chat_messages(body["messages"]), chat_tools(body.get("tools"))
+        variables = chat_template_kwargs(body)
         try:
             text = llm.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=generation
+                messages, tools=tools, add_generation_prompt=generation, **variables
             )
         except ValueError as error:
             raise ApiError(str(error), param=field_in_error(error, "messages")) from None
     else:
-        if "add_generation_prompt" in body:
-            raise ApiError("add_generation_prompt needs messages", param="add_generation_prompt")
+        for name in ("add_generation_prompt", "chat_template_kwargs"):
+            if name in body:
+                raise ApiError(f"{name} needs messages", param=name)
         text = body["prompt"]
         if not isinstance(text, str):
             raise ApiError(f"prompt must be a string, got {text!r}", param="prompt")
