@@ -55,6 +55,29 @@ PRESETS = {
 }
 
 
+# Presets of other families than Llama, for the benchmarks that take any preset through
+# ``add_model_arguments``: the transformers classes and the config beyond the shape.
+OTHER_FAMILY_PRESETS = {
+    # Qwen3-0.6B's shape: 28 layers of 1024, GQA 16/8 with heads of 128 (q/k norms), a 151,936
+    # vocabulary and a tied head.
+    "qwen3-0.6b": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+        ),
+    ),
+}
+
+
 def write_checkpoint(
     directory: Path, preset: str, dtype: torch.dtype, full_vocab_tokenizer: bool = False
 ) -> None:
@@ -67,16 +90,20 @@ def write_checkpoint(
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    config = transformers.LlamaConfig(
-        **PRESETS[preset],
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
+    config_class, model_class, shape = OTHER_FAMILY_PRESETS.get(
+        preset,
+        (
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            {**PRESETS.get(preset, {}), "tie_word_embeddings": False},
+        ),
+    )
+    config = getattr(transformers, config_class)(
+        **shape, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2
     )
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = transformers.LlamaForCausalLM(config).to(dtype)
+        model = getattr(transformers, model_class)(config).to(dtype)
     model.save_pretrained(directory, safe_serialization=True)
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -320,6 +347,8 @@ def add_rounds_arguments(parser: argparse.ArgumentParser, new_tokens: int) -> No
 
 def add_model_arguments(parser, preset: str, device: str, dtype: str) -> None:
     """``--preset`` (a random model of PRESETS' shapes), ``--device`` and ``--dtype``."""
-    parser.add_argument("--preset", default=preset, choices=sorted(PRESETS))
+    parser.add_argument(
+        "--preset", default=preset, choices=sorted([*PRESETS, *OTHER_FAMILY_PRESETS])
+    )
     parser.add_argument("--device", default=device)
     parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16", "float16"])
