@@ -39,6 +39,7 @@ CASES = [
 @pytest.mark.parametrize(("text", "inside", "reasoning", "content"), CASES)
 def test_a_whole_reply_splits_into_reasoning_and_content(text, inside, reasoning, content):
     assert split_reasoning(text, inside) == (reasoning, content)
+    assert split_reasoning(text, None) == (None, text)  # a template that knows no thinking
 
 
 @pytest.mark.parametrize(("text", "inside", "reasoning", "content"), CASES)

@@ -1122,9 +1122,7 @@ class LLM:
         included, and no calls); the cut call's text is in ``output.text``. A reply that ended
         at eos, or shows no complete call, is read by ``parse`` (text that does not parse is
         content)."""
-        reasoning, text = None, output.text
-        if reasoning_start is not None:
-            reasoning, text = split_reasoning(text, reasoning_start)
+        reasoning, text = split_reasoning(output.text, reasoning_start)
         cut_calls = format.cut_calls(text) if format else None
         was_cut = output.finish_reason == "length" or output.stop_reason is not None
         if cut_calls is not None and cut_calls[1] and was_cut:

@@ -96,6 +96,14 @@ class ReasoningSplitter:
         content, self._held = self._held, ""
         return reasoning, content
 
+    def take(self, text: str, last: bool) -> tuple[str, str]:
+        """``feed`` a stream's piece, and ``finish`` after the ``last``."""
+        reasoning, content = self.feed(text)
+        if not last:
+            return reasoning, content
+        more_reasoning, more_content = self.finish()
+        return reasoning + more_reasoning, content + more_content
+
     def finish(self) -> tuple[str, str]:
         """The text held back at the reply's end: a reply cut inside its thinking keeps it as
         reasoning (newlines and a partial tag included), a lone start as content."""
@@ -105,12 +113,12 @@ class ReasoningSplitter:
         return "", held if self._state in ("start", "content") else ""
 
 
-def split_reasoning(text: str, inside: bool = False) -> tuple[str | None, str]:
+def split_reasoning(text: str, inside: bool | None = False) -> tuple[str | None, str]:
     """A whole reply's ``(reasoning, content)``: reasoning None where the reply holds no
-    thinking block (``inside``: the prompt opened it, see ``opens_thinking``)."""
+    thinking block (``inside``: the prompt opened it, see ``opens_thinking``; None: the reply
+    holds none, as ``LLM.reasoning_start`` says of a template that knows no thinking)."""
+    if inside is None:
+        return None, text
     splitter = ReasoningSplitter(inside)
-    reasoning, content = splitter.feed(text)
-    rest_reasoning, rest_content = splitter.finish()
-    if not splitter.reasoned:
-        return None, content + rest_content
-    return reasoning + rest_reasoning, content + rest_content
+    reasoning, content = splitter.take(text, last=True)
+    return (reasoning if splitter.reasoned else None), content

@@ -316,9 +316,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
     def _generation(call: _Call, output: GenerationOutput, usage: Usage) -> ChatGeneration:
         """One completion's message (``usage``: the call's)."""
         invalid = []
-        reasoning, text = None, output.text
-        if call.reasoning_start is not None:
-            reasoning, text = split_reasoning(text, call.reasoning_start)
+        reasoning, text = split_reasoning(output.text, call.reasoning_start)
         if call.parse_tools:
             # The context, not max_tokens, ended it when the reply filled the context (an unset
             # max_tokens is the room left in it, so the two limits meet there).
@@ -671,19 +669,11 @@ class _ChunkConverter:
         entries, self.held_logprobs = self.held_logprobs, []
         return {"logprobs": chat_logprobs(entries)}
 
-    def _thought(self, chunk: StreamChunk) -> tuple[str, str]:
-        """The chunk's reasoning and reply text (a reasoning model's thinking told apart)."""
-        if self.reasoning is None:
-            return "", chunk.text
-        thought, text = self.reasoning.feed(chunk.text)
-        if chunk.finished:
-            more_thought, more_text = self.reasoning.finish()
-            thought, text = thought + more_thought, text + more_text
-        return thought, text
-
     def convert(self, chunk: StreamChunk) -> list[ChatGenerationChunk]:
         out: list[ChatGenerationChunk] = []
-        thought, text = self._thought(chunk)
+        thought, text = "", chunk.text
+        if self.reasoning is not None:  # (a reasoning model's thinking told apart)
+            thought, text = self.reasoning.take(text, chunk.finished)
         if thought:
             self.thought_sent = True
             message = AIMessageChunk(content="", additional_kwargs={"reasoning_content": thought})

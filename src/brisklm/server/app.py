@@ -202,9 +202,7 @@ def _chat_choice(
     them (less a call it was cut inside), its logprobs those of its tokens (not the one ending
     the turn)."""
     turn = LLM.chat_output(output, format, reasoning_start)
-    text = output.text
-    if reasoning_start is not None:
-        text = split_reasoning(text, reasoning_start)[1]
+    text = split_reasoning(output.text, reasoning_start)[1]
     if format is not None and format.name == "hermes" and format.ended_inside_call(text):
         turn = _before_the_cut_call(turn, format, text)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
@@ -245,10 +243,7 @@ class _StreamedReply:
         chunker = self.chunker
         thought, text = "", piece.text
         if self.reasoning is not None:
-            thought, text = self.reasoning.feed(text)
-            if piece.finished:
-                more_thought, more_text = self.reasoning.finish()
-                thought, text = thought + more_thought, text + more_text
+            thought, text = self.reasoning.take(text, piece.finished)
         if chunker is None:
             content, chunks = text, []
         else:
