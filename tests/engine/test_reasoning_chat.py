@@ -155,6 +155,33 @@ def test_the_server_reports_reasoning_content_whole_and_streamed(llm):
     assert "".join(d.get("content") or "" for d in deltas) == expected.content
 
 
+def test_a_replys_thinking_sent_back_reaches_the_template(llm):
+    # Within a tool loop (after the last user query) Qwen3's template shows an earlier reply's
+    # thinking: a client sends it back as the message's reasoning_content.
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from brisklm.server.app import build_app
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": "{}"}}
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "Plan: ask the tool",
+            "tool_calls": [call],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    with TestClient(build_app(llm, "tiny")) as http:
+        ids = http.post("/tokenize", json={"messages": history}).json()["tokens"]
+        bad = [*ASK, {"role": "user", "content": "x", "reasoning_content": "no"}]
+        refused = http.post("/v1/chat/completions", json={"messages": bad}).json()["error"]
+    assert "<think>\nPlan: ask the tool\n</think>" in llm.tokenizer.decode(ids)
+    assert refused["param"] == "messages" and "reasoning_content" in refused["message"]
+
+
 def test_an_empty_thinking_block_streams_an_empty_reasoning_content(llm):
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient

@@ -629,6 +629,15 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
             converted["tool_call_id"] = call_id
         if isinstance(message.get("name"), str):
             converted["name"] = message["name"]
+        # A reply's thinking sent back with it (Qwen3's template shows it within a tool loop).
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            if role != "assistant" or not isinstance(reasoning, str):
+                raise ApiError(
+                    f"{where}.reasoning_content must be a string, on an assistant message",
+                    param="messages",
+                )
+            converted["reasoning_content"] = reasoning
         out.append(converted)
     return out
 
