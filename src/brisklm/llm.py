@@ -1055,16 +1055,14 @@ class LLM:
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag (where that tag is one token), else its
         last 512 tokens' text."""
-        start = max(0, len(prompt_ids) - 512)
+        ids = list(prompt_ids)
+        start = max(0, len(ids) - 512)
         open_id = self.tokenizer.token_to_id(OPEN_TAG)
         if open_id is not None:
-            at = next(
-                (i for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] == open_id), None
-            )
-            if at is None:
+            if open_id not in ids:
                 return ""
-            start = at
-        return self.tokenizer.decode(list(prompt_ids[start:]), skip_special_tokens=False)
+            start = len(ids) - 1 - ids[::-1].index(open_id)
+        return self.tokenizer.decode(ids[start:], skip_special_tokens=False)
 
     def _reasoning_start(
         self,

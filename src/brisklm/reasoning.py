@@ -15,6 +15,7 @@ block is all content; one cut off inside it (``max_tokens``) is all reasoning.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -23,6 +24,7 @@ from brisklm.tool_calls import partial_tag_length
 OPEN, CLOSE = "<think>", "</think>"
 
 
+@functools.lru_cache(maxsize=64)
 def template_reasons(template: str | None) -> bool:
     """Whether a chat template knows thinking blocks: it writes the closing tag, or strips it
     from earlier replies (DeepSeek-R1's first templates), outside its comments."""
@@ -87,6 +89,7 @@ class ReasoningSplitter:
                 self._thought = self._thought or bool(reasoning)
                 return reasoning, ""
             reasoning = self._held[:end].rstrip("\n")
+            self._thought = self._thought or bool(reasoning)
             self._held, self._state = self._held[end + len(CLOSE) :], "after"
         if self._state == "after":
             self._held = self._held.lstrip("\n")
@@ -95,6 +98,12 @@ class ReasoningSplitter:
             self._state = "content"
         content, self._held = self._held, ""
         return reasoning, content
+
+    @property
+    def empty_block(self) -> bool:
+        """The reply holds a thinking block and no reasoning text has come out of it: a stream
+        reports its reasoning as "" (not absent), as the whole reply's is."""
+        return self.reasoned and not self._thought
 
     def take(self, text: str, last: bool) -> tuple[str, str]:
         """``feed`` a stream's piece, and ``finish`` after the ``last``."""
@@ -109,6 +118,7 @@ class ReasoningSplitter:
         reasoning (newlines and a partial tag included), a lone start as content."""
         held, self._held = self._held, ""
         if self._state == "thinking":
+            self._thought = self._thought or bool(held)
             return held, ""
         return "", held if self._state in ("start", "content") else ""
 

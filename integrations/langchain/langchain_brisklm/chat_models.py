@@ -659,7 +659,6 @@ class _ChunkConverter:
         self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
         start = call.reasoning_start
         self.reasoning = None if start is None else ReasoningSplitter(start)
-        self.thought_sent = False
 
     def _take_logprobs(self, last: bool = False) -> dict[str, Any]:
         """The response metadata of the logprobs held so far; none: empty, but for the ``last``
@@ -675,7 +674,6 @@ class _ChunkConverter:
         if self.reasoning is not None:  # (a reasoning model's thinking told apart)
             thought, text = self.reasoning.take(text, chunk.finished)
         if thought:
-            self.thought_sent = True
             message = AIMessageChunk(content="", additional_kwargs={"reasoning_content": thought})
             out.append(ChatGenerationChunk(message=message))
         if self.chunker is None:
@@ -708,8 +706,7 @@ class _ChunkConverter:
             if cut:  # its chunks merge into a call with the arguments so far: say it was cut
                 metadata[CUT_TOOL_CALL] = True
             metadata.update(self._take_logprobs(last=True))
-            # (an empty thinking block: the whole reply's reasoning is "", not absent)
-            empty = self.reasoning is not None and self.reasoning.reasoned and not self.thought_sent
+            empty = self.reasoning is not None and self.reasoning.empty_block
             message = AIMessageChunk(
                 content="",
                 additional_kwargs={"reasoning_content": ""} if empty else {},

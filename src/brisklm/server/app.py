@@ -202,9 +202,10 @@ def _chat_choice(
     them (less a call it was cut inside), its logprobs those of its tokens (not the one ending
     the turn)."""
     turn = LLM.chat_output(output, format, reasoning_start)
-    text = split_reasoning(output.text, reasoning_start)[1]
-    if format is not None and format.name == "hermes" and format.ended_inside_call(text):
-        turn = _before_the_cut_call(turn, format, text)
+    if format is not None and format.name == "hermes":
+        text = split_reasoning(output.text, reasoning_start)[1]  # (the reply after its thinking)
+        if format.ended_inside_call(text):
+            turn = _before_the_cut_call(turn, format, text)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.reasoning is not None:  # (vLLM's and DeepSeek's field)
         message["reasoning_content"] = turn.reasoning
@@ -237,7 +238,6 @@ class _StreamedReply:
     def __init__(self, format: ToolCallFormat | None, reasoning_start: bool | None) -> None:
         self.chunker = ToolCallChunker(format) if format is not None else None
         self.reasoning = None if reasoning_start is None else ReasoningSplitter(reasoning_start)
-        self.thought_sent = False
 
     def take(self, piece: StreamChunk) -> tuple[dict[str, Any], str | None]:
         chunker = self.chunker
@@ -253,11 +253,9 @@ class _StreamedReply:
                 content += more_content
                 chunks += more_chunks
         delta: dict[str, Any] = {}
-        # (an empty thinking block too: the whole reply's reasoning_content is "", not absent)
-        empty = piece.finished and self.reasoning is not None and self.reasoning.reasoned
-        if thought or (empty and not self.thought_sent):
+        empty = piece.finished and self.reasoning is not None and self.reasoning.empty_block
+        if thought or empty:
             delta["reasoning_content"] = thought
-            self.thought_sent = True
         if content:
             delta["content"] = content
         if chunks:

@@ -488,13 +488,16 @@ def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
             param="chat_template_kwargs",
         )
     for name in value:
-        if name in CHAT_FIELDS or name in _RENDERING_ARGUMENTS or name in NOT_TEMPLATE_VARIABLES:
-            if name in CHAT_FIELDS:
-                where = "a field of the request"
-            elif name in _RENDERING_ARGUMENTS:
-                where = "set by the server"
-            else:
-                where = "a sampling option"
+        where = (
+            "a field of the request"
+            if name in CHAT_FIELDS
+            else "set by the server"
+            if name in _RENDERING_ARGUMENTS
+            else "a sampling option"
+            if name in NOT_TEMPLATE_VARIABLES
+            else None
+        )
+        if where is not None:
             raise ApiError(
                 f"chat_template_kwargs may not hold {name!r}: it is {where}, not a variable of "
                 "the chat template",
