@@ -26,6 +26,19 @@ def without_native_kernels(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _speculation_schedules_on_counts(request, monkeypatch):
+    """Adaptive draft length schedules decide on accepted tokens alone, as for a seeded sampled
+    request: the timed rule (brisklm.speculative.draft_length) follows how fast the engine's
+    steps ran, which on a shared machine is noise, and tests count proposals and steps. Tests
+    marked ``timed_speculation`` keep it, and pin the costs they want."""
+    if request.node.get_closest_marker("timed_speculation"):
+        return
+    from brisklm.engine.speculation import Speculator
+
+    monkeypatch.setattr(Speculator, "_cost", lambda self, request, size: None)
+
+
+@pytest.fixture(autouse=True)
 def _native_team_from_scratch():
     """Each test starts with the native pass's team uncapped: a cap one test's busy passes set
     (brisklm.kernels.team_size) would otherwise cut the threads the next one asks for."""

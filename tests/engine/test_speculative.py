@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from brisklm import LLM, SamplingParams
+from brisklm.speculative import StepCosts
 from tests.tiny import make_tiny_checkpoint, train_tokenizer
 
 PROMPTS = ["The quick brown fox", "Hello", "Zürich and 東京 are cities; emoji 🙂", "def add(a, b):"]
@@ -168,6 +169,74 @@ def test_adaptive_draft_length_keeps_the_maximum_while_everything_is_accepted(se
     # 39 tokens after prefill at 5 per step (4 accepted + bonus): 8 steps of 4 proposals, the
     # last cut to what max_tokens leaves.
     assert stats.num_steps == 8 and stats.num_proposed == 7 * 4 + 3
+
+
+class PinnedCosts(StepCosts):
+    """Step costs at a fixed ratio, whatever the steps took."""
+
+    def __init__(self, ratio: float) -> None:
+        super().__init__()
+        self.pinned = ratio
+
+    def cost(self, size: int) -> float:
+        return self.pinned
+
+
+@pytest.fixture
+def pin_costs(monkeypatch):
+    def pin(llm, ratio: float):
+        monkeypatch.setattr(llm.engine.speculator, "costs", PinnedCosts(ratio))
+        return llm
+
+    return pin
+
+
+@pytest.mark.timed_speculation
+def test_timed_schedule_pauses_where_speculating_does_not_pay(plain, self_drafted, pin_costs):
+    """The target as its own draft: every proposal kept, 5 tokens a step. At 2 plain steps a
+    speculative step that pays and the schedule proposes as on counts alone; at 20 it does not:
+    the request pauses, longer each time, probing with one token between pauses, and the paused
+    steps run several to a native call.
+    The tokens are the target's either way."""
+    expected = plain.generate(PROMPTS, GREEDY)
+    cheap = pin_costs(self_drafted, 2.0).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in cheap] == [o.token_ids for o in expected]
+    assert cheap[1].speculative.num_steps == 8  # as test_adaptive_..._keeps_the_maximum_...
+    costly_llm = pin_costs(self_drafted, 20.0)
+    runner = costly_llm.engine.runner
+    calls = []
+
+    def run_steps(batch, columns, steps, *args, **kwargs):
+        calls.append(steps)
+        return run_steps.inner(batch, columns, steps, *args, **kwargs)
+
+    run_steps.inner = runner.run_steps
+    costly_llm.engine.runner.run_steps = run_steps
+    try:
+        costly = costly_llm.generate(PROMPTS, GREEDY)
+    finally:
+        del runner.run_steps
+    assert [o.token_ids for o in costly] == [o.token_ids for o in expected]
+    stats = costly[1].speculative
+    # 39 tokens after prefill: 4 kept + 1, a pause of MIN_PAUSE, then probes of one token (2
+    # tokens each) between pauses twice as long each time: 5 + 4 + 2 + 8 + 2 + 16 + 2.
+    assert stats.num_proposed == 4 + 1 + 1 + 1 == stats.num_accepted
+    assert stats.num_steps == 39 - 7
+    assert cheap[1].speculative.num_proposed == 31
+    if runner.native is not None:
+        assert calls and max(calls) > 1  # paused steps, several a call
+
+
+@pytest.mark.timed_speculation
+def test_a_seeded_sampled_request_proposes_on_counts_alone(other_drafted, pin_costs):
+    """Its tokens follow from its proposals, so how fast steps ran must not change them."""
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=30, ignore_eos=True)
+    runs = [pin_costs(other_drafted, ratio).generate(PROMPTS[:2], params) for ratio in (1.0, 50.0)]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    assert [o.speculative for o in runs[0]] == [o.speculative for o in runs[1]]
+    greedy = [pin_costs(other_drafted, r).generate("Hello", GREEDY) for r in (1.0, 50.0)]
+    assert greedy[0].token_ids == greedy[1].token_ids
+    assert greedy[1].speculative.num_proposed < greedy[0].speculative.num_proposed
 
 
 def test_bad_draft_length_is_a_clear_error(tiny_dir):

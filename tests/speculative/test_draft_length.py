@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from brisklm.speculative import SCHEDULES, DraftLength, DraftLengthSchedule
-from brisklm.speculative.draft_length import MAX_PAUSE, MIN_PAUSE
+from brisklm.speculative import SCHEDULES, DraftLength, DraftLengthSchedule, StepCosts
+from brisklm.speculative.draft_length import AVERAGE_WEIGHT, MAX_PAUSE, MIN_PAUSE
 
 
 def test_fixed_always_proposes_the_maximum():
@@ -83,6 +85,95 @@ def test_a_proposal_cut_to_one_token_does_not_pause_a_longer_schedule():
     state = DraftLength(tokens=3)
     schedule.update(state, 1, 0)  # max_tokens left room for one token only
     assert (state.tokens, state.paused) == (2, 0)
+
+
+def _run_timed(
+    schedule: DraftLengthSchedule, state: DraftLength, kept: list[int], cost: float
+) -> list[int]:
+    """Proposal sizes over steps that keep ``kept[i]`` tokens of a proposal (at most all)."""
+    sizes = []
+    for keep in kept:
+        size = schedule.proposal_size(state)
+        sizes.append(size)
+        schedule.update(state, size, min(size, keep), cost)
+    return sizes
+
+
+def test_timed_rule_pauses_a_draft_that_is_often_right_but_does_not_pay():
+    """Two of three tokens kept each step: never a rejected one-token proposal, so the counted
+    rule never pauses; at 3.5 plain steps a speculative step, 3 tokens a step do not pay."""
+    schedule = DraftLengthSchedule(3, "adaptive")
+    counted = _run(schedule, schedule.start(), [True, True] * 4)
+    assert 0 not in counted
+    state = schedule.start()
+    sizes = _run_timed(schedule, state, [2] * (1 + MIN_PAUSE + 1), cost=3.5)
+    # A pause, then one token (kept: 2 tokens, still a loss): a pause twice as long.
+    assert sizes == [3] + [0] * MIN_PAUSE + [1]
+    assert state.paused == 2 * MIN_PAUSE == state.pause
+    assert state.profit == 2 - 3.5  # the step after a pause started the average afresh
+    assert state.tokens == 1
+
+
+def test_timed_rule_follows_the_moving_average_and_a_paying_step_ends_the_backoff():
+    schedule = DraftLengthSchedule(4, "adaptive")
+    state = DraftLength(tokens=4, profit=-1.0)
+    schedule.update(state, 4, 3, cost=2.0)  # 4 tokens for 2 plain steps: +2
+    assert state.profit == pytest.approx(-1.0 + AVERAGE_WEIGHT * 3.0)
+    assert state.profit < 0 and state.paused == MIN_PAUSE and state.tokens == 1
+    for _ in range(MIN_PAUSE):
+        schedule.update(state, 0, 0, cost=2.0)
+    schedule.update(state, 1, 1, cost=1.5)  # the probe: 2 tokens for 1.5 plain steps
+    assert state.profit == 0.5 and (state.pause, state.paused) == (0, 0)
+    assert state.tokens == 2  # kept whole: one longer
+    schedule.update(state, 2, 0, cost=2.0)  # 1 token for 2: a loss the average absorbs
+    assert state.profit == pytest.approx(0.5 + AVERAGE_WEIGHT * -1.5)
+    assert state.profit >= 0 and state.paused == 0
+    # A long pause's backoff is capped.
+    state = DraftLength(tokens=2, pause=MAX_PAUSE, profit=-1.0)
+    schedule.update(state, 2, 0, cost=100.0)
+    assert state.paused == MAX_PAUSE
+
+
+def test_timed_rule_before_a_plain_step_was_timed_pauses_where_a_proposal_failed():
+    schedule = DraftLengthSchedule(3, "adaptive")
+    state = schedule.start()
+    schedule.update(state, 3, 3, cost=math.inf)
+    assert state.paused == 0 and state.profit is None
+    schedule.update(state, 3, 2, cost=math.inf)
+    assert state.paused == MIN_PAUSE and state.tokens == 1
+
+
+def test_timed_rule_leaves_fixed_schedules_and_plain_steps_alone():
+    fixed = DraftLengthSchedule(2, "fixed")
+    state = fixed.start()
+    assert _run_timed(fixed, state, [0] * 6, cost=50.0) == [2] * 6
+    assert state.profit is None
+    adaptive = DraftLengthSchedule(2, "adaptive")
+    state = DraftLength(tokens=2, paused=3, profit=-1.0)
+    adaptive.update(state, 0, 0, cost=50.0)  # a paused step counts down, nothing more
+    assert (state.paused, state.profit) == (2, -1.0)
+
+
+def test_step_costs():
+    costs = StepCosts()
+    assert costs.cost(3) is None  # no speculative step timed: the counted rule
+    costs.add_plain(0.001)
+    assert costs.cost(3) is None
+    costs.add_speculative(4, 0.004)
+    assert costs.cost(4) == pytest.approx(4.0)
+    assert costs.cost(1) == costs.cost(6) == pytest.approx(4.0)  # the nearest size timed
+    costs.add_speculative(2, 0.002)
+    assert costs.cost(3) == pytest.approx(2.0)  # between two: the shorter
+    assert costs.cost(1) == pytest.approx(2.0) and costs.cost(5) == pytest.approx(4.0)
+    costs = StepCosts()
+    costs.add_speculative(1, 0.004)
+    assert costs.cost(1) == math.inf  # no plain step timed yet
+    costs.add_plain(0.002)
+    costs.add_plain(0.001)  # a moving average, not the last step
+    assert costs.plain == pytest.approx(0.002 - AVERAGE_WEIGHT * 0.001)
+    costs.add_speculative(1, 0.008)
+    assert costs.speculative[1] == pytest.approx(0.004 + AVERAGE_WEIGHT * 0.004)
+    assert costs.cost(1) == pytest.approx(costs.speculative[1] / costs.plain)
 
 
 def test_fixed_never_pauses():

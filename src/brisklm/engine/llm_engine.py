@@ -422,11 +422,16 @@ class LLMEngine:
         return results
 
     def plain_step(
-        self, requests: list[Request], prefill_lens: list[int] | None = None
+        self,
+        requests: list[Request],
+        prefill_lens: list[int] | None = None,
+        max_steps: int | None = None,
     ) -> list[StepResult]:
         """One forward pass without speculation: ``prefill_lens[i]`` prompt tokens of request i
         (0: it decodes; None: every request decodes). A token is sampled for each request whose
-        prompt is then all in the cache; the others only fill the cache."""
+        prompt is then all in the cache; the others only fill the cache. Where every request
+        decodes, one call may run several steps (``decode_steps``; ``max_steps``: at most so
+        many, None: as the config allows)."""
         if prefill_lens is None:
             prefill_lens = [0] * len(requests)
         feeds = [self.feed(r, n) for r, n in zip(requests, prefill_lens)]
@@ -448,7 +453,7 @@ class LLMEngine:
             stepwise=decode_rows_stepwise([n == 0 for n in prefill_lens], row_invariant),
         )
         one_token_rows = not any(prefill_lens) and all(len(feed) == 1 for feed in feeds)
-        steps = self.decode_steps(requests) if one_token_rows else 1
+        steps = self.decode_steps(requests, max_steps) if one_token_rows else 1
         start = time.perf_counter()
         if steps > 1:
             drawn = self._step_sampling(requests, steps)
@@ -493,16 +498,21 @@ class LLMEngine:
         now = dict(self.sample_and_update([sampled[i] for i in going], logits[rows]))
         return [(r, joined(appended.get(r), now[r]) if r in now else appended[r]) for r in sampled]
 
-    def decode_steps(self, requests: list[Request]) -> int:
+    def decode_steps(self, requests: list[Request], max_steps: int | None = None) -> int:
         """How many one-token steps the next call runs for ``requests``, each decoding one token
         (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes its token
         from the raw logits (``_takes_native_steps``), the last such step's time is known, and no
-        request waits for a slot; at most what the longest of them may still generate, and what
-        every row's cache slot has room for. Without a speculator (whose draft tracks each
-        step)."""
+        request waits for a slot; at most what the longest of them may still generate, what
+        every row's cache slot has room for, and ``max_steps``. With a speculator only as many as
+        it says (``max_steps``: the steps its schedules pause every row for; the draft catches up
+        on their tokens when it next proposes)."""
         limit = self.config.max_decode_steps
+        if max_steps is not None:
+            limit = min(limit, max_steps)
+        elif self.speculator is not None:
+            return 1
         seconds = self._decode_step_seconds
-        if limit <= 1 or seconds is None or self.speculator is not None or self.scheduler.waiting:
+        if limit <= 1 or seconds is None or self.scheduler.waiting:
             return 1
         if self.runner.native is None or not all(self._takes_native_steps(r) for r in requests):
             return 1

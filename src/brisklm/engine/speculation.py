@@ -3,6 +3,7 @@ sampling keeps the output distribution exactly the target's, rejected tokens are
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from brisklm.speculative import (
     DraftRow,
     Proposal,
     Proposer,
+    StepCosts,
     accept_greedy,
     batch_proposals,
     greedy_verification,
@@ -39,6 +41,8 @@ class Speculator:
         self.schedule = DraftLengthSchedule(num_speculative_tokens, draft_length)
         self.proposer = proposer
         self.num_speculative_tokens = num_speculative_tokens
+        # How long this engine's decode steps take, for the adaptive schedule.
+        self.costs = StepCosts()
 
     def release(self, request: Request) -> None:
         if request.slot is not None:
@@ -199,13 +203,49 @@ class Speculator:
         stats.num_steps += 1
         stats.num_proposed += num_proposed
         stats.num_accepted += num_accepted
-        self.schedule.update(self._draft_length(request), num_proposed, num_accepted)
+        cost = self._cost(request, num_proposed)
+        self.schedule.update(self._draft_length(request), num_proposed, num_accepted, cost)
 
-    def record_plain_step(self, requests: Sequence[Request]) -> None:
-        """Count a plain decode step of ``requests`` (every one paused by its schedule): a target
-        step like any other, one that proposed nothing."""
-        for request in requests:
-            self._record(request, 0, 0)
+    def _cost(self, request: Request, num_proposed: int) -> float | None:
+        """The plain steps a speculative step proposing ``num_proposed`` tokens cost
+        (``StepCosts.cost``), for ``request``'s schedule; None for a request whose tokens follow
+        from its proposals (seeded and sampled): it must not propose by how fast the engine ran
+        (see brisklm.speculative.draft_length)."""
+        params = request.params
+        if params.is_seeded and not params.is_greedy:
+            return None
+        return self.costs.cost(num_proposed)
+
+    def record_plain_steps(self, requests: Sequence[Request], steps: Sequence[int]) -> None:
+        """Count ``steps[i]`` plain decode steps of request i (every one paused by its
+        schedule): target steps like any other, ones that proposed nothing."""
+        for request, count in zip(requests, steps):
+            for _ in range(count):
+                self._record(request, 0, 0)
+
+    def _plain_step(
+        self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int]
+    ) -> list[StepResult]:
+        """A pass without proposals: prompt chunks, and decoding requests that their schedules
+        all pause, for as many steps a call as the shortest pause left allows (timed for the
+        schedule when nothing but decoding runs in it)."""
+        decoding = [r for r, n in zip(requests, prefill_lens) if not n]
+        pauses = [self._draft_length(r).paused for r in decoding]
+        one_token_rows = len(decoding) == len(requests) and all(
+            len(r.uncached_token_ids) == 1 for r in decoding
+        )
+        before = [r.num_cached for r in decoding]
+        start = time.perf_counter()
+        results = engine.plain_step(requests, prefill_lens, min(pauses, default=1))
+        seconds = time.perf_counter() - start
+        # One-token rows each took a step per token cached (a call of several steps, or one).
+        steps = [
+            max(1, r.num_cached - b) if one_token_rows else 1 for r, b in zip(decoding, before)
+        ]
+        if one_token_rows and decoding:
+            self.costs.add_plain(seconds / max(steps))
+        self.record_plain_steps(decoding, steps)
+        return results
 
     def step(
         self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int] | None = None
@@ -224,9 +264,21 @@ class Speculator:
             )
         if not any(self._proposal_size(r) for r in decoding):
             # No chunks but prompts, or every decoding row paused by its schedule: a plain pass.
-            results = engine.plain_step(requests, prefill_lens)
-            self.record_plain_step(decoding)
-            return results
+            return self._plain_step(engine, requests, prefill_lens)
+        start = time.perf_counter()
+        results, longest = self._speculative_step(engine, decoding, chunked)
+        if longest and not chunked:  # (timed for the schedule where only decoding runs)
+            self.costs.add_speculative(longest, time.perf_counter() - start)
+        return results
+
+    def _speculative_step(
+        self,
+        engine: LLMEngine,
+        decoding: list[Request],
+        chunked: list[tuple[Request, int]],
+    ) -> tuple[list[StepResult], int]:
+        """The target pass of ``step`` where some decoding request may propose: its results,
+        and how many tokens the longest proposal had."""
         rows = self._rows(decoding, engine)
         # Sampled proposals draw from each request's draft generator: a pass that fails (and is
         # run again, see LLMEngine._step) must leave them where they were, or a seeded request
@@ -239,6 +291,7 @@ class Speculator:
             _restore(drawn, states)
             raise
         counts = verification_counts(proposals)
+        longest = max(len(p.token_ids) for p in proposals)
         feeds = [r.uncached_token_ids for r in decoding]
         chunk_feeds = [engine.feed(r, n) for r, n in chunked]
         chunk_logits = [int(engine.samples_after(r, n)) for r, n in chunked]
@@ -246,7 +299,7 @@ class Speculator:
         # (a prompt chunk with prompt logprobs: a row before those for each of its tokens)
         chunk_extra = [engine.prompt_logprob_rows(r, n) for r, n in chunked]
         chunk_logits = [k + e for k, e in zip(chunk_logits, chunk_extra)]
-        row_invariant = any(r.params.is_seeded for r in requests)
+        row_invariant = any(r.params.is_seeded for r in [*decoding, *(r for r, _ in chunked)])
         forward = ForwardBatch(
             slots=[r.slot for r in decoding] + [r.slot for r, _ in chunked],  # type: ignore[misc]
             start_positions=[r.num_cached for r in decoding] + [r.num_cached for r, _ in chunked],
@@ -283,7 +336,7 @@ class Speculator:
             results = self._accept(engine, decoding, proposals, feeds, out_rows, accepted, None)
             for request, token in zip(sampled, choices[num_verified:]):
                 results.append((request, engine.update_request(request, token, None)))
-            return results
+            return results, longest
         logits = maybe_logits
         assert logits is not None
         engine.mask_padding(logits)
@@ -304,7 +357,7 @@ class Speculator:
                 results.append((request, joined(appended.get(request), result)))
         if sampled:
             results += engine.sample_and_update(sampled, after)
-        return results
+        return results, longest
 
     def _unverified(
         self,

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
         SCHEDULES,
         DraftLength,
         DraftLengthSchedule,
+        StepCosts,
     )
     from brisklm.speculative.ngram import NgramProposer
     from brisklm.speculative.proposer import (
@@ -48,6 +49,7 @@ __all__ = [
     "make_draft_generator",
     "pad_positions",
     "rejection_sample",
+    "StepCosts",
     "target_metadata",
     "target_probs",
     "verification_counts",
@@ -64,6 +66,7 @@ __getattr__, __dir__ = lazy_attributes(
         "SCHEDULES": "brisklm.speculative.draft_length",
         "DraftLength": "brisklm.speculative.draft_length",
         "DraftLengthSchedule": "brisklm.speculative.draft_length",
+        "StepCosts": "brisklm.speculative.draft_length",
         "NgramProposer": "brisklm.speculative.ngram",
         "DraftBatch": "brisklm.speculative.proposer",
         "DraftRow": "brisklm.speculative.proposer",

@@ -19,12 +19,33 @@ adaptive schedule pauses: the request decodes plainly (no draft pass, no proposa
 ``MIN_PAUSE`` steps, then proposes one token again; each rejection right after a pause doubles the
 next pause, up to ``MAX_PAUSE`` steps, and an accepted proposal ends the backoff.
 
+That rule misses a draft that is often right but not often enough: on open-ended chat the bundled
+draft's proposals kept about one token a step on the Zen 4, each step of five proposals costing ~4 plain
+steps, so decoding ran at 0.80x the target alone though hardly a step paused. So where the engine
+has timed both kinds of step (``StepCosts``: a speculative step by the tokens it proposes), a
+request's schedule weighs what its proposals buy: each proposing step's profit is the tokens it
+emitted (the accepted ones and the target's own after them) less the plain steps it cost, and
+while the moving average of that profit (``DraftLength.profit``) is negative the request pauses,
+with the same backoff, then proposes one token (the cheapest probe), one more after each step
+whose proposal was kept whole. The first step after a pause starts the average afresh, and one
+that pays ends the backoff. Until the engine has timed a plain step, a step with a rejected
+proposal pauses (so one is timed). Paused requests decode several steps a native call where the
+target alone would (``LLMEngine.decode_steps``), so a pause costs what decoding without a draft
+costs. On the bundled pair (Zen 4, four alternating rounds of ``bench/speculative.py --ks 5
+--draft-lengths adaptive``) chat went from 0.80x to 0.88x the target alone; the tasks and n-gram
+lookup, which keep most proposals, stayed level. Averaging without the fresh start and the
+one-token probe gave chat 0.94x, but paused the tasks and the n-gram lookup's bursts of copied
+text too long (0.99x against 1.06x, 1.12x against 1.24x).
+
 The draft length changes only what is proposed, never what is emitted: it depends on past steps
-only, so greedy output stays the target's own and sampled output the target's distribution.
+only, so greedy output stays the target's own and sampled output the target's distribution. The
+timed rule makes proposals depend on how fast past steps ran, so a seeded sampled request, whose
+tokens follow from its proposals, keeps the rule that counts tokens alone and repeats exactly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 SCHEDULES = ("adaptive", "fixed")
@@ -40,16 +61,56 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 MIN_PAUSE = 4
 MAX_PAUSE = 64
 
+# Weight of the latest step in the moving averages: of a request's profit per proposing step, and
+# of the seconds each kind of step takes (StepCosts).
+AVERAGE_WEIGHT = 0.25
+
 
 @dataclass
 class DraftLength:
     """One request's place in its schedule: ``tokens`` proposed per step while proposing,
     ``paused`` plain steps left before it proposes again, ``pause`` the length of the last pause
-    (0: none since a proposal was last accepted)."""
+    (0: none since a proposal last paid), ``profit`` the moving average of its proposing steps'
+    tokens emitted less the plain steps each cost (the timed rule; None before its first)."""
 
     tokens: int
     paused: int = 0
     pause: int = 0
+    profit: float | None = None
+
+
+def _average(mean: float | None, value: float) -> float:
+    return value if mean is None else mean + AVERAGE_WEIGHT * (value - mean)
+
+
+class StepCosts:
+    """Moving averages of how long an engine's decode steps take: a plain one (per token) and a
+    speculative one by the most tokens a row of it proposed, and so what a speculative step
+    costs in plain steps. Mixed batch sizes share them: on the memory-bound passes of small
+    batches both kinds of step grow alike with the batch."""
+
+    def __init__(self) -> None:
+        self.speculative: dict[int, float] = {}
+        self.plain: float | None = None
+
+    def add_speculative(self, size: int, seconds: float) -> None:
+        """A speculative step of ``seconds`` whose longest proposal was ``size`` tokens."""
+        self.speculative[size] = _average(self.speculative.get(size), seconds)
+
+    def add_plain(self, seconds: float) -> None:
+        """A plain step of ``seconds`` a token (a call of several steps: its mean)."""
+        self.plain = _average(self.plain, seconds)
+
+    def cost(self, size: int) -> float | None:
+        """Plain steps a speculative step proposing ``size`` tokens costs (as the timed step of
+        the nearest size, the shorter of two): None before a speculative step was timed,
+        infinity before a plain one was."""
+        if not self.speculative:
+            return None
+        if self.plain is None:
+            return math.inf
+        nearest = min(self.speculative, key=lambda timed: (abs(timed - size), timed))
+        return self.speculative[nearest] / max(self.plain, 1e-9)
 
 
 class DraftLengthSchedule:
@@ -78,9 +139,16 @@ class DraftLengthSchedule:
         """Tokens to propose this step: none while paused."""
         return 0 if state.paused else state.tokens
 
-    def update(self, state: DraftLength, num_proposed: int, num_accepted: int) -> None:
+    def update(
+        self,
+        state: DraftLength,
+        num_proposed: int,
+        num_accepted: int,
+        cost: float | None = None,
+    ) -> None:
         """Advance ``state`` past a step that proposed ``num_proposed`` tokens (0: a plain step)
-        and kept ``num_accepted``."""
+        and kept ``num_accepted``. ``cost``: the plain steps that step cost (``StepCosts.cost``;
+        infinity: not known yet), or None to decide on the tokens alone."""
         if state.paused:
             state.paused -= 1
             return
@@ -88,11 +156,23 @@ class DraftLengthSchedule:
         state.tokens = self.next(before, num_proposed, num_accepted)
         if self.schedule != "adaptive" or num_proposed == 0:
             return
-        if num_accepted:
+        if cost is None:
+            paid, pauses = num_accepted > 0, num_accepted == 0 and before == 1
+        elif math.isinf(cost):  # no plain step timed yet: time one where a proposal failed
+            paid, pauses = False, num_accepted < num_proposed
+        else:
+            profit = num_accepted + 1 - cost
+            # The first step after a pause starts afresh: the steps before it are stale.
+            state.profit = profit if state.pause else _average(state.profit, profit)
+            paid = state.profit >= 0
+            pauses = not paid
+        if paid:
             state.pause = 0
-        elif before == 1:
+        elif pauses:
             state.pause = MIN_PAUSE if state.pause == 0 else min(2 * state.pause, MAX_PAUSE)
             state.paused = state.pause
+            if cost is not None:  # the cheapest probe: one token, longer as it is kept
+                state.tokens = 1
 
     def next(self, current: int, num_proposed: int, num_accepted: int) -> int:
         """The draft length after a step that proposed ``num_proposed`` tokens and kept ``num_accepted``."""
