@@ -10,6 +10,7 @@ so prefill is left out), median of ``--rounds`` rounds. The tokens are the same 
     python bench/greedy_steps.py                     # the bundled model, greedy
     python bench/greedy_steps.py --temperature 0.7   # sampled
     python bench/greedy_steps.py --preset 125m       # a random 125M Llama (float32)
+    python bench/greedy_steps.py --frequency-penalty 0.5 --logit-bias 7:2   # with penalties
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def main() -> None:
     add_rounds_arguments(parser, new_tokens=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument(
+        "--logit-bias", nargs="*", default=[], metavar="ID:BIAS", help="e.g. 7:2.5 11:-1"
+    )
     args = parse_checked(parser)
     with tempfile.TemporaryDirectory() as tmp:
         path = None
@@ -53,7 +60,14 @@ def run(args: argparse.Namespace, path: Path | None) -> None:
     }
     prompt = torch.randint(3, 250, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     one = SamplingParams(temperature=0, max_tokens=1)
-    sampling = dict(temperature=args.temperature, top_p=args.top_p)
+    sampling = dict(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        logit_bias={int(i): float(b) for i, b in (item.split(":") for item in args.logit_bias)},
+    )
     print(
         f"machine: {platform.machine()} torch {torch.__version__} threads "
         f"{torch.get_num_threads()}; model: {args.preset or 'bundled brisk-chat'}, "

@@ -44,9 +44,9 @@ def calls(several, monkeypatch) -> list[int]:
     made: list[int] = []
     original = runner.run_steps
 
-    def counted(batch, columns, steps, sampling=None):
+    def counted(batch, columns, steps, *args):
         made.append(steps)
-        return original(batch, columns, steps, sampling)
+        return original(batch, columns, steps, *args)
 
     monkeypatch.setattr(runner, "run_steps", counted)
     return made
@@ -119,9 +119,9 @@ def test_steps_times_rows_stay_within_the_kernels_tokens_a_call(
     made: list[tuple[int, int]] = []
     original = llm.engine.runner.run_steps
 
-    def counted(batch, columns, steps, sampling=None):
+    def counted(batch, columns, steps, *args):
         made.append((steps, len(batch.slots)))
-        return original(batch, columns, steps, sampling)
+        return original(batch, columns, steps, *args)
 
     llm.engine.runner.run_steps = counted
     try:
@@ -168,23 +168,68 @@ def test_unseeded_sampled_requests_take_several_steps_a_call(several, calls) -> 
     [
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True, logprobs=0),
-        SamplingParams(temperature=0.8, seed=1, max_tokens=20, repetition_penalty=1.2),
-        SamplingParams(temperature=0.8, seed=1, max_tokens=20, presence_penalty=0.5),
-        SamplingParams(temperature=0.8, seed=1, max_tokens=20, logit_bias={7: 2.0}),
         SamplingParams(temperature=0, max_tokens=20, regex="[a-z ]{200}"),
     ],
-    ids=["logprobs", "sampled-logprobs", "repetition", "presence", "bias", "grammar"],
+    ids=["logprobs", "sampled-logprobs", "grammar"],
 )
 def test_requests_the_steps_cannot_take_run_a_step_a_call(
     one_a_call, several, calls, params
 ) -> None:
-    """Logprobs, penalties, a logit bias or a grammar beside a sampled and a greedy request: no
-    call of several steps while they decode; the outputs are a step a call's."""
+    """Logprobs or a grammar beside a sampled and a greedy request: no call of several steps
+    while they decode; the outputs are a step a call's."""
     params = params.with_changes(ignore_eos=True)  # each row runs the 20 tokens
     batch = [SAMPLED[0].with_changes(max_tokens=20), SAMPLED[3].with_changes(max_tokens=20), params]
     expected = one_a_call.generate(PROMPTS[:3], batch)
     same(several.generate(PROMPTS[:3], batch), expected)
     assert calls == []
+
+
+ADJUSTED = [
+    SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.3),
+    SamplingParams(temperature=0, max_tokens=40, frequency_penalty=0.9, presence_penalty=0.4),
+    SamplingParams(temperature=0.9, max_tokens=40, seed=5, frequency_penalty=-0.5),
+    SamplingParams(
+        temperature=1.2, top_k=30, max_tokens=40, seed=6, presence_penalty=1.5, logit_bias={9: 3.0}
+    ),
+    SamplingParams(
+        temperature=0,
+        max_tokens=40,
+        repetition_penalty=0.7,
+        frequency_penalty=0.3,
+        logit_bias={11: -2.0, 12: 4.5},
+    ),
+    SamplingParams(temperature=1.0, top_p=0.9, max_tokens=40, seed=7, repetition_penalty=1.2),
+]
+
+
+def test_a_logit_bias_and_penalties_take_several_steps_a_call(one_a_call, several, calls) -> None:
+    """The kernels apply the bias and the penalties as the sampler does, counting each step's
+    token before the next: the tokens of a step a call, greedy and seeded sampled, each option
+    alone and mixed, beside rows without them, and streamed."""
+    params = [p.with_changes(ignore_eos=True) for p in ADJUSTED]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(params))]
+    for batch in (params[:4], params[2:]):
+        expected = one_a_call.generate(prompts[: len(batch)], batch)
+        calls.clear()
+        same(several.generate(prompts[: len(batch)], batch), expected)
+        assert calls and max(calls) > 1
+    plain = [
+        p.with_changes(
+            repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, logit_bias=None
+        )
+        for p in params
+    ]
+    penalised = several.generate(prompts, params)
+    # (the options change the outputs: this test would see a kernel that ignored them)
+    assert all(
+        a.token_ids != b.token_ids for a, b in zip(penalised, several.generate(prompts, plain))
+    )
+    for prompt, p in zip(prompts, params, strict=True):
+        want = one_a_call.generate(prompt, p)
+        same([several.generate(prompt, p)], [want])
+        assert "".join(several.stream(prompt, p)) == want.text
+    beside = [SAMPLED[0], SAMPLED[3], params[1], params[3]]
+    same(several.generate(PROMPTS, beside), one_a_call.generate(PROMPTS, beside))
 
 
 def test_max_decode_steps_is_checked() -> None:
@@ -215,9 +260,9 @@ def test_a_row_with_nothing_to_draw_fails_as_with_a_step_a_call(tmp_path) -> Non
             made: list[int] = []
             original = llm.engine.runner.run_steps
 
-            def counted(batch, columns, n, sampling=None):
+            def counted(batch, columns, n, *args):
                 made.append(n)
-                return original(batch, columns, n, sampling)
+                return original(batch, columns, n, *args)
 
             llm.engine.runner.run_steps = counted
             requests = [llm.make_request(p, q) for p, q in zip(prompts, [first, second])]

@@ -364,9 +364,12 @@ def test_sampling_metadata_is_kept_while_nothing_in_it_depends_on_the_outputs(ll
     cases = [
         (plain, 1),
         (plain.with_changes(min_tokens=5, ignore_eos=False), 6),  # 5 masking steps, then one
-        (plain.with_changes(repetition_penalty=1.3), 12),  # counts the outputs each step
-        (plain.with_changes(presence_penalty=0.5), 12),
+        # Penalties count the outputs each call (the kernels count them within a call of steps).
+        (plain.with_changes(repetition_penalty=1.3), range(2, 12)),
+        (plain.with_changes(presence_penalty=0.5), range(2, 12)),
     ]
+    if llm.engine.runner.native is None:  # a step a call: built each step
+        cases[2:] = [(params, 12) for params, _ in cases[2:]]
     for params, expected_builds in cases:
         alone = llm.generate("Hello", params)  # (built before counting: the reference)
         monkeypatch.setattr(metadata_module.SamplingMetadata, "build", classmethod(counting))
@@ -374,7 +377,10 @@ def test_sampling_metadata_is_kept_while_nothing_in_it_depends_on_the_outputs(ll
         again = llm.generate("Hello", params)
         monkeypatch.undo()
         assert again.token_ids == alone.token_ids
-        assert len(builds) == expected_builds, params
+        if isinstance(expected_builds, range):
+            assert len(builds) in expected_builds, params
+        else:
+            assert len(builds) == expected_builds, params
     # Two requests together, then one of them alone (a new batch): built again.
     builds.clear()
     monkeypatch.setattr(metadata_module.SamplingMetadata, "build", classmethod(counting))

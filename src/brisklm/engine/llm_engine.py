@@ -23,6 +23,7 @@ from brisklm.engine.step_draws import StepDraws
 from brisklm.engine.structured import StructuredOutputs
 from brisklm.kernels.native import MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
+from brisklm.models.native_forward import LogitAdjustments
 from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob, joined
 from brisklm.sampling import SamplingMetadata, compute_logprobs, sample
 from brisklm.sampling.categorical import NO_TOKEN
@@ -87,9 +88,9 @@ class EngineConfig:
     sequence's length. ``grammar_cache_size``: compiled grammars (JSON schemas, regexes, choices,
     grammars, tool lists) kept for reuse, least recently used dropped first; each holds its
     grammar's automaton, from a few KB to ~1 MB for a large tool list over a 128k vocabulary.
-    ``max_decode_steps``: on the native CPU pass, a batch that decodes on the raw logits, greedy
-    or sampled with temperature, top-k, top-p and min-p (no grammar, logprobs, penalty or bias),
-    runs up to this many one-token steps in one call of the kernels, as many as take about
+    ``max_decode_steps``: on the native CPU pass, a batch that decodes greedy or sampled with
+    temperature, top-k, top-p and min-p, after a logit bias and penalties (no grammar, logprobs
+    or pending ``min_tokens``), runs up to this many one-token steps in one call of the kernels, as many as take about
     ``DECODE_STEPS_SECONDS``, and the engine's Python runs once for them; a sampled row's uniforms
     are drawn ahead as its steps would draw them (``step_draws``), so a seed gives the same
     tokens; tokens computed past a request's end are dropped. 1: a call a step.
@@ -456,9 +457,13 @@ class LLMEngine:
         steps = self.decode_steps(requests, max_steps) if one_token_rows else 1
         start = time.perf_counter()
         if steps > 1:
-            drawn = self._step_sampling(requests, steps)
+            drawn, adjustments = self._step_sampling(requests, steps)
             chosen = self.runner.run_steps(
-                forward, self.num_real_tokens, steps, drawn.sampling if drawn else None
+                forward,
+                self.num_real_tokens,
+                steps,
+                drawn.sampling if drawn else None,
+                adjustments,
             )
             if drawn is not None and (chosen is None or len(chosen) < steps):
                 # Declined (dynamic NTK past the trained context), or a row had nothing to draw:
@@ -501,7 +506,7 @@ class LLMEngine:
     def decode_steps(self, requests: list[Request], max_steps: int | None = None) -> int:
         """How many one-token steps the next call runs for ``requests``, each decoding one token
         (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes its token
-        from the raw logits (``_takes_native_steps``), the last such step's time is known, and no
+        as the native steps choose it (``_takes_native_steps``), the last such step's time is known, and no
         request waits for a slot; at most what the longest of them may still generate, what
         every row's cache slot has room for, and ``max_steps``. With a speculator only as many as
         it says (``max_steps``: the steps its schedules pause every row for; the draft catches up
@@ -529,32 +534,41 @@ class LLMEngine:
 
     @staticmethod
     def _takes_native_steps(request: Request) -> bool:
-        """The request's next token comes from the raw logits, as the native pass's steps take
-        it: greedy, or sampled with temperature, top-k, top-p and min-p only (no bias, penalty or
-        pending ``min_tokens``, no grammar and no logprobs)."""
+        """The request's next token comes from its logits as the native pass's steps choose it:
+        greedy, or sampled with temperature, top-k, top-p and min-p, after a logit bias and
+        repetition, presence and frequency penalties (no pending ``min_tokens``, no grammar and
+        no logprobs)."""
         params = request.params
         return (
-            not params.logit_bias
-            and not params.uses_penalties
-            and len(request.output_token_ids) >= params.min_tokens
+            len(request.output_token_ids) >= params.min_tokens
             and params.logprobs is None
             and request.matcher is None
         )
 
-    def _step_sampling(self, requests: list[Request], steps: int) -> StepDraws | None:
-        """The draws of ``steps`` sampled steps of ``requests`` (None: every one is greedy): each
-        sampled row's uniforms, drawn ahead as as many sampled steps would draw them (a seeded
-        row from its own generator, the others from the default one, step by step)."""
-        if all(r.params.is_greedy for r in requests):
-            return None
+    def _step_sampling(
+        self, requests: list[Request], steps: int
+    ) -> tuple[StepDraws | None, LogitAdjustments | None]:
+        """How ``steps`` native steps of ``requests`` choose their tokens: the sampled rows'
+        draws (None: every row is greedy), each sampled row's uniforms drawn ahead as as many
+        sampled steps would draw them (a seeded row from its own generator, the others from the
+        default one, step by step); and the rows' logit bias and penalties (None: none)."""
+        greedy = all(r.params.is_greedy for r in requests)
+        if greedy and not any(r.params.logit_bias or r.params.uses_penalties for r in requests):
+            return None, None
         md = self._metadata(requests, self._vocab_size, torch.device("cpu"))
-        return StepDraws.draw(md, steps, len(requests))
+        drawn = None if greedy else StepDraws.draw(md, steps, len(requests))
+        return drawn, LogitAdjustments.of(md)
 
     @classmethod
     def _takes_raw_argmax(cls, request: Request) -> bool:
-        """The request's next token is the raw logits' argmax, found by the kernels: a greedy
-        request that takes its token from the raw logits (``_takes_native_steps``)."""
-        return request.params.is_greedy and cls._takes_native_steps(request)
+        """The request's next token is the raw logits' argmax, found by the kernels: greedy with
+        no bias or penalty (``SamplingParams.picks_raw_argmax``), no grammar and no logprobs."""
+        params = request.params
+        return (
+            params.picks_raw_argmax(len(request.output_token_ids))
+            and params.logprobs is None
+            and request.matcher is None
+        )
 
     def _take_steps(self, requests: list[Request], chosen: list[list[int]]) -> list[StepResult]:
         """Append each request's tokens of a call of decode steps (``chosen[step][row]``) until

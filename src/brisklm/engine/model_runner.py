@@ -11,7 +11,12 @@ from brisklm.cache.contiguous import KVCache
 from brisklm.engine.decode_graphs import DecodeGraphs
 from brisklm.kernels.native import MAX_TOKENS as NATIVE_MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
-from brisklm.models.native_forward import MAX_QUERY_LEN, NativeForward, StepSampling
+from brisklm.models.native_forward import (
+    MAX_QUERY_LEN,
+    LogitAdjustments,
+    NativeForward,
+    StepSampling,
+)
 
 
 @dataclass
@@ -252,11 +257,12 @@ class ModelRunner:
         columns: int,
         steps: int,
         sampling: StepSampling | None = None,
+        adjustments: LogitAdjustments | None = None,
     ) -> list[list[int]] | None:
         """``steps`` passes of a batch of one-token rows in one native call
         (``NativeForward.run_steps``): each row feeds its token, then each pass's greedy token
         over the first ``columns`` logits, or with ``sampling`` a sampled row's draw, one position
-        on. Returns each pass's tokens, ``[step][row]``, each as ``forward_greedy`` of that one
+        on (from logits with ``adjustments``: a logit bias and penalties). Returns each pass's tokens, ``[step][row]``, each as ``forward_greedy`` of that one
         token would find it or the native sampler draw it (fewer steps where a sampled row had
         nothing to draw); None where the native pass does not take the batch that way (then
         nothing ran)."""
@@ -278,6 +284,7 @@ class ModelRunner:
             steps,
             columns,
             sampling,
+            adjustments,
         )
         if tokens is not None:
             self._record_writes(batch, reach)

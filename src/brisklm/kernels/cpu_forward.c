@@ -19,6 +19,7 @@
  * -fopenmp); the OpenMP runtime it links is the one torch has already loaded (same soname), so
  * both share one thread pool. Shapes and layouts are checked on the Python side.
  */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -1323,7 +1324,8 @@ typedef struct {
      * of the head's: WT_F32, WT_BF16, WT_F16 or WT_INT4 (each such weight then a q4_weight). */
     const int *layer_types;
     int head_type;
-    /* n_steps > 1, or step_uniforms: decoding for n_steps passes in one call
+    /* n_steps > 1, step_uniforms or logit adjustments (n_bias, repetition, frequency below):
+     * decoding for n_steps passes in one call
      * (brisk_forward_f32). Every token then has its logits (one token a row), argmax_cols > 0,
      * rope_rows is positions, and step_tokens (n_steps x n_tokens) gets each pass's tokens; each
      * later pass feeds the last one's tokens one position on. Else one pass. A row's token is its greedy one, or, with step_uniforms
@@ -1343,6 +1345,19 @@ typedef struct {
     /* Qwen3: per layer, the RMSNorm weights (head_dim) over each query head and each key head,
      * applied before the rotation; NULL: none. */
     const float **q_norm, **k_norm;
+    /* Logit bias and penalties on logits row r before its token is chosen (adjust_logits_row):
+     * n_bias entries (bias_rows[i], bias_ids[i], bias_values[i]); repetition[r] (NULL: none)
+     * over the tokens seen (n_logits x vocab, nonzero where row r's prompt or output holds the
+     * token); frequency[r] and presence[r] (NULL: none) by counts (n_logits x vocab, row r's
+     * output tokens). Only in stepping calls (any of them makes a call one), which count each
+     * step's tokens in seen and counts (where given) before the next step. */
+    int64_t n_bias;
+    const int64_t *bias_rows, *bias_ids;
+    const float *bias_values;
+    const float *repetition;
+    uint8_t *seen;
+    const float *frequency, *presence;
+    float *counts;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -2082,6 +2097,69 @@ static double row_distribution(const float *x, int64_t n, float temperature, int
                                float top_p, float min_p, float *z, float *w, float *buf, float *e);
 static int64_t draw_row(const float *w, int64_t n, double total, double u);
 
+/* A product rounded to float32 on its own: a barrier the compiler cannot fuse into the next
+ * addition (the kernels build with -ffp-contract=fast), as torch computes f * c, then x - it. */
+#if defined(__x86_64__) || defined(__i386__)
+#define ROUNDED(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define ROUNDED(v) __asm__("" : "+w"(v))
+#else
+#define ROUNDED(v)                 \
+    do {                           \
+        volatile float kept_ = (v); \
+        (v) = kept_;               \
+    } while (0)
+#endif
+
+/* brisklm.sampling.sampler's _adjust_logits on logits row r (x, vocab wide), bit for bit: the
+ * bias added; on the tokens seen, x / repetition where x > 0, else x * repetition, clamped below
+ * the largest float; then x - frequency * count, and - presence where the count is positive.
+ * Tokens of count 0 are left alone, where torch subtracts 0 * frequency and 0 * presence (the
+ * same value, but for the sign of a zero). */
+static int check_adjustments(const brisk_forward_args *a) {
+    if (a->n_bias < 0 || (a->n_bias && (!a->bias_rows || !a->bias_ids || !a->bias_values)) ||
+        (a->repetition && !a->seen) || (a->frequency && (!a->presence || !a->counts)))
+        return 1;
+    for (int64_t i = 0; i < a->n_bias; i++)
+        if (a->bias_rows[i] < 0 || a->bias_rows[i] >= a->n_logits || a->bias_ids[i] < 0 ||
+            a->bias_ids[i] >= a->vocab)
+            return 1;
+    return 0;
+}
+
+static void adjust_logits_row(const brisk_forward_args *a, int r, float *x) {
+    const int64_t v = a->vocab;
+    for (int64_t i = 0; i < a->n_bias; i++)
+        if (a->bias_rows[i] == r) x[a->bias_ids[i]] += a->bias_values[i];
+    if (a->repetition) {
+        const float p = a->repetition[r];
+        const uint8_t *seen = a->seen + (int64_t)r * v;
+        for (int64_t t = 0; t < v; t++) {
+            if (!seen[t]) continue;
+            const float y = x[t] > 0.0f ? x[t] / p : x[t] * p;
+            x[t] = y > FLT_MAX ? FLT_MAX : y;
+        }
+    }
+    if (a->frequency) {
+        const float f = a->frequency[r], q = a->presence[r];
+        const float *counts = a->counts + (int64_t)r * v;
+        for (int64_t t = 0; t < v; t++) {
+            if (counts[t] == 0.0f) continue;
+            float product = f * counts[t];
+            ROUNDED(product);
+            x[t] = (x[t] - product) - q;
+        }
+    }
+}
+
+/* adjust_logits_row on each of a->n_logits rows of logits (a->vocab wide), on their own: 1 where
+ * the adjustments do not check. */
+int brisk_adjust_logits(const brisk_forward_args *a, float *logits) {
+    if (a->n_logits < 0 || a->vocab < 1 || check_adjustments(a)) return 1;
+    for (int r = 0; r < a->n_logits; r++) adjust_logits_row(a, r, logits + (int64_t)r * a->vocab);
+    return 0;
+}
+
 /* One forward pass of n_tokens tokens (embedding rows looked up here; each token at its own slot
  * and position, caches written for all of them before any attends), then the final norm and LM
  * head for the n_logits tokens listed. Token ids are checked by the caller. With n_steps > 1,
@@ -2093,7 +2171,10 @@ int brisk_forward_f32(const brisk_forward_args *given) {
     brisk_forward_args stepped = *given; /* its token ids and positions move on at each step */
     int64_t step_ids[MAX_TOKENS], step_positions[MAX_TOKENS];
     const int sampling = given->step_uniforms != NULL;
-    const int stepping = steps > 1 || sampling; /* the steps' tokens go to step_tokens */
+    const int adjusting = given->n_bias != 0 || given->repetition || given->frequency;
+    /* the steps' tokens go to step_tokens */
+    const int stepping = steps > 1 || sampling || adjusting;
+    if (adjusting && check_adjustments(given)) return 1;
     if (given->steps_done) *given->steps_done = 0;
     if (stepping) {
         const int rows = given->n_tokens;
@@ -2231,6 +2312,12 @@ int brisk_forward_f32(const brisk_forward_args *given) {
             team_barrier(&sync);
             if (a->head_w && a->n_logits > 0)
                 matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
+            if (adjusting) { /* the head's product ended with a barrier: the logits are whole */
+#pragma omp for schedule(static) nowait
+                for (int r = 0; r < a->n_logits; r++)
+                    adjust_logits_row(a, r, a->logits + (int64_t)r * a->vocab);
+                team_barrier(&sync);
+            }
             if (found) team_argmax(a->logits, a->vocab, a->n_logits, a->argmax_cols, a->argmax, found, &sync);
             if (sampling) { /* team_argmax ended with a barrier: the logits are whole */
                 float *z = draw_space + (int64_t)4 * a->vocab * tid, *w = z + a->vocab,
@@ -2258,8 +2345,11 @@ int brisk_forward_f32(const brisk_forward_args *given) {
                     __atomic_store_n(&nothing_drawn, none, __ATOMIC_RELAXED);
                     if (!none) {
                         for (int r = 0; r < n; r++) {
-                            a->step_tokens[(int64_t)step * n + r] = step_ids[r] = a->argmax[r];
+                            const int64_t token = a->argmax[r];
+                            a->step_tokens[(int64_t)step * n + r] = step_ids[r] = token;
                             step_positions[r]++;
+                            if (a->seen) a->seen[(int64_t)r * a->vocab + token] = 1;
+                            if (a->counts) a->counts[(int64_t)r * a->vocab + token] += 1.0f;
                         }
                         *a->steps_done = step + 1;
                     }

@@ -137,6 +137,15 @@ class ForwardArgs(ctypes.Structure):
         ("steps_done", _ptr),
         ("q_norm", _ptr),
         ("k_norm", _ptr),
+        ("n_bias", ctypes.c_int64),
+        ("bias_rows", _ptr),
+        ("bias_ids", _ptr),
+        ("bias_values", _ptr),
+        ("repetition", _ptr),
+        ("seen", _ptr),
+        ("frequency", _ptr),
+        ("presence", _ptr),
+        ("counts", _ptr),
     ]
 
 
@@ -284,6 +293,7 @@ _PTR, _I32, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 _PRODUCT_SIGNATURE = ([_PTR, _I32, _I32, _PTR, _PTR, _I32, _PTR, _I32], _I32)
 _SIGNATURES = {
     "brisk_forward_f32": ([ctypes.POINTER(ForwardArgs)], _I32),
+    "brisk_adjust_logits": ([ctypes.POINTER(ForwardArgs), _PTR], _I32),
     "brisk_test_argmax": ([_PTR, _I64, _I32, _I64, _PTR, _I32], _I32),
     "brisk_apply_bitmask_f32": ([_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "brisk_sample_rows": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR], _I32),

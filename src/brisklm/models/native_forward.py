@@ -34,6 +34,7 @@ import ctypes
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,6 +43,9 @@ from brisklm.kernels import native
 from brisklm.kernels.team_size import TEAM
 from brisklm.models.layers import GatedMLP, Linear, RMSNorm
 from brisklm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from brisklm.sampling import SamplingMetadata
 
 # Longest row (in tokens) the native pass takes; longer rows run through torch's ops (SDPA's
 # attention; their products through the same native kernel). With attention reading shared keys
@@ -209,6 +213,99 @@ class StepSampling:
     uniforms: torch.Tensor
     sampled: torch.Tensor
     filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+# The pass's arguments that LogitAdjustments point at (with n_bias).
+_ADJUSTMENT_FIELDS = (
+    "bias_rows",
+    "bias_ids",
+    "bias_values",
+    "repetition",
+    "seen",
+    "frequency",
+    "presence",
+    "counts",
+)
+
+
+@dataclass(frozen=True)
+class LogitAdjustments:
+    """What ``NativeForward.run_steps`` does to each row's logits before its token is chosen, as
+    ``brisklm.sampling.sampler``'s ``_adjust_logits`` does to them (``SamplingMetadata``'s
+    fields): ``bias`` (rows, ids, values) entries added, or None; ``repetition`` (rows,) over
+    ``seen`` (rows, V) bool, or None; ``frequency`` and ``presence`` (rows,) by ``counts`` (rows,
+    V) float32, or None. The steps count their tokens in ``seen`` and ``counts`` (in place), so
+    each step's penalties are those of the tokens before it."""
+
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    repetition: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
+    frequency: torch.Tensor | None = None
+    presence: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, md: SamplingMetadata) -> LogitAdjustments | None:
+        """``md``'s bias and penalties (None: it has neither), on copies the steps may count in."""
+        if md.no_logit_bias and md.no_penalties:
+            return None
+        bias = None
+        if md.logit_bias_rows is not None:
+            bias = (md.logit_bias_rows, md.logit_bias_ids, md.logit_bias_values)
+        seen = counts = None
+        if md.repetition_penalty is not None:
+            assert md.seen_mask is not None
+            seen = md.seen_mask.clone()
+        if md.frequency_penalty is not None:
+            assert md.output_counts is not None
+            counts = md.output_counts.clone()
+        return cls(
+            bias, md.repetition_penalty, seen, md.frequency_penalty, md.presence_penalty, counts
+        )
+
+
+def adjustment_arguments(
+    args: native.ForwardArgs, adjustments: LogitAdjustments | None, rows: int
+) -> list[torch.Tensor] | None:
+    """Point ``args``' bias and penalty fields at ``adjustments``' tensors for ``rows`` logits
+    rows of ``args.vocab`` (checked; None: clear them); returns the tensors, to be kept alive
+    through the call."""
+    args.n_bias = 0
+    for name in _ADJUSTMENT_FIELDS:
+        setattr(args, name, None)
+    if adjustments is None:
+        return None
+    kept: list[torch.Tensor] = []
+
+    def point(name: str, tensor: torch.Tensor, dtype: torch.dtype, shape: tuple) -> None:
+        if tuple(tensor.shape) != shape or tensor.device.type != "cpu" or tensor.dtype != dtype:
+            raise ValueError(
+                f"logit adjustment {name} must be a CPU {dtype} tensor of shape {shape}, got "
+                f"{tensor.dtype} {tuple(tensor.shape)} on {tensor.device}"
+            )
+        if not tensor.is_contiguous():
+            raise ValueError(f"logit adjustment {name} must be contiguous")
+        kept.append(tensor)
+        setattr(args, name, tensor.data_ptr())
+
+    vocab = args.vocab
+    if adjustments.bias is not None:
+        bias_rows, ids, values = (t.contiguous() for t in adjustments.bias)
+        entries = (bias_rows.numel(),)
+        point("bias_rows", bias_rows, torch.int64, entries)
+        point("bias_ids", ids, torch.int64, entries)
+        point("bias_values", values, torch.float32, entries)
+        args.n_bias = entries[0]
+    if adjustments.repetition is not None:
+        assert adjustments.seen is not None
+        point("repetition", adjustments.repetition, torch.float32, (rows,))
+        point("seen", adjustments.seen.view(torch.uint8), torch.uint8, (rows, vocab))
+    if adjustments.frequency is not None:
+        assert adjustments.presence is not None and adjustments.counts is not None
+        point("frequency", adjustments.frequency, torch.float32, (rows,))
+        point("presence", adjustments.presence, torch.float32, (rows,))
+        point("counts", adjustments.counts, torch.float32, (rows, vocab))
+    return kept
 
 
 class NativeForward:
@@ -435,11 +532,12 @@ class NativeForward:
         steps: int,
         columns: int,
         sampling: StepSampling | None = None,
+        adjustments: LogitAdjustments | None = None,
     ) -> list[list[int]] | None:
         """``steps`` one-token passes in one call: row b feeds ``token_ids[b]`` to slot
         ``slots[b]`` at ``start_positions[b]``, then each pass's token one position on: its greedy
         token (over the first ``columns`` logits), or with ``sampling`` a sampled row's draw
-        (``StepSampling``). Each pass computes what ``forward_greedy`` of that one token would (the
+        (``StepSampling``), from logits with ``adjustments`` (a logit bias and penalties). Each pass computes what ``forward_greedy`` of that one token would (the
         same bits), a draw what ``sampler.native_draws`` would draw from those logits with the
         columns past ``columns`` at -inf (as the engine masks them); the Python around a pass runs
         once for them all. Returns each pass's tokens, ``[step][row]``: fewer steps than asked
@@ -466,6 +564,7 @@ class NativeForward:
         if self._greedy_logits.shape[0] < rows:
             self._greedy_logits = torch.empty(rows, self.args.vocab, dtype=torch.float32)
         kept = self._sampling_arguments(sampling, steps, rows)
+        adjusting = adjustment_arguments(self.args, adjustments, rows)
         try:
             self._run(
                 [[t] for t in token_ids],
@@ -477,9 +576,12 @@ class NativeForward:
                 steps,
             )
         finally:
-            del kept
+            del kept, adjusting
             self.args.step_uniforms = None
-        if steps == 1 and sampling is None:  # one pass: its tokens are forward_greedy's
+            adjustment_arguments(self.args, None, rows)
+        if (
+            steps == 1 and sampling is None and adjustments is None
+        ):  # one pass: its tokens are forward_greedy's
             return [self._argmax[:rows]]
         done = self._steps_done.value
         flat = self._step_tokens[: done * rows]
