@@ -35,7 +35,7 @@ def _speculation_schedules_on_counts(request, monkeypatch):
         return
     from brisklm.engine.speculation import Speculator
 
-    monkeypatch.setattr(Speculator, "_cost", lambda self, request, size: None)
+    monkeypatch.setattr(Speculator, "_cost", lambda self, request, size, seconds: None)
 
 
 @pytest.fixture(autouse=True)

@@ -178,7 +178,7 @@ class PinnedCosts(StepCosts):
         super().__init__()
         self.pinned = ratio
 
-    def cost(self, size: int) -> float:
+    def cost(self, seconds: float) -> float:
         return self.pinned
 
 
@@ -225,6 +225,48 @@ def test_timed_schedule_pauses_where_speculating_does_not_pay(plain, self_drafte
     assert cheap[1].speculative.num_proposed == 31
     if runner.native is not None:
         assert calls and max(calls) > 1  # paused steps, several a call
+    plain_step = costly_llm.engine.speculator.costs.plain  # (timed from one step to the next)
+    assert plain_step is not None and 0 < plain_step < 1
+
+
+@pytest.mark.timed_speculation
+@pytest.mark.parametrize("ratio", [3.0, 50.0])
+def test_timed_schedules_keep_the_targets_output(plain, speculative, pin_costs, ratio):
+    """Rows paused and proposing side by side (a ratio of 3 pauses the rows whose proposals are
+    mostly rejected; 50 pauses every row after its first step): the greedy tokens, stop strings and
+    logprobs of the target alone."""
+    llm = pin_costs(speculative, ratio)
+    expected = plain.generate(PROMPTS, GREEDY)
+    got = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    stop = expected[0].text[9:14]
+    params = [
+        GREEDY.with_changes(stop=[stop]),
+        GREEDY.with_changes(logprobs=2, max_tokens=17),
+        GREEDY.with_changes(max_tokens=3),
+        GREEDY,
+    ]
+    want = plain.generate(PROMPTS, params)
+    got = llm.generate(PROMPTS, params)
+    for a, b in zip(got, want, strict=True):
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    assert [t.token_id for t in got[1].logprobs] == [t.token_id for t in want[1].logprobs]
+    assert [t.logprob for t in got[1].logprobs] == pytest.approx(
+        [t.logprob for t in want[1].logprobs], abs=1e-5
+    )
+
+
+@pytest.mark.timed_speculation
+@pytest.mark.parametrize("ratio", [0.5, 3.0, 50.0])
+def test_a_seeded_request_beside_timed_rows_keeps_its_tokens(other_drafted, pin_costs, ratio):
+    """Greedy rows paused or proposing by the timed rule beside it: a seeded sampled request's
+    tokens are those it has alone."""
+    seeded = SamplingParams(temperature=0.9, seed=21, max_tokens=30, ignore_eos=True)
+    llm = pin_costs(other_drafted, ratio)
+    alone = llm.generate(PROMPTS[2], seeded)
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[2]]
+    batch = llm.generate(prompts, [GREEDY, seeded, GREEDY.with_changes(max_tokens=9), seeded])
+    assert batch[1].token_ids == batch[3].token_ids == alone.token_ids
 
 
 @pytest.mark.timed_speculation

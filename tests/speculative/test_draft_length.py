@@ -141,6 +141,10 @@ def test_timed_rule_before_a_plain_step_was_timed_pauses_where_a_proposal_failed
     assert state.paused == 0 and state.profit is None
     schedule.update(state, 3, 2, cost=math.inf)
     assert state.paused == MIN_PAUSE and state.tokens == 1
+    for _ in range(MIN_PAUSE):
+        schedule.update(state, 0, 0, cost=math.inf)
+    schedule.update(state, 1, 1, cost=math.inf)  # kept whole: the backoff ends
+    assert (state.pause, state.paused, state.tokens) == (0, 0, 2)
 
 
 def test_timed_rule_leaves_fixed_schedules_and_plain_steps_alone():
@@ -156,24 +160,13 @@ def test_timed_rule_leaves_fixed_schedules_and_plain_steps_alone():
 
 def test_step_costs():
     costs = StepCosts()
-    assert costs.cost(3) is None  # no speculative step timed: the counted rule
-    costs.add_plain(0.001)
-    assert costs.cost(3) is None
-    costs.add_speculative(4, 0.004)
-    assert costs.cost(4) == pytest.approx(4.0)
-    assert costs.cost(1) == costs.cost(6) == pytest.approx(4.0)  # the nearest size timed
-    costs.add_speculative(2, 0.002)
-    assert costs.cost(3) == pytest.approx(2.0)  # between two: the shorter
-    assert costs.cost(1) == pytest.approx(2.0) and costs.cost(5) == pytest.approx(4.0)
-    costs = StepCosts()
-    costs.add_speculative(1, 0.004)
-    assert costs.cost(1) == math.inf  # no plain step timed yet
+    assert costs.cost(0.004) == math.inf  # no plain step timed yet
+    costs.add_plain(1.0)  # the first (cold) plain step is dropped
+    assert costs.plain is None
     costs.add_plain(0.002)
     costs.add_plain(0.001)  # a moving average, not the last step
     assert costs.plain == pytest.approx(0.002 - AVERAGE_WEIGHT * 0.001)
-    costs.add_speculative(1, 0.008)
-    assert costs.speculative[1] == pytest.approx(0.004 + AVERAGE_WEIGHT * 0.004)
-    assert costs.cost(1) == pytest.approx(costs.speculative[1] / costs.plain)
+    assert costs.cost(0.007) == pytest.approx(0.007 / costs.plain)
 
 
 def test_fixed_never_pauses():

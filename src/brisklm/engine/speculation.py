@@ -32,6 +32,15 @@ if TYPE_CHECKING:
     from brisklm.engine.llm_engine import LLMEngine, StepResult
 
 
+# A step whose end is further from the next one's start than this, or than the step took, is not
+# timed: the engine did something else between them (or the machine stalled), and its time says
+# nothing of what the step costs.
+MAX_GAP_SECONDS = 0.005
+# The kinds of step the schedule times: plain decoding, speculative decoding, or neither (a pass
+# with a prompt chunk in it).
+_UNTIMED, _PLAIN, _SPECULATIVE = range(3)
+
+
 class Speculator:
     """Runs decode steps with a proposer (draft model or n-gram lookup) for an LLMEngine."""
 
@@ -43,6 +52,14 @@ class Speculator:
         self.num_speculative_tokens = num_speculative_tokens
         # How long this engine's decode steps take, for the adaptive schedule.
         self.costs = StepCosts()
+        # The step's target steps, (request, proposed, accepted), whose schedules advance once it
+        # is timed, at the next step's start (``_settle``).
+        self._recorded: list[tuple[Request, int, int]] = []
+        # The last step: its kind, its rows (ids), its start and end, its steps and its target
+        # steps.
+        self._last_step: (
+            tuple[int, set[int], float, float, int, list[tuple[Request, int, int]]] | None
+        ) = None
 
     def release(self, request: Request) -> None:
         if request.slot is not None:
@@ -203,18 +220,20 @@ class Speculator:
         stats.num_steps += 1
         stats.num_proposed += num_proposed
         stats.num_accepted += num_accepted
-        cost = self._cost(request, num_proposed)
-        self.schedule.update(self._draft_length(request), num_proposed, num_accepted, cost)
+        self._recorded.append((request, num_proposed, num_accepted))
 
-    def _cost(self, request: Request, num_proposed: int) -> float | None:
-        """The plain steps a speculative step proposing ``num_proposed`` tokens cost
-        (``StepCosts.cost``), for ``request``'s schedule; None for a request whose tokens follow
-        from its proposals (seeded and sampled): it must not propose by how fast the engine ran
-        (see brisklm.speculative.draft_length)."""
+    def _cost(self, request: Request, num_proposed: int, seconds: float | None) -> float | None:
+        """The plain steps that a speculative step of ``seconds`` (None: not timed) proposing
+        ``num_proposed`` tokens for ``request`` cost (``StepCosts.cost``); None where the schedule
+        does not ask (a plain step, a fixed schedule), the step was not timed, and for a request
+        whose tokens follow from its proposals (seeded and sampled): it must not propose by how
+        fast the engine ran (see brisklm.speculative.draft_length)."""
         params = request.params
+        if not num_proposed or seconds is None or self.schedule.schedule != "adaptive":
+            return None
         if params.is_seeded and not params.is_greedy:
             return None
-        return self.costs.cost(num_proposed)
+        return self.costs.cost(seconds)
 
     def record_plain_steps(self, requests: Sequence[Request], steps: Sequence[int]) -> None:
         """Count ``steps[i]`` plain decode steps of request i (every one paused by its
@@ -225,27 +244,52 @@ class Speculator:
 
     def _plain_step(
         self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int]
-    ) -> list[StepResult]:
+    ) -> tuple[list[StepResult], int]:
         """A pass without proposals: prompt chunks, and decoding requests that their schedules
-        all pause, for as many steps a call as the shortest pause left allows (timed for the
-        schedule when nothing but decoding runs in it)."""
+        all pause, for as many steps a call as the shortest pause left allows. Its results, and
+        the steps it ran where nothing but one-token decoding rows ran in it (else 0)."""
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
         pauses = [self._draft_length(r).paused for r in decoding]
         one_token_rows = len(decoding) == len(requests) and all(
             len(r.uncached_token_ids) == 1 for r in decoding
         )
         before = [r.num_cached for r in decoding]
-        start = time.perf_counter()
         results = engine.plain_step(requests, prefill_lens, min(pauses, default=1))
-        seconds = time.perf_counter() - start
         # One-token rows each took a step per token cached (a call of several steps, or one).
         steps = [
             max(1, r.num_cached - b) if one_token_rows else 1 for r, b in zip(decoding, before)
         ]
-        if one_token_rows and decoding:
-            self.costs.add_plain(seconds / max(steps))
         self.record_plain_steps(decoding, steps)
-        return results
+        return results, max(steps) if one_token_rows and decoding else 0
+
+    def _settle(self, now: float, requests: list[Request]) -> None:
+        """Advance the schedules past the last step's target steps, that step timed from its
+        start to ``now`` (this step's start: the engine's own work between steps included, which
+        a plain call of several steps shares out) where ``requests`` continue its rows (the
+        engine went on to this step without waiting, and none of its rows left), and count a
+        plain step's time in ``self.costs``."""
+        last, self._last_step = self._last_step, None
+        if last is None:
+            return
+        kind, rows, started, ended, steps, recorded = last
+        seconds = None
+        if kind != _UNTIMED and rows <= set(map(id, requests)):
+            if now - ended <= max(MAX_GAP_SECONDS, ended - started):
+                seconds = now - started
+        if kind == _PLAIN and seconds is not None:
+            self.costs.add_plain(seconds / steps)
+        spent = seconds if kind == _SPECULATIVE else None
+        for request, num_proposed, num_accepted in recorded:
+            cost = self._cost(request, num_proposed, spent)
+            self.schedule.update(self._draft_length(request), num_proposed, num_accepted, cost)
+
+    def _ended(self, kind: int, decoding: list[Request], started: float, steps: int) -> None:
+        """Keep the step's recorded target steps, to advance their schedules once it is timed
+        (``_settle``)."""
+        rows = set(map(id, decoding))
+        ended = time.perf_counter()
+        self._last_step = (kind, rows, started, ended, steps, self._recorded)
+        self._recorded = []
 
     def step(
         self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int] | None = None
@@ -256,6 +300,9 @@ class Speculator:
         a request is seeded), so a prompt arriving leaves a seeded request's tokens unchanged."""
         if prefill_lens is None:
             prefill_lens = [0] * len(requests)
+        start = time.perf_counter()
+        self._settle(start, requests)
+        self._recorded = []  # (what a failed step recorded)
         chunked = [(r, n) for r, n in zip(requests, prefill_lens) if n]
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
         if chunked:
@@ -264,11 +311,11 @@ class Speculator:
             )
         if not any(self._proposal_size(r) for r in decoding):
             # No chunks but prompts, or every decoding row paused by its schedule: a plain pass.
-            return self._plain_step(engine, requests, prefill_lens)
-        start = time.perf_counter()
-        results, longest = self._speculative_step(engine, decoding, chunked)
-        if longest and not chunked:  # (timed for the schedule where only decoding runs)
-            self.costs.add_speculative(longest, time.perf_counter() - start)
+            results, steps = self._plain_step(engine, requests, prefill_lens)
+            self._ended(_PLAIN if steps else _UNTIMED, decoding, start, steps)
+            return results
+        results = self._speculative_step(engine, decoding, chunked)
+        self._ended(_UNTIMED if chunked else _SPECULATIVE, decoding, start, 1)
         return results
 
     def _speculative_step(
@@ -276,9 +323,8 @@ class Speculator:
         engine: LLMEngine,
         decoding: list[Request],
         chunked: list[tuple[Request, int]],
-    ) -> tuple[list[StepResult], int]:
-        """The target pass of ``step`` where some decoding request may propose: its results,
-        and how many tokens the longest proposal had."""
+    ) -> list[StepResult]:
+        """The target pass of ``step`` where some decoding request proposes."""
         rows = self._rows(decoding, engine)
         # Sampled proposals draw from each request's draft generator: a pass that fails (and is
         # run again, see LLMEngine._step) must leave them where they were, or a seeded request
@@ -291,7 +337,6 @@ class Speculator:
             _restore(drawn, states)
             raise
         counts = verification_counts(proposals)
-        longest = max(len(p.token_ids) for p in proposals)
         feeds = [r.uncached_token_ids for r in decoding]
         chunk_feeds = [engine.feed(r, n) for r, n in chunked]
         chunk_logits = [int(engine.samples_after(r, n)) for r, n in chunked]
@@ -336,7 +381,7 @@ class Speculator:
             results = self._accept(engine, decoding, proposals, feeds, out_rows, accepted, None)
             for request, token in zip(sampled, choices[num_verified:]):
                 results.append((request, engine.update_request(request, token, None)))
-            return results, longest
+            return results
         logits = maybe_logits
         assert logits is not None
         engine.mask_padding(logits)
@@ -357,7 +402,7 @@ class Speculator:
                 results.append((request, joined(appended.get(request), result)))
         if sampled:
             results += engine.sample_and_update(sampled, after)
-        return results, longest
+        return results
 
     def _unverified(
         self,

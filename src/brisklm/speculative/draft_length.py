@@ -22,20 +22,23 @@ next pause, up to ``MAX_PAUSE`` steps, and an accepted proposal ends the backoff
 That rule misses a draft that is often right but not often enough: on open-ended chat the bundled
 draft's proposals kept about one token a step on the Zen 4, each step of five proposals costing ~4 plain
 steps, so decoding ran at 0.80x the target alone though hardly a step paused. So where the engine
-has timed both kinds of step (``StepCosts``: a speculative step by the tokens it proposes), a
-request's schedule weighs what its proposals buy: each proposing step's profit is the tokens it
-emitted (the accepted ones and the target's own after them) less the plain steps it cost, and
+has timed a plain step (``StepCosts``), a request's schedule weighs what its proposals buy:
+each proposing step's profit is the tokens it emitted (the accepted ones and the target's own
+after them) less the plain steps its time would have run (each step timed from its start to the
+next's, the engine's work between them included; the first step after a pause pays for the
+draft catching up on the paused tokens, so a draft that keeps failing pauses longer), and
 while the moving average of that profit (``DraftLength.profit``) is negative the request pauses,
 with the same backoff, then proposes one token (the cheapest probe), one more after each step
 whose proposal was kept whole. The first step after a pause starts the average afresh, and one
 that pays ends the backoff. Until the engine has timed a plain step, a step with a rejected
-proposal pauses (so one is timed). Paused requests decode several steps a native call where the
-target alone would (``LLMEngine.decode_steps``), so a pause costs what decoding without a draft
-costs. On the bundled pair (Zen 4, four alternating rounds of ``bench/speculative.py --ks 5
---draft-lengths adaptive``) chat went from 0.80x to 0.88x the target alone; the tasks and n-gram
-lookup, which keep most proposals, stayed level. Averaging without the fresh start and the
-one-token probe gave chat 0.94x, but paused the tasks and the n-gram lookup's bursts of copied
-text too long (0.99x against 1.06x, 1.12x against 1.24x).
+proposal pauses (so one is timed) and one kept whole ends the backoff. Paused requests decode
+several steps a native call where the target alone would (``LLMEngine.decode_steps``), so a
+pause costs what decoding without a draft costs. On the bundled pair (Zen 4, six alternating rounds of ``bench/speculative.py --ks 5
+--draft-lengths adaptive``, medians) chat went from 0.84x to 0.89x the target alone; the tasks,
+which keep most proposals, stayed level (1.02x, 1.00x), and so did n-gram lookup's bursts of
+copied text (1.07-1.08x before, 1.18-1.21x after, in a noisy stretch). Versions that timed only
+the pass, or charged a probe the time of longer proposals, paused the tasks and n-gram lookup
+too long or gained nothing on chat (docs/benchmarks.md).
 
 The draft length changes only what is proposed, never what is emitted: it depends on past steps
 only, so greedy output stays the target's own and sampled output the target's distribution. The
@@ -84,33 +87,30 @@ def _average(mean: float | None, value: float) -> float:
 
 
 class StepCosts:
-    """Moving averages of how long an engine's decode steps take: a plain one (per token) and a
-    speculative one by the most tokens a row of it proposed, and so what a speculative step
-    costs in plain steps. Mixed batch sizes share them: on the memory-bound passes of small
-    batches both kinds of step grow alike with the batch."""
+    """The moving average of how long a plain decode step takes an engine (a call of several
+    steps: its mean a step), and so what a speculative step of a measured time costs in plain
+    steps. The time of a step runs from its start to the next step's, so that the engine's own
+    work between steps counts as a plain call of several steps shares it out. Mixed batch sizes
+    share it: on the memory-bound passes of small batches both kinds of step grow alike."""
 
     def __init__(self) -> None:
-        self.speculative: dict[int, float] = {}
         self.plain: float | None = None
-
-    def add_speculative(self, size: int, seconds: float) -> None:
-        """A speculative step of ``seconds`` whose longest proposal was ``size`` tokens."""
-        self.speculative[size] = _average(self.speculative.get(size), seconds)
+        # Whether the first plain step, which runs cold (buffers allocated, caches cold), was
+        # dropped.
+        self._warm = False
 
     def add_plain(self, seconds: float) -> None:
         """A plain step of ``seconds`` a token (a call of several steps: its mean)."""
-        self.plain = _average(self.plain, seconds)
+        if self._warm:
+            self.plain = _average(self.plain, seconds)
+        self._warm = True
 
-    def cost(self, size: int) -> float | None:
-        """Plain steps a speculative step proposing ``size`` tokens costs (as the timed step of
-        the nearest size, the shorter of two): None before a speculative step was timed,
-        infinity before a plain one was."""
-        if not self.speculative:
-            return None
+    def cost(self, seconds: float) -> float:
+        """Plain steps a speculative step of ``seconds`` cost: infinity before a plain step was
+        timed (a step that does not keep its whole proposal then pauses, timing one)."""
         if self.plain is None:
             return math.inf
-        nearest = min(self.speculative, key=lambda timed: (abs(timed - size), timed))
-        return self.speculative[nearest] / max(self.plain, 1e-9)
+        return seconds / max(self.plain, 1e-9)
 
 
 class DraftLengthSchedule:
@@ -159,7 +159,8 @@ class DraftLengthSchedule:
         if cost is None:
             paid, pauses = num_accepted > 0, num_accepted == 0 and before == 1
         elif math.isinf(cost):  # no plain step timed yet: time one where a proposal failed
-            paid, pauses = False, num_accepted < num_proposed
+            paid = num_accepted == num_proposed
+            pauses = not paid
         else:
             profit = num_accepted + 1 - cost
             # The first step after a pause starts afresh: the steps before it are stale.
