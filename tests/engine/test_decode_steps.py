@@ -232,6 +232,29 @@ def test_a_logit_bias_and_penalties_take_several_steps_a_call(one_a_call, severa
     same(several.generate(PROMPTS, beside), one_a_call.generate(PROMPTS, beside))
 
 
+def test_refused_adjustments_leave_the_pass_usable(several) -> None:
+    """Adjustments whose tensors do not fit (a count row one token wider than the vocabulary)
+    are refused before the pass points at any of them: the next passes run as before."""
+    import torch
+
+    from brisklm.models.native_forward import LogitAdjustments
+
+    native_forward = several.engine.runner.native
+    vocab = native_forward.args.vocab
+    bias = (torch.tensor([0]), torch.tensor([3]), torch.tensor([1.0]))
+    bad = LogitAdjustments(
+        bias=bias,
+        frequency=torch.ones(1),
+        presence=torch.zeros(1),
+        counts=torch.zeros(1, vocab + 1),
+    )
+    want = several.generate(PROMPTS[0], SAMPLED[3])
+    with pytest.raises(ValueError, match="logit adjustment counts must be"):
+        native_forward.run_steps([5], [0], [0], 2, vocab, None, bad)
+    assert native_forward.args.n_bias == 0 and not native_forward.args.bias_ids
+    same([several.generate(PROMPTS[0], SAMPLED[3])], [want])
+
+
 def test_max_decode_steps_is_checked() -> None:
     with pytest.raises(ValueError, match="max_decode_steps"):
         EngineConfig(max_decode_steps=0)

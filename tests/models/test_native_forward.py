@@ -670,3 +670,22 @@ def test_greedy_steps_refuse_what_does_not_fit(tmp_path):
     runner.forward(ForwardBatch([0], [0], [[7, 8, 9]], [1]))
     one = runner.run_steps(ForwardBatch([0], [3], [[5]], [1]), 16, 1)
     assert one == [runner.forward_greedy(ForwardBatch([0], [3], [[5]], [1]), 16)[1]]
+
+
+def test_the_argument_structs_mirror_the_c_ones() -> None:
+    """The Python mirrors of the kernels' argument structs have their sizes (a field added on
+    one side only would shift or drop the others); a library whose struct is longer than its
+    mirror (it would read past the end) is refused, a shorter one (an older source, as
+    bench/native_kernel_ab.py builds) is not."""
+    lib = native.library()
+    assert lib.brisk_forward_args_bytes() == ctypes.sizeof(native.ForwardArgs)
+    assert lib.brisk_q4_weight_bytes() == ctypes.sizeof(native.Q4Weight)
+
+    class Library:
+        def __init__(self, forward_bytes: int) -> None:
+            self.brisk_forward_args_bytes = lambda: forward_bytes
+            self.brisk_q4_weight_bytes = lambda: ctypes.sizeof(native.Q4Weight)
+
+    native._check_layouts(Library(ctypes.sizeof(native.ForwardArgs) - 8))
+    with pytest.raises(RuntimeError, match="ForwardArgs is .* longer than"):
+        native._check_layouts(Library(ctypes.sizeof(native.ForwardArgs) + 8))

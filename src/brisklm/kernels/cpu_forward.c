@@ -2152,6 +2152,11 @@ static void adjust_logits_row(const brisk_forward_args *a, int r, float *x) {
     }
 }
 
+/* The bytes of the argument structs, which the Python side mirrors (kernels/native.py checks its
+ * own against them: a struct the C side reads past the Python one's end would be garbage). */
+int64_t brisk_forward_args_bytes(void) { return (int64_t)sizeof(brisk_forward_args); }
+int64_t brisk_q4_weight_bytes(void) { return (int64_t)sizeof(q4_weight); }
+
 /* adjust_logits_row on each of a->n_logits rows of logits (a->vocab wide), on their own: 1 where
  * the adjustments do not check. */
 int brisk_adjust_logits(const brisk_forward_args *a, float *logits) {

@@ -294,6 +294,8 @@ _PRODUCT_SIGNATURE = ([_PTR, _I32, _I32, _PTR, _PTR, _I32, _PTR, _I32], _I32)
 _SIGNATURES = {
     "brisk_forward_f32": ([ctypes.POINTER(ForwardArgs)], _I32),
     "brisk_adjust_logits": ([ctypes.POINTER(ForwardArgs), _PTR], _I32),
+    "brisk_forward_args_bytes": ([], _I64),
+    "brisk_q4_weight_bytes": ([], _I64),
     "brisk_test_argmax": ([_PTR, _I64, _I32, _I64, _PTR, _I32], _I32),
     "brisk_apply_bitmask_f32": ([_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64], None),
     "brisk_sample_rows": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR], _I32),
@@ -588,8 +590,26 @@ def linear_int4(
     return _product(lib.brisk_linear_int4, x, weight.address, bias, rows)
 
 
+def _check_layouts(lib: ctypes.CDLL) -> None:
+    """Refuse a library whose argument structs are longer than their mirrors here (it would read
+    past their end). One that is shorter reads a prefix of them: an older source that
+    bench/native_kernel_ab.py builds, whose fields are those here up to its end."""
+    for name, mirror in (
+        ("brisk_forward_args_bytes", ForwardArgs),
+        ("brisk_q4_weight_bytes", Q4Weight),
+    ):
+        size = getattr(lib, name, None)
+        if size is not None and size() > ctypes.sizeof(mirror):
+            raise RuntimeError(
+                f"the library's {mirror.__name__} is {size()} bytes, longer than the "
+                f"{ctypes.sizeof(mirror)} of kernels/native.py's mirror: the C source and the "
+                "Python package disagree"
+            )
+
+
 def _probe(lib: ctypes.CDLL) -> None:
     """Check the built library against torch on a small product with tails, before any use."""
+    _check_layouts(lib)
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(37, 75, generator=generator)
     bias = torch.randn(37, generator=generator)

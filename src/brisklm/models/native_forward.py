@@ -268,14 +268,14 @@ def adjustment_arguments(
     args: native.ForwardArgs, adjustments: LogitAdjustments | None, rows: int
 ) -> list[torch.Tensor] | None:
     """Point ``args``' bias and penalty fields at ``adjustments``' tensors for ``rows`` logits
-    rows of ``args.vocab`` (checked; None: clear them); returns the tensors, to be kept alive
-    through the call."""
+    rows of ``args.vocab`` (None: clear them); returns the tensors, to be kept alive through the
+    call. Every tensor is checked before any field is set: a refused one leaves them clear."""
     args.n_bias = 0
     for name in _ADJUSTMENT_FIELDS:
         setattr(args, name, None)
     if adjustments is None:
         return None
-    kept: list[torch.Tensor] = []
+    pointed: dict[str, torch.Tensor] = {}
 
     def point(name: str, tensor: torch.Tensor, dtype: torch.dtype, shape: tuple) -> None:
         if tuple(tensor.shape) != shape or tensor.device.type != "cpu" or tensor.dtype != dtype:
@@ -285,8 +285,7 @@ def adjustment_arguments(
             )
         if not tensor.is_contiguous():
             raise ValueError(f"logit adjustment {name} must be contiguous")
-        kept.append(tensor)
-        setattr(args, name, tensor.data_ptr())
+        pointed[name] = tensor
 
     vocab = args.vocab
     if adjustments.bias is not None:
@@ -295,7 +294,6 @@ def adjustment_arguments(
         point("bias_rows", bias_rows, torch.int64, entries)
         point("bias_ids", ids, torch.int64, entries)
         point("bias_values", values, torch.float32, entries)
-        args.n_bias = entries[0]
     if adjustments.repetition is not None:
         assert adjustments.seen is not None
         point("repetition", adjustments.repetition, torch.float32, (rows,))
@@ -305,7 +303,10 @@ def adjustment_arguments(
         point("frequency", adjustments.frequency, torch.float32, (rows,))
         point("presence", adjustments.presence, torch.float32, (rows,))
         point("counts", adjustments.counts, torch.float32, (rows, vocab))
-    return kept
+    for name, tensor in pointed.items():
+        setattr(args, name, tensor.data_ptr())
+    args.n_bias = len(pointed["bias_rows"]) if "bias_rows" in pointed else 0
+    return list(pointed.values())
 
 
 class NativeForward:
@@ -563,9 +564,10 @@ class NativeForward:
             return None
         if self._greedy_logits.shape[0] < rows:
             self._greedy_logits = torch.empty(rows, self.args.vocab, dtype=torch.float32)
-        kept = self._sampling_arguments(sampling, steps, rows)
-        adjusting = adjustment_arguments(self.args, adjustments, rows)
-        try:
+        kept = adjusting = None
+        try:  # (arguments refused half set are cleared too)
+            kept = self._sampling_arguments(sampling, steps, rows)
+            adjusting = adjustment_arguments(self.args, adjustments, rows)
             self._run(
                 [[t] for t in token_ids],
                 slots,
