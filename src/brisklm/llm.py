@@ -438,11 +438,11 @@ class LLM:
         tokenizer, "default" for the bundled draft model, or "ngram" for prompt lookup; each step
         proposes up to ``num_speculative_tokens`` tokens. ``draft_length="adaptive"`` (the default
         with a draft model) follows each request's acceptance: one token more after a step whose
-        proposals were all accepted, one fewer after a step that kept under half of them, between
-        1 and ``num_speculative_tokens``, and pauses a request (plain steps) while its proposals
-        do not pay (``brisklm.speculative.draft_length``); "fixed" (the default with "ngram")
-        always proposes up to ``num_speculative_tokens``. The output is unchanged: greedy output is the target's own,
-        sampled output follows the target's distribution exactly.
+        proposals were all accepted, one fewer after a step that kept under half of them, between 1
+        and ``num_speculative_tokens``, and pauses a request (plain steps) while its proposals do
+        not pay (``brisklm.speculative.draft_length``); "fixed" (the default with "ngram") always
+        proposes up to ``num_speculative_tokens``. The output is unchanged: greedy output is the
+        target's own, sampled output follows the target's distribution exactly.
         GPTQ int4 checkpoints load as int4 layers (see ``brisklm.quant``); ``int4_compute_dtype``
         is what their kernels compute in: by default (or "auto") float32 on CPU through the native
         kernels (exact products of the dequantized weight; without a C compiler, torch's kernel in

@@ -89,11 +89,11 @@ class EngineConfig:
     grammars, tool lists) kept for reuse, least recently used dropped first; each holds its
     grammar's automaton, from a few KB to ~1 MB for a large tool list over a 128k vocabulary.
     ``max_decode_steps``: on the native CPU pass, a batch that decodes greedy or sampled with
-    temperature, top-k, top-p and min-p, after a logit bias and penalties (no grammar, logprobs
-    or pending ``min_tokens``), runs up to this many one-token steps in one call of the kernels, as many as take about
-    ``DECODE_STEPS_SECONDS``, and the engine's Python runs once for them; a sampled row's uniforms
-    are drawn ahead as its steps would draw them (``step_draws``), so a seed gives the same
-    tokens; tokens computed past a request's end are dropped. 1: a call a step.
+    temperature, top-k, top-p and min-p, after a logit bias and penalties (no grammar, logprobs or
+    pending ``min_tokens``), runs up to this many one-token steps in one call of the kernels, as
+    many as take about ``DECODE_STEPS_SECONDS``, and the engine's Python runs once for them; a
+    sampled row's uniforms are drawn ahead as its steps would draw them (``step_draws``), so a seed
+    gives the same tokens; tokens computed past a request's end are dropped. 1: a call a step.
     ``prefix_cache_slots``: KV cache slots beyond ``max_batch_size`` that only keep finished
     requests' prefixes, so that up to ``max_batch_size + prefix_cache_slots`` conversations keep
     their history's keys while at most ``max_batch_size`` requests run (each slot is a sequence of
@@ -505,12 +505,12 @@ class LLMEngine:
 
     def decode_steps(self, requests: list[Request], max_steps: int | None = None) -> int:
         """How many one-token steps the next call runs for ``requests``, each decoding one token
-        (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes its token
-        as the native steps choose it (``_takes_native_steps``), the last such step's time is known, and no
-        request waits for a slot; at most what the longest of them may still generate, what
-        every row's cache slot has room for, and ``max_steps``. With a speculator only as many as
-        it says (``max_steps``: the steps its schedules pause every row for; the draft catches up
-        on their tokens when it next proposes)."""
+        (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes its token as
+        the native steps choose it (``_takes_native_steps``), the last such step's time is known,
+        and no request waits for a slot; at most what the longest of them may still generate, what
+        every row's cache slot has room for, and ``max_steps``. With a speculator only as many as it
+        says (``max_steps``: the steps its schedules pause every row for; the draft catches up on
+        their tokens when it next proposes)."""
         limit = self.config.max_decode_steps
         if max_steps is not None:
             limit = min(limit, max_steps)

@@ -260,12 +260,12 @@ class ModelRunner:
         adjustments: LogitAdjustments | None = None,
     ) -> list[list[int]] | None:
         """``steps`` passes of a batch of one-token rows in one native call
-        (``NativeForward.run_steps``): each row feeds its token, then each pass's greedy token
-        over the first ``columns`` logits, or with ``sampling`` a sampled row's draw, one position
-        on (from logits with ``adjustments``: a logit bias and penalties). Returns each pass's tokens, ``[step][row]``, each as ``forward_greedy`` of that one
-        token would find it or the native sampler draw it (fewer steps where a sampled row had
-        nothing to draw); None where the native pass does not take the batch that way (then
-        nothing ran)."""
+        (``NativeForward.run_steps``): each row feeds its token, then each pass's greedy token over
+        the first ``columns`` logits, or with ``sampling`` a sampled row's draw, one position on
+        (from logits with ``adjustments``: a logit bias and penalties). Returns each pass's tokens,
+        ``[step][row]``, each as ``forward_greedy`` of that one token would find it or the native
+        sampler draw it (fewer steps where a sampled row had nothing to draw); None where the native
+        pass does not take the batch that way (then nothing ran)."""
         query_lens = [len(t) for t in batch.token_ids]
         if (
             self.native is None

@@ -535,16 +535,17 @@ class NativeForward:
         sampling: StepSampling | None = None,
         adjustments: LogitAdjustments | None = None,
     ) -> list[list[int]] | None:
-        """``steps`` one-token passes in one call: row b feeds ``token_ids[b]`` to slot
-        ``slots[b]`` at ``start_positions[b]``, then each pass's token one position on: its greedy
-        token (over the first ``columns`` logits), or with ``sampling`` a sampled row's draw
-        (``StepSampling``), from logits with ``adjustments`` (a logit bias and penalties). Each pass computes what ``forward_greedy`` of that one token would (the
-        same bits), a draw what ``sampler.native_draws`` would draw from those logits with the
-        columns past ``columns`` at -inf (as the engine masks them); the Python around a pass runs
-        once for them all. Returns each pass's tokens, ``[step][row]``: fewer steps than asked
-        where a sampled row had nothing to draw (a NaN or +inf logit, or none finite), the steps
-        before it (none: that step is the caller's to run); None where a row's rotary tables depend
-        on its length (dynamic NTK past the trained context), which takes one pass a call."""
+        """``steps`` one-token passes in one call: row b feeds ``token_ids[b]`` to slot ``slots[b]``
+        at ``start_positions[b]``, then each pass's token one position on: its greedy token (over
+        the first ``columns`` logits), or with ``sampling`` a sampled row's draw (``StepSampling``),
+        from logits with ``adjustments`` (a logit bias and penalties). Each pass computes the logits
+        ``forward_greedy`` of that one token would (the same bits), a draw what
+        ``sampler.native_draws`` would draw from those logits with the columns past ``columns`` at
+        -inf (as the engine masks them); the Python around a pass runs once for them all. Returns
+        each pass's tokens, ``[step][row]``: fewer steps than asked where a sampled row had nothing
+        to draw (a NaN or +inf logit, or none finite), the steps before it (none: that step is the
+        caller's to run); None where a row's rotary tables depend on its length (dynamic NTK past
+        the trained context), which takes one pass a call."""
         rows = len(token_ids)
         if steps < 1 or rows < 1 or steps * rows > native.MAX_TOKENS:
             raise ValueError(

@@ -20,25 +20,25 @@ adaptive schedule pauses: the request decodes plainly (no draft pass, no proposa
 next pause, up to ``MAX_PAUSE`` steps, and an accepted proposal ends the backoff.
 
 That rule misses a draft that is often right but not often enough: on open-ended chat the bundled
-draft's proposals kept about one token a step on the Zen 4, each step of five proposals costing ~4 plain
-steps, so decoding ran at 0.80x the target alone though hardly a step paused. So where the engine
-has timed a plain step (``StepCosts``), a request's schedule weighs what its proposals buy:
-each proposing step's profit is the tokens it emitted (the accepted ones and the target's own
-after them) less the plain steps its time would have run (each step timed from its start to the
-next's, the engine's work between them included; the first step after a pause pays for the
-draft catching up on the paused tokens, so a draft that keeps failing pauses longer), and
-while the moving average of that profit (``DraftLength.profit``) is negative the request pauses,
-with the same backoff, then proposes one token (the cheapest probe), one more after each step
-whose proposal was kept whole. The first step after a pause starts the average afresh, and one
-that pays ends the backoff. Until the engine has timed a plain step, a step with a rejected
-proposal pauses (so one is timed) and one kept whole ends the backoff. Paused requests decode
-several steps a native call where the target alone would (``LLMEngine.decode_steps``), so a
-pause costs what decoding without a draft costs. On the bundled pair (Zen 4, six alternating rounds of ``bench/speculative.py --ks 5
---draft-lengths adaptive``, medians) chat went from 0.84x to 0.89x the target alone; the tasks,
-which keep most proposals, stayed level (1.02x, 1.00x), and so did n-gram lookup's bursts of
-copied text (1.07-1.08x before, 1.18-1.21x after, in a noisy stretch). Versions that timed only
-the pass, or charged a probe the time of longer proposals, paused the tasks and n-gram lookup
-too long or gained nothing on chat (docs/benchmarks.md).
+draft's proposals kept about one token a step on the Zen 4, each step of five proposals costing ~4
+plain steps, so decoding ran at 0.80x the target alone though hardly a step paused. So where the
+engine has timed a plain step (``StepCosts``), a request's schedule weighs what its proposals buy:
+each proposing step's profit is the tokens it emitted (the accepted ones and the target's own after
+them) less the plain steps its time would have run (each step timed from its start to the next's,
+the engine's work between them included; the first step after a pause pays for the draft catching up
+on the paused tokens, so a draft that keeps failing pauses longer), and while the moving average of
+that profit (``DraftLength.profit``) is negative the request pauses, with the same backoff, then
+proposes one token (the cheapest probe), one more after each step whose proposal was kept whole. The
+first step after a pause starts the average afresh, and one that pays ends the backoff. Until the
+engine has timed a plain step, a step with a rejected proposal pauses (so one is timed) and one kept
+whole ends the backoff. Paused requests decode several steps a native call where the target alone
+would (``LLMEngine.decode_steps``), so a pause costs what decoding without a draft costs. On the
+bundled pair (Zen 4, six alternating rounds of ``bench/speculative.py --ks 5 --draft-lengths
+adaptive``, medians) chat went from 0.84x to 0.89x the target alone; the tasks, which keep most
+proposals, stayed level (1.02x, 1.00x), and so did n-gram lookup's bursts of copied text (1.07-1.08x
+before, 1.18-1.21x after, in a noisy stretch). Versions that timed only the pass, or charged a probe
+the time of longer proposals, paused the tasks and n-gram lookup too long or gained nothing on chat
+(docs/benchmarks.md).
 
 The draft length changes only what is proposed, never what is emitted: it depends on past steps
 only, so greedy output stays the target's own and sampled output the target's distribution. The
@@ -65,7 +65,7 @@ MIN_PAUSE = 4
 MAX_PAUSE = 64
 
 # Weight of the latest step in the moving averages: of a request's profit per proposing step, and
-# of the seconds each kind of step takes (StepCosts).
+# of a plain step's seconds (StepCosts).
 AVERAGE_WEIGHT = 0.25
 
 
