@@ -552,9 +552,9 @@ class LLMEngine:
         draws (None: every row is greedy), each sampled row's uniforms drawn ahead as as many
         sampled steps would draw them (a seeded row from its own generator, the others from the
         default one, step by step); and the rows' logit bias and penalties (None: none)."""
-        greedy = all(r.params.is_greedy for r in requests)
-        if greedy and not any(r.params.logit_bias or r.params.uses_penalties for r in requests):
+        if all(r.params.picks_raw_argmax(len(r.output_token_ids)) for r in requests):
             return None, None
+        greedy = all(r.params.is_greedy for r in requests)
         md = self._metadata(requests, self._vocab_size, torch.device("cpu"))
         drawn = None if greedy else StepDraws.draw(md, steps, len(requests))
         return drawn, LogitAdjustments.of(md)
@@ -562,13 +562,11 @@ class LLMEngine:
     @classmethod
     def _takes_raw_argmax(cls, request: Request) -> bool:
         """The request's next token is the raw logits' argmax, found by the kernels: greedy with
-        no bias or penalty (``SamplingParams.picks_raw_argmax``), no grammar and no logprobs."""
-        params = request.params
-        return (
-            params.picks_raw_argmax(len(request.output_token_ids))
-            and params.logprobs is None
-            and request.matcher is None
-        )
+        no bias or penalty (``SamplingParams.picks_raw_argmax``) and taking its token as the
+        native steps do (``_takes_native_steps``: no grammar, no logprobs)."""
+        return request.params.picks_raw_argmax(
+            len(request.output_token_ids)
+        ) and cls._takes_native_steps(request)
 
     def _take_steps(self, requests: list[Request], chosen: list[list[int]]) -> list[StepResult]:
         """Append each request's tokens of a call of decode steps (``chosen[step][row]``) until

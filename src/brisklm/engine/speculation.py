@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -41,6 +41,16 @@ MAX_GAP_SECONDS = 0.005
 _UNTIMED, _PLAIN, _SPECULATIVE = range(3)
 
 
+class _LastStep(NamedTuple):
+    """The last step, until the next one's start times it (``Speculator._settle``)."""
+
+    kind: int  # _UNTIMED, _PLAIN or _SPECULATIVE
+    started: float
+    ended: float
+    steps: int  # (a plain call of several)
+    recorded: list[tuple[Request, int, int]]  # its target steps: (request, proposed, accepted)
+
+
 class Speculator:
     """Runs decode steps with a proposer (draft model or n-gram lookup) for an LLMEngine."""
 
@@ -55,11 +65,7 @@ class Speculator:
         # The step's target steps, (request, proposed, accepted), whose schedules advance once it
         # is timed, at the next step's start (``_settle``).
         self._recorded: list[tuple[Request, int, int]] = []
-        # The last step: its kind, its rows (ids), its start and end, its steps and its target
-        # steps.
-        self._last_step: (
-            tuple[int, set[int], float, float, int, list[tuple[Request, int, int]]] | None
-        ) = None
+        self._last_step: _LastStep | None = None
 
     def release(self, request: Request) -> None:
         if request.slot is not None:
@@ -228,19 +234,11 @@ class Speculator:
         does not ask (a plain step, a fixed schedule), the step was not timed, and for a request
         whose tokens follow from its proposals (seeded and sampled): it must not propose by how
         fast the engine ran (see brisklm.speculative.draft_length)."""
-        params = request.params
         if not num_proposed or seconds is None or self.schedule.schedule != "adaptive":
             return None
-        if params.is_seeded and not params.is_greedy:
+        if request.params.is_seeded:  # (sampled with a seed)
             return None
         return self.costs.cost(seconds)
-
-    def record_plain_steps(self, requests: Sequence[Request], steps: Sequence[int]) -> None:
-        """Count ``steps[i]`` plain decode steps of request i (every one paused by its
-        schedule): target steps like any other, ones that proposed nothing."""
-        for request, count in zip(requests, steps):
-            for _ in range(count):
-                self._record(request, 0, 0)
 
     def _plain_step(
         self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int]
@@ -259,7 +257,10 @@ class Speculator:
         steps = [
             max(1, r.num_cached - b) if one_token_rows else 1 for r, b in zip(decoding, before)
         ]
-        self.record_plain_steps(decoding, steps)
+        # Target steps like any other, ones that proposed nothing.
+        for request, count in zip(decoding, steps):
+            for _ in range(count):
+                self._record(request, 0, 0)
         return results, max(steps) if one_token_rows and decoding else 0
 
     def _settle(self, now: float, requests: list[Request]) -> None:
@@ -271,24 +272,23 @@ class Speculator:
         last, self._last_step = self._last_step, None
         if last is None:
             return
-        kind, rows, started, ended, steps, recorded = last
         seconds = None
-        if kind != _UNTIMED and rows <= set(map(id, requests)):
-            if now - ended <= max(MAX_GAP_SECONDS, ended - started):
-                seconds = now - started
-        if kind == _PLAIN and seconds is not None:
-            self.costs.add_plain(seconds / steps)
-        spent = seconds if kind == _SPECULATIVE else None
-        for request, num_proposed, num_accepted in recorded:
+        went_on = now - last.ended <= max(MAX_GAP_SECONDS, last.ended - last.started)
+        if last.kind != _UNTIMED and went_on:
+            going = set(map(id, requests))  # (each row of a step recorded a target step)
+            if all(id(request) in going for request, _, _ in last.recorded):
+                seconds = now - last.started
+        if last.kind == _PLAIN and seconds is not None:
+            self.costs.add_plain(seconds / last.steps)
+        spent = seconds if last.kind == _SPECULATIVE else None
+        for request, num_proposed, num_accepted in last.recorded:
             cost = self._cost(request, num_proposed, spent)
             self.schedule.update(self._draft_length(request), num_proposed, num_accepted, cost)
 
-    def _ended(self, kind: int, decoding: list[Request], started: float, steps: int) -> None:
+    def _ended(self, kind: int, started: float, steps: int) -> None:
         """Keep the step's recorded target steps, to advance their schedules once it is timed
         (``_settle``)."""
-        rows = set(map(id, decoding))
-        ended = time.perf_counter()
-        self._last_step = (kind, rows, started, ended, steps, self._recorded)
+        self._last_step = _LastStep(kind, started, time.perf_counter(), steps, self._recorded)
         self._recorded = []
 
     def step(
@@ -312,10 +312,10 @@ class Speculator:
         if not any(self._proposal_size(r) for r in decoding):
             # No chunks but prompts, or every decoding row paused by its schedule: a plain pass.
             results, steps = self._plain_step(engine, requests, prefill_lens)
-            self._ended(_PLAIN if steps else _UNTIMED, decoding, start, steps)
+            self._ended(_PLAIN if steps else _UNTIMED, start, steps)
             return results
         results = self._speculative_step(engine, decoding, chunked)
-        self._ended(_UNTIMED if chunked else _SPECULATIVE, decoding, start, 1)
+        self._ended(_UNTIMED if chunked else _SPECULATIVE, start, 1)
         return results
 
     def _speculative_step(
