@@ -11,6 +11,7 @@ so prefill is left out), median of ``--rounds`` rounds. The tokens are the same 
     python bench/greedy_steps.py --temperature 0.7   # sampled
     python bench/greedy_steps.py --preset 125m       # a random 125M Llama (float32)
     python bench/greedy_steps.py --frequency-penalty 0.5 --logit-bias 7:2   # with penalties
+    python bench/greedy_steps.py --logprobs 5        # each token's logprob and top 5 (the same)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument(
         "--logit-bias", nargs="*", default=[], metavar="ID:BIAS", help="e.g. 7:2.5 11:-1"
     )
+    parser.add_argument("--logprobs", type=int, default=None, help="top-N logprobs a token")
     args = parse_checked(parser)
     with tempfile.TemporaryDirectory() as tmp:
         path = None
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace, path: Path | None) -> None:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         logit_bias={int(i): float(b) for i, b in (item.split(":") for item in args.logit_bias)},
+        logprobs=args.logprobs,
     )
     print(
         f"machine: {platform.machine()} torch {torch.__version__} threads "
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace, path: Path | None) -> None:
             for row in range(batch)
         ]
         times: dict[int, list[float]] = {steps: [] for steps in engines}
-        outputs: dict[int, list[list[int]]] = {}
+        outputs: dict[int, list] = {}
         for _ in range(args.rounds):
             for steps, llm in engines.items():
                 llm.generate(prompts, one)  # warm
@@ -92,8 +95,8 @@ def run(args: argparse.Namespace, path: Path | None) -> None:
                 llm.generate(prompts, one)
                 prefill = time.perf_counter() - start
                 times[steps].append((elapsed - prefill) / (args.new_tokens - 1))
-                outputs[steps] = [out.token_ids for out in outs]
-        assert outputs[1] == outputs[8], "several steps a call changed the tokens"
+                outputs[steps] = [(out.token_ids, out.logprobs) for out in outs]
+        assert outputs[1] == outputs[8], "several steps a call changed the tokens or logprobs"
         a, b = statistics.median(times[1]), statistics.median(times[8])
         print(f"{batch:<6}{a * 1e3:>13.3f} ms{b * 1e3:>13.3f} ms{a / b:>9.2f}x")
     for llm in engines.values():

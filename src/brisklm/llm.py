@@ -477,12 +477,12 @@ class LLM:
         (JSON schemas, regexes, choices, grammars, tool lists) are kept for reuse, least recently
         used dropped first; a grammar compiles again when it comes back after being dropped.
         ``max_decode_steps``: through the native CPU pass, a batch decoding greedy or sampled with
-        temperature, top-k, top-p and min-p, after a logit bias and penalties (no grammar,
-        logprobs or pending ``min_tokens``; with a draft, where its schedule pauses every row) runs
-        up to this many one-token steps in one call of the kernels, as
-        many as take about 20 ms, so that the Python around a step runs once for them (the tokens
-        are the same, a seed's too; a stream gets them a few at a time, and a request that arrives
-        meanwhile waits for the call); 1 runs a call a step.
+        temperature, top-k, top-p and min-p, after a logit bias and penalties, with or without
+        logprobs (no grammar or pending ``min_tokens``; with a draft, where its schedule pauses
+        every row) runs up to this many one-token steps in one call of the kernels, as many as take
+        about 20 ms, so that the Python around a step runs once for them (the tokens are the same, a
+        seed's too; a stream gets them a few at a time, and a request that arrives meanwhile waits
+        for the call); 1 runs a call a step.
         ``prefix_cache_slots``: cache slots beyond ``max_batch_size`` that only keep finished
         requests' prefixes: with prefix caching, the keys of at most ``max_batch_size`` earlier
         conversations stay (the one retained longest ago gives way), so more conversations taking

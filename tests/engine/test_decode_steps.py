@@ -163,25 +163,70 @@ def test_unseeded_sampled_requests_take_several_steps_a_call(several, calls) -> 
     assert calls and max(calls) > 1
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
-        SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True, logprobs=0),
-        SamplingParams(temperature=0, max_tokens=20, regex="[a-z ]{200}"),
-    ],
-    ids=["logprobs", "sampled-logprobs", "grammar"],
-)
-def test_requests_the_steps_cannot_take_run_a_step_a_call(
-    one_a_call, several, calls, params
-) -> None:
-    """Logprobs or a grammar beside a sampled and a greedy request: no call of several steps
-    while they decode; the outputs are a step a call's."""
-    params = params.with_changes(ignore_eos=True)  # each row runs the 20 tokens
+def test_requests_with_a_grammar_run_a_step_a_call(one_a_call, several, calls) -> None:
+    """A grammar beside a sampled and a greedy request: no call of several steps while it
+    decodes; the outputs are a step a call's."""
+    params = SamplingParams(temperature=0, max_tokens=20, regex="[a-z ]{200}", ignore_eos=True)
     batch = [SAMPLED[0].with_changes(max_tokens=20), SAMPLED[3].with_changes(max_tokens=20), params]
     expected = one_a_call.generate(PROMPTS[:3], batch)
     same(several.generate(PROMPTS[:3], batch), expected)
     assert calls == []
+
+
+def same_logprobs(outputs, expected) -> None:
+    """The outputs of ``same``, and the same logprobs, to the bit."""
+    same(outputs, expected)
+    for got, want in zip(outputs, expected, strict=True):
+        assert got.logprobs == want.logprobs
+
+
+LOGPROBS = [
+    SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=3),
+    SamplingParams(temperature=0.8, seed=1, max_tokens=30, ignore_eos=True, logprobs=0),
+    SamplingParams(
+        temperature=1.1,
+        top_k=20,
+        seed=2,
+        max_tokens=26,
+        logprobs=5,
+        frequency_penalty=0.7,
+        logit_bias={9: 2.0},
+    ),
+    SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),  # none, beside them
+]
+
+
+def test_requests_with_logprobs_take_several_steps_a_call(one_a_call, several, calls) -> None:
+    """Rows with logprobs (greedy, seeded sampled, after penalties and a bias, top-N of 0, 3
+    and 5 over a vocabulary padded past the tokenizer's) beside one without: the kernels keep each
+    step's raw logits, and the logprobs computed from them are a step a call's to the bit, in a
+    batch, alone, streamed and with a stop string ending a row mid-call."""
+    expected = one_a_call.generate(PROMPTS, LOGPROBS)
+    assert [len(o.logprobs or []) for o in expected] == [30, 30, len(expected[2].token_ids), 0]
+    assert len(expected[0].logprobs[5].top) == 3  # (the alternatives are there to compare)
+    same_logprobs(several.generate(PROMPTS, LOGPROBS), expected)
+    assert calls and max(calls) > 1
+    for prompt, p, want in zip(PROMPTS[:3], LOGPROBS[:3], expected[:3], strict=True):
+        calls.clear()
+        same_logprobs([several.generate(prompt, p)], [want])
+        assert max(calls) > 1
+    assert "".join(several.stream(PROMPTS[1], LOGPROBS[1])) == expected[1].text
+    stop = LOGPROBS[0].with_changes(stop=[expected[0].text[9:12]])
+    want = one_a_call.generate(PROMPTS[0], stop)
+    assert want.finish_reason == "stop"
+    same_logprobs([several.generate(PROMPTS[0], stop)], [want])
+
+
+def test_logprob_steps_keep_their_logits_within_the_limit(
+    one_a_call, several, calls, monkeypatch
+) -> None:
+    """A call of steps with logprobs keeps at most STEP_LOGITS_BYTES of logits: with room for
+    three steps of four rows, calls run three steps at most, the outputs a step a call's."""
+    vocab = several.engine.model.config.vocab_size
+    monkeypatch.setattr(llm_engine, "STEP_LOGITS_BYTES", 4 * vocab * 4 * 3 + 100)
+    expected = one_a_call.generate(PROMPTS, LOGPROBS)
+    same_logprobs(several.generate(PROMPTS, LOGPROBS), expected)
+    assert max(calls) == 3
 
 
 ADJUSTED = [

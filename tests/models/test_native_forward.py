@@ -605,7 +605,7 @@ def test_sampled_steps_in_one_call_draw_what_the_sampler_draws_a_call_each(
     """``run_steps`` with ``StepSampling``: each sampled row's token at each step is what
     ``native_draws`` draws with that step's uniform from the logits of a call a step (their columns
     past ``columns`` at -inf, as the engine masks them), beside a greedy row; the cache is the
-    calls' bit for bit."""
+    calls' bit for bit, and so are the logits kept in ``step_logits`` (raw: before the masks)."""
     from brisklm.models.native_forward import StepSampling
     from brisklm.sampling import SamplingMetadata
     from brisklm.sampling.sampler import native_draws
@@ -630,8 +630,14 @@ def test_sampled_steps_in_one_call_draw_what_the_sampler_draws_a_call_each(
     _, firsts = runner.forward_greedy(ForwardBatch(slots, [0, 0, 0], prompts, [1, 1, 1]), columns)
     starts = [len(p) for p in prompts]
     keys, values = runner.kv_cache.keys.clone(), runner.kv_cache.values.clone()
+    step_logits = torch.full((steps, 3, vocab), float("nan"))
     got = runner.run_steps(
-        ForwardBatch(slots, starts, [[t] for t in firsts], [1, 1, 1]), columns, steps, sampling
+        ForwardBatch(slots, starts, [[t] for t in firsts], [1, 1, 1]),
+        columns,
+        steps,
+        sampling,
+        None,
+        step_logits,
     )
     assert got is not None and len(got) == steps
     stepped_keys, stepped_values = cache_put_back(runner, keys, values)
@@ -639,6 +645,7 @@ def test_sampled_steps_in_one_call_draw_what_the_sampler_draws_a_call_each(
     for step in range(steps):
         batch = ForwardBatch(slots, [s + step for s in starts], [[t] for t in tokens], [1, 1, 1])
         logits = runner.forward(batch).clone()
+        assert torch.equal(step_logits[step], logits), (name, step)
         logits[:, columns:] = float("-inf")
         drawn = native_draws(logits, md, uniforms[step])
         assert drawn is not None
@@ -666,6 +673,12 @@ def test_greedy_steps_refuse_what_does_not_fit(tmp_path):
     # Two rows in one slot would write each other's positions.
     with pytest.raises(ValueError, match="a slot of its own"):
         runner.native.run_steps([5, 6], [0, 0], [3, 4], 2, 16)
+    # Room for the steps' logits of another shape: refused before the pass points at it.
+    vocab = model.config.vocab_size
+    for room in (torch.empty(2, 1, vocab + 1), torch.empty(2, 1, vocab, dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"step_logits must be .* shape \(2, 1, "):
+            runner.native.run_steps([5], [0], [0], 2, 16, step_logits=room)
+        assert not runner.native.args.step_logits
     # One step is forward_greedy's pass (the kernels then write no step tokens of their own).
     runner.forward(ForwardBatch([0], [0], [[7, 8, 9]], [1]))
     one = runner.run_steps(ForwardBatch([0], [3], [[5]], [1]), 16, 1)

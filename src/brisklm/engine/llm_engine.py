@@ -69,6 +69,9 @@ DEFAULT_PREFILL_CHUNK = {"cpu": 512, "cuda": 2048}
 DECODE_STEPS_SECONDS = 0.02
 # Prompt logprobs are computed this many logits rows at a time (each a float32 copy of a row).
 PROMPT_LOGPROB_ROWS = 256
+# The most bytes of logits a call of decode steps keeps for its rows' logprobs (a float32 row of
+# the vocabulary per row and step): 64 MB is 8 steps of 16 rows at a 128k vocabulary.
+STEP_LOGITS_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,13 @@ class EngineConfig:
     grammars, tool lists) kept for reuse, least recently used dropped first; each holds its
     grammar's automaton, from a few KB to ~1 MB for a large tool list over a 128k vocabulary.
     ``max_decode_steps``: on the native CPU pass, a batch that decodes greedy or sampled with
-    temperature, top-k, top-p and min-p, after a logit bias and penalties (no grammar, logprobs or
-    pending ``min_tokens``), runs up to this many one-token steps in one call of the kernels, as
-    many as take about ``DECODE_STEPS_SECONDS``, and the engine's Python runs once for them; a
+    temperature, top-k, top-p and min-p, after a logit bias and penalties, with or without
+    logprobs (no grammar or pending ``min_tokens``), runs up to this many one-token steps in one
+    call of the kernels, as many as take about ``DECODE_STEPS_SECONDS`` (and keep at most
+    ``STEP_LOGITS_BYTES`` of logits for logprobs), and the engine's Python runs once for them; a
     sampled row's uniforms are drawn ahead as its steps would draw them (``step_draws``), so a seed
-    gives the same tokens; tokens computed past a request's end are dropped. 1: a call a step.
+    gives the same tokens, and logprobs are computed from each step's logits as a call a step
+    computes them; tokens computed past a request's end are dropped. 1: a call a step.
     ``prefix_cache_slots``: KV cache slots beyond ``max_batch_size`` that only keep finished
     requests' prefixes, so that up to ``max_batch_size + prefix_cache_slots`` conversations keep
     their history's keys while at most ``max_batch_size`` requests run (each slot is a sequence of
@@ -300,6 +305,8 @@ class LLMEngine:
         # Seconds of the last decode step of one-token rows (see decode_steps).
         self._decode_step_seconds: float | None = None
         self._vocab_size = model.config.vocab_size
+        # Calls of decode steps with logprobs keep each step's logits here (grown as needed).
+        self._step_logits = torch.empty(0, dtype=torch.float32)
 
     @property
     def has_unfinished(self) -> bool:
@@ -458,12 +465,14 @@ class LLMEngine:
         start = time.perf_counter()
         if steps > 1:
             drawn, adjustments = self._step_sampling(requests, steps)
+            step_logits = self._step_logits_space(requests, steps)
             chosen = self.runner.run_steps(
                 forward,
                 self.num_real_tokens,
                 steps,
                 drawn.sampling if drawn else None,
                 adjustments,
+                step_logits,
             )
             if drawn is not None and (chosen is None or len(chosen) < steps):
                 # Declined (dynamic NTK past the trained context), or a row had nothing to draw:
@@ -471,7 +480,7 @@ class LLMEngine:
                 drawn.rewind(len(chosen) if chosen else 0)
             if chosen:  # (none: a row had nothing to draw at once; its pass below says so)
                 self._decode_step_seconds = (time.perf_counter() - start) / len(chosen)
-                return self._take_steps(requests, chosen)
+                return self._take_steps(requests, chosen, step_logits)
         pending_masks = self.structured.start_masks(sampled)
         try:
             maybe_logits, greedy = self.forward_pass(forward, sampled, requests, extra)
@@ -521,6 +530,8 @@ class LLMEngine:
             return 1
         if self.runner.native is None or not all(self._takes_native_steps(r) for r in requests):
             return 1
+        if any(r.params.logprobs is not None for r in requests):
+            limit = min(limit, STEP_LOGITS_BYTES // (4 * self._vocab_size * len(requests)))
         return max(
             1,
             min(
@@ -536,13 +547,10 @@ class LLMEngine:
     def _takes_native_steps(request: Request) -> bool:
         """The request's next token comes from its logits as the native pass's steps choose it:
         greedy, or sampled with temperature, top-k, top-p and min-p, after a logit bias and
-        repetition, presence and frequency penalties (no pending ``min_tokens``, no grammar and
-        no logprobs)."""
-        params = request.params
+        repetition, presence and frequency penalties (no pending ``min_tokens``, no grammar); its
+        logprobs, if it asks for them, from each step's logits."""
         return (
-            len(request.output_token_ids) >= params.min_tokens
-            and params.logprobs is None
-            and request.matcher is None
+            len(request.output_token_ids) >= request.params.min_tokens and request.matcher is None
         )
 
     def _step_sampling(
@@ -561,24 +569,51 @@ class LLMEngine:
 
     @classmethod
     def _takes_raw_argmax(cls, request: Request) -> bool:
-        """The request's next token is the raw logits' argmax, found by the kernels: greedy with
-        no bias or penalty (``SamplingParams.picks_raw_argmax``) and taking its token as the
-        native steps do (``_takes_native_steps``: no grammar, no logprobs)."""
-        return request.params.picks_raw_argmax(
-            len(request.output_token_ids)
-        ) and cls._takes_native_steps(request)
+        """The request's next token is the raw logits' argmax, found by the kernels, and nothing
+        else reads the logits: greedy with no bias or penalty (``SamplingParams.picks_raw_argmax``),
+        no logprobs, and taking its token as the native steps do (``_takes_native_steps``: no
+        grammar)."""
+        params = request.params
+        return (
+            params.picks_raw_argmax(len(request.output_token_ids))
+            and params.logprobs is None
+            and cls._takes_native_steps(request)
+        )
 
-    def _take_steps(self, requests: list[Request], chosen: list[list[int]]) -> list[StepResult]:
+    def _step_logits_space(self, requests: list[Request], steps: int) -> torch.Tensor | None:
+        """Room for a call of ``steps`` decode steps' logits (steps, rows, vocab), where a row
+        asks for logprobs (None: none does)."""
+        if all(r.params.logprobs is None for r in requests):
+            return None
+        shape = (steps, len(requests), self._vocab_size)
+        if self._step_logits.numel() < math.prod(shape):
+            self._step_logits = torch.empty(math.prod(shape), dtype=torch.float32)
+        return self._step_logits[: math.prod(shape)].view(shape)
+
+    def _take_steps(
+        self,
+        requests: list[Request],
+        chosen: list[list[int]],
+        step_logits: torch.Tensor | None = None,
+    ) -> list[StepResult]:
         """Append each request's tokens of a call of decode steps (``chosen[step][row]``) until
         it finishes; the rest are dropped. The cache holds each kept token's keys but the last's,
-        as after as many one-token steps."""
+        as after as many one-token steps. With ``step_logits`` (a row of logits for each row and
+        step), each token's logprob, as a call a step computes it from the same logits."""
+        logprobs: list[TokenLogprob | None] = [None] * (len(chosen) * len(requests))
+        if step_logits is not None:
+            logits = step_logits[: len(chosen)].view(-1, step_logits.shape[-1])
+            self.mask_padding(logits)
+            tokens = torch.tensor([t for step in chosen for t in step], dtype=torch.int64)
+            logprobs = self.token_logprobs(requests * len(chosen), logits, tokens)  # type: ignore[assignment]
         results: list[StepResult] = []
         for row, request in enumerate(requests):
             result: StreamChunk | BaseException | None = None
             taken = 0
-            for tokens in chosen:
+            for step, tokens in enumerate(chosen):
                 taken += 1
-                result = joined(result, self.update_request(request, tokens[row], None))
+                logprob = logprobs[step * len(requests) + row]
+                result = joined(result, self.update_request(request, tokens[row], logprob))
                 if request.is_finished or isinstance(result, BaseException):
                     break
             request.num_cached += taken

@@ -258,6 +258,7 @@ class ModelRunner:
         steps: int,
         sampling: StepSampling | None = None,
         adjustments: LogitAdjustments | None = None,
+        step_logits: torch.Tensor | None = None,
     ) -> list[list[int]] | None:
         """``steps`` passes of a batch of one-token rows in one native call
         (``NativeForward.run_steps``): each row feeds its token, then each pass's greedy token over
@@ -265,7 +266,8 @@ class ModelRunner:
         (from logits with ``adjustments``: a logit bias and penalties). Returns each pass's tokens,
         ``[step][row]``, each as ``forward_greedy`` of that one token would find it or the native
         sampler draw it (fewer steps where a sampled row had nothing to draw); None where the native
-        pass does not take the batch that way (then nothing ran)."""
+        pass does not take the batch that way (then nothing ran). ``step_logits`` (steps, rows,
+        vocab) gets each pass's raw logits."""
         query_lens = [len(t) for t in batch.token_ids]
         if (
             self.native is None
@@ -285,6 +287,7 @@ class ModelRunner:
             columns,
             sampling,
             adjustments,
+            step_logits,
         )
         if tokens is not None:
             self._record_writes(batch, reach)

@@ -1324,12 +1324,12 @@ typedef struct {
      * of the head's: WT_F32, WT_BF16, WT_F16 or WT_INT4 (each such weight then a q4_weight). */
     const int *layer_types;
     int head_type;
-    /* n_steps > 1, step_uniforms or logit adjustments (n_bias, repetition, frequency below):
-     * decoding for n_steps passes in one call
-     * (brisk_forward_f32). Every token then has its logits (one token a row), argmax_cols > 0,
-     * rope_rows is positions, and step_tokens (n_steps x n_tokens) gets each pass's tokens; each
-     * later pass feeds the last one's tokens one position on. Else one pass. A row's token is its greedy one, or, with step_uniforms
-     * and sampled_rows[r] set, the draw of brisk_sample_rows from its logits (those past
+    /* n_steps > 1, step_uniforms, logit adjustments (n_bias, repetition, frequency below) or
+     * step_logits: decoding for n_steps passes in one call (brisk_forward_f32). Every token then
+     * has its logits (one token a row), argmax_cols > 0, rope_rows is positions, and step_tokens
+     * (n_steps x n_tokens) gets each pass's tokens; each later pass feeds the last one's tokens one
+     * position on. Else one pass. A row's token is its greedy one, or, with step_uniforms and
+     * sampled_rows[r] set, the draw of brisk_sample_rows from its logits (those past
      * argmax_cols -inf) with temperature[r], top_k[r], top_p[r], min_p[r] and the uniform
      * step_uniforms[step * n_tokens + r]. A row with nothing to draw ends the call before that
      * step's tokens are kept; steps_done gets the steps whose tokens are in step_tokens. */
@@ -1358,6 +1358,10 @@ typedef struct {
     uint8_t *seen;
     const float *frequency, *presence;
     float *counts;
+    /* Stepping calls (a non-NULL step_logits makes a call one): each step's raw logits (n_steps x
+     * n_logits x vocab), copied before a bias, penalties or the sampling's masks touch them, for
+     * the caller's logprobs. */
+    float *step_logits;
 } brisk_forward_args;
 
 /* Row id of the embedding table (of type wt, e wide) as float32. Not inlined, so that the float16
@@ -2178,7 +2182,7 @@ int brisk_forward_f32(const brisk_forward_args *given) {
     const int sampling = given->step_uniforms != NULL;
     const int adjusting = given->n_bias != 0 || given->repetition || given->frequency;
     /* the steps' tokens go to step_tokens */
-    const int stepping = steps > 1 || sampling || adjusting;
+    const int stepping = steps > 1 || sampling || adjusting || given->step_logits;
     if (adjusting && check_adjustments(given)) return 1;
     if (given->steps_done) *given->steps_done = 0;
     if (stepping) {
@@ -2317,7 +2321,14 @@ int brisk_forward_f32(const brisk_forward_args *given) {
             team_barrier(&sync);
             if (a->head_w && a->n_logits > 0)
                 matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
-            if (adjusting) { /* the head's product ended with a barrier: the logits are whole */
+            if (a->step_logits) { /* the head's product ended with a barrier: the logits are whole */
+#pragma omp for schedule(static) nowait
+                for (int r = 0; r < a->n_logits; r++)
+                    memcpy(a->step_logits + ((int64_t)step * a->n_logits + r) * a->vocab,
+                           a->logits + (int64_t)r * a->vocab, sizeof(float) * a->vocab);
+                team_barrier(&sync);
+            }
+            if (adjusting) { /* the logits are whole */
 #pragma omp for schedule(static) nowait
                 for (int r = 0; r < a->n_logits; r++)
                     adjust_logits_row(a, r, a->logits + (int64_t)r * a->vocab);

@@ -146,6 +146,7 @@ class ForwardArgs(ctypes.Structure):
         ("frequency", _ptr),
         ("presence", _ptr),
         ("counts", _ptr),
+        ("step_logits", _ptr),
     ]
 
 

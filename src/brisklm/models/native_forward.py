@@ -534,6 +534,7 @@ class NativeForward:
         columns: int,
         sampling: StepSampling | None = None,
         adjustments: LogitAdjustments | None = None,
+        step_logits: torch.Tensor | None = None,
     ) -> list[list[int]] | None:
         """``steps`` one-token passes in one call: row b feeds ``token_ids[b]`` to slot ``slots[b]``
         at ``start_positions[b]``, then each pass's token one position on: its greedy token (over
@@ -545,7 +546,9 @@ class NativeForward:
         each pass's tokens, ``[step][row]``: fewer steps than asked where a sampled row had nothing
         to draw (a NaN or +inf logit, or none finite), the steps before it (none: that step is the
         caller's to run); None where a row's rotary tables depend on its length (dynamic NTK past
-        the trained context), which takes one pass a call."""
+        the trained context), which takes one pass a call. ``step_logits``, a contiguous CPU
+        float32 tensor (steps, rows, vocab), gets each pass's raw logits (before the adjustments
+        and the sampling's masks: those a pass of ``forward`` would return), for logprobs."""
         rows = len(token_ids)
         if steps < 1 or rows < 1 or steps * rows > native.MAX_TOKENS:
             raise ValueError(
@@ -561,6 +564,17 @@ class NativeForward:
                 f"{steps} steps from position {max(start_positions)} pass the cache's "
                 f"{self.kv_cache.max_seq_len} positions"
             )
+        if step_logits is not None and (
+            tuple(step_logits.shape) != (steps, rows, self.args.vocab)
+            or step_logits.dtype != torch.float32
+            or step_logits.device.type != "cpu"
+            or not step_logits.is_contiguous()
+        ):
+            raise ValueError(
+                f"step_logits must be a contiguous CPU float32 tensor of shape "
+                f"{(steps, rows, self.args.vocab)}, got {step_logits.dtype} "
+                f"{tuple(step_logits.shape)} on {step_logits.device}"
+            )
         if self.model.rotary.tables(_CPU, torch.float32, longest) is None:
             return None
         if self._greedy_logits.shape[0] < rows:
@@ -569,6 +583,7 @@ class NativeForward:
         try:  # (arguments refused half set are cleared too)
             kept = self._sampling_arguments(sampling, steps, rows)
             adjusting = adjustment_arguments(self.args, adjustments, rows)
+            self.args.step_logits = None if step_logits is None else step_logits.data_ptr()
             self._run(
                 [[t] for t in token_ids],
                 slots,
@@ -580,10 +595,10 @@ class NativeForward:
             )
         finally:
             del kept, adjusting
-            self.args.step_uniforms = None
+            self.args.step_uniforms = self.args.step_logits = None
             adjustment_arguments(self.args, None, rows)
         if (
-            steps == 1 and sampling is None and adjustments is None
+            steps == 1 and sampling is None and adjustments is None and step_logits is None
         ):  # one pass: its tokens are forward_greedy's
             return [self._argmax[:rows]]
         done = self._steps_done.value
