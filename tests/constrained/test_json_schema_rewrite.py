@@ -236,6 +236,9 @@ def test_strict_closes_declared_objects_but_not_all_of_members() -> None:
     assert "additionalProperties" not in strict["allOf"][0]
     assert strict["$defs"]["open"]["additionalProperties"] == {"type": "string"}
     assert "additionalProperties" not in prepare_json_schema(schema)
+    # allOf members that declare no keys leave nothing to close to
+    strings = {"allOf": [{"type": "string"}, {"minLength": 2}]}
+    assert prepare_json_schema(strings, strict=True) == strings
 
 
 def test_strict_schema_rejects_undeclared_keys_open_schema_accepts_them(bpe_compiler) -> None:
@@ -290,6 +293,16 @@ INT = {"type": "integer"}
             },
             [{"a": 1, "b": 2, "c": None}, {"b": 2, "c": 3}],
             [{"a": 1, "b": 2}, {"b": 2, "c": 3, "zz": 0}],
+        ),
+        (  # an object made of allOf members alone (they stay open: closed at the top)
+            {
+                "allOf": [
+                    {"type": "object", "properties": {"a": INT}, "required": ["a"]},
+                    {"type": "object", "properties": {"b": INT}, "required": ["b"]},
+                ]
+            },
+            [{"a": 1, "b": 2}],
+            [{"a": 1}, {"a": 1, "b": 2, "zz": 0}, {"a": 1, "b": 2, "": 0}],
         ),
     ],
 )

@@ -267,8 +267,8 @@ class _SchemaRewriter:
     open, all the way down (``$ref`` targets included): the members of ``allOf``, the branches of
     ``oneOf`` (closing them could make an instance match one branch where the open schema
     matches two), and the members of an object that has ``properties`` or ``required`` beside
-    ``anyOf``/``oneOf``/``allOf``/``$ref``; that object is closed to the keys any of its parts
-    declares. A ``oneOf`` whose branches each require a distinct constant discriminator (what
+    ``anyOf``/``oneOf``/``allOf``/``$ref``; that object, or one made of ``allOf`` members alone,
+    is closed to the keys any of its parts declares. A ``oneOf`` whose branches each require a distinct constant discriminator (what
     Pydantic writes for a discriminated union) matches at most one branch, so it is an
     ``anyOf`` and is written as one (llguidance enforces no other ``oneOf`` it cannot prove
     disjoint).
@@ -339,10 +339,14 @@ class _SchemaRewriter:
     def close_object(self, node: dict[str, Any], out: dict[str, Any]) -> None:
         open_keywords = ("additionalProperties", "patternProperties", "unevaluatedProperties")
         properties = out.get("properties")
+        if properties is None and len(_list(node.get("allOf"))) > 1:
+            # An object made of allOf members, which stay open: it is closed here, to the keys
+            # they declare (if they declare any: allOf of strings declares none).
+            properties = {}
         if not isinstance(properties, dict) or any(k in out for k in open_keywords):
             return
         keys = _declared_keys(node, self.refs, set())
-        if keys is None:
+        if keys is None or not (keys or "properties" in out):
             return  # a part we cannot read (a remote $ref) may declare any key
         out["properties"] = {**properties, **{k: {} for k in keys if k not in properties}}
         out["additionalProperties"] = False
