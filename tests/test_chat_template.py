@@ -410,6 +410,21 @@ def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
         ours.apply_chat_template(USER_ONLY, chat_template="{{ messages.__class__.__mro__ }}")
     with pytest.raises(ValueError, match="empty conversation"):
         ours.apply_chat_template([])
+    # A message without content (None or left out) that the template reads is named; a message
+    # with tool calls and no content is not (templates write its calls).
+    concat = "{% for m in messages %}{{ m['content'] + '|' }}{% endfor %}"
+    messages = [
+        {"role": "user", "content": None},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+        {"role": "user"},
+    ]
+    with pytest.raises(
+        ChatTemplateError,
+        match=r"messages\[0\] \(user\), messages\[2\] \(user\) have no content \(None or left",
+    ):
+        ours.apply_chat_template(messages, chat_template=concat)
+    with pytest.raises(ChatTemplateError, match=r"; messages\[0\] \(user\) has no content"):
+        ours.apply_chat_template(messages[:1], chat_template=concat)
     plain = Tokenizer.from_pretrained(build_byte_level_bpe(tmp_path / "plain"))
     assert plain.chat_template is None
     with pytest.raises(ValueError, match="no chat template"):

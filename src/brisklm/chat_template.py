@@ -294,7 +294,8 @@ def render_chat_template(
             **variables,
         )
     except jinja2.TemplateError as error:
-        raise ChatTemplateError(f"the chat template raised an error: {error}") from error
+        hint = _missing_content(messages) if isinstance(error, jinja2.UndefinedError) else ""
+        raise ChatTemplateError(f"the chat template raised an error: {error}{hint}") from error
     except Exception as error:
         # Python errors inside the template: values of a type it does not handle (e.g. content
         # blocks for a template that concatenates strings), a division by zero, jinja's sandbox
@@ -306,6 +307,19 @@ def render_chat_template(
     if final_content is not None:
         rendered = _cut_at_final_message(rendered, final_content)
     return rendered
+
+
+def _missing_content(messages: list[dict[str, Any]]) -> str:
+    """Where a template read a field that is not there: the messages without content (None or
+    left out) but for those that carry tool calls, named, since templates read every message's."""
+    missing = [
+        f"messages[{i}] ({m['role']})"
+        for i, m in enumerate(messages)
+        if "content" not in m and "tool_calls" not in m
+    ]
+    if not missing:
+        return ""
+    return f"; {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no content (None or left out): give each a str"
 
 
 # Mistral's templates refuse any tool-call id that is not 9 characters long (the check reads

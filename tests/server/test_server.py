@@ -338,6 +338,17 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
     assert list(replies) == expected
 
 
+def test_a_guided_grammar_is_read_as_gbnf_where_it_has_a_root_rule(http) -> None:
+    """vLLM's clients send GBNF (`root ::= ...`); Lark grammars (`start: ...`) still work."""
+    for grammar in ('root ::= "yes" | "no"', '\n  root::= ("yes") | "no"\n', 'start: "yes" | "no"'):
+        body = {"prompt": "Answer:", "guided_grammar": grammar, "max_tokens": 5}
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["text"] in ("yes", "no"), grammar
+    response = http.post("/v1/completions", json={"prompt": "x", "guided_grammar": "root ::= ("})
+    assert response.status_code == 400 and "GBNF" in response.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param", "words"),
     [
@@ -381,7 +392,12 @@ async def test_concurrent_requests_each_get_their_own_reply(app, llm) -> None:
         ({"messages": ask("x"), "guided_regex": "(a"}, 400, "guided_regex", "regex"),
         ({"messages": ask("x"), "guided_grammar": 5}, 400, "guided_grammar", "grammar"),
         ({"messages": ask("x"), "max_completion_tokens": "5"}, 400, "max_completion_tokens", "max"),
-        ({"messages": ask("x"), "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", "50"),
+        (
+            {"messages": ask("x"), "logprobs": True, "top_logprobs": 50},
+            400,
+            "top_logprobs",
+            "top_logprobs must be an integer in [0, 20], got 50",
+        ),
         (
             {
                 "messages": ask("x"),

@@ -231,7 +231,15 @@ def sampling_changes(
     for option, name in CONSTRAINT_FIELDS.items():
         if body.get(name) is not None:
             changes[option] = body[name]
+    grammar = changes.get("grammar")
+    if isinstance(grammar, str) and _GBNF_ROOT.search(grammar):
+        changes["grammar_syntax"] = "gbnf"
     return changes
+
+
+# A guided_grammar with a GBNF root rule (vLLM's examples and llama.cpp's grammars are written
+# so) is read as GBNF; Lark has no `::=`, and its grammars start at `start`.
+_GBNF_ROOT = re.compile(r"^[ \t]*root[ \t]*::=", re.MULTILINE)
 
 
 def field_in_error(error: Exception, default: str | None) -> str | None:
@@ -527,7 +535,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     if top is not None:
         if not wants_logprobs:
             raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if isinstance(top, bool) or not isinstance(top, int):
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
             raise ApiError(
                 f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}",
                 param="top_logprobs",
