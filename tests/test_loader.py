@@ -360,3 +360,22 @@ def test_mistral_biases_are_applied_where_stored_and_not_required_otherwise(tmp_
     with torch.no_grad():
         expected = llama(ids).logits[0]
     torch.testing.assert_close(_all_logits(directory, prompt), expected, atol=5e-4, rtol=0)
+
+
+def test_loading_leaves_torchs_symbolic_shapes_unimported(tmp_path):
+    """The meta model gets its memory without ``Module.to_empty``, whose ``empty_like`` of a meta
+    tensor imports torch's symbolic shapes and sympy (half a second of each process's first
+    load). In a fresh process, since an import cannot be undone."""
+    directory = make_tiny_checkpoint(tmp_path / "tiny")
+    script = (
+        "import sys, torch\n"
+        "before = 'sympy' in sys.modules\n"
+        "from brisklm.loader import load_model\n"
+        f"model = load_model({str(directory)!r}, device='cpu', show_progress=False)\n"
+        "print(before, 'sympy' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    before, after = done.stdout.split()
+    assert after == before  # (torch itself may import it some day: then there is nothing to keep)

@@ -341,6 +341,26 @@ def _checkpoint_name_to_entry(name: str) -> tuple[str, str, int | None]:
     return module_name, tensor_name, None
 
 
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """Give the meta model's parameters and buffers uninitialised memory on ``device`` (what
+    ``Module.to_empty`` does, whose ``empty_like`` of a meta tensor imports torch's symbolic shapes
+    and sympy: half a second of every load, the bundled model's load a third of it)."""
+    made: dict[int, torch.Tensor] = {}  # a tensor registered twice stays one
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            made[id(t)] = torch.empty(t.shape, dtype=t.dtype, device=device)
+        return made[id(t)]
+
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_meta:
+                module._parameters[name] = nn.Parameter(empty(p), requires_grad=p.requires_grad)
+        for name, b in module._buffers.items():
+            if b is not None and b.is_meta:
+                module._buffers[name] = empty(b)
+
+
 def load_model(
     path: str | Path,
     config: ModelConfig | None = None,
@@ -411,7 +431,7 @@ def load_model(
         if exact_half is not None:
             dtype_ = exact_half
     model.to(dtype_)
-    model.to_empty(device=device_)
+    _materialize(model, device_)
     model.tie_weights()
     expected, optional = _expected_entries(model)
     if config.tie_word_embeddings:
