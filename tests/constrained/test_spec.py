@@ -168,6 +168,14 @@ def test_json_grammar_is_one_line_and_sound() -> None:
         (lambda: Choice(("x", "\udfff")), r"choice option 1 holds a lone surrogate \(U\+DFFF\)"),
         (lambda: Grammar('start: "\ud800"'), "grammar holds a lone surrogate"),
         (lambda: Grammar('root ::= "\ud800"', "gbnf"), "grammar holds a lone surrogate"),
+        (  # (it was "Value is not JSON serializable", from inside llguidance)
+            lambda: JsonSchema({"properties": {"\ud800": {}}}),
+            r"json_schema's key '\\ud800' at #/properties holds a lone surrogate \(U\+D800\)",
+        ),
+        (
+            lambda: JsonSchema({"properties": {"a": {"enum": ["x", "y\udfff"]}}}),
+            r"json_schema at #/properties/a/enum/1 holds a lone surrogate \(U\+DFFF\) at index 1",
+        ),
     ],
 )
 def test_lone_surrogates_are_named(make, message) -> None:

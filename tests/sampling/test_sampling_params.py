@@ -82,6 +82,13 @@ def test_non_finite_floats_rejected(field: str, value: float) -> None:
         SamplingParams(**{field: value})
 
 
+def test_a_stop_string_with_a_lone_surrogate_is_refused() -> None:
+    # No output text holds one, so it could never match: it ran to max_tokens without a word.
+    with pytest.raises(ValueError, match=r"valid Unicode \('a\\udc80' has a lone surrogate at 1"):
+        SamplingParams(stop=["ok", "a\udc80"])
+    assert SamplingParams(stop=["🙂"]).stop == ("🙂",)
+
+
 def test_non_finite_logit_bias_rejected() -> None:
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias={3: float("nan")})

@@ -55,6 +55,19 @@ def _check_text(text: str, what: str) -> None:
         )
 
 
+def _check_strings(value: Any, what: str, path: str) -> None:
+    """``_check_text`` on every key and string of a JSON value, naming where it is."""
+    if isinstance(value, str):
+        _check_text(value, f"{what} at {path}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{what}'s key {key!r} at {path}")
+            _check_strings(item, what, f"{path}/{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_strings(item, what, f"{path}/{index}")
+
+
 @dataclass(frozen=True, eq=False)
 class JsonSchema:
     """Output must be a JSON instance valid under `schema` (draft 2020-12).
@@ -85,6 +98,8 @@ class JsonSchema:
             ) from None
         except (TypeError, ValueError) as e:
             raise ConstraintError(f"json_schema is not JSON-serialisable: {e}") from e
+        if _SURROGATE.search(text):
+            _check_strings(json.loads(text), "json_schema", "#")
         object.__setattr__(self, "schema", json.loads(text))
         object.__setattr__(self, "_text", text)
 

@@ -383,6 +383,14 @@ def _normalise_stop(value: Any) -> tuple[str, ...]:
     for s in value:
         if not isinstance(s, str) or not s:
             raise _fail("stop", value, allowed)
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate: no output text holds one
+            raise _fail(
+                "stop",
+                value,
+                f"{allowed}, valid Unicode ({s!r} has a lone surrogate at {error.start})",
+            ) from None
     return tuple(dict.fromkeys(value))  # drop duplicates, keep order
 
 
