@@ -33,6 +33,7 @@ def test_a_large_tensor_starts_on_a_huge_page_and_its_whole_huge_pages_are_backe
 def test_a_tail_under_one_huge_page_stays_on_small_pages():
     tensor = huge_pages.zeros((1000, 1000), torch.float32)  # 4,000,000 bytes: one huge page
     assert tensor.abs().sum().item() == 0.0
+    tensor.fill_(3.0)  # (zeros are not written: pages are given when first written)
     assert huge_pages.backed_by_huge_pages(tensor) == HUGE
 
 
@@ -85,11 +86,18 @@ def test_packing_gives_the_panel_layout_on_huge_pages():
 
 
 @needs_huge_pages
-def test_a_large_cpu_kv_cache_is_zeros_on_huge_pages():
+def test_a_large_cpu_kv_cache_is_zeros_on_huge_pages_taken_where_written():
+    """The cache's memory is not written at load (a large model's cache took seconds): it reads
+    as zeros, and a huge page is taken where a sequence first writes."""
     cache = KVCache(2, 2, 1024, 4, 64, torch.float32, "cpu")  # 4 MB each for keys and values
     for tensor in (cache.keys, cache.values):
+        assert huge_pages.backed_by_huge_pages(tensor) == 0
         assert tensor.shape == (2, 2, 4, 1024, 64) and tensor.abs().sum().item() == 0.0
-        assert huge_pages.backed_by_huge_pages(tensor) == 2 * HUGE
+    cache.keys[1, 1, 3, 1023, 63] = 1.0  # the last (layer, slot): the second huge page
+    assert huge_pages.backed_by_huge_pages(cache.keys) == HUGE
+    assert cache.keys.abs().sum().item() == 1.0 and cache.values.abs().sum().item() == 0.0
+    cache.values.fill_(2.0)
+    assert huge_pages.backed_by_huge_pages(cache.values) == 2 * HUGE
 
 
 @pytest.mark.skipif(not native.available(), reason="native kernels do not build here")
