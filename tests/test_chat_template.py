@@ -425,6 +425,9 @@ def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
         ours.apply_chat_template(messages, chat_template=concat)
     with pytest.raises(ChatTemplateError, match=r"; messages\[0\] \(user\) has no content"):
         ours.apply_chat_template(messages[:1], chat_template=concat)
+    with pytest.raises(ChatTemplateError) as other:  # another undefined name: no such hint
+        ours.apply_chat_template(messages[:1], chat_template="{{ undefined_thing.x }}")
+    assert "content" not in str(other.value)
     plain = Tokenizer.from_pretrained(build_byte_level_bpe(tmp_path / "plain"))
     assert plain.chat_template is None
     with pytest.raises(ValueError, match="no chat template"):

@@ -294,7 +294,8 @@ def render_chat_template(
             **variables,
         )
     except jinja2.TemplateError as error:
-        hint = _missing_content(messages) if isinstance(error, jinja2.UndefinedError) else ""
+        missed = isinstance(error, jinja2.UndefinedError) and "content" in str(error)
+        hint = _missing_content(messages) if missed else ""
         raise ChatTemplateError(f"the chat template raised an error: {error}{hint}") from error
     except Exception as error:
         # Python errors inside the template: values of a type it does not handle (e.g. content

@@ -304,6 +304,31 @@ INT = {"type": "integer"}
             [{"a": 1, "b": 2}],
             [{"a": 1}, {"a": 1, "b": 2, "zz": 0}, {"a": 1, "b": 2, "": 0}],
         ),
+        (  # ... but not where a member lets other keys in: closing would refuse them
+            {
+                "allOf": [
+                    {"properties": {"a": INT}},
+                    {"type": "object", "additionalProperties": True},
+                ]
+            },
+            [{"a": 1, "extra": 2}],
+            [{"a": "x"}],
+        ),
+        (
+            {"allOf": [{"properties": {"a": INT}}, {"patternProperties": {"^x-": INT}}]},
+            [{"a": 1, "x-y": 2}],
+            [{"a": 1, "x-y": "s"}],
+        ),
+        (  # (properties beside such a member were closed before too; "a" is the member's other
+            # key too, so it would have to be a string and an integer: it cannot be there)
+            {
+                "type": "object",
+                "properties": {"a": INT},
+                "allOf": [{"additionalProperties": {"type": "string"}}],
+            },
+            [{"b": "s"}, {"b": "s", "c": "t"}],
+            [{"b": 2}, {"a": 1}],
+        ),
     ],
 )
 def test_strict_closes_a_combined_object_to_the_keys_its_parts_declare(

@@ -366,3 +366,23 @@ def test_steps_past_a_dynamic_rope_models_trained_context_draw_as_a_step_a_call(
         with load(directory, max_seq_len=64, max_decode_steps=steps) as llm:
             outputs.append(llm.generate([5, 6, 7, 8, 9, 10], params))
     same([outputs[1]], [outputs[0]])
+
+
+def test_a_rows_alternatives_do_not_depend_on_its_neighbours(several) -> None:
+    """Thirty tokens tied at the top: a row's top 3 are the same alone and beside a row asking
+    for 20 (torch's topk orders tied values otherwise for another k), so a call of steps, whose
+    rows differ from a call a step's, lists the same alternatives."""
+    import torch
+
+    class Asking:  # a request, as token_logprobs reads it
+        def __init__(self, n: int) -> None:
+            self.params = SamplingParams(logprobs=n)
+
+    engine = several.engine
+    logits = torch.zeros(1, engine.num_real_tokens)
+    logits[0, 10:40] = 5.0
+    token = torch.tensor([12])
+    alone = engine.token_logprobs([Asking(3)], logits, token)[0]
+    pair = engine.token_logprobs([Asking(3), Asking(20)], logits.repeat(2, 1), token.repeat(2))
+    assert alone == pair[0] and len(alone.top) == 3 and len(pair[1].top) == 20
+    assert all(10 <= t.token_id < 40 for t in pair[1].top)

@@ -555,7 +555,9 @@ def _combined_parts(root: Any, refs: _LocalRefs) -> set[int]:
 
 def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, None] | None:
     """Keys that ``node`` or the parts combined with it declare or require, in the order they are
-    written (an ordered set); None where a part cannot be read (a remote ``$ref``)."""
+    written (an ordered set); None where a part cannot be read (a remote ``$ref``) or lets other
+    keys in (``additionalProperties`` other than false, ``patternProperties``,
+    ``unevaluatedProperties``): closing would refuse keys the schema allows."""
     if node is None:
         return None
     if not isinstance(node, dict) or id(node) in seen:
@@ -569,6 +571,12 @@ def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, Non
         names = [k for ks in dependent.values() for k in _list(ks) if isinstance(k, str)]
         keys.update(dict.fromkeys(names))
     for part in refs.parts(node):
+        if isinstance(part, dict) and (
+            part.get("additionalProperties", False) is not False
+            or "patternProperties" in part
+            or "unevaluatedProperties" in part
+        ):
+            return None
         part_keys = _declared_keys(part, refs, seen)
         if part_keys is None:
             return None

@@ -25,7 +25,7 @@ from brisklm.kernels.native import MAX_TOKENS
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.models.native_forward import LogitAdjustments
 from brisklm.outputs import StreamChunk, TokenLogprob, TopLogprob, joined
-from brisklm.sampling import SamplingMetadata, compute_logprobs, sample
+from brisklm.sampling import MAX_LOGPROBS, SamplingMetadata, compute_logprobs, sample
 from brisklm.sampling.categorical import NO_TOKEN
 from brisklm.sampling.sampler import greedy_tokens
 from brisklm.tokenizer import Tokenizer
@@ -479,8 +479,9 @@ class LLMEngine:
                 # the generators as after the steps that ran.
                 drawn.rewind(len(chosen) if chosen else 0)
             if chosen:  # (none: a row had nothing to draw at once; its pass below says so)
+                results = self._take_steps(requests, chosen, step_logits)
                 self._decode_step_seconds = (time.perf_counter() - start) / len(chosen)
-                return self._take_steps(requests, chosen, step_logits)
+                return results
         pending_masks = self.structured.start_masks(sampled)
         try:
             maybe_logits, greedy = self.forward_pass(forward, sampled, requests, extra)
@@ -601,11 +602,15 @@ class LLMEngine:
         as after as many one-token steps. With ``step_logits`` (a row of logits for each row and
         step), each token's logprob, as a call a step computes it from the same logits."""
         logprobs: list[TokenLogprob | None] = [None] * (len(chosen) * len(requests))
-        if step_logits is not None:
-            logits = step_logits[: len(chosen)].view(-1, step_logits.shape[-1])
-            self.mask_padding(logits)
-            tokens = torch.tensor([t for step in chosen for t in step], dtype=torch.int64)
-            logprobs = self.token_logprobs(requests * len(chosen), logits, tokens)  # type: ignore[assignment]
+        if step_logits is not None:  # (each row's values are its own: only those asking)
+            asking = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+            at = [step * len(requests) + i for step in range(len(chosen)) for i in asking]
+            rows = step_logits[: len(chosen)].view(-1, step_logits.shape[-1])[torch.tensor(at)]
+            self.mask_padding(rows)
+            tokens = torch.tensor([chosen[step][i] for step in range(len(chosen)) for i in asking])
+            entries = self.token_logprobs([requests[i] for i in asking] * len(chosen), rows, tokens)
+            for index, entry in zip(at, entries, strict=True):
+                logprobs[index] = entry
         results: list[StepResult] = []
         for row, request in enumerate(requests):
             result: StreamChunk | BaseException | None = None
@@ -963,7 +968,10 @@ class LLMEngine:
             (r.params.logprobs or 0) if num_alternatives is None else num_alternatives
             for r in requests
         ]
-        num_top = max(counts, default=0)
+        # The top MAX_LOGPROBS whatever the rows ask, each row cut to its own: topk orders tied
+        # values otherwise for another k, so a row's alternatives would depend on its neighbours'
+        # (a call a step's batch against a call of steps'; a greedy row beside one asking for 20).
+        num_top = MAX_LOGPROBS if max(counts, default=0) > 0 else 0
         # A NO_TOKEN row's entry (against token 0) is never used: its request fails.
         tokens = tokens.clamp_min(0)
         values = compute_logprobs(logits, tokens, num_top)
