@@ -104,6 +104,29 @@ def test_auto_gptq_old_defaults_to_v1() -> None:
     )
 
 
+def test_dynamic_rules_apply_in_order() -> None:
+    """GPTQModel's dynamic_get: a module's first matching rule decides it, so a positive rule
+    before a '-:' rule keeps its modules quantized (they were skipped, and the checkpoint's
+    tensors for them refused as unexpected)."""
+    dynamic = {
+        r"+:model\.layers\.1\.mlp\..*": {},
+        r"-:model\.layers\.1\..*": {},
+        r"model\.layers\.2\..*": {"bits": 4},
+        r"-:.*down_proj": {},
+    }
+    cfg = GPTQConfig.from_dict({"bits": 4, "group_size": 128, "dynamic": dynamic})
+    expected = {
+        "model.layers.1.mlp.up_proj": True,
+        "model.layers.1.self_attn.q_proj": False,
+        "model.layers.2.mlp.down_proj": True,  # the layer-2 rule comes first
+        "model.layers.3.mlp.down_proj": False,
+        "model.layers.0.mlp.up_proj": True,
+    }
+    assert {name: cfg.is_quantized(name) for name in expected} == expected
+    again = GPTQConfig.from_dict(cfg.to_quantize_config())  # written back, read the same
+    assert {name: again.is_quantized(name) for name in expected} == expected
+
+
 def test_gptqmodel() -> None:
     cfg = GPTQConfig.from_dict(GPTQMODEL)
     assert (cfg.group_size, cfg.sym, cfg.checkpoint_format, cfg.lm_head) == (

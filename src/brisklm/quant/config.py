@@ -359,16 +359,21 @@ def _read_format(cfg: Mapping[str, Any]) -> str:
 
 
 def _read_dynamic(dynamic: Any, bits: int, group_size: int) -> tuple[str, ...]:
-    """GPTQModel's per-module rules: keep '-:regex' (skip) rules; reject overrides we cannot honour."""
+    """GPTQModel's per-module rules as skip patterns: its first matching rule decides a module
+    (``dynamic_get``), so a '-:regex' rule skips what no rule before it matches: each becomes
+    ``(?!earlier)...regex`` over the positive rules before it. Overrides we cannot honour are
+    refused."""
     if not dynamic:
         return ()
     if not isinstance(dynamic, Mapping):
         raise ValueError(f"dynamic must be a mapping of module regex to overrides, got {dynamic!r}")
-    skip = []
+    skip: list[str] = []
+    earlier: list[str] = []  # the positive rules so far, which take the modules they match
     for key, overrides in dynamic.items():
         if key.startswith("-:"):
-            skip.append(key[2:])
+            skip.append("".join(f"(?!{pattern})" for pattern in earlier) + key[2:])
             continue
+        earlier.append(key.removeprefix("+:"))
         overrides = overrides or {}
         changed = {
             name: overrides[name]
