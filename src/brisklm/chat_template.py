@@ -320,7 +320,8 @@ def _missing_content(messages: list[dict[str, Any]]) -> str:
     ]
     if not missing:
         return ""
-    return f"; {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no content (None or left out): give each a str"
+    verb = "has" if len(missing) == 1 else "have"
+    return f"; {', '.join(missing)} {verb} no content (None or left out): give each a str"
 
 
 # Mistral's templates refuse any tool-call id that is not 9 characters long (the check reads

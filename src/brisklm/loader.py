@@ -344,7 +344,7 @@ def _checkpoint_name_to_entry(name: str) -> tuple[str, str, int | None]:
 def _materialize(model: nn.Module, device: torch.device) -> None:
     """Give the meta model's parameters and buffers uninitialised memory on ``device`` (what
     ``Module.to_empty`` does, whose ``empty_like`` of a meta tensor imports torch's symbolic shapes
-    and sympy: half a second of every load, the bundled model's load a third of it)."""
+    and sympy: 0.5-1 s of a process's first load, most of the bundled model's)."""
     made: dict[int, torch.Tensor] = {}  # a tensor registered twice stays one
 
     def empty(t: torch.Tensor) -> torch.Tensor:

@@ -263,15 +263,15 @@ class _SchemaRewriter:
     and which keeps a model from inventing keys. A closed object also declares the keys it
     requires (``required``, ``dependentRequired``) where ``properties`` does not.
 
-    Closing must not change what a combined schema means, so the parts of a combination stay
-    open, all the way down (``$ref`` targets included): the members of ``allOf``, the branches of
-    ``oneOf`` (closing them could make an instance match one branch where the open schema
-    matches two), and the members of an object that has ``properties`` or ``required`` beside
-    ``anyOf``/``oneOf``/``allOf``/``$ref``; that object, or one made of ``allOf`` members alone,
-    is closed to the keys any of its parts declares. A ``oneOf`` whose branches each require a distinct constant discriminator (what
-    Pydantic writes for a discriminated union) matches at most one branch, so it is an
-    ``anyOf`` and is written as one (llguidance enforces no other ``oneOf`` it cannot prove
-    disjoint).
+    Closing must not change what a combined schema means, so the parts of a combination stay open,
+    all the way down (``$ref`` targets included): the members of ``allOf``, the branches of
+    ``oneOf`` (closing them could make an instance match one branch where the open schema matches
+    two), and the members of an object that has ``properties`` or ``required`` beside
+    ``anyOf``/``oneOf``/``allOf``/``$ref``; that object, or one made of ``allOf`` members alone, is
+    closed to the keys any of its parts declares. A ``oneOf`` whose branches each require a distinct
+    constant discriminator (what Pydantic writes for a discriminated union) matches at most one
+    branch, so it is an ``anyOf`` and is written as one (llguidance enforces no other ``oneOf`` it
+    cannot prove disjoint).
     """
 
     def __init__(self, root: Any, strict: bool = False) -> None:

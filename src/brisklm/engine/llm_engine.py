@@ -607,8 +607,8 @@ class LLMEngine:
             at = [step * len(requests) + i for step in range(len(chosen)) for i in asking]
             rows = step_logits[: len(chosen)].view(-1, step_logits.shape[-1])[torch.tensor(at)]
             self.mask_padding(rows)
-            tokens = torch.tensor([chosen[step][i] for step in range(len(chosen)) for i in asking])
-            entries = self.token_logprobs([requests[i] for i in asking] * len(chosen), rows, tokens)
+            ids = torch.tensor([chosen[step][i] for step in range(len(chosen)) for i in asking])
+            entries = self.token_logprobs([requests[i] for i in asking] * len(chosen), rows, ids)
             for index, entry in zip(at, entries, strict=True):
                 logprobs[index] = entry
         results: list[StepResult] = []

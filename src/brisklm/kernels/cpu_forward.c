@@ -2321,7 +2321,8 @@ int brisk_forward_f32(const brisk_forward_args *given) {
             team_barrier(&sync);
             if (a->head_w && a->n_logits > 0)
                 matmul_team(a->normed, e, a->n_logits, e, a->head_w, a->head_type, 0, a->vocab, a->logits, a->vocab, 0, slots, &sync, stream);
-            if (a->step_logits) { /* the head's product ended with a barrier: the logits are whole */
+            /* The raw logits, whole: the head's product ended with a barrier. */
+            if (a->step_logits) {
 #pragma omp for schedule(static) nowait
                 for (int r = 0; r < a->n_logits; r++)
                     memcpy(a->step_logits + ((int64_t)step * a->n_logits + r) * a->vocab,

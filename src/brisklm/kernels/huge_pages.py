@@ -102,11 +102,12 @@ def zeros(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """Like ``empty``, filled with zeros: a fresh anonymous mapping reads as zeros already, and its
-    pages are faulted in (zeroed by the kernel) where they are first written, so memory never
-    used is never touched (torch's memory, without huge pages, is written with zeros at once). Writing the zeros at once cost a KV cache's load seconds: a
-    Qwen3-0.6B shape's 7.5 GB float32 cache (8 sequences of 4,096 tokens), ~6 s of a 10.6 s load
-    on the Zen 4; a sequence's first use of a slot now faults its pages (2 MB each, one per layer,
-    head and keys or values at 4,096 positions of 128 floats)."""
+    pages are faulted in (zeroed by the kernel) where they are first written, so memory never used
+    is never touched (torch's memory, without huge pages, is written with zeros at once). Writing
+    the zeros at once cost a KV cache's load seconds: a Qwen3-0.6B shape's 7.5 GB float32 cache (8
+    sequences of 4,096 tokens), ~6 s of a 10.6 s load on the Zen 4; a sequence's first use of a slot
+    now faults its pages (2 MB each, one per layer, head and keys or values at 4,096 positions of
+    128 floats)."""
     mapped = _mapped(shape, dtype, device)
     return torch.zeros(shape, dtype=dtype, device=device) if mapped is None else mapped
 
