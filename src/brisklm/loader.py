@@ -455,9 +455,9 @@ def load_model(
                 )
             elif entry[1] == "weight" and (entry[0], "qweight", entry[2]) in expected:
                 hint = (
-                    "; the quantization config quantizes this module but the checkpoint stores "
-                    "it in float (check modules_to_not_convert, modules_in_block_to_quantize or "
-                    "dynamic in the quantization config)"
+                    "; the quantization config quantizes this module but the checkpoint stores a "
+                    "float weight for it (check modules_to_not_convert, "
+                    "modules_in_block_to_quantize or dynamic in the quantization config)"
                 )
             raise CheckpointError(
                 f"{file}: unexpected tensor {name!r} (not part of a {config.architecture}{hint})"
