@@ -337,13 +337,12 @@ class _SchemaRewriter:
         return out
 
     def close_object(self, node: dict[str, Any], out: dict[str, Any]) -> None:
-        open_keywords = ("additionalProperties", "patternProperties", "unevaluatedProperties")
         properties = out.get("properties")
-        if properties is None and len(_list(node.get("allOf"))) > 1:
+        if properties is None and _merges_all_of(node):
             # An object made of allOf members, which stay open: it is closed here, to the keys
             # they declare (if they declare any: allOf of strings declares none).
             properties = {}
-        if not isinstance(properties, dict) or any(k in out for k in open_keywords):
+        if not isinstance(properties, dict) or any(k in out for k in _OTHER_KEYS_KEYWORDS):
             return
         keys = _declared_keys(node, self.refs, set())
         if keys is None or not (keys or "properties" in out):
@@ -509,6 +508,8 @@ class _LocalRefs:
 
 
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
+# The keywords that say what an object's undeclared keys may be.
+_OTHER_KEYS_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
 def _list(value: Any) -> list[Any]:
@@ -539,7 +540,7 @@ def _combined_parts(root: Any, refs: _LocalRefs) -> set[int]:
         if not isinstance(node, dict):
             return
         all_of = _list(node.get("allOf"))
-        if len(all_of) > 1 or (all_of and ("properties" in node or "required" in node)):
+        if _merges_all_of(node) or (all_of and ("properties" in node or "required" in node)):
             keep_open(all_of)
         if "oneOf" in node and not _one_of_as_any_of(node, refs):
             keep_open(node["oneOf"])
@@ -551,6 +552,22 @@ def _combined_parts(root: Any, refs: _LocalRefs) -> set[int]:
 
     walk(root)
     return open_ids
+
+
+def _merges_all_of(node: dict[str, Any]) -> bool:
+    """Whether ``node`` combines several ``allOf`` members (left open in strict mode: the object
+    they make is closed instead)."""
+    return len(_list(node.get("allOf"))) > 1
+
+
+def _lets_other_keys_in(node: Any) -> bool:
+    """Whether a schema allows keys it does not declare by saying so (an ``additionalProperties``
+    other than false, ``patternProperties``, ``unevaluatedProperties``)."""
+    if not isinstance(node, dict):
+        return False
+    return node.get("additionalProperties", False) is not False or any(
+        keyword in node for keyword in ("patternProperties", "unevaluatedProperties")
+    )
 
 
 def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, None] | None:
@@ -571,11 +588,7 @@ def _declared_keys(node: Any, refs: _LocalRefs, seen: set[int]) -> dict[str, Non
         names = [k for ks in dependent.values() for k in _list(ks) if isinstance(k, str)]
         keys.update(dict.fromkeys(names))
     for part in refs.parts(node):
-        if isinstance(part, dict) and (
-            part.get("additionalProperties", False) is not False
-            or "patternProperties" in part
-            or "unevaluatedProperties" in part
-        ):
+        if _lets_other_keys_in(part):
             return None
         part_keys = _declared_keys(part, refs, seen)
         if part_keys is None:

@@ -601,7 +601,7 @@ class LLMEngine:
         it finishes; the rest are dropped. The cache holds each kept token's keys but the last's,
         as after as many one-token steps. With ``step_logits`` (a row of logits for each row and
         step), each token's logprob, as a call a step computes it from the same logits."""
-        logprobs: list[TokenLogprob | None] = [None] * (len(chosen) * len(requests))
+        logprobs: dict[int, TokenLogprob] = {}  # by step * rows + row
         if step_logits is not None:  # (each row's values are its own: only those asking)
             asking = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
             at = [step * len(requests) + i for step in range(len(chosen)) for i in asking]
@@ -609,15 +609,14 @@ class LLMEngine:
             self.mask_padding(rows)
             ids = torch.tensor([chosen[step][i] for step in range(len(chosen)) for i in asking])
             entries = self.token_logprobs([requests[i] for i in asking] * len(chosen), rows, ids)
-            for index, entry in zip(at, entries, strict=True):
-                logprobs[index] = entry
+            logprobs = dict(zip(at, entries, strict=True))
         results: list[StepResult] = []
         for row, request in enumerate(requests):
             result: StreamChunk | BaseException | None = None
             taken = 0
             for step, tokens in enumerate(chosen):
                 taken += 1
-                logprob = logprobs[step * len(requests) + row]
+                logprob = logprobs.get(step * len(requests) + row)
                 result = joined(result, self.update_request(request, tokens[row], logprob))
                 if request.is_finished or isinstance(result, BaseException):
                     break
