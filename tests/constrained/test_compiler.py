@@ -117,7 +117,29 @@ def test_unenforceable_keywords_are_named(
         # where, and what to do instead (the bare keyword or format named nothing more)
         (
             {"properties": {"tags": {"type": "array", "uniqueItems": True}}},
-            r"uniqueItems \(at #/properties/tags\) \(a Pydantic set field: use a list\)",
+            r"uniqueItems \(at #/properties/tags\) \(Pydantic writes it for a set field: type the "
+            r"field as a list\)",
+        ),
+        # values JSON Schema forbids, which llguidance read anyway (multipleOf -2 as 2)
+        (
+            {"properties": {"n": {"type": "integer", "multipleOf": -2}}},
+            r"multipleOf at #/properties/n/multipleOf must be greater than 0, got -2",
+        ),
+        (
+            {"type": "number", "multipleOf": -0.5},
+            r"multipleOf at #/multipleOf must be greater than 0, got -0.5",
+        ),
+        (
+            {"type": ["string", "null", "string"]},
+            r"type at #/type names 'string' more than once \(JSON Schema asks for each entry once\)",
+        ),
+        (
+            {"type": "object", "properties": {"a": {}}, "required": ["a", "a"]},
+            r"required at #/required names 'a' more than once",
+        ),
+        (
+            {"$defs": 5, "type": "integer"},
+            r"\$defs at #/\$defs must be an object of schemas, got int",
         ),
         (
             {"properties": {"a": {"not": {"type": "null"}}}},

@@ -76,7 +76,7 @@ ENFORCED_FORMATS = (
     "uuid",
 )
 # What to do instead, for keywords Pydantic writes.
-_KEYWORD_HINTS = {"uniqueItems": " (a Pydantic set field: use a list)"}
+_KEYWORD_HINTS = {"uniqueItems": " (Pydantic writes it for a set field: type the field as a list)"}
 
 
 def _json_schema_error(message: str, schema: Any = None) -> ConstraintError:

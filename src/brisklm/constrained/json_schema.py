@@ -74,6 +74,8 @@ _LEGACY_KEYWORDS = {
     "dependencies": "draft-07 `dependencies` (2020-12: `dependentRequired`/`dependentSchemas`)",
     "$recursiveRef": "2019-09 `$recursiveRef`",
 }
+# Keywords whose list JSON Schema requires to hold each entry once.
+_UNIQUE_ENTRIES = ("type", "required")
 
 # ECMA-262 character classes, in Rust regex syntax: (outside a class, inside a class).
 _ECMA_SPACE = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
@@ -254,6 +256,25 @@ def _ecma_class_body(pattern: str, i: int) -> tuple[str, int]:
     return "".join(parts) + "]", i
 
 
+def check_keyword_value(key: str, value: Any, where: str) -> None:
+    """ConstraintError for values that JSON Schema forbids and llguidance reads anyway (it took
+    a negative multipleOf as its absolute value, and lets the others pass)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key == "multipleOf" and number and value <= 0:
+        raise ConstraintError(f"multipleOf at {where} must be greater than 0, got {value}")
+    if key in _UNIQUE_ENTRIES and isinstance(value, list):
+        repeated = [entry for k, entry in enumerate(value) if entry in value[:k]]
+        if repeated:
+            raise ConstraintError(
+                f"{key} at {where} names {repeated[0]!r} more than once (JSON Schema asks for "
+                "each entry once)"
+            )
+    if key in ("$defs", "definitions") and not isinstance(value, dict):
+        raise ConstraintError(
+            f"{key} at {where} must be an object of schemas, got {type(value).__name__}"
+        )
+
+
 class _SchemaRewriter:
     """Walks a schema document (not following $ref) and rewrites every place a schema can be.
 
@@ -288,6 +309,7 @@ class _SchemaRewriter:
             where = f"{path}/{key}"
             if key in _LEGACY_KEYWORDS:
                 raise ConstraintError(f"{_LEGACY_KEYWORDS[key]} at {where} cannot be enforced")
+            check_keyword_value(key, value, where)
             if key == "items" and isinstance(value, list):
                 raise ConstraintError(
                     f"draft-07 array-form `items` at {where} cannot be enforced (use `prefixItems`)"
