@@ -48,6 +48,14 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def counts(self) -> dict[str, int]:
+        """The counts as OpenAI's usage names them (prompt, completion and total tokens)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
 
 def choices_usage(usages: Sequence[Usage], n: int) -> Usage:
     """The usage of a call's completions, ``n`` a prompt in order (as many as finished): each

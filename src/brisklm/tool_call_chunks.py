@@ -92,6 +92,18 @@ class ToolCallChunker:
             events = events[:-1]
         return self._convert(events)
 
+    def cut_arguments(self) -> list[tuple[int, str, int]]:
+        """After ``finish``: each call the reply ended inside whose chunks went out (its name and
+        arguments so far, in the Hermes format), as its index, its arguments so far and how many
+        of their characters went out (a trailing "}" is held back)."""
+        if not self.cut:
+            return []
+        return [
+            (index, state.raw.lstrip()[state.head_end :], state.emitted)
+            for index, state in sorted(self._calls.items())
+            if state.head_end is not None
+        ]
+
     @property
     def num_calls(self) -> int:
         """Calls complete so far (a call cut by the reply's end is none)."""

@@ -13,8 +13,10 @@ from langchain_core.messages.tool import (
 )
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel
 
+from brisklm.tool_call_chunks import CallChunk, ToolCallChunker, call_chunk
 from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_calls import (
     TOOL_CALL_START,
@@ -353,6 +355,38 @@ _JSON_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
 # A Mistral v11+ call's name, once what follows it shows it complete, and its arguments' start.
 _V11_NAME = re.compile(r"\s*([^\s\[\]{}\"]+)\s*(?=\[CALL_ID\]|\[ARGS\]|\{)")
 _V11_ARGUMENTS = re.compile(r"(?:\[CALL_ID\]\s*[A-Za-z0-9]+\s*)?(?:\[ARGS\]\s*)?(?=\{)")
+
+
+# Ends after which LangChain's partial-JSON merge reads no arguments: a bracket that closes
+# nothing open (after a quote ending an open string, and an escape's letter after a lone
+# backslash). One of them fits every prefix of an arguments object.
+_UNREADABLE_ENDS = ("]", "}", '"]', '"}', 'n"]', 'n"}')
+
+
+def unreadable_end(arguments: str) -> str:
+    """What a stream appends to a cut call's arguments (its JSON so far) so that the merged chunks
+    make it an invalid tool call: LangChain parses a merged call's arguments as partial JSON,
+    which closes open strings and brackets, so the arguments so far made a valid call (an agent
+    ran the tool with a value cut short, or a required one missing)."""
+    for end in _UNREADABLE_ENDS:
+        try:
+            read = parse_partial_json(arguments + end)
+        except Exception:  # what LangChain's merge catches, the call then invalid
+            return end
+        if not isinstance(read, dict):
+            return end
+    raise AssertionError(f"no end leaves {arguments!r} unreadable")  # not reached for a prefix
+
+
+def cut_call_chunks(chunker: ToolCallChunker) -> list[CallChunk]:
+    """After the chunker's ``finish``, a chunk for each call the reply ended inside that has sent
+    its arguments so far: the rest of them, ending unreadable, so that LangChain's merge makes
+    the call an invalid tool call, as in invoke's message (it read the arguments so far as a
+    call)."""
+    return [
+        call_chunk(args=args[sent:] + unreadable_end(args), index=index)
+        for index, args, sent in chunker.cut_arguments()
+    ]
 
 
 def cut_call(text: str, error: str, call_id: str) -> InvalidToolCall:

@@ -57,6 +57,7 @@ from langchain_brisklm._structured import (
 from langchain_brisklm._tools import (
     ToolChoice,
     check_parallel_tool_calls,
+    cut_call_chunks,
     cut_call_error,
     format_tools,
     is_bare_json_schema,
@@ -302,15 +303,20 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         usage = choices_usage([o.usage for o in outputs], len(outputs))
         return ChatResult(
             generations=[self._generation(call, output, usage) for output in outputs],
-            llm_output={
-                "model_name": call.model_name,
-                "token_usage": {
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "total_tokens": usage.total_tokens,
-                },
-            },
+            llm_output={"model_name": call.model_name, "token_usage": usage.counts()},
         )
+
+    def _combine_llm_outputs(self, llm_outputs: list[dict[str, Any] | None]) -> dict[str, Any]:
+        """``generate``'s llm_output over several inputs, as ChatOpenAI's: the runs' token usage
+        summed, and the model's name (LangChain's default gives {})."""
+        outputs = [output for output in llm_outputs if output]
+        if not outputs:
+            return {}
+        counts = [output["token_usage"] for output in outputs]
+        return {
+            "model_name": outputs[0]["model_name"],
+            "token_usage": {key: sum(count[key] for count in counts) for key in counts[0]},
+        }
 
     @staticmethod
     def _generation(call: _Call, output: GenerationOutput, usage: Usage) -> ChatGeneration:
@@ -682,6 +688,8 @@ class _ChunkConverter:
             pieces = [self.chunker.feed(text)]
             if chunk.finished:
                 pieces.append(self.chunker.finish())
+                if cut_chunks := cut_call_chunks(self.chunker):
+                    pieces.append(("", cut_chunks))
         if chunk.logprobs:
             entries = chunk.logprobs
             if chunk.finished:

@@ -33,14 +33,6 @@ _CONSTRAINT_OPTIONS = frozenset(
 _CALL_OPTIONS = _CONSTRAINT_OPTIONS | {"model"}
 
 
-def _usage_dict(usage: Usage) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
-
-
 def _generation_info(
     finish_reason: str | None,
     stop_reason: Any,
@@ -53,7 +45,7 @@ def _generation_info(
     if stop_reason is not None:
         info["stop_reason"] = stop_reason
     if usage is not None:
-        info["usage"] = _usage_dict(usage)
+        info["usage"] = usage.counts()
     return info
 
 
@@ -142,7 +134,7 @@ class BriskLLM(BriskSettings, BaseLLM):
         usage = choices_usage([o.usage for o in outputs], n)
         return LLMResult(
             generations=[generations[i : i + n] for i in range(0, len(generations), n)],
-            llm_output={"token_usage": _usage_dict(usage), "model_name": model_name},
+            llm_output={"token_usage": usage.counts(), "model_name": model_name},
         )
 
     def _generate(

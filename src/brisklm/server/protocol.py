@@ -772,9 +772,7 @@ def tool_call_dict(call: ToolCall) -> dict[str, Any]:
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
     return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
+        **usage.counts(),
         "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
     }
 

@@ -202,6 +202,24 @@ def test_invoke_usage_and_metadata(chat: ChatBrisk, tiny_chat_dir: Path) -> None
     assert 20 < again["input_token_details"]["cache_read"] < again["input_tokens"]
 
 
+def test_generate_over_several_inputs_sums_their_usage(
+    chat: ChatBrisk, tiny_chat_dir: Path
+) -> None:
+    """LangChain's default combination of the runs' llm_output was {}; ChatOpenAI's sums."""
+    inputs = [[HumanMessage("Hello")], [HumanMessage("What is 2 + 2?")], [HumanMessage("Bye")]]
+    result = chat.generate(inputs, max_tokens=6)
+    messages = [generations[0].message for generations in result.generations]
+    usage = result.llm_output["token_usage"]
+    for key, name in (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens")):
+        assert usage[key] == sum(m.usage_metadata[name] for m in messages) > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert result.llm_output["model_name"] == str(tiny_chat_dir)
+    assert (
+        chat.generate(inputs[:1]).llm_output["token_usage"]["prompt_tokens"]
+        == (messages[0].usage_metadata["input_tokens"])
+    )
+
+
 def test_stream_matches_invoke(chat: ChatBrisk) -> None:
     message = chat.invoke("Hello")
     chunks = list(chat.stream("Hello"))

@@ -62,9 +62,9 @@ def assert_valid_calls(message: BaseMessage, allowed: set[str] | None = None) ->
         assert call["id"] and call["type"] == "tool_call"
 
 
-def streamed(runnable: Any, prompt: Any) -> AIMessageChunk:
+def streamed(runnable: Any, prompt: Any, **kwargs: Any) -> AIMessageChunk:
     full = None
-    for chunk in runnable.stream(prompt):
+    for chunk in runnable.stream(prompt, **kwargs):
         full = chunk if full is None else full + chunk
     assert isinstance(full, AIMessageChunk)
     return full
@@ -228,6 +228,37 @@ def test_cut_call_is_an_invalid_tool_call(chat: ChatBrisk) -> None:
     assert message.usage_metadata["output_tokens"] == 10
     (cut,) = message.invalid_tool_calls
     assert f"the context of {prompt + 10} tokens was full" in cut["error"]
+
+
+def test_a_call_cut_in_a_stream_merges_into_an_invalid_tool_call(chat: ChatBrisk) -> None:
+    """LangChain parses a merged call's arguments as partial JSON: a stream cut inside a call's
+    arguments merged into a valid call with the arguments so far ({"city": "S"} of "San
+    Francisco", {} before the first value), which an agent would run. Cut at every token before
+    its end, the stream's call is invalid where invoke's is, with the same name."""
+    bound = chat.bind_tools(TOOLS, tool_choice="get_weather")
+    whole = bound.invoke(QUESTION)
+    (call,) = whole.tool_calls
+    length = whole.usage_metadata["output_tokens"]
+    cuts = 0
+    for max_tokens in range(1, length):
+        message = bound.invoke(QUESTION, max_tokens=max_tokens)
+        full = streamed(bound, QUESTION, max_tokens=max_tokens)
+        calls = [(c["name"], c["args"]) for c in message.tool_calls]
+        assert [(c["name"], c["args"]) for c in full.tool_calls] == calls, max_tokens
+        if calls:  # whole but for its end tag: a call in both
+            assert calls == [(call["name"], call["args"])] and not full.invalid_tool_calls
+            continue
+        if not full.invalid_tool_calls:  # cut before the arguments began: nothing was sent
+            continue
+        cuts += 1
+        (cut,) = full.invalid_tool_calls
+        (expected,) = message.invalid_tool_calls
+        assert cut["name"] == expected["name"] == call["name"]
+        assert cut["args"].startswith(expected["args"]), (cut["args"], expected["args"])
+        assert full.response_metadata["cut_tool_call"] is True
+    assert cuts >= 5  # the arguments' tokens
+    (streamed_call,) = streamed(bound, QUESTION).tool_calls  # a whole call is unchanged
+    assert (streamed_call["name"], streamed_call["args"]) == (call["name"], call["args"])
 
 
 def test_a_stop_sequence_inside_a_call_makes_it_invalid_in_invoke_and_stream(

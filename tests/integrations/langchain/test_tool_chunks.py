@@ -12,6 +12,7 @@ from langchain_core.messages import AIMessageChunk
 from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_formats import ToolCallFormat
 from langchain_brisklm._tools import (
+    cut_call_chunks,
     cut_call_error,
     normalize_tool_choice,
     parse_reply,
@@ -38,7 +39,9 @@ def run(text: str, pieces: list[int], tool_format: ToolCallFormat | None = None)
         messages.append(AIMessageChunk(content=content, tool_call_chunks=chunks))
         position += size
     content, chunks = chunker.finish()
-    messages.append(AIMessageChunk(content=content, tool_call_chunks=chunks, chunk_position="last"))
+    messages.append(AIMessageChunk(content=content, tool_call_chunks=chunks))
+    messages.append(AIMessageChunk(content="", tool_call_chunks=cut_call_chunks(chunker)))
+    messages[-1].chunk_position = "last"
     full = messages[0]
     for message in messages[1:]:
         full = full + message
@@ -75,6 +78,28 @@ def test_a_reply_cut_inside_the_end_tag_of_a_whole_call_has_that_call(cut: int) 
         full = run(text, [rng.randint(1, 6) for _ in range(len(text))])
         assert full.content == "Let me check." and full.invalid_tool_calls == []
         assert [(c["name"], c["args"]) for c in full.tool_calls] == CALLS
+
+
+def test_a_stream_cut_anywhere_merges_into_what_invoke_reads() -> None:
+    """LangChain reads a merged call's arguments as partial JSON: a cut call whose arguments had
+    begun merged into a valid call with the arguments so far. Cut at every character, the stream
+    has invoke's calls, and its cut call (where one was sent) is invalid, as invoke's is."""
+    start = len("Let me check.\n")
+    invalid_seen = 0
+    for cut in range(start, len(TEXT) + 1):
+        text = TEXT[:cut]
+        _, calls, invalid = parse_reply(text, HERMES, "cut")
+        full = run(text, [3] * len(text))
+        assert [(c["name"], c["args"]) for c in full.tool_calls] == [
+            (c.name, c.arguments) for c in calls
+        ], text
+        for streamed, expected in zip(full.invalid_tool_calls, invalid, strict=False):
+            assert streamed["name"] == expected["name"]
+            assert streamed["args"].startswith(expected["args"].rstrip()), (streamed, expected)
+        assert len(full.invalid_tool_calls) <= len(invalid)
+        invalid_seen += len(full.invalid_tool_calls)
+    # every cut inside the three calls' arguments (some 100 characters)
+    assert invalid_seen >= sum(len(json.dumps(a, ensure_ascii=False)) for _, a in CALLS) - 3
 
 
 def test_name_arrives_before_the_arguments_end() -> None:
@@ -163,10 +188,12 @@ def test_every_format_treats_a_cut_call_the_same(form: str, calls_before: int) -
         full = run(text, [size] * len(text), tool_format)
         assert full.content == content
         streamed = [(c["name"], c["args"]) for c in full.tool_calls]
+        assert streamed == [("f", {"a": 1})] * calls_before
         if form == "hermes":
             # Hermes arguments stream as written: the cut call's chunks went out before the cut
-            # showed, and LangChain's partial-JSON merge reads them as a call.
-            assert streamed == [("f", {"a": 1})] * calls_before + [("get_weather", {"city": "Pa"})]
+            # showed (LangChain's partial-JSON merge read them as a call); they end unreadable.
+            (cut,) = full.invalid_tool_calls
+            assert (cut["name"], cut["args"]) == ("get_weather", '{"city": "Pa"]')
         else:  # calls stream whole at the end: the cut one is left out
             assert streamed == [("f", {"a": 1})] * calls_before
             assert len(full.tool_call_chunks) == calls_before
@@ -242,8 +269,10 @@ def test_tags_inside_a_cut_calls_strings_are_its_text(text: str) -> None:
     assert HERMES.ended_inside_call(text)
     for pieces in ([len(text)], [7] * (len(text) // 7 + 1), [1] * len(text)):
         full = run(text, pieces)  # streamed: no markup in the content, the call's text once
-        assert full.content == ""
-        assert [(c["name"], c["args"]) for c in full.tool_call_chunks] == [("note", args)]
+        assert full.content == "" and full.tool_calls == []
+        (cut,) = full.tool_call_chunks  # its arguments, then the end that makes them unreadable
+        assert cut["name"] == "note" and cut["args"][: len(args)] == args
+        assert [c["args"] for c in full.invalid_tool_calls] == [cut["args"]]
 
 
 @pytest.mark.parametrize("form", CUT_REPLIES)
