@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import logging
 import numbers
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
+from brisklm.kernels.omp import available_cpus
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.offload import run_off_loop
@@ -354,15 +354,8 @@ _NOT_COPYABLE = (
 )
 
 
-def _available_cpus() -> int:
-    """The logical CPUs this process may run on (its affinity mask, where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _warn_of_more_threads_than_cpus(num_threads: int) -> None:
-    available = _available_cpus()
+    available = available_cpus()
     if num_threads > available:
         logger.warning(
             "num_threads=%d is more than the %d CPUs this process may run on: the threads take "

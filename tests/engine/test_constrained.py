@@ -448,3 +448,52 @@ def test_top_logprobs_under_a_constraint_leave_out_the_tokens_it_masks(llm):
         assert entry.token_id in [top.token_id for top in entry.top]  # greedy: the top one
     # The last step allows one token (the grammar's end, or the word's last piece).
     assert len(out.logprobs[-1].top) < 5
+
+
+def test_masks_are_filled_beside_the_pass_only_where_a_cpu_is_free(llm, monkeypatch):
+    """A worker filling the masks while the pass ran took a core from the pass's threads where
+    they had every CPU (they waited for it at their barriers): there the masks are filled before
+    the pass. The same tokens either way."""
+    import threading
+
+    import torch
+
+    import brisklm.engine.structured as structured
+    from brisklm.kernels.omp import available_cpus
+
+    outputs = llm.engine.structured
+    cpus = available_cpus()
+    with monkeypatch.context() as threads:
+        threads.setattr(torch, "get_num_threads", lambda: cpus)
+        assert not outputs.overlaps()
+        threads.setattr(torch, "get_num_threads", lambda: cpus - 1)
+        assert outputs.overlaps()
+    on_gpu = structured.StructuredOutputs(llm.tokenizer, 1, device=torch.device("cuda"))
+    assert on_gpu.overlaps()
+
+    fill = structured.fill_bitmasks
+    fillers: set[str] = set()
+
+    def recorded(*args, **kwargs):
+        fillers.add(threading.current_thread().name.split("_")[0])
+        return fill(*args, **kwargs)
+
+    monkeypatch.setattr(structured, "fill_bitmasks", recorded)
+    schema = SCHEMAS["nested_optional"]
+    params = [
+        SamplingParams(temperature=1.0, seed=seed, max_tokens=60, json_schema=schema)
+        for seed in range(3)
+    ] + [SamplingParams(temperature=0.8, seed=5, max_tokens=20)]
+    tokens = {}
+    for overlap in (True, False):
+        fillers.clear()
+        monkeypatch.setattr(
+            structured.StructuredOutputs, "overlaps", lambda self, overlap=overlap: overlap
+        )
+        outs = llm.generate(["Person:", "JSON:", "A", "Hello"], params)
+        tokens[overlap] = [o.token_ids for o in outs]
+        assert fillers == ({"brisklm-grammar"} if overlap else {"brisklm-engine"}), fillers
+        for out in outs[:3]:
+            if out.finish_reason == "stop":
+                validator(schema).validate(json.loads(out.text))
+    assert tokens[True] == tokens[False]

@@ -649,10 +649,10 @@ def test_num_threads(tiny_dir):
 
 
 def test_more_threads_than_cpus_are_warned_of(tiny_dir, caplog):
-    from brisklm.llm import _available_cpus
+    from brisklm.kernels.omp import available_cpus
 
     before = torch.get_num_threads()
-    many = _available_cpus() + 1
+    many = available_cpus() + 1
     try:
         with caplog.at_level("WARNING", logger="brisklm"):
             LLM.from_pretrained(tiny_dir, num_threads=many, show_progress=False).close()

@@ -296,6 +296,7 @@ class LLMEngine:
             config.max_batch_size,
             usable_tokens=self.num_real_tokens,
             cache_size=config.grammar_cache_size,
+            device=self.device,
         )
         self.speculator = speculator
         if speculator is not None and self.prefix_cache is not None:

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +26,13 @@ from typing import Any, TypeVar
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+def available_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @functools.cache
