@@ -70,7 +70,11 @@ def choices_usage(usages: Sequence[Usage], n: int) -> Usage:
 
 @dataclass
 class SpeculativeStats:
-    """How speculation went for one request: proposals made and accepted, target steps taken."""
+    """How speculation went for one request: proposals made and accepted, target steps taken.
+
+    An accepted proposal that a stop (a stop string or token, ``max_tokens``) then dropped from
+    the output is not counted as accepted, so a draft the target always agrees with can read
+    under 1.0 (``num_accepted`` counts the proposals in the output)."""
 
     num_proposed: int = 0
     num_accepted: int = 0

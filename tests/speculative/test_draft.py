@@ -289,6 +289,22 @@ def test_limits_k_zero_and_cache_end(draft_model, target_model, tokenizer, promp
         proposer.rollback(2, 100)
 
 
+def test_a_draft_trained_on_a_shorter_context_is_named(
+    draft_model, target_model, tokenizer, caplog
+):
+    """It loaded without a word: past its positions its proposals are extrapolated, which costs
+    acceptance, not the target's output."""
+    trained = draft_model.config.max_position_embeddings
+    with caplog.at_level("WARNING", logger="brisklm.speculative.draft"):
+        _proposer(draft_model, target_model, tokenizer, max_seq_len=trained)
+        assert not caplog.records
+        _proposer(draft_model, target_model, tokenizer, max_seq_len=trained + 1)
+    (record,) = caplog.records
+    assert f"trained on {trained} positions and the engine's context is {trained + 1}" in (
+        record.getMessage()
+    )
+
+
 def test_stops_drafting_after_eos(draft_model, target_model, tokenizer, prompts):
     eos = tokenizer.eos_token_ids[0]
     forced = SamplingParams.greedy(logit_bias={eos: 100.0})

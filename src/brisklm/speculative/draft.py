@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from brisklm.sampling import SamplingMetadata, SamplingParams
 from brisklm.sampling.categorical import NO_TOKEN, uniforms_for_rows
 from brisklm.sampling.sampler import greedy_tokens, sample_with_probs
 from brisklm.speculative.proposer import DraftRow, Proposal
+
+logger = logging.getLogger(__name__)
 
 # Added to a request's seed for its draft generator (mod 2**64): the golden-ratio increment.
 _DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15
@@ -167,6 +170,15 @@ class DraftModelProposer:
         target = target_config or draft_config
         if tokenizer is not None:
             check_compatible(target, draft_config, tokenizer, draft_tokenizer)
+        if draft_config.max_position_embeddings < max_seq_len:
+            logger.warning(
+                "the draft model was trained on %d positions and the engine's context is %d: "
+                "past %d its proposals are extrapolated (the output stays the target's; fewer "
+                "proposals may be accepted)",
+                draft_config.max_position_embeddings,
+                max_seq_len,
+                draft_config.max_position_embeddings,
+            )
         self.runner = ModelRunner(
             model,
             num_slots,
