@@ -901,7 +901,14 @@ def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):
     assert len(prompts) == 2 and all(p.endswith("<think>\n\n</think>\n\n") for p in prompts)
     for bad, message in [
         ("enable_thinking", "is not NAME=VALUE"),
-        ("temperature=0", "not a chat template variable"),
+        ("temperature=0", "not a chat template variable: use --temperature"),
+        # the flags, not the Python API's params=SamplingParams(...)
+        (
+            "max_tokens=5",
+            "max_tokens is a request option, not a chat template variable: use --max-tokens",
+        ),
+        ("response_format={}", "use --json-schema or --json"),
+        ("tool_choice=1", "brisklm chat has no flag for it"),
         ("add_generation_prompt=false", "add_generation_prompt is not a chat option"),
     ]:
         assert main([*argv, "--template-var", bad]) == 1

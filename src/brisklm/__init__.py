@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from brisklm.constrained.errors import ConstraintError
     from brisklm.constrained.spec import Choice, Grammar, JsonObject, JsonSchema, Regex
     from brisklm.engine.llm_engine import EngineConfig
-    from brisklm.llm import LLM, default_model_path
+    from brisklm.llm import LLM, ContextLengthError, default_model_path
     from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
     from brisklm.sampling import SamplingParams
     from brisklm.tokenizer import Tokenizer
@@ -21,6 +21,7 @@ __all__ = [
     "ChatOutput",
     "Choice",
     "ConstraintError",
+    "ContextLengthError",
     "EngineConfig",
     "GenerationOutput",
     "Grammar",
@@ -50,6 +51,7 @@ __getattr__, __dir__ = lazy_attributes(
         "Regex": "brisklm.constrained.spec",
         "EngineConfig": "brisklm.engine.llm_engine",
         "LLM": "brisklm.llm",
+        "ContextLengthError": "brisklm.llm",
         "default_model_path": "brisklm.llm",
         "ChatOutput": "brisklm.outputs",
         "GenerationOutput": "brisklm.outputs",

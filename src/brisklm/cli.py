@@ -613,10 +613,15 @@ def _reply_request(
     return llm.make_request(llm.chat_prompt_ids(messages, **template_vars), params)
 
 
-def _template_vars(settings: list[str]) -> dict[str, Any]:
+# Request options the chat template's variables are mistaken for, and the flags that set them.
+_FLAGS_FOR = {"response_format": "--json-schema or --json", "sampling_params": "the flags"}
+
+
+def _template_vars(settings: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """``--template-var NAME=VALUE`` flags as the chat template's variables (VALUE as JSON where
-    it parses, else the text)."""
-    from brisklm.llm import check_template_kwargs
+    it parses, else the text); a sampling option among them is named with its flag (``args``
+    holds one for each)."""
+    from brisklm.llm import NOT_TEMPLATE_VARIABLES, check_template_kwargs
 
     variables: dict[str, Any] = {}
     for setting in settings:
@@ -625,6 +630,14 @@ def _template_vars(settings: list[str]) -> dict[str, Any]:
             raise CliError(
                 f"--template-var {setting!r} is not NAME=VALUE with NAME a template variable's "
                 "name (enable_thinking=false)"
+            )
+        if name in NOT_TEMPLATE_VARIABLES:
+            flags = _FLAGS_FOR.get(name) or (
+                f"--{name.replace('_', '-')}" if hasattr(args, name) else None
+            )
+            raise CliError(
+                f"--template-var {name}: {name} is a request option, not a chat template "
+                f"variable: {f'use {flags}' if flags else 'brisklm chat has no flag for it'}"
             )
         try:
             variables[name] = json.loads(text)
@@ -641,7 +654,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     if sys.stdin is None:  # `brisklm chat <&-`
         raise CliError("stdin is closed: chat reads the messages from it")
     _sampling_params(args)
-    template_vars = _template_vars(args.template_var)
+    template_vars = _template_vars(args.template_var, args)
     llm = _load(args)
     if isinstance(sys.stdin, io.TextIOWrapper):
         # A line that is not UTF-8 is refused alone; strict decoding would end the session.

@@ -354,6 +354,10 @@ _NOT_COPYABLE = (
 )
 
 
+class ContextLengthError(ValueError):
+    """A prompt that leaves no room in the model's context for a generated token."""
+
+
 def _warn_of_more_threads_than_cpus(num_threads: int) -> None:
     available = available_cpus()
     if num_threads > available:
@@ -619,7 +623,7 @@ class LLM:
         if not ids:
             raise ValueError("the prompt is empty: it encodes to no tokens")
         if len(ids) >= self.max_seq_len:
-            raise ValueError(
+            raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the context holds {self.max_seq_len} "
                 "(prompt plus at least one generated token); shorten it or raise max_seq_len"
             )

@@ -602,6 +602,14 @@ def test_an_api_key_guards_the_v1_routes(llm) -> None:
         assert guarded.get("/metrics").status_code == 401
         headers = {"Authorization": "Bearer s3cret"}
         assert guarded.post("/tokenize", json={"prompt": "Hi"}, headers=headers).status_code == 200
+        # The scheme in any case (RFC 7235); the key as given.
+        for given, status in (
+            ("bearer s3cret", 200),
+            ("BEARER s3cret", 200),
+            ("Bearer S3cret", 401),
+        ):
+            response = guarded.get("/v1/models", headers={"Authorization": given})
+            assert response.status_code == status, given
         keyed = openai.OpenAI(
             base_url="http://testserver/v1", api_key="s3cret", http_client=guarded
         )
@@ -677,6 +685,25 @@ def test_a_context_too_small_for_max_tokens_is_refused(http, llm) -> None:
     error = http.post("/v1/chat/completions", json=body).json()["error"]
     assert error["param"] == "max_completion_tokens" and error["code"] == "context_length_exceeded"
     assert f"context is {llm.max_seq_len} tokens" in error["message"]
+    long = {"prompt": "hello " * llm.max_seq_len, "max_tokens": 1}
+    error = http.post("/v1/completions", json=long).json()["error"]
+    assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
+    # Only the prompt's length: an error whose text says "context" (a grammar's rule named so)
+    # was given that code.
+    for field, value in [("guided_grammar", "start: context_rule"),
+                         ("guided_json", {"$ref": "#/defs/context"})]:  # fmt: skip
+        error = http.post("/v1/completions", json={"prompt": "a", field: value}).json()["error"]
+        assert error["param"] == field and error["code"] is None, error
+
+
+def test_two_guided_constraints_are_refused_naming_the_second(http) -> None:
+    body = {"prompt": "a", "guided_choice": ["x"], "guided_regex": "y", "guided_json": {}}
+    response = http.post("/v1/completions", json=body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "guided_regex", error
+    assert error["message"] == (
+        "at most one guided_* constraint may be given, got guided_json, guided_regex, guided_choice"
+    )
 
 
 def test_echo_scores_a_prompt_as_lm_eval_asks(client, llm) -> None:

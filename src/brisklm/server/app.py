@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brisklm.constrained import ConstraintError
 from brisklm.engine.request import Request
-from brisklm.llm import LLM
+from brisklm.llm import LLM, ContextLengthError
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import chat_logprobs, reply_logprobs
 from brisklm.outputs import (
@@ -82,12 +82,14 @@ class _RequireApiKey:
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health":
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, token = given.partition(b" ")
+            # (the scheme's case is free, as HTTP's authentication schemes are: RFC 7235)
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token, self.expected):
                 what = "no API key" if not given else "an API key that is not this server's"
                 error = ApiError(
                     f"the request has {what}: send Authorization: Bearer <the key brisklm serve "
@@ -126,7 +128,7 @@ def _refused(error: Exception, param: str | None) -> ApiError:
     grammar that does not compile, a token id past the vocabulary): 400, naming ``param``."""
     if isinstance(error, ApiError):
         return error
-    code = "context_length_exceeded" if "context" in str(error) else None
+    code = "context_length_exceeded" if isinstance(error, ContextLengthError) else None
     return ApiError(str(error), param=protocol.field_in_error(error, param), code=code)
 
 

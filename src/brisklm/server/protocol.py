@@ -228,6 +228,12 @@ def sampling_changes(
                 f"logit_bias keys must be token ids (integers as strings), got {sorted(bias)!r}",
                 param="logit_bias",
             ) from None
+    given = [name for name in CONSTRAINT_FIELDS.values() if body.get(name) is not None]
+    if len(given) > 1:
+        raise ApiError(
+            f"at most one guided_* constraint may be given, got {', '.join(given)}",
+            param=given[1],
+        )
     for option, name in CONSTRAINT_FIELDS.items():
         if body.get(name) is not None:
             changes[option] = body[name]
