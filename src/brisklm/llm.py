@@ -516,6 +516,7 @@ class LLM:
         except ValueError as error:
             raise ValueError(f"int4_compute_dtype: {error}") from None
         cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, device_)
+        threads_before = torch.get_num_threads()
         if num_threads is not None:
             _warn_of_more_threads_than_cpus(num_threads)
             torch.set_num_threads(num_threads)
@@ -558,7 +559,13 @@ class LLM:
 
         # Loading runs kernels on OpenMP: in a scratch thread, its pool does not outlive it and
         # slow the engine thread down (see brisklm.engine.scratch_thread).
-        return cls(call_in_scratch_thread(build), directory)
+        try:
+            engine = call_in_scratch_thread(build)
+        except BaseException:
+            if num_threads is not None:  # a load that failed leaves the process as it was
+                torch.set_num_threads(threads_before)
+            raise
+        return cls(engine, directory)
 
     # ----------------------------------------------------------------- requests
     def _params_or_default(self, params: SamplingParams | None) -> SamplingParams:

@@ -219,6 +219,49 @@ def test_a_kv_cache_larger_than_the_free_memory_is_refused(tiny_dir, monkeypatch
         LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=2048, show_progress=False)
 
 
+def test_too_many_sequences_for_the_memory_are_told_to_be_fewer(tiny_dir, monkeypatch):
+    """The advice was a max_seq_len to lower to, even one under 2 ("at most 0") when it was the
+    number of sequences that did not fit."""
+    from brisklm.engine import llm_engine
+    from brisklm.loader import load_model
+
+    per_token = llm_engine.kv_cache_bytes_per_token(load_model(tiny_dir, show_progress=False))
+    monkeypatch.setattr(llm_engine, "available_memory", lambda device: per_token * 1000)
+    settings = dict(device="cpu", max_seq_len=300, show_progress=False)
+    with pytest.raises(
+        ValueError, match=r"free now: max_batch_size at most 3 at this max_seq_len;"
+    ):
+        LLM.from_pretrained(tiny_dir, max_batch_size=64, **settings)
+    with pytest.raises(
+        ValueError,
+        match=r"free now: max_batch_size \+ prefix_cache_slots at most 3 at this max_seq_len;",
+    ):
+        LLM.from_pretrained(tiny_dir, max_batch_size=2, prefix_cache_slots=2, **settings)
+    # A shorter context for as many sequences, where that is a useful one: both ways.
+    with pytest.raises(
+        ValueError,
+        match=r"free now: max_seq_len can be at most 500 here or max_batch_size at most 1 at",
+    ):
+        LLM.from_pretrained(tiny_dir, max_batch_size=2, max_seq_len=600, show_progress=False)
+
+
+def test_a_failed_load_leaves_torch_s_thread_count_and_bad_backends_fail_first(
+    tiny_dir, monkeypatch
+):
+    import torch
+
+    import brisklm.llm
+
+    before = torch.get_num_threads()
+    with pytest.raises(ValueError, match="max_seq_len=1000000000"):
+        LLM.from_pretrained(tiny_dir, max_seq_len=10**9, num_threads=1, show_progress=False)
+    assert torch.get_num_threads() == before
+    # Refused before the weights load (it was after), as a bad dtype or device is.
+    monkeypatch.setattr(brisklm.llm, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ValueError, match=r"attention_backend must be one of auto, sdpa, xformers"):
+        LLM.from_pretrained(tiny_dir, attention_backend="bogus")
+
+
 def test_the_target_and_draft_caches_must_fit_together(tiny_dir, monkeypatch):
     # Only the target's cache was checked: room for it alone let the draft's be allocated
     # too, past the free memory (on Linux, the out-of-memory killer's business).

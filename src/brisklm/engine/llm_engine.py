@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from brisklm.attention import ATTENTION_BACKENDS
 from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
 from brisklm.cache.prefix_cache import PrefixCache
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE, vocabulary_note
@@ -123,6 +124,11 @@ class EngineConfig:
         check_int("max_prefill_tokens", self.max_prefill_tokens, 1)
         if self.prefill_chunk_size is not None:
             check_int("prefill_chunk_size", self.prefill_chunk_size, 1, " or None (by device)")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
+                f"{self.attention_backend!r}"
+            )
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not isinstance(self.prefix_caching, bool):
@@ -174,7 +180,10 @@ def check_kv_cache_fits(
     settings makes for ``model`` (``num_cache_slots`` sequences of its ``max_seq_len`` tokens,
     and the ``draft`` model's beside it) is larger than the memory free on the model's device
     (the allocator's own error only says how many bytes it was asked for; on Linux a CPU cache
-    that the allocator grants but the machine cannot hold brings the out-of-memory killer)."""
+    that the allocator grants but the machine cannot hold brings the out-of-memory killer).
+
+    The memory free now is the measure: another engine's CPU cache in this process, whose pages
+    are taken as its sequences write them, counts only for what it has written so far."""
     config = model.config
     max_batch_size = engine.max_batch_size
     max_seq_len = engine.resolved_max_seq_len(config.max_position_embeddings)
@@ -197,12 +206,22 @@ def check_kv_cache_fits(
     size = cache_size_text(per_token, num_slots * max_seq_len, model.cache_dtype)
     caches = "KV caches (the model's and its draft's)" if draft is not None else "a KV cache"
     extra = f" and prefix_cache_slots={prefix_cache_slots}" if prefix_cache_slots else ""
+    # What would fit: a shorter context for as many sequences, or fewer sequences of this one
+    # (a max_seq_len under 2, or under 256 where fewer sequences fit, helps nobody).
+    longest = free // (per_token * num_slots)
+    sequences = free // (per_token * max_seq_len)
+    ways = []
+    if longest >= 256 or (longest >= 2 and sequences < 1):
+        ways.append(f"max_seq_len can be at most {longest} here")
+    if sequences >= 1:
+        slots = "max_batch_size + prefix_cache_slots" if prefix_cache_slots else "max_batch_size"
+        ways.append(f"{slots} at most {sequences} at this max_seq_len")
+    advice = " or ".join(ways) if ways else "the memory free is too little for any KV cache"
     raise ValueError(
         f"max_seq_len={max_seq_len} with max_batch_size={max_batch_size}{extra} needs {caches} "
-        f"of {size}, more than {where}: "
-        f"max_seq_len can be at most {free // (per_token * num_slots)} here; the model's "
-        f"max_position_embeddings is {config.max_position_embeddings} (the default max_seq_len, "
-        "up to 4096; past it output usually degrades)"
+        f"of {size}, more than {where}: {advice}; the model's max_position_embeddings is "
+        f"{config.max_position_embeddings} (the default max_seq_len, up to 4096; past it output "
+        "usually degrades)"
     )
 
 
