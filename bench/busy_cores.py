@@ -21,8 +21,7 @@ import sys
 import time
 
 import torch
-
-from bench.prefix_caching import QUESTIONS, SYSTEM, TOOLS
+from prefix_caching import QUESTIONS, SYSTEM, TOOLS
 
 
 def main() -> None:

@@ -128,7 +128,12 @@ def add_model_or_preset_arguments(parser: argparse.ArgumentParser) -> None:
     ``model_directory``."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
-    group.add_argument("--preset", default=None, help="a random model of bench/common.py")
+    group.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted({*PRESETS, *OTHER_FAMILY_PRESETS}),
+        help="a random model of bench/common.py",
+    )
 
 
 def model_directory(args: argparse.Namespace, scratch: str) -> str:
@@ -323,9 +328,13 @@ def time_hf(model, prompts: list[list[int]], num_new: int, device: torch.device)
 
 def parse_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """``parser.parse_args()``, with the mistakes a run would only crash on refused by argparse:
-    a CUDA device where torch sees none, and ``--new-tokens`` under 2 (a decode step is timed as
-    the time of N new tokens less that of 1, over N - 1)."""
+    a CUDA device where torch sees none, ``--new-tokens`` under 2 (a decode step is timed as the
+    time of N new tokens less that of 1, over N - 1), and counts under 1 (``--rounds``,
+    ``--repeats``, ``--batch``, ``--calls``)."""
     args = parser.parse_args()
+    for name in ("rounds", "repeats", "batch", "calls"):
+        if getattr(args, name, 1) < 1:
+            parser.error(f"--{name} {getattr(args, name)}: at least 1")
     device = str(getattr(args, "device", "cpu"))
     if device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {device} needs a CUDA GPU, and torch sees none here")

@@ -18,6 +18,10 @@
 # built for torch 2.10 and does not load on the H200's torch 2.11). This script installs
 # .whl/*.whl into a scratch folder when the folder is there.
 set -uo pipefail
+case "${1:-}" in
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    -*) echo "device_checks.sh: unknown option $1 (the one argument is a log folder)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 logs=${1:-/tmp/brisklm-device-checks}
 mkdir -p "$logs"

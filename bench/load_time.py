@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import OTHER_FAMILY_PRESETS, PRESETS, write_checkpoint
+from common import OTHER_FAMILY_PRESETS, PRESETS, parse_checked, write_checkpoint
 
 # What each process runs: argv[1] the checkpoint, argv[2] the tokens to generate.
 BRISKLM = """
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_checked(parser)
     with tempfile.TemporaryDirectory() as tmp:
         directory = args.model
         if directory is None:
@@ -92,8 +92,9 @@ def run(args: argparse.Namespace, directory: str) -> None:
                 [sys.executable, "-c", script, directory, str(args.new_tokens)],
                 capture_output=True,
                 text=True,
-                check=True,
             )
+            if done.returncode:  # the child's own error, not the script it ran
+                raise SystemExit(f"{name} failed on {directory}:\n{done.stderr.strip()}")
             phases = json.loads(done.stdout.strip().splitlines()[-1])
             times[name].append([*phases, sum(phases)])
     print(

@@ -6,7 +6,11 @@ sample per line, either ``{"kind": "prose", "text": ...}`` or
 expected answer. The eval split draws function words, argument names, people and places only
 from the held-out pools in ``training/pools.py``.
 
-    python -m training.generate_data --out training/out/data --seed 1234
+    python -m training.generate_data --out training/out/data --seed 1234 \
+        --num-train 150000 --num-easy 60000 --num-eval 200 --request-order
+
+(the canonical first set: ``make_first_set`` in training/steps.sh; the defaults make a smaller one
+without the easy set).
 """
 
 from __future__ import annotations
