@@ -326,7 +326,7 @@ def build_speculator(
     )
     if kv_cache_dtype is not None:
         draft_model.kv_cache_dtype = kv_cache_dtype
-    # Both caches, before the draft's is allocated (the target's was checked alone).
+    # Both caches, before the draft's is allocated.
     max_seq_len = config.resolved_max_seq_len(target.config.max_position_embeddings)
     check_kv_cache_fits(target, config, draft=draft_model)
     has_tokenizer = any(
@@ -538,8 +538,10 @@ class LLM:
             )
             if cache_dtype is not None:
                 model.kv_cache_dtype = cache_dtype
-            # Before the draft model's cache, which would fail to allocate first.
-            check_kv_cache_fits(model, config)
+            # Before the draft model's cache, which would fail to allocate first; with a draft
+            # model, after it loads (build_speculator), so that the advice counts both caches.
+            if draft is None or str(draft) == "ngram":
+                check_kv_cache_fits(model, config)
             speculator = None
             if draft is not None:
                 speculator = build_speculator(
