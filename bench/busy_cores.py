@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+from common import parse_checked
 from prefix_caching import QUESTIONS, SYSTEM, TOOLS
 
 
@@ -31,7 +32,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=12, help="chat calls per round and way")
     parser.add_argument("--busy", type=int, default=1, help="busy processes beside the run")
     parser.add_argument("--max-tokens", type=int, default=48)
-    args = parser.parse_args()
+    args = parse_checked(parser)
 
     import contextlib
 

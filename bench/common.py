@@ -333,8 +333,9 @@ def parse_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
     ``--repeats``, ``--batch``, ``--calls``)."""
     args = parser.parse_args()
     for name in ("rounds", "repeats", "batch", "calls"):
-        if getattr(args, name, 1) < 1:
-            parser.error(f"--{name} {getattr(args, name)}: at least 1")
+        count = getattr(args, name, None)
+        if isinstance(count, int) and count < 1:
+            parser.error(f"--{name} {count}: at least 1")
     device = str(getattr(args, "device", "cpu"))
     if device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {device} needs a CUDA GPU, and torch sees none here")

@@ -909,6 +909,7 @@ def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):
         ),
         ("response_format={}", "use --json-schema or --json"),
         ("tool_choice=1", "brisklm chat has no flag for it"),
+        ("json_object=true", "use --json"),
         ("add_generation_prompt=false", "add_generation_prompt is not a chat option"),
     ]:
         assert main([*argv, "--template-var", bad]) == 1

@@ -614,7 +614,11 @@ def _reply_request(
 
 
 # Request options the chat template's variables are mistaken for, and the flags that set them.
-_FLAGS_FOR = {"response_format": "--json-schema or --json", "sampling_params": "the flags"}
+_FLAGS_FOR = {
+    "response_format": "--json-schema or --json",
+    "json_object": "--json",
+    "sampling_params": "the sampling flags (--temperature, --max-tokens, ...)",
+}
 
 
 def _template_vars(settings: list[str], args: argparse.Namespace) -> dict[str, Any]:

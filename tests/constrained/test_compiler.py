@@ -84,6 +84,20 @@ def test_invalid_json_schema(bpe_compiler: GrammarCompiler, schema: Any, message
         bpe_compiler.compile(JsonSchema(schema))
 
 
+def test_annotations_are_not_read_as_schema_keywords(bpe_compiler: GrammarCompiler) -> None:
+    """The checks of keyword values (multipleOf > 0, unique type and required entries, $defs an
+    object) refused annotations that happen to use those names."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "x-ui": {"required": ["a", "a"], "multipleOf": -1},
+        "metadata": {"definitions": "see RFC 8259"},
+    }
+    assert bpe_compiler.compile(JsonSchema(schema)) is not None
+    with pytest.raises(ConstraintError, match="required at #/required names 'a' more than once"):
+        bpe_compiler.compile(JsonSchema({**schema, "required": ["a", "b", "a"]}))
+
+
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [

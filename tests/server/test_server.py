@@ -602,14 +602,17 @@ def test_an_api_key_guards_the_v1_routes(llm) -> None:
         assert guarded.get("/metrics").status_code == 401
         headers = {"Authorization": "Bearer s3cret"}
         assert guarded.post("/tokenize", json={"prompt": "Hi"}, headers=headers).status_code == 200
-        # The scheme in any case (RFC 7235); the key as given.
+        # The scheme in any case, spaces after it (RFC 7235); the key as given.
         for given, status in (
             ("bearer s3cret", 200),
-            ("BEARER s3cret", 200),
+            ("BEARER  s3cret", 200),
             ("Bearer S3cret", 401),
+            ("Basic s3cret", 401),
         ):
             response = guarded.get("/v1/models", headers={"Authorization": given})
             assert response.status_code == status, given
+        refused = guarded.get("/v1/models", headers={"Authorization": "Basic s3cret"}).json()
+        assert "an Authorization header that is not Bearer <key>" in refused["error"]["message"]
         keyed = openai.OpenAI(
             base_url="http://testserver/v1", api_key="s3cret", http_client=guarded
         )
@@ -702,7 +705,7 @@ def test_two_guided_constraints_are_refused_naming_the_second(http) -> None:
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] == "guided_regex", error
     assert error["message"] == (
-        "at most one guided_* constraint may be given, got guided_json, guided_regex, guided_choice"
+        "at most one guided_* constraint may be given, got guided_choice, guided_regex, guided_json"
     )
 
 

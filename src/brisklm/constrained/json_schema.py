@@ -263,12 +263,16 @@ def check_keyword_value(key: str, value: Any, where: str) -> None:
     if key == "multipleOf" and number and value <= 0:
         raise ConstraintError(f"multipleOf at {where} must be greater than 0, got {value}")
     if key in _UNIQUE_ENTRIES and isinstance(value, list):
-        repeated = [entry for k, entry in enumerate(value) if entry in value[:k]]
-        if repeated:
-            raise ConstraintError(
-                f"{key} at {where} names {repeated[0]!r} more than once (JSON Schema asks for "
-                "each entry once)"
-            )
+        seen: set[Any] = set()
+        for entry in value:  # (a set: a list of 100,000 names was 50 s of pairwise scans)
+            if not isinstance(entry, str):
+                continue  # not a type or key name: llguidance's to report
+            if entry in seen:
+                raise ConstraintError(
+                    f"{key} at {where} names {entry!r} more than once (JSON Schema asks for "
+                    "each entry once)"
+                )
+            seen.add(entry)
     if key in ("$defs", "definitions") and not isinstance(value, dict):
         raise ConstraintError(
             f"{key} at {where} must be an object of schemas, got {type(value).__name__}"
@@ -299,6 +303,9 @@ class _SchemaRewriter:
         self.strict = strict
         self.refs = _LocalRefs(root)
         self.open_ids = _combined_parts(root, self.refs) if strict else set()
+        # Inside an unknown keyword's value (an annotation: x-ui, metadata), walked for $ref
+        # targets; its keys are not schema keywords, so their values are not checked as such.
+        self.annotation_depth = 0
 
     def schema(self, node: Any, path: str, closable: bool = True) -> Any:
         if not isinstance(node, dict):
@@ -309,7 +316,8 @@ class _SchemaRewriter:
             where = f"{path}/{key}"
             if key in _LEGACY_KEYWORDS:
                 raise ConstraintError(f"{_LEGACY_KEYWORDS[key]} at {where} cannot be enforced")
-            check_keyword_value(key, value, where)
+            if not self.annotation_depth:
+                check_keyword_value(key, value, where)
             if key == "items" and isinstance(value, list):
                 raise ConstraintError(
                     f"draft-07 array-form `items` at {where} cannot be enforced (use `prefixItems`)"
@@ -373,11 +381,15 @@ class _SchemaRewriter:
         out["additionalProperties"] = False
 
     def unknown(self, value: Any, path: str) -> Any:
-        if isinstance(value, dict):
-            return self.schema(value, path)
-        if isinstance(value, list):
-            return [self.unknown(v, f"{path}/{k}") for k, v in enumerate(value)]
-        return value
+        self.annotation_depth += 1
+        try:
+            if isinstance(value, dict):
+                return self.schema(value, path)
+            if isinstance(value, list):
+                return [self.unknown(v, f"{path}/{k}") for k, v in enumerate(value)]
+            return value
+        finally:
+            self.annotation_depth -= 1
 
     @staticmethod
     def pattern(pattern: str, path: str) -> str:

@@ -88,9 +88,16 @@ class _RequireApiKey:
         if scope["type"] == "http" and scope["path"] != "/health":
             given = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = given.partition(b" ")
-            # (the scheme's case is free, as HTTP's authentication schemes are: RFC 7235)
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token, self.expected):
-                what = "no API key" if not given else "an API key that is not this server's"
+            # (the scheme's case is free, and spaces may follow it: RFC 7235)
+            bearer = scheme.lower() == b"bearer"
+            if not bearer or not hmac.compare_digest(token.lstrip(b" "), self.expected):
+                what = (
+                    "no API key"
+                    if not given
+                    else "an API key that is not this server's"
+                    if bearer
+                    else "an Authorization header that is not Bearer <key>"
+                )
                 error = ApiError(
                     f"the request has {what}: send Authorization: Bearer <the key brisklm serve "
                     "was started with>",

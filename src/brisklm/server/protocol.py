@@ -228,7 +228,8 @@ def sampling_changes(
                 f"logit_bias keys must be token ids (integers as strings), got {sorted(bias)!r}",
                 param="logit_bias",
             ) from None
-    given = [name for name in CONSTRAINT_FIELDS.values() if body.get(name) is not None]
+    fields = CONSTRAINT_FIELDS.values()
+    given = [name for name in body if name in fields and body[name] is not None]  # (its order)
     if len(given) > 1:
         raise ApiError(
             f"at most one guided_* constraint may be given, got {', '.join(given)}",
