@@ -550,7 +550,10 @@ def test_a_request_that_overflows_its_float16_cache_spoils_no_later_request(tmp_
     with LLM.from_pretrained(directory, **settings) as fresh:
         expected = [o.token_ids for o in fresh.generate([short, long], params)]
     with LLM.from_pretrained(directory, **settings) as llm:
-        llm.generate([8, 9, 10, 11, 12, 100, 13, 14], params)  # in slot 0, then freed
+        # In slot 0, then freed; its own logits are NaN from the overflow on, which fails it (it
+        # wrote token 0 again and again, without an error, before greedy rows checked for NaN).
+        with pytest.raises(RuntimeError, match="the model's logits hold NaN"):
+            llm.generate([8, 9, 10, 11, 12, 100, 13, 14], params)
         assert [o.token_ids for o in llm.generate([short, long], params)] == expected
     assert expected[0] != [0] * 8
 
@@ -721,3 +724,35 @@ def test_an_llm_cannot_be_pickled_or_copied(llm):
         with pytest.raises(TypeError, match="an LLM cannot be pickled or copied"):
             attempt(llm)
     assert_still_works(llm)
+
+
+@pytest.mark.parametrize("where", ["mlp", "head"])
+def test_nan_logits_fail_a_greedy_request_as_a_sampled_one(tiny_dir, tmp_path, where):
+    """A greedy row took the first NaN as the largest logit (torch's argmax, which the kernels'
+    argmax followed): a model whose logits were all NaN wrote token 0 again and again with no
+    error, where a sampled request failed saying so. Every path now fails it: the kernels' greedy
+    pass and steps, torch's sampler (logprobs), and speculative verification."""
+    from safetensors.torch import load_file, save_file
+
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    weights = load_file(str(broken / "model.safetensors"))
+    name = "layers.1.mlp.down_proj" if where == "mlp" else "lm_head"
+    key = next(k for k in weights if name in k)
+    weights[key][7] = float("nan")  # the down projection's output 7, or token 7's head row
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    message = "no token to sample after 0 output tokens: the model's logits hold NaN"
+    cases = [
+        ({}, SamplingParams(temperature=0.0, max_tokens=8)),
+        ({"max_decode_steps": 1}, SamplingParams(temperature=0.0, max_tokens=8)),
+        ({}, SamplingParams(temperature=0.0, max_tokens=8, logprobs=1)),
+        ({}, SamplingParams(temperature=0.8, seed=3, max_tokens=8)),
+        ({"draft": tiny_dir}, SamplingParams(temperature=0.0, max_tokens=8)),
+    ]
+    for settings, params in cases:
+        llm = LLM.from_pretrained(broken, show_progress=False, **settings)
+        try:
+            with pytest.raises(RuntimeError, match=message):
+                llm.generate("hello there", params)
+            assert not llm.engine.has_unfinished
+        finally:
+            llm.close()

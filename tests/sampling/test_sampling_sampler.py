@@ -12,7 +12,7 @@ from transformers import (
 
 from brisklm.kernels.omp import one_thread_works
 from brisklm.sampling import SamplingParams, processed_probs, sample
-from brisklm.sampling.categorical import inverse_cdf
+from brisklm.sampling.categorical import NO_TOKEN, inverse_cdf
 from brisklm.sampling.metadata import SamplingMetadata
 from brisklm.sampling.sampler import compute_logprobs, largest_values
 
@@ -51,7 +51,8 @@ def test_greedy_is_argmax_and_never_touches_rng(build_md) -> None:
 @pytest.mark.parametrize("vocab", [7, 16, 17, 4096, 128256])
 def test_greedy_tokens_are_argmax_s_on_ties_nan_and_infinities(build_md, vocab: int) -> None:
     """The greedy path takes max(dim)'s indices on CPU (argmax is scalar there): the same token as
-    argmax, the first of tied maxima, NaN as the largest, rows of -inf, across thread splits."""
+    argmax, the first of tied maxima, rows of -inf, across thread splits; a row holding a NaN,
+    which argmax takes as the largest, has no token (NO_TOKEN: its request fails saying so)."""
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randint(-3, 4, (8, vocab), generator=generator).float()  # many ties
     logits[1, torch.randint(0, vocab, (2,), generator=generator)] = float("nan")
@@ -60,8 +61,10 @@ def test_greedy_tokens_are_argmax_s_on_ties_nan_and_infinities(build_md, vocab: 
     logits[4, 0] = -0.0
     logits[4, 1:] = 0.0
     md = build_md([SamplingParams.greedy()] * 8, vocab)
-    assert torch.equal(sample(logits, md), logits.argmax(-1))
-    assert torch.equal(sample(logits.double(), md), logits.argmax(-1))
+    expected = logits.argmax(-1)
+    expected[1] = NO_TOKEN
+    assert torch.equal(sample(logits, md), expected)
+    assert torch.equal(sample(logits.double(), md), expected)
 
 
 def test_plain_temperature_builds_no_optional_tensors(build_md) -> None:

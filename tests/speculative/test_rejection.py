@@ -479,8 +479,9 @@ def test_proposals_outside_the_vocabulary_are_refused():
 
 
 def test_a_nan_inside_a_row_is_decided_as_torch_decides_it():
-    """A NaN in the residual makes it unusable (its sum is NaN): the draw falls back to p; in a
-    greedy row a NaN is the largest value, as torch's argmax takes it."""
+    """A NaN in the residual makes it unusable (its sum is NaN): the draw falls back to p; a
+    greedy row whose distribution holds a NaN has nothing to take (-1: its request fails), where
+    torch's argmax would take the NaN as the largest and go on."""
     nan = float("nan")
     # Row 0 rejects its proposal (p(x) = 0); its residual holds the NaN: p has it too, so the
     # fallback has nothing to draw. Row 1: q holds the NaN, p is clean: the draw is from p.
@@ -493,4 +494,7 @@ def test_a_nan_inside_a_row_is_decided_as_torch_decides_it():
     assert out[:, 0].tolist() == [-1, 1]
     greedy = torch.tensor([[[0.1, nan, 0.5, 0.4], [0.1, 0.2, 0.3, 0.4]]])
     out, accepted = rejection_sample(greedy, torch.tensor([[1]]), [1], None, [True], [None])
+    assert accepted.tolist() == [0] and out[0, 0].item() == -1
+    clean = torch.tensor([[[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]])
+    out, accepted = rejection_sample(clean, torch.tensor([[1]]), [1], None, [True], [None])
     assert accepted.tolist() == [1] and out.tolist() == [[1, 3]]

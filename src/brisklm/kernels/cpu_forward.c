@@ -2023,8 +2023,9 @@ static attn_unit *new_attention_units(const brisk_forward_args *a, int *count) {
 
 /* (v, at) into the best so far (*best, *best_at; *best_at < 0: none yet): torch's max(dim) on
  * CPU, which greedy sampling takes (brisklm.sampling.sampler.greedy_tokens): the largest value,
- * the first of equal ones (-0.0 equals 0.0), a NaN larger than any number. Candidates may come
- * in any order. */
+ * the first of equal ones (-0.0 equals 0.0), a NaN larger than any number (team_argmax and
+ * first_largest then give -1: greedy_tokens takes no token there). Candidates may come in any
+ * order. */
 static inline void take_larger(float v, int64_t at, float *best, int64_t *best_at) {
     const float b = *best;
     int better;
@@ -2067,9 +2068,10 @@ typedef struct {
 } argmax_share;
 
 /* out[r] = the greedy token of row r of x (rows x ld) over its first cols columns (take_larger),
- * for every row. Called by every thread of the team (found: team * rows shares): each scans the
- * columns whose panels its own share of matmul_team held (it computed most of them, so they are
- * in its caches), then thread 0 merges the shares. Ends with a barrier. */
+ * for every row; -1 where the largest is a NaN (as greedy_tokens: nothing to take). Called by
+ * every thread of the team (found: team * rows shares): each scans the columns whose panels its
+ * own share of matmul_team held (it computed most of them, so they are in its caches), then
+ * thread 0 merges the shares. Ends with a barrier. */
 static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int64_t *out,
                         argmax_share *found, team_sync *sync) {
     const int team = TEAM_SIZE(), tid = THREAD_NUM();
@@ -2091,7 +2093,7 @@ static void team_argmax(const float *x, int64_t ld, int rows, int64_t cols, int6
                 const argmax_share *share = &found[(int64_t)r * team + t];
                 if (share->at >= 0) take_larger(share->value, share->at, &best, &best_at);
             }
-            out[r] = best_at;
+            out[r] = best != best ? -1 : best_at;
         }
     }
     team_barrier(sync);
@@ -2784,12 +2786,13 @@ int brisk_sample_rows(const float *logits, int64_t ld, int64_t rows, int64_t voc
  * brisklm.speculative.rejection.rejection_sample, row by row. Its ~50 tensor ops took ~0.3-0.45 ms
  * a verification step of one row on 2 vCPUs, more than the bundled draft's five passes. */
 
-/* The first largest of w[0, n) (n >= 1), a NaN larger than any number: torch's argmax. */
+/* The first largest of w[0, n) (n >= 1), torch's argmax; -1 where it is a NaN (greedy_tokens:
+ * nothing to take). */
 static int64_t first_largest(const float *w, int64_t n) {
     float best = 0.0f;
     int64_t at = -1;
     scan_larger(w, 0, n, &best, &at);
-    return at;
+    return best != best ? -1 : at;
 }
 
 /* A token drawn from the non-negative weights w[0, n) with the uniform u, as inverse_cdf draws:
@@ -2808,9 +2811,10 @@ static int64_t draw_weights(const float *w, int64_t n, double u) {
  * for vocab floats. A random row accepts proposal x at position j while accept_u * q_j(x) <
  * p_j(x) (float32), then draws its next token from max(p - q, 0) at the rejected position (from p
  * where that has no mass or a NaN, or where every proposal was accepted); a greedy row accepts
- * while the proposal is p's first largest (a NaN the largest) and takes the first largest after
- * them. num_accepted[b] gets the count, final[b] the token (-1: nothing to draw). The caller
- * checks that the proposals are tokens (in [0, vocab)). One thread. */
+ * while the proposal is p's first largest and takes the first largest after them (-1 where
+ * that is a NaN: a greedy row whose logits held one). num_accepted[b] gets the count, final[b]
+ * the token (-1: nothing to draw). The caller checks that the proposals are tokens (in [0,
+ * vocab)). One thread. */
 void brisk_rejection_rows(const float *p, const float *q, const int64_t *tokens,
                           const int64_t *num_draft, const uint8_t *greedy, const float *accept_u,
                           const double *final_u, int64_t rows, int64_t width, int64_t vocab,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from brisklm.kernels.omp import on_one_cpu_thread
-from brisklm.sampling.categorical import inverse_cdf, row_uniforms
+from brisklm.sampling.categorical import NO_TOKEN, inverse_cdf, row_uniforms
 from brisklm.sampling.metadata import SamplingMetadata
 
 # Top-p first tries the nucleus inside this many most likely tokens (a partial top-k), and sorts
@@ -263,14 +263,19 @@ def _probs_from_adjusted(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 
 
 def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
-    """(B,) int64: each row's argmax (the first largest value; NaN counts as the largest).
+    """(B,) int64: each row's argmax (the first largest value), ``NO_TOKEN`` for a row holding a
+    NaN (argmax would take the first NaN as the largest: a model whose logits were all NaN wrote
+    token 0 again and again, where a sampled row's request fails saying so).
 
     On CPU through ``max(dim=-1)``, whose indices are ``argmax``'s: torch's CPU argmax compares one
     element at a time (41 us for a row of 32,000 logits, 160 us at 128,256, on a 2-vCPU Xeon)
-    where ``max`` takes 15 and 62 us."""
+    where ``max`` takes 15 and 62 us; its values say whether the largest is NaN."""
     if x.device.type == "cpu":
-        return x.max(dim=-1).indices
-    return x.argmax(dim=-1)
+        values, tokens = x.max(dim=-1)
+    else:
+        tokens = x.argmax(dim=-1)
+        values = x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return torch.where(values.isnan(), NO_TOKEN, tokens)
 
 
 def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -278,7 +283,13 @@ def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _one_hot(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(x).scatter_(1, tokens.unsqueeze(1), 1.0)
+    """Each row one-hot at its token; NaN for ``NO_TOKEN`` (nothing to draw, as a sampled row's
+    distribution says it)."""
+    hot = torch.zeros_like(x).scatter_(1, tokens.clamp(min=0).unsqueeze(1), 1.0)
+    none = tokens < 0
+    if bool(none.any()):
+        hot[none] = float("nan")
+    return hot
 
 
 def _apply_top_k_top_p(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

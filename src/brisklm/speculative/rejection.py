@@ -9,6 +9,7 @@ import torch
 
 from brisklm.kernels.omp import on_one_cpu_thread
 from brisklm.sampling.categorical import inverse_cdf, uniforms_for_rows
+from brisklm.sampling.sampler import greedy_tokens
 
 
 @on_one_cpu_thread  # as the sampler's ops (brisklm.sampling.sampler)
@@ -81,7 +82,7 @@ def rejection_sample(
     positions = torch.arange(num_positions, device=device)
     proposed = positions[None, :] < num_draft_t[:, None]  # (B, K)
     tokens = draft_token_ids.to(device=device, dtype=torch.int64).masked_fill(~proposed, 0)
-    target_argmax = target_probs.argmax(dim=-1)  # (B, K+1)
+    target_argmax = greedy_tokens(target_probs)  # (B, K+1); NO_TOKEN where a NaN is largest
 
     accepted = tokens == target_argmax[:, :num_positions]  # (B, K) greedy rule
     if not all_greedy:
