@@ -48,8 +48,14 @@ def _settled_arguments(text: str) -> str:
 class _CallState:
     raw: str = ""
     id: str = field(default_factory=new_tool_call_id)
-    head_end: int | None = None
+    head_end: int | None = None  # in ``raw.lstrip()``, where the arguments begin
     emitted: int = 0
+
+    @property
+    def arguments(self) -> str:
+        """The arguments written so far (once the head is whole)."""
+        assert self.head_end is not None
+        return self.raw.lstrip()[self.head_end :]
 
 
 class ToolCallChunker:
@@ -99,7 +105,7 @@ class ToolCallChunker:
         if not self.cut:
             return []
         return [
-            (index, state.raw.lstrip()[state.head_end :], state.emitted)
+            (index, state.arguments, state.emitted)
             for index, state in sorted(self._calls.items())
             if state.head_end is not None
         ]
@@ -134,7 +140,7 @@ class ToolCallChunker:
             state.head_end = match.end()
             name = json.loads(match.group(1))
             out.append(call_chunk(name=name, args="", id=state.id, index=index))
-        settled = _settled_arguments(text[state.head_end :])
+        settled = _settled_arguments(state.arguments)
         if len(settled) > state.emitted:
             out.append(call_chunk(args=settled[state.emitted :], index=index))
             state.emitted = len(settled)

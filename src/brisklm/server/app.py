@@ -91,13 +91,11 @@ class _RequireApiKey:
             # (the scheme's case is free, and spaces may follow it: RFC 7235)
             bearer = scheme.lower() == b"bearer"
             if not bearer or not hmac.compare_digest(token.lstrip(b" "), self.expected):
-                what = (
-                    "no API key"
-                    if not given
-                    else "an API key that is not this server's"
-                    if bearer
-                    else "an Authorization header that is not Bearer <key>"
-                )
+                what = "an API key that is not this server's"
+                if not given:
+                    what = "no API key"
+                elif not bearer:
+                    what = "an Authorization header that is not Bearer <key>"
                 error = ApiError(
                     f"the request has {what}: send Authorization: Bearer <the key brisklm serve "
                     "was started with>",

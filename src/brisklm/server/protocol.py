@@ -236,7 +236,7 @@ def sampling_changes(
             param=given[1],
         )
     for option, name in CONSTRAINT_FIELDS.items():
-        if body.get(name) is not None:
+        if name in given:
             changes[option] = body[name]
     grammar = changes.get("grammar")
     if isinstance(grammar, str) and _GBNF_ROOT.search(grammar):
