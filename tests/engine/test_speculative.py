@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections import Counter
 
@@ -540,3 +541,124 @@ def test_constrained_sampling_ends_as_often_as_the_targets(tiny_dir, plain, draf
     assert lengths[0][2] > 0.1 * n  # the first chance to end is taken often
     tv = sum(abs(lengths[0][k] - lengths[1][k]) for k in range(1, 5)) / (2 * n)
     assert tv < 0.05, lengths
+
+
+# A proposer that fails (a draft model's pass out of memory, a bug) costs its requests the speedup,
+# not their output: they decode to their end without it, and later requests use it again.
+FALLBACK_GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+FALLBACK_PROMPTS = ["The quick brown fox", "Hello", "def add(a, b):"]
+
+
+def fail_draft_passes(llm, after: int):
+    """Make the draft model's passes raise after ``after`` of them ran; returns what undoes it
+    and a list that counts the passes tried."""
+    runner = llm.engine.speculator.proposer.runner
+    forward, forward_greedy = runner.forward, runner.forward_greedy
+    tried = []
+
+    def failing(batch, *greedy_columns):
+        tried.append(batch)
+        if len(tried) > after:
+            raise RuntimeError("simulated draft out of memory")
+        return forward_greedy(batch, *greedy_columns) if greedy_columns else forward(batch)
+
+    def restore() -> None:
+        runner.forward, runner.forward_greedy = forward, forward_greedy
+
+    runner.forward = runner.forward_greedy = failing
+    return restore, tried
+
+
+@pytest.mark.parametrize("draft_length", ["adaptive", "fixed"])
+@pytest.mark.parametrize("after", [0, 3])
+def test_requests_whose_draft_fails_keep_the_targets_tokens(
+    tiny_dir, other_draft_dir, plain, caplog, draft_length, after
+):
+    expected = [out.token_ids for out in plain.generate(FALLBACK_PROMPTS, FALLBACK_GREEDY)]
+    llm = load(tiny_dir, draft=other_draft_dir, num_speculative_tokens=3, draft_length=draft_length)
+    try:
+        restore, tried = fail_draft_passes(llm, after)
+        with caplog.at_level(logging.WARNING, logger="brisklm.engine.speculation"):
+            outs = llm.generate(FALLBACK_PROMPTS, FALLBACK_GREEDY)
+        assert [out.token_ids for out in outs] == expected
+        assert all(out.finish_reason == "length" for out in outs)
+        assert "speculative proposer failed (RuntimeError: simulated draft" in caplog.text
+        # The draft is not tried again for them: at most one failed pass per prompt's prefill
+        # and one per decoding step that proposed.
+        assert len(tried) <= after + 2
+        assert all(out.speculative.num_steps >= 1 for out in outs)
+        # The next requests use it again (3 passes ran before the failure: some were proposals).
+        restore()
+        again = llm.generate(FALLBACK_PROMPTS, FALLBACK_GREEDY)
+        assert [out.token_ids for out in again] == expected
+        assert sum(out.speculative.num_proposed for out in again) > 0
+        assert llm.engine.scheduler.slots.num_free == 4
+    finally:
+        llm.close()
+
+
+def test_a_draft_failing_on_a_prompt_chunk_leaves_the_decoding_requests_drafting(
+    tiny_dir, other_draft_dir, plain
+):
+    """The draft fails on the long prompt's chunks only: that request decodes without it, the
+    one decoding beside it keeps proposing."""
+    long_prompt = list(range(5, 105))
+    expected_long = plain.generate(long_prompt, FALLBACK_GREEDY).token_ids
+    expected_short = plain.generate("Hello", FALLBACK_GREEDY).token_ids
+    llm = load(tiny_dir, draft=tiny_dir, num_speculative_tokens=3, prefill_chunk_size=32)
+    try:
+        runner = llm.engine.speculator.proposer.runner
+        forward = runner.forward
+
+        def fail_long_rows(batch, *greedy_columns):
+            if any(len(tokens) >= 32 for tokens in batch.token_ids):
+                raise RuntimeError("simulated draft out of memory")
+            if greedy_columns:
+                return type(runner).forward_greedy(runner, batch, *greedy_columns)
+            return forward(batch)
+
+        runner.forward = runner.forward_greedy = fail_long_rows
+        short = llm.make_request("Hello", FALLBACK_GREEDY)
+        llm.engine.add_request(short)
+        for _ in range(2):
+            llm.engine.step()
+        long = llm.make_request(long_prompt, FALLBACK_GREEDY)
+        llm.engine.add_request(long)
+        while not (short.is_finished and long.is_finished):
+            for _, result in llm.engine.step():
+                assert not isinstance(result, BaseException), result
+        assert long.output_token_ids == expected_long
+        assert short.output_token_ids == expected_short
+        assert long.speculative.num_proposed == 0
+        # The target as its own draft: every proposal kept, several tokens a step.
+        assert short.speculative.num_accepted > 10
+    finally:
+        llm.close()
+
+
+def test_seeded_sampled_requests_finish_when_their_draft_fails(tiny_dir, other_draft_dir):
+    sampled = SamplingParams(temperature=0.9, seed=3, max_tokens=30, ignore_eos=True)
+    llm = load(tiny_dir, draft=other_draft_dir, num_speculative_tokens=3)
+    try:
+        fail_draft_passes(llm, 2)
+        outs = llm.generate(FALLBACK_PROMPTS, sampled)
+        assert [len(out.token_ids) for out in outs] == [30] * 3
+        assert all(out.finish_reason == "length" for out in outs)
+    finally:
+        llm.close()
+
+
+def test_a_failing_ngram_proposer_falls_back_as_a_draft_model_does(tiny_dir, plain, monkeypatch):
+    expected = [out.token_ids for out in plain.generate(FALLBACK_PROMPTS, FALLBACK_GREEDY)]
+    llm = load(tiny_dir, draft="ngram", num_speculative_tokens=3)
+    try:
+
+        def fail(rows):
+            raise ValueError("simulated lookup bug")
+
+        monkeypatch.setattr(llm.engine.speculator.proposer, "propose", fail)
+        outs = llm.generate(FALLBACK_PROMPTS, FALLBACK_GREEDY)
+        assert [out.token_ids for out in outs] == expected
+        assert all(out.speculative.num_proposed == 0 for out in outs)
+    finally:
+        llm.close()

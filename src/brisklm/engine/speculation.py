@@ -3,6 +3,7 @@ sampling keeps the output distribution exactly the target's, rejected tokens are
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from itertools import accumulate
@@ -31,6 +32,7 @@ from brisklm.speculative import (
 if TYPE_CHECKING:
     from brisklm.engine.llm_engine import LLMEngine, StepResult
 
+logger = logging.getLogger(__name__)
 
 # A step whose end is further from the next one's start than this, or than the step took, is not
 # timed: the engine did something else between them (or the machine stalled), and its time says
@@ -247,12 +249,14 @@ class Speculator:
         all pause, for as many steps a call as the shortest pause left allows. Its results, and
         the steps it ran where nothing but one-token decoding rows ran in it (else 0)."""
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
-        pauses = [self._draft_length(r).paused for r in decoding]
+        states = [self._draft_length(r) for r in decoding]
+        pauses = [state.paused for state in states if not state.without_draft]
         one_token_rows = len(decoding) == len(requests) and all(
             len(r.uncached_token_ids) == 1 for r in decoding
         )
         before = [r.num_cached for r in decoding]
-        results = engine.plain_step(requests, prefill_lens, min(pauses, default=1))
+        # (rows without a draft: as many steps as the target alone would run)
+        results = engine.plain_step(requests, prefill_lens, min(pauses) if pauses else None)
         # One-token rows each took a step per token cached (a call of several steps, or one).
         steps = [
             max(1, r.num_cached - b) if one_token_rows else 1 for r, b in zip(decoding, before)
@@ -305,26 +309,50 @@ class Speculator:
         self._recorded = []  # (what a failed step recorded)
         chunked = [(r, n) for r, n in zip(requests, prefill_lens) if n]
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
-        if chunked:
-            self.prefill(
-                [r for r, _ in chunked], [n for _, n in chunked], engine.prefill_chunk_size
-            )
+        drafted = [(r, n) for r, n in chunked if not self._draft_length(r).without_draft]
+        if drafted:
+            try:
+                self.prefill(
+                    [r for r, _ in drafted], [n for _, n in drafted], engine.prefill_chunk_size
+                )
+            except Exception as exc:
+                self._without_draft([r for r, _ in drafted], exc)
         if not any(self._proposal_size(r) for r in decoding):
-            # No chunks but prompts, or every decoding row paused by its schedule: a plain pass.
+            # No chunks but prompts, or every decoding row paused by its schedule (or without a
+            # draft): a plain pass.
             results, steps = self._plain_step(engine, requests, prefill_lens)
             self._ended(_PLAIN if steps else _UNTIMED, start, steps)
             return results
-        results = self._speculative_step(engine, decoding, chunked)
+        maybe_results = self._speculative_step(engine, decoding, chunked)
+        if maybe_results is None:  # the proposer failed: a plain pass, not timed as one
+            results, steps = self._plain_step(engine, requests, prefill_lens)
+            self._ended(_UNTIMED, start, steps)
+            return results
         self._ended(_UNTIMED if chunked else _SPECULATIVE, start, 1)
-        return results
+        return maybe_results
+
+    def _without_draft(self, requests: list[Request], exc: Exception) -> None:
+        """The proposer failed on a pass of ``requests``: they decode to their end without it
+        (the output stays the target's; the draft's cache records only passes that ran), and
+        later requests try it again."""
+        logger.warning(
+            "the speculative proposer failed (%s: %s); its %d requests go on without it",
+            type(exc).__name__,
+            exc,
+            len(requests),
+            exc_info=exc,
+        )
+        for request in requests:
+            self._draft_length(request).without_draft = True
 
     def _speculative_step(
         self,
         engine: LLMEngine,
         decoding: list[Request],
         chunked: list[tuple[Request, int]],
-    ) -> list[StepResult]:
-        """The target pass of ``step`` where some decoding request proposes."""
+    ) -> list[StepResult] | None:
+        """The target pass of ``step`` where some decoding request proposes; None where the
+        proposer failed (the rows then decode without it, and nothing ran)."""
         rows = self._rows(decoding, engine)
         # Sampled proposals draw from each request's draft generator: a pass that fails (and is
         # run again, see LLMEngine._step) must leave them where they were, or a seeded request
@@ -332,7 +360,15 @@ class Speculator:
         drawn = [r for r in decoding if r.draft_generator is not None]
         states = [r.draft_generator.get_state() for r in drawn]  # type: ignore[union-attr]
         try:
-            proposals, tested = self._valid_for_grammar(decoding, self.proposer.propose(rows))
+            proposed = self.proposer.propose(rows)
+        except BaseException as exc:
+            _restore(drawn, states)
+            if not isinstance(exc, Exception):
+                raise
+            self._without_draft(decoding, exc)
+            return None
+        try:
+            proposals, tested = self._valid_for_grammar(decoding, proposed)
         except BaseException:
             _restore(drawn, states)
             raise
