@@ -94,6 +94,18 @@ def test_mistral_sliding_window_all_layers():
     )
 
 
+def test_mistral_layer_types_name_the_windowed_layers():
+    # transformers' Mistral warns of layer_types, but its masks follow them (the parity test's
+    # "mistral-layer-types" case compares the logits).
+    kinds = ["full_attention", "sliding_attention"] * 2
+    windows = make(architectures=["MistralForCausalLM"], sliding_window=32, layer_types=kinds)
+    assert windows.sliding_windows == (None, 32, None, 32)
+    everywhere = make(
+        architectures=["MistralForCausalLM"], sliding_window=32, layer_types=["full_attention"] * 4
+    )
+    assert everywhere.sliding_windows == (None,) * 4
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -103,7 +115,6 @@ def test_mistral_sliding_window_all_layers():
         {"use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"] * 2},
         {"use_sliding_window": True, "max_window_layers": 1},
         {"use_sliding_window": True, "max_window_layers": 1, "layer_types": ["full_attention"] * 4},
-        {"architectures": ["MistralForCausalLM"], "layer_types": ["full_attention"] * 4},
         {"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "max_window_layers": 1},
         {
             "architectures": ["Qwen3ForCausalLM"],

@@ -434,21 +434,24 @@ _DEFAULT_HEAD_DIM = {"qwen3": 128}
 def _sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
     """Per-layer sliding window, following transformers' rules for each family.
 
-    Mistral's model windows every layer (transformers warns about a ``layer_types`` and ignores
-    it); Qwen2's and Qwen3's window none unless ``use_sliding_window`` is true (its config then sets the
-    window to None, whatever ``layer_types`` says), and then the layers ``layer_types`` names, or
-    without it those from ``max_window_layers`` on.
+    Mistral's model windows the layers ``layer_types`` names, or every layer without it
+    (transformers warns that its Mistral class does not take ``layer_types``, but its masks follow
+    it); Qwen2's and Qwen3's window none unless ``use_sliding_window`` is true (its config then sets
+    the window to None, whatever ``layer_types`` says), and then the layers ``layer_types`` names,
+    or without it those from ``max_window_layers`` on.
     """
     window = raw.get("sliding_window", _DEFAULT_SLIDING_WINDOW.get(family))
     if family == "llama" or window is None:
         return (None,) * num_layers
     window = _int_field({"sliding_window": window}, "sliding_window")
-    if family == "mistral":
-        return (window,) * num_layers
-    if not json_bool(raw.get("use_sliding_window"), "config.json's use_sliding_window"):
+    if family != "mistral" and not json_bool(
+        raw.get("use_sliding_window"), "config.json's use_sliding_window"
+    ):
         return (None,) * num_layers
     layer_types = raw.get("layer_types")
     if not layer_types:
+        if family == "mistral":
+            return (window,) * num_layers
         first_sliding = _int_field(raw, "max_window_layers", 28)
         return tuple(window if i >= first_sliding else None for i in range(num_layers))
     if not isinstance(layer_types, list) or len(layer_types) != num_layers:

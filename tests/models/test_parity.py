@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -310,3 +311,31 @@ def test_bfloat16_prefill_on_cuda_stays_near_transformers(checkpoint, backend):
         f"{name} ({backend}): |logit diff| mean {diff.mean()}, max {diff.max()}, scale {scale}"
     )
     assert diff.mean().item() <= 0.04 * scale and diff.max().item() <= 0.15 * scale, message
+
+
+def test_mistral_layer_types_window_only_the_sliding_layers(tmp_path):
+    """A Mistral config.json naming each layer's kind: transformers' masks window only the
+    sliding layers. Its Mistral class warns of layer_types, and its cached generate fails on
+    them, so the reference is its forward pass over the whole sequence at every step, of the
+    model as from_pretrained loads it (one built with layer_types given to its config computes
+    otherwise)."""
+    transformers = pytest.importorskip("transformers")
+    directory = save_hf_model(build_hf_model("mistral", sliding_window=7), tmp_path / "mistral")
+    config = json.loads((directory / "config.json").read_text())
+    config["layer_types"] = ["sliding_attention", "full_attention"]
+    (directory / "config.json").write_text(json.dumps(config))
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager"
+    )
+    model = load_model(directory, device="cpu", dtype="float32", show_progress=False)
+    assert model.config.sliding_windows == (7, None)
+    runner = ModelRunner(model, num_slots=1, max_seq_len=64)
+    tokens = list(PROMPT)
+    logits = runner.forward(ForwardBatch([0], [0], [tokens], [1]))
+    for _ in range(12):  # past the window of 7
+        with torch.no_grad():
+            reference = hf_model(torch.tensor([tokens])).logits[0, -1]
+        assert (logits[0].float() - reference).abs().max().item() < 5e-4
+        tokens.append(int(reference.argmax()))
+        position = len(tokens) - 1
+        logits = runner.forward(ForwardBatch([0], [position], [[tokens[-1]]], [1]))
