@@ -498,8 +498,13 @@ def test_python_errors_inside_a_template_are_template_errors(chatml_pair) -> Non
     ours, _ = chatml_pair
     # Content blocks are valid messages, but a template that concatenates strings fails on them.
     blocks = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
-    with pytest.raises(ChatTemplateError, match="failed on these messages \\(TypeError"):
+    with pytest.raises(ChatTemplateError, match="failed on these messages \\(TypeError") as error:
         ours.apply_chat_template(blocks, chat_template="{{ 'x' + messages[0].content }}")
+    # ... and the error names the message whose content is blocks.
+    assert "(messages[0] gives content as a list of blocks" in str(error.value)
+    with pytest.raises(ChatTemplateError) as error:  # a failure with text content names none
+        ours.apply_chat_template(USER_ONLY, chat_template="{{ 1 / 0 }}")
+    assert "list of blocks" not in str(error.value)
     # A template that iterates content blocks renders them.
     template = "{% for b in messages[0].content %}{{ b.text }}{% endfor %}"
     assert ours.apply_chat_template(blocks, chat_template=template) == "Hi"

@@ -394,9 +394,9 @@ def test_chat_leaves_room_for_the_reply_and_reads_crlf_and_bad_lines(
     calls = []
     reply_request = cli._reply_request
 
-    def recording(llm, messages, params, **template_vars):
+    def recording(llm, messages, params, template_vars):
         calls.append((len(llm.chat_prompt_ids(messages)), params.max_tokens, messages[-1]))
-        return reply_request(llm, messages, params, **template_vars)
+        return reply_request(llm, messages, params, template_vars)
 
     monkeypatch.setattr(cli, "_reply_request", recording)
     turns = "".join(f"Tell me about the number {n} please\r\n" for n in range(6))
@@ -418,9 +418,9 @@ def test_a_refused_line_leaves_the_history_as_it_was(model_dir, capsys, monkeypa
     histories = []
     reply_request = cli._reply_request
 
-    def recording(llm, messages, params, **template_vars):
+    def recording(llm, messages, params, template_vars):
         histories.append([m["content"] for m in messages if m["role"] == "user"])
-        return reply_request(llm, messages, params, **template_vars)
+        return reply_request(llm, messages, params, template_vars)
 
     monkeypatch.setattr(cli, "_reply_request", recording)
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n" + "word " * 80 + "\nBye\n"))
@@ -889,8 +889,8 @@ def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):
     prompts = []
     reply_request = cli._reply_request
 
-    def recording(llm, messages, params, **template_vars):
-        request = reply_request(llm, messages, params, **template_vars)
+    def recording(llm, messages, params, template_vars):
+        request = reply_request(llm, messages, params, template_vars)
         prompts.append(llm.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False))
         return request
 
@@ -911,6 +911,10 @@ def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):
         ("tool_choice=1", "brisklm chat has no flag for it"),
         ("json_object=true", "use --json"),
         ("add_generation_prompt=false", "add_generation_prompt is not a chat option"),
+        # chat's own arguments (they collided with a Python error, or took the tools silently)
+        ("messages=1", "brisklm chat sets messages itself"),
+        ("tools=[]", "brisklm chat sets tools itself"),
+        ("self=1", "brisklm chat sets self itself"),
     ]:
         assert main([*argv, "--template-var", bad]) == 1
         err = capsys.readouterr().err

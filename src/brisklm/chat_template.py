@@ -303,11 +303,24 @@ def render_chat_template(
         # refusing range() past 100,000 (OverflowError).
         raise ChatTemplateError(
             f"the chat template failed on these messages ({type(error).__name__}: {error}); "
-            "check the types of the message fields and tools it reads"
+            f"check the types of the message fields and tools it reads{_content_blocks(messages)}"
         ) from error
     if final_content is not None:
         rendered = _cut_at_final_message(rendered, final_content)
     return rendered
+
+
+def _content_blocks(messages: list[dict[str, Any]]) -> str:
+    """Where a template failed on a value's type: the messages whose content is a list of blocks,
+    named, which a template written for text content cannot read."""
+    lists = [f"messages[{i}]" for i, m in enumerate(messages) if isinstance(m.get("content"), list)]
+    if not lists:
+        return ""
+    verb = "gives" if len(lists) == 1 else "give"
+    return (
+        f" ({', '.join(lists)} {verb} content as a list of blocks, which this template may not "
+        "take: give the text as a str)"
+    )
 
 
 def _missing_content(messages: list[dict[str, Any]]) -> str:

@@ -606,12 +606,15 @@ def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
 
 
 def _reply_request(
-    llm: Any, messages: list[dict[str, str]], params: Any, **template_vars: Any
+    llm: Any, messages: list[dict[str, str]], params: Any, template_vars: dict[str, Any]
 ) -> Any:
     """The request for the assistant's reply to ``messages`` (streamed with its finish reason,
     which ``stream_chat`` does not give)."""
     return llm.make_request(llm.chat_prompt_ids(messages, **template_vars), params)
 
+
+# chat_prompt_ids' own arguments, which a template variable of the same name would collide with.
+_SET_BY_CHAT = frozenset({"self", "messages", "tools"})
 
 # Request options the chat template's variables are mistaken for, and the flags that set them.
 _FLAGS_FOR = {
@@ -634,6 +637,11 @@ def _template_vars(settings: list[str], args: argparse.Namespace) -> dict[str, A
             raise CliError(
                 f"--template-var {setting!r} is not NAME=VALUE with NAME a template variable's "
                 "name (enable_thinking=false)"
+            )
+        if name in _SET_BY_CHAT:
+            raise CliError(
+                f"--template-var {name}: brisklm chat sets {name} itself (the conversation; it "
+                "offers no tools), not a variable to give"
             )
         if name in NOT_TEMPLATE_VARIABLES:
             flags = _FLAGS_FOR.get(name) or (
@@ -722,7 +730,7 @@ def _run_chat(args: argparse.Namespace) -> int:
             )
             continue
         reply = []
-        request = _reply_request(llm, messages, params, **template_vars)
+        request = _reply_request(llm, messages, params, template_vars)
         for chunk in llm.stream_request(request):
             if chunk.text:
                 reply.append(chunk.text)

@@ -76,7 +76,12 @@ def _is_token_id(value: Any) -> bool:
 def _as_list(value: Any) -> Any:
     """A numpy array or torch tensor of token ids as (nested) lists of ints; others unchanged.
     An array of floats or bools is refused here: as lists, they read as lists of prompts."""
-    if hasattr(value, "tolist") and hasattr(value, "ndim") and not isinstance(value, str):
+    if (
+        hasattr(value, "tolist")
+        and hasattr(value, "ndim")
+        and not isinstance(value, str)
+        and not _is_bytes(value)  # (a memoryview has both: refused as bytes, not read as ids)
+    ):
         dtype = getattr(value, "dtype", None)
         if value.ndim == 0 and not _holds_non_integers(dtype):
             raise TypeError(
@@ -358,6 +363,10 @@ class ContextLengthError(ValueError):
     """A prompt that leaves no room in the model's context for a generated token."""
 
 
+# The most torch threads a load takes for each CPU the process may run on.
+MAX_THREADS_PER_CPU = 8
+
+
 def _warn_of_more_threads_than_cpus(num_threads: int) -> None:
     available = available_cpus()
     if num_threads > available:
@@ -447,7 +456,8 @@ class LLM:
         model), "float16" torch's kernel in float16 (~10x slower again; a warning says so); on
         CUDA the kernel's own. Other quantizations are refused.
         ``num_threads`` sets torch's intra-op threads for the whole process (``torch.set_num_threads``;
-        default: torch's, one per core; more than the CPUs the process may run on is warned of). On
+        default: torch's, one per core; more than the CPUs the process may run on is warned of,
+        more than 8 for each of them refused). On
         CPU, leave one core free of other busy processes per thread: with one of two cores taken by
         another process, two threads decoded the bundled model at 130-640 tokens/s and one thread
         at 630-1,320 (2,400 with both free: the threads wait on each other's time slices). The
@@ -491,6 +501,14 @@ class LLM:
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
         ):
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
+        if num_threads is not None and num_threads > MAX_THREADS_PER_CPU * available_cpus():
+            # (OpenMP's thread creation fails, or the process crashes, long before 100,000)
+            raise ValueError(
+                f"num_threads={num_threads} is more than {MAX_THREADS_PER_CPU} threads for each "
+                f"of the {available_cpus()} CPUs this process may run on: at most "
+                f"{MAX_THREADS_PER_CPU * available_cpus()} (more threads than CPUs take turns "
+                "on them; None: one per CPU)"
+            )
         directory = checkpoint_directory(path if path is not None else default_model_path())
         check_draft_options(draft, num_speculative_tokens, draft_length)
         config = EngineConfig(

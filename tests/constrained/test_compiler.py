@@ -155,6 +155,17 @@ def test_unenforceable_keywords_are_named(
             {"$defs": 5, "type": "integer"},
             r"\$defs at #/\$defs must be an object of schemas, got int",
         ),
+        # counts past what llguidance reads (a string's length bounds named a regex "pattern")
+        (
+            {"properties": {"a": {"type": "string", "minLength": 2**32}}},
+            r"minLength at #/properties/a/minLength is 4294967296: more than llguidance handles "
+            r"\(at most 4294967295\)",
+        ),
+        (
+            {"type": "array", "maxItems": 10**30},
+            r"maxItems at #/maxItems is 10{30}: more than llguidance handles \(at most "
+            r"18446744073709551615\)",
+        ),
         (
             {"properties": {"a": {"not": {"type": "null"}}}},
             r"keyword\(s\) cannot be enforced: not \(at #/properties/a\)",

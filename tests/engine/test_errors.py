@@ -13,6 +13,7 @@ import torch
 
 from brisklm import LLM, SamplingParams
 from brisklm.constrained import ConstraintError
+from brisklm.kernels.omp import available_cpus
 from brisklm.loader import CheckpointError
 from tests.tiny import make_tiny_checkpoint
 
@@ -80,6 +81,7 @@ def test_bad_prompts(llm):
         ({"Hello"}, "got set"),
         (b"hello", r"got bytes \(decode bytes to str first\)"),  # was taken as token ids
         (bytearray(b"hi"), "got bytearray"),
+        (memoryview(b"hi"), r"got memoryview \(decode bytes"),  # was read as ids 104, 105
         ([b"hi", b"yo"], r"prompt 0 of the list is b'hi' \(bytes\).* \(decode bytes to str"),
         ([True, 3], r"prompt 0 of the list is True \(bool\)"),
         # These said "a prompt must be a str or a list of token ids, got list / int".
@@ -685,6 +687,10 @@ def test_num_threads(tiny_dir):
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="num_threads must be None or an int >= 1"):
             LLM.from_pretrained(tiny_dir, num_threads=bad, show_progress=False)
+    # Far more than the CPUs: OpenMP's thread creation failed, or the process crashed.
+    cpus = available_cpus()
+    with pytest.raises(ValueError, match=rf"at most {8 * cpus} \(more threads than CPUs"):
+        LLM.from_pretrained(tiny_dir, num_threads=8 * cpus + 1, show_progress=False)
     assert torch.get_num_threads() == before  # refused before anything changed
     try:
         with LLM.from_pretrained(tiny_dir, num_threads=1, show_progress=False) as llm:

@@ -1,6 +1,7 @@
 """SamplingParams validation and normalisation."""
 
 import dataclasses
+from fractions import Fraction
 
 import pytest
 
@@ -87,6 +88,30 @@ def test_a_stop_string_with_a_lone_surrogate_is_refused() -> None:
     with pytest.raises(ValueError, match=r"valid Unicode \('a\\udc80' has a lone surrogate at 1"):
         SamplingParams(stop=["ok", "a\udc80"])
     assert SamplingParams(stop=["🙂"]).stop == ("🙂",)
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [10**400, -(10**400), Fraction(10**400, 3)])
+def test_numbers_past_floats_range_are_refused_naming_the_field(field, value) -> None:
+    # float() raised a bare OverflowError
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.* is invalid: must be"):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "shown"),
+    [
+        ({"logit_bias": {5: 10**400}}, "logit_bias=1000"),
+        # Python converts at most 4,300 digits of an int to or from text
+        ({"logit_bias": {"9" * 5000: 1.0}}, "logit_bias='<a key of 5000 digits>'"),
+        ({"seed": 10**5000}, "seed=<an int of 16610 bits>"),
+        ({"max_tokens": 10**5000, "min_tokens": -1}, "max_tokens=<an int of 16610 bits>"),
+    ],
+)
+def test_huge_ints_are_refused_naming_the_field(kwargs, shown) -> None:
+    with pytest.raises(ValueError, match="is invalid: must be") as info:
+        SamplingParams(**kwargs)
+    assert shown in str(info.value)
 
 
 def test_non_finite_logit_bias_rejected() -> None:

@@ -256,6 +256,15 @@ def _ecma_class_body(pattern: str, i: int) -> tuple[str, int]:
     return "".join(parts) + "]", i
 
 
+# The keywords that count (a string's characters, an array's items, an object's keys), and the
+# largest value llguidance reads for each.
+_COUNTS = frozenset(
+    {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"}
+)
+_MAX_COUNT = 2**64 - 1
+_COUNT_LIMITS = {"minLength": 2**32 - 1, "maxLength": 2**32 - 1}
+
+
 def check_keyword_value(key: str, value: Any, where: str) -> None:
     """ConstraintError for values that JSON Schema forbids and llguidance reads anyway (it took
     a negative multipleOf as its absolute value, and lets the others pass)."""
@@ -273,6 +282,13 @@ def check_keyword_value(key: str, value: Any, where: str) -> None:
                     "each entry once)"
                 )
             seen.add(entry)
+    if key in _COUNTS and number and value > _COUNT_LIMITS.get(key, _MAX_COUNT):
+        # (llguidance reads counts as 64-bit; a string's length bounds become a regex's
+        # repetition, at most 32-bit: past them it named a pattern the schema does not hold)
+        raise ConstraintError(
+            f"{key} at {where} is {value}: more than llguidance handles (at most "
+            f"{_COUNT_LIMITS.get(key, _MAX_COUNT)})"
+        )
     if key in ("$defs", "definitions") and not isinstance(value, dict):
         raise ConstraintError(
             f"{key} at {where} must be an object of schemas, got {type(value).__name__}"

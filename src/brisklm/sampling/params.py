@@ -26,7 +26,18 @@ MAX_N = 128  # completions a prompt may ask for (OpenAI's limit)
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"SamplingParams.{name}={value!r} is invalid: must be {allowed}")
+    return ValueError(f"SamplingParams.{name}={_shown(value)} is invalid: must be {allowed}")
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr for an error: an int past Python's limit on converting ints to text
+    (4,300 digits) named by its size."""
+    try:
+        return repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            return f"<an int of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__}>"
 
 
 def _as_int(name: str, value: Any, allowed: str) -> int:
@@ -39,7 +50,10 @@ def _as_int(name: str, value: Any, allowed: str) -> int:
 def _as_float(name: str, value: Any, allowed: str) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise _fail(name, value, allowed)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int or fraction past float's range
+        raise _fail(name, value, allowed) from None
     if not math.isfinite(value):
         raise _fail(name, value, allowed)
     return value
@@ -121,10 +135,10 @@ class SamplingParams:
         put("max_tokens", max_tokens)
 
         min_tokens = _as_int(
-            "min_tokens", self.min_tokens, f"an int in [0, max_tokens={max_tokens}]"
+            "min_tokens", self.min_tokens, f"an int in [0, max_tokens={_shown(max_tokens)}]"
         )
         if not 0 <= min_tokens <= max_tokens:
-            raise _fail("min_tokens", min_tokens, f"an int in [0, max_tokens={max_tokens}]")
+            raise _fail("min_tokens", min_tokens, f"an int in [0, max_tokens={_shown(max_tokens)}]")
         put("min_tokens", min_tokens)
 
         temperature = _as_float("temperature", self.temperature, "a finite float >= 0 (0 = greedy)")
@@ -361,7 +375,10 @@ def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         raw_id, raw_bias = item
         # JSON object keys arrive as strings ("50256": -100), so accept decimal digit strings.
         if isinstance(raw_id, str) and raw_id.strip().isascii() and raw_id.strip().isdecimal():
-            raw_id = int(raw_id)
+            try:
+                raw_id = int(raw_id)
+            except ValueError:  # more digits than Python converts (4,300)
+                raise _fail("logit_bias", f"<a key of {len(raw_id)} digits>", allowed) from None
         token_id = _as_int("logit_bias", raw_id, allowed)
         bias = _as_float("logit_bias", raw_bias, allowed)
         if token_id < 0 or abs(bias) > MAX_ABS_LOGIT_BIAS:
