@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from brisklm import LLM, SamplingParams
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
 from brisklm.llm import default_model_path
 from brisklm.loader import load_model
+from brisklm.models.layers import silu_mul
 from tests.runner_spy import spy_on_passes
 
 OTHERS = ["Once upon a time there was a", "Hi", "Write a list of colours:"]
@@ -108,3 +110,30 @@ def test_only_batches_with_a_seeded_sampled_request_pay_for_row_by_row_attention
         assert seen and not any(seen)  # a seed on a greedy request draws nothing
     finally:
         undo()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_mlp_activation_computes_each_row_as_alone(threads):
+    """torch's elementwise SiLU over more than 32,768 elements splits between threads at points
+    set by the total, and the elements before a split took the scalar loop (other rounding): at 2
+    threads 56 of 198 row counts gave some row other bits than alone, through torch's ops (a
+    seeded request's prompt chunk beside others, logprobs ~5e-6 apart)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        width = 864
+        gate_up = torch.randn(120, 2 * width, generator=generator)
+
+        def activation(rows: torch.Tensor) -> torch.Tensor:
+            return silu_mul(*rows.split(width, dim=-1))
+
+        alone = torch.cat([activation(gate_up[i : i + 1]) for i in range(len(gate_up))])
+        for count in range(2, len(gate_up) + 1):
+            assert torch.equal(activation(gate_up[:count]), alone[:count]), f"{count} rows"
+        # and as F.silu(gate) * up computes each row alone, in shapes of any rank
+        gate, up = gate_up.reshape(2, 60, 2 * width).split(width, dim=-1)
+        expected = torch.cat([F.silu(g) * u for g, u in zip(gate[0], up[0])])
+        assert torch.equal(silu_mul(gate, up)[0], expected.reshape(60, width))
+    finally:
+        torch.set_num_threads(before)

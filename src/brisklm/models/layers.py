@@ -213,4 +213,27 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(gate, up))
+
+
+# The most elements torch's CPU elementwise ops take on one thread (at::internal::GRAIN_SIZE).
+ELEMENTWISE_GRAIN = 32768
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``, each row computed bit for bit as it is alone (what a seeded request's
+    row needs: ``ForwardBatch.row_invariant``). Past ``ELEMENTWISE_GRAIN`` elements torch splits
+    an elementwise op between its CPU threads at points set by the total, and the elements before
+    a split point take its scalar loop, whose exp rounds otherwise than the vectorised one (~1e-6
+    on a row's logits): on CPU the rows go in calls of at most that many elements (a row alone
+    above it: split alike however many rows run), each on one thread."""
+    if gate.device.type != "cpu" or gate.numel() <= ELEMENTWISE_GRAIN:
+        return F.silu(gate) * up
+    shape, width = gate.shape, gate.shape[-1]
+    gate, up = gate.reshape(-1, width), up.reshape(-1, width)  # (views: the rows of a pass)
+    step = max(1, ELEMENTWISE_GRAIN // width)
+    parts = [
+        F.silu(gate[start : start + step]) * up[start : start + step]
+        for start in range(0, gate.shape[0], step)
+    ]
+    return torch.cat(parts).reshape(shape)
