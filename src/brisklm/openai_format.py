@@ -61,6 +61,8 @@ def _top_by_text(entry: TokenLogprob) -> dict[str, float]:
     by_text: dict[str, float] = {}
     for top in entry.top:  # (likeliest first)
         by_text.setdefault(top.token, top.logprob)
+    # The chosen token always, as OpenAI's completions give it (up to logprobs + 1 entries).
+    by_text.setdefault(entry.token, entry.logprob)
     return by_text
 
 

@@ -45,6 +45,24 @@ def test_messages_are_read_as_templates_read_them() -> None:
     ]
 
 
+def test_an_assistants_refusal_in_the_history_is_what_it_said() -> None:
+    # OpenAI's refusal field, and a content part of type refusal ("has no content" before).
+    messages = protocol.chat_messages(
+        [
+            {"role": "user", "content": "Help me with X"},
+            {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+            {"role": "user", "content": "Why?"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "It is unsafe."}]},
+        ]
+    )
+    assert [m["content"] for m in messages] == [
+        "Help me with X",
+        "I can't help with that.",
+        "Why?",
+        "It is unsafe.",
+    ]
+
+
 @pytest.mark.parametrize(
     ("messages", "words"),
     [

@@ -727,7 +727,10 @@ def test_echo_scores_a_prompt_as_lm_eval_asks(client, llm) -> None:
     assert lp.token_logprobs[1:] == pytest.approx(
         [e.logprob for e in expected.prompt_logprobs[1:]], abs=1e-5
     )
-    assert lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:])
+    assert lp.top_logprobs[0] is None
+    # The likeliest token and the prompt's own (OpenAI: up to logprobs + 1 entries)
+    for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert top[token] == logprob and len(top) <= 2 and max(top.values()) >= logprob
     body = dict(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=0, temperature=0)
     grown = client.completions.create(**body)
     reply = llm.generate(prompt, SamplingParams(max_tokens=4, temperature=0, logprobs=0))
@@ -754,6 +757,38 @@ def test_text_offsets_lay_the_tokens_end_to_end(client) -> None:
     assert echoed.text_offset[0] == 0 and echoed.text_offset[1] == len(echoed.tokens[0])
 
 
+def test_openais_hint_fields_are_taken_and_checked(client, http, llm) -> None:
+    """Fields the openai client sends that ask nothing a local reply differs by (400 before:
+    LangChain's ChatOpenAI sends verbosity and reasoning_effort where they are set)."""
+    params = SamplingParams(max_tokens=5, temperature=0)
+    expected = llm.chat(ask("Hi"), params).content
+    reply = client.chat.completions.create(
+        model=NAME,
+        messages=ask("Hi"),
+        max_tokens=5,
+        temperature=0,
+        safety_identifier="user-1",
+        prompt_cache_key="conversation-7",
+        prompt_cache_retention="24h",
+        prediction={"type": "content", "content": "Hello"},
+        verbosity="low",
+        modalities=["text"],
+        reasoning_effort="low",  # (a template variable no template here reads)
+    )
+    assert reply.choices[0].message.content == expected
+    body = {"messages": ask("Hi"), "max_tokens": 5}
+    for field, value, words in [
+        ("modalities", ["text", "audio"], 'modalities must be ["text"]'),
+        ("safety_identifier", 7, "safety_identifier must be a string"),
+        ("prediction", "Hello", "prediction must be an object"),
+        ("reasoning_effort", 1, "reasoning_effort must be a string"),
+    ]:
+        response = http.post("/v1/chat/completions", json={**body, field: value})
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == field, error
+        assert words in error["message"]
+
+
 def test_chat_template_kwargs_reach_the_template(tmp_path) -> None:
     # vLLM's chat_template_kwargs: Qwen3's enable_thinking=false closes an empty think block.
     from tests.engine.test_qwen3 import make_qwen3_checkpoint
@@ -771,6 +806,20 @@ def test_chat_template_kwargs_reach_the_template(tmp_path) -> None:
             assert reply["choices"][0]["message"]["content"] == expected.content
             assert reply["usage"]["prompt_tokens"] == expected.usage.prompt_tokens
             assert plain["usage"]["prompt_tokens"] < reply["usage"]["prompt_tokens"]
+            # reasoning_effort is the template's variable too, as vLLM passes it
+            seen: list[dict] = []
+            chat_prompt_ids = tiny.chat_prompt_ids
+
+            def spy(messages, tools=None, **variables):
+                seen.append(variables)
+                return chat_prompt_ids(messages, tools, **variables)
+
+            tiny.chat_prompt_ids = spy
+            try:
+                http.post("/v1/chat/completions", json={**body, "reasoning_effort": "high"})
+            finally:
+                del tiny.chat_prompt_ids
+            assert seen == [{"reasoning_effort": "high"}]
             for kwargs, words in [
                 ([1], "must be an object"),
                 ({"tools": []}, "a field of the request"),

@@ -84,6 +84,16 @@ _SAMPLING = {
 COMPLETION_FIELDS = frozenset(
     _SAMPLING | {"prompt", "logprobs", "echo", "suffix", "best_of", "prompt_logprobs"}
 )
+# OpenAI's chat fields that ask nothing a local model's reply could differ by: checked, and
+# without effect (an end user's id, a prompt cache's key and retention, a predicted output, which
+# only speeds OpenAI's replies, a reasoning model's verbosity).
+_HINTS = {
+    "safety_identifier": (str, "a string"),
+    "prompt_cache_key": (str, "a string"),
+    "prompt_cache_retention": (str, "a string"),
+    "prediction": (dict, 'an object ({"type": "content", "content": ...})'),
+    "verbosity": (str, "a string (low, medium or high)"),
+}
 CHAT_FIELDS = frozenset(
     _SAMPLING
     | {
@@ -100,6 +110,10 @@ CHAT_FIELDS = frozenset(
         "service_tier",
         # vLLM's: the chat template's variables ({"enable_thinking": false} for Qwen3)
         "chat_template_kwargs",
+        # passed to the chat template as its variable, as vLLM does (gpt-oss's reads it)
+        "reasoning_effort",
+        "modalities",
+        *_HINTS,
     }
 )
 # Arguments of the template's rendering that are the request's (or the server's) to set.
@@ -524,6 +538,18 @@ def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
 def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     check_model(body, served)
+    for name, (kind, what) in _HINTS.items():
+        get_field(body, name, kind, what)
+    modalities = get_field(body, "modalities", list, '["text"]')
+    if modalities is not None and (not modalities or set(modalities) != {"text"}):
+        raise ApiError(
+            f'modalities must be ["text"]: this server writes text only, got {modalities!r}',
+            param="modalities",
+        )
+    template_kwargs = chat_template_kwargs(body)
+    effort = get_field(body, "reasoning_effort", str, "a string (such as low, medium or high)")
+    if effort is not None:
+        template_kwargs["reasoning_effort"] = effort
     messages = chat_messages(body.get("messages"))
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         if body["max_tokens"] != body["max_completion_tokens"]:
@@ -600,7 +626,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         tool_format=tool_format,
         constraint_field=constraint_field,
         n=choices_wanted(body),
-        template_kwargs=chat_template_kwargs(body),
+        template_kwargs=template_kwargs,
         constrained_start=constrained_start,
     )
 
@@ -623,9 +649,13 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
             raise ApiError(
                 f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}", param="messages"
             )
+        content = message.get("content")
+        refusal = message.get("refusal") if role == "assistant" else None
+        if content is None and isinstance(refusal, str):
+            content = refusal  # an assistant's refusal sent back: what it said
         converted: dict[str, Any] = {
             "role": "system" if role == "developer" else role,
-            "content": _content(message.get("content"), where),
+            "content": _content(content, where),
         }
         calls = message.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
@@ -666,17 +696,16 @@ def _content(content: Any, where: str) -> str | None:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
+            # (an assistant's refusal part: its text, as OpenAI's history takes it)
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get(kind) if kind in ("text", "refusal") else None
+            if not isinstance(text, str):
                 raise ApiError(
                     f"{where}.content holds a part other than text ({part!r}); this server "
                     "takes text only",
                     param="messages",
                 )
-            texts.append(part["text"])
+            texts.append(text)
         return "".join(texts)
     raise ApiError(f"{where}.content must be a string or a list of text parts", param="messages")
 
