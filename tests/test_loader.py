@@ -297,11 +297,19 @@ def test_cpu_weights_are_column_major_without_packing(
     torch.testing.assert_close(logits_of(model), logits_of(packed), atol=1e-4, rtol=0)
 
 
-def test_loading_does_not_import_torch_dynamo(tmp_path):
+@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "gptq"])
+def test_loading_does_not_import_torch_dynamo(tmp_path, quantized):
     # nn.Embedding initialising its table on the meta device imported torch._dynamo (through
-    # torch._refs): a second of every load, the bundled model's 1.4 s against 0.4 s. In a fresh
+    # torch._refs): a second of every load, the bundled model's 1.4 s against 0.4 s; a GPTQ
+    # layer's default g_idx, a division on the meta device, did too (~1.7 s, ~200 MB). In a fresh
     # interpreter, since this one may have imported it for other tests.
     directory = make_tiny_checkpoint(tmp_path / "model")
+    if quantized:
+        from brisklm.quant.quantize_model import QuantizeOptions, quantize_model
+
+        options = QuantizeOptions(group_size=32, method="rtn")
+        quantize_model(directory, tmp_path / "int4", options, show_progress=False)
+        directory = tmp_path / "int4"
     script = (
         "import sys; from brisklm.loader import load_model; "
         f"load_model({str(directory)!r}, show_progress=False); "
@@ -379,3 +387,40 @@ def test_loading_leaves_torchs_symbolic_shapes_unimported(tmp_path):
     )
     before, after = done.stdout.split()
     assert after == before  # (torch itself may import it some day: then there is nothing to keep)
+
+
+RELOAD_SCRIPT = """
+import gc, sys
+from brisklm import LLM
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+for _ in range(2):
+    llm = LLM.from_pretrained(sys.argv[1], show_progress=False)
+    print(rss())
+    llm.close()
+    del llm
+    gc.collect()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_a_second_load_holds_no_more_memory_than_the_first(tmp_path):
+    """The load's temporaries, freed, stayed in malloc's arenas after a process's first load:
+    its second load of this 135 MB checkpoint held 128 MB more (brisklm.heap)."""
+    from tests.scripts import run_script
+
+    directory = make_tiny_checkpoint(
+        tmp_path / "model",
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    )
+    weights = (directory / "model.safetensors").stat().st_size
+    first, second = map(int, run_script(tmp_path, RELOAD_SCRIPT, str(directory)).stdout.split())
+    assert second - first < 0.2 * weights, (first, second, weights)

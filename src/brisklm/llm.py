@@ -27,6 +27,7 @@ from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
+from brisklm.heap import return_free_memory
 from brisklm.kernels.omp import available_cpus
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.models.llama import LlamaForCausalLM
@@ -585,6 +586,7 @@ class LLM:
             if num_threads is not None:  # a load that failed leaves the process as it was
                 torch.set_num_threads(threads_before)
             raise
+        return_free_memory()  # (the load's temporaries, which malloc would keep)
         return cls(engine, directory)
 
     # ----------------------------------------------------------------- requests
@@ -1168,7 +1170,8 @@ class LLM:
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Stop the engine thread; requests still queued or running fail with an error (their
-        callers get a RuntimeError), and later calls are refused."""
+        callers get a RuntimeError), and later calls are refused. The weights and KV cache are
+        freed with the LLM object, once nothing refers to it (``del llm``)."""
         self._loop.close()
         self.engine.structured.close()
 

@@ -183,7 +183,8 @@ def check_kv_cache_fits(
     that the allocator grants but the machine cannot hold brings the out-of-memory killer).
 
     The memory free now is the measure: another engine's CPU cache in this process, whose pages
-    are taken as its sequences write them, counts only for what it has written so far."""
+    are taken as its sequences write them (a slot's whole memory at its first token, on huge
+    pages), counts only for the slots its sequences have used so far."""
     config = model.config
     max_batch_size = engine.max_batch_size
     max_seq_len = engine.resolved_max_seq_len(config.max_position_embeddings)

@@ -155,7 +155,12 @@ def qzeros_v2_to_v1(qzeros: torch.Tensor) -> torch.Tensor:
 def default_g_idx(
     in_features: int, group_size: int, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """g_idx without act-order: k // group_size (all zeros for group_size -1)."""
+    """g_idx without act-order: k // group_size (all zeros for group_size -1). On the meta
+    device, where a model is built before its weights load, a tensor of its shape alone (a
+    division there goes through torch's Python decompositions, which import torch._dynamo and
+    sympy: ~1.7 s and ~200 MB of a process's first GPTQ load)."""
+    if device is not None and torch.device(device).type == "meta":
+        return torch.empty(in_features, dtype=torch.int32, device="meta")
     size = in_features if group_size == -1 else group_size
     return torch.arange(in_features, dtype=torch.int32, device=device) // size
 
