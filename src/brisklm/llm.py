@@ -364,7 +364,8 @@ class ContextLengthError(ValueError):
     """A prompt that leaves no room in the model's context for a generated token."""
 
 
-# The most torch threads a load takes for each CPU the process may run on.
+# The most torch threads (num_threads) LLM.from_pretrained takes for each CPU the process may run
+# on.
 MAX_THREADS_PER_CPU = 8
 
 
@@ -502,13 +503,13 @@ class LLM:
             isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
         ):
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
-        if num_threads is not None and num_threads > MAX_THREADS_PER_CPU * available_cpus():
+        cpus = available_cpus()
+        if num_threads is not None and num_threads > MAX_THREADS_PER_CPU * cpus:
             # (OpenMP's thread creation fails, or the process crashes, long before 100,000)
             raise ValueError(
                 f"num_threads={num_threads} is more than {MAX_THREADS_PER_CPU} threads for each "
-                f"of the {available_cpus()} CPUs this process may run on: at most "
-                f"{MAX_THREADS_PER_CPU * available_cpus()} (more threads than CPUs take turns "
-                "on them; None: one per CPU)"
+                f"of the {cpus} CPUs this process may run on: at most {MAX_THREADS_PER_CPU * cpus} "
+                "(more threads than CPUs take turns on them; None: one per CPU)"
             )
         directory = checkpoint_directory(path if path is not None else default_model_path())
         check_draft_options(draft, num_speculative_tokens, draft_length)

@@ -81,8 +81,9 @@ def available_memory(device: torch.device) -> int | None:
     """The memory a new allocation on ``device`` could take now: a GPU's free memory; on the
     CPU, Linux's MemAvailable plus free swap (the cache's pages are taken as sequences first write
     them: on huge pages, a slot's whole memory at its first token, as each 2 MB page holds
-    positions of every head; so a larger one would bring the out-of-memory killer, which ends a process without a
-    word, once they are used; memory other processes take after the check can bring it too).
+    positions of every head; so a larger one would bring the out-of-memory killer, which ends a
+    process without a word, once they are used; memory other processes take after the check can
+    bring it too).
     None where it is not known."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
