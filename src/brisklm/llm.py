@@ -28,8 +28,9 @@ from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
 from brisklm.heap import return_free_memory
-from brisklm.kernels.omp import available_cpus
+from brisklm.kernels.omp import BusyCpus, at_most_threads, available_cpus, threads_beside
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from brisklm.models.layers import LinearFactory
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.offload import run_off_loop
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
@@ -464,7 +465,8 @@ class LLM:
         another process, two threads decoded the bundled model at 130-640 tokens/s and one thread
         at 630-1,320 (2,400 with both free: the threads wait on each other's time slices). The
         engine runs fewer threads while it sees that (``brisklm.kernels.team_size``), at most
-        this many.
+        this many, and so does the load (``brisklm.kernels.omp.BusyCpus``, measured over ~40 ms
+        as the tokenizer loads).
         ``prefill_chunk_size``: the most prompt tokens a request feeds per forward pass (default:
         512 on CPU, 2048 on CUDA). A longer prompt enters the cache over several passes, each of
         which also carries every other running request's next token, so a long prompt does not
@@ -542,6 +544,7 @@ class LLM:
             torch.set_num_threads(num_threads)
 
         def build() -> LLMEngine:
+            busy = BusyCpus() if device_.type == "cpu" else None
             make_linear = linear_factory_for(
                 directory,
                 device=device_,
@@ -549,6 +552,18 @@ class LLM:
                 activation_dtype=resolve_dtype(dtype, device_),
             )
             tokenizer = Tokenizer.from_pretrained(directory)
+            # Where other processes keep cores busy, the load's torch ops take the CPUs left
+            # (its many small parallel ops each waited a time slice for a preempted thread;
+            # its bits do not depend on the count).
+            threads = torch.get_num_threads()
+            if busy is not None:
+                threads = threads_beside(busy.measure(), threads)
+                if threads < torch.get_num_threads():
+                    logger.info("loading on %d thread(s): other processes keep CPUs busy", threads)
+            with at_most_threads(threads):
+                return build_engine(make_linear, tokenizer)
+
+        def build_engine(make_linear: LinearFactory, tokenizer: Tokenizer) -> LLMEngine:
             model = load_model(
                 directory,
                 device=device_,
@@ -1145,8 +1160,9 @@ class LLM:
         not None, a thinking block that opens the reply is its ``reasoning``, and the rest is
         read as the reply. A Llama 3 / Mistral reply that max_tokens, a stop string or a stop
         token cut inside its calls (``cut_calls``) keeps the calls complete before the cut and
-        the content before the calls, as a Hermes reply does (it was all content, markup
-        included, and no calls); the cut call's text is in ``output.text``. A reply that ended
+        the content before the calls; a Hermes reply cut so is all content, markup included,
+        with no calls (the server drops the cut block); the cut call's text is in
+        ``output.text``. A reply that ended
         at eos, or shows no complete call, is read by ``parse`` (text that does not parse is
         content)."""
         reasoning, text = split_reasoning(output.text, reasoning_start)

@@ -18,7 +18,9 @@ import contextlib
 import ctypes
 import functools
 import logging
+import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,19 +68,83 @@ def one_thread_works() -> bool:
 
 
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Torch's CPU ops on the calling thread run on it alone inside the block."""
+def at_most_threads(count: int) -> Iterator[None]:
+    """Torch's CPU ops on the calling thread run on at most ``count`` threads inside the block."""
     before = torch.get_num_threads()  # also sets the thread's count up first, as torch does
-    if before == 1 or not one_thread_works():
+    if count >= before or not one_thread_works():
         yield
         return
     setter = _set_num_threads()
     assert setter is not None  # one_thread_works found it
-    setter(1)
+    setter(max(1, count))
     try:
         yield
     finally:
         setter(before)
+
+
+def one_thread() -> contextlib.AbstractContextManager[None]:
+    """Torch's CPU ops on the calling thread run on it alone inside the block."""
+    return at_most_threads(1)
+
+
+class BusyCpus:
+    """How many of this process's CPUs other processes keep busy, from ``/proc/stat``'s per-CPU
+    times between ``BusyCpus()`` and ``measure()``, at least ``window_s`` apart (it sleeps the
+    rest), less this process's own CPU time meanwhile (so the work between the two, reading a
+    tokenizer, counts as none; other engines of this process count as none too). A load's many
+    small parallel ops wait a time slice each for a thread the OS preempted: a GPTQ 250M model
+    loaded in 15 s on two threads with one of two cores busy, 2.6 s on one."""
+
+    def __init__(self, window_s: float = 0.04, read: Callable[[], str] | None = None) -> None:
+        self._read = read or (lambda: Path("/proc/stat").read_text())
+        self._window_s = window_s
+        self._start = time.monotonic(), time.process_time(), self._sample()
+
+    def _sample(self) -> tuple[int, int] | None:
+        """(busy, total) clock ticks of the CPUs this process may run on; None where unknown."""
+        try:
+            lines = self._read().splitlines()
+        except OSError:
+            return None
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        busy = total = 0
+        for line in lines:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            if mine is not None and int(name[3:]) not in mine:
+                continue
+            # user nice system idle iowait irq softirq steal (guest time is in user's)
+            ticks = [int(field) for field in fields[:8]]
+            busy += sum(ticks[:3]) + sum(ticks[5:8])
+            total += sum(ticks)
+        return (busy, total) if total else None
+
+    def measure(self) -> float | None:
+        """CPUs busy with other work over the window; None where /proc/stat is not there."""
+        started, own_started, first = self._start
+        rest = self._window_s - (time.monotonic() - started)
+        if first is None:
+            return None
+        if rest > 0:
+            time.sleep(rest)
+        second = self._sample()
+        if second is None or second[1] <= first[1]:
+            return None
+        cpus = available_cpus()
+        busy = (second[0] - first[0]) / (second[1] - first[1]) * cpus
+        elapsed = max(time.monotonic() - started, 1e-9)
+        own = (time.process_time() - own_started) / elapsed
+        return max(0.0, busy - own)
+
+
+def threads_beside(busy: float | None, wanted: int) -> int:
+    """Torch threads for work beside ``busy`` CPUs of other work (``BusyCpus``): one per CPU
+    left, at least one, at most ``wanted``."""
+    if busy is None:
+        return wanted
+    return max(1, min(wanted, math.floor(available_cpus() - busy + 0.5)))
 
 
 F = TypeVar("F", bound=Callable[..., Any])
