@@ -47,7 +47,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default=None,
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="KV cache dtype (default, auto: the model's)",
+        help=(
+            "KV cache dtype (default, auto: the --dtype asked for; without it float32 on CPU, "
+            "even for a bfloat16 checkpoint, bfloat16 on CUDA)"
+        ),
     )
     group.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
     group.add_argument(
@@ -190,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="an OpenAI-compatible HTTP server (needs: pip install 'brisklm[server]')",
         description="Serve the model over OpenAI's API: /v1/chat/completions (tools, "
-        "tool_choice, response_format, logprobs, streaming), /v1/completions, /v1/models and "
-        "/health. Requests are batched together, up to --max-batch-size at once.",
+        "tool_choice, response_format, logprobs, streaming), /v1/completions, /v1/models, "
+        "/v1/models/{id}, vLLM's /tokenize and /detokenize, /health and /metrics "
+        "(Prometheus). Requests are batched together, up to --max-batch-size at once.",
     )
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")

@@ -73,14 +73,16 @@ class BriskSettings(BaseModel):
     """Reuse the keys and values of an earlier prompt's shared start (the system prompt, tools
     and earlier turns of a conversation). On CPU (float and GPTQ int4 models) any shared start,
     the output the same either way; elsewhere (CUDA, int4 on torch's kernel, GPTQ shards with
-    different act-order groups) whole prompt chunks only, the same output for a call alone (see brisklm's README, "Prefix caching")."""
+    different act-order groups) whole prompt chunks only, the same output for a call alone (see
+    brisklm's README, "Design")."""
     grammar_cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE
     """Compiled constraints (structured-output schemas, tool lists) the engine keeps for reuse,
     least recently used dropped first: an app with a schema or tool list per user bounds their
     memory with it, or keeps more of them compiled."""
     max_decode_steps: int = 8
-    """Decoding through brisklm's native CPU pass (greedy, or sampled without penalties, bias or
-    logprobs) runs up to this many steps a call of its kernels (about 20 ms of them), so a
+    """Decoding through brisklm's native CPU pass (greedy or sampled, with a logit bias,
+    penalties or logprobs too; not under a grammar or a pending min_tokens) runs up to this many
+    steps a call of its kernels (about 20 ms of them), so a
     stream's chunks may hold several tokens; 1: a token a step, a chunk a token. The tokens are
     the same either way, a seed's too."""
     prefix_cache_slots: int = 0
