@@ -4,7 +4,8 @@ Its random numbers come from its own generator, and every step of its computatio
 same bits alone as beside other rows: rows of up to 512 tokens run through the native CPU pass,
 which computes each token alike whatever else is in the call; through torch's ops, oneDNN's
 packed products are row-invariant and a batch holding a seeded request attends row by row over
-exactly each row's keys; and the sampler's cumulative sums run per row. Prompts are cut into
+exactly each row's keys and takes the MLP's activation in calls of whole rows; and the sampler's
+cumulative sums run per row. Prompts are cut into
 chunks at fixed positions (tests/engine/test_chunked_prefill.py). Before, 1 in 40 seeded 30-token
 generations of the bundled model changed beside a greedy row.
 """
@@ -110,6 +111,43 @@ def test_only_batches_with_a_seeded_sampled_request_pay_for_row_by_row_attention
         assert seen and not any(seen)  # a seed on a greedy request draws nothing
     finally:
         undo()
+
+
+def test_a_long_row_beside_short_ones_is_computed_as_alone_through_torchs_ops(
+    tmp_path, monkeypatch
+):
+    """Through torch's ops, a row holding most of a pass's tokens holds the point where torch
+    splits the MLP's activation between its threads (more than 32,768 elements): its logits
+    came out other than alone (~1e-6) until the activation took the rows apart
+    (``silu_mul``)."""
+    from brisklm.kernels import native
+    from tests.tiny import make_tiny_checkpoint
+
+    if torch.get_num_threads() < 2:
+        pytest.skip("one torch thread splits nothing")
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    native.library.cache_clear()
+    try:
+        directory = make_tiny_checkpoint(tmp_path / "model", intermediate_size=864)
+        model = load_model(directory, device="cpu", dtype=torch.float32, show_progress=False)
+        runner = ModelRunner(model, num_slots=4, max_seq_len=256)
+        assert runner.native is None
+        long_row = [(7 * i) % 150 + 5 for i in range(120)]
+
+        def logits(rows: list[list[int]]) -> torch.Tensor:
+            """The last row's logits, in a pass computing each row as alone."""
+            n = len(rows)
+            return runner.forward(ForwardBatch(list(range(n)), [0] * n, rows, [1] * n, True))[-1]
+
+        alone = logits([long_row])
+        # The split falls at another point of the long row for each length beside it (rounding
+        # apart on a few of them before).
+        for length in range(1, 25):
+            beside = [[11 + i for i in range(length)]]
+            assert torch.equal(logits([*beside, long_row]), alone), f"beside {length}"
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
 
 
 @pytest.mark.parametrize("threads", [1, 2])

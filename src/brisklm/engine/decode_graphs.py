@@ -78,6 +78,8 @@ class StaticDecodeMeta:
     query_lens: list[int]
     row_max_positions: list[int]
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    # (a graph never takes a batch whose rows must come out as alone: ``DecodeGraphs.takes``)
+    row_invariant: bool = False
 
     def allowed_keys(self, sliding_window: int | None) -> torch.Tensor:
         """Boolean (B, 1, 1, num_keys): key j is visible to the row at position p when

@@ -103,7 +103,7 @@ class LlamaDecoderLayer(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), meta.row_invariant)
 
 
 class LlamaModel(nn.Module):
