@@ -578,9 +578,20 @@ def test_requests_whose_draft_fails_keep_the_targets_tokens(
     llm = load(tiny_dir, draft=other_draft_dir, num_speculative_tokens=3, draft_length=draft_length)
     try:
         restore, tried = fail_draft_passes(llm, after)
+        runner = llm.engine.runner
+        run_steps, calls = runner.run_steps, []
+
+        def counting(batch, columns, steps, *args, **kwargs):
+            calls.append(steps)
+            return run_steps(batch, columns, steps, *args, **kwargs)
+
+        runner.run_steps = counting
         with caplog.at_level(logging.WARNING, logger="brisklm.engine.speculation"):
             outs = llm.generate(FALLBACK_PROMPTS, FALLBACK_GREEDY)
+        del runner.run_steps
         assert [out.token_ids for out in outs] == expected
+        if runner.native is not None:  # without the draft, several steps a native call
+            assert max(calls, default=0) > 1, calls
         assert all(out.finish_reason == "length" for out in outs)
         assert "speculative proposer failed (RuntimeError: simulated draft" in caplog.text
         # The draft is not tried again for them: at most one failed pass per prompt's prefill

@@ -255,8 +255,9 @@ class Speculator:
             len(r.uncached_token_ids) == 1 for r in decoding
         )
         before = [r.num_cached for r in decoding]
-        # (rows without a draft: as many steps as the target alone would run)
-        results = engine.plain_step(requests, prefill_lens, min(pauses) if pauses else None)
+        # (rows without a draft: as many steps a call as the target alone would run)
+        max_steps = min(pauses) if pauses else engine.config.max_decode_steps
+        results = engine.plain_step(requests, prefill_lens, max_steps)
         # One-token rows each took a step per token cached (a call of several steps, or one).
         steps = [
             max(1, r.num_cached - b) if one_token_rows else 1 for r, b in zip(decoding, before)
