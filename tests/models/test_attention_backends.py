@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from brisklm.attention import AttentionMetadata, ReferenceAttention, SdpaAttention, select_backend
 
@@ -246,3 +247,35 @@ def test_the_runner_probes_xformers_with_its_models_layout(tmp_path, monkeypatch
         "num_kv_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
     }
+
+
+@pytest.mark.parametrize(
+    ("dtype", "masked", "device_type", "repeated"),
+    [
+        (torch.float32, True, "cpu", False),  # CPU: enable_gqa, as it was
+        (torch.float32, False, "cpu", False),
+        (torch.bfloat16, False, "cuda", False),  # flash attention takes grouped heads
+        (torch.bfloat16, True, "cuda", True),  # masked: the math kernel would take enable_gqa
+        (torch.float32, False, "cuda", True),  # float32: no fused kernel groups heads
+    ],
+)
+def test_sdpa_repeats_kv_heads_where_cuda_would_fall_back_to_its_math_kernel(
+    dtype, masked, device_type, repeated
+):
+    from brisklm.attention.sdpa import kv_heads_for_sdpa
+
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 5, 16, generator=generator).to(dtype)
+    k = torch.randn(2, 2, 7, 16, generator=generator).to(dtype)
+    v = torch.randn(2, 2, 7, 16, generator=generator).to(dtype)
+    mask = torch.rand(2, 1, 5, 7, generator=generator) > 0.3 if masked else None
+    if mask is not None:
+        mask[..., 0] = True  # every query sees a key
+    keys, values, gqa = kv_heads_for_sdpa(k, v, 8, masked, device_type)
+    assert gqa is not repeated and keys.shape[1] == (8 if repeated else 2)
+    got = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(got, expected)
+    # One KV head a query head: nothing to group.
+    keys, values, gqa = kv_heads_for_sdpa(q, q, 8, masked, device_type)
+    assert keys is q and values is q and not gqa

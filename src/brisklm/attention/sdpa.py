@@ -143,12 +143,36 @@ class SdpaAttention(AttentionBackend):
             # the keys as they are stored, as the native pass does.
             keys = self.cached_rows(k_cache, meta, first_key, num_keys - first_key).to(q.dtype)
             values = self.cached_rows(v_cache, meta, first_key, num_keys - first_key).to(q.dtype)
+        keys, values, gqa = kv_heads_for_sdpa(keys, values, num_heads, mask is not None)
         out = F.scaled_dot_product_attention(
             meta.to_rows(q).transpose(1, 2),
             keys,
             values,
             attn_mask=mask,
             is_causal=is_causal,
-            enable_gqa=num_heads != keys.shape[1],
+            enable_gqa=gqa,
         )  # (B, H, T, D)
         return meta.to_packed(out.transpose(1, 2)).reshape(num_tokens, num_heads * head_dim)
+
+
+def kv_heads_for_sdpa(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    num_heads: int,
+    masked: bool,
+    device_type: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(B, KV, S, D) keys and values for an SDPA call of ``num_heads`` query heads, and its
+    ``enable_gqa``. On CUDA torch's fused kernels take grouped heads only unmasked in half
+    precision (flash attention): a masked or float32 call with ``enable_gqa`` ran in the math
+    kernel, which builds the whole (B, H, T, S) float32 score matrix (~2 GB for a 2,048-token
+    chunk over 8,192 keys of 32 heads), so there each KV head is repeated for its query heads
+    and the memory-efficient kernel takes the call. On CPU ``enable_gqa`` as it was.
+    ``device_type``: the keys' (tests give "cuda" to CPU tensors)."""
+    groups = num_heads // keys.shape[1]
+    if groups == 1:
+        return keys, values, False
+    half = keys.dtype in (torch.float16, torch.bfloat16)
+    if (device_type or keys.device.type) != "cuda" or (half and not masked):
+        return keys, values, True
+    return keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1), False
