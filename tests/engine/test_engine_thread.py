@@ -370,12 +370,12 @@ from brisklm import LLM, SamplingParams
 
 params = SamplingParams(max_tokens=4, temperature=0.0)
 # A step a call: the stream below must still be running at the fork (several steps a call ran its
-# 100 tiny-model tokens before it).
+# 100 tiny-model tokens before it; a step a call, 100 of them, ~20 ms, did once in a busy run).
 llm = LLM.from_pretrained(
-    sys.argv[1], device="cpu", max_seq_len=128, show_progress=False, max_decode_steps=1
+    sys.argv[1], device="cpu", max_seq_len=512, show_progress=False, max_decode_steps=1
 )
 expected = llm.generate("a b c", params).token_ids  # the engine thread is alive at the fork
-long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+long = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
 in_flight = llm.stream("a b c", long)
 next(in_flight)
 pid = os.fork()

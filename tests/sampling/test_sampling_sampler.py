@@ -65,6 +65,13 @@ def test_greedy_tokens_are_argmax_s_on_ties_nan_and_infinities(build_md, vocab: 
     expected[1] = NO_TOKEN
     assert torch.equal(sample(logits, md), expected)
     assert torch.equal(sample(logits.double(), md), expected)
+    # As a distribution (speculative verification, a greedy row beside sampled ones): one-hot at
+    # the token, NaN for the row that has none, as a sampled row's says it.
+    probs = processed_probs(logits, md)
+    assert probs[1].isnan().all() and not probs[[0, 2, 3, 4]].isnan().any()
+    rows = [0, 2, 3, 4, 5, 6, 7]
+    one_hot = torch.nn.functional.one_hot(expected[rows], vocab).float()
+    assert torch.equal(probs[rows], one_hot)
 
 
 def test_plain_temperature_builds_no_optional_tensors(build_md) -> None:
