@@ -95,8 +95,8 @@ def test_mistral_sliding_window_all_layers():
 
 
 def test_mistral_layer_types_name_the_windowed_layers():
-    # transformers' Mistral warns of layer_types, but its masks follow them (the parity test's
-    # "mistral-layer-types" case compares the logits).
+    # transformers' Mistral warns of layer_types, but its masks follow them (the logits:
+    # tests/models/test_parity.py, test_mistral_layer_types_window_only_the_sliding_layers).
     kinds = ["full_attention", "sliding_attention"] * 2
     windows = make(architectures=["MistralForCausalLM"], sliding_window=32, layer_types=kinds)
     assert windows.sliding_windows == (None, 32, None, 32)

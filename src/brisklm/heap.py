@@ -10,20 +10,18 @@ mmap, so a process's second load of a 250M bfloat16 checkpoint kept 362 MB more 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows).
+    Looked up in the process's own symbols, where the C library is loaded already
+    (``find_library`` needs ldconfig or a compiler, which slim images lack)."""
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):  # (Windows: CDLL(None) is a TypeError)
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int

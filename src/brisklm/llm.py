@@ -544,7 +544,8 @@ class LLM:
             torch.set_num_threads(num_threads)
 
         def build() -> LLMEngine:
-            busy = BusyCpus() if device_.type == "cpu" else None
+            wanted = torch.get_num_threads()
+            busy = BusyCpus() if device_.type == "cpu" and wanted > 1 else None
             make_linear = linear_factory_for(
                 directory,
                 device=device_,
@@ -555,11 +556,9 @@ class LLM:
             # Where other processes keep cores busy, the load's torch ops take the CPUs left
             # (its many small parallel ops each waited a time slice for a preempted thread;
             # its bits do not depend on the count).
-            threads = torch.get_num_threads()
-            if busy is not None:
-                threads = threads_beside(busy.measure(), threads)
-                if threads < torch.get_num_threads():
-                    logger.info("loading on %d thread(s): other processes keep CPUs busy", threads)
+            threads = wanted if busy is None else threads_beside(busy.measure(), wanted)
+            if threads < wanted:
+                logger.info("loading on %d thread(s): other processes keep CPUs busy", threads)
             with at_most_threads(threads):
                 return build_engine(make_linear, tokenizer)
 

@@ -173,5 +173,14 @@ def test_the_mlp_activation_computes_each_row_as_alone(threads):
         gate, up = gate_up.reshape(2, 60, 2 * width).split(width, dim=-1)
         expected = torch.cat([F.silu(g) * u for g, u in zip(gate[0], up[0])])
         assert torch.equal(silu_mul(gate, up)[0], expected.reshape(60, width))
+        # Rows laid end to end (one run to torch's loop), of a width no vector step divides.
+        odd = torch.randn(99, 1000, generator=generator)
+        alone = torch.cat([silu_mul(odd[i : i + 1], odd[i : i + 1]) for i in range(99)])
+        for count in (2, 7, 33, 99):
+            got = silu_mul(odd[:count].clone(), odd[:count].clone())
+            assert torch.equal(got, alone[:count]), f"{count} contiguous rows"
+        with torch.enable_grad():  # (autograd's inputs: no out= writes)
+            grad_gate = odd[:50].clone().requires_grad_()
+            torch.testing.assert_close(silu_mul(grad_gate, odd[:50]), alone[:50])
     finally:
         torch.set_num_threads(before)

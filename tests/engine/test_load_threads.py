@@ -67,6 +67,41 @@ def test_a_load_beside_busy_cpus_runs_on_the_cpus_left(tiny_dir, monkeypatch):
     monkeypatch.setattr(brisklm.llm, "load_model", spying)
     before = torch.get_num_threads()
     with LLM.from_pretrained(tiny_dir, show_progress=False) as llm:
+        step = llm.engine.step
+
+        def engine_step():  # (on the engine thread)
+            seen.append(torch.get_num_threads())
+            return step()
+
+        llm.engine.step = engine_step
         out = llm.generate("Hi", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
         assert len(out.token_ids) == 3
-    assert seen == [1] and torch.get_num_threads() == before
+    assert seen[0] == 1 and set(seen[1:]) == {before} and torch.get_num_threads() == before
+
+
+def test_busy_cpus_reads_odd_proc_stat_files(monkeypatch):
+    """A file that does not parse reads as unknown (it failed the load); a CPU in one sample only
+    counts in neither; a container's view numbering its CPUs from 0 counts them all."""
+    monkeypatch.setattr(omp, "available_cpus", lambda: 2)
+    broken = iter(["cpu0 1 0 0 5 0 0 0 0\n\nintr 1\n", "cpu0 x 0 0 5\n"])
+    assert omp.BusyCpus(window_s=0.05, read=lambda: next(broken)).measure() is None
+    # cpu1 comes online between the samples with its whole uptime's ticks: left out.
+    hotplug = iter(["cpu0 100 0 0 100 0 0 0 0\n", "cpu0 200 0 0 100 0 0 0 0\ncpu1 0 0 0 9999\n"])
+    busy = omp.BusyCpus(window_s=0.05, read=lambda: next(hotplug)).measure()
+    assert busy is not None and 0.8 < busy <= 1.0
+    # The affinity mask names CPUs 40 and 41; the container's /proc/stat numbers them 0 and 1.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {40, 41}, raising=False)
+    renumbered = iter(
+        [
+            stat_lines_of({"cpu0": (0, 100), "cpu1": (0, 100)}),
+            stat_lines_of({"cpu0": (100, 100), "cpu1": (0, 200)}),
+        ]
+    )
+    busy = omp.BusyCpus(window_s=0.05, read=lambda: next(renumbered)).measure()
+    assert busy is not None and 0.8 < busy <= 1.0
+
+
+def stat_lines_of(cpus: dict[str, tuple[int, int]]) -> str:
+    """/proc/stat lines for named CPUs of (user, idle) ticks."""
+    lines = [f"{name} {user} 0 0 {idle} 0 0 0 0 0 0" for name, (user, idle) in cpus.items()]
+    return "\n".join(["cpu  0 0 0 0 0 0 0 0 0 0", *lines]) + "\n"

@@ -61,6 +61,8 @@ def test_an_assistants_refusal_in_the_history_is_what_it_said() -> None:
         "Why?",
         "It is unsafe.",
     ]
+    with pytest.raises(ApiError, match="a part other than text"):  # an assistant's only
+        protocol.chat_messages([{"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}])
 
 
 @pytest.mark.parametrize(

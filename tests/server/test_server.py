@@ -779,6 +779,7 @@ def test_openais_hint_fields_are_taken_and_checked(client, http, llm) -> None:
     body = {"messages": ask("Hi"), "max_tokens": 5}
     for field, value, words in [
         ("modalities", ["text", "audio"], 'modalities must be ["text"]'),
+        ("modalities", [{"type": "text"}], 'modalities must be ["text"]'),  # (a 500 before)
         ("safety_identifier", 7, "safety_identifier must be a string"),
         ("prediction", "Hello", "prediction must be an object"),
         ("reasoning_effort", 1, "reasoning_effort must be a string"),
@@ -817,9 +818,16 @@ def test_chat_template_kwargs_reach_the_template(tmp_path) -> None:
             tiny.chat_prompt_ids = spy
             try:
                 http.post("/v1/chat/completions", json={**body, "reasoning_effort": "high"})
+                # vLLM's other way to give it (a 400 while it was only a field)
+                kwargs = {"chat_template_kwargs": {"reasoning_effort": "low"}}
+                http.post("/v1/chat/completions", json={**body, **kwargs})
+                both = {**body, **kwargs, "reasoning_effort": "high"}
+                response = http.post("/v1/chat/completions", json=both)
             finally:
                 del tiny.chat_prompt_ids
-            assert seen == [{"reasoning_effort": "high"}]
+            assert seen == [{"reasoning_effort": "high"}, {"reasoning_effort": "low"}]
+            error = response.json()["error"]
+            assert response.status_code == 400 and error["param"] == "reasoning_effort"
             for kwargs, words in [
                 ([1], "must be an object"),
                 ({"tools": []}, "a field of the request"),

@@ -16,6 +16,7 @@ from brisklm.constrained.json_numbers import (
     check_integer_range,
     check_number_range,
 )
+from brisklm.safe_repr import safe_repr
 
 # One line, spaced like json.dumps: what models see most in training (and what the bundled model
 # was trained on), at one extra token per separator over compact JSON.
@@ -270,7 +271,9 @@ def check_keyword_value(key: str, value: Any, where: str) -> None:
     a negative multipleOf as its absolute value, and lets the others pass)."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if key == "multipleOf" and number and value <= 0:
-        raise ConstraintError(f"multipleOf at {where} must be greater than 0, got {value}")
+        raise ConstraintError(
+            f"multipleOf at {where} must be greater than 0, got {safe_repr(value)}"
+        )
     if key in _UNIQUE_ENTRIES and isinstance(value, list):
         seen: set[Any] = set()
         for entry in value:  # (a set: a list of 100,000 names was 50 s of pairwise scans)
@@ -282,12 +285,13 @@ def check_keyword_value(key: str, value: Any, where: str) -> None:
                     "each entry once)"
                 )
             seen.add(entry)
-    if key in _COUNTS and number and value > _COUNT_LIMITS.get(key, _MAX_COUNT):
+    limit = _COUNT_LIMITS.get(key, _MAX_COUNT)
+    if key in _COUNTS and number and value > limit:
         # (llguidance reads counts as 64-bit; a string's length bounds become a regex's
         # repetition, at most 32-bit: past them it named a pattern the schema does not hold)
         raise ConstraintError(
-            f"{key} at {where} is {value}: more than llguidance handles (at most "
-            f"{_COUNT_LIMITS.get(key, _MAX_COUNT)})"
+            f"{key} at {where} is {safe_repr(value)}: more than llguidance handles (at most "
+            f"{limit})"
         )
     if key in ("$defs", "definitions") and not isinstance(value, dict):
         raise ConstraintError(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,7 @@ class StaticDecodeMeta:
     row_max_positions: list[int]
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
     # (a graph never takes a batch whose rows must come out as alone: ``DecodeGraphs.takes``)
-    row_invariant: bool = False
+    row_invariant: ClassVar[bool] = False
 
     def allowed_keys(self, sliding_window: int | None) -> torch.Tensor:
         """Boolean (B, 1, 1, num_keys): key j is visible to the row at position p when

@@ -540,8 +540,8 @@ class LLMEngine:
         the native steps choose it (``_takes_native_steps``), the last such step's time is known,
         and no request waits for a slot; at most what the longest of them may still generate, what
         every row's cache slot has room for, and ``max_steps``. With a speculator only as many as it
-        says (``max_steps``: the steps its schedules pause every row for; the draft catches up on
-        their tokens when it next proposes)."""
+        says (``max_steps``: the steps its schedules pause every row for, the draft catching up on
+        their tokens when it next proposes; ``max_decode_steps`` for rows decoding without it)."""
         limit = self.config.max_decode_steps
         if max_steps is not None:
             limit = min(limit, max_steps)

@@ -246,7 +246,8 @@ class Speculator:
         self, engine: LLMEngine, requests: list[Request], prefill_lens: list[int]
     ) -> tuple[list[StepResult], int]:
         """A pass without proposals: prompt chunks, and decoding requests that their schedules
-        all pause, for as many steps a call as the shortest pause left allows. Its results, and
+        all pause, for as many steps a call as the shortest pause left allows (rows without a
+        draft: as the target alone would run). Its results, and
         the steps it ran where nothing but one-token decoding rows ran in it (else 0)."""
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
         states = [self._draft_length(r) for r in decoding]
@@ -366,7 +367,10 @@ class Speculator:
             _restore(drawn, states)
             if not isinstance(exc, Exception):
                 raise
-            self._without_draft(decoding, exc)
+            # The rows the draft was to propose for (a paused row's went into no draft pass),
+            # or all where none was.
+            proposing = [r for r, row in zip(decoding, rows) if row.max_draft_tokens]
+            self._without_draft(proposing or decoding, exc)
             return None
         try:
             proposals, tested = self._valid_for_grammar(decoding, proposed)

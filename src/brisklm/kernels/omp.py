@@ -101,42 +101,48 @@ class BusyCpus:
         self._window_s = window_s
         self._start = time.monotonic(), time.process_time(), self._sample()
 
-    def _sample(self) -> tuple[int, int] | None:
-        """(busy, total) clock ticks of the CPUs this process may run on; None where unknown."""
+    def _sample(self) -> dict[str, tuple[int, int]] | None:
+        """Per CPU line ("cpu3"), its (busy, total) clock ticks; None where unreadable."""
         try:
             lines = self._read().splitlines()
-        except OSError:
+            cpus = {}
+            for line in lines:
+                name, *fields = line.split() or [""]
+                if name.startswith("cpu") and name != "cpu":
+                    # user nice system idle iowait irq softirq steal (guest time is in user's)
+                    ticks = [int(field) for field in fields[:8]]
+                    cpus[name] = (sum(ticks[:3]) + sum(ticks[5:8]), sum(ticks))
+        except (OSError, ValueError):
             return None
-        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        busy = total = 0
-        for line in lines:
-            name, *fields = line.split()
-            if not name.startswith("cpu") or name == "cpu":
-                continue
-            if mine is not None and int(name[3:]) not in mine:
-                continue
-            # user nice system idle iowait irq softirq steal (guest time is in user's)
-            ticks = [int(field) for field in fields[:8]]
-            busy += sum(ticks[:3]) + sum(ticks[5:8])
-            total += sum(ticks)
-        return (busy, total) if total else None
+        return cpus or None
 
     def measure(self) -> float | None:
-        """CPUs busy with other work over the window; None where /proc/stat is not there."""
+        """CPUs busy with other work over the window; None where it cannot be read."""
         started, own_started, first = self._start
-        rest = self._window_s - (time.monotonic() - started)
         if first is None:
             return None
+        rest = self._window_s - (time.monotonic() - started)
         if rest > 0:
             time.sleep(rest)
         second = self._sample()
-        if second is None or second[1] <= first[1]:
+        if second is None:
             return None
-        cpus = available_cpus()
-        busy = (second[0] - first[0]) / (second[1] - first[1]) * cpus
+        # The CPUs this process may run on, where /proc/stat numbers them as the affinity mask
+        # does (a container's LXCFS view numbers its own from 0: then all of them), and in both
+        # samples (one brought online between them would count its whole uptime).
+        mine = (
+            {f"cpu{i}" for i in os.sched_getaffinity(0)}
+            if hasattr(os, "sched_getaffinity")
+            else set()
+        )
+        names = (mine if mine and mine <= second.keys() else second.keys()) & first.keys()
+        busy = sum(second[n][0] - first[n][0] for n in names)
+        total = sum(second[n][1] - first[n][1] for n in names)
+        if total <= 0:
+            return None
         elapsed = max(time.monotonic() - started, 1e-9)
         own = (time.process_time() - own_started) / elapsed
-        return max(0.0, busy - own)
+        return max(0.0, busy / total * len(names) - own)
 
 
 def threads_beside(busy: float | None, wanted: int) -> int:

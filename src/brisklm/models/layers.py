@@ -231,14 +231,23 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     a split point take its scalar loop, whose exp rounds otherwise than the vectorised one (~1e-6
     on a row's logits): on CPU the rows go in calls of at most that many elements (a row alone
     above it: split alike however many rows run), each on one thread: ~2x the time of one call
-    on two threads (512 rows of 11,008: 43 against 20 ms), so only passes that need it."""
-    if gate.device.type != "cpu" or gate.numel() <= ELEMENTWISE_GRAIN:
+    on two threads (512 rows of 11,008: 43 against 20 ms), so only passes that need it. Rows
+    laid end to end in both (not the model's halves of one matmul's output) are one run to
+    torch's loop, whose vector steps cross rows and whose scalar tail falls in the last row:
+    those go a row a call."""
+    if gate.device.type != "cpu":
         return F.silu(gate) * up
     shape, width = gate.shape, gate.shape[-1]
     gate, up = gate.reshape(-1, width), up.reshape(-1, width)  # (views: the rows of a pass)
-    step = max(1, ELEMENTWISE_GRAIN // width)
-    parts = [
-        F.silu(gate[start : start + step]) * up[start : start + step]
-        for start in range(0, gate.shape[0], step)
-    ]
-    return torch.cat(parts).reshape(shape)
+    rows = gate.shape[0]
+    one_run = rows > 1 and gate.is_contiguous() and up.is_contiguous()
+    step = 1 if one_run else max(1, ELEMENTWISE_GRAIN // width)
+    if step >= rows:
+        return (F.silu(gate) * up).reshape(shape)
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        parts = [F.silu(gate[i : i + step]) * up[i : i + step] for i in range(0, rows, step)]
+        return torch.cat(parts).reshape(shape)
+    out = torch.empty(rows, width, dtype=torch.result_type(gate, up))
+    for i in range(0, rows, step):
+        torch.mul(F.silu(gate[i : i + step]), up[i : i + step], out=out[i : i + step])
+    return out.reshape(shape)

@@ -14,6 +14,7 @@ from brisklm.constrained.spec import (
     JsonSchema,
     constraint_from_options,
 )
+from brisklm.safe_repr import safe_repr
 
 MAX_LOGPROBS = 20
 MAX_ABS_LOGIT_BIAS = 100.0
@@ -26,18 +27,7 @@ MAX_N = 128  # completions a prompt may ask for (OpenAI's limit)
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"SamplingParams.{name}={_shown(value)} is invalid: must be {allowed}")
-
-
-def _shown(value: Any) -> str:
-    """``value``'s repr for an error: an int past Python's limit on converting ints to text
-    (4,300 digits) named by its size."""
-    try:
-        return repr(value)
-    except ValueError:
-        if isinstance(value, int):
-            return f"<an int of {value.bit_length()} bits>"
-        return f"<a {type(value).__name__}>"
+    return ValueError(f"SamplingParams.{name}={safe_repr(value)} is invalid: must be {allowed}")
 
 
 def _as_int(name: str, value: Any, allowed: str) -> int:
@@ -135,10 +125,12 @@ class SamplingParams:
         put("max_tokens", max_tokens)
 
         min_tokens = _as_int(
-            "min_tokens", self.min_tokens, f"an int in [0, max_tokens={_shown(max_tokens)}]"
+            "min_tokens", self.min_tokens, f"an int in [0, max_tokens={safe_repr(max_tokens)}]"
         )
         if not 0 <= min_tokens <= max_tokens:
-            raise _fail("min_tokens", min_tokens, f"an int in [0, max_tokens={_shown(max_tokens)}]")
+            raise _fail(
+                "min_tokens", min_tokens, f"an int in [0, max_tokens={safe_repr(max_tokens)}]"
+            )
         put("min_tokens", min_tokens)
 
         temperature = _as_float("temperature", self.temperature, "a finite float >= 0 (0 = greedy)")

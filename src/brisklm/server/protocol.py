@@ -519,7 +519,7 @@ def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     for name in value:
         where = (
             "a field of the request"
-            if name in CHAT_FIELDS
+            if name in CHAT_FIELDS and name != "reasoning_effort"  # (vLLM takes it either way)
             else "set by the server"
             if name in _RENDERING_ARGUMENTS
             else "a sampling option"
@@ -541,7 +541,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     for name, (kind, what) in _HINTS.items():
         get_field(body, name, kind, what)
     modalities = get_field(body, "modalities", list, '["text"]')
-    if modalities is not None and (not modalities or set(modalities) != {"text"}):
+    if modalities is not None and (not modalities or any(m != "text" for m in modalities)):
         raise ApiError(
             f'modalities must be ["text"]: this server writes text only, got {modalities!r}',
             param="modalities",
@@ -549,7 +549,12 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     template_kwargs = chat_template_kwargs(body)
     effort = get_field(body, "reasoning_effort", str, "a string (such as low, medium or high)")
     if effort is not None:
-        template_kwargs["reasoning_effort"] = effort
+        given = template_kwargs.setdefault("reasoning_effort", effort)
+        if given != effort:
+            raise ApiError(
+                f"reasoning_effort is {effort!r} and chat_template_kwargs' {given!r}: give one",
+                param="reasoning_effort",
+            )
     messages = chat_messages(body.get("messages"))
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         if body["max_tokens"] != body["max_completion_tokens"]:
@@ -655,7 +660,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
             content = refusal  # an assistant's refusal sent back: what it said
         converted: dict[str, Any] = {
             "role": "system" if role == "developer" else role,
-            "content": _content(content, where),
+            "content": _content(content, where, refusals=role == "assistant"),
         }
         calls = message.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
@@ -690,15 +695,16 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _content(content: Any, where: str) -> str | None:
+def _content(content: Any, where: str, refusals: bool = False) -> str | None:
+    """A message's content as text: a list of text parts joined (and, with ``refusals``, an
+    assistant's refusal parts: what it said)."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
         for part in content:
-            # (an assistant's refusal part: its text, as OpenAI's history takes it)
             kind = part.get("type") if isinstance(part, dict) else None
-            text = part.get(kind) if kind in ("text", "refusal") else None
+            text = part.get(kind) if kind == "text" or (refusals and kind == "refusal") else None
             if not isinstance(text, str):
                 raise ApiError(
                     f"{where}.content holds a part other than text ({part!r}); this server "
