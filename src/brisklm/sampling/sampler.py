@@ -286,8 +286,11 @@ def _one_hot(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Each row one-hot at its token; NaN for ``NO_TOKEN`` (nothing to draw, as a sampled row's
     distribution says it)."""
     hot = torch.zeros_like(x).scatter_(1, tokens.clamp(min=0).unsqueeze(1), 1.0)
-    # (a fill over the rows, not a test of whether any is NO_TOKEN: on CUDA a read back each step)
-    return hot.masked_fill_((tokens < 0).unsqueeze(1), float("nan"))
+    none = (tokens < 0).unsqueeze(1)
+    # On CPU the test is cheaper than the fill; on CUDA it would read back to the host each step.
+    if hot.device.type == "cpu" and not bool(none.any()):
+        return hot
+    return hot.masked_fill_(none, float("nan"))
 
 
 def _apply_top_k_top_p(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
