@@ -1161,9 +1161,8 @@ class LLM:
         token cut inside its calls (``cut_calls``) keeps the calls complete before the cut and
         the content before the calls; a Hermes reply cut so is all content, markup included,
         with no calls (the server drops the cut block); the cut call's text is in
-        ``output.text``. A reply that ended
-        at eos, or shows no complete call, is read by ``parse`` (text that does not parse is
-        content)."""
+        ``output.text``. A reply that ended at eos, or shows no complete call, is read by
+        ``parse`` (text that does not parse is content)."""
         reasoning, text = split_reasoning(output.text, reasoning_start)
         cut_calls = format.cut_calls(text) if format else None
         was_cut = output.finish_reason == "length" or output.stop_reason is not None

@@ -82,9 +82,9 @@ class BriskSettings(BaseModel):
     max_decode_steps: int = 8
     """Decoding through brisklm's native CPU pass (greedy or sampled, with a logit bias,
     penalties or logprobs too; not under a grammar or a pending min_tokens) runs up to this many
-    steps a call of its kernels (about 20 ms of them), so a
-    stream's chunks may hold several tokens; 1: a token a step, a chunk a token. The tokens are
-    the same either way, a seed's too."""
+    steps a call of its kernels (about 20 ms of them), so a stream's chunks may hold several
+    tokens; 1: a token a step, a chunk a token. The tokens are the same either way, a seed's
+    too."""
     prefix_cache_slots: int = 0
     """KV cache slots beyond ``max_batch_size`` that only keep finished calls' prefixes: with
     prefix caching, at most ``max_batch_size`` conversations keep their history's keys; an app

@@ -4,6 +4,7 @@ sampling keeps the output distribution exactly the target's, rejected tokens are
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from itertools import accumulate
@@ -247,17 +248,15 @@ class Speculator:
     ) -> tuple[list[StepResult], int]:
         """A pass without proposals: prompt chunks, and decoding requests that their schedules
         all pause, for as many steps a call as the shortest pause left allows (rows without a
-        draft: as the target alone would run). Its results, and
+        draft, paused for good: as the target alone would run). Its results, and
         the steps it ran where nothing but one-token decoding rows ran in it (else 0)."""
         decoding = [r for r, n in zip(requests, prefill_lens) if not n]
-        states = [self._draft_length(r) for r in decoding]
-        pauses = [state.paused for state in states if not state.without_draft]
+        pauses = [self._draft_length(r).paused for r in decoding]
         one_token_rows = len(decoding) == len(requests) and all(
             len(r.uncached_token_ids) == 1 for r in decoding
         )
         before = [r.num_cached for r in decoding]
-        # (rows without a draft: as many steps a call as the target alone would run)
-        max_steps = min(pauses) if pauses else engine.config.max_decode_steps
+        max_steps = int(min(min(pauses, default=1), engine.config.max_decode_steps))
         results = engine.plain_step(requests, prefill_lens, max_steps)
         # One-token rows each took a step per token cached (a call of several steps, or one).
         steps = [
@@ -319,19 +318,18 @@ class Speculator:
                 )
             except Exception as exc:
                 self._without_draft([r for r, _ in drafted], exc)
-        if not any(self._proposal_size(r) for r in decoding):
-            # No chunks but prompts, or every decoding row paused by its schedule (or without a
-            # draft): a plain pass.
-            results, steps = self._plain_step(engine, requests, prefill_lens)
-            self._ended(_PLAIN if steps else _UNTIMED, start, steps)
-            return results
-        maybe_results = self._speculative_step(engine, decoding, chunked)
-        if maybe_results is None:  # the proposer failed: a plain pass, not timed as one
-            results, steps = self._plain_step(engine, requests, prefill_lens)
-            self._ended(_UNTIMED, start, steps)
-            return results
-        self._ended(_UNTIMED if chunked else _SPECULATIVE, start, 1)
-        return maybe_results
+        failed = False
+        if any(self._proposal_size(r) for r in decoding):
+            results = self._speculative_step(engine, decoding, chunked)
+            if results is not None:
+                self._ended(_UNTIMED if chunked else _SPECULATIVE, start, 1)
+                return results
+            failed = True  # (the proposer: a plain pass, not timed as one)
+        # No chunks but prompts, or every decoding row paused by its schedule (or without a
+        # draft): a plain pass.
+        plain, steps = self._plain_step(engine, requests, prefill_lens)
+        self._ended(_PLAIN if steps and not failed else _UNTIMED, start, steps)
+        return plain
 
     def _without_draft(self, requests: list[Request], exc: Exception) -> None:
         """The proposer failed on a pass of ``requests``: they decode to their end without it
@@ -345,7 +343,7 @@ class Speculator:
             exc_info=exc,
         )
         for request in requests:
-            self._draft_length(request).without_draft = True
+            self._draft_length(request).paused = math.inf  # (for good: without_draft)
 
     def _speculative_step(
         self,

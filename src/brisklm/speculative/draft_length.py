@@ -74,14 +74,19 @@ class DraftLength:
     """One request's place in its schedule: ``tokens`` proposed per step while proposing,
     ``paused`` plain steps left before it proposes again, ``pause`` the length of the last pause
     (0: none since a proposal last paid), ``profit`` the moving average of its proposing steps'
-    tokens emitted less the plain steps each cost (the timed rule; None before its first),
-    ``without_draft``: the proposer failed on the request, which decodes plainly to its end."""
+    tokens emitted less the plain steps each cost (the timed rule; None before its first).
+    ``paused`` is infinite for a request the proposer failed on: it decodes plainly to its end
+    (``without_draft``)."""
 
     tokens: int
-    paused: int = 0
+    paused: float = 0
     pause: int = 0
     profit: float | None = None
-    without_draft: bool = False
+
+    @property
+    def without_draft(self) -> bool:
+        """Whether the request decodes plainly to its end (the proposer failed on it)."""
+        return self.paused == math.inf
 
 
 def _average(mean: float | None, value: float) -> float:
@@ -138,8 +143,8 @@ class DraftLengthSchedule:
 
     @staticmethod
     def proposal_size(state: DraftLength) -> int:
-        """Tokens to propose this step: none while paused or without a draft."""
-        return 0 if state.paused or state.without_draft else state.tokens
+        """Tokens to propose this step: none while paused."""
+        return 0 if state.paused else state.tokens
 
     def update(
         self,
@@ -151,8 +156,6 @@ class DraftLengthSchedule:
         """Advance ``state`` past a step that proposed ``num_proposed`` tokens (0: a plain step)
         and kept ``num_accepted``. ``cost``: the plain steps that step cost (``StepCosts.cost``;
         infinity: not known yet), or None to decide on the tokens alone."""
-        if state.without_draft:
-            return
         if state.paused:
             state.paused -= 1
             return
