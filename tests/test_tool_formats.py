@@ -219,6 +219,27 @@ def test_cut_calls(tool_format: ToolCallFormat, text: str, cut: tuple | None) ->
     assert (got[0], [c.name for c in got[1]], got[2]) == cut
 
 
+@pytest.mark.parametrize(
+    ("tool_format", "text", "start"),
+    [
+        (HERMES, 'Sure. <tool_call>{"name": "f"}</tool_call><tool_call>', 6),
+        (HERMES, "No call, only </tool_call> text.", -1),
+        (MISTRAL, 'Hi [TOOL_CALLS][{"name": "f"', 3),
+        (MISTRAL, "Hi [TOOL_CALLS", -1),
+        (LLAMA, ' \n {"name": "f", "parameters": {}}', 3),
+        (LLAMA, LLAMA_TAG + '{"name": "f"', 0),
+        (LLAMA, 'Text, then {"name": "f"}', -1),  # (parse reads a call only as the whole reply)
+        (LLAMA, "  ", -1),
+    ],
+)
+def test_calls_start(tool_format: ToolCallFormat, text: str, start: int) -> None:
+    """Where stop strings stop applying: the first call's start, however the text grew."""
+    assert tool_format.calls_start(text) == start
+    for searched in range(len(text) + 1):  # the text before ``searched`` held no call yet
+        if start < 0 or searched <= start:
+            assert tool_format.calls_start(text, searched) == start
+
+
 @pytest.mark.parametrize("tool_format", [HERMES, LLAMA, MISTRAL], ids=lambda f: f.name)
 def test_stream_parser_adds_up_to_the_batch_parse(tool_format: ToolCallFormat) -> None:
     texts = [
@@ -517,6 +538,36 @@ def weather_caller(directory: Any) -> Any:
 
     chat = ChatBrisk(model=str(directory), temperature=0, max_tokens=160)
     return chat.bind_tools([WEATHER], tool_choice="get_weather")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stop_strings_do_not_cut_tool_calls(family_llms, family_dirs, family: str) -> None:
+    """A stop string that occurs inside a call (an argument's text, the call's markup) cut the
+    call, which came back as content or not at all; as with OpenAI, it now applies only to the
+    text before the calls."""
+    llm = family_llms[family]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    grammar = llm.tool_call_format().grammar([WEATHER], "required", parallel=False)
+    params = SamplingParams(temperature=0.0, max_tokens=160, grammar=grammar)
+    whole = llm.chat(messages, params, tools=[WEATHER])
+    assert whole.finish_reason == "tool_calls"
+    text = whole.output.text
+    inside = [text[len(text) // 2 : len(text) // 2 + 3], '"unit"', "}"]
+    assert all(piece in text for piece in inside)
+    stopped = params.with_changes(stop=inside)
+    reply = llm.chat(messages, stopped, tools=[WEATHER])
+    assert (reply.finish_reason, reply.output.stop_reason) == ("tool_calls", None)
+    assert reply.output.text == text and reply.tool_calls[0].arguments == (
+        whole.tool_calls[0].arguments
+    )
+    assert "".join(llm.stream_chat(messages, stopped, tools=[WEATHER])) == text
+    # The same prompt and params as a plain generate cuts at the first one, as asked.
+    prompt = llm.chat_prompt_ids(messages, tools=[WEATHER])
+    cut = llm.generate(prompt, stopped.with_changes(skip_special_tokens=False))
+    assert cut.finish_reason == "stop" and cut.stop_reason in inside and len(cut.text) < len(text)
+    message = weather_caller(family_dirs[family]).invoke("Weather in Paris?", stop=inside)
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.tool_calls[0]["args"] == whole.tool_calls[0].arguments
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1140,14 +1140,14 @@ class LLM:
         template_kwargs: Mapping[str, Any],
     ) -> tuple[ToolCallFormat | None, SamplingParams | None]:
         """The tool-call format to parse a reply with (None without tools), and the params to
-        decode it with: special tokens kept when the format's calls start with one."""
+        decode it with: stop strings only before the calls, special tokens kept when the format's
+        calls start with one."""
         params = self._params_or_default(params)
         if not tools:
             return None, params
         format = self.tool_call_format(template_kwargs.get("chat_template"))
-        if format.keeps_special_tokens:
-            params = params.with_changes(skip_special_tokens=False)
-        return format, params
+        keep_special = {"skip_special_tokens": False} if format.keeps_special_tokens else {}
+        return format, params.with_changes(tool_call_format=format, **keep_special)
 
     @staticmethod
     def chat_output(

@@ -55,6 +55,7 @@ MISTRAL_TAG = "[TOOL_CALLS]"
 MISTRAL_ARGS = "[ARGS]"
 LLAMA_TAG = "<|python_tag|>"
 # Mistral v11+: NAME, optionally [CALL_ID]ID, then [ARGS] (or the arguments straight away).
+_LEADING_SPACE = re.compile(r"\s*")
 _V11_HEAD = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?\s*")
 
 
@@ -140,6 +141,20 @@ class ToolCallFormat:
         elif not body.startswith("{") or _is_whole_json_answer(body):
             return None
         return "", *_leading_json_calls(body, self.new_id, array=False)
+
+    def calls_start(self, text: str, searched: int = 0) -> int:
+        """Where the reply's first call begins in ``text`` (its opening tag, or for Llama 3 the
+        reply's first character when the reply is a call), or -1 while none has begun.
+        ``searched``: the length of a prefix of ``text`` already searched, with no call begun in
+        it; a call (or its tag) that begins is there in ``text`` from then on, so it is found.
+
+        A Llama 3 reply that opens with ``{`` counts as a call from its first character: whether
+        it is a call or a JSON answer (a response_format beside tools) shows only at its end."""
+        if self.name == "llama3_json":
+            first = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]
+            return first if text.startswith(("{", LLAMA_TAG), first) else -1
+        tag = TOOL_CALL_START if self.name == "hermes" else MISTRAL_TAG
+        return text.find(tag, max(0, searched - len(tag) + 1))
 
     def ended_inside_call(self, text: str) -> bool:
         """Whether max_tokens, a stop sequence or a stop token ended the reply inside a call,

@@ -1,6 +1,7 @@
 """Stop strings: matching across chunks, earliest match, hold-back, and a random-chunking property."""
 
 import random
+from typing import Any
 
 import pytest
 
@@ -19,9 +20,9 @@ def reference_final_text(text: str, stop: list[str], include: bool) -> tuple[str
 
 
 def stream(
-    chunks: list[str], stop: list[str], include: bool = False
+    chunks: list[str], stop: list[str], include: bool = False, calls_start: Any = None
 ) -> tuple[list[str], StopStringMatcher]:
-    matcher = StopStringMatcher(stop, include_stop_str_in_output=include)
+    matcher = StopStringMatcher(stop, include_stop_str_in_output=include, calls_start=calls_start)
     emitted = []
     for chunk in chunks:
         emitted.append(matcher.append(chunk))
@@ -181,3 +182,41 @@ def test_random_chunkings_with_stopping_allowed_late(include: bool) -> None:
             emitted += matcher.flush()
         assert emitted == final == matcher.text, (text, stop, chunks, first_active)
         assert matcher.stop_str == stop_str
+
+
+def _calls_at_marker(text: str, searched: int) -> int:
+    """A reply's calls begin at its first "<c>" (as ToolCallFormat.calls_start finds a tag)."""
+    return text.find("<c>", max(0, searched - 2))
+
+
+def test_stop_strings_apply_only_before_the_first_tool_call() -> None:
+    """As OpenAI's stop sequences, ours cut text, never a tool call: with a calls_start, a stop
+    string counts only where it ends before the first call begins, in any chunking."""
+    text = 'Sure, <c>{"city": "Paris, France"}</c> and, more'
+    for size in range(1, len(text) + 1):
+        chunks = [text[i : i + size] for i in range(0, len(text), size)]
+        emitted, matcher = stream(chunks, [", F", "c>", "</c>"], calls_start=_calls_at_marker)
+        assert not matcher.stopped and "".join(emitted) == matcher.text == text, size
+        emitted, before = stream(chunks, [", "], calls_start=_calls_at_marker)
+        assert before.stopped and "".join(emitted) == before.text == "Sure", size
+
+
+def test_text_withheld_before_a_call_goes_out_once_the_call_begins() -> None:
+    matcher = StopStringMatcher(["Sure<x"], calls_start=_calls_at_marker)
+    assert matcher.append("Sure") == ""  # may still become the stop string
+    assert matcher.append("<c>{") == "Sure<c>{"  # no match may end past the call's start
+    assert matcher.would_stop("Sure<x") is False and matcher.append("Sure<x") == "Sure<x"
+    plain = StopStringMatcher(["Sure<x"])
+    assert plain.append('<c>{"Sure') == '<c>{"'
+    assert plain.would_stop("<x") and plain.append("<x") == "" and plain.stopped
+
+
+def test_a_call_that_never_comes_leaves_stop_strings_as_they_were() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        stop, text, _ = random_case(rng, "ab<c>", 3, 3, 0, 30, 8)
+        text = text.replace("<c>", "")
+        chunks = [text[i : i + 3] for i in range(0, len(text), 3)]
+        emitted, matcher = stream(chunks, stop, calls_start=_calls_at_marker)
+        assert (matcher.text, matcher.stop_str) == reference_final_text(text, stop, False)
+        assert "".join(emitted) == matcher.text

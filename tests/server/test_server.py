@@ -193,6 +193,32 @@ def test_a_streamed_tool_call_is_the_same_call(client) -> None:
     assert finish == "tool_calls"
 
 
+def test_a_stop_sequence_does_not_cut_a_tool_call(client) -> None:
+    """As OpenAI's, stop sequences apply to the reply's text, not inside its calls: "Paris"
+    (copied into the call) and "city" ended the reply inside the call, which came back as
+    nothing (streamed: a name and half its arguments)."""
+    messages = ask("What is the weather in Paris?")
+    for choice in ("auto", "required"):
+        reply = client.chat.completions.create(
+            model=NAME, messages=messages, tools=[WEATHER], tool_choice=choice, stop=["Paris"]
+        )
+        assert reply.choices[0].finish_reason == "tool_calls"
+        (call,) = reply.choices[0].message.tool_calls
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        arguments = ""
+        for chunk in client.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            tools=[WEATHER],
+            tool_choice=choice,
+            stop=["city", "Paris"],
+            stream=True,
+        ):
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                arguments += delta.function.arguments or ""
+        assert json.loads(arguments) == {"city": "Paris"}
+
+
 def test_tool_choice_forces_a_named_tool_or_none(client) -> None:
     forced = client.chat.completions.create(
         model=NAME,

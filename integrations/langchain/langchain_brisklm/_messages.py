@@ -90,15 +90,26 @@ def _tool_result_text(content: Any) -> str:
 
 
 def _assistant_tool_calls(message: AIMessage) -> list[dict[str, Any]]:
-    # OpenAI-style entries with the arguments as an object, as Hugging Face templates expect.
+    """OpenAI-style entries with the arguments as an object, as Hugging Face templates expect.
+    Invalid calls (a reply cut inside one, arguments that did not parse) go in too, as
+    ChatOpenAI sends them, so a tool result answering one answers a call the prompt shows: their
+    arguments as the object they spell if they parse, else as their text."""
+    calls = [(call.get("id"), call["name"], call.get("args") or {}) for call in message.tool_calls]
+    for invalid in message.invalid_tool_calls:
+        if isinstance(invalid.get("name"), str) and invalid["name"]:
+            calls.append((invalid.get("id"), invalid["name"], _arguments(invalid.get("args"))))
     return [
-        {
-            "id": call.get("id"),
-            "type": "function",
-            "function": {"name": call["name"], "arguments": call.get("args") or {}},
-        }
-        for call in message.tool_calls
+        {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        for id, name, arguments in calls
     ]
+
+
+def _arguments(text: str | None) -> dict[str, Any] | str:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return text or ""
+    return value if isinstance(value, dict) else text or ""
 
 
 def _one_message(message: BaseMessage, tool_names: dict[str, str]) -> dict[str, Any]:
@@ -111,11 +122,12 @@ def _one_message(message: BaseMessage, tool_names: dict[str, str]) -> dict[str, 
         reasoning = message.additional_kwargs.get("reasoning_content")
         if isinstance(reasoning, str):  # (Qwen3's template shows it within a tool loop)
             out["reasoning_content"] = reasoning
-        if message.tool_calls:
-            out["tool_calls"] = _assistant_tool_calls(message)
-            for call in message.tool_calls:
-                if call.get("id"):
-                    tool_names[call["id"]] = call["name"]
+        calls = _assistant_tool_calls(message)
+        if calls:
+            out["tool_calls"] = calls
+            for call in calls:
+                if call["id"]:
+                    tool_names[call["id"]] = call["function"]["name"]
     elif isinstance(message, ToolMessage):
         out = {
             "role": "tool",

@@ -194,6 +194,30 @@ def _local_refs(schema: Any) -> set[str]:
     return found
 
 
+def response_format_as_function(schema: Any) -> Any:
+    """OpenAI's json_schema response format, ``{"type": "json_schema", "json_schema": {...}}`` or
+    its entry ``{"name": ..., "schema": {...}, "strict": ...}`` (what ChatOpenAI's
+    with_structured_output takes), as a function dict whose parameters are that schema; any other
+    value as it is. (LangChain reads the entry as a function dict with no parameters: a tool of no
+    arguments, and any JSON for a json_schema answer.)"""
+    if (
+        isinstance(schema, dict)
+        and schema.get("type") == "json_schema"
+        and isinstance(schema.get("json_schema"), dict)
+    ):
+        schema = schema["json_schema"]
+    if (
+        isinstance(schema, dict)
+        and {"name", "schema"} <= schema.keys()
+        and not (schema.keys() & {"function", "parameters", "input_schema"})
+    ):
+        function = {"name": schema["name"], "parameters": schema["schema"]}
+        if "description" in schema:
+            function["description"] = schema["description"]
+        return function
+    return schema
+
+
 def is_bare_json_schema(tool: Any) -> bool:
     """Whether a tool or schema is a JSON Schema dict rather than an OpenAI/Anthropic tool dict."""
     return (
@@ -205,6 +229,7 @@ def is_bare_json_schema(tool: Any) -> bool:
 
 def _format_tool(tool: Any, position: int) -> dict[str, Any]:
     where = f"tools[{position}]"
+    tool = response_format_as_function(tool)
     if is_bare_json_schema(tool):
         # A bare JSON Schema: langchain keeps only its properties, so another type would be lost.
         kind = tool.get("type", "object")

@@ -63,6 +63,7 @@ from langchain_brisklm._tools import (
     is_bare_json_schema,
     normalize_tool_choice,
     parse_reply,
+    response_format_as_function,
     without_unique_items,
 )
 
@@ -279,6 +280,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             )
             parse_tools = mode != "none"
             free_start = free_start and mode == "auto"
+            if parse_tools:
+                constraint["tool_call_format"] = tool_format  # (no stop sequence cuts a call)
             if parse_tools and tool_format.keeps_special_tokens:
                 constraint["skip_special_tokens"] = False  # the calls' tag is a special token
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
@@ -530,8 +533,9 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"unsupported arguments: {sorted(kwargs)}")
-        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         format_info = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        schema = response_format_as_function(schema)
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         parser: OutputParserLike
         if method == "function_calling":
             # A forced call's arguments are an object: refuse other schemas rather than lose them.

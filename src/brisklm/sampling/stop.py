@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -16,7 +16,11 @@ class StopMatch:
 
 
 def find_stop_string(
-    text: str, stop: Sequence[str], num_new_chars: int | None = None, min_end: int = 0
+    text: str,
+    stop: Sequence[str],
+    num_new_chars: int | None = None,
+    min_end: int = 0,
+    max_end: int | None = None,
 ) -> StopMatch | None:
     """The first stop string to complete in ``text``, or None.
 
@@ -26,13 +30,16 @@ def find_stop_string(
 
     "First" is the match that ends earliest, ties going to the one that starts earliest: that is
     the match a character-by-character stream would hit first, so the result does not depend on
-    how the text was split into chunks. Matches that end at or before ``min_end`` do not count.
+    how the text was split into chunks. Matches that end at or before ``min_end`` do not count,
+    nor (``max_end`` given) those that end after ``max_end``.
     """
     num_old_chars = 0 if num_new_chars is None else max(0, len(text) - num_new_chars)
     best: StopMatch | None = None
     for stop_str in stop:
         start = text.find(
-            stop_str, max(0, num_old_chars - len(stop_str) + 1, min_end - len(stop_str) + 1)
+            stop_str,
+            max(0, num_old_chars - len(stop_str) + 1, min_end - len(stop_str) + 1),
+            len(text) if max_end is None else max_end,
         )
         if start < 0:
             continue
@@ -64,9 +71,19 @@ class StopStringMatcher:
     True, :attr:`text` is the final output (the stop string excluded, or included when
     ``include_stop_str_in_output``), and everything emitted so far is a prefix of it. When the
     request ends for another reason (eos, max_tokens), :meth:`flush` releases the withheld text.
+
+    ``calls_start`` (a chat reply with tools offered: ``ToolCallFormat.calls_start``) finds where
+    the text's first tool call begins, given the text and how much of it was searched before. Stop
+    strings apply only to the text before that point, as OpenAI's stop sequences never cut a tool
+    call: a match must end there, and once a call has begun no text is withheld.
     """
 
-    def __init__(self, stop: Sequence[str], include_stop_str_in_output: bool = False) -> None:
+    def __init__(
+        self,
+        stop: Sequence[str],
+        include_stop_str_in_output: bool = False,
+        calls_start: Callable[[str, int], int] | None = None,
+    ) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must be non-empty")
         self.stop = tuple(stop)
@@ -76,6 +93,8 @@ class StopStringMatcher:
         self._num_emitted = 0
         self._final_chars = frozenset(s[-1] for s in self.stop)
         self._min_end = 0  # matches ending at or before this offset do not count
+        self._calls_start = calls_start if self.stop else None
+        self._max_end: int | None = None  # where the first tool call begins, once it has
 
     @property
     def stopped(self) -> bool:
@@ -99,8 +118,11 @@ class StopStringMatcher:
         self.text += new_text
         if not self.stop:
             return self._emit_up_to(len(self.text))
+        if self._calls_start is not None and self._max_end is None:
+            start = self._calls_start(self.text, len(self.text) - len(new_text))
+            self._max_end = None if start < 0 else start
         match = (
-            find_stop_string(self.text, self.stop, len(new_text), self._min_end)
+            find_stop_string(self.text, self.stop, len(new_text), self._min_end, self._max_end)
             if can_stop
             else None
         )
@@ -109,8 +131,10 @@ class StopStringMatcher:
             self.text = self.text[: match.end if self.include_stop_str_in_output else match.start]
             return self._emit_up_to(len(self.text))
         # With the stop string included in the output any text is final once seen: a later match
-        # ends after it, so nothing needs holding back.
-        held = 0 if self.include_stop_str_in_output else hold_back_length(self.text, self.stop)
+        # ends after it, so nothing needs holding back; nor once a tool call has begun, as no
+        # match may end after its start.
+        final = self.include_stop_str_in_output or self._max_end is not None
+        held = 0 if final else hold_back_length(self.text, self.stop)
         return self._emit_up_to(len(self.text) - held)
 
     def may_end_with(self, char: str) -> bool:
@@ -120,7 +144,11 @@ class StopStringMatcher:
     def would_stop(self, new_text: str) -> bool:
         """Whether appending ``new_text`` would complete a stop string (stopping allowed)."""
         text = self.text + new_text
-        return find_stop_string(text, self.stop, len(new_text), self._min_end) is not None
+        max_end = self._max_end
+        if max_end is None and self._calls_start is not None:
+            start = self._calls_start(text, len(self.text))
+            max_end = None if start < 0 else start
+        return find_stop_string(text, self.stop, len(new_text), self._min_end, max_end) is not None
 
     def no_stop_ending_before(self, end: int) -> None:
         """Let no stop string count that ends at or before character ``end`` of the text (text a

@@ -617,7 +617,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             raise ApiError(str(error), param="tools") from None
         constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
         if mode != "none":
-            tool_format = format
+            tool_format = changes["tool_call_format"] = format  # (no stop string cuts a call)
             if format.keeps_special_tokens:
                 changes["skip_special_tokens"] = False  # the calls' tag is a special token
     elif answer is not None:

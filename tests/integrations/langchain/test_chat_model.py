@@ -463,6 +463,38 @@ def test_unsupported_blocks(block: dict[str, Any], message: str) -> None:
         to_template_messages([HumanMessage([block])])
 
 
+def test_invalid_tool_calls_go_back_into_the_history() -> None:
+    """A call ChatBrisk returned invalid (cut, or arguments that did not parse) vanished from the
+    prompt while the tool result answering it stayed; as ChatOpenAI, it goes back as a call."""
+    from langchain_core.messages.tool import invalid_tool_call
+
+    ai = AIMessage(
+        "",
+        tool_calls=[{"name": "f", "args": {"x": 1}, "id": "1"}],
+        invalid_tool_calls=[
+            invalid_tool_call(name="get_weather", args='{"city": "Par', id="2", error="cut"),
+            invalid_tool_call(name="g", args='{"y": 2}', id="3", error="unknown tool"),
+            invalid_tool_call(name=None, args="{", id="4", error="cut before its name"),
+        ],
+    )
+    rendered = to_template_messages([ai, ToolMessage("error: cut", tool_call_id="2")])
+    assert rendered[0]["tool_calls"] == [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+        {
+            "id": "2",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Par'},
+        },
+        {"id": "3", "type": "function", "function": {"name": "g", "arguments": {"y": 2}}},
+    ]
+    assert rendered[1] == {
+        "role": "tool",
+        "content": "error: cut",
+        "tool_call_id": "2",
+        "name": "get_weather",
+    }
+
+
 def test_langchain_v1_content_blocks() -> None:
     # Each of these raised "unsupported content block type".
     from langchain_core.messages import content as blocks

@@ -58,6 +58,10 @@ ANTHROPIC_TOOL = {
     "input_schema": SCHEMA_BODY,
 }
 OPENAI_FUNCTION = {"name": "Weather", "description": "A weather report.", "parameters": SCHEMA_BODY}
+# OpenAI's json_schema response format, and its entry (ChatOpenAI's with_structured_output takes
+# both): the entry was read as a function of no parameters, so anything passed.
+OPENAI_RESPONSE_ENTRY = {"name": "Weather", "schema": SCHEMA_BODY, "strict": True}
+OPENAI_RESPONSE_FORMAT = {"type": "json_schema", "json_schema": OPENAI_RESPONSE_ENTRY}
 
 
 class _Options(BaseCallbackHandler):
@@ -86,8 +90,15 @@ def test_pydantic(chat: ChatBrisk, method: str) -> None:
 @pytest.mark.parametrize(
     "schema",
     # The Anthropic form was not enforced with json_schema: any JSON passed.
-    [WeatherDict, WEATHER_JSON_SCHEMA, ANTHROPIC_TOOL, OPENAI_FUNCTION],
-    ids=["typeddict", "json", "anthropic", "openai"],
+    [
+        WeatherDict,
+        WEATHER_JSON_SCHEMA,
+        ANTHROPIC_TOOL,
+        OPENAI_FUNCTION,
+        OPENAI_RESPONSE_ENTRY,
+        OPENAI_RESPONSE_FORMAT,
+    ],
+    ids=["typeddict", "json", "anthropic", "openai", "response-entry", "response-format"],
 )
 def test_dict_schemas(chat: ChatBrisk, method: str, schema: Any) -> None:
     structured = chat.with_structured_output(schema, method=method)
@@ -290,13 +301,14 @@ def test_a_call_cut_in_a_stream_that_invoke_merges_is_an_error(chat: ChatBrisk) 
     assert raw["parsing_error"] is None and set(raw["parsed"]) == set(WeatherDict.__annotations__)
 
 
-@pytest.mark.parametrize("method", ["json_schema", "function_calling"])  # their ', ' is certain
-def test_a_reply_cut_by_a_stop_sequence_is_an_error_not_a_result(
-    chat: ChatBrisk, method: str
-) -> None:
+def test_a_reply_cut_by_a_stop_sequence_is_an_error_not_a_result(chat: ChatBrisk) -> None:
     """A stop sequence set on the model cut the reply at the first ', ': json_schema returned the
-    fields before it, function_calling None, and neither said why."""
+    fields before it and did not say why. (function_calling's answer is a tool call, which stop
+    sequences do not cut, as OpenAI's.)"""
+    method = "json_schema"
     cut = chat.model_copy(update={"stop": [", "]})
+    whole = cut.with_structured_output(WeatherDict, method="function_calling").invoke(PROMPT)
+    assert set(whole) == set(WeatherDict.__annotations__)
     with pytest.raises(OutputParserException, match="cut off by the stop sequence ', '"):
         cut.with_structured_output(WeatherDict, method=method).invoke(PROMPT)
     raw = cut.with_structured_output(WeatherDict, method=method, include_raw=True).invoke(PROMPT)
