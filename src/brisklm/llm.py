@@ -1146,8 +1146,7 @@ class LLM:
         if not tools:
             return None, params
         format = self.tool_call_format(template_kwargs.get("chat_template"))
-        keep_special = {"skip_special_tokens": False} if format.keeps_special_tokens else {}
-        return format, params.with_changes(tool_call_format=format, **keep_special)
+        return format, params.with_changes(**format.decoding_options())
 
     @staticmethod
     def chat_output(

@@ -89,6 +89,14 @@ class ToolCallFormat:
         """Whether replies must be decoded with special tokens kept, so the tags reach the parser."""
         return self.tag_token_id is not None or self.end_token_id is not None
 
+    def decoding_options(self) -> dict[str, Any]:
+        """The SamplingParams options of a reply that may hold calls in this format: stop strings
+        apply only before its calls, and special tokens are kept where the calls' tag is one."""
+        options: dict[str, Any] = {"tool_call_format": self}
+        if self.keeps_special_tokens:
+            options["skip_special_tokens"] = False
+        return options
+
     def new_id(self) -> str:
         return mistral_tool_call_id() if self.name == "mistral" else new_tool_call_id()
 

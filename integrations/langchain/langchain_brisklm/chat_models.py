@@ -281,9 +281,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             parse_tools = mode != "none"
             free_start = free_start and mode == "auto"
             if parse_tools:
-                constraint["tool_call_format"] = tool_format  # (no stop sequence cuts a call)
-            if parse_tools and tool_format.keeps_special_tokens:
-                constraint["skip_special_tokens"] = False  # the calls' tag is a special token
+                constraint.update(tool_format.decoding_options())
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
             to_template_messages(messages), tools=tools or None, **template_kwargs

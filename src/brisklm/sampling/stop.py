@@ -118,9 +118,7 @@ class StopStringMatcher:
         self.text += new_text
         if not self.stop:
             return self._emit_up_to(len(self.text))
-        if self._calls_start is not None and self._max_end is None:
-            start = self._calls_start(self.text, len(self.text) - len(new_text))
-            self._max_end = None if start < 0 else start
+        self._max_end = self._calls_begin(self.text, len(self.text) - len(new_text))
         match = (
             find_stop_string(self.text, self.stop, len(new_text), self._min_end, self._max_end)
             if can_stop
@@ -144,11 +142,16 @@ class StopStringMatcher:
     def would_stop(self, new_text: str) -> bool:
         """Whether appending ``new_text`` would complete a stop string (stopping allowed)."""
         text = self.text + new_text
-        max_end = self._max_end
-        if max_end is None and self._calls_start is not None:
-            start = self._calls_start(text, len(self.text))
-            max_end = None if start < 0 else start
+        max_end = self._calls_begin(text, len(self.text))
         return find_stop_string(text, self.stop, len(new_text), self._min_end, max_end) is not None
+
+    def _calls_begin(self, text: str, searched: int) -> int | None:
+        """Where the first tool call begins in ``text`` (of which ``searched`` characters were
+        searched before), or None: no call yet, or no ``calls_start``."""
+        if self._max_end is not None or self._calls_start is None:
+            return self._max_end
+        start = self._calls_start(text, searched)
+        return None if start < 0 else start
 
     def no_stop_ending_before(self, end: int) -> None:
         """Let no stop string count that ends at or before character ``end`` of the text (text a

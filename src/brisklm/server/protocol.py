@@ -617,9 +617,8 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             raise ApiError(str(error), param="tools") from None
         constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
         if mode != "none":
-            tool_format = changes["tool_call_format"] = format  # (no stop string cuts a call)
-            if format.keeps_special_tokens:
-                changes["skip_special_tokens"] = False  # the calls' tag is a special token
+            tool_format = format
+            changes.update(format.decoding_options())
     elif answer is not None:
         changes["json_schema"] = answer
         constraint_field = fields["json_schema"] = "response_format"
