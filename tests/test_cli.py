@@ -266,7 +266,27 @@ def test_bad_constraint_is_one_line(model_dir, capsys):
     err = capsys.readouterr().err
     assert err.startswith("brisklm: error: --json-schema") and err.count("\n") == 1
     code = main(["generate", "--model", str(model_dir), "--regex", "a", "--choice", "b", "x"])
-    assert code == 1 and "at most one constraint" in capsys.readouterr().err
+    assert code == 1 and capsys.readouterr().err == (
+        "brisklm: error: give at most one of --json-schema, --json, --regex, --choice and "
+        "--grammar, got --regex, --choice\n"  # (it named json_object, regex: the API's words)
+    )
+
+
+def test_engine_limits_are_named_by_the_flags(model_dir, capsys):
+    """The KV cache's fit and the thread limit named the API's options (max_batch_size=,
+    "None: one per CPU") and a --max-seq-len the user never gave."""
+    huge = "100000000"
+    assert main(["bench", "--model", str(model_dir), "--batch-sizes", f"1,{huge}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"brisklm: error: --max-seq-len 512 (the default) with the largest of --batch-sizes {huge} "
+        "needs a KV cache of"
+    )
+    assert "max_batch_size" not in err and "at this --max-seq-len" in err
+    assert main(["generate", "--model", str(model_dir), "--threads", "100000", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("brisklm: error: --threads 100000 is more than 8 threads for each")
+    assert err.endswith("(more threads than CPUs take turns on them; by default one per CPU)\n")
 
 
 @pytest.mark.parametrize(
@@ -286,6 +306,11 @@ def test_bad_constraint_is_one_line(model_dir, capsys):
             "argument --draft-length: invalid choice",
         ),
         (["generate"], "the following arguments are required: prompt"),
+        (
+            ["generate", "-hello"],  # (-h with the argument "ello")
+            "'ello' (a prompt that begins with '-' goes after '--': brisklm generate -- '-hello') "
+            "(see: brisklm generate --help)",
+        ),
         (["bogus"], "argument command: invalid choice: 'bogus'"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -28,6 +29,7 @@ def test_measure_speed_times_the_runs_it_says(model_dir, monkeypatch) -> None:
             calls.append(([len(p) for p in prompts], params.max_tokens, params.ignore_eos))
             outputs = generate(prompts, params)
             assert all(len(o.token_ids) == params.max_tokens for o in outputs)
+            time.sleep(0.005 * params.max_tokens)  # (longer runs take longer, whatever the noise)
             return outputs
 
         monkeypatch.setattr(llm, "generate", recorded)
@@ -76,13 +78,24 @@ def test_bad_options_name_themselves(options, message) -> None:
         check_speed_options(*options)
 
 
-def test_brisklm_bench_prints_its_figures(model_dir, capsys) -> None:
+def test_brisklm_bench_prints_its_figures(model_dir, capsys, monkeypatch) -> None:
+    import brisklm.speed
+
+    timed = brisklm.speed.time_generate
+
+    def timing(llm, prompts, num_new):  # (the runs happen; their timings are made up)
+        timed(llm, prompts, num_new)
+        return 0.001 * (1 + 2 * num_new) * len(prompts)
+
+    monkeypatch.setattr(brisklm.speed, "time_generate", timing)
     flags = ["--prompt-tokens", "24", "--new-tokens", "3", "--batch-sizes", "1,2", "--repeats", "1"]
     assert main(["bench", "--model", str(model_dir), *flags, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == model_dir.name and report["prompt_tokens"] == 24
     assert [d["batch_size"] for d in report["decode"]] == [1, 2]
-    assert report["prefill_tokens_per_second"] > 0
+    assert report["prefill_tokens_per_second"] == pytest.approx(24 / 0.003)
+    # A step 2 ms a row: 500 tokens/s at batch 1 and at batch 2.
+    assert [d["tokens_per_second"] for d in report["decode"]] == pytest.approx([500, 500])
     assert main(["bench", "--model", str(model_dir), *flags]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("prefill 24 tokens:") and "tokens/s" in lines[1]
@@ -101,3 +114,20 @@ def test_brisklm_bench_errors_are_one_line(model_dir, capsys, flags, message) ->
     assert main(["bench", "--model", str(model_dir), *flags]) == 1
     err = capsys.readouterr().err
     assert err.startswith("brisklm: error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_decode_run_no_longer_than_one_token_is_an_error_not_a_speed(
+    model_dir, capsys, monkeypatch
+) -> None:
+    """Timing noise, or too few steps, made a run of several tokens no slower than a run of one:
+    bench printed a step of a nanosecond, a billion tokens/s."""
+    import brisklm.speed
+
+    monkeypatch.setattr(brisklm.speed, "time_generate", lambda llm, prompts, num_new: 0.002)
+    flags = ["--prompt-tokens", "24", "--new-tokens", "1", "--batch-sizes", "1", "--repeats", "1"]
+    assert main(["bench", "--model", str(model_dir), *flags]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "brisklm: error: a run of 2 tokens took no longer than a run of 1 (2.00 ms against 2.00 "
+        "ms): too few decode steps (1) to time against the noise; decode more new tokens\n"
+    )

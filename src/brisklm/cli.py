@@ -15,6 +15,7 @@ import shlex
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,6 +26,7 @@ from brisklm.speed import DECODE_PROMPT_TOKENS
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + 15  # what a shell reports for a command SIGTERM ended (signal 15)
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE (signal 13)
 
 
@@ -154,7 +156,11 @@ class _Parser(argparse.ArgumentParser):
     commands: argparse._SubParsersAction[_Parser]  # the subcommands (build_parser)
 
     def error(self, message: str) -> NoReturn:
-        print(f"brisklm: error: {message} (see: {self.prog} --help)", file=sys.stderr)
+        hint = ""
+        if self.prog.endswith(" generate") and "ignored explicit argument" in message:
+            # `brisklm generate -hello` read -h (help) with the argument "ello"
+            hint = " (a prompt that begins with '-' goes after '--': brisklm generate -- '-hello')"
+        print(f"brisklm: error: {message}{hint} (see: {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_ERROR)
 
 
@@ -332,6 +338,22 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
     """The constraint flags' SamplingParams options, their files read once (a pipe reads once)."""
     if hasattr(args, "constraint_options"):
         return args.constraint_options
+    given = [
+        flag
+        for flag, value in (
+            ("--json-schema", args.json_schema is not None),
+            ("--json", args.json),
+            ("--regex", args.regex is not None),
+            ("--choice", args.choice),
+            ("--grammar", args.grammar is not None),
+        )
+        if value
+    ]
+    if len(given) > 1:
+        raise CliError(
+            f"give at most one of --json-schema, --json, --regex, --choice and --grammar, "
+            f"got {', '.join(given)}"
+        )
     options: dict[str, Any] = {}
     if args.json_schema is not None:  # an empty value is an error below, not "no schema"
         options["json_schema"] = _json_schema(args.json_schema)
@@ -483,7 +505,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
         try:
             app = build_app(llm, name, api_key=args.api_key or None)
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+            server = _stopping_server(uvicorn)(uvicorn.Config(app, log_level="warning"), llm)
             bound, port = sockets[0].getsockname()[:2]
             host = args.host or bound
             shown = f"[{host}]" if ":" in host else host
@@ -493,7 +515,8 @@ def _run_serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
             try:
-                server.run(sockets=sockets)
+                with _sigterm_as_exception():
+                    server.run(sockets=sockets)
             except SystemExit as exc:  # uvicorn's startup failed; it logged why
                 if exc.code:
                     raise CliError("the server could not start (see the line above)") from None
@@ -503,6 +526,63 @@ def _run_serve(args: argparse.Namespace) -> int:
         for listening in sockets:
             listening.close()
     return 0
+
+
+class Terminated(Exception):
+    """SIGTERM reached ``brisklm serve`` (after the server stopped): it exits 143 once its engine
+    and sockets are closed, where the signal's default action would skip that."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception() -> Any:
+    """While the server runs, SIGTERM raises ``Terminated`` once uvicorn hands it on (it stops the
+    server, then raises each signal it caught again, under the handler it found)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> NoReturn:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopping_server(uvicorn: Any) -> type:
+    """uvicorn's Server, stopping as a server of long replies should: the first Ctrl-C (or
+    SIGTERM) stops taking requests and lets the replies in flight end, saying so; the second ends
+    them now (finish reason ``abort``: streams close, each with its text so far) and stops once
+    they have closed, with no traceback; a third forces uvicorn's exit."""
+
+    class StoppingServer(uvicorn.Server):  # type: ignore[misc, name-defined]
+        def __init__(self, config: Any, llm: Any) -> None:
+            super().__init__(config)
+            self._llm = llm
+            self._ended = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                super().handle_exit(sig, frame)
+                if self.server_state.connections:
+                    _say("stopping once the replies in flight end (Ctrl-C again ends them now)")
+            elif not self._ended:
+                self._ended = True
+                self._captured_signals.append(sig)
+                _say("ending the replies in flight")
+                self._llm.abort_all()
+            else:
+                super().handle_exit(sig, frame)
+
+    return StoppingServer
+
+
+def _say(message: str) -> None:
+    """A line of the server's own on stderr (what it does, not an error)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"brisklm: {message}", file=sys.stderr, flush=True)
 
 
 def _listen(host: str, port: int) -> list[socket.socket]:
@@ -917,6 +997,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        return EXIT_TERMINATED
     except BrokenPipeError:
         # The reader went away (`brisklm generate ... | head -c 100`): stop quietly, as a command
         # killed by SIGPIPE does. Python ignores SIGPIPE, so the write raised instead; pointing
@@ -1012,6 +1094,14 @@ _API_WORDS = (
     (" or None (the model's)", " (default: the model's)"),
     # The CLI runs one sequence at a time (its KV cache holds one), and has no flag for it.
     (" with max_batch_size=1 needs", " needs"),
+    (" with max_batch_size=", " with --max-batch-size "),
+    (
+        "max_batch_size + prefix_cache_slots at most",
+        "--max-batch-size + --prefix-cache-slots at most",
+    ),
+    ("max_batch_size at most", "--max-batch-size at most"),
+    ("at this max_seq_len", "at this --max-seq-len"),
+    ("; None: one per CPU)", "; by default one per CPU)"),
     ("max_seq_len can be at most", "--max-seq-len can be at most"),
     ("needs prefix_caching=True", "needs prefix caching (no --no-prefix-caching)"),
     (" and prefix_cache_slots=", " and --prefix-cache-slots "),
@@ -1038,12 +1128,21 @@ def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
     flags = _QUANTIZE_FLAGS if getattr(args, "command", None) == "quantize" else _ENGINE_FLAGS
     flag = flags.get(name)
     if flag is not None:
-        message = f"{flag}{' ' if equals else ''}{value} {rest}"
-    return _in_cli_words(message)
+        # A value the user did not give is the flag's default (the model's context, ...).
+        default = " (the default)" if equals and getattr(args, name, 0) is None else ""
+        message = f"{flag}{' ' if equals else ''}{value}{default} {rest}"
+    return _in_cli_words(message, getattr(args, "command", None))
 
 
-def _in_cli_words(message: str) -> str:
-    for api, cli in _API_WORDS:
+# `brisklm bench` sizes its engine's batch by its largest batch size.
+_BENCH_WORDS = (
+    (" with max_batch_size=", " with the largest of --batch-sizes "),
+    ("max_batch_size at most", "the largest of --batch-sizes at most"),
+)
+
+
+def _in_cli_words(message: str, command: str | None = None) -> str:
+    for api, cli in (*(_BENCH_WORDS if command == "bench" else ()), *_API_WORDS):
         message = message.replace(api, cli)
     return message
 

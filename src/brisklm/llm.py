@@ -963,6 +963,11 @@ class LLM:
             )
         self._loop.abort(request_id)
 
+    def abort_all(self) -> None:
+        """Stop every request submitted so far (from any thread): each finishes with finish
+        reason ``abort`` and its text so far, as ``abort`` ends one. Requests made later run."""
+        self._loop.abort(None)
+
     def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:
         """Async ``stream`` (use with ``async for``); bad input raises at the call."""
         return _atexts(self.astream_chunks(prompt, params))

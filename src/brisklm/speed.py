@@ -123,7 +123,14 @@ def measure(
 ) -> tuple[float, float]:
     """(seconds of a run of 1 token, seconds a decode step): the best of ``repeats`` runs of 1
     and of ``num_new`` tokens (``run(prompts, num_new)`` times one), a step their difference over
-    ``num_new - 1``."""
+    ``num_new - 1``. ValueError when the longer run took no longer: too few steps to time (a
+    step was reported as a nanosecond: a billion tokens/s)."""
     first = min(run(prompts, 1) for _ in range(repeats))
     full = min(run(prompts, num_new) for _ in range(repeats))
-    return first, max(full - first, 1e-9) / (num_new - 1)
+    if full <= first:
+        raise ValueError(
+            f"a run of {num_new} tokens took no longer than a run of 1 ({1e3 * full:.2f} ms "
+            f"against {1e3 * first:.2f} ms): too few decode steps ({num_new - 1}) to time "
+            "against the noise; decode more new tokens"
+        )
+    return first, (full - first) / (num_new - 1)

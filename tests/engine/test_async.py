@@ -160,6 +160,25 @@ async def test_abort_stops_one_request_of_a_batch(llm, monkeypatch):
     assert (await llm.agenerate("Hello", GREEDY)).token_ids  # the engine goes on
 
 
+async def test_abort_all_stops_every_request_queued_or_running(llm, monkeypatch):
+    """A server stopping (a second Ctrl-C) ends every reply in flight at once."""
+    slow_steps(llm, monkeypatch)
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    # More requests than the engine's batch: some wait in the queue.
+    prompts = ["Hello", "The quick", "Once upon", "A", "B", "C", "D", "E", "F"]
+    requests = [llm.make_request(p, params) for p in prompts]
+    results = llm.arun_requests_each(requests)
+    first = asyncio.ensure_future(results.__anext__())
+    await asyncio.sleep(0)  # the generator has submitted them all
+    llm.abort_all()
+    got = dict([await first])
+    async for index, output in results:
+        got[index] = output
+    assert sorted(got) == list(range(len(prompts)))
+    assert all(o.finish_reason == "abort" and len(o.token_ids) < 64 for o in got.values())
+    assert (await llm.agenerate("Hello", GREEDY)).finish_reason == "length"  # later ones run
+
+
 async def test_agenerate_and_achat_prepare_their_requests_off_the_loop(llm, monkeypatch):
     # Tokenizing, the chat template and compiling a grammar ran on the event loop: a new tool
     # grammar stalled it for 0.1-0.3 s.

@@ -57,6 +57,69 @@ def test_port_0_serves_on_the_port_it_names_and_ctrl_c_stops_it() -> None:
             server.wait()
 
 
+def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
+    """``brisklm serve`` on a free port, and its base URL once it serves."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "brisklm", "serve", "--port", "0", *flags],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stderr is not None
+    line = server.stderr.readline()
+    while line.startswith("brisklm: warning: "):  # (--max-seq-len past the bundled model's)
+        line = server.stderr.readline()
+    found = re.search(r"serving brisk-chat at (http://\S+)/v1", line)
+    assert found, line
+    return server, found.group(1)
+
+
+def test_ctrl_c_lets_replies_end_and_a_second_ends_them_without_a_traceback() -> None:
+    """The first Ctrl-C waited, saying nothing, for every reply in flight (minutes for a long
+    one); a second made uvicorn cancel them, which printed a traceback of ~100 lines."""
+    server, base = _serve("--max-seq-len", "4096", "--max-batch-size", "2")
+    try:
+        body = {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 3500,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as reply:
+            lines = reply.iter_lines()
+            assert next(lines).startswith("data: ")  # the reply is under way
+            server.send_signal(signal.SIGINT)
+            assert server.stderr is not None
+            assert server.stderr.readline() == (
+                "brisklm: stopping once the replies in flight end (Ctrl-C again ends them now)\n"
+            )
+            server.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line]
+        assert '"finish_reason": "abort"' in rest[-2] and rest[-1] == "data: [DONE]"
+        assert server.wait(timeout=60) == 130
+        err = server.stderr.read()
+        assert err.startswith("brisklm: ending the replies in flight\n")
+        assert "Traceback" not in err
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_sigterm_stops_the_server_through_its_cleanup() -> None:
+    # uvicorn raised SIGTERM again under its default action: the process died by the signal,
+    # without closing its engine and sockets.
+    server, base = _serve("--max-batch-size", "1")
+    try:
+        assert httpx.get(f"{base}/health", timeout=30).status_code == 200
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 128 + signal.SIGTERM
+        assert server.stderr is not None and "Traceback" not in server.stderr.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
 def test_every_address_of_the_host_is_listened_on_at_one_port() -> None:
     from brisklm.cli import CliError, _listen
 

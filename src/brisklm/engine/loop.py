@@ -102,7 +102,8 @@ class EngineLoop:
                 "LLM in the child process, or start workers with multiprocessing's 'spawn' method"
             )
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str | None) -> None:
+        """Stop the request ``request_id`` (None: every request submitted so far)."""
         if self._forked:
             return  # nothing of this loop runs here
         self._inbox.put(("abort", request_id, None))
@@ -188,9 +189,12 @@ class EngineLoop:
                     self._sinks[request.request_id] = sink
                     self.engine.add_request(request)
             elif kind == "abort":
-                result = self.engine.abort_request(payload)  # type: ignore[arg-type]
-                if result is not None:
-                    self._deliver(*result)
+                scheduler = self.engine.scheduler
+                every = [r.request_id for r in [*scheduler.running, *scheduler.waiting]]
+                for request_id in every if payload is None else [payload]:
+                    result = self.engine.abort_request(request_id)  # type: ignore[arg-type]
+                    if result is not None:
+                        self._deliver(*result)
 
     def _fail_everything(
         self, exc: BaseException
