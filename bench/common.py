@@ -330,9 +330,9 @@ def parse_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """``parser.parse_args()``, with the mistakes a run would only crash on refused by argparse:
     a CUDA device where torch sees none, ``--new-tokens`` under 2 (a decode step is timed as the
     time of N new tokens less that of 1, over N - 1), and counts under 1 (``--rounds``,
-    ``--repeats``, ``--batch``, ``--calls``)."""
+    ``--repeats``, ``--batch``, ``--calls``, ``--steps``, ``--positions``)."""
     args = parser.parse_args()
-    for name in ("rounds", "repeats", "batch", "calls"):
+    for name in ("rounds", "repeats", "batch", "calls", "steps", "positions"):
         count = getattr(args, name, None)
         if isinstance(count, int) and count < 1:
             parser.error(f"--{name} {count}: at least 1")
@@ -355,10 +355,12 @@ def add_rounds_arguments(parser: argparse.ArgumentParser, new_tokens: int) -> No
     parser.add_argument("--rounds", type=int, default=5)
 
 
-def add_model_arguments(parser, preset: str, device: str, dtype: str) -> None:
-    """``--preset`` (a random model of PRESETS' shapes), ``--device`` and ``--dtype``."""
-    parser.add_argument(
-        "--preset", default=preset, choices=sorted([*PRESETS, *OTHER_FAMILY_PRESETS])
-    )
+def add_model_arguments(
+    parser, preset: str, device: str, dtype: str, llama_only: bool = False
+) -> None:
+    """``--preset`` (a random model of PRESETS' shapes, and OTHER_FAMILY_PRESETS' unless
+    ``llama_only``: a script that writes Llama checkpoints only), ``--device`` and ``--dtype``."""
+    presets = PRESETS if llama_only else {**PRESETS, **OTHER_FAMILY_PRESETS}
+    parser.add_argument("--preset", default=preset, choices=sorted(presets))
     parser.add_argument("--device", default=device)
     parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16", "float16"])

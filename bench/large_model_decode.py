@@ -98,7 +98,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_model_arguments(parser, preset="llama3-8b", device="cuda", dtype="bfloat16")
+    add_model_arguments(
+        parser, preset="llama3-8b", device="cuda", dtype="bfloat16", llama_only=True
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)

@@ -16,6 +16,7 @@ from brisklm.tool_calls import ContentDelta, ToolCall, ToolCallComplete
 from brisklm.tool_formats import (
     LLAMA_TAG,
     MISTRAL_TAG,
+    ReplyCalls,
     ToolCallFormat,
     detect_tool_call_format,
 )
@@ -238,6 +239,37 @@ def test_calls_start(tool_format: ToolCallFormat, text: str, start: int) -> None
     for searched in range(len(text) + 1):  # the text before ``searched`` held no call yet
         if start < 0 or searched <= start:
             assert tool_format.calls_start(text, searched) == start
+
+
+THOUGHT = "<think>\nuse <tool_call> or [TOOL_CALLS] or {x}\n</think>\n\n"
+
+
+@pytest.mark.parametrize(
+    ("tool_format", "reasoning_start", "text", "start"),
+    [
+        (HERMES, None, THOUGHT + "<tool_call>{", THOUGHT.index("<tool_call>")),  # no thinking
+        (HERMES, False, THOUGHT + "Sure. <tool_call>{", len(THOUGHT) + 6),
+        (HERMES, False, THOUGHT[:-12], -1),  # a block cut short: all thinking
+        (HERMES, False, "Sure. <tool_call>{", 6),  # a reply that opens no block
+        (HERMES, False, " \n<thi", -1),  # not yet known whether it opens one
+        (HERMES, True, THOUGHT[8:] + "<tool_call>", len(THOUGHT) - 8),  # the prompt opened it
+        (MISTRAL, False, THOUGHT + "[TOOL_CALLS][{", len(THOUGHT)),
+        (LLAMA, False, THOUGHT + '{"name": "f"', len(THOUGHT)),
+        (LLAMA, False, THOUGHT + 'Text {"name": "f"', -1),
+    ],
+)
+def test_calls_after_the_thinking(tool_format, reasoning_start, text, start) -> None:
+    """A call (or its tag) written in the thinking is no call: stop strings stay on past it.
+    The same position however the reply grew."""
+    calls = ReplyCalls(tool_format, reasoning_start)
+    assert calls.calls_start()(text, 0) == start
+    for size in (1, 3, 7):
+        find, found = calls.calls_start(), -1
+        for end in range(size, len(text) + size, size):
+            found = find(text[:end], end - size)
+            if found >= 0:
+                break
+        assert found == start, size
 
 
 @pytest.mark.parametrize("tool_format", [HERMES, LLAMA, MISTRAL], ids=lambda f: f.name)

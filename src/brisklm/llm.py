@@ -1041,10 +1041,8 @@ class LLM:
         reply, and a reasoning model's thinking block out of its start (``ChatOutput.reasoning``;
         see ``reasoning_start``)."""
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        format, params = self._chat_format(tools, params, template_kwargs)
-        output = self.generate(ids, params)
-        start = self._reasoning_start(ids, tools, template_kwargs, params)
-        return self.chat_output(output, format, start)
+        format, params, start = self._chat_format(ids, tools, params, template_kwargs)
+        return self.chat_output(self.generate(ids, params), format, start)
 
     async def achat(
         self,
@@ -1053,14 +1051,12 @@ class LLM:
         tools: Sequence[Any] | None = None,
         **template_kwargs: Any,
     ) -> ChatOutput:
-        def prepare() -> tuple[list[int], ToolCallFormat | None, SamplingParams | None]:
+        def prepare() -> tuple[list[int], ToolCallFormat | None, SamplingParams, bool | None]:
             ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-            return ids, *self._chat_format(tools, params, template_kwargs)
+            return ids, *self._chat_format(ids, tools, params, template_kwargs)
 
-        ids, format, chosen = await run_off_loop(prepare)  # the template, off the loop
-        output = await self.agenerate(ids, chosen)
-        start = self._reasoning_start(ids, tools, template_kwargs, chosen)
-        return self.chat_output(output, format, start)
+        ids, format, chosen, start = await run_off_loop(prepare)  # the template, off the loop
+        return self.chat_output(await self.agenerate(ids, chosen), format, start)
 
     def stream_chat(
         self,
@@ -1074,7 +1070,7 @@ class LLM:
         ``tool_call_format().parse`` or its ``stream_parser``; a reasoning model's thinking
         block included: ``brisklm.reasoning.ReasoningSplitter`` tells it apart)."""
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        return self.stream(ids, self._chat_format(tools, params, template_kwargs)[1])
+        return self.stream(ids, self._chat_format(ids, tools, params, template_kwargs)[1])
 
     def reasoning_start(
         self,
@@ -1112,20 +1108,6 @@ class LLM:
             start = len(ids) - 1 - ids[::-1].index(open_id)
         return self.tokenizer.decode(ids[start:], skip_special_tokens=False)
 
-    def _reasoning_start(
-        self,
-        prompt_ids: Sequence[int],
-        tools: Sequence[Any] | None,
-        template_kwargs: Mapping[str, Any],
-        params: SamplingParams | None,
-    ) -> bool | None:
-        """``reasoning_start`` of a ``chat`` call: the template it rendered with (tools given,
-        even an empty list, pick the tool_use one) and its params' constraint."""
-        constraint = params.constraint if params is not None else None
-        return self.reasoning_start(
-            prompt_ids, template_kwargs.get("chat_template"), tools is not None, constraint
-        )
-
     def tool_call_format(self, chat_template: str | None = None) -> ToolCallFormat:
         """How the model writes tool calls (hermes, llama3_json or mistral), read from the chat
         template it gets with tools (or ``chat_template``, a template name or source)."""
@@ -1140,18 +1122,23 @@ class LLM:
 
     def _chat_format(
         self,
+        prompt_ids: Sequence[int],
         tools: Sequence[Any] | None,
         params: SamplingParams | None,
         template_kwargs: Mapping[str, Any],
-    ) -> tuple[ToolCallFormat | None, SamplingParams | None]:
-        """The tool-call format to parse a reply with (None without tools), and the params to
-        decode it with: stop strings only before the calls, special tokens kept when the format's
-        calls start with one."""
+    ) -> tuple[ToolCallFormat | None, SamplingParams, bool | None]:
+        """Of a ``chat`` call: the tool-call format to parse its reply with (None without tools),
+        the params to decode it with (stop strings only before the calls, special tokens kept
+        when the format's calls start with one), and its ``reasoning_start`` (for the template it
+        rendered with: tools given, even an empty list, pick the tool_use one; and its params'
+        constraint)."""
         params = self._params_or_default(params)
+        template = template_kwargs.get("chat_template")
+        start = self.reasoning_start(prompt_ids, template, tools is not None, params.constraint)
         if not tools:
-            return None, params
-        format = self.tool_call_format(template_kwargs.get("chat_template"))
-        return format, params.with_changes(**format.decoding_options())
+            return None, params, start
+        format = self.tool_call_format(template)
+        return format, params.with_changes(**format.decoding_options(start)), start
 
     @staticmethod
     def chat_output(

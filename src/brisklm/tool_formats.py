@@ -27,6 +27,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from brisklm.reasoning import CLOSE as THINK_CLOSE
+from brisklm.reasoning import OPEN as THINK_OPEN
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
 from brisklm.tool_calls import (
     TOOL_CALL_END,
@@ -89,10 +91,12 @@ class ToolCallFormat:
         """Whether replies must be decoded with special tokens kept, so the tags reach the parser."""
         return self.tag_token_id is not None or self.end_token_id is not None
 
-    def decoding_options(self) -> dict[str, Any]:
-        """The SamplingParams options of a reply that may hold calls in this format: stop strings
-        apply only before its calls, and special tokens are kept where the calls' tag is one."""
-        options: dict[str, Any] = {"tool_call_format": self}
+    def decoding_options(self, reasoning_start: bool | None = None) -> dict[str, Any]:
+        """The SamplingParams options of a reply that may hold calls in this format (after the
+        thinking block ``reasoning_start`` says it may hold: ``LLM.reasoning_start``'s): stop
+        strings apply only before its calls, and special tokens are kept where the calls' tag is
+        one."""
+        options: dict[str, Any] = {"reply_calls": ReplyCalls(self, reasoning_start)}
         if self.keeps_special_tokens:
             options["skip_special_tokens"] = False
         return options
@@ -150,19 +154,20 @@ class ToolCallFormat:
             return None
         return "", *_leading_json_calls(body, self.new_id, array=False)
 
-    def calls_start(self, text: str, searched: int = 0) -> int:
-        """Where the reply's first call begins in ``text`` (its opening tag, or for Llama 3 the
-        reply's first character when the reply is a call), or -1 while none has begun.
-        ``searched``: the length of a prefix of ``text`` already searched, with no call begun in
-        it; a call (or its tag) that begins is there in ``text`` from then on, so it is found.
+    def calls_start(self, text: str, searched: int = 0, begin: int = 0) -> int:
+        """Where the first call of the reply ``text[begin:]`` begins in ``text`` (its opening tag,
+        or for Llama 3 the reply's first character when the reply is a call), or -1 while none has
+        begun. ``searched``: the length of a prefix of ``text`` already searched, with no call
+        begun in it; a call (or its tag) that begins is there in ``text`` from then on, so it is
+        found.
 
         A Llama 3 reply that opens with ``{`` counts as a call from its first character: whether
         it is a call or a JSON answer (a response_format beside tools) shows only at its end."""
         if self.name == "llama3_json":
-            first = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]
+            first = _LEADING_SPACE.match(text, begin).end()  # type: ignore[union-attr]
             return first if text.startswith(("{", LLAMA_TAG), first) else -1
         tag = TOOL_CALL_START if self.name == "hermes" else MISTRAL_TAG
-        return text.find(tag, max(0, searched - len(tag) + 1))
+        return text.find(tag, max(begin, searched - len(tag) + 1))
 
     def ended_inside_call(self, text: str) -> bool:
         """Whether max_tokens, a stop sequence or a stop token ended the reply inside a call,
@@ -262,6 +267,46 @@ class ToolCallFormat:
             args = None if self.args_token_id is None else f"<[{self.args_token_id}]>"
             lines.extend(call_alternatives(tools, mode, key, name_then=args))
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ReplyCalls:
+    """How a chat reply holds its tool calls: in ``format``, after the thinking block that
+    ``reasoning_start`` (``LLM.reasoning_start``'s) says it may hold, where calls are not parsed.
+    ``SamplingParams.reply_calls``: stop strings apply only before the reply's first call."""
+
+    format: ToolCallFormat
+    reasoning_start: bool | None = None
+
+    def calls_start(self) -> Callable[[str, int], int]:
+        """For one reply: a function of its text so far and the length already searched, giving
+        where its first call begins (-1: none yet; as ``ToolCallFormat.calls_start``), calls in
+        its thinking (even those of a block cut short) not counted."""
+        # Where the thinking block's text begins (after its opening tag), where the content does.
+        opened: int | None = 0 if self.reasoning_start else None
+        content: int | None = 0 if self.reasoning_start is None else None
+
+        def calls_start(text: str, searched: int) -> int:
+            nonlocal opened, content
+            if content is None:
+                if opened is None:  # as ReasoningSplitter: does the reply open a block?
+                    first = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]
+                    head = text[first : first + len(THINK_OPEN)]
+                    if head == THINK_OPEN:
+                        opened = first + len(THINK_OPEN)
+                    elif THINK_OPEN.startswith(head):
+                        return -1  # only whitespace yet, or the tag arriving
+                    else:
+                        content = 0
+                if content is None:
+                    assert opened is not None
+                    close = text.find(THINK_CLOSE, max(opened, searched - len(THINK_CLOSE) + 1))
+                    if close < 0:
+                        return -1
+                    content = searched = close + len(THINK_CLOSE)
+            return self.format.calls_start(text, searched, content)
+
+        return calls_start
 
 
 def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list[ToolCall]:

@@ -91,3 +91,94 @@ def test_a_chat_turn_with_tools_calls_one_under_the_grammar(qwen3):
         arguments = reply.tool_calls[0].arguments
         assert arguments["city"] in ("Paris", "Zürich") and 1 <= arguments["days"] <= 7
         assert reply.finish_reason == "tool_calls"
+
+
+# ----------------------------------------------------------- tool calls beside thinking
+def test_a_call_tag_in_the_thinking_leaves_stop_strings_on(qwen3):
+    """Stop strings apply up to the reply's first tool call; a "<tool_call>" its thinking
+    mentions is no call (it is not parsed as one), but it switched them off for the rest."""
+    directory, _ = qwen3
+    with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as llm:
+        ask = [{"role": "user", "content": "Hi"}]
+        reply = "<think>\nuse <tool_call> now\n</think>\n\nIt is STOP ok."
+        params = SamplingParams(
+            temperature=0, max_tokens=80, stop=["STOP"], regex=reply.replace(".", r"\.")
+        )
+        for tools in (None, [FORECAST]):
+            turn = llm.chat(ask, params, tools=tools)
+            assert turn.reasoning == "use <tool_call> now" and turn.content.strip() == "It is"
+            assert turn.output.stop_reason == "STOP", tools
+        # A call after the thinking: the stop string inside it does not cut it.
+        call = '<tool_call>\n{"name": "get_forecast", "arguments": {"city": "Paris", "days": 3}}'
+        forced = "<think>\nhm\n</think>\n\n" + call + "\n</tool_call>"
+        params = SamplingParams(
+            temperature=0, max_tokens=120, stop=["Paris"], regex=forced.replace("{", r"\{")
+        )
+        turn = llm.chat(ask, params, tools=[FORECAST])
+        assert turn.reasoning == "hm" and turn.finish_reason == "tool_calls"
+        assert turn.tool_calls[0].arguments == {"city": "Paris", "days": 3}
+
+
+@pytest.fixture(scope="module")
+def opens_thinking(qwen3, tmp_path_factory):
+    """The Qwen3 checkpoint with <think> and </think> as tokens of their own (as Qwen3's are)
+    and a template whose generation prompt opens the thinking block (QwQ, Qwen3-Thinking)."""
+    import json
+    import shutil
+
+    from tokenizers import AddedToken, Tokenizer
+
+    directory = tmp_path_factory.mktemp("qwen3-open") / "model"
+    shutil.copytree(qwen3[0], directory)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tags = ("<think>", "</think>")
+    tokenizer.add_tokens([AddedToken(tag, normalized=False) for tag in tags])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    for tag in tags:
+        config["added_tokens_decoder"][str(tokenizer.token_to_id(tag))] = {
+            "content": tag,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+            "special": False,
+        }
+    head = "{{- '<|im_start|>assistant\n' }}\n{%- if enable_thinking"
+    assert head in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(
+        head, "{{- '<|im_start|>assistant\n<think>\n' }}\n{%- if enable_thinking"
+    )
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_tool_choice_none_splits_the_thinking_the_prompt_opened(opens_thinking):
+    """The tools' "none" grammar is free text, as "auto"'s start is: it can close the block the
+    prompt opened. It was taken for a constraint that decides the reply's start, so the whole
+    reply, "</think>" and all, came back as content (server and ChatBrisk alike)."""
+    starlette = pytest.importorskip("starlette.testclient")
+    from brisklm.server.app import build_app
+
+    with LLM.from_pretrained(opens_thinking, show_progress=False, max_seq_len=512) as llm:
+        close = llm.tokenizer.token_to_id("</think>")
+        body = {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "temperature": 0,
+            "max_tokens": 1,
+            "logit_bias": {str(close): 100},  # the reply: "</think>"
+            "tools": [FORECAST],
+        }
+        with starlette.TestClient(build_app(llm, "t")) as http:
+            for choice in ("auto", "none"):
+                reply = http.post("/v1/chat/completions", json={**body, "tool_choice": choice})
+                assert reply.status_code == 200, reply.json()
+                message = reply.json()["choices"][0]["message"]
+                assert (message["content"], message.get("reasoning_content")) == ("", ""), choice
+    pytest.importorskip("langchain_brisklm")
+    from langchain_brisklm import ChatBrisk
+
+    chat = ChatBrisk(model=str(opens_thinking), temperature=0, max_tokens=1, max_seq_len=512)
+    bound = chat.bind_tools([FORECAST], tool_choice="none", logit_bias={close: 100})
+    message = bound.invoke("Hi")
+    assert message.content == "" and message.additional_kwargs["reasoning_content"] == ""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
+import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -285,6 +288,19 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(llama_f
         quantize_model(llama_float, tmp_path / "file", show_progress=False)
     with pytest.raises(ValueError, match="is not a writable folder"):
         quantize_model(llama_float, tmp_path / "file" / "out", show_progress=False)
+    # A folder that access() calls writable but that takes no new folder: /proc as root, some
+    # network mounts. The staging folder failed after the work, named in the error.
+    real_mkdtemp = tempfile.mkdtemp
+
+    def refusing_mkdtemp(*args, **kwargs):
+        if kwargs.get("dir") == tmp_path:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        return real_mkdtemp(*args, **kwargs)
+
+    with mock.patch("tempfile.mkdtemp", refusing_mkdtemp):
+        with pytest.raises(ValueError, match=f"{tmp_path} takes no new folder"):
+            quantize_model(llama_float, tmp_path / "out", show_progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("which", ["llama_gptq", "llama_rtn", "qwen2_gptq_lm_head"])

@@ -266,7 +266,8 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
         parse_tools = False
-        free_start = answer is None  # (the tools' "auto" grammar lets the reply begin with text)
+        # (the tools' "auto" and "none" grammars let the reply begin with text: it can think)
+        free_start = answer is None
         if not tools:
             if answer is not None:
                 constraint["json_schema"] = answer
@@ -279,24 +280,23 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 allowed, mode, parallel=not single, answer_schema=answer
             )
             parse_tools = mode != "none"
-            free_start = free_start and mode == "auto"
-            if parse_tools:
-                constraint.update(tool_format.decoding_options())
+            free_start = free_start and mode in ("auto", "none")
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
             to_template_messages(messages), tools=tools or None, **template_kwargs
         )
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         check_one_when_streaming(params.n, streaming)
-        requests = llm.make_requests(prompt_ids, params)
-        name = self._display_name(model)
         start = llm.reasoning_start(
             prompt_ids,
             template_kwargs.get("chat_template"),
             bool(tools),
             None if free_start else params.constraint,
         )
-        return _Call(llm, requests, parse_tools, name, tool_format, start)
+        if parse_tools:
+            params = params.with_changes(**tool_format.decoding_options(start))
+        requests = llm.make_requests(prompt_ids, params)
+        return _Call(llm, requests, parse_tools, self._display_name(model), tool_format, start)
 
     def _result(self, call: _Call, outputs: Sequence[GenerationOutput]) -> ChatResult:
         """A generation for each completion. As ChatOpenAI's, each message's usage is the

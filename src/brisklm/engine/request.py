@@ -76,11 +76,11 @@ class Request:
     stop_matcher: StopStringMatcher = field(init=False)
 
     def __post_init__(self) -> None:
-        calls = self.params.tool_call_format
+        calls = self.params.reply_calls
         self.stop_matcher = StopStringMatcher(
             self.params.stop,
             self.params.include_stop_str_in_output,
-            None if calls is None else calls.calls_start,
+            None if calls is None or not self.params.stop else calls.calls_start(),
         )
         if self.params.logprobs is not None:
             self.logprobs = []

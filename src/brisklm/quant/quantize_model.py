@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -409,6 +410,16 @@ def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
         raise ValueError(
             f"cannot write the output directory {str(out_dir)!r}: {existing} is not a writable folder"
         )
+    # What the writing will do, tried: a folder that passes access() may still take none (/proc,
+    # some network and FUSE mounts), which failed only after the work, naming a staging folder.
+    try:
+        probe = tempfile.mkdtemp(prefix=f".{out_dir.name}.probe-", dir=existing)
+    except OSError as error:
+        raise ValueError(
+            f"cannot write the output directory {str(out_dir)!r}: {existing} takes no new folder "
+            f"({error.strerror})"
+        ) from None
+    os.rmdir(probe)
 
 
 def _split_rows(tensor: torch.Tensor, sizes: tuple[int, ...], dim: int) -> list[torch.Tensor]:

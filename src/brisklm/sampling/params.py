@@ -73,9 +73,9 @@ class SamplingParams:
     - ``min_tokens``: eos and ``stop_token_ids`` cannot be sampled before that many output tokens,
       and a stop string counts only when it completes at or after the ``min_tokens``-th token
       (vLLM's rule); text before then that contains one is ordinary output.
-    - ``tool_call_format``: stop strings do not apply inside tool calls (OpenAI's rule): a stop
-      string counts only where it ends before the reply's first call begins. ``LLM.chat`` and the
-      server set it when tools are offered.
+    - ``reply_calls``: stop strings do not apply inside tool calls (OpenAI's rule): a stop string
+      counts only where it ends before the reply's first call begins (calls in a thinking block
+      do not count). ``LLM.chat``, the server and ChatBrisk set it when tools are offered.
     - ``logprobs`` None returns no logprobs; N >= 0 returns the chosen token's plus the top N.
     - ``prompt_logprobs`` None returns none for the prompt; N >= 0 returns each prompt token's
       logprob given the tokens before it (the first token's entry is None) plus the top N, from
@@ -117,9 +117,9 @@ class SamplingParams:
     # The resolved constraint (derived from the fields above, or given directly).
     constraint: Constraint | None = None
     n: int = 1  # completions of the prompt (before it: positional construction keeps its order)
-    # The tool-call format of a chat reply with tools offered (LLM.chat and the server set it):
-    # stop strings apply only to the text before the reply's first tool call.
-    tool_call_format: Any = None  # brisklm.tool_formats.ToolCallFormat
+    # How a chat reply with tools offered holds its calls (LLM.chat and the server set it): stop
+    # strings apply only to the text before the reply's first tool call.
+    reply_calls: Any = None  # brisklm.tool_formats.ReplyCalls
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -239,14 +239,15 @@ class SamplingParams:
             raise _fail("n", n, f"an int in [1, {MAX_N}]")
         put("n", n)
 
-        if self.tool_call_format is not None:
-            from brisklm.tool_formats import ToolCallFormat  # (imports llguidance)
+        if self.reply_calls is not None:
+            from brisklm.tool_formats import ReplyCalls  # (imports llguidance)
 
-            if not isinstance(self.tool_call_format, ToolCallFormat):
+            if not isinstance(self.reply_calls, ReplyCalls):
                 raise _fail(
-                    "tool_call_format",
-                    self.tool_call_format,
-                    "None or a brisklm.tool_formats.ToolCallFormat (LLM.tool_call_format())",
+                    "reply_calls",
+                    self.reply_calls,
+                    "None or a brisklm.tool_formats.ReplyCalls "
+                    "(LLM.tool_call_format().decoding_options(...))",
                 )
 
     def with_changes(self, **changes: Any) -> SamplingParams:

@@ -72,7 +72,7 @@ class StopStringMatcher:
     ``include_stop_str_in_output``), and everything emitted so far is a prefix of it. When the
     request ends for another reason (eos, max_tokens), :meth:`flush` releases the withheld text.
 
-    ``calls_start`` (a chat reply with tools offered: ``ToolCallFormat.calls_start``) finds where
+    ``calls_start`` (a chat reply with tools offered: ``ReplyCalls.calls_start()``) finds where
     the text's first tool call begins, given the text and how much of it was searched before. Stop
     strings apply only to the text before that point, as OpenAI's stop sequences never cut a tool
     call: a match must end there, and once a call has begun no text is withheld.

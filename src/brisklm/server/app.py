@@ -502,6 +502,9 @@ class _Server:
             plan.reasoning_start = self.llm.reasoning_start(
                 ids, has_tools=bool(plan.tools), constraint=constraint
             )
+            if plan.tool_format is not None:
+                options = plan.tool_format.decoding_options(plan.reasoning_start)
+                plan.params = plan.params.with_changes(**options)
             return plan, self._requests(plan, body, ids)
 
     async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:

@@ -499,8 +499,9 @@ class ChatRequest:
     # Whether (and how) a reply may open with a thinking block: LLM.reasoning_start's, set once
     # the prompt is rendered.
     reasoning_start: bool | None = None
-    # Whether the constraint decides the reply's start (not the tools' "auto" grammar, which
-    # lets it begin with text): a thinking block the prompt opened must then be closable by it.
+    # Whether the constraint decides the reply's start (not the tools' "auto" and "none"
+    # grammars, which let it begin with text): a thinking block the prompt opened must then be
+    # closable by it.
     constrained_start: bool = False
 
 
@@ -600,7 +601,8 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     constrained_start = constraint_field is not None or answer is not None
     if tools:
         mode, allowed = grammar_mode(tools, choice)
-        constrained_start = mode != "auto" or answer is not None
+        # (the "none" grammar is free text, as "auto"'s start: it can think)
+        constrained_start = mode not in ("auto", "none") or answer is not None
         if constraint_field is not None:
             raise ApiError(
                 "tools and a guided_* constraint were both given; the tools' grammar decides "
@@ -617,8 +619,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             raise ApiError(str(error), param="tools") from None
         constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
         if mode != "none":
-            tool_format = format
-            changes.update(format.decoding_options())
+            tool_format = format  # (its decoding options wait for reasoning_start: _prepare_chat)
     elif answer is not None:
         changes["json_schema"] = answer
         constraint_field = fields["json_schema"] = "response_format"
