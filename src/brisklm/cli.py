@@ -4,6 +4,7 @@ checkpoints."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import errno
 import io
@@ -554,27 +555,38 @@ def _sigterm_as_exception() -> Any:
 def _stopping_server(uvicorn: Any) -> type:
     """uvicorn's Server, stopping as a server of long replies should: the first Ctrl-C (or
     SIGTERM) stops taking requests and lets the replies in flight end, saying so; the second ends
-    them now (finish reason ``abort``: streams close, each with its text so far) and stops once
-    they have closed, with no traceback; a third forces uvicorn's exit."""
+    them now, and those that start later while the server stops (finish reason ``abort``: streams
+    close, each with its text so far), and it stops once they have closed, with no traceback; a
+    third Ctrl-C forces uvicorn's exit."""
 
     class StoppingServer(uvicorn.Server):  # type: ignore[misc, name-defined]
         def __init__(self, config: Any, llm: Any) -> None:
             super().__init__(config)
             self._llm = llm
-            self._ended = False
+            self._ending = False
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if not self.should_exit:
                 super().handle_exit(sig, frame)
                 if self.server_state.connections:
                     _say("stopping once the replies in flight end (Ctrl-C again ends them now)")
-            elif not self._ended:
-                self._ended = True
+            elif not self._ending:
+                self._ending = True
                 self._captured_signals.append(sig)
                 _say("ending the replies in flight")
-                self._llm.abort_all()
+                # Not from the signal handler itself: the engine's wake-up event takes a lock the
+                # interrupted thread may hold. The event loop runs it, and again while the server
+                # stops (requests whose prompts were being prepared submit after the first).
+                try:
+                    asyncio.get_running_loop().call_soon_threadsafe(self._end_replies)
+                except RuntimeError:  # (no loop running yet: no reply either)
+                    pass
             else:
                 super().handle_exit(sig, frame)
+
+        def _end_replies(self) -> None:
+            self._llm.abort_all()
+            asyncio.get_running_loop().call_later(0.1, self._end_replies)
 
     return StoppingServer
 

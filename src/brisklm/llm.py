@@ -36,6 +36,7 @@ from brisklm.offload import run_off_loop
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
 from brisklm.progress import BatchProgress
 from brisklm.quant.loading import linear_factory_for
+from brisklm.reasoning import CLOSE as CLOSE_TAG
 from brisklm.reasoning import OPEN as OPEN_TAG
 from brisklm.reasoning import (
     may_close_thinking,
@@ -1083,9 +1084,8 @@ class LLM:
         None where the chat template knows none, True where the prompt has opened one (the
         reply begins inside it, as DeepSeek-R1's templates and a reasoning prefill make it),
         False where the reply may open one (Qwen3's). ``chat_template`` and ``has_tools`` pick
-        the template as ``chat`` does; ``constraint`` (the params' resolved one, where it
-        decides the reply's start): a reply inside an opened block that it cannot close holds
-        none (None)."""
+        the template as ``chat`` does; ``constraint`` (the params' resolved one): a reply inside
+        an opened block that it cannot close holds none (None)."""
         try:
             template = self.tokenizer.template_for(chat_template, has_tools=has_tools)
         except ValueError:
@@ -1094,7 +1094,21 @@ class LLM:
             return None
         if not opens_thinking(self._thinking_tail(prompt_ids)):
             return False
-        return True if may_close_thinking(constraint) else None
+        return True if self._may_close_thinking(constraint) else None
+
+    def _may_close_thinking(self, constraint: Any) -> bool:
+        """Whether output under ``constraint`` may close a thinking block the prompt opened: no
+        constraint, one whose text writes the closing tag (``may_close_thinking``), or one that
+        takes the tag as its first text (a free start: the tools' "auto" and "none" grammars, a
+        regex of any text; a JSON schema or a forced call does not)."""
+        if may_close_thinking(constraint):
+            return True
+        try:
+            matcher = self.engine.structured.compiler.compile(constraint).matcher()
+        except ValueError:  # (a constraint that does not compile fails its request, named)
+            return False
+        tag = self.tokenizer.encode(CLOSE_TAG, add_special_tokens=False)
+        return matcher.validate_tokens(tag) == len(tag)
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag (where that tag is one token), else its
@@ -1135,8 +1149,9 @@ class LLM:
         params = self._params_or_default(params)
         template = template_kwargs.get("chat_template")
         start = self.reasoning_start(prompt_ids, template, tools is not None, params.constraint)
-        if not tools:
-            return None, params, start
+        if not tools:  # (reply_calls are chat's to set: none without tools)
+            plain = params.with_changes(reply_calls=None) if params.reply_calls else params
+            return None, plain, start
         format = self.tool_call_format(template)
         return format, params.with_changes(**format.decoding_options(start)), start
 

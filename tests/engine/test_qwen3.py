@@ -156,7 +156,9 @@ def opens_thinking(qwen3, tmp_path_factory):
 def test_tool_choice_none_splits_the_thinking_the_prompt_opened(opens_thinking):
     """The tools' "none" grammar is free text, as "auto"'s start is: it can close the block the
     prompt opened. It was taken for a constraint that decides the reply's start, so the whole
-    reply, "</think>" and all, came back as content (server and ChatBrisk alike)."""
+    reply, "</think>" and all, came back as content (server and ChatBrisk alike; LLM.chat for
+    both grammars, and for a regex of any text). A constraint that cannot close it (a JSON
+    schema) leaves the reply all content."""
     starlette = pytest.importorskip("starlette.testclient")
     from brisklm.server.app import build_app
 
@@ -169,6 +171,19 @@ def test_tool_choice_none_splits_the_thinking_the_prompt_opened(opens_thinking):
             "logit_bias": {str(close): 100},  # the reply: "</think>"
             "tools": [FORECAST],
         }
+        forced = SamplingParams(temperature=0, max_tokens=1, logit_bias={close: 100})
+        ask = [{"role": "user", "content": "Hi"}]
+        tool_format = llm.tool_call_format()
+        for constraint in (
+            {"grammar": tool_format.grammar([FORECAST], "auto")},
+            {"grammar": tool_format.grammar([FORECAST], "none")},
+            {"regex": "(.|\n)*"},
+        ):
+            turn = llm.chat(ask, forced.with_changes(**constraint), tools=[FORECAST])
+            assert (turn.reasoning, turn.content) == ("", ""), constraint
+        schema = forced.with_changes(max_tokens=8, json_schema={"type": "object"})
+        turn = llm.chat(ask, schema, tools=[FORECAST])
+        assert turn.reasoning is None and turn.content.startswith("{")
         with starlette.TestClient(build_app(llm, "t")) as http:
             for choice in ("auto", "none"):
                 reply = http.post("/v1/chat/completions", json={**body, "tool_choice": choice})

@@ -76,11 +76,13 @@ def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
 def test_ctrl_c_lets_replies_end_and_a_second_ends_them_without_a_traceback() -> None:
     """The first Ctrl-C waited, saying nothing, for every reply in flight (minutes for a long
     one); a second made uvicorn cancel them, which printed a traceback of ~100 lines."""
-    server, base = _serve("--max-seq-len", "4096", "--max-batch-size", "2")
+    # A reply of 16,000 tokens: seconds at the bundled model's speed, so the second Ctrl-C comes
+    # while it runs however loaded the machine.
+    server, base = _serve("--max-seq-len", "16384", "--max-batch-size", "1")
     try:
         body = {
             "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 3500,
+            "max_tokens": 16000,
             "ignore_eos": True,
             "stream": True,
         }

@@ -266,8 +266,6 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
         parse_tools = False
-        # (the tools' "auto" and "none" grammars let the reply begin with text: it can think)
-        free_start = answer is None
         if not tools:
             if answer is not None:
                 constraint["json_schema"] = answer
@@ -280,7 +278,6 @@ class ChatBrisk(BriskSettings, BaseChatModel):
                 allowed, mode, parallel=not single, answer_schema=answer
             )
             parse_tools = mode != "none"
-            free_start = free_start and mode in ("auto", "none")
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
             to_template_messages(messages), tools=tools or None, **template_kwargs
@@ -291,7 +288,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             prompt_ids,
             template_kwargs.get("chat_template"),
             bool(tools),
-            None if free_start else params.constraint,
+            params.constraint,
         )
         if parse_tools:
             params = params.with_changes(**tool_format.decoding_options(start))

@@ -80,7 +80,7 @@ class Request:
         self.stop_matcher = StopStringMatcher(
             self.params.stop,
             self.params.include_stop_str_in_output,
-            None if calls is None or not self.params.stop else calls.calls_start(),
+            None if calls is None else calls.calls_start(),
         )
         if self.params.logprobs is not None:
             self.logprobs = []

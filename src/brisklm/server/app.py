@@ -498,9 +498,8 @@ class _Server:
         plan = protocol.chat_request(self.llm, body, self.model_name)
         with _refusing(plan, "messages"):
             ids = self.llm.chat_prompt_ids(plan.messages, plan.tools, **plan.template_kwargs)
-            constraint = plan.params.constraint if plan.constrained_start else None
             plan.reasoning_start = self.llm.reasoning_start(
-                ids, has_tools=bool(plan.tools), constraint=constraint
+                ids, has_tools=bool(plan.tools), constraint=plan.params.constraint
             )
             if plan.tool_format is not None:
                 options = plan.tool_format.decoding_options(plan.reasoning_start)

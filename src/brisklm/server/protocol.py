@@ -499,10 +499,6 @@ class ChatRequest:
     # Whether (and how) a reply may open with a thinking block: LLM.reasoning_start's, set once
     # the prompt is rendered.
     reasoning_start: bool | None = None
-    # Whether the constraint decides the reply's start (not the tools' "auto" and "none"
-    # grammars, which let it begin with text): a thinking block the prompt opened must then be
-    # closable by it.
-    constrained_start: bool = False
 
 
 def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -598,11 +594,8 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         except ValueError as error:
             raise ApiError(str(error), param="response_format") from None
     tool_format = None
-    constrained_start = constraint_field is not None or answer is not None
     if tools:
         mode, allowed = grammar_mode(tools, choice)
-        # (the "none" grammar is free text, as "auto"'s start: it can think)
-        constrained_start = mode not in ("auto", "none") or answer is not None
         if constraint_field is not None:
             raise ApiError(
                 "tools and a guided_* constraint were both given; the tools' grammar decides "
@@ -632,7 +625,6 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         constraint_field=constraint_field,
         n=choices_wanted(body),
         template_kwargs=template_kwargs,
-        constrained_start=constrained_start,
     )
 
 
