@@ -9,6 +9,7 @@ import time
 import pytest
 
 from brisklm import LLM, SamplingParams
+from tests.engine.test_async import slow_steps
 from tests.scripts import run_script
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -82,7 +83,7 @@ LONG = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
 
 
 @pytest.mark.parametrize("drafted", [False, True])
-def test_close_fails_every_running_and_queued_request(tiny_dir, drafted):
+def test_close_fails_every_running_and_queued_request(tiny_dir, drafted, monkeypatch):
     # It used to stop the thread and leave every caller waiting forever.
     # Threads of engines other tests left idle (exiting within a second) are not this one's.
     before = set(threading.enumerate())
@@ -95,6 +96,9 @@ def test_close_fails_every_running_and_queued_request(tiny_dir, drafted):
         draft=tiny_dir if drafted else None,
     )
     llm.generate("x", GREEDY)
+    # Steps of 50 ms: the first two replies (to the end of the 512-token context) would otherwise
+    # finish before a loaded machine started the other two callers (seen in a CI run).
+    slow_steps(llm, monkeypatch, 0.05)
     outcomes: list[str] = []
 
     def call(kind: str) -> None:
