@@ -12,7 +12,7 @@ import torch
 
 # The benchmarks' timing of brisklm, as ``brisklm bench`` times it (generate returns once the
 # tokens are on the host: no device sync is needed around it).
-from brisklm.speed import measure  # noqa: F401
+from brisklm.speed import measure, step_seconds  # noqa: F401
 from brisklm.speed import time_generate as time_brisk  # noqa: F401
 
 PRESETS = {

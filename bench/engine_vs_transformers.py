@@ -27,6 +27,7 @@ from common import (
     memory_bandwidth,
     parse_checked,
     reader_rows,
+    step_seconds,
     sustained_bandwidth,
     time_brisk,
     time_hf,
@@ -123,7 +124,7 @@ def main() -> None:
             before = read_rates()
             for _ in range(args.adjacent_runs):
                 first = run(prompt, 1)
-                step = max(run(prompt, args.new_tokens) - first, 1e-9) / (args.new_tokens - 1)
+                step = step_seconds(first, run(prompt, args.new_tokens), args.new_tokens)
                 after = read_rates()
                 mean = {name: (before[name] + after[name]) / 2 for name in before}
                 fastest = max(mean, key=mean.__getitem__)

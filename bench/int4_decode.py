@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import PRESETS, parse_checked, time_brisk, write_checkpoint
+from common import PRESETS, parse_checked, step_seconds, time_brisk, write_checkpoint
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:
@@ -64,9 +64,7 @@ def decode_rates(
         for name, run in runs.items():
             first[name] = min(first[name], run(prompts, 1))
             full[name] = min(full[name], run(prompts, num_new))
-    return {
-        name: len(prompts) * (num_new - 1) / max(full[name] - first[name], 1e-9) for name in runs
-    }
+    return {name: len(prompts) / step_seconds(first[name], full[name], num_new) for name in runs}
 
 
 def profile_decode(llm, prompt: list[int], num_steps: int) -> None:

@@ -127,10 +127,17 @@ def measure(
     step was reported as a nanosecond: a billion tokens/s)."""
     first = min(run(prompts, 1) for _ in range(repeats))
     full = min(run(prompts, num_new) for _ in range(repeats))
+    return first, step_seconds(first, full, num_new)
+
+
+def step_seconds(first: float, full: float, num_new: int) -> float:
+    """Seconds a decode step, from a run of 1 token (``first`` seconds) and one of ``num_new``
+    (``full``); ValueError when the longer run took no longer (a step was once reported as a
+    nanosecond: a billion tokens/s)."""
     if full <= first:
         raise ValueError(
             f"a run of {num_new} tokens took no longer than a run of 1 ({1e3 * full:.2f} ms "
             f"against {1e3 * first:.2f} ms): too few decode steps ({num_new - 1}) to time "
             "against the noise; decode more new tokens"
         )
-    return first, (full - first) / (num_new - 1)
+    return (full - first) / (num_new - 1)
