@@ -335,26 +335,20 @@ def _json_schema(value: str) -> Any:
         ) from None
 
 
+# The constraint options of SamplingParams and their flags.
+_CONSTRAINT_FLAGS = {
+    "json_schema": "--json-schema",
+    "json_object": "--json",
+    "regex": "--regex",
+    "choice": "--choice",
+    "grammar": "--grammar",
+}
+
+
 def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
     """The constraint flags' SamplingParams options, their files read once (a pipe reads once)."""
     if hasattr(args, "constraint_options"):
         return args.constraint_options
-    given = [
-        flag
-        for flag, value in (
-            ("--json-schema", args.json_schema is not None),
-            ("--json", args.json),
-            ("--regex", args.regex is not None),
-            ("--choice", args.choice),
-            ("--grammar", args.grammar is not None),
-        )
-        if value
-    ]
-    if len(given) > 1:
-        raise CliError(
-            f"give at most one of --json-schema, --json, --regex, --choice and --grammar, "
-            f"got {', '.join(given)}"
-        )
     options: dict[str, Any] = {}
     if args.json_schema is not None:  # an empty value is an error below, not "no schema"
         options["json_schema"] = _json_schema(args.json_schema)
@@ -379,6 +373,12 @@ def _constraint_options(args: argparse.Namespace) -> dict[str, Any]:
         options["grammar_syntax"] = args.grammar_syntax or by_suffix
     elif args.grammar_syntax is not None:
         raise CliError("--grammar-syntax needs --grammar (the grammar file it describes)")
+    given = [flag for option, flag in _CONSTRAINT_FLAGS.items() if option in options]
+    if len(given) > 1:
+        *others, last = _CONSTRAINT_FLAGS.values()
+        raise CliError(
+            f"give at most one of {', '.join(others)} and {last}, got {', '.join(given)}"
+        )
     args.constraint_options = options
     return options
 

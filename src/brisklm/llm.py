@@ -1146,14 +1146,29 @@ class LLM:
         when the format's calls start with one), and its ``reasoning_start`` (for the template it
         rendered with: tools given, even an empty list, pick the tool_use one; and its params'
         constraint)."""
-        params = self._params_or_default(params)
         template = template_kwargs.get("chat_template")
-        start = self.reasoning_start(prompt_ids, template, tools is not None, params.constraint)
-        if not tools:  # (reply_calls are chat's to set: none without tools)
-            plain = params.with_changes(reply_calls=None) if params.reply_calls else params
-            return None, plain, start
-        format = self.tool_call_format(template)
-        return format, params.with_changes(**format.decoding_options(start)), start
+        format = self.tool_call_format(template) if tools else None
+        chosen, start = self.chat_decoding(
+            prompt_ids, self._params_or_default(params), format, template, tools is not None
+        )
+        return format, chosen, start
+
+    def chat_decoding(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        tool_format: ToolCallFormat | None,
+        chat_template: str | None = None,
+        has_tools: bool = False,
+    ) -> tuple[SamplingParams, bool | None]:
+        """The params a chat reply to ``prompt_ids`` decodes with, and its ``reasoning_start``
+        (``chat_template`` and ``has_tools`` as there): with a ``tool_format`` (a reply that may
+        hold calls), stop strings only before the calls and special tokens kept where the calls'
+        tag is one; without, no ``reply_calls``. ``chat``, the server and ChatBrisk decode so."""
+        start = self.reasoning_start(prompt_ids, chat_template, has_tools, params.constraint)
+        if tool_format is None:
+            return (params.with_changes(reply_calls=None) if params.reply_calls else params), start
+        return params.with_changes(**tool_format.decoding_options(start)), start
 
     @staticmethod
     def chat_output(

@@ -52,6 +52,16 @@ def may_close_thinking(constraint: Any) -> bool:
     return any(isinstance(text, str) and CLOSE in text.replace("\\", "") for text in texts)
 
 
+def block_opening(text: str) -> int | None:
+    """Of a reply that may open with a thinking block: where the block's text begins in ``text``
+    (after its opening tag), -1 where the reply opens none, None while that is not known (only
+    whitespace so far, or the tag arriving)."""
+    first = len(text) - len(text.lstrip())
+    if text.startswith(OPEN, first):
+        return first + len(OPEN)
+    return None if OPEN.startswith(text[first:]) else -1
+
+
 class ReasoningSplitter:
     """Splits a reply's text, fed as it streams, into reasoning and content: ``feed`` returns
     each piece's ``(reasoning, content)`` delta, holding back what may still turn out to be a
@@ -70,12 +80,12 @@ class ReasoningSplitter:
         reasoning, content = "", ""
         self._held += text
         if self._state == "start":
-            start = self._held.lstrip()
-            if start.startswith(OPEN):
-                self._state, self.reasoned = "thinking", True
-                self._held = start[len(OPEN) :]
-            elif not start or OPEN.startswith(start):
+            opened = block_opening(self._held)
+            if opened is None:
                 return "", ""  # whitespace, or the tag arriving
+            if opened >= 0:
+                self._state, self.reasoned = "thinking", True
+                self._held = self._held[opened:]
             else:
                 self._state = "content"
         if self._state == "thinking":

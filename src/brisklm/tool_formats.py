@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from brisklm.reasoning import CLOSE as THINK_CLOSE
-from brisklm.reasoning import OPEN as THINK_OPEN
+from brisklm.reasoning import block_opening
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
 from brisklm.tool_calls import (
     TOOL_CALL_END,
@@ -289,15 +289,14 @@ class ReplyCalls:
         def calls_start(text: str, searched: int) -> int:
             nonlocal opened, content
             if content is None:
-                if opened is None:  # as ReasoningSplitter: does the reply open a block?
-                    first = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]
-                    head = text[first : first + len(THINK_OPEN)]
-                    if head == THINK_OPEN:
-                        opened = first + len(THINK_OPEN)
-                    elif THINK_OPEN.startswith(head):
-                        return -1  # only whitespace yet, or the tag arriving
-                    else:
+                if opened is None:  # does the reply open a block?
+                    at = block_opening(text)
+                    if at is None:
+                        return -1  # not known yet
+                    if at < 0:
                         content = 0
+                    else:
+                        opened = at
                 if content is None:
                     assert opened is not None
                     close = text.find(THINK_CLOSE, max(opened, searched - len(THINK_CLOSE) + 1))

@@ -284,14 +284,13 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         )
         params = self._sampling_params(llm, len(prompt_ids), stop, overrides, **constraint)
         check_one_when_streaming(params.n, streaming)
-        start = llm.reasoning_start(
+        params, start = llm.chat_decoding(
             prompt_ids,
+            params,
+            tool_format if parse_tools else None,
             template_kwargs.get("chat_template"),
             bool(tools),
-            params.constraint,
         )
-        if parse_tools:
-            params = params.with_changes(**tool_format.decoding_options(start))
         requests = llm.make_requests(prompt_ids, params)
         return _Call(llm, requests, parse_tools, self._display_name(model), tool_format, start)
 

@@ -498,12 +498,9 @@ class _Server:
         plan = protocol.chat_request(self.llm, body, self.model_name)
         with _refusing(plan, "messages"):
             ids = self.llm.chat_prompt_ids(plan.messages, plan.tools, **plan.template_kwargs)
-            plan.reasoning_start = self.llm.reasoning_start(
-                ids, has_tools=bool(plan.tools), constraint=plan.params.constraint
+            plan.params, plan.reasoning_start = self.llm.chat_decoding(
+                ids, plan.params, plan.tool_format, has_tools=bool(plan.tools)
             )
-            if plan.tool_format is not None:
-                options = plan.tool_format.decoding_options(plan.reasoning_start)
-                plan.params = plan.params.with_changes(**options)
             return plan, self._requests(plan, body, ids)
 
     async def _chat_events(self, plan: ChatRequest, requests: list[Request]) -> AsyncIterator[str]:

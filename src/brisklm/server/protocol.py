@@ -612,7 +612,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             raise ApiError(str(error), param="tools") from None
         constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
         if mode != "none":
-            tool_format = format  # (its decoding options wait for reasoning_start: _prepare_chat)
+            tool_format = format  # (the params it needs: LLM.chat_decoding, in _prepare_chat)
     elif answer is not None:
         changes["json_schema"] = answer
         constraint_field = fields["json_schema"] = "response_format"
