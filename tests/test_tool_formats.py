@@ -528,20 +528,26 @@ def test_text_may_not_spell_the_call_tag(family_llms, family: str, head: str, ta
         assert accepts(grammar, "It is [TOOL] time <|python, sunny.")  # other text stays free
 
 
-@pytest.mark.parametrize("family", ["hermes", "mistral", "llama3_json"])
-def test_tools_beside_an_answer_schema_give_calls_or_that_json(family_llms, family) -> None:
-    # OpenAI's tools with a response_format (create_agent's structured answer): the reply is the
-    # calls or JSON under the schema, never free text; "required" is calls, "none" the JSON.
+def family_grammars(family_llms, family: str) -> tuple[ToolCallFormat, Any, str]:
+    """A family's tool-call format (hermes on the Llama 3 tokenizer), ``grammar_acceptor`` for its
+    tokenizer, and a call of get_weather in its format."""
     llm = family_llms["llama3_json" if family == "hermes" else family]
     tool_format = HERMES if family == "hermes" else llm.tool_call_format()
-    accepts = grammar_acceptor(llm)
-
     arguments = '{"unit": "celsius"}'
     call = {
         "hermes": f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>',
         "mistral": f'{MISTRAL_TAG}[{{"name": "get_weather", "arguments": {arguments}}}]',
+        "mistral_v11": f"{MISTRAL_TAG}get_weather[ARGS]{arguments}",
         "llama3_json": f'{{"name": "get_weather", "parameters": {arguments}}}',
     }[family]
+    return tool_format, grammar_acceptor(llm), call
+
+
+@pytest.mark.parametrize("family", ["hermes", "mistral", "llama3_json"])
+def test_tools_beside_an_answer_schema_give_calls_or_that_json(family_llms, family) -> None:
+    # OpenAI's tools with a response_format (create_agent's structured answer): the reply is the
+    # calls or JSON under the schema, never free text; "required" is calls, "none" the JSON.
+    tool_format, accepts, call = family_grammars(family_llms, family)
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
@@ -561,6 +567,43 @@ def test_tools_beside_an_answer_schema_give_calls_or_that_json(family_llms, fami
     assert tool_format.cut_calls(answer) is None and not tool_format.ended_inside_call(answer)
     with pytest.raises(ValueError, match="mode"):
         tool_format.grammar([WEATHER], "bogus", answer_schema=schema)
+
+
+@pytest.mark.parametrize("family", ["hermes", "mistral", "mistral_v11", "llama3_json"])
+def test_a_reasoning_models_thinking_comes_before_the_tools_grammar(family_llms, family) -> None:
+    """``thinking`` (LLM.reasoning_start's): the thinking block is free text, where a call tag or
+    a "{" is no call, and the grammar applies after it. The Hermes "auto" grammar refused
+    "<think>use <tool_call> now</think>..." (the tag committed the reply to a call), and a
+    forced call or answer left no room for the block."""
+    tool_format, accepts, call = family_grammars(family_llms, family)
+    wrong_call = call.replace("celsius", "kelvin")
+    thought = "use <tool_call> or {x} now"
+    opened, inside = f"<think>\n{thought}\n</think>\n\n", f"\n{thought}\n</think>\n\n"
+
+    def grammar(mode: str, thinking: bool | None, answer: Any = None) -> str:
+        return tool_format.grammar([WEATHER], mode, thinking=thinking, answer_schema=answer)
+
+    replies = {"auto": ["Sunny.", call], "required": [call], "none": ["Sunny."]}
+    for mode, texts in replies.items():
+        for text in texts:
+            assert accepts(grammar(mode, False), opened + text), (mode, text)
+            assert accepts(grammar(mode, False), text)  # the block is the reply's to open
+            assert accepts(grammar(mode, True), inside + text)
+            assert not accepts(grammar(mode, True), text)  # ... but the prompt's it must close
+        if mode != "none":  # the calls after the thinking are held to their schemas
+            assert not accepts(grammar(mode, False), opened + wrong_call)
+            assert not accepts(grammar(mode, True), inside + wrong_call)
+    assert not accepts(grammar("none", False), opened + call)
+    assert not accepts(grammar("required", False), "<think>\nhm")  # a forced call must come
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    for mode in ("auto", "none"):
+        assert accepts(grammar(mode, False, schema), opened + '{"city": "Paris"}')
+        assert accepts(grammar(mode, True, schema), inside + '{"city": "Paris"}')
+        assert not accepts(grammar(mode, True, schema), inside + "Sunny.")
+    # Without thinking (a template that knows none) the grammar is as it was.
+    assert grammar("auto", None) == tool_format.grammar([WEATHER], "auto")
+    if family == "hermes":  # the tag in the thinking started a call that had to be whole
+        assert not accepts(grammar("auto", None), opened + "Sunny.")
 
 
 def weather_caller(directory: Any) -> Any:

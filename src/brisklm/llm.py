@@ -55,7 +55,7 @@ from brisklm.speculative import (
 )
 from brisklm.tokenizer import Tokenizer
 from brisklm.tool_calls import turn_finish_reason
-from brisklm.tool_formats import ToolCallFormat, detect_tool_call_format
+from brisklm.tool_formats import ReplyConstraint, ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
 
 logger = logging.getLogger(__name__)
@@ -1160,12 +1160,18 @@ class LLM:
         tool_format: ToolCallFormat | None,
         chat_template: str | None = None,
         has_tools: bool = False,
+        constraint: ReplyConstraint | None = None,
     ) -> tuple[SamplingParams, bool | None]:
         """The params a chat reply to ``prompt_ids`` decodes with, and its ``reasoning_start``
         (``chat_template`` and ``has_tools`` as there): with a ``tool_format`` (a reply that may
         hold calls), stop strings only before the calls and special tokens kept where the calls'
-        tag is one; without, no ``reply_calls``. ``chat``, the server and ChatBrisk decode so."""
-        start = self.reasoning_start(prompt_ids, chat_template, has_tools, params.constraint)
+        tag is one; without, no ``reply_calls``. ``constraint``: the tools' or a response
+        format's, whose ``changes()`` the params hold; built again where a reasoning model's
+        thinking may come first. ``chat``, the server and ChatBrisk decode so."""
+        own = params.constraint if constraint is None else None
+        start = self.reasoning_start(prompt_ids, chat_template, has_tools, own)
+        if constraint is not None and start is not None:
+            params = params.with_changes(**constraint.changes(start))
         if tool_format is None:
             return (params.with_changes(reply_calls=None) if params.reply_calls else params), start
         return params.with_changes(**tool_format.decoding_options(start)), start

@@ -7,8 +7,10 @@ DeepSeek-R1's newer templates end the generation prompt with ``<think>\\n``, and
 the reasoning, ``continue_final_message="reasoning_content"``, ends inside the block, so the
 reply begins inside it and only closes it). A reply whose start a constraint decides (a JSON
 schema, a tool call forced) thinks only where the constraint can write the closing tag
-(``may_close_thinking``). ``ReasoningSplitter`` splits a reply as
-it streams; ``split_reasoning`` a whole one. The newlines that templates put around the thinking
+(``may_close_thinking``), unless its grammar lets the thinking come first
+(``thinking_grammar``: the server's and ChatBrisk's tools and response_format do so, as vLLM's
+reasoning parsers apply a constraint after the thinking). ``ReasoningSplitter`` splits a reply
+as it streams; ``split_reasoning`` a whole one. The newlines that templates put around the thinking
 (``<think>\\n...\\n</think>\\n\\n``) belong to neither part. A reply that does not open with the
 block is all content; one cut off inside it (``max_tokens``) is all reasoning.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Collection
 from typing import Any
 
 from brisklm.tool_calls import partial_tag_length
@@ -60,6 +63,44 @@ def block_opening(text: str) -> int | None:
     if text.startswith(OPEN, first):
         return first + len(OPEN)
     return None if OPEN.startswith(text[first:]) else -1
+
+
+# Lark (llguidance) rules of a thinking block before a reply's grammar (``thinking_grammar``).
+# The block is one lazy lexeme, which ends at the first closing tag; a newline or two may follow
+# it, as templates write "</think>\n\n" (the newlines ReasoningSplitter drops; no more: a forced
+# call or answer would have room to waste its tokens on blanks).
+_BLOCK = {
+    False: 'thinking[lazy]: /\\s*/ "<think>" /(?s:.*)/ "</think>"',  # opened by the reply
+    True: 'thinking[lazy]: /(?s:.*)/ "</think>"',  # opened by the prompt
+}
+_START = {
+    False: "start: (thinking THOUGHT_END?)? reply",
+    True: "start: thinking THOUGHT_END? reply",
+}
+_NOT_OPENING = r" & ~/(?s:\s*<think>.*)/"  # (and-not for a lexeme of text)
+
+
+def thinking_grammar(grammar: str, thinking: bool | None, reply_texts: Collection[str] = ()) -> str:
+    """``grammar`` (a Lark grammar of a chat reply, from rule ``start``) for a reply that may
+    hold a thinking block first, as ``thinking`` (``LLM.reasoning_start``'s) says: None, none
+    (``grammar`` as it is); False, the reply may open one; True, the reply begins inside one and
+    closes it. The thinking is free text, and ``grammar`` applies after it (and its blanks).
+
+    ``reply_texts``: the names of the lexemes of free text that may begin ``grammar``'s reply.
+    Where the reply may open a block, they may not begin with the opening tag, so that the
+    block's lexeme alone reads it: a lazy lexeme of the reply (the Hermes text before a call's
+    tag) would end inside the thinking, at a tag it mentions, and commit the reply to a call."""
+    if thinking is None:
+        return grammar
+    lines = grammar.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("start: "))
+    lines[start] = "reply: " + lines[start].removeprefix("start: ")
+    if not thinking:
+        lines = [
+            line + _NOT_OPENING if line.partition(":")[0] in reply_texts else line for line in lines
+        ]
+    lines[start:start] = [_START[thinking], _BLOCK[thinking], "THOUGHT_END: /\\n{1,2}/"]
+    return "\n".join(lines) + "\n"
 
 
 class ReasoningSplitter:

@@ -389,6 +389,11 @@ def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> 
         raise ConstraintError(f"the answer schema: {SCHEMA_TOO_DEEP}") from None
 
 
+def answer_grammar(schema: Mapping[str, Any] | bool) -> str:
+    """A Lark grammar of a reply that is JSON under ``schema`` (``json_answer_rule``)."""
+    return f"%llguidance {{}}\nstart: answer\n{json_answer_rule(schema)}\n"
+
+
 def _enforced_schema(schema: Any, own_options: bool = True) -> dict[str, Any]:
     """``schema`` (strict) as a Lark ``%json`` embed enforces it exactly, with brisklm's JSON
     options (and, with ``own_options``, the schema's own ``x-guidance`` over them); checked
@@ -484,6 +489,10 @@ def call_alternatives(
         else:
             lines.append(f"arguments_{k}: %json {json.dumps(schema, ensure_ascii=False)}")
     return lines
+
+
+# The lexemes of free text that begin the tools' grammars (here and in brisklm.tool_formats).
+REPLY_TEXTS = ("TEXT", "TEXT_WITHOUT_CALLS")
 
 
 def text_without(tag: str) -> str:

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from brisklm.reasoning import CLOSE as THINK_CLOSE
-from brisklm.reasoning import block_opening
+from brisklm.reasoning import block_opening, thinking_grammar
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
 from brisklm.tool_calls import (
+    REPLY_TEXTS,
     TOOL_CALL_END,
     TOOL_CALL_START,
     ContentDelta,
@@ -39,6 +40,7 @@ from brisklm.tool_calls import (
     ToolCallEvent,
     ToolCallStreamParser,
     ToolChoiceMode,
+    answer_grammar,
     call_alternatives,
     check_tool_choice_mode,
     json_answer_rule,
@@ -189,6 +191,7 @@ class ToolCallFormat:
         *,
         parallel: bool = True,
         answer_schema: Mapping[str, Any] | bool | None = None,
+        thinking: bool | None = None,
     ) -> str:
         """A Lark grammar (llguidance) for one assistant turn that may call ``tools`` in this format.
 
@@ -196,7 +199,10 @@ class ToolCallFormat:
         (text that does not start calls). llama3_json allows one call per turn (its templates
         cannot render more), whatever ``parallel`` says. ``answer_schema`` (OpenAI's tools beside
         a ``response_format``): in "auto" the reply is the calls or, instead of text, JSON under
-        that schema; "required" ignores it, and "none" is that JSON alone.
+        that schema; "required" ignores it, and "none" is that JSON alone. ``thinking``
+        (``LLM.reasoning_start``'s for the reply's prompt): a reasoning model's thinking block
+        may come first (True: the prompt opened it, and the reply closes it), free text where a
+        call tag is no call (``brisklm.reasoning.thinking_grammar``).
         """
         check_tool_choice_mode(mode)
         check_tools_list(tools)
@@ -205,10 +211,21 @@ class ToolCallFormat:
                 "answer_schema must be a JSON schema (a dict) or a bool, got "
                 f"{type(answer_schema).__name__}"
             )
+        grammar = self._reply_grammar(tools, mode, parallel, answer_schema)
+        return thinking_grammar(grammar, thinking, REPLY_TEXTS)
+
+    def _reply_grammar(
+        self,
+        tools: Sequence[Any],
+        mode: ToolChoiceMode,
+        parallel: bool,
+        answer_schema: Mapping[str, Any] | bool | None,
+    ) -> str:
+        """``grammar``'s, for a reply without thinking."""
         if answer_schema is not None and mode != "required":
             if mode == "none":
-                return f"%llguidance {{}}\nstart: answer\n{json_answer_rule(answer_schema)}\n"
-            lines = self.grammar(tools, "required", parallel=parallel).splitlines()
+                return answer_grammar(answer_schema)
+            lines = self._reply_grammar(tools, "required", parallel, None).splitlines()
             start = next(i for i, line in enumerate(lines) if line.startswith("start: "))
             lines[start] = "start: answer | " + lines[start].removeprefix("start: ")
             lines.append(json_answer_rule(answer_schema))
@@ -267,6 +284,42 @@ class ToolCallFormat:
             args = None if self.args_token_id is None else f"<[{self.args_token_id}]>"
             lines.extend(call_alternatives(tools, mode, key, name_then=args))
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ReplyConstraint:
+    """The constraint of a chat reply under OpenAI's ``tools`` (with ``tool_choice``, given as
+    ``mode`` and the ``tools`` it allows) or ``response_format`` (``answer_schema``), as the
+    server and ChatBrisk take them. It is built for the reply's prompt (``changes``): a reasoning
+    model's thinking may come first, unconstrained, as vLLM's reasoning parsers let it."""
+
+    format: ToolCallFormat | None = None  # (where there are tools)
+    tools: tuple[Any, ...] = ()
+    mode: ToolChoiceMode = "auto"
+    parallel: bool = True
+    answer_schema: Mapping[str, Any] | bool | None = None
+
+    def changes(self, thinking: bool | None = None) -> dict[str, Any]:
+        """The SamplingParams changes for a reply that may think first as ``thinking``
+        (``LLM.reasoning_start``'s: None, it does not): the tools' grammar
+        (``ToolCallFormat.grammar``), or without tools the answer's schema, a ``json_schema``
+        constraint (after a thinking block, a grammar of it)."""
+        if self.tools:
+            assert self.format is not None, "tools need the format of their calls"
+            grammar = self.format.grammar(
+                self.tools,
+                self.mode,
+                parallel=self.parallel,
+                answer_schema=self.answer_schema,
+                thinking=thinking,
+            )
+            return {"grammar": grammar}
+        if self.answer_schema is None:
+            return {}
+        if thinking is None:
+            return {"json_schema": self.answer_schema}
+        grammar = thinking_grammar(answer_grammar(self.answer_schema), thinking)
+        return {"json_schema": None, "grammar": grammar}
 
 
 @dataclass(frozen=True)

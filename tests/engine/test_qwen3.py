@@ -197,3 +197,79 @@ def test_tool_choice_none_splits_the_thinking_the_prompt_opened(opens_thinking):
     bound = chat.bind_tools([FORECAST], tool_choice="none", logit_bias={close: 100})
     message = bound.invoke("Hi")
     assert message.content == "" and message.additional_kwargs["reasoning_content"] == ""
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Rome", "Oslo"]}},
+    "required": ["city"],
+}
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["prompt-opened", "reply-opened"])
+def test_a_forced_call_or_answer_may_come_after_the_thinking(opens_thinking, opened):
+    """The server's and ChatBrisk's constraints (tools, tool_choice, response_format) apply
+    after a reasoning model's thinking block, as vLLM's: a forced call or a JSON answer began
+    at the reply's first token, so a block the prompt opened could not close (the reply was all
+    content), and one the reply would open could not open. The logit bias writes an empty
+    block where the grammar allows one; the grammar keeps it out of the call and answer."""
+    starlette = pytest.importorskip("starlette.testclient")
+    import json
+
+    from brisklm.server.app import build_app
+
+    ask = [{"role": "user", "content": "Hi"}]
+    kwargs = {} if opened else {"enable_thinking": False}  # (then the block is closed)
+    with LLM.from_pretrained(opens_thinking, show_progress=False, max_seq_len=512) as llm:
+        assert llm.reasoning_start(llm.chat_prompt_ids(ask, **kwargs)) is opened
+        bias = {llm.tokenizer.token_to_id("</think>"): 100}
+        if not opened:
+            bias[llm.tokenizer.token_to_id("<think>")] = 50
+        body = {
+            "messages": ask,
+            "temperature": 0,
+            "max_tokens": 80,
+            "logit_bias": {str(token): value for token, value in bias.items()},
+            "chat_template_kwargs": kwargs,
+        }
+        answer = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+        with starlette.TestClient(build_app(llm, "t")) as http:
+            named = {"type": "function", "function": {"name": "get_forecast"}}
+            for choice in ("required", named):
+                called = {**body, "tools": [FORECAST], "tool_choice": choice}
+                called["parallel_tool_calls"] = False
+                response = http.post("/v1/chat/completions", json=called).json()
+                assert "choices" in response, response
+                reply = response["choices"][0]
+                assert reply["finish_reason"] == "tool_calls", reply
+                message = reply["message"]
+                assert message["reasoning_content"] == "" and not message["content"]
+                (call,) = message["tool_calls"]
+                arguments = json.loads(call["function"]["arguments"])
+                assert arguments["city"] in ("Paris", "Zürich") and 1 <= arguments["days"] <= 7
+            reply = http.post("/v1/chat/completions", json={**body, "response_format": answer})
+            message = reply.json()["choices"][0]["message"]
+            assert message["reasoning_content"] == ""
+            assert json.loads(message["content"])["city"] in ("Rome", "Oslo")
+            streamed = http.post(
+                "/v1/chat/completions", json={**body, "response_format": answer, "stream": True}
+            ).text.splitlines()
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in streamed if "{" in line]
+        assert [d["reasoning_content"] for d in deltas if "reasoning_content" in d] == [""]
+        assert json.loads("".join(d.get("content") or "" for d in deltas))["city"]
+    pytest.importorskip("langchain_brisklm")
+    from langchain_brisklm import ChatBrisk
+
+    chat = ChatBrisk(
+        model=str(opens_thinking),
+        temperature=0,
+        max_tokens=80,
+        max_seq_len=512,
+        logit_bias=bias,
+        chat_template_kwargs=kwargs,
+    )
+    structured = chat.with_structured_output(SCHEMA | {"title": "City"}, method="json_schema")
+    assert structured.invoke("Hi")["city"] in ("Rome", "Oslo")
+    message = chat.bind_tools([FORECAST], tool_choice="get_forecast").invoke("Hi")
+    assert message.additional_kwargs["reasoning_content"] == ""
+    assert [call["name"] for call in message.tool_calls] == ["get_forecast"]

@@ -38,7 +38,7 @@ from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, 
 from brisklm.reasoning import ReasoningSplitter, split_reasoning
 from brisklm.tool_call_chunks import ToolCallChunker
 from brisklm.tool_calls import grammar_mode, turn_finish_reason
-from brisklm.tool_formats import ToolCallFormat
+from brisklm.tool_formats import ReplyConstraint, ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
 from langchain_brisklm._messages import to_template_messages
@@ -260,24 +260,19 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         names = [tool["function"]["name"] for tool in tools]
         # Checked without tools too: a choice that requires a call cannot be met without one.
         choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
-        constraint: dict[str, Any] = {}
         answer = None if response_format is None else response_format_schema(response_format)
         llm = self._engine(model)  # loaded once the call's options are known to be valid
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
-        parse_tools = False
-        if not tools:
-            if answer is not None:
-                constraint["json_schema"] = answer
-        else:
+        reply = ReplyConstraint(answer_schema=answer)
+        if tools:
             # With a response_format too (create_agent's structured answer), as OpenAI: the
             # reply is tool calls or the answer in that format, never free text.
             mode, allowed = grammar_mode(tools, choice)
             single = choice not in ("auto", "required", "none") or parallel is False
-            constraint["grammar"] = tool_format.grammar(
-                allowed, mode, parallel=not single, answer_schema=answer
-            )
-            parse_tools = mode != "none"
+            reply = ReplyConstraint(tool_format, tuple(allowed), mode, not single, answer)
+        parse_tools = bool(tools) and reply.mode != "none"
+        constraint = reply.changes()
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
             to_template_messages(messages), tools=tools or None, **template_kwargs
@@ -290,6 +285,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             tool_format if parse_tools else None,
             template_kwargs.get("chat_template"),
             bool(tools),
+            reply,
         )
         requests = llm.make_requests(prompt_ids, params)
         return _Call(llm, requests, parse_tools, self._display_name(model), tool_format, start)

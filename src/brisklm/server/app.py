@@ -499,7 +499,11 @@ class _Server:
         with _refusing(plan, "messages"):
             ids = self.llm.chat_prompt_ids(plan.messages, plan.tools, **plan.template_kwargs)
             plan.params, plan.reasoning_start = self.llm.chat_decoding(
-                ids, plan.params, plan.tool_format, has_tools=bool(plan.tools)
+                ids,
+                plan.params,
+                plan.tool_format,
+                has_tools=bool(plan.tools),
+                constraint=plan.reply_constraint,
             )
             return plan, self._requests(plan, body, ids)
 

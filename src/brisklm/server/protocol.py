@@ -18,6 +18,7 @@ from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.sampling.params import MAX_LOGPROBS, MAX_N
 from brisklm.tool_calls import grammar_mode
+from brisklm.tool_formats import ReplyConstraint
 
 if TYPE_CHECKING:
     from brisklm.llm import LLM
@@ -491,6 +492,9 @@ class ChatRequest:
     options: StreamOptions
     # The model's tool-call format where its reply may hold calls (None: text only).
     tool_format: ToolCallFormat | None
+    # The tools' or response_format's constraint, built again for the rendered prompt where a
+    # reasoning model's thinking may come first (LLM.chat_decoding).
+    reply_constraint: ReplyConstraint | None = None
     # The request field that gave the constraint (a grammar that fails to compile names it).
     constraint_field: str | None = None
     n: int = 1  # choices
@@ -593,7 +597,7 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             answer = response_format_schema(response_format)
         except ValueError as error:
             raise ApiError(str(error), param="response_format") from None
-    tool_format = None
+    tool_format = reply = None
     if tools:
         mode, allowed = grammar_mode(tools, choice)
         if constraint_field is not None:
@@ -604,24 +608,25 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             )
         format = llm.tool_call_format()
         single = choice not in ("auto", "required", "none") or parallel is False
+        reply = ReplyConstraint(format, tuple(allowed), mode, not single, answer)
         try:
-            changes["grammar"] = format.grammar(
-                allowed, mode, parallel=not single, answer_schema=answer
-            )
+            changes.update(reply.changes())
         except ValueError as error:
             raise ApiError(str(error), param="tools") from None
         constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
         if mode != "none":
             tool_format = format  # (the params it needs: LLM.chat_decoding, in _prepare_chat)
     elif answer is not None:
-        changes["json_schema"] = answer
-        constraint_field = fields["json_schema"] = "response_format"
+        reply = ReplyConstraint(answer_schema=answer)
+        changes.update(reply.changes())
+        constraint_field = fields["json_schema"] = fields["grammar"] = "response_format"
     return ChatRequest(
         messages=messages,
         tools=tools,
         params=make_params(llm, changes, fields),
         options=stream_options(body),
         tool_format=tool_format,
+        reply_constraint=reply,
         constraint_field=constraint_field,
         n=choices_wanted(body),
         template_kwargs=template_kwargs,
