@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
+from brisklm.command import run_command
 from langchain_brisklm import ChatBrisk
 
 WEATHER = {
@@ -38,7 +41,10 @@ def get_weather(city: str) -> str:
 @tool
 def celsius_to_fahrenheit(celsius: float) -> str:
     """Convert a temperature from degrees Celsius to degrees Fahrenheit."""
-    return json.dumps({"fahrenheit": round(celsius * 9 / 5 + 32, 1)})
+    fahrenheit = celsius * 9 / 5 + 32
+    if not math.isfinite(fahrenheit):  # (JSON has no Infinity)
+        return json.dumps({"error": f"{celsius} degrees Celsius is out of range"})
+    return json.dumps({"fahrenheit": round(fahrenheit, 1)})
 
 
 TOOLS = {t.name: t for t in (get_weather, celsius_to_fahrenheit)}
@@ -46,7 +52,8 @@ MAX_ROUNDS = 4
 
 
 def run_agent(chat: ChatBrisk, question: str) -> list[BaseMessage]:
-    """Ask, run the tools the model calls, feed their results back, until the model answers."""
+    """Ask, run the tools the model calls, feed their results back, until the model answers
+    (or MAX_ROUNDS replies have called tools: the last message is then a tool result)."""
     model = chat.bind_tools(list(TOOLS.values()))  # tool_choice="auto": the model decides
     messages: list[BaseMessage] = [HumanMessage(question)]
     for _ in range(MAX_ROUNDS):
@@ -65,17 +72,25 @@ def run_agent(chat: ChatBrisk, question: str) -> list[BaseMessage]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("question", nargs="?", default="Please get the weather for Paris.")
-    parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument(
+        "--model", help="checkpoint directory (default: $BRISKLM_MODEL, else the bundled model)"
+    )
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], help="where to run (default: cuda if available)"
+    )
     args = parser.parse_args()
 
     chat = ChatBrisk(model=args.model, device=args.device, temperature=0, max_tokens=160)
     print(f"user: {args.question}")
-    messages = run_agent(chat, args.question)
-    print(f"assistant: {messages[-1].text}")
+    last = run_agent(chat, args.question)[-1]
+    if isinstance(last, AIMessage) and not last.tool_calls:
+        print(f"assistant: {last.text}")
+    else:
+        print(f"assistant: (no answer after {MAX_ROUNDS} rounds of tool calls)")
 
 
 if __name__ == "__main__":
-    main()
+    # Errors as one line (a missing checkpoint, a question too long), Ctrl-C and `| head` quietly.
+    sys.exit(run_command(main, "agent_tools.py"))

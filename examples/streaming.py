@@ -1,6 +1,6 @@
 """Stream a chat reply straight from brisklm (no LangChain): text as it is generated, then usage.
 
-python examples/streaming.py [--model CHECKPOINT_DIR] [--device cpu|cuda] [PROMPT]
+python examples/streaming.py [--model CHECKPOINT_DIR] [--device cpu|cuda] [--max-tokens N] [PROMPT]
 """
 
 from __future__ import annotations
@@ -10,14 +10,26 @@ import sys
 import time
 
 from brisklm import LLM, SamplingParams
+from brisklm.command import run_command
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompt", nargs="?", default="Tell me a short story about a blue cat.")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], help="where to run (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=positive_int, default=200, help="most tokens in the reply (200)"
+    )
     args = parser.parse_args()
 
     llm = LLM.from_pretrained(args.model, device=args.device, show_progress=False)
@@ -49,4 +61,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Errors as one line (a missing checkpoint, a prompt too long), Ctrl-C and `| head` quietly.
+    sys.exit(run_command(main, "streaming.py"))

@@ -1,7 +1,10 @@
 """Extract a pydantic model from each of a list of sentences with ChatBrisk, valid by construction.
 
 Every reply is decoded under the model's JSON schema, so each result parses into a `Person`; the
-sentences go to the engine together, as one batch.
+sentences go to the engine together, as one batch. Valid is not right: the bundled 11M model
+copies fields from sentences phrased as its training data phrases them ("Lena Fischer is a
+33-year-old architect living in Berlin.") and misplaces them in others ("At 41, Grace Okafor
+teaches physics in Lagos." gives the name "At 40"); its held-out field accuracy is in the README.
 
     python examples/structured_extraction.py [--model CHECKPOINT_DIR] [--device cpu|cuda]
 """
@@ -10,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, Field
 
+from brisklm.command import run_command
 from langchain_brisklm import ChatBrisk
 
 SENTENCES = [
@@ -42,8 +47,12 @@ PROMPT = ChatPromptTemplate.from_messages(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument(
+        "--model", help="checkpoint directory (default: $BRISKLM_MODEL, else the bundled model)"
+    )
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], help="where to run (default: cuda if available)"
+    )
     args = parser.parse_args()
 
     chat = ChatBrisk(model=args.model, device=args.device, temperature=0, max_tokens=128)
@@ -59,4 +68,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Errors as one line (a missing checkpoint), Ctrl-C and `| head` quietly.
+    sys.exit(run_command(main, "structured_extraction.py"))

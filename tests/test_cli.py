@@ -798,6 +798,26 @@ def test_warnings_are_lines_of_the_cli_in_its_terms(model_dir, capsys):
     assert logger.handlers == handlers and logger.propagate == propagate  # as they were
 
 
+def test_logged_errors_are_error_lines_with_their_traceback(capsys):
+    """A served request's failure (logger.error with exc_info) came out as the bare line
+    "brisklm: warning: request failed": no cause, no traceback."""
+    import argparse
+    import logging
+
+    from brisklm.cli import _warnings_as_lines
+
+    logger = logging.getLogger("brisklm.server.app")
+    with _warnings_as_lines(argparse.Namespace()):
+        try:
+            raise RuntimeError("the engine broke")
+        except RuntimeError as error:
+            logger.error("request failed", exc_info=error)
+        logger.info("not shown")
+    err = capsys.readouterr().err
+    assert err.startswith("brisklm: error: request failed\nTraceback (most recent call last):")
+    assert "RuntimeError: the engine broke" in err and "not shown" not in err
+
+
 def test_version():
     result = subprocess.run(
         [*CLI, "--version"], capture_output=True, text=True, timeout=120, env=cli_env()

@@ -9,7 +9,7 @@ import pytest
 from brisklm.reasoning import (
     ReasoningSplitter,
     may_close_thinking,
-    opens_thinking,
+    prompt_thinking,
     split_reasoning,
     template_reasons,
 )
@@ -74,13 +74,21 @@ def test_templates_and_prompts_that_open_thinking():
     assert template_reasons("{{ m.content.split('</think>')[-1] }}")
     assert not template_reasons("{{ messages }}{# no <think> ... </think> here #}")
     assert not template_reasons(None)
-    assert opens_thinking("<|im_start|>assistant\n<think>\n")
-    assert opens_thinking("<｜Assistant｜><think>\n")
-    assert opens_thinking("<|im_start|>assistant\n<think>\nLet me see")  # a reasoning prefill
-    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    # a user's literal tag, the template's turn markup after it
-    assert not opens_thinking("<|im_start|>user\nsay <think><|im_end|>\n<|im_start|>assistant\n")
-    assert not opens_thinking("<｜User｜>say <think><｜Assistant｜>")
+    assert prompt_thinking("<|im_start|>assistant\n<think>\n") is True
+    assert prompt_thinking("<｜Assistant｜><think>\n") is True
+    assert prompt_thinking("<|im_start|>assistant\n<think>\nLet me see") is True  # a prefill
+    # closed in the reply's turn (Qwen3's enable_thinking=False, a prefill past the block): the
+    # reply holds none
+    assert prompt_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n") is None
+    assert prompt_thinking("<｜Assistant｜><think>\nhm\n</think>\n\nThe answer") is None
+    # a user's literal tag, the template's turn markup after it; an earlier reply's block
+    assert (
+        prompt_thinking("<|im_start|>user\nsay <think><|im_end|>\n<|im_start|>assistant\n") is False
+    )
+    assert prompt_thinking("<｜User｜>say <think><｜Assistant｜>") is False
+    earlier = "<|im_start|>assistant\n<think>\nx\n</think>\n\nHi<|im_end|>\n<|im_start|>user\n"
+    assert prompt_thinking(earlier + "Bye<|im_end|>\n<|im_start|>assistant\n") is False
+    assert prompt_thinking("<|im_start|>assistant\n") is False
 
 
 def test_constraints_that_may_close_a_thinking_block():

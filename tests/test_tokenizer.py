@@ -215,6 +215,20 @@ def test_encode_matches_transformers(loaded, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_text_that_is_not_unicode_is_refused_saying_where(loaded, kind: str) -> None:
+    """A lone surrogate (a bad decode's): the backends' errors named neither the fault nor the
+    place ("TextInputSequence must be str"), and the server's /tokenize answered 500."""
+    from brisklm.tokenizer import _RELEASE_GIL_FROM
+
+    ours, _ = loaded[kind]
+    for text in ("ab\udc80c", "x" * _RELEASE_GIL_FROM + "\ud800"):
+        position = text.index(text[-1] if text.endswith("\ud800") else "\udc80")
+        with pytest.raises(ValueError, match=f"surrogates not allowed at position {position}"):
+            ours.encode(text)
+    assert ours.encode("abc")
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_long_text_encodes_alike_and_lets_other_threads_run(loaded, kind: str) -> None:
     """The binding's encode holds the GIL: a 3 MB prompt stopped a server's event loop and the
     engine thread's Python for 1.8 s. A long text is encoded with it released, to the same ids."""

@@ -594,6 +594,10 @@ def test_a_reasoning_models_thinking_comes_before_the_tools_grammar(family_llms,
             assert not accepts(grammar(mode, False), opened + wrong_call)
             assert not accepts(grammar(mode, True), inside + wrong_call)
     assert not accepts(grammar("none", False), opened + call)
+    # Blanks before the tag as the reasoning splitter strips them (\x1c-\x1f too, which are no
+    # blanks to llguidance's \s): the tag opens the block, so a call in it is no call either.
+    assert accepts(grammar("auto", False), "\x1c" + opened + "Sunny.")
+    assert not accepts(grammar("auto", False), f"\x1c<think>\nlet me {call}")
     assert not accepts(grammar("required", False), "<think>\nhm")  # a forced call must come
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     for mode in ("auto", "none"):

@@ -22,13 +22,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from brisklm import __version__
+from brisklm.command import EXIT_ERROR, REPORTED_ERRORS, Terminated, run_command
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from brisklm.speed import DECODE_PROMPT_TOKENS
-
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 128 + 15  # what a shell reports for a command SIGTERM ended (signal 15)
-EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE (signal 13)
 
 
 class CliError(Exception):
@@ -529,11 +525,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-class Terminated(Exception):
-    """SIGTERM reached ``brisklm serve`` (after the server stopped): it exits 143 once its engine
-    and sockets are closed, where the signal's default action would skip that."""
-
-
 @contextlib.contextmanager
 def _sigterm_as_exception() -> Any:
     """While the server runs, SIGTERM raises ``Terminated`` once uvicorn hands it on (it stops the
@@ -995,33 +986,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quantize": _run_quantize,
         "bench": _run_bench,
     }
-    try:
-        if sys.stdout is None:  # `brisklm ... >&-`
-            raise CliError("stdout is closed: brisklm writes its output there")
+
+    def run() -> int:
         _check_text_flags(args)
         _import_engine()
         with _warnings_as_lines(args):
-            code = handlers[args.command](args)
-        # What is still buffered (the last newline: a pipe's stdout is not line-buffered) goes
-        # now, so that a closed pipe raises here and not in the interpreter's flush at exit.
-        sys.stdout.flush()
-        return code
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        return EXIT_TERMINATED
-    except BrokenPipeError:
-        # The reader went away (`brisklm generate ... | head -c 100`): stop quietly, as a command
-        # killed by SIGPIPE does. Python ignores SIGPIPE, so the write raised instead; pointing
-        # stdout at /dev/null keeps the interpreter's final flush from failing again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
-    except (CliError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
-        message = _in_flag_terms(str(exc) or type(exc).__name__, args)
+            return handlers[args.command](args)
+
+    def describe(error: BaseException) -> str:
+        message = _in_flag_terms(str(error) or type(error).__name__, args)
         first = message.splitlines()[0] if message else message
-        print(f"brisklm: error: {first}{_syntax_hint(exc, args)}", file=sys.stderr)
-        return EXIT_ERROR
+        return first + _syntax_hint(error, args)
+
+    return run_command(run, "brisklm", describe, (CliError, *REPORTED_ERRORS))
 
 
 def _syntax_hint(error: BaseException, args: argparse.Namespace) -> str:
@@ -1039,7 +1016,9 @@ def _syntax_hint(error: BaseException, args: argparse.Namespace) -> str:
 class _WarningLines(logging.Handler):
     """brisklm's logged warnings as the CLI's own lines, "brisklm: warning: ...", the options
     they name as the flags that set them (logging's last-resort handler printed the bare message,
-    in the API's terms: "max_seq_len=2048 is past ...")."""
+    in the API's terms: "max_seq_len=2048 is past ..."); errors as "brisklm: error: ...", with
+    the traceback of their exception (a served request's failure: it printed the bare "request
+    failed" as a warning)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(logging.WARNING)
@@ -1048,7 +1027,10 @@ class _WarningLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = _in_flag_terms(record.getMessage(), self.args)
-            print(f"brisklm: warning: {message}", file=sys.stderr, flush=True)
+            kind = "error" if record.levelno >= logging.ERROR else "warning"
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            print(f"brisklm: {kind}: {message}", file=sys.stderr, flush=True)
         except Exception:  # as logging's handlers do: a failed warning is not the command's
             self.handleError(record)
 

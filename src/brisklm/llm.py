@@ -40,7 +40,7 @@ from brisklm.reasoning import CLOSE as CLOSE_TAG
 from brisklm.reasoning import OPEN as OPEN_TAG
 from brisklm.reasoning import (
     may_close_thinking,
-    opens_thinking,
+    prompt_thinking,
     split_reasoning,
     template_reasons,
 )
@@ -212,17 +212,6 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
             f"chat got the keyword {name}=, which is not a chat template variable (extra "
             f"keywords go to the template): {hint}"
         )
-
-
-def _check_encodable(text: str) -> None:
-    """Refuse text the tokenizer cannot take (a lone surrogate, e.g. from a bad decode)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(
-            f"the prompt is not valid Unicode text: {error.reason} at position {error.start} "
-            f"({text[error.start : error.end]!r})"
-        ) from None
 
 
 def _texts(chunks: Iterator[StreamChunk]) -> Iterator[str]:
@@ -644,7 +633,6 @@ class LLM:
             )
         prompt = _as_list(prompt)
         if isinstance(prompt, str):
-            _check_encodable(prompt)
             text: str | None = prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         elif isinstance(prompt, list | tuple) and all(type(t) is int for t in prompt):
@@ -671,6 +659,13 @@ class LLM:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the context holds {self.max_seq_len} "
                 "(prompt plus at least one generated token); shorten it or raise max_seq_len"
+            )
+        room = self.max_seq_len - len(ids)
+        if params.min_tokens > room:  # (the reply would end at the context's end, short of it)
+            raise ContextLengthError(
+                f"SamplingParams.min_tokens={params.min_tokens} cannot be met: the context holds "
+                f"{self.max_seq_len} tokens and the prompt has {len(ids)}, which leaves {room} "
+                "for the reply; lower min_tokens or shorten the prompt"
             )
         params.validate_for_vocab(self.engine.num_real_tokens, self.tokenizer.eos_token_ids)
         matcher = self.engine.structured.matcher_for(params)
@@ -1024,7 +1019,6 @@ class LLM:
             add_generation_prompt=True,
             **template_kwargs,
         )
-        _check_encodable(text)
         # The template writes special tokens (bos, role markers) itself.
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
@@ -1083,17 +1077,20 @@ class LLM:
         """How a chat reply to ``prompt_ids`` may hold a thinking block (``brisklm.reasoning``):
         None where the chat template knows none, True where the prompt has opened one (the
         reply begins inside it, as DeepSeek-R1's templates and a reasoning prefill make it),
-        False where the reply may open one (Qwen3's). ``chat_template`` and ``has_tools`` pick
-        the template as ``chat`` does; ``constraint`` (the params' resolved one): a reply inside
-        an opened block that it cannot close holds none (None)."""
+        False where the reply may open one (Qwen3's), None too where the prompt closed one in
+        the reply's turn (Qwen3's ``enable_thinking=False``; ``prompt_thinking``).
+        ``chat_template`` and ``has_tools`` pick the template as ``chat`` does; ``constraint``
+        (the params' resolved one): a reply inside an opened block that it cannot close holds
+        none (None)."""
         try:
             template = self.tokenizer.template_for(chat_template, has_tools=has_tools)
         except ValueError:
             return None
         if not template_reasons(template):
             return None
-        if not opens_thinking(self._thinking_tail(prompt_ids)):
-            return False
+        where = prompt_thinking(self._thinking_tail(prompt_ids))
+        if where is not True:
+            return where
         return True if self._may_close_thinking(constraint) else None
 
     def _may_close_thinking(self, constraint: Any) -> bool:
@@ -1166,11 +1163,11 @@ class LLM:
         (``chat_template`` and ``has_tools`` as there): with a ``tool_format`` (a reply that may
         hold calls), stop strings only before the calls and special tokens kept where the calls'
         tag is one; without, no ``reply_calls``. ``constraint``: the tools' or a response
-        format's, whose ``changes()`` the params hold; built again where a reasoning model's
-        thinking may come first. ``chat``, the server and ChatBrisk decode so."""
+        format's, in place of the one the params hold, built for the prompt (a reasoning model's
+        thinking may come first). ``chat``, the server and ChatBrisk decode so."""
         own = params.constraint if constraint is None else None
         start = self.reasoning_start(prompt_ids, chat_template, has_tools, own)
-        if constraint is not None and start is not None:
+        if constraint is not None:
             params = params.with_changes(**constraint.changes(start))
         if tool_format is None:
             return (params.with_changes(reply_calls=None) if params.reply_calls else params), start

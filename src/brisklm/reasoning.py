@@ -34,14 +34,22 @@ def template_reasons(template: str | None) -> bool:
     return template is not None and CLOSE in re.sub(r"\{#.*?#\}", "", template, flags=re.S)
 
 
-def opens_thinking(prompt_text: str) -> bool:
-    """Whether a rendered prompt's text ends inside an open thinking block (its reply begins
-    there): the last opening tag comes after the last closing one, with no template markup
-    (``<|...|>``, ``[INST]``-like tags aside) after it."""
-    start = prompt_text.rfind(OPEN)
-    if start < 0 or prompt_text.rfind(CLOSE) > start:
+_MARKUP = re.compile(r"<[|｜][^|｜<>]*[|｜]>")  # a template's turn markup: <|im_start|>, <｜User｜>
+
+
+def prompt_thinking(prompt_text: str) -> bool | None:
+    """Where a rendered prompt's text leaves its reply as to a thinking block, by its last one
+    and the template markup after it (``<|...|>``, ``<｜...｜>``; ``[INST]``-like tags aside):
+    True inside a block the prompt opened (the reply begins in it: DeepSeek-R1's newer
+    templates, a reasoning prefill); None after a block the prompt closed in the reply's own
+    turn, no markup after it (Qwen3's ``enable_thinking=False`` writes an empty one: the reply
+    holds none, as vLLM reads it); False where the reply may open one."""
+    start, close = prompt_text.rfind(OPEN), prompt_text.rfind(CLOSE)
+    if start < 0:
         return False
-    return re.search(r"<[|｜][^|｜<>]*[|｜]>", prompt_text[start:]) is None
+    if close > start:
+        return None if _MARKUP.search(prompt_text, close) is None else False
+    return _MARKUP.search(prompt_text, start) is None
 
 
 def may_close_thinking(constraint: Any) -> bool:
@@ -70,14 +78,17 @@ def block_opening(text: str) -> int | None:
 # it, as templates write "</think>\n\n" (the newlines ReasoningSplitter drops; no more: a forced
 # call or answer would have room to waste its tokens on blanks).
 _BLOCK = {
-    False: 'thinking[lazy]: /\\s*/ "<think>" /(?s:.*)/ "</think>"',  # opened by the reply
-    True: 'thinking[lazy]: /(?s:.*)/ "</think>"',  # opened by the prompt
+    # opened by the reply (after blanks, as _NOT_OPENING's), or by the prompt
+    False: 'thinking[lazy]: /[\\s\\x1c-\\x1f]*/ "<think>" /(?s:.*)/ "</think>"',
+    True: 'thinking[lazy]: /(?s:.*)/ "</think>"',
 }
 _START = {
     False: "start: (thinking THOUGHT_END?)? reply",
     True: "start: thinking THOUGHT_END? reply",
 }
-_NOT_OPENING = r" & ~/(?s:\s*<think>.*)/"  # (and-not for a lexeme of text)
+# (and-not for a lexeme of text). Blanks as Python's str.lstrip sees them (block_opening's): \s and
+# \x1c-\x1f, which llguidance's \s leaves out.
+_NOT_OPENING = r" & ~/(?s:[\s\x1c-\x1f]*<think>.*)/"
 
 
 def thinking_grammar(grammar: str, thinking: bool | None, reply_texts: Collection[str] = ()) -> str:
@@ -176,7 +187,7 @@ class ReasoningSplitter:
 
 def split_reasoning(text: str, inside: bool | None = False) -> tuple[str | None, str]:
     """A whole reply's ``(reasoning, content)``: reasoning None where the reply holds no
-    thinking block (``inside``: the prompt opened it, see ``opens_thinking``; None: the reply
+    thinking block (``inside``: the prompt opened it, see ``prompt_thinking``; None: the reply
     holds none, as ``LLM.reasoning_start`` says of a template that knows no thinking)."""
     if inside is None:
         return None, text

@@ -15,6 +15,18 @@ from brisklm.config import token_ids
 from brisklm.detokenizer import IncrementalDetokenizer
 from brisklm.tokenizer_backend import MODEL_CONFIG, load_backend, read_json
 
+
+def check_encodable(text: str) -> None:
+    """Refuse text the tokenizer cannot take (a lone surrogate, e.g. from a bad decode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"the prompt is not valid Unicode text: {error.reason} at position {error.start} "
+            f"({text[error.start : error.end]!r})"
+        ) from None
+
+
 GENERATION_CONFIG = "generation_config.json"
 _BYTE_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # Characters from which ``encode`` releases the GIL. A shorter text holds it for tens of ms at
@@ -150,10 +162,16 @@ class Tokenizer:
 
         A long text is encoded with the GIL released (the binding's ``encode`` holds it: a 3 MB
         prompt took 1.8 s in which a server's event loop and the engine thread's Python stood
-        still); ``encode_batch`` of the one text gives the same ids and releases it."""
-        if len(text) < _RELEASE_GIL_FROM:
-            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
-        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        still); ``encode_batch`` of the one text gives the same ids and releases it. Text that
+        is not valid Unicode (a lone surrogate, from a bad decode) is a ValueError that says
+        where (the backend's error named neither)."""
+        try:
+            if len(text) < _RELEASE_GIL_FROM:
+                return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except (TypeError, UnicodeError):
+            check_encodable(text)
+            raise
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; unlike transformers, special tokens are skipped by default.

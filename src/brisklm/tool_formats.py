@@ -289,9 +289,10 @@ class ToolCallFormat:
 @dataclass(frozen=True)
 class ReplyConstraint:
     """The constraint of a chat reply under OpenAI's ``tools`` (with ``tool_choice``, given as
-    ``mode`` and the ``tools`` it allows) or ``response_format`` (``answer_schema``), as the
-    server and ChatBrisk take them. It is built for the reply's prompt (``changes``): a reasoning
-    model's thinking may come first, unconstrained, as vLLM's reasoning parsers let it."""
+    ``mode`` and the ``tools`` it allows) or ``response_format`` (``answer_schema``), or both,
+    as the server and ChatBrisk take them. It is built for the reply's prompt (``changes``): a
+    reasoning model's thinking may come first, unconstrained, as vLLM's reasoning parsers let
+    it."""
 
     format: ToolCallFormat | None = None  # (where there are tools)
     tools: tuple[Any, ...] = ()
@@ -314,8 +315,6 @@ class ReplyConstraint:
                 thinking=thinking,
             )
             return {"grammar": grammar}
-        if self.answer_schema is None:
-            return {}
         if thinking is None:
             return {"json_schema": self.answer_schema}
         grammar = thinking_grammar(answer_grammar(self.answer_schema), thinking)

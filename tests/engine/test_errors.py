@@ -14,6 +14,7 @@ import torch
 from brisklm import LLM, SamplingParams
 from brisklm.constrained import ConstraintError
 from brisklm.kernels.omp import available_cpus
+from brisklm.llm import ContextLengthError
 from brisklm.loader import CheckpointError
 from tests.tiny import make_tiny_checkpoint
 
@@ -336,6 +337,15 @@ def test_params_of_the_wrong_type(llm):
     for requests in (["Hello"], [None], [GREEDY]):
         with pytest.raises(TypeError, match=r"requests must be Request objects \(LLM.make_req"):
             llm.run_requests(requests)
+    assert_still_works(llm)
+
+
+def test_min_tokens_past_the_room_the_prompt_leaves(llm):
+    prompt = [1] + [5] * (llm.max_seq_len - 4)  # 3 tokens of room
+    with pytest.raises(ContextLengthError, match=r"min_tokens=4 cannot be met: .* leaves 3 "):
+        llm.generate(prompt, SamplingParams(min_tokens=4, max_tokens=9))
+    reply = llm.generate(prompt, SamplingParams(min_tokens=3, max_tokens=9, ignore_eos=True))
+    assert len(reply.token_ids) == 3 and reply.finish_reason == "length"
     assert_still_works(llm)
 
 

@@ -3,6 +3,8 @@ kernel paths, alone and batched, and a chat turn with tools under its Hermes-sty
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -120,16 +122,35 @@ def test_a_call_tag_in_the_thinking_leaves_stop_strings_on(qwen3):
 
 
 @pytest.fixture(scope="module")
+def think_tokens(qwen3, tmp_path_factory):
+    """The Qwen3 checkpoint with <think> and </think> as tokens of their own (as Qwen3's are)."""
+    return with_think_tokens(qwen3[0], tmp_path_factory.mktemp("qwen3-tags") / "model")
+
+
+@pytest.fixture(scope="module")
 def opens_thinking(qwen3, tmp_path_factory):
-    """The Qwen3 checkpoint with <think> and </think> as tokens of their own (as Qwen3's are)
-    and a template whose generation prompt opens the thinking block (QwQ, Qwen3-Thinking)."""
-    import json
+    """``think_tokens`` with a template whose generation prompt opens the thinking block (QwQ,
+    Qwen3-Thinking)."""
+    directory = with_think_tokens(qwen3[0], tmp_path_factory.mktemp("qwen3-open") / "model")
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    head = "{{- '<|im_start|>assistant\n' }}\n{%- if enable_thinking"
+    assert head in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(
+        head, "{{- '<|im_start|>assistant\n<think>\n' }}\n{%- if enable_thinking"
+    )
+    config_file.write_text(json.dumps(config))
+    return directory
+
+
+def with_think_tokens(source, directory):
+    """A copy of the checkpoint at ``source`` in ``directory``, <think> and </think> added to its
+    tokenizer as tokens that are not special (as Qwen3's are)."""
     import shutil
 
     from tokenizers import AddedToken, Tokenizer
 
-    directory = tmp_path_factory.mktemp("qwen3-open") / "model"
-    shutil.copytree(qwen3[0], directory)
+    shutil.copytree(source, directory)
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     tags = ("<think>", "</think>")
     tokenizer.add_tokens([AddedToken(tag, normalized=False) for tag in tags])
@@ -144,11 +165,6 @@ def opens_thinking(qwen3, tmp_path_factory):
             "single_word": False,
             "special": False,
         }
-    head = "{{- '<|im_start|>assistant\n' }}\n{%- if enable_thinking"
-    assert head in config["chat_template"]
-    config["chat_template"] = config["chat_template"].replace(
-        head, "{{- '<|im_start|>assistant\n<think>\n' }}\n{%- if enable_thinking"
-    )
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
 
@@ -207,21 +223,19 @@ SCHEMA = {
 
 
 @pytest.mark.parametrize("opened", [True, False], ids=["prompt-opened", "reply-opened"])
-def test_a_forced_call_or_answer_may_come_after_the_thinking(opens_thinking, opened):
+def test_a_forced_call_or_answer_may_come_after_the_thinking(request, opened):
     """The server's and ChatBrisk's constraints (tools, tool_choice, response_format) apply
     after a reasoning model's thinking block, as vLLM's: a forced call or a JSON answer began
     at the reply's first token, so a block the prompt opened could not close (the reply was all
     content), and one the reply would open could not open. The logit bias writes an empty
     block where the grammar allows one; the grammar keeps it out of the call and answer."""
     starlette = pytest.importorskip("starlette.testclient")
-    import json
-
     from brisklm.server.app import build_app
 
     ask = [{"role": "user", "content": "Hi"}]
-    kwargs = {} if opened else {"enable_thinking": False}  # (then the block is closed)
-    with LLM.from_pretrained(opens_thinking, show_progress=False, max_seq_len=512) as llm:
-        assert llm.reasoning_start(llm.chat_prompt_ids(ask, **kwargs)) is opened
+    directory = request.getfixturevalue("opens_thinking" if opened else "think_tokens")
+    with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as llm:
+        assert llm.reasoning_start(llm.chat_prompt_ids(ask)) is opened
         bias = {llm.tokenizer.token_to_id("</think>"): 100}
         if not opened:
             bias[llm.tokenizer.token_to_id("<think>")] = 50
@@ -230,7 +244,6 @@ def test_a_forced_call_or_answer_may_come_after_the_thinking(opens_thinking, ope
             "temperature": 0,
             "max_tokens": 80,
             "logit_bias": {str(token): value for token, value in bias.items()},
-            "chat_template_kwargs": kwargs,
         }
         answer = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
         with starlette.TestClient(build_app(llm, "t")) as http:
@@ -251,6 +264,14 @@ def test_a_forced_call_or_answer_may_come_after_the_thinking(opens_thinking, ope
             message = reply.json()["choices"][0]["message"]
             assert message["reasoning_content"] == ""
             assert json.loads(message["content"])["city"] in ("Rome", "Oslo")
+            if not opened:  # Qwen3's enable_thinking=False: the prompt's empty block is the
+                # reply's (as vLLM reads it), so the answer comes at once, however the model
+                # would think (it thought without end, to max_tokens)
+                off = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+                reply = http.post("/v1/chat/completions", json={**off, "response_format": answer})
+                message = reply.json()["choices"][0]["message"]
+                assert "reasoning_content" not in message
+                assert json.loads(message["content"])["city"] in ("Rome", "Oslo")
             streamed = http.post(
                 "/v1/chat/completions", json={**body, "response_format": answer, "stream": True}
             ).text.splitlines()
@@ -261,12 +282,7 @@ def test_a_forced_call_or_answer_may_come_after_the_thinking(opens_thinking, ope
     from langchain_brisklm import ChatBrisk
 
     chat = ChatBrisk(
-        model=str(opens_thinking),
-        temperature=0,
-        max_tokens=80,
-        max_seq_len=512,
-        logit_bias=bias,
-        chat_template_kwargs=kwargs,
+        model=str(directory), temperature=0, max_tokens=80, max_seq_len=512, logit_bias=bias
     )
     structured = chat.with_structured_output(SCHEMA | {"title": "City"}, method="json_schema")
     assert structured.invoke("Hi")["city"] in ("Rome", "Oslo")

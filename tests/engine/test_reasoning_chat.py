@@ -60,8 +60,8 @@ def test_chat_tells_the_thinking_from_the_reply(llm):
     assert (again.reasoning, again.content) == (reply.reasoning, reply.content)
     plain = llm.chat(ASK, forced(r"It is [a-z]{3,8}\."))
     assert plain.reasoning is None and plain.content == plain.output.text
-    # thinking closed by the prompt (enable_thinking=False): nothing to tell apart
-    assert llm.reasoning_start(llm.chat_prompt_ids(ASK, enable_thinking=False)) is False
+    # thinking closed by the prompt (enable_thinking=False): the reply holds no block
+    assert llm.reasoning_start(llm.chat_prompt_ids(ASK, enable_thinking=False)) is None
 
 
 def test_a_call_after_the_thinking_is_parsed(llm):

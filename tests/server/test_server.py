@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 
 import jsonschema
 import pytest
@@ -433,6 +435,16 @@ def test_a_guided_grammar_is_read_as_gbnf_where_it_has_a_root_rule(http) -> None
             "response_format",
             "schema",
         ),
+        (  # beside tools too (its error was the tools')
+            {
+                "messages": ask("x"),
+                "tools": [WEATHER],
+                "response_format": {"type": "json_schema", "schema": {"type": "nonsense"}},
+            },
+            400,
+            "response_format",
+            "nonsense",
+        ),
         (
             {"messages": [{"role": "assistant", "tool_calls": 5}]},
             400,
@@ -440,6 +452,11 @@ def test_a_guided_grammar_is_read_as_gbnf_where_it_has_a_root_rule(http) -> None
             "a list of calls",
         ),
         ({"model": 5, "messages": ask("x")}, 400, "model", "a string"),
+        # OpenAI's fields without effect here are still of their types (they were taken as any)
+        ({"messages": ask("x"), "user": 5}, 400, "user", "user must be a string"),
+        ({"messages": ask("x"), "metadata": "x"}, 400, "metadata", "an object"),
+        ({"messages": ask("x"), "store": "x"}, 400, "store", "true or false"),
+        ({"messages": ask("x"), "service_tier": 5}, 400, "service_tier", "a string"),
         ({"messages": ask("x"), "n": True}, 400, "n", "n must be an integer"),
         ({"messages": ask("word " * 2000)}, 400, "messages", "context"),
         ({"messages": ask("word " * 2000), "max_tokens": 3}, 400, "messages", "prompt"),
@@ -469,16 +486,56 @@ def test_bad_bodies_and_paths(http) -> None:
     assert response.status_code == 400 and "JSON object" in response.json()["error"]["message"]
     response = http.post("/v1/completions", json={"prompt": [1, "a"]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    response = http.post("/v1/completions", json={"prompt": "a", "user": ["u"]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "user"
     response = http.post("/v1/completions", json={"prompt": "a", "echo": 1})
     assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
     response = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 0})
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+    # JSON that Python's reader gives up on: nested too deep, a number of too many digits (500s)
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"n": ' + b"9" * 5000 + b"}"):
+        response = http.post("/v1/chat/completions", content=raw)
+        assert response.status_code == 400, response.json()
+        assert "not valid JSON" in response.json()["error"]["message"]
+    # Text that is not valid Unicode (a lone surrogate): /tokenize answered 500, and completions
+    # named the prompt with the tokenizer's "TextInputSequence must be str".
+    for path, body in (
+        ("/tokenize", {"prompt": "a\ud800"}),
+        ("/tokenize", {"messages": ask("a\ud800")}),
+        ("/v1/completions", {"prompt": "a\ud800", "max_tokens": 1}),
+    ):
+        response = http.post(path, content=json.dumps(body))  # ("\\ud800", as clients send it)
+        error = response.json()["error"]
+        assert response.status_code == 400, error
+        assert "not valid Unicode text: surrogates not allowed" in error["message"]
+        assert error["param"] == ("messages" if "messages" in body else "prompt")
     response = http.get("/v1/nothing")
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
     assert http.get("/health").json() == {"status": "ok"}
     # The server goes on serving after each of these.
     ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is not None
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_no_server_failure(live, caplog) -> None:
+    """Starlette's ClientDisconnect from reading the body was a 500 to a closed socket, logged
+    as "request failed" (the operator saw a server error, with no cause under `brisklm serve`)."""
+    import socket
+    import urllib.parse
+
+    address = urllib.parse.urlsplit(live)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        'Content-Length: 1000\r\n\r\n{"messages"'
+    )
+    with caplog.at_level(logging.INFO, logger="brisklm.server.app"):
+        with socket.create_connection((address.hostname, address.port)) as connection:
+            connection.sendall(head.encode())
+            time.sleep(0.3)
+        assert wait_for(lambda: "left while sending" in caplog.text), caplog.text
+    assert "request failed" not in caplog.text
+    client = openai.OpenAI(base_url=live, api_key="unused")
+    assert client.chat.completions.create(model=NAME, messages=ask("Hi"), max_tokens=2).choices
 
 
 def test_a_client_that_leaves_a_stream_aborts_its_request(live, aborted) -> None:
@@ -717,6 +774,15 @@ def test_a_context_too_small_for_max_tokens_is_refused(http, llm) -> None:
     long = {"prompt": "hello " * llm.max_seq_len, "max_tokens": 1}
     error = http.post("/v1/completions", json=long).json()["error"]
     assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
+    # min_tokens past the room the prompt leaves, with max_tokens unset (the reply would run to
+    # the context's end): it came back 200, short of min_tokens, finish_reason "length".
+    ids = [1] + [100] * (llm.max_seq_len - 25)
+    short = {"prompt": ids, "min_tokens": 200, "ignore_eos": True}
+    error = http.post("/v1/completions", json=short).json()["error"]
+    assert error["param"] == "min_tokens" and error["code"] == "context_length_exceeded"
+    assert "leaves 24 for the reply" in error["message"]
+    room = http.post("/v1/completions", json={**short, "min_tokens": 24}).json()
+    assert room["usage"]["completion_tokens"] == 24
     # Only the prompt's length: an error whose text says "context" (a grammar's rule named so)
     # was given that code.
     for field, value in [("guided_grammar", "start: context_rule"),

@@ -264,15 +264,15 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         llm = self._engine(model)  # loaded once the call's options are known to be valid
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
-        reply = ReplyConstraint(answer_schema=answer)
+        reply = None if answer is None else ReplyConstraint(answer_schema=answer)
         if tools:
             # With a response_format too (create_agent's structured answer), as OpenAI: the
             # reply is tool calls or the answer in that format, never free text.
             mode, allowed = grammar_mode(tools, choice)
             single = choice not in ("auto", "required", "none") or parallel is False
             reply = ReplyConstraint(tool_format, tuple(allowed), mode, not single, answer)
-        parse_tools = bool(tools) and reply.mode != "none"
-        constraint = reply.changes()
+        parse_tools = reply is not None and bool(reply.tools) and reply.mode != "none"
+        constraint = {} if reply is None else reply.changes()
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
             to_template_messages(messages), tools=tools or None, **template_kwargs

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -175,6 +176,9 @@ def _answering_errors(handler: Handler) -> Handler:
     async def answered(request: HttpRequest) -> Response:
         try:
             return await handler(request)
+        except ClientDisconnect:  # gone while sending its body: nobody to answer, nothing failed
+            logger.info("the client left while sending its request")
+            return _GONE
         except Exception as error:  # noqa: BLE001 - every failure gets OpenAI's error body
             return _error_response(_as_api_error(error))
 

@@ -17,7 +17,7 @@ from brisklm.openai_format import completion_logprobs, response_format_schema
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.sampling.params import MAX_LOGPROBS, MAX_N
-from brisklm.tool_calls import grammar_mode
+from brisklm.tool_calls import answer_grammar, grammar_mode
 from brisklm.tool_formats import ReplyConstraint
 
 if TYPE_CHECKING:
@@ -87,8 +87,13 @@ COMPLETION_FIELDS = frozenset(
 )
 # OpenAI's chat fields that ask nothing a local model's reply could differ by: checked, and
 # without effect (an end user's id, a prompt cache's key and retention, a predicted output, which
-# only speeds OpenAI's replies, a reasoning model's verbosity).
+# only speeds OpenAI's replies, a reasoning model's verbosity, stored completions and their tags,
+# a processing tier).
 _HINTS = {
+    "user": (str, "a string"),
+    "metadata": (dict, "an object of strings"),
+    "store": (bool, "true or false"),
+    "service_tier": (str, "a string (auto, default, flex, scale or priority)"),
     "safety_identifier": (str, "a string"),
     "prompt_cache_key": (str, "a string"),
     "prompt_cache_retention": (str, "a string"),
@@ -106,9 +111,6 @@ CHAT_FIELDS = frozenset(
         "tool_choice",
         "parallel_tool_calls",
         "response_format",
-        "metadata",
-        "store",
-        "service_tier",
         # vLLM's: the chat template's variables ({"enable_thinking": false} for Qwen3)
         "chat_template_kwargs",
         # passed to the chat template as its variable, as vLLM does (gpt-oss's reads it)
@@ -137,7 +139,9 @@ def read_body(raw: bytes) -> dict[str, Any]:
     """The request's JSON object."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:
+        raise ApiError("the request body is not valid JSON: it is nested too deeply") from None
+    except ValueError as error:  # (not JSON, not UTF-8, or a number of too many digits)
         raise ApiError(f"the request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise ApiError(f"the request body must be a JSON object, got {type(body).__name__}")
@@ -334,6 +338,7 @@ class CompletionRequest:
 def completion_request(llm: LLM, body: Mapping[str, Any], served: str) -> CompletionRequest:
     check_fields(body, COMPLETION_FIELDS, "/v1/completions")
     check_model(body, served)
+    get_field(body, "user", *_HINTS["user"])
     for name, allowed in (("suffix", (None,)), ("best_of", (None, 1))):
         if body.get(name) not in allowed:
             raise ApiError(f"{name} is not supported (only its default)", param=name)
@@ -609,6 +614,11 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         format = llm.tool_call_format()
         single = choice not in ("auto", "required", "none") or parallel is False
         reply = ReplyConstraint(format, tuple(allowed), mode, not single, answer)
+        if answer is not None:  # (its error would seem the tools')
+            try:
+                answer_grammar(answer)
+            except ValueError as error:
+                raise ApiError(str(error), param="response_format") from None
         try:
             changes.update(reply.changes())
         except ValueError as error:

@@ -63,7 +63,10 @@ def tokenize(llm: LLM, body: Mapping[str, Any], served: str) -> dict[str, Any]:
         text = body["prompt"]
         if not isinstance(text, str):
             raise ApiError(f"prompt must be a string, got {text!r}", param="prompt")
-    ids = llm.tokenizer.encode(text, add_special_tokens=special)
+    try:
+        ids = llm.tokenizer.encode(text, add_special_tokens=special)
+    except ValueError as error:  # (text that is not valid Unicode)
+        raise ApiError(str(error), param="messages" if chat else "prompt") from None
     return {
         "count": len(ids),
         "max_model_len": llm.max_seq_len,
