@@ -3,6 +3,7 @@ and chat turns end to end on tiny models whose templates show calls in each form
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -428,16 +429,20 @@ def test_chat_forced_call_parses_and_round_trips(family_llms, family: str) -> No
     assert "get_weather" in prompt and '{"temp": 21}' in prompt
 
 
+def call_opener(llm: LLM, family: str) -> int:
+    """The token that starts the calls: the special tag, or "{" for Llama's bare JSON."""
+    if family.startswith("mistral"):
+        return llm.tool_call_format().tag_token_id
+    (opener,) = llm.tokenizer.encode("{", add_special_tokens=False)
+    return opener
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_auto_and_none_grammars(family_llms, family: str) -> None:
     llm = family_llms[family]
     tool_format = llm.tool_call_format()
     messages = [{"role": "user", "content": "Hello"}]
-    # The token that starts the calls: the special tag, or "{" for Llama's bare JSON.
-    if family.startswith("mistral"):
-        opener = tool_format.tag_token_id
-    else:
-        (opener,) = llm.tokenizer.encode("{", add_special_tokens=False)
+    opener = call_opener(llm, family)
 
     def reply(mode: str, bias: float, end_bias: float = 0.0):
         grammar = tool_format.grammar([WEATHER], mode, parallel=False)
@@ -467,6 +472,58 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
         assert MISTRAL_TAG not in refused.output.text
     else:
         assert not refused.output.text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chat_takes_openais_tool_choice_and_response_format(family_llms, family: str) -> None:
+    """LLM.chat decodes under the tools' grammar as the server and ChatBrisk do: "auto" by
+    default with tools (a model that starts a call makes a valid one), "required", a named
+    function, "none", parallel_tool_calls and response_format. Before, chat took no such
+    option (a TypeError) and decoded tools unconstrained unless the caller built the grammar."""
+    llm = family_llms[family]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    opener = call_opener(llm, family)
+    wants_call = SamplingParams(temperature=0, max_tokens=160, logit_bias={opener: 100.0})
+    called = llm.chat(ask, wants_call, tools=[WEATHER], parallel_tool_calls=False)
+    assert [c.name for c in called.tool_calls] == ["get_weather"], called.output.text
+    assert called.tool_calls[0].arguments["unit"] in ("celsius", "fahrenheit")
+    assert not llm.chat(ask, wants_call, tools=[WEATHER], tool_choice="none").tool_calls
+    plain = SamplingParams(temperature=0, max_tokens=160)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        forced = llm.chat(
+            ask, plain, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False
+        )
+        assert forced.finish_reason == "tool_calls" and len(forced.tool_calls) == 1, choice
+        streamed = llm.stream_chat(ask, plain, tools=[WEATHER], tool_choice=choice)
+        again = asyncio.run(llm.achat(ask, plain, tools=[WEATHER], tool_choice=choice))
+        assert "".join(streamed) == again.output.text
+    schema = {"type": "object", "properties": {"sunny": {"type": "boolean"}}, "required": ["sunny"]}
+    answer = {"type": "json_schema", "json_schema": {"name": "sky", "schema": schema}}
+    for tools in (None, [WEATHER]):  # (with tools: the answer, not a call)
+        reply = llm.chat(
+            ask,
+            plain.with_changes(max_tokens=20),
+            tools,
+            tool_choice="none",
+            response_format=answer,
+        )
+        assert isinstance(json.loads(reply.content)["sunny"], bool), tools
+    # Bad options are refused, and chat goes on.
+    for options, error, words in [
+        ({"tool_choice": "required"}, ValueError, "needs tools"),
+        ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, ValueError, "not among"),
+        ({"tool_choice": "any", "tools": [WEATHER]}, ValueError, 'must be "auto"'),
+        ({"parallel_tool_calls": "no", "tools": [WEATHER]}, TypeError, "must be a bool"),
+        ({"response_format": {"type": "xml"}}, ValueError, "response_format"),
+    ]:
+        with pytest.raises(error, match=words):
+            llm.chat(ask, plain, **options)
+    with pytest.raises(ValueError, match="give one"):
+        llm.chat(ask, plain.with_changes(regex="a+"), [WEATHER], tool_choice="required")
+    # A constraint of the params' own decides the reply, tools or not (as before).
+    own = llm.chat(ask, plain.with_changes(regex=r"It is sunny\."), tools=[WEATHER])
+    assert own.content == "It is sunny." and not own.tool_calls
 
 
 def grammar_acceptor(llm: LLM) -> Any:

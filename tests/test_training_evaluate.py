@@ -146,3 +146,19 @@ def test_chat_turns_are_scored_against_the_first_assistant_reply() -> None:
     metrics, failures = evaluate.eval_chat(run, samples, 10)  # type: ignore[arg-type]
     assert metrics["chat_exact"] == 2 / 3
     assert [f["expected"] for f in failures] == ["4."]
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--limit", "0"], "--limit 0: at least 1"),  # it failed later: "no prompts given"
+        (["--data", "no-such-set"], "no no-such-set/eval.json: --data names a set"),
+    ],
+)
+def test_bad_evaluation_flags_are_usage_errors(monkeypatch, capsys, flags, words) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", "--data", "no-such-set", *flags])
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main()
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err

@@ -411,6 +411,26 @@ def test_a_run_with_a_time_budget_ends_its_schedule_where_the_budget_does(
     assert "so 40 steps instead of 5000" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         run_main(monkeypatch, train.main, "--preset", "draft", "--out", "x", "--max-minutes", "0")
+    assert "--max-minutes 0.0: must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--steps", "0"], "--steps 0: at least 1"),  # it exported an untrained model
+        (["--drill-frac", "1.5"], "--drill-frac 1.5: a share of the steps, in [0, 1]"),
+        (["--lr", "-1"], "--lr -1.0: must be positive"),  # the optimizer's traceback
+        (["--data", "no-such-set"], "no such file or directory: --data no-such-set/train.jsonl"),
+        (["--init", "no-such-model"], "--init no-such-model"),
+    ],
+)
+def test_bad_training_flags_are_usage_errors(root, monkeypatch, capsys, flags, words) -> None:
+    base = ["--preset", "draft", "--out", "x", "--tokenizer", str(root / "tokenizer")]
+    if "--data" not in flags:
+        base += ["--data", str(root / "data")]
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, train.main, *base, *flags)
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_a_time_budget_is_checked_again_every_100_steps(

@@ -426,7 +426,12 @@ def main() -> None:
     ap.add_argument("--target", type=Path, default=Path("src/brisklm/assets/brisk-chat"))
     ap.add_argument("--draft", type=Path, default=Path("src/brisklm/assets/brisk-draft"))
     ap.add_argument("--data", type=Path, default=Path("training/out/data"))
-    ap.add_argument("--limit", type=int, default=200, help="prompts per task")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=200,
+        help="prompts per task (and twice as many perplexity samples)",
+    )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-draft", action="store_true", help="evaluate the target only")
@@ -435,6 +440,10 @@ def main() -> None:
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args()
+    if args.limit < 1:
+        ap.error(f"--limit {args.limit}: at least 1")
+    if not (args.data / "eval.json").exists():
+        ap.error(f"no {args.data / 'eval.json'}: --data names a set training.generate_data wrote")
     torch.set_num_threads(args.threads)
     ev = json.load(open(args.data / "eval.json", encoding="utf-8"))
     t0 = time.time()
@@ -483,10 +492,11 @@ def main() -> None:
         flush=True,
     )
     run.llm.close()
-    t["heldout_ppl"] = heldout_ppl(args.target, ev["ppl"])
+    ppl_samples = ev["ppl"][: 2 * lim]  # (as many as eval.json holds for --num-eval lim)
+    t["heldout_ppl"] = heldout_ppl(args.target, ppl_samples)
     res["target"] = t
     if not args.no_draft:
-        res["draft"] = {"heldout_ppl": heldout_ppl(args.draft, ev["ppl"])}
+        res["draft"] = {"heldout_ppl": heldout_ppl(args.draft, ppl_samples)}
         res["draft_agreement"], res["draft_agreement_tokens"] = draft_agreement(
             args.draft, run.pairs
         )

@@ -874,6 +874,12 @@ def main() -> None:
         help="print the held-out loss (assistant turns and prose) every this many steps",
     )
     args = ap.parse_args()
+    if args.steps < 1:
+        ap.error(f"--steps {args.steps}: at least 1")
+    if not 0 <= args.drill_frac <= 1:
+        ap.error(f"--drill-frac {args.drill_frac}: a share of the steps, in [0, 1]")
+    if args.lr <= 0:
+        ap.error(f"--lr {args.lr}: must be positive")
     if args.layers is not None and args.layers < 1:
         ap.error(f"--layers {args.layers}: at least 1")
     if args.max_minutes is not None and args.max_minutes <= 0:
@@ -887,6 +893,11 @@ def main() -> None:
     except ValueError as error:
         ap.error(str(error))
     args.precision = resolve_precision(args.precision, device)
+    inputs = [("--tokenizer", args.tokenizer), *(("--data", d / "train.jsonl") for d in args.data)]
+    inputs += [("--init", args.init), ("--teacher", args.teacher), ("--grow-from", args.grow_from)]
+    missing = [f"{flag} {path}" for flag, path in inputs if path is not None and not path.exists()]
+    if missing:
+        ap.error(f"no such file or directory: {', '.join(missing)}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -33,6 +33,7 @@ from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv
 from brisklm.models.layers import LinearFactory
 from brisklm.models.llama import LlamaForCausalLM
 from brisklm.offload import run_off_loop
+from brisklm.openai_format import response_format_schema
 from brisklm.outputs import ChatOutput, GenerationOutput, SpeculativeStats, StreamChunk
 from brisklm.progress import BatchProgress
 from brisklm.quant.loading import linear_factory_for
@@ -54,7 +55,7 @@ from brisklm.speculative import (
     make_draft_generator,
 )
 from brisklm.tokenizer import Tokenizer
-from brisklm.tool_calls import turn_finish_reason
+from brisklm.tool_calls import openai_tool_choice, tool_name, turn_finish_reason
 from brisklm.tool_formats import ReplyConstraint, ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
 
@@ -184,6 +185,37 @@ NOT_TEMPLATE_VARIABLES = frozenset(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class _ChatOptions:
+    """A ``chat`` call's OpenAI-style request options."""
+
+    tool_choice: str | Mapping[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: Mapping[str, Any] | None = None
+
+    def constraint(
+        self, format: ToolCallFormat | None, tools: Sequence[Any], own: bool
+    ) -> ReplyConstraint | None:
+        """The reply's constraint for ``tools`` (called in ``format``), None where the params
+        have one of their ``own`` (then none of these options may be given) or there is
+        nothing to constrain."""
+        answer = self.response_format
+        if answer == {"type": "text"}:  # OpenAI's default: plain text
+            answer = None
+        if own:
+            if self.tool_choice is not None or answer is not None:
+                raise ValueError(
+                    "chat got params with a constraint of their own and tool_choice or "
+                    "response_format: give one (the params' constraint decides the reply)"
+                )
+            return None
+        if self.parallel_tool_calls not in (None, True, False):
+            raise TypeError(f"parallel_tool_calls must be a bool, got {self.parallel_tool_calls!r}")
+        choice = openai_tool_choice(self.tool_choice, [tool_name(tool) for tool in tools])
+        schema = None if answer is None else response_format_schema(answer)
+        return ReplyConstraint.of_request(format, tools, choice, self.parallel_tool_calls, schema)
+
+
 def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
     """Refuse a sampling option or an OpenAI-style request field given to chat as a keyword: the
     keywords are the chat template's variables, and such a value would change nothing; and
@@ -196,14 +228,8 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
     for name in template_kwargs:
         if name not in NOT_TEMPLATE_VARIABLES:
             continue
-        if name in ("tool_choice", "parallel_tool_calls"):
-            hint = (
-                "to force or forbid calls, decode under the tools' grammar: params="
-                "SamplingParams(grammar=llm.tool_call_format().grammar(tools, 'required'), ...) "
-                "(modes 'auto', 'required', 'none'; parallel=False for one call)"
-            )
-        elif name == "response_format":
-            hint = "pass params=SamplingParams(json_schema=...) or SamplingParams(json_object=True)"
+        if name in ("tool_choice", "parallel_tool_calls", "response_format"):
+            hint = f"it is an option of the request (chat's {name}=, the server's field)"
         elif name == "sampling_params":
             hint = "pass it as params=..."
         else:
@@ -1030,13 +1056,27 @@ class LLM:
         messages: Sequence[Message],
         params: SamplingParams | None = None,
         tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> ChatOutput:
         """One assistant turn for ``messages``; with ``tools``, tool calls are parsed out of the
         reply, and a reasoning model's thinking block out of its start (``ChatOutput.reasoning``;
-        see ``reasoning_start``)."""
+        see ``reasoning_start``).
+
+        As OpenAI's request fields: ``tool_choice`` ("auto", the default with tools, "required",
+        "none" or ``{"type": "function", "function": {"name": ...}}``), ``parallel_tool_calls``
+        (False: one call at most) and ``response_format`` (``{"type": "json_object"}`` or
+        ``{"type": "json_schema", "json_schema": {"name": ..., "schema": ...}}``). Calls and the
+        answer are decoded under a grammar of the tools' schemas (and the answer's), after a
+        reasoning model's thinking, so each call is one of the tools with arguments its schema
+        accepts. ``params`` with a constraint of its own (a grammar, a JSON schema) decides the
+        reply instead: then give neither ``tool_choice`` nor ``response_format``."""
+        options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        format, params, start = self._chat_format(ids, tools, params, template_kwargs)
+        format, params, start = self._chat_format(ids, tools, params, options, template_kwargs)
         return self.chat_output(self.generate(ids, params), format, start)
 
     async def achat(
@@ -1044,11 +1084,18 @@ class LLM:
         messages: Sequence[Message],
         params: SamplingParams | None = None,
         tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> ChatOutput:
+        """Async ``chat``."""
+        options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
+
         def prepare() -> tuple[list[int], ToolCallFormat | None, SamplingParams, bool | None]:
             ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-            return ids, *self._chat_format(ids, tools, params, template_kwargs)
+            return ids, *self._chat_format(ids, tools, params, options, template_kwargs)
 
         ids, format, chosen, start = await run_off_loop(prepare)  # the template, off the loop
         return self.chat_output(await self.agenerate(ids, chosen), format, start)
@@ -1058,14 +1105,19 @@ class LLM:
         messages: Sequence[Message],
         params: SamplingParams | None = None,
         tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> Iterator[str]:
         """Stream the assistant's reply text (with tools, decoded as ``chat`` decodes it: a
         special-token tag that starts the model's calls is kept, so the text parses with
         ``tool_call_format().parse`` or its ``stream_parser``; a reasoning model's thinking
         block included: ``brisklm.reasoning.ReasoningSplitter`` tells it apart)."""
+        options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        return self.stream(ids, self._chat_format(ids, tools, params, template_kwargs)[1])
+        return self.stream(ids, self._chat_format(ids, tools, params, options, template_kwargs)[1])
 
     def reasoning_start(
         self,
@@ -1136,17 +1188,23 @@ class LLM:
         prompt_ids: Sequence[int],
         tools: Sequence[Any] | None,
         params: SamplingParams | None,
+        options: _ChatOptions,
         template_kwargs: Mapping[str, Any],
     ) -> tuple[ToolCallFormat | None, SamplingParams, bool | None]:
-        """Of a ``chat`` call: the tool-call format to parse its reply with (None without tools),
-        the params to decode it with (stop strings only before the calls, special tokens kept
-        when the format's calls start with one), and its ``reasoning_start`` (for the template it
-        rendered with: tools given, even an empty list, pick the tool_use one; and its params'
-        constraint)."""
+        """Of a ``chat`` call: the tool-call format to parse its reply with (None without tools,
+        or with tool_choice "none"), the params to decode it with (the tools' and response
+        format's grammar; stop strings only before the calls, special tokens kept when the
+        format's calls start with one), and its ``reasoning_start`` (for the template it
+        rendered with: tools given, even an empty list, pick the tool_use one)."""
         template = template_kwargs.get("chat_template")
         format = self.tool_call_format(template) if tools else None
+        chosen = self._params_or_default(params)
+        reply = options.constraint(format, tools or (), chosen.constraint is not None)
+        if reply is not None:
+            chosen = chosen.with_changes(**reply.changes())  # (checked with the other options)
+            format = reply.calls_format
         chosen, start = self.chat_decoding(
-            prompt_ids, self._params_or_default(params), format, template, tools is not None
+            prompt_ids, chosen, format, template, tools is not None, reply
         )
         return format, chosen, start
 

@@ -428,14 +428,51 @@ def check_tool_schema(tool: Any) -> None:
     _arguments_schema(_tool_function(tool))
 
 
-def grammar_mode(
-    tools: Sequence[dict[str, Any]], tool_choice: str
-) -> tuple[ToolChoiceMode, list[dict[str, Any]]]:
+def tool_name(tool: Any) -> str:
+    """A tool's name (a tool as ``tool_json_schema`` takes it: a dict, function or pydantic
+    class)."""
+    return _tool_function(tool)["name"]
+
+
+def grammar_mode(tools: Sequence[Any], tool_choice: str) -> tuple[ToolChoiceMode, list[Any]]:
     """The grammar mode and the tools it allows for a tool choice: "auto", "required", "none",
     or the name of the one tool to call (then "required", that tool alone)."""
     if tool_choice in ("auto", "required", "none"):
         return tool_choice, list(tools)  # type: ignore[return-value]
-    return "required", [t for t in tools if t["function"]["name"] == tool_choice]
+    return "required", [t for t in tools if tool_name(t) == tool_choice]
+
+
+def openai_tool_choice(choice: Any, names: Sequence[str]) -> str:
+    """OpenAI's ``tool_choice`` (None: "auto"; "auto", "required", "none", or
+    ``{"type": "function", "function": {"name": ...}}``, one of ``names``) as "auto",
+    "required", "none" or the one tool's name; ValueError naming what is allowed."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        if (
+            choice.get("type") != "function"
+            or not isinstance(function, Mapping)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise ValueError(
+                'tool_choice must be "auto", "required", "none" or {"type": "function", '
+                f'"function": {{"name": ...}}}}, got {choice!r}'
+            )
+        name = function["name"]
+        if name not in names:
+            raise ValueError(
+                f"tool_choice names the function {name!r}, which is not among the tools "
+                f"({', '.join(names) or 'none given'})"
+            )
+        return name
+    if choice not in ("auto", "required", "none"):
+        raise ValueError(
+            f'tool_choice must be "auto", "required", "none" or a function, got {choice!r}'
+        )
+    if choice == "required" and not names:
+        raise ValueError('tool_choice "required" needs tools')
+    return choice
 
 
 def check_tool_choice_mode(mode: Any) -> None:

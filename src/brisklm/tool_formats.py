@@ -43,6 +43,7 @@ from brisklm.tool_calls import (
     answer_grammar,
     call_alternatives,
     check_tool_choice_mode,
+    grammar_mode,
     json_answer_rule,
     parse_tool_calls,
     partial_tag_length,
@@ -299,6 +300,30 @@ class ReplyConstraint:
     mode: ToolChoiceMode = "auto"
     parallel: bool = True
     answer_schema: Mapping[str, Any] | bool | None = None
+
+    @classmethod
+    def of_request(
+        cls,
+        format: ToolCallFormat | None,
+        tools: Sequence[Any],
+        choice: str = "auto",
+        parallel: bool | None = None,
+        answer_schema: Mapping[str, Any] | bool | None = None,
+    ) -> ReplyConstraint | None:
+        """A request's: its ``tools`` (in ``format``, the model's) and tool choice ("auto",
+        "required", "none" or the one tool's name), ``parallel_tool_calls`` (None: allowed) and
+        response format's schema; None where it gives neither tools nor a schema."""
+        if not tools:
+            return None if answer_schema is None else cls(answer_schema=answer_schema)
+        mode, allowed = grammar_mode(tools, choice)
+        single = choice not in ("auto", "required", "none") or parallel is False
+        return cls(format, tuple(allowed), mode, not single, answer_schema)
+
+    @property
+    def calls_format(self) -> ToolCallFormat | None:
+        """The format to parse the reply's calls in; None where it can hold none (no tools, or
+        tool_choice "none")."""
+        return self.format if self.tools and self.mode != "none" else None
 
     def changes(self, thinking: bool | None = None) -> dict[str, Any]:
         """The SamplingParams changes for a reply that may think first as ``thinking``

@@ -406,9 +406,7 @@ def test_bad_chat_calls(llm, messages, kwargs, message):
     [
         ({"max_tokens": 3}, r"max_tokens=, which is not a chat template variable.*SamplingParams"),
         ({"temperature": 0}, r"temperature=.*params=SamplingParams\(temperature=\.\.\.\)"),
-        ({"tool_choice": "required"}, r"tool_choice=.*tool_call_format\(\)\.grammar"),
         ({"sampling_params": GREEDY}, r"sampling_params=.*pass it as params="),
-        ({"response_format": {"type": "json_object"}}, r"response_format=.*json_object=True"),
     ],
 )
 @pytest.mark.parametrize("call", ["chat", "stream_chat", "achat"])

@@ -275,6 +275,10 @@ def test_a_forced_call_or_answer_may_come_after_the_thinking(request, opened):
             streamed = http.post(
                 "/v1/chat/completions", json={**body, "response_format": answer, "stream": True}
             ).text.splitlines()
+        # LLM.chat alike
+        params = SamplingParams(temperature=0, max_tokens=80, logit_bias=bias)
+        turn = llm.chat(ask, params, [FORECAST], tool_choice="required", parallel_tool_calls=False)
+        assert turn.reasoning == "" and [c.name for c in turn.tool_calls] == ["get_forecast"]
         deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in streamed if "{" in line]
         assert [d["reasoning_content"] for d in deltas if "reasoning_content" in d] == [""]
         assert json.loads("".join(d.get("content") or "" for d in deltas))["city"]

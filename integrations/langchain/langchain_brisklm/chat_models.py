@@ -37,7 +37,7 @@ from brisklm.openai_format import chat_logprobs, reply_logprobs, response_format
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, choices_usage
 from brisklm.reasoning import ReasoningSplitter, split_reasoning
 from brisklm.tool_call_chunks import ToolCallChunker
-from brisklm.tool_calls import grammar_mode, turn_finish_reason
+from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ReplyConstraint, ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
@@ -264,14 +264,10 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         llm = self._engine(model)  # loaded once the call's options are known to be valid
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()
-        reply = None if answer is None else ReplyConstraint(answer_schema=answer)
-        if tools:
-            # With a response_format too (create_agent's structured answer), as OpenAI: the
-            # reply is tool calls or the answer in that format, never free text.
-            mode, allowed = grammar_mode(tools, choice)
-            single = choice not in ("auto", "required", "none") or parallel is False
-            reply = ReplyConstraint(tool_format, tuple(allowed), mode, not single, answer)
-        parse_tools = reply is not None and bool(reply.tools) and reply.mode != "none"
+        # With a response_format beside tools (create_agent's structured answer), as OpenAI: the
+        # reply is tool calls or the answer in that format, never free text.
+        reply = ReplyConstraint.of_request(tool_format, tools, choice, parallel, answer)
+        calls_format = None if reply is None else reply.calls_format
         constraint = {} if reply is None else reply.changes()
         template_kwargs = self._template_kwargs(kwargs.get("chat_template_kwargs"))
         prompt_ids = llm.chat_prompt_ids(
@@ -282,12 +278,13 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         params, start = llm.chat_decoding(
             prompt_ids,
             params,
-            tool_format if parse_tools else None,
+            calls_format,
             template_kwargs.get("chat_template"),
             bool(tools),
             reply,
         )
         requests = llm.make_requests(prompt_ids, params)
+        parse_tools = calls_format is not None
         return _Call(llm, requests, parse_tools, self._display_name(model), tool_format, start)
 
     def _result(self, call: _Call, outputs: Sequence[GenerationOutput]) -> ChatResult:

@@ -17,7 +17,7 @@ from brisklm.openai_format import completion_logprobs, response_format_schema
 from brisklm.outputs import TokenLogprob, Usage
 from brisklm.sampling import SamplingParams
 from brisklm.sampling.params import MAX_LOGPROBS, MAX_N
-from brisklm.tool_calls import answer_grammar, grammar_mode
+from brisklm.tool_calls import answer_grammar, openai_tool_choice
 from brisklm.tool_formats import ReplyConstraint
 
 if TYPE_CHECKING:
@@ -602,40 +602,33 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
             answer = response_format_schema(response_format)
         except ValueError as error:
             raise ApiError(str(error), param="response_format") from None
-    tool_format = reply = None
-    if tools:
-        mode, allowed = grammar_mode(tools, choice)
-        if constraint_field is not None:
-            raise ApiError(
-                "tools and a guided_* constraint were both given; the tools' grammar decides "
-                "the reply (use response_format for a JSON answer beside tools)",
-                param="tools",
-            )
-        format = llm.tool_call_format()
-        single = choice not in ("auto", "required", "none") or parallel is False
-        reply = ReplyConstraint(format, tuple(allowed), mode, not single, answer)
-        if answer is not None:  # (its error would seem the tools')
-            try:
-                answer_grammar(answer)
-            except ValueError as error:
-                raise ApiError(str(error), param="response_format") from None
+    if tools and constraint_field is not None:
+        raise ApiError(
+            "tools and a guided_* constraint were both given; the tools' grammar decides "
+            "the reply (use response_format for a JSON answer beside tools)",
+            param="tools",
+        )
+    if tools and answer is not None:  # (its error would seem the tools')
+        try:
+            answer_grammar(answer)
+        except ValueError as error:
+            raise ApiError(str(error), param="response_format") from None
+    format = llm.tool_call_format() if tools else None
+    reply = ReplyConstraint.of_request(format, tools or (), choice, parallel, answer)
+    if reply is not None:
+        field = "tools" if tools else "response_format"  # (a grammar error names it)
         try:
             changes.update(reply.changes())
         except ValueError as error:
-            raise ApiError(str(error), param="tools") from None
-        constraint_field = fields["grammar"] = "tools"  # (a grammar error names the tools)
-        if mode != "none":
-            tool_format = format  # (the params it needs: LLM.chat_decoding, in _prepare_chat)
-    elif answer is not None:
-        reply = ReplyConstraint(answer_schema=answer)
-        changes.update(reply.changes())
-        constraint_field = fields["json_schema"] = fields["grammar"] = "response_format"
+            raise ApiError(str(error), param=field) from None
+        constraint_field = fields["json_schema"] = fields["grammar"] = field
     return ChatRequest(
         messages=messages,
         tools=tools,
         params=make_params(llm, changes, fields),
         options=stream_options(body),
-        tool_format=tool_format,
+        # (the params it needs: LLM.chat_decoding, in _prepare_chat)
+        tool_format=reply.calls_format if reply is not None else None,
         reply_constraint=reply,
         constraint_field=constraint_field,
         n=choices_wanted(body),
@@ -771,37 +764,11 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def _tool_choice(choice: Any, names: list[str]) -> str:
-    """ "auto", "required", "none", or the one tool's name."""
-    if choice is None:
-        return "auto"
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        if (
-            choice.get("type") != "function"
-            or not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-        ):
-            raise ApiError(
-                'tool_choice must be "auto", "required", "none" or {"type": "function", '
-                f'"function": {{"name": ...}}}}, got {choice!r}',
-                param="tool_choice",
-            )
-        name = function["name"]
-        if name not in names:
-            raise ApiError(
-                f"tool_choice names the function {name!r}, which is not among the tools "
-                f"({', '.join(names) or 'none given'})",
-                param="tool_choice",
-            )
-        return name
-    if choice not in ("auto", "required", "none"):
-        raise ApiError(
-            f'tool_choice must be "auto", "required", "none" or a function, got {choice!r}',
-            param="tool_choice",
-        )
-    if choice == "required" and not names:
-        raise ApiError('tool_choice "required" needs tools', param="tool_choice")
-    return choice
+    """ "auto", "required", "none", or the one tool's name (``openai_tool_choice``)."""
+    try:
+        return openai_tool_choice(choice, names)
+    except ValueError as error:
+        raise ApiError(str(error), param="tool_choice") from None
 
 
 def tool_call_dict(call: ToolCall) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def test_a_sampling_option_or_the_generation_prompt_is_not_a_template_variable(
     chat = ChatBrisk(model=str(qwen3_dir), max_tokens=2, **TINY_ENGINE)
     with pytest.raises(TypeError, match="not a chat template variable"):
         chat.invoke(MESSAGES, chat_template_kwargs={"max_tokens": 3})
+    with pytest.raises(TypeError, match="tool_choice=.*an option of the request"):
+        chat.invoke(MESSAGES, chat_template_kwargs={"tool_choice": "required"})
     with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
         chat.invoke(MESSAGES, chat_template_kwargs=["enable_thinking"])
 
