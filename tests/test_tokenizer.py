@@ -226,6 +226,9 @@ def test_text_that_is_not_unicode_is_refused_saying_where(loaded, kind: str) -> 
         with pytest.raises(ValueError, match=f"surrogates not allowed at position {position}"):
             ours.encode(text)
     assert ours.encode("abc")
+    for value in (None, b"abc", 5):  # not text at all: the backend's TypeError (an
+        with pytest.raises(TypeError):  # AttributeError from the check, for a moment)
+            ours.encode(value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -476,16 +476,22 @@ def test_auto_and_none_grammars(family_llms, family: str) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_chat_takes_openais_tool_choice_and_response_format(family_llms, family: str) -> None:
-    """LLM.chat decodes under the tools' grammar as the server and ChatBrisk do: "auto" by
-    default with tools (a model that starts a call makes a valid one), "required", a named
+    """LLM.chat decodes under the tools' grammar as the server and ChatBrisk do, where asked:
+    tool_choice "auto" (a model that starts a call makes a valid one), "required", a named
     function, "none", parallel_tool_calls and response_format. Before, chat took no such
-    option (a TypeError) and decoded tools unconstrained unless the caller built the grammar."""
+    option (a TypeError): the caller had to build the grammar. Without them, as before, the
+    reply is decoded freely and its calls parsed."""
     llm = family_llms[family]
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     opener = call_opener(llm, family)
     wants_call = SamplingParams(temperature=0, max_tokens=160, logit_bias={opener: 100.0})
-    called = llm.chat(ask, wants_call, tools=[WEATHER], parallel_tool_calls=False)
-    assert [c.name for c in called.tool_calls] == ["get_weather"], called.output.text
+    free = llm.chat(ask, wants_call, tools=[WEATHER])
+    prompt = llm.chat_prompt_ids(ask, [WEATHER])
+    assert free.output.token_ids == llm.generate(prompt, wants_call).token_ids
+    for options in ({"tool_choice": "auto"}, {"parallel_tool_calls": False}):
+        called = llm.chat(ask, wants_call, tools=[WEATHER], **options)
+        assert called.tool_calls[0].name == "get_weather", called.output.text
+        assert len(called.tool_calls) == 1 or "parallel_tool_calls" not in options
     assert called.tool_calls[0].arguments["unit"] in ("celsius", "fahrenheit")
     assert not llm.chat(ask, wants_call, tools=[WEATHER], tool_choice="none").tool_calls
     plain = SamplingParams(temperature=0, max_tokens=160)
@@ -515,12 +521,14 @@ def test_chat_takes_openais_tool_choice_and_response_format(family_llms, family:
         ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, ValueError, "not among"),
         ({"tool_choice": "any", "tools": [WEATHER]}, ValueError, 'must be "auto"'),
         ({"parallel_tool_calls": "no", "tools": [WEATHER]}, TypeError, "must be a bool"),
+        ({"parallel_tool_calls": 1, "tools": [WEATHER]}, TypeError, "must be a bool"),
         ({"response_format": {"type": "xml"}}, ValueError, "response_format"),
     ]:
         with pytest.raises(error, match=words):
             llm.chat(ask, plain, **options)
-    with pytest.raises(ValueError, match="give one"):
-        llm.chat(ask, plain.with_changes(regex="a+"), [WEATHER], tool_choice="required")
+    for option in ({"tool_choice": "required"}, {"parallel_tool_calls": False}):
+        with pytest.raises(ValueError, match="give one"):
+            llm.chat(ask, plain.with_changes(regex="a+"), [WEATHER], **option)
     # A constraint of the params' own decides the reply, tools or not (as before).
     own = llm.chat(ask, plain.with_changes(regex=r"It is sunny\."), tools=[WEATHER])
     assert own.content == "It is sunny." and not own.tool_calls

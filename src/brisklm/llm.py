@@ -196,24 +196,23 @@ class _ChatOptions:
     def constraint(
         self, format: ToolCallFormat | None, tools: Sequence[Any], own: bool
     ) -> ReplyConstraint | None:
-        """The reply's constraint for ``tools`` (called in ``format``), None where the params
-        have one of their ``own`` (then none of these options may be given) or there is
-        nothing to constrain."""
-        answer = self.response_format
-        if answer == {"type": "text"}:  # OpenAI's default: plain text
-            answer = None
-        if own:
-            if self.tool_choice is not None or answer is not None:
-                raise ValueError(
-                    "chat got params with a constraint of their own and tool_choice or "
-                    "response_format: give one (the params' constraint decides the reply)"
-                )
+        """The reply's constraint for ``tools`` (called in ``format``): None where no option
+        asks for one (the calls are parsed, not enforced), and where the params have one of
+        their ``own`` (then no option may be given)."""
+        parallel = self.parallel_tool_calls
+        if parallel is not None and not isinstance(parallel, bool):
+            raise TypeError(f"parallel_tool_calls must be a bool or None, got {parallel!r}")
+        schema = response_format_schema(self.response_format)
+        if self.tool_choice is None and parallel is None and schema is None:
             return None
-        if self.parallel_tool_calls not in (None, True, False):
-            raise TypeError(f"parallel_tool_calls must be a bool, got {self.parallel_tool_calls!r}")
+        if own:
+            raise ValueError(
+                "chat got params with a constraint of their own and tool_choice, "
+                "parallel_tool_calls or response_format: give one (the params' constraint "
+                "decides the reply)"
+            )
         choice = openai_tool_choice(self.tool_choice, [tool_name(tool) for tool in tools])
-        schema = None if answer is None else response_format_schema(answer)
-        return ReplyConstraint.of_request(format, tools, choice, self.parallel_tool_calls, schema)
+        return ReplyConstraint.of_request(format, tools, choice, parallel, schema)
 
 
 def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
@@ -1066,14 +1065,16 @@ class LLM:
         reply, and a reasoning model's thinking block out of its start (``ChatOutput.reasoning``;
         see ``reasoning_start``).
 
-        As OpenAI's request fields: ``tool_choice`` ("auto", the default with tools, "required",
+        As OpenAI's request fields, any of which decodes the reply under a grammar of the tools'
+        schemas (and the answer's), after a reasoning model's thinking, so that each call is one
+        of the tools with arguments its schema accepts: ``tool_choice`` ("auto", "required",
         "none" or ``{"type": "function", "function": {"name": ...}}``), ``parallel_tool_calls``
         (False: one call at most) and ``response_format`` (``{"type": "json_object"}`` or
-        ``{"type": "json_schema", "json_schema": {"name": ..., "schema": ...}}``). Calls and the
-        answer are decoded under a grammar of the tools' schemas (and the answer's), after a
-        reasoning model's thinking, so each call is one of the tools with arguments its schema
-        accepts. ``params`` with a constraint of its own (a grammar, a JSON schema) decides the
-        reply instead: then give neither ``tool_choice`` nor ``response_format``."""
+        ``{"type": "json_schema", "json_schema": {"name": ..., "schema": ...}}``). Without them
+        the reply is decoded freely and its calls parsed, not enforced (a grammar takes the
+        decoding off its fastest paths, and a reply under one ends where the grammar does:
+        ``min_tokens`` and ``ignore_eos`` do not apply). ``params`` with a constraint of their
+        own (a grammar, a JSON schema) decide the reply: then give none of these."""
         options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
         format, params, start = self._chat_format(ids, tools, params, options, template_kwargs)

@@ -105,8 +105,11 @@ def _json_schema_entry(response_format: dict[str, Any]) -> Any:
     return schema
 
 
-def response_format_schema(response_format: Any) -> dict[str, Any]:
-    """The JSON Schema to decode under for a `response_format`; ValueError for any other shape."""
+def response_format_schema(response_format: Any) -> dict[str, Any] | None:
+    """The JSON Schema to decode under for a `response_format` (None for none given, or OpenAI's
+    default `{"type": "text"}`: plain text); ValueError for any other shape."""
+    if response_format is None or response_format == {"type": "text"}:
+        return None
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "json_object":
         schema: Any = {"type": "object"}

@@ -22,7 +22,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from brisklm.tool_calls import partial_tag_length
+from brisklm.tool_calls import partial_tag_length, start_rule
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -104,12 +104,19 @@ def thinking_grammar(grammar: str, thinking: bool | None, reply_texts: Collectio
     if thinking is None:
         return grammar
     lines = grammar.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("start: "))
-    lines[start] = "reply: " + lines[start].removeprefix("start: ")
+    start, body = start_rule(lines)
+    lines[start] = f"reply: {body}"
     if not thinking:
-        lines = [
-            line + _NOT_OPENING if line.partition(":")[0] in reply_texts else line for line in lines
-        ]
+        guarded = set()
+        for i, line in enumerate(lines):
+            name = line.partition(":")[0]
+            if name in reply_texts:
+                lines[i] = line + _NOT_OPENING
+                guarded.add(name)
+        # (a text lexeme the grammar uses that is defined otherwise, "TEXT[lazy]: ...", would
+        # go unguarded, and a tag in the thinking commit the reply to a call)
+        unguarded = [n for n in reply_texts if n not in guarded and re.search(rf"\b{n}\b", body)]
+        assert not unguarded, f"the reply's text lexemes {unguarded} are not guarded"
     lines[start:start] = [_START[thinking], _BLOCK[thinking], "THOUGHT_END: /\\n{1,2}/"]
     return "\n".join(lines) + "\n"
 

@@ -170,7 +170,8 @@ class Tokenizer:
                 return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
             return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         except (TypeError, UnicodeError):
-            check_encodable(text)
+            if isinstance(text, str):
+                check_encodable(text)
             raise
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -389,6 +389,12 @@ def json_answer_rule(schema: Mapping[str, Any] | bool, name: str = "answer") -> 
         raise ConstraintError(f"the answer schema: {SCHEMA_TOO_DEEP}") from None
 
 
+def start_rule(lines: Sequence[str]) -> tuple[int, str]:
+    """Where the ``start`` rule of a Lark grammar (as its lines) is, and its body."""
+    index = next(i for i, line in enumerate(lines) if line.startswith("start: "))
+    return index, lines[index].removeprefix("start: ")
+
+
 def answer_grammar(schema: Mapping[str, Any] | bool) -> str:
     """A Lark grammar of a reply that is JSON under ``schema`` (``json_answer_rule``)."""
     return f"%llguidance {{}}\nstart: answer\n{json_answer_rule(schema)}\n"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from brisklm.reasoning import CLOSE as THINK_CLOSE
@@ -47,6 +47,7 @@ from brisklm.tool_calls import (
     json_answer_rule,
     parse_tool_calls,
     partial_tag_length,
+    start_rule,
     text_without,
     tool_call_from_json,
     tool_call_grammar,
@@ -227,8 +228,8 @@ class ToolCallFormat:
             if mode == "none":
                 return answer_grammar(answer_schema)
             lines = self._reply_grammar(tools, "required", parallel, None).splitlines()
-            start = next(i for i, line in enumerate(lines) if line.startswith("start: "))
-            lines[start] = "start: answer | " + lines[start].removeprefix("start: ")
+            start, body = start_rule(lines)
+            lines[start] = f"start: answer | {body}"
             lines.append(json_answer_rule(answer_schema))
             return "\n".join(lines) + "\n"
         if self.name == "hermes":
@@ -300,6 +301,9 @@ class ReplyConstraint:
     mode: ToolChoiceMode = "auto"
     parallel: bool = True
     answer_schema: Mapping[str, Any] | bool | None = None
+    _built: dict[bool | None, dict[str, Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def of_request(
@@ -329,7 +333,14 @@ class ReplyConstraint:
         """The SamplingParams changes for a reply that may think first as ``thinking``
         (``LLM.reasoning_start``'s: None, it does not): the tools' grammar
         (``ToolCallFormat.grammar``), or without tools the answer's schema, a ``json_schema``
-        constraint (after a thinking block, a grammar of it)."""
+        constraint (after a thinking block, a grammar of it). Built once for each ``thinking``
+        (a request asks for them as it is checked and again once its prompt is rendered; a
+        grammar of a few tools takes ~1 ms)."""
+        if thinking not in self._built:
+            self._built[thinking] = self._changes(thinking)
+        return dict(self._built[thinking])
+
+    def _changes(self, thinking: bool | None) -> dict[str, Any]:
         if self.tools:
             assert self.format is not None, "tools need the format of their calls"
             grammar = self.format.grammar(

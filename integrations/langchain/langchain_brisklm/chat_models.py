@@ -252,15 +252,12 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # Per-call tools go through the same conversion and checks as bind_tools (idempotent on
         # the OpenAI dicts that bind_tools binds).
         tools = format_tools(kwargs.get("tools"))
-        response_format = kwargs.get("response_format")
-        if response_format == {"type": "text"}:  # OpenAI's default: plain text, no constraint
-            response_format = None
         parallel = kwargs.get("parallel_tool_calls")
         check_parallel_tool_calls(parallel)
         names = [tool["function"]["name"] for tool in tools]
         # Checked without tools too: a choice that requires a call cannot be met without one.
         choice = normalize_tool_choice(kwargs.get("tool_choice"), names)
-        answer = None if response_format is None else response_format_schema(response_format)
+        answer = response_format_schema(kwargs.get("response_format"))
         llm = self._engine(model)  # loaded once the call's options are known to be valid
         # Calls are decoded and parsed in the model's own format (read from its chat template).
         tool_format = llm.tool_call_format()

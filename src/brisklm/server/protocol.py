@@ -91,7 +91,7 @@ COMPLETION_FIELDS = frozenset(
 # a processing tier).
 _HINTS = {
     "user": (str, "a string"),
-    "metadata": (dict, "an object of strings"),
+    "metadata": (dict, "an object"),
     "store": (bool, "true or false"),
     "service_tier": (str, "a string (auto, default, flex, scale or priority)"),
     "safety_identifier": (str, "a string"),
@@ -590,18 +590,15 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
     tools = chat_tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), [t["function"]["name"] for t in tools or []])
     parallel = get_field(body, "parallel_tool_calls", bool, "true or false")
-    answer = None
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        if constraint_field is not None:
-            raise ApiError(
-                "response_format and a guided_* constraint were both given; give one",
-                param="response_format",
-            )
-        try:
-            answer = response_format_schema(response_format)
-        except ValueError as error:
-            raise ApiError(str(error), param="response_format") from None
+    try:
+        answer = response_format_schema(body.get("response_format"))
+    except ValueError as error:
+        raise ApiError(str(error), param="response_format") from None
+    if answer is not None and constraint_field is not None:
+        raise ApiError(
+            "response_format and a guided_* constraint were both given; give one",
+            param="response_format",
+        )
     if tools and constraint_field is not None:
         raise ApiError(
             "tools and a guided_* constraint were both given; the tools' grammar decides "
