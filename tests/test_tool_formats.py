@@ -520,8 +520,12 @@ def test_chat_takes_openais_tool_choice_and_response_format(family_llms, family:
         ({"tool_choice": "required"}, ValueError, "needs tools"),
         ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, ValueError, "not among"),
         ({"tool_choice": "any", "tools": [WEATHER]}, ValueError, 'must be "auto"'),
-        ({"parallel_tool_calls": "no", "tools": [WEATHER]}, TypeError, "must be a bool"),
-        ({"parallel_tool_calls": 1, "tools": [WEATHER]}, TypeError, "must be a bool"),
+        (
+            {"parallel_tool_calls": "no", "tools": [WEATHER]},
+            TypeError,
+            "must be True, False or None",
+        ),
+        ({"parallel_tool_calls": 1, "tools": [WEATHER]}, TypeError, "must be True, False or None"),
         ({"response_format": {"type": "xml"}}, ValueError, "response_format"),
     ]:
         with pytest.raises(error, match=words):

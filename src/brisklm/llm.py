@@ -55,7 +55,12 @@ from brisklm.speculative import (
     make_draft_generator,
 )
 from brisklm.tokenizer import Tokenizer
-from brisklm.tool_calls import openai_tool_choice, tool_name, turn_finish_reason
+from brisklm.tool_calls import (
+    check_parallel_tool_calls,
+    openai_tool_choice,
+    tool_name,
+    turn_finish_reason,
+)
 from brisklm.tool_formats import ReplyConstraint, ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
 
@@ -200,8 +205,7 @@ class _ChatOptions:
         asks for one (the calls are parsed, not enforced), and where the params have one of
         their ``own`` (then no option may be given)."""
         parallel = self.parallel_tool_calls
-        if parallel is not None and not isinstance(parallel, bool):
-            raise TypeError(f"parallel_tool_calls must be a bool or None, got {parallel!r}")
+        check_parallel_tool_calls(parallel)
         schema = response_format_schema(self.response_format)
         if self.tool_choice is None and parallel is None and schema is None:
             return None

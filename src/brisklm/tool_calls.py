@@ -448,6 +448,15 @@ def grammar_mode(tools: Sequence[Any], tool_choice: str) -> tuple[ToolChoiceMode
     return "required", [t for t in tools if tool_name(t) == tool_choice]
 
 
+def check_parallel_tool_calls(parallel_tool_calls: Any) -> None:
+    """TypeError unless parallel_tool_calls is True, False or None."""
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise TypeError(
+            "parallel_tool_calls must be True, False or None, got "
+            f"{parallel_tool_calls!r} ({type(parallel_tool_calls).__name__})"
+        )
+
+
 def openai_tool_choice(choice: Any, names: Sequence[str]) -> str:
     """OpenAI's ``tool_choice`` (None: "auto"; "auto", "required", "none", or
     ``{"type": "function", "function": {"name": ...}}``, one of ``names``) as "auto",

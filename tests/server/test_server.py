@@ -510,7 +510,9 @@ def test_bad_bodies_and_paths(http) -> None:
         assert "not valid Unicode text: surrogates not allowed" in error["message"]
         assert error["param"] == ("messages" if "messages" in body else "prompt")
     response = http.get("/v1/nothing")
-    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    error = response.json()["error"]
+    assert response.status_code == 404 and error["type"] == "invalid_request_error"
+    assert error["message"] == "GET /v1/nothing: Not Found"
     assert http.get("/health").json() == {"status": "ok"}
     # The server goes on serving after each of these.
     ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})

@@ -281,15 +281,6 @@ def _format_tool(tool: Any, position: int) -> dict[str, Any]:
     return converted
 
 
-def check_parallel_tool_calls(parallel_tool_calls: Any) -> None:
-    """TypeError unless parallel_tool_calls is True, False or None."""
-    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
-        raise TypeError(
-            "parallel_tool_calls must be True, False or None, got "
-            f"{parallel_tool_calls!r} ({type(parallel_tool_calls).__name__})"
-        )
-
-
 def normalize_tool_choice(tool_choice: ToolChoice, tool_names: Sequence[str]) -> str:
     """ "auto", "required", "none", or the name of the one tool to call.
 

@@ -37,7 +37,7 @@ from brisklm.openai_format import chat_logprobs, reply_logprobs, response_format
 from brisklm.outputs import GenerationOutput, StreamChunk, TokenLogprob, Usage, choices_usage
 from brisklm.reasoning import ReasoningSplitter, split_reasoning
 from brisklm.tool_call_chunks import ToolCallChunker
-from brisklm.tool_calls import turn_finish_reason
+from brisklm.tool_calls import check_parallel_tool_calls, turn_finish_reason
 from brisklm.tool_formats import ReplyConstraint, ToolCallFormat
 from langchain_brisklm._batched import BatchSubmission
 from langchain_brisklm._engines import get_tokenizer, resolve_model_path
@@ -56,7 +56,6 @@ from langchain_brisklm._structured import (
 )
 from langchain_brisklm._tools import (
     ToolChoice,
-    check_parallel_tool_calls,
     cut_call_chunks,
     cut_call_error,
     format_tools,

@@ -109,11 +109,11 @@ class _RequireApiKey:
 
 
 async def _http_error(request: HttpRequest, error: Exception) -> Response:
-    """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error shape."""
+    """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error shape (its
+    type for an unknown URL is invalid_request_error too)."""
     assert isinstance(error, HTTPException)
-    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     message = f"{request.method} {request.url.path}: {error.detail}"
-    return _error_response(ApiError(message, status=error.status_code, kind=kind))
+    return _error_response(ApiError(message, status=error.status_code))
 
 
 def _error_response(error: ApiError) -> JSONResponse:

@@ -495,8 +495,6 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     params: SamplingParams
     options: StreamOptions
-    # The model's tool-call format where its reply may hold calls (None: text only).
-    tool_format: ToolCallFormat | None
     # The tools' or response_format's constraint, built again for the rendered prompt where a
     # reasoning model's thinking may come first (LLM.chat_decoding).
     reply_constraint: ReplyConstraint | None = None
@@ -508,6 +506,11 @@ class ChatRequest:
     # Whether (and how) a reply may open with a thinking block: LLM.reasoning_start's, set once
     # the prompt is rendered.
     reasoning_start: bool | None = None
+
+    @property
+    def tool_format(self) -> ToolCallFormat | None:
+        """The model's tool-call format where the reply may hold calls (None: text only)."""
+        return None if self.reply_constraint is None else self.reply_constraint.calls_format
 
 
 def chat_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -624,8 +627,6 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         tools=tools,
         params=make_params(llm, changes, fields),
         options=stream_options(body),
-        # (the params it needs: LLM.chat_decoding, in _prepare_chat)
-        tool_format=reply.calls_format if reply is not None else None,
         reply_constraint=reply,
         constraint_field=constraint_field,
         n=choices_wanted(body),
