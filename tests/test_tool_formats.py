@@ -831,6 +831,26 @@ def test_chat_keeps_the_calls_before_a_cut(tool_format: ToolCallFormat, text: st
     assert (at_eos.content, at_eos.tool_calls) == (text.strip(), [])
 
 
+def test_chat_drops_a_hermes_call_block_it_ended_inside() -> None:
+    """As the server reads it: content and calls before the cut block. LLM.chat kept the block's
+    markup as content beside the calls, so reply.message() put a broken call in the history."""
+    from brisklm.outputs import GenerationOutput, Usage
+
+    whole = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    for text, content, calls in [
+        (f'Sure. {whole}\n<tool_call>\n{{"name": "g', "Sure.", [("f", {"a": 1})]),
+        ('Let me see. <tool_call>\n{"name": "f", "argu', "Let me see.", []),
+    ]:
+        output = GenerationOutput("r", None, [1], text, [2], "length", Usage(1, 1))
+        reply = LLM.chat_output(output, HERMES)
+        assert (reply.content, [(c.name, c.arguments) for c in reply.tool_calls]) == (
+            content,
+            calls,
+        )
+        assert reply.finish_reason == "length"
+        assert "<tool_call>" not in str(reply.message()["content"])
+
+
 @pytest.mark.parametrize("finish", [("stop", None), ("length", None), ("stop", "\n\n")])
 @pytest.mark.parametrize(
     ("tool_format", "text"),

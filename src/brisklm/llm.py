@@ -60,6 +60,7 @@ from brisklm.tool_calls import (
     openai_tool_choice,
     tool_name,
     turn_finish_reason,
+    unclosed_block_start,
 )
 from brisklm.tool_formats import ReplyConstraint, ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
@@ -1069,16 +1070,18 @@ class LLM:
         reply, and a reasoning model's thinking block out of its start (``ChatOutput.reasoning``;
         see ``reasoning_start``).
 
-        As OpenAI's request fields, any of which decodes the reply under a grammar of the tools'
-        schemas (and the answer's), after a reasoning model's thinking, so that each call is one
-        of the tools with arguments its schema accepts: ``tool_choice`` ("auto", "required",
-        "none" or ``{"type": "function", "function": {"name": ...}}``), ``parallel_tool_calls``
-        (False: one call at most) and ``response_format`` (``{"type": "json_object"}`` or
-        ``{"type": "json_schema", "json_schema": {"name": ..., "schema": ...}}``). Without them
-        the reply is decoded freely and its calls parsed, not enforced (a grammar takes the
-        decoding off its fastest paths, and a reply under one ends where the grammar does:
-        ``min_tokens`` and ``ignore_eos`` do not apply). ``params`` with a constraint of their
-        own (a grammar, a JSON schema) decide the reply: then give none of these."""
+        As OpenAI's request fields, any of which decodes the reply under a grammar of the
+        tools' schemas (and the answer's), after a reasoning model's thinking, so that each
+        call is one of the tools with arguments its schema accepts: ``tool_choice`` ("auto",
+        "required", "none" or ``{"type": "function", "function": {"name": ...}}``),
+        ``parallel_tool_calls`` (False: one call at most) and ``response_format``
+        (``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name":
+        ..., "schema": ...}}``; its default, ``{"type": "text"}``, asks for nothing).
+        Without them the reply is decoded freely and its calls parsed, not enforced (a
+        grammar takes the decoding off its fastest paths, and a reply under one ends where
+        the grammar does: ``ignore_eos`` does not apply, and ``min_tokens`` is refused).
+        ``params`` with a constraint of their own (a grammar, a JSON schema) decide the
+        reply: then give none of these."""
         options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
         format, params, start = self._chat_format(ids, tools, params, options, template_kwargs)
@@ -1165,10 +1168,12 @@ class LLM:
         return matcher.validate_tokens(tag) == len(tag)
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
-        """The prompt's text from its last opening tag (where that tag is one token), else its
-        last 512 tokens' text."""
+        """The prompt's text from its last opening tag where that tag is one token, else all of
+        it (a window of its last 512 tokens missed the tag of a longer reasoning prefill, and the
+        reply was taken for one that may open a block; such templates are rare, and only those
+        that know thinking blocks get here)."""
         ids = list(prompt_ids)
-        start = max(0, len(ids) - 512)
+        start = 0
         open_id = self.tokenizer.token_to_id(OPEN_TAG)
         if open_id is not None:
             if open_id not in ids:
@@ -1246,18 +1251,22 @@ class LLM:
         not None, a thinking block that opens the reply is its ``reasoning``, and the rest is
         read as the reply. A Llama 3 / Mistral reply that max_tokens, a stop string or a stop
         token cut inside its calls (``cut_calls``) keeps the calls complete before the cut and
-        the content before the calls; a Hermes reply cut so is all content, markup included,
-        with no calls (the server drops the cut block); the cut call's text is in
+        the content before the calls; a Hermes reply that ended inside a call block, the content
+        and calls before that block (the server's reply alike); the cut call's text is in
         ``output.text``. A reply that ended at eos, or shows no complete call, is read by
         ``parse`` (text that does not parse is content)."""
         reasoning, text = split_reasoning(output.text, reasoning_start)
         cut_calls = format.cut_calls(text) if format else None
         was_cut = output.finish_reason == "length" or output.stop_reason is not None
+        cut = format is not None and format.ended_inside_call(text)
         if cut_calls is not None and cut_calls[1] and was_cut:
             content, calls, _ = cut_calls
+        elif cut and format is not None and format.name == "hermes":
+            # (the cut block's markup was content, beside the calls before it)
+            content, calls = format.parse(text[: unclosed_block_start(text)])
+            content = content.strip()
         else:
             content, calls = format.parse(text) if format else (text, [])
-        cut = format is not None and format.ended_inside_call(text)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
         others = [LLM.chat_output(c, format, reasoning_start) for c in output.other_choices]
         return ChatOutput(

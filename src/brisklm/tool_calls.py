@@ -483,7 +483,8 @@ def openai_tool_choice(choice: Any, names: Sequence[str]) -> str:
         return name
     if choice not in ("auto", "required", "none"):
         raise ValueError(
-            f'tool_choice must be "auto", "required", "none" or a function, got {choice!r}'
+            'tool_choice must be "auto", "required", "none" or {"type": "function", "function": '
+            f'{{"name": ...}}}} (a tool named so), got {choice!r}'
         )
     if choice == "required" and not names:
         raise ValueError('tool_choice "required" needs tools')

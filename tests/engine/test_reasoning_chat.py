@@ -93,6 +93,12 @@ def test_a_reasoning_prefill_is_continued_as_reasoning(llm):
     reply = llm.chat(prefill, forced(r" [a-z]{3,8}\n</think>\n\nIt is [a-z]{3,8}\."), **kwargs)
     assert reply.reasoning == reply.output.text.split("\n")[0]
     assert reply.content.startswith("It is ")
+    # A prefill of more than 512 tokens, "<think>" no token of its own here: the tag was looked
+    # for in the last 512 tokens only, and the reply taken for one that may open a block.
+    long = [*ASK, {"role": "assistant", "reasoning_content": "x y " * 600, "content": ""}]
+    ids = llm.chat_prompt_ids(long, **kwargs)
+    assert len(ids) > 1000 and llm.tokenizer.token_to_id("<think>") is None
+    assert llm.reasoning_start(ids) is True
 
 
 def test_a_constraint_that_decides_the_start_leaves_no_reasoning_after_an_opened_prompt(

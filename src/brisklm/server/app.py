@@ -31,14 +31,13 @@ from brisklm.llm import LLM, ContextLengthError
 from brisklm.offload import run_off_loop
 from brisklm.openai_format import chat_logprobs, reply_logprobs
 from brisklm.outputs import (
-    ChatOutput,
     GenerationOutput,
     StreamChunk,
     TokenLogprob,
     Usage,
     choices_usage,
 )
-from brisklm.reasoning import ReasoningSplitter, split_reasoning
+from brisklm.reasoning import ReasoningSplitter
 from brisklm.sampling import SamplingParams
 from brisklm.server import protocol
 from brisklm.server.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -46,7 +45,7 @@ from brisklm.server.metrics import metrics_text
 from brisklm.server.protocol import ApiError, ChatRequest, CompletionRequest
 from brisklm.server.tokenize import detokenize, tokenize
 from brisklm.tool_call_chunks import CallChunk, ToolCallChunker
-from brisklm.tool_calls import turn_finish_reason, unclosed_block_start
+from brisklm.tool_calls import turn_finish_reason
 from brisklm.tool_formats import ToolCallFormat
 
 logger = logging.getLogger(__name__)
@@ -192,16 +191,6 @@ def _sse(data: dict[str, Any]) -> str:
 _DONE = "data: [DONE]\n\n"
 
 
-def _before_the_cut_call(turn: ChatOutput, format: ToolCallFormat, text: str) -> ChatOutput:
-    """A Hermes reply cut inside a call block: its content and calls before that block (the
-    block's text, markup included, was content); other formats' cut replies already read so."""
-    start = unclosed_block_start(text)
-    if start < 0:
-        return turn
-    content, calls = format.parse(text[:start])
-    return dataclasses.replace(turn, content=content.strip(), tool_calls=calls)
-
-
 def _chat_choice(
     index: int,
     output: GenerationOutput,
@@ -213,10 +202,6 @@ def _chat_choice(
     them (less a call it was cut inside), its logprobs those of its tokens (not the one ending
     the turn)."""
     turn = LLM.chat_output(output, format, reasoning_start)
-    if format is not None and format.name == "hermes":
-        text = split_reasoning(output.text, reasoning_start)[1]  # (the reply after its thinking)
-        if format.ended_inside_call(text):
-            turn = _before_the_cut_call(turn, format, text)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.reasoning is not None:  # (vLLM's and DeepSeek's field)
         message["reasoning_content"] = turn.reasoning
