@@ -457,6 +457,9 @@ def check_parallel_tool_calls(parallel_tool_calls: Any) -> None:
         )
 
 
+_OPENAI_CHOICES = '"auto", "required", "none" or {"type": "function", "function": {"name": ...}}'
+
+
 def openai_tool_choice(choice: Any, names: Sequence[str]) -> str:
     """OpenAI's ``tool_choice`` (None: "auto"; "auto", "required", "none", or
     ``{"type": "function", "function": {"name": ...}}``, one of ``names``) as "auto",
@@ -470,10 +473,7 @@ def openai_tool_choice(choice: Any, names: Sequence[str]) -> str:
             or not isinstance(function, Mapping)
             or not isinstance(function.get("name"), str)
         ):
-            raise ValueError(
-                'tool_choice must be "auto", "required", "none" or {"type": "function", '
-                f'"function": {{"name": ...}}}}, got {choice!r}'
-            )
+            raise ValueError(f"tool_choice must be {_OPENAI_CHOICES}, got {choice!r}")
         name = function["name"]
         if name not in names:
             raise ValueError(
@@ -482,10 +482,7 @@ def openai_tool_choice(choice: Any, names: Sequence[str]) -> str:
             )
         return name
     if choice not in ("auto", "required", "none"):
-        raise ValueError(
-            'tool_choice must be "auto", "required", "none" or {"type": "function", "function": '
-            f'{{"name": ...}}}} (a tool named so), got {choice!r}'
-        )
+        raise ValueError(f"tool_choice must be {_OPENAI_CHOICES} (a tool named so), got {choice!r}")
     if choice == "required" and not names:
         raise ValueError('tool_choice "required" needs tools')
     return choice
