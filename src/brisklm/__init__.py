@@ -7,7 +7,14 @@ from brisklm._lazy import lazy_attributes
 if TYPE_CHECKING:
     from brisklm.config import ModelConfig
     from brisklm.constrained.errors import ConstraintError
-    from brisklm.constrained.spec import Choice, Grammar, JsonObject, JsonSchema, Regex
+    from brisklm.constrained.spec import (
+        AfterThinking,
+        Choice,
+        Grammar,
+        JsonObject,
+        JsonSchema,
+        Regex,
+    )
     from brisklm.engine.llm_engine import EngineConfig
     from brisklm.llm import LLM, ContextLengthError, default_model_path
     from brisklm.outputs import ChatOutput, GenerationOutput, StreamChunk, TokenLogprob, Usage
@@ -18,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "AfterThinking",
     "ChatOutput",
     "Choice",
     "ConstraintError",
@@ -44,6 +52,7 @@ __getattr__, __dir__ = lazy_attributes(
         "ModelConfig": "brisklm.config",
         # SamplingParams(constraint=...) and the error a constraint raises
         "ConstraintError": "brisklm.constrained.errors",
+        "AfterThinking": "brisklm.constrained.spec",
         "Choice": "brisklm.constrained.spec",
         "Grammar": "brisklm.constrained.spec",
         "JsonObject": "brisklm.constrained.spec",

@@ -17,6 +17,7 @@ from numpy import ndarray
 
 from brisklm.config import checkpoint_directory
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
+from brisklm.constrained.spec import AfterThinking, Constraint
 from brisklm.engine.llm_engine import (
     EngineConfig,
     LLMEngine,
@@ -1128,43 +1129,35 @@ class LLM:
         return self.stream(ids, self._chat_format(ids, tools, params, options, template_kwargs)[1])
 
     def reasoning_start(
-        self,
-        prompt_ids: Sequence[int],
-        chat_template: str | None = None,
-        has_tools: bool = False,
-        constraint: Any = None,
+        self, prompt_ids: Sequence[int], chat_template: str | None = None, has_tools: bool = False
     ) -> bool | None:
         """How a chat reply to ``prompt_ids`` may hold a thinking block (``brisklm.reasoning``):
         None where the chat template knows none, True where the prompt has opened one (the
         reply begins inside it, as DeepSeek-R1's templates and a reasoning prefill make it),
         False where the reply may open one (Qwen3's), None too where the prompt closed one in
         the reply's turn (Qwen3's ``enable_thinking=False``; ``prompt_thinking``).
-        ``chat_template`` and ``has_tools`` pick the template as ``chat`` does; ``constraint``
-        (the params' resolved one): a reply inside an opened block that it cannot close holds
-        none (None)."""
+        ``chat_template`` and ``has_tools`` pick the template as ``chat`` does."""
         try:
             template = self.tokenizer.template_for(chat_template, has_tools=has_tools)
         except ValueError:
             return None
         if not template_reasons(template):
             return None
-        where = prompt_thinking(self._thinking_tail(prompt_ids))
-        if where is not True:
-            return where
-        return True if self._may_close_thinking(constraint) else None
+        return prompt_thinking(self._thinking_tail(prompt_ids))
 
-    def _may_close_thinking(self, constraint: Any) -> bool:
-        """Whether output under ``constraint`` may close a thinking block the prompt opened: no
-        constraint, one whose text writes the closing tag (``may_close_thinking``), or one that
-        takes the tag as its first text (a free start: the tools' "auto" and "none" grammars, a
-        regex of any text; a JSON schema or a forced call does not)."""
-        if may_close_thinking(constraint):
+    def _writes_thinking(self, constraint: Constraint, opened: bool) -> bool:
+        """Whether output under ``constraint`` (a caller's) writes a reply's thinking block
+        itself: its text names the closing tag (``may_close_thinking``), or it may begin with
+        the block's tag, the closing one inside a block the prompt ``opened``, else the opening
+        one (a regex of any text, the tools' "auto" grammar built without ``thinking``). Other
+        constraints apply after the block (``AfterThinking``)."""
+        if isinstance(constraint, AfterThinking) or may_close_thinking(constraint):
             return True
         try:
             matcher = self.engine.structured.compiler.compile(constraint).matcher()
         except ValueError:  # (a constraint that does not compile fails its request, named)
-            return False
-        tag = self.tokenizer.encode(CLOSE_TAG, add_special_tokens=False)
+            return True
+        tag = self.tokenizer.encode(CLOSE_TAG if opened else OPEN_TAG, add_special_tokens=False)
         return matcher.validate_tokens(tag) == len(tag)
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
@@ -1231,12 +1224,16 @@ class LLM:
         (``chat_template`` and ``has_tools`` as there): with a ``tool_format`` (a reply that may
         hold calls), stop strings only before the calls and special tokens kept where the calls'
         tag is one; without, no ``reply_calls``. ``constraint``: the tools' or a response
-        format's, in place of the one the params hold, built for the prompt (a reasoning model's
-        thinking may come first). ``chat``, the server and ChatBrisk decode so."""
-        own = params.constraint if constraint is None else None
-        start = self.reasoning_start(prompt_ids, chat_template, has_tools, own)
+        format's, in place of the one the params hold, built for the prompt. A reasoning model's
+        thinking comes before either constraint, as vLLM applies guided decoding after the
+        reasoning, but before the params' own only where it does not write the block itself
+        (``_writes_thinking``). ``chat``, the server and ChatBrisk decode so."""
+        start = self.reasoning_start(prompt_ids, chat_template, has_tools)
+        own = params.constraint
         if constraint is not None:
             params = params.with_changes(**constraint.changes(start))
+        elif own is not None and start is not None and not self._writes_thinking(own, start):
+            params = params.with_changes(constraint=AfterThinking(own, start))
         if tool_format is None:
             return (params.with_changes(reply_calls=None) if params.reply_calls else params), start
         return params.with_changes(**tool_format.decoding_options(start)), start

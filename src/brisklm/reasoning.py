@@ -22,9 +22,8 @@ import re
 from collections.abc import Collection
 from typing import Any
 
+from brisklm.constrained.thinking import CLOSE, OPEN, thinking_rules
 from brisklm.tool_calls import partial_tag_length, start_rule
-
-OPEN, CLOSE = "<think>", "</think>"
 
 
 @functools.lru_cache(maxsize=64)
@@ -73,19 +72,6 @@ def block_opening(text: str) -> int | None:
     return None if OPEN.startswith(text[first:]) else -1
 
 
-# Lark (llguidance) rules of a thinking block before a reply's grammar (``thinking_grammar``).
-# The block is one lazy lexeme, which ends at the first closing tag; a newline or two may follow
-# it, as templates write "</think>\n\n" (the newlines ReasoningSplitter drops; no more: a forced
-# call or answer would have room to waste its tokens on blanks).
-_BLOCK = {
-    # opened by the reply (after blanks, as _NOT_OPENING's), or by the prompt
-    False: 'thinking[lazy]: /[\\s\\x1c-\\x1f]*/ "<think>" /(?s:.*)/ "</think>"',
-    True: 'thinking[lazy]: /(?s:.*)/ "</think>"',
-}
-_START = {
-    False: "start: (thinking THOUGHT_END?)? reply",
-    True: "start: thinking THOUGHT_END? reply",
-}
 # (and-not for a lexeme of text). Blanks as Python's str.lstrip sees them (block_opening's): \s and
 # \x1c-\x1f, which llguidance's \s leaves out.
 _NOT_OPENING = r" & ~/(?s:[\s\x1c-\x1f]*<think>.*)/"
@@ -117,7 +103,7 @@ def thinking_grammar(grammar: str, thinking: bool | None, reply_texts: Collectio
         # go unguarded, and a tag in the thinking commit the reply to a call)
         unguarded = [n for n in reply_texts if n not in guarded and re.search(rf"\b{n}\b", body)]
         assert not unguarded, f"the reply's text lexemes {unguarded} are not guarded"
-    lines[start:start] = [_START[thinking], _BLOCK[thinking], "THOUGHT_END: /\\n{1,2}/"]
+    lines[start:start] = thinking_rules(thinking)
     return "\n".join(lines) + "\n"
 
 

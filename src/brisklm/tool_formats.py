@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from brisklm.constrained.spec import AfterThinking, JsonSchema
 from brisklm.reasoning import CLOSE as THINK_CLOSE
 from brisklm.reasoning import block_opening, thinking_grammar
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
@@ -333,7 +334,7 @@ class ReplyConstraint:
         """The SamplingParams changes for a reply that may think first as ``thinking``
         (``LLM.reasoning_start``'s: None, it does not): the tools' grammar
         (``ToolCallFormat.grammar``), or without tools the answer's schema, a ``json_schema``
-        constraint (after a thinking block, a grammar of it). Built once for each ``thinking``
+        constraint (after a thinking block: ``AfterThinking``). Built once for each ``thinking``
         (a request asks for them as it is checked and again once its prompt is rendered; a
         grammar of a few tools takes ~1 ms)."""
         if thinking not in self._built:
@@ -353,8 +354,7 @@ class ReplyConstraint:
             return {"grammar": grammar}
         if thinking is None:
             return {"json_schema": self.answer_schema}
-        grammar = thinking_grammar(answer_grammar(self.answer_schema), thinking)
-        return {"json_schema": None, "grammar": grammar}
+        return {"constraint": AfterThinking(JsonSchema(self.answer_schema), thinking)}
 
 
 @dataclass(frozen=True)

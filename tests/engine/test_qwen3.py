@@ -4,6 +4,7 @@ kernel paths, alone and batched, and a chat turn with tools under its Hermes-sty
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -174,7 +175,7 @@ def test_tool_choice_none_splits_the_thinking_the_prompt_opened(opens_thinking):
     prompt opened. It was taken for a constraint that decides the reply's start, so the whole
     reply, "</think>" and all, came back as content (server and ChatBrisk alike; LLM.chat for
     both grammars, and for a regex of any text). A constraint that cannot close it (a JSON
-    schema) leaves the reply all content."""
+    schema) comes after the block (it left the reply all content before session 75)."""
     starlette = pytest.importorskip("starlette.testclient")
     from brisklm.server.app import build_app
 
@@ -199,7 +200,7 @@ def test_tool_choice_none_splits_the_thinking_the_prompt_opened(opens_thinking):
             assert (turn.reasoning, turn.content) == ("", ""), constraint
         schema = forced.with_changes(max_tokens=8, json_schema={"type": "object"})
         turn = llm.chat(ask, schema, tools=[FORECAST])
-        assert turn.reasoning is None and turn.content.startswith("{")
+        assert turn.reasoning == "" and turn.content.startswith("{")
         with starlette.TestClient(build_app(llm, "t")) as http:
             for choice in ("auto", "none"):
                 reply = http.post("/v1/chat/completions", json={**body, "tool_choice": choice})
@@ -294,3 +295,68 @@ def test_a_forced_call_or_answer_may_come_after_the_thinking(request, opened):
     message = chat.bind_tools([FORECAST], tool_choice="get_forecast").invoke("Hi")
     assert message.additional_kwargs["reasoning_content"] == ""
     assert [call["name"] for call in message.tool_calls] == ["get_forecast"]
+
+
+# A caller's constraint of each kind, as SamplingParams options and as the server's fields, and
+# a reply it accepts (the answer after the thinking).
+CALLERS = [
+    ({"regex": r"It is [a-z]{3,8}\."}, {"guided_regex": r"It is [a-z]{3,8}\."}, r"It is [a-z]+\."),
+    ({"choice": ["sunny", "rain"]}, {"guided_choice": ["sunny", "rain"]}, r"sunny|rain"),
+    ({"grammar": 'start: "cold" | "warm"'}, {"guided_grammar": 'start: "cold" | "warm"'},
+     "cold|warm"),
+    ({"grammar": 'root ::= "dry" | "wet"', "grammar_syntax": "gbnf"},
+     {"guided_grammar": 'root ::= "dry" | "wet"'}, "dry|wet"),
+    ({"json_schema": SCHEMA}, {"guided_json": SCHEMA}, r'\{"city": "(Rome|Oslo)"\}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["prompt-opened", "reply-opened"])
+def test_a_callers_own_constraint_comes_after_the_thinking(request, opened):
+    """A regex, choice, grammar (Lark or GBNF) or JSON schema of the caller's own (in
+    SamplingParams, or the server's guided_* fields) applies after a reasoning model's thinking
+    block, as vLLM's guided decoding does: each began at the reply's first token, so a block the
+    prompt opened could not close and one the reply would open could not open (before session 75;
+    guided_json since session 74). The logit bias writes an empty block where one may come."""
+    from brisklm import AfterThinking
+
+    starlette = pytest.importorskip("starlette.testclient")
+    from brisklm.server.app import build_app
+
+    ask = [{"role": "user", "content": "Hi"}]
+    directory = request.getfixturevalue("opens_thinking" if opened else "think_tokens")
+    with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as llm:
+        bias = {llm.tokenizer.token_to_id("</think>"): 100}
+        if not opened:
+            bias[llm.tokenizer.token_to_id("<think>")] = 50
+        params = SamplingParams(temperature=0, max_tokens=40, logit_bias=bias)
+        body = {"messages": ask, "temperature": 0, "max_tokens": 40}
+        body["logit_bias"] = {str(token): value for token, value in bias.items()}
+        ids = llm.chat_prompt_ids(ask)
+        with starlette.TestClient(build_app(llm, "t")) as http:
+            for options, fields, answer in CALLERS:
+                own = params.with_changes(**options)
+                decoded, start = llm.chat_decoding(ids, own, None)
+                assert start is opened
+                assert decoded.constraint == AfterThinking(own.constraint, opened), options
+                turn = llm.chat(ask, own)
+                assert turn.reasoning == "" and re.fullmatch(answer, turn.content), (options, turn)
+                reply = http.post("/v1/chat/completions", json={**body, **fields})
+                message = reply.json()["choices"][0]["message"]
+                assert message["reasoning_content"] == "", (fields, message)
+                assert re.fullmatch(answer, message["content"]), (fields, message)
+            # A constraint that writes the block itself applies from the first token, as before:
+            # one naming the closing tag, or one that may begin with the block's tag.
+            for pattern in (r"[a-z]*</think>\n\nok", r"(.|\n)*"):
+                decoded, _ = llm.chat_decoding(ids, params.with_changes(regex=pattern), None)
+                assert decoded.constraint.pattern == pattern
+            if not opened:  # enable_thinking=False: the reply holds no block, the answer comes
+                off = {**body, **CALLERS[0][1], "chat_template_kwargs": {"enable_thinking": False}}
+                message = http.post("/v1/chat/completions", json=off).json()["choices"][0]
+                assert "reasoning_content" not in message["message"]
+                assert re.fullmatch(CALLERS[0][2], message["message"]["content"])
+            # a bad grammar is still named as the caller's own
+            bad = http.post("/v1/chat/completions", json={**body, "guided_grammar": "start: ("})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "guided_grammar"
+        with pytest.raises(ValueError, match="invalid regex"):
+            llm.chat(ask, params.with_changes(regex="(("))
+        assert llm.generate(["Hi"], params.with_changes(max_tokens=2))[0].token_ids

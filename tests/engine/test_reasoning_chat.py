@@ -58,10 +58,11 @@ def test_chat_tells_the_thinking_from_the_reply(llm):
     assert reply.message()["reasoning_content"] == reply.reasoning
     again = asyncio.run(llm.achat(ASK, forced(THINK_THEN_SAY)))
     assert (again.reasoning, again.content) == (reply.reasoning, reply.content)
-    plain = llm.chat(ASK, forced(r"It is [a-z]{3,8}\."))
-    assert plain.reasoning is None and plain.content == plain.output.text
     # thinking closed by the prompt (enable_thinking=False): the reply holds no block
     assert llm.reasoning_start(llm.chat_prompt_ids(ASK, enable_thinking=False)) is None
+    plain = llm.chat(ASK, forced(r"It is [a-z]{3,8}\."), enable_thinking=False)
+    assert plain.reasoning is None and plain.content == plain.output.text
+    assert re.fullmatch(r"It is [a-z]{3,8}\.", plain.content)
 
 
 def test_a_call_after_the_thinking_is_parsed(llm):
@@ -99,26 +100,6 @@ def test_a_reasoning_prefill_is_continued_as_reasoning(llm):
     ids = llm.chat_prompt_ids(long, **kwargs)
     assert len(ids) > 1000 and llm.tokenizer.token_to_id("<think>") is None
     assert llm.reasoning_start(ids) is True
-
-
-def test_a_constraint_that_decides_the_start_leaves_no_reasoning_after_an_opened_prompt(
-    opening,
-):
-    # The prompt opens the block, but the caller's JSON schema (or forced call, built without
-    # ``thinking``) makes the reply begin with its JSON: no closing tag can come, and the whole
-    # reply is content. (The server's and ChatBrisk's let the thinking come first:
-    # tests/engine/test_qwen3.py.)
-    schema = {
-        "type": "object",
-        "properties": {"city": {"enum": ["Rome", "Oslo"]}},
-        "required": ["city"],
-    }
-    reply = opening.chat(ASK, SamplingParams(temperature=0, max_tokens=40, json_schema=schema))
-    assert reply.reasoning is None and json.loads(reply.content)["city"] in ("Rome", "Oslo")
-    grammar = opening.tool_call_format().grammar([FORECAST], "required", parallel=False)
-    params = SamplingParams(temperature=0, max_tokens=80, grammar=grammar)
-    called = opening.chat(ASK, params, tools=[FORECAST])
-    assert called.reasoning is None and [c.name for c in called.tool_calls] == ["get_forecast"]
 
 
 def test_the_server_reports_reasoning_content_whole_and_streamed(llm):

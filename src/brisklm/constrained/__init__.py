@@ -6,6 +6,7 @@ from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.json_schema import JSON_OPTIONS, ecma_regex_to_rust
 from brisklm.constrained.matcher import GrammarMatcher, allocate_token_bitmask, fill_bitmasks
 from brisklm.constrained.spec import (
+    AfterThinking,
     Choice,
     Constraint,
     Grammar,
@@ -18,6 +19,7 @@ from brisklm.constrained.tokenizer_bridge import TokenizerLike, llg_tokenizer_fo
 
 __all__ = [
     "JSON_OPTIONS",
+    "AfterThinking",
     "Choice",
     "CompiledGrammar",
     "Constraint",

@@ -14,6 +14,7 @@ from brisklm.constrained.errors import LARK_POSITION, ConstraintError, first_par
 from brisklm.constrained.json_schema import schema_path_of, states_keyword
 from brisklm.constrained.spec import (
     CONSTRAINT_TYPES,
+    AfterThinking,
     Constraint,
     Grammar,
     JsonObject,
@@ -164,6 +165,8 @@ def check_json_schema_grammar(grammar: str, schema: Any = None) -> None:
 
 
 def _constraint_name(constraint: Constraint) -> str:
+    if isinstance(constraint, AfterThinking):
+        constraint = constraint.constraint
     if isinstance(constraint, (JsonSchema, JsonObject)):
         return "JSON schema"
     if isinstance(constraint, Regex):
@@ -222,6 +225,8 @@ def _check_first_step(constraint: Constraint, prototype: LLMatcher, note: str = 
 
 def _compile_error(constraint: Constraint, message: str) -> ConstraintError:
     message = first_paragraph(message)
+    if isinstance(constraint, AfterThinking):  # (its own constraint compiled first: unexpected)
+        return ConstraintError(f"the thinking block's grammar failed to compile: {message}")
     if isinstance(constraint, JsonSchema):
         return _json_schema_error(message, constraint.schema)
     if isinstance(constraint, JsonObject):
@@ -314,6 +319,8 @@ class GrammarCompiler:
             self._cache.pop(constraint.key, None)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        if isinstance(constraint, AfterThinking):
+            self.compile(constraint.constraint)  # (its errors named as they are alone; cached)
         grammar = constraint.to_llguidance()
         # Building the matcher validates the grammar against this tokenizer; it never raises.
         prototype = LLMatcher(self.llg_tokenizer, grammar, log_level=0)

@@ -14,6 +14,7 @@ from brisklm.constrained.errors import ConstraintError
 from brisklm.constrained.gbnf import gbnf_to_lark
 from brisklm.constrained.json_schema import json_schema_to_llguidance
 from brisklm.constrained.lark_json import enforce_json_embeds
+from brisklm.constrained.thinking import thinking_rules
 
 
 def lark_literal(text: str) -> str:
@@ -231,8 +232,51 @@ class Grammar:
         return LLMatcher.grammar_from_lark(lark)
 
 
-Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar
-CONSTRAINT_TYPES = (JsonSchema, JsonObject, Regex, Choice, Grammar)
+_OUTPUT_TYPES = (JsonSchema, JsonObject, Regex, Choice, Grammar)
+
+
+@dataclass(frozen=True)
+class AfterThinking:
+    """A reasoning model's thinking block, then output under ``constraint``: free text to the
+    first ``</think>`` and a newline or two (``brisklm.constrained.thinking``), where
+    ``opened``, the prompt has opened the block (the reply begins inside it and closes it),
+    else the reply may open one or go straight to ``constraint``'s output. A chat reply takes a
+    caller's constraint so (``LLM.chat_decoding``), as vLLM applies guided decoding after the
+    reasoning."""
+
+    constraint: JsonSchema | JsonObject | Regex | Choice | Grammar
+    opened: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.constraint, _OUTPUT_TYPES):
+            raise ConstraintError(
+                "AfterThinking's constraint must be a JsonSchema, JsonObject, Regex, Choice or "
+                f"Grammar, got {type(self.constraint).__name__}"
+            )
+        if not isinstance(self.opened, bool):
+            raise ConstraintError(f"opened must be a bool, got {type(self.opened).__name__}")
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Stable hashable cache key."""
+        return ("after_thinking", "opened" if self.opened else "may_open", *self.constraint.key)
+
+    def to_llguidance(self) -> str:
+        """llguidance grammar text: a Lark grammar of the block whose ``reply`` refers to the
+        constraint's own grammar (``@reply``), so that it applies as it would alone."""
+        inner = self.constraint.to_llguidance()
+        if inner.lstrip().startswith("{"):  # a TopLevelGrammar's JSON (regex, JSON schema)
+            grammars = json.loads(inner)["grammars"]
+        else:  # Lark text (choice, grammar)
+            grammars = [{"lark_grammar": inner}]
+        # (a reference by index would shift; none of ours have more than one)
+        assert len(grammars) == 1, "a constraint of several grammars"
+        lark = "\n".join([*thinking_rules(self.opened), "reply: @reply"]) + "\n"
+        return json.dumps({"grammars": [{"lark_grammar": lark}, {**grammars[0], "name": "reply"}]})
+
+
+Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar | AfterThinking
+CONSTRAINT_TYPES = (*_OUTPUT_TYPES, AfterThinking)
 
 
 def constraint_from_options(

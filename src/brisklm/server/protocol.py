@@ -622,9 +622,6 @@ def chat_request(llm: LLM, body: Mapping[str, Any], served: str) -> ChatRequest:
         except ValueError as error:
             raise ApiError(str(error), param=field) from None
         constraint_field = fields["json_schema"] = fields["grammar"] = field
-    elif constraint_field == "guided_json":  # (after a reasoning model's thinking too, as vLLM's)
-        reply = ReplyConstraint(answer_schema=changes["json_schema"])
-        fields["grammar"] = "guided_json"
     return ChatRequest(
         messages=messages,
         tools=tools,
