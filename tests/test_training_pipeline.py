@@ -433,6 +433,28 @@ def test_bad_training_flags_are_usage_errors(root, monkeypatch, capsys, flags, w
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("script", "flags", "words"),
+    [
+        # a traceback naming the file
+        ("train_tokenizer", ["--data", "no-such.jsonl"], "no such file: no-such.jsonl"),
+        # (it trained its 261-token minimum without a word)
+        ("train_tokenizer", ["--vocab-size", "10"], "--vocab-size 10: at least 261"),
+        ("train_tokenizer", ["--num-samples", "0"], "--num-samples 0: at least 1"),
+        ("generate_data", ["--num-train", "-5"], "--num-train -5: not negative"),  # an empty set
+        ("generate_data", ["--num-eval", "-1"], "--num-eval -1: not negative"),
+    ],
+)
+def test_bad_data_and_tokenizer_flags_are_usage_errors(
+    monkeypatch, capsys, tmp_path, script, flags, words
+) -> None:
+    main = {"train_tokenizer": train_tokenizer.main, "generate_data": generate_data.main}[script]
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, main, "--out", str(tmp_path / "out"), *flags)
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_time_budget_is_checked_again_every_100_steps(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,6 +107,14 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--num-samples", type=int, default=30_000)
     args = ap.parse_args()
+    # (the trainer keeps the byte alphabet and the tags whatever it is asked for)
+    smallest = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS + ADDED_TOKENS)
+    if args.vocab_size < smallest:
+        ap.error(f"--vocab-size {args.vocab_size}: at least {smallest} (bytes and tags)")
+    if args.num_samples < 1:
+        ap.error(f"--num-samples {args.num_samples}: at least 1")
+    if not args.data.is_file():
+        ap.error(f"no such file: {args.data} (--data names a training.generate_data train.jsonl)")
     tok = build_tokenizer(args.vocab_size, iter_texts(args.data, args.num_samples))
     ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS + ADDED_TOKENS]
     assert ids == list(range(len(ids))), ids
