@@ -17,7 +17,7 @@ from numpy import ndarray
 
 from brisklm.config import checkpoint_directory
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
-from brisklm.constrained.spec import AfterThinking, Constraint
+from brisklm.constrained.spec import AfterThinking, Constraint, Grammar
 from brisklm.engine.llm_engine import (
     EngineConfig,
     LLMEngine,
@@ -1145,20 +1145,37 @@ class LLM:
             return None
         return prompt_thinking(self._thinking_tail(prompt_ids))
 
-    def _writes_thinking(self, constraint: Constraint, opened: bool) -> bool:
-        """Whether output under ``constraint`` (a caller's) writes a reply's thinking block
-        itself: its text names the closing tag (``may_close_thinking``), or it may begin with
-        the block's tag, the closing one inside a block the prompt ``opened``, else the opening
-        one (a regex of any text, the tools' "auto" grammar built without ``thinking``). Other
-        constraints apply after the block (``AfterThinking``)."""
+    def _block_under(self, constraint: Constraint, opened: bool) -> str:
+        """How a chat reply's thinking block goes with a ``constraint`` of the caller's (see
+        ``chat_decoding``): "own", the constraint writes the block itself (its text names the
+        closing tag, ``may_close_thinking``, or it may begin with the block's tag: the closing one
+        inside a block the prompt ``opened``, else the opening one; a regex of any text, the
+        tools' "auto" grammar built without ``thinking``); "before", the block comes before it
+        (``AfterThinking``); "none", neither, where the block's rules would change what the
+        constraint takes: tags that are special tokens (which the rules' text does not read), a
+        constraint that may begin with a newline (the newlines after the block are the block's:
+        the content would lose them) or a Lark grammar that asks llguidance for an initial skip
+        (which it does not make behind a reference)."""
         if isinstance(constraint, AfterThinking) or may_close_thinking(constraint):
-            return True
+            return "own"
+        compiler = self.engine.structured.compiler
         try:
-            matcher = self.engine.structured.compiler.compile(constraint).matcher()
+            matcher = compiler.compile(constraint).matcher()
         except ValueError:  # (a constraint that does not compile fails its request, named)
-            return True
-        tag = self.tokenizer.encode(CLOSE_TAG if opened else OPEN_TAG, add_special_tokens=False)
-        return matcher.validate_tokens(tag) == len(tag)
+            return "own"
+
+        def may_begin(text: str) -> bool:
+            ids = compiler.llg_tokenizer.tokenize_str(text)
+            return matcher.validate_tokens(ids) == len(ids)
+
+        if may_begin(CLOSE_TAG if opened else OPEN_TAG):
+            return "own"
+        tags = (CLOSE_TAG,) if opened else (OPEN_TAG, CLOSE_TAG)
+        special = any(
+            self.tokenizer.token_to_id(t) in self.tokenizer.special_token_ids for t in tags
+        )
+        skip = isinstance(constraint, Grammar) and "allow_initial_skip" in constraint.text
+        return "none" if special or skip or may_begin("\n") else "before"
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag where that tag is one token, else all of
@@ -1226,14 +1243,20 @@ class LLM:
         tag is one; without, no ``reply_calls``. ``constraint``: the tools' or a response
         format's, in place of the one the params hold, built for the prompt. A reasoning model's
         thinking comes before either constraint, as vLLM applies guided decoding after the
-        reasoning, but before the params' own only where it does not write the block itself
-        (``_writes_thinking``). ``chat``, the server and ChatBrisk decode so."""
+        reasoning; before the params' own where it neither writes the block itself nor would
+        take the reply otherwise behind it (``_block_under``; such a constraint decides the
+        reply from its first token, and a block the prompt opened that it cannot close leaves
+        the reply none). ``chat``, the server and ChatBrisk decode so."""
         start = self.reasoning_start(prompt_ids, chat_template, has_tools)
         own = params.constraint
         if constraint is not None:
             params = params.with_changes(**constraint.changes(start))
-        elif own is not None and start is not None and not self._writes_thinking(own, start):
-            params = params.with_changes(constraint=AfterThinking(own, start))
+        elif own is not None and start is not None:
+            block = self._block_under(own, start)
+            if block == "before":
+                params = params.with_changes(constraint=AfterThinking(own, start))
+            elif block == "none" and start:
+                start = None  # (the reply is all content)
         if tool_format is None:
             return (params.with_changes(reply_calls=None) if params.reply_calls else params), start
         return params.with_changes(**tool_format.decoding_options(start)), start

@@ -360,3 +360,47 @@ def test_a_callers_own_constraint_comes_after_the_thinking(request, opened):
         with pytest.raises(ValueError, match="invalid regex"):
             llm.chat(ask, params.with_changes(regex="(("))
         assert llm.generate(["Hi"], params.with_changes(max_tokens=2))[0].token_ids
+
+
+@pytest.fixture(scope="module")
+def special_tags(opens_thinking, tmp_path_factory):
+    """``opens_thinking`` with <think> and </think> special tokens."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("qwen3-special") / "model"
+    shutil.copytree(opens_thinking, directory)
+    for name, tokens in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", None)):
+        config = json.loads((directory / name).read_text())
+        for token in config[tokens] if tokens else config["added_tokens_decoder"].values():
+            if token["content"] in ("<think>", "</think>"):
+                token["special"] = True
+        (directory / name).write_text(json.dumps(config))
+    return directory
+
+
+def test_a_constraint_the_blocks_rules_would_change_takes_the_reply_from_its_start(
+    opens_thinking, special_tags
+):
+    """A review of session 75's AfterThinking found constraints that the block's rules before them
+    would change: think tags that are special tokens (the rules' text cannot read them: the reply
+    thought to max_tokens and its content was empty), a constraint that may begin with a newline
+    (the newlines after the block are the block's, so the content lost them) and a Lark grammar
+    with llguidance's initial skip (not made behind a reference). Each decides the reply from its
+    first token, as before: after a block the prompt opened, the reply is all content."""
+    ask = [{"role": "user", "content": "Hi"}]
+    skip = '%llguidance {"allow_initial_skip": true}\nstart: "x" "y"\n%ignore /[ \\t]+/'
+    for directory, options, answer in (
+        (special_tags, {"regex": "[a-z ]+"}, "[a-z ]+"),
+        (opens_thinking, {"regex": "\n[a-z]+"}, "\n[a-z]+"),
+        (opens_thinking, {"grammar": skip}, " *x *y"),
+    ):
+        with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as llm:
+            close = llm.tokenizer.token_to_id("</think>")
+            params = SamplingParams(temperature=0, max_tokens=12, logit_bias={close: 100})
+            own = params.with_changes(**options)
+            decoded, start = llm.chat_decoding(llm.chat_prompt_ids(ask), own, None)
+            assert start is None and decoded.constraint == own.constraint, options
+            turn = llm.chat(ask, own)
+            assert turn.reasoning is None and re.fullmatch(answer, turn.content), (options, turn)
+            # unconstrained, the bias closes the block at once
+            assert llm.chat(ask, params.with_changes(max_tokens=1)).reasoning == ""

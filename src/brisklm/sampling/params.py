@@ -202,7 +202,8 @@ class SamplingParams:
                 raise _fail(
                     "constraint",
                     self.constraint,
-                    "None or a constraint object (JsonSchema, JsonObject, Regex, Choice, Grammar); "
+                    "None or a constraint object (JsonSchema, JsonObject, Regex, Choice, Grammar, "
+                    "AfterThinking); "
                     "for options use json_schema=, json_object=, regex=, choice= or grammar=",
                 )
         put("constraint", from_fields if from_fields is not None else self.constraint)
