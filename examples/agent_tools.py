@@ -13,7 +13,6 @@ accuracy is 95-97%; training/README.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -21,7 +20,7 @@ import sys
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
-from brisklm.command import run_command
+from brisklm.command import CommandParser, run_command
 from langchain_brisklm import ChatBrisk
 
 WEATHER = {
@@ -72,7 +71,7 @@ def run_agent(chat: ChatBrisk, question: str) -> list[BaseMessage]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = CommandParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("question", nargs="?", default="Please get the weather for Paris.")
     parser.add_argument(
         "--model", help="checkpoint directory (default: $BRISKLM_MODEL, else the bundled model)"

@@ -10,7 +10,7 @@ import sys
 import time
 
 from brisklm import LLM, SamplingParams
-from brisklm.command import run_command
+from brisklm.command import CommandParser, run_command
 
 
 def positive_int(text: str) -> int:
@@ -21,7 +21,7 @@ def positive_int(text: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompt", nargs="?", default="Tell me a short story about a blue cat.")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: bundled)")
     parser.add_argument(

@@ -2,16 +2,16 @@
 
 Every reply is decoded under the model's JSON schema, so each result parses into a `Person`; the
 sentences go to the engine together, as one batch. Valid is not right: the bundled 11M model
-copies fields from sentences phrased as its training data phrases them ("Lena Fischer is a
-33-year-old architect living in Berlin.") and misplaces them in others ("At 41, Grace Okafor
-teaches physics in Lagos." gives the name "At 40"); its held-out field accuracy is in the README.
+copies most fields from sentences phrased as its training data phrases them ("Lena Fischer is a
+33-year-old architect living in Berlin." gives the name, age and city, though the occupation
+"architect living") and misplaces them in others ("At 41, Grace Okafor teaches physics in Lagos."
+gives the name "At 40"); its held-out field accuracy is in the README.
 
     python examples/structured_extraction.py [--model CHECKPOINT_DIR] [--device cpu|cuda]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -19,7 +19,7 @@ import time
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, Field
 
-from brisklm.command import run_command
+from brisklm.command import CommandParser, run_command
 from langchain_brisklm import ChatBrisk
 
 SENTENCES = [
@@ -46,7 +46,7 @@ PROMPT = ChatPromptTemplate.from_messages(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model", help="checkpoint directory (default: $BRISKLM_MODEL, else the bundled model)"
     )

@@ -914,6 +914,10 @@ def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
         (["--max-batch-size", "0"], "at least 1"),
         (["--port", "0", "--prefix-cache-slots", "-1"], "--prefix-cache-slots must be an int >= 0"),
         (
+            ["--port", "0", "--prefill-chunk-size", "0"],
+            "--prefill-chunk-size must be an int >= 1 (",
+        ),
+        (
             ["--port", "0", "--prefix-cache-slots", "2", "--no-prefix-caching"],
             "--prefix-cache-slots 2 needs prefix caching (no --no-prefix-caching)",
         ),
@@ -922,6 +926,24 @@ def test_ctrl_c_while_torch_loads_is_held_until_the_import_is_done():
 def test_serve_refuses_bad_flags_before_loading(flags, words, capsys) -> None:
     assert main(["serve", *flags]) == 1
     assert words in capsys.readouterr().err
+
+
+def test_serve_passes_its_engine_flags_to_the_llm(capsys, monkeypatch) -> None:
+    # --prefill-chunk-size: the README's advice for prefix reuse on CUDA had no flag.
+    from brisklm.llm import LLM
+
+    given = {}
+
+    def loading(model, **kwargs):
+        given.update(kwargs)
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(LLM, "from_pretrained", staticmethod(loading))
+    flags = ["--prefill-chunk-size", "64", "--max-batch-size", "3", "--prefix-cache-slots", "2"]
+    assert main(["serve", "--port", "0", *flags]) == 1
+    assert "stopped before loading" in capsys.readouterr().err
+    assert (given["prefill_chunk_size"], given["max_batch_size"]) == (64, 3)
+    assert given["prefix_cache_slots"] == 2
 
 
 def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):

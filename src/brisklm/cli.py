@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from brisklm import __version__
-from brisklm.command import EXIT_ERROR, REPORTED_ERRORS, Terminated, run_command
+from brisklm.command import (
+    REPORTED_ERRORS,
+    CommandParser,
+    Terminated,
+    run_command,
+)
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from brisklm.speed import DECODE_PROMPT_TOKENS
 
@@ -146,19 +151,17 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with the CLI's error format: one line on stderr and exit status 1 (argparse's own
-    prints the whole usage and exits 2). Subcommand parsers are of this class too."""
+class _Parser(CommandParser):
+    """The CLI's parser (its usage errors one line, exit status 1: ``CommandParser``).
+    Subcommand parsers are of this class too."""
 
     commands: argparse._SubParsersAction[_Parser]  # the subcommands (build_parser)
 
-    def error(self, message: str) -> NoReturn:
-        hint = ""
+    def hint(self, message: str) -> str:
         if self.prog.endswith(" generate") and "ignored explicit argument" in message:
             # `brisklm generate -hello` read -h (help) with the argument "ello"
-            hint = " (a prompt that begins with '-' goes after '--': brisklm generate -- '-hello')"
-        print(f"brisklm: error: {message}{hint} (see: {self.prog} --help)", file=sys.stderr)
-        raise SystemExit(EXIT_ERROR)
+            return " (a prompt that begins with '-' goes after '--': brisklm generate -- '-hello')"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="KV cache slots beyond --max-batch-size that only keep finished requests' "
         "prefixes, so more conversations than run at once keep their history's keys (0)",
+    )
+    serve.add_argument(
+        "--prefill-chunk-size",
+        type=int,
+        default=None,
+        help="the most prompt tokens a request feeds per forward pass (default: 512 on CPU, "
+        "2048 on CUDA; off the native CPU pass prefixes are reused in whole chunks, so a smaller "
+        "one reuses more of shorter prompts)",
     )
     serve.add_argument(
         "--api-key",
@@ -399,7 +410,12 @@ def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | 
     )
 
 
-def _load(args: argparse.Namespace, max_batch_size: int = 1, prefix_cache_slots: int = 0) -> Any:
+def _load(
+    args: argparse.Namespace,
+    max_batch_size: int = 1,
+    prefix_cache_slots: int = 0,
+    prefill_chunk_size: int | None = None,
+) -> Any:
     from brisklm.llm import LLM
 
     if args.num_speculative_tokens is None:
@@ -424,6 +440,7 @@ def _load(args: argparse.Namespace, max_batch_size: int = 1, prefix_cache_slots:
         prefix_caching=args.prefix_caching,
         max_decode_steps=args.max_decode_steps,
         prefix_cache_slots=prefix_cache_slots,
+        prefill_chunk_size=prefill_chunk_size,
     )
 
 
@@ -499,6 +516,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             args,
             max_batch_size=args.max_batch_size,
             prefix_cache_slots=args.prefix_cache_slots,
+            prefill_chunk_size=args.prefill_chunk_size,
         )
         try:
             app = build_app(llm, name, api_key=args.api_key or None)
@@ -1060,6 +1078,7 @@ _ENGINE_FLAGS = {
     "num_threads": "--threads",
     "max_decode_steps": "--max-decode-steps",
     "prefix_cache_slots": "--prefix-cache-slots",
+    "prefill_chunk_size": "--prefill-chunk-size",
     "prompt_tokens": "--prompt-tokens",
     "new_tokens": "--new-tokens",
     "batch_sizes": "--batch-sizes",
@@ -1102,6 +1121,7 @@ _API_WORDS = (
     (" and new_tokens=", " and --new-tokens "),
     ("(the default max_seq_len,", "(the default --max-seq-len,"),
     ("must be None, ", "must be "),
+    (" or None (by device)", " (default: by device)"),
 )
 
 

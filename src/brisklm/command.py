@@ -4,9 +4,11 @@ with the exit statuses a shell reports for them."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -21,6 +23,22 @@ REPORTED_ERRORS: tuple[type[Exception], ...] = (
     RuntimeError,
     MemoryError,
 )
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse with the same way of ending for a usage error: one line on stderr, "PROG: error:
+    MESSAGE (see: PROG --help)", and exit status 1 (argparse's own prints the whole usage and
+    exits 2). A subcommand's parser names the program (its first word)."""
+
+    def error(self, message: str) -> NoReturn:
+        program = self.prog.split()[0]
+        advice = self.hint(message)
+        print(f"{program}: error: {message}{advice} (see: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR)
+
+    def hint(self, message: str) -> str:
+        """Advice to add to an error's ``message`` (none here)."""
+        return ""
 
 
 class Terminated(Exception):

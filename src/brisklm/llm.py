@@ -459,9 +459,9 @@ class LLM:
         stored in bfloat16 or float16, the bundled models too, then keeps its weights so and the
         native kernels widen them exactly as they read them: float32's logits from half the
         memory, see ``brisklm.loader.load_model``). ``kv_cache_dtype``:
-        the KV cache's elements, one of the same three (default, or "auto": the model's; a bfloat16
-        or float16 model on CPU computes in float32 and keeps its cache in its own dtype), for the
-        draft model's cache too. A
+        the KV cache's elements, one of the same three (default, or "auto": the dtype the model
+        computes in, the ``dtype`` asked for; without one float32 on CPU, even for a checkpoint
+        stored in bfloat16, and bfloat16 on CUDA), for the draft model's cache too. A
         half-precision cache holds keys and values rounded to nearest even and takes half the
         memory of a float32 one; attention widens them back to its own dtype.
         ``draft`` turns on speculative decoding: a draft model directory sharing the target's
