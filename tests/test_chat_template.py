@@ -440,8 +440,9 @@ def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
         ([{"role": 5, "content": "Hi"}], r"messages\[0\]\.role must be a non-empty str, got 5"),
         ([{"content": "Hi"}], r"messages\[0\]\.role must be a non-empty str, got None"),
         (
-            [{"role": "system", "content": 5}, {"role": "user", "content": "Hi"}],
-            r"messages\[0\]\.content must be a str, a dict or a list of content blocks \(dicts\), got int",
+            [{"role": "system", "content": {5}}, {"role": "user", "content": "Hi"}],
+            r"messages\[0\]\.content must be a str, a number, a dict or a list of content blocks "
+            r"\(dicts\), got set",
         ),
         ([{"role": "user", "content": ["Hi"]}], r"messages\[0\]\.content must be a str"),
         (
@@ -458,6 +459,27 @@ def test_malformed_messages_name_the_field(chatml_pair, messages, message) -> No
     ours, _ = chatml_pair
     with pytest.raises(ValueError, match=message):
         ours.apply_chat_template(messages)
+
+
+def test_a_number_as_content_renders_as_transformers_renders_it(chatml_pair) -> None:
+    # A tool's result given as a number was refused (an audit against transformers, session 75).
+    ours, theirs = chatml_pair
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": 4},
+    ]
+    for tools in (None, [WEATHER_TOOL]):  # (Qwen2.5's template prints it, the other's tojson)
+        expected = theirs.apply_chat_template(messages, tools=tools, tokenize=False)
+        assert ours.apply_chat_template(messages, tools, add_generation_prompt=False) == expected
+        assert "4\n</tool_response>" in expected or '"content": 4,' in expected
+    # A template that adds it to a string fails in both, ours naming the types as the cause.
+    number_system = [{"role": "system", "content": 7}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(TypeError):
+        theirs.apply_chat_template(number_system, tokenize=False)
+    with pytest.raises(ChatTemplateError, match="check the types of the message fields"):
+        ours.apply_chat_template(number_system)
 
 
 @pytest.mark.parametrize(

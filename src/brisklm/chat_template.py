@@ -163,20 +163,20 @@ def _plain_data(value: Any) -> Any:
 
 def _check_message(index: int, message: dict[str, Any]) -> None:
     """The fields every template relies on, checked so a bad one is named (not a TypeError inside
-    the template): role a str, content a str, a dict or a list of content blocks (dicts), tool_calls a
-    list of dicts each naming its function."""
+    the template): role a str, content a str, a number, a dict or a list of content blocks (dicts),
+    tool_calls a list of dicts each naming its function."""
     where = f"messages[{index}]"
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise ValueError(f"{where}.role must be a non-empty str, got {role!r}")
     content = message.get("content")
-    # A dict is passed through as transformers does: Llama 3.1's template writes a tool result
-    # given as a dict with tojson.
-    if content is not None and not isinstance(content, str | dict):
+    # A dict or a number is passed through as transformers does: Llama 3.1's template writes a
+    # tool result given as a dict with tojson, and a tool's number prints as the template says.
+    if content is not None and not isinstance(content, str | dict | int | float):
         if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
             raise ValueError(
-                f"{where}.content must be a str, a dict or a list of content blocks (dicts), got "
-                f"{type(content).__name__}"
+                f"{where}.content must be a str, a number, a dict or a list of content blocks "
+                f"(dicts), got {type(content).__name__}"
             )
     tool_calls = message.get("tool_calls")
     if tool_calls is None:

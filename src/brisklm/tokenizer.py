@@ -299,7 +299,9 @@ class Tokenizer:
         continue_final_message: bool | str = False,
         **extra: Any,
     ) -> str:
-        """Render a conversation with the checkpoint's chat template, as transformers' tokenize=False does.
+        """Render a conversation with the checkpoint's chat template, as transformers'
+        tokenize=False does (but ``add_generation_prompt`` is True by default, transformers' False:
+        the text ends where the assistant's reply begins, as a prompt for it).
 
         `chat_template` may name one of the checkpoint's templates or be a template itself; by default the
         "tool_use" template is used when tools are given and the checkpoint has one, else "default".
