@@ -2114,8 +2114,11 @@ def main() -> None:
     ):
         ap.add_argument(flag, type=share_arg(flag), default=0.0, help=f"{help_text} (see Gen)")
     args = ap.parse_args()
-    counts = {"--num-train": args.num_train, "--num-easy": args.num_easy}
-    for flag, count in {**counts, "--num-eval": args.num_eval}.items():
+    for flag, count in (
+        ("--num-train", args.num_train),
+        ("--num-easy", args.num_easy),
+        ("--num-eval", args.num_eval),
+    ):
         if count < 0:
             ap.error(f"{flag} {count}: not negative")
     if args.free_text_share != FREE_TEXT_SHARE and not args.free_text_args:

@@ -1155,9 +1155,13 @@ class LLM:
         constraint takes: tags that are special tokens (which the rules' text does not read), a
         constraint that may begin with a newline (the newlines after the block are the block's:
         the content would lose them) or a Lark grammar that asks llguidance for an initial skip
-        (which it does not make behind a reference)."""
+        (which it does not make behind a reference). Special-token tags come first: no
+        constraint's text can write them, so one that may begin with their text gets "none"."""
         if isinstance(constraint, AfterThinking) or may_close_thinking(constraint):
             return "own"
+        tags = (CLOSE_TAG,) if opened else (OPEN_TAG, CLOSE_TAG)
+        if any(self.tokenizer.token_to_id(t) in self.tokenizer.special_token_ids for t in tags):
+            return "none"
         compiler = self.engine.structured.compiler
         try:
             matcher = compiler.compile(constraint).matcher()
@@ -1170,12 +1174,10 @@ class LLM:
 
         if may_begin(CLOSE_TAG if opened else OPEN_TAG):
             return "own"
-        tags = (CLOSE_TAG,) if opened else (OPEN_TAG, CLOSE_TAG)
-        special = any(
-            self.tokenizer.token_to_id(t) in self.tokenizer.special_token_ids for t in tags
+        skip = isinstance(constraint, Grammar) and constraint.llguidance_options.get(
+            "allow_initial_skip"
         )
-        skip = isinstance(constraint, Grammar) and "allow_initial_skip" in constraint.text
-        return "none" if special or skip or may_begin("\n") else "before"
+        return "none" if skip or may_begin("\n") else "before"
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag where that tag is one token, else all of
@@ -1241,17 +1243,17 @@ class LLM:
         (``chat_template`` and ``has_tools`` as there): with a ``tool_format`` (a reply that may
         hold calls), stop strings only before the calls and special tokens kept where the calls'
         tag is one; without, no ``reply_calls``. ``constraint``: the tools' or a response
-        format's, in place of the one the params hold, built for the prompt. A reasoning model's
-        thinking comes before either constraint, as vLLM applies guided decoding after the
-        reasoning; before the params' own where it neither writes the block itself nor would
-        take the reply otherwise behind it (``_block_under``; such a constraint decides the
-        reply from its first token, and a block the prompt opened that it cannot close leaves
-        the reply none). ``chat``, the server and ChatBrisk decode so."""
+        format's, in place of the one the params hold, built for the prompt (the tools' grammar
+        with the thinking block first). A reasoning model's thinking comes before a constraint,
+        as vLLM applies guided decoding after the reasoning, where it neither writes the block
+        itself nor would take the reply otherwise behind it (``_block_under``; such a constraint
+        decides the reply from its first token, and a block the prompt opened that it cannot
+        close leaves the reply none). ``chat``, the server and ChatBrisk decode so."""
         start = self.reasoning_start(prompt_ids, chat_template, has_tools)
-        own = params.constraint
         if constraint is not None:
             params = params.with_changes(**constraint.changes(start))
-        elif own is not None and start is not None:
+        own = params.constraint
+        if own is not None and start is not None:
             block = self._block_under(own, start)
             if block == "before":
                 params = params.with_changes(constraint=AfterThinking(own, start))

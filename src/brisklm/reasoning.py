@@ -6,12 +6,13 @@ or strips the closing tag), and whether the prompt has opened it already (``LLM.
 DeepSeek-R1's newer templates end the generation prompt with ``<think>\\n``, and a prefill of
 the reasoning, ``continue_final_message="reasoning_content"``, ends inside the block, so the
 reply begins inside it and only closes it). A chat reply's constraint comes after the thinking,
-as vLLM's reasoning parsers apply one: the tools' grammars and response_format are built so
-(``thinking_grammar``), and the caller's own is put after the block's rules
+as vLLM's reasoning parsers apply one: the tools' grammars are built so (``thinking_grammar``),
+and a response format's or the caller's own is put after the block's rules
 (``brisklm.constrained.AfterThinking``) unless it writes the block itself
-(``may_close_thinking``; ``LLM.chat_decoding`` decides). ``ReasoningSplitter`` splits a reply
-as it streams; ``split_reasoning`` a whole one. The newlines that templates put around the thinking
-(``<think>\\n...\\n</think>\\n\\n``) belong to neither part. A reply that does not open with the
+(``may_close_thinking``) or the rules would change it (``LLM.chat_decoding`` decides).
+``ReasoningSplitter`` splits a reply as it streams; ``split_reasoning`` a whole one. The newlines
+that templates put around the thinking (``<think>\\n...\\n</think>\\n\\n``) belong to neither
+part. A reply that does not open with the
 block is all content; one cut off inside it (``max_tokens``) is all reasoning.
 """
 

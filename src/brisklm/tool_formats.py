@@ -27,7 +27,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisklm.constrained.spec import AfterThinking, JsonSchema
 from brisklm.reasoning import CLOSE as THINK_CLOSE
 from brisklm.reasoning import block_opening, thinking_grammar
 from brisklm.tool_call_ids import mistral_tool_call_id, new_tool_call_id
@@ -334,7 +333,8 @@ class ReplyConstraint:
         """The SamplingParams changes for a reply that may think first as ``thinking``
         (``LLM.reasoning_start``'s: None, it does not): the tools' grammar
         (``ToolCallFormat.grammar``), or without tools the answer's schema, a ``json_schema``
-        constraint (after a thinking block: ``AfterThinking``). Built once for each ``thinking``
+        constraint (``LLM.chat_decoding`` puts a thinking block before it, as before a caller's
+        own constraint: ``brisklm.constrained.AfterThinking``). Built once for each ``thinking``
         (a request asks for them as it is checked and again once its prompt is rendered; a
         grammar of a few tools takes ~1 ms)."""
         if thinking not in self._built:
@@ -352,9 +352,7 @@ class ReplyConstraint:
                 thinking=thinking,
             )
             return {"grammar": grammar}
-        if thinking is None:
-            return {"json_schema": self.answer_schema}
-        return {"constraint": AfterThinking(JsonSchema(self.answer_schema), thinking)}
+        return {"json_schema": self.answer_schema}
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,18 @@ def test_the_block_then_the_constraint_as_alone(bpe_compiler, inner, good, bad) 
     assert not accepts(bpe_compiler, opened, f"</think>{bad}")
 
 
+def test_a_lark_grammars_llguidance_options_are_read() -> None:
+    skip = Grammar('%llguidance {"allow_initial_skip": true}\nstart: "x"\n%ignore /[ ]+/')
+    assert skip.llguidance_options == {"allow_initial_skip": True}
+    assert Grammar('%llguidance {}\nstart: "x"').llguidance_options == {}
+    assert (
+        Grammar('// %llguidance {"allow_initial_skip": true}\nstart: "x"').llguidance_options == {}
+    )
+    assert Grammar('start: "x"').llguidance_options == {}
+    assert Grammar('root ::= "x"', "gbnf").llguidance_options == {}
+    assert Grammar("%llguidance {oops\nstart: 'x'").llguidance_options == {}
+
+
 def test_keys_and_equality() -> None:
     regex = Regex("[0-9]+")
     assert AfterThinking(regex) == AfterThinking(Regex("[0-9]+"))

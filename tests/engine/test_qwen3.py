@@ -359,7 +359,10 @@ def test_a_callers_own_constraint_comes_after_the_thinking(request, opened):
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "guided_grammar"
         with pytest.raises(ValueError, match="invalid regex"):
             llm.chat(ask, params.with_changes(regex="(("))
-        assert llm.generate(["Hi"], params.with_changes(max_tokens=2))[0].token_ids
+        # llguidance's initial skip turned off is no reason to leave the block out
+        grammar = '%llguidance {"allow_initial_skip": false}\nstart: "cold" | "warm"'
+        decoded, _ = llm.chat_decoding(ids, params.with_changes(grammar=grammar), None)
+        assert isinstance(decoded.constraint, AfterThinking)
 
 
 @pytest.fixture(scope="module")
@@ -391,6 +394,8 @@ def test_a_constraint_the_blocks_rules_would_change_takes_the_reply_from_its_sta
     skip = '%llguidance {"allow_initial_skip": true}\nstart: "x" "y"\n%ignore /[ \\t]+/'
     for directory, options, answer in (
         (special_tags, {"regex": "[a-z ]+"}, "[a-z ]+"),
+        # (it may begin with the tags' text, but cannot write the tokens: the block cannot close)
+        (special_tags, {"regex": "(.|\n)*"}, "(?s:.*)"),
         (opens_thinking, {"regex": "\n[a-z]+"}, "\n[a-z]+"),
         (opens_thinking, {"grammar": skip}, " *x *y"),
     ):
@@ -404,3 +409,10 @@ def test_a_constraint_the_blocks_rules_would_change_takes_the_reply_from_its_sta
             assert turn.reasoning is None and re.fullmatch(answer, turn.content), (options, turn)
             # unconstrained, the bias closes the block at once
             assert llm.chat(ask, params.with_changes(max_tokens=1)).reasoning == ""
+            if directory == special_tags:  # a response_format goes the same way
+                answer = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}
+                turn = llm.chat(ask, params.with_changes(max_tokens=20), response_format=answer)
+                assert turn.reasoning is None and json.loads(turn.content)["city"] in (
+                    "Rome",
+                    "Oslo",
+                )

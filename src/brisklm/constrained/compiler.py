@@ -320,7 +320,10 @@ class GrammarCompiler:
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         if isinstance(constraint, AfterThinking):
-            self.compile(constraint.constraint)  # (its errors named as they are alone; cached)
+            # Its own constraint first: its errors are named as they are alone, and its first
+            # step checked. It stays cached (LLM.chat_decoding asks for it too), so a wrapped
+            # constraint takes two of the cache's entries.
+            self.compile(constraint.constraint)
         grammar = constraint.to_llguidance()
         # Building the matcher validates the grammar against this tokenizer; it never raises.
         prototype = LLMatcher(self.llg_tokenizer, grammar, log_level=0)

@@ -223,6 +223,19 @@ class Grammar:
         """Stable hashable cache key."""
         return ("grammar", self.syntax, self.text)
 
+    @property
+    def llguidance_options(self) -> dict[str, Any]:
+        """The options of a Lark grammar's ``%llguidance {...}`` line (none for GBNF, or where
+        they do not parse: the grammar then fails to compile)."""
+        found = _LLGUIDANCE_OPTIONS.search(self.text) if self.syntax == "lark" else None
+        if found is None:
+            return {}
+        try:
+            options, _ = json.JSONDecoder().raw_decode(self.text, found.end())
+        except ValueError:
+            return {}
+        return options if isinstance(options, dict) else {}
+
     def to_llguidance(self) -> str:
         """llguidance grammar text; a GBNF syntax error raises ConstraintError with line and column.
 
@@ -232,13 +245,14 @@ class Grammar:
         return LLMatcher.grammar_from_lark(lark)
 
 
+_LLGUIDANCE_OPTIONS = re.compile(r"^[ \t]*%llguidance\b[ \t]*", re.MULTILINE)
 _OUTPUT_TYPES = (JsonSchema, JsonObject, Regex, Choice, Grammar)
 
 
 @dataclass(frozen=True)
 class AfterThinking:
     """A reasoning model's thinking block, then output under ``constraint``: free text to the
-    first ``</think>`` and a newline or two (``brisklm.constrained.thinking``), where
+    first ``</think>`` and up to two newlines (``brisklm.constrained.thinking``), where
     ``opened``, the prompt has opened the block (the reply begins inside it and closes it),
     else the reply may open one or go straight to ``constraint``'s output. A chat reply takes a
     caller's constraint so (``LLM.chat_decoding``), as vLLM applies guided decoding after the

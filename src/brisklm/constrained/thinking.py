@@ -1,5 +1,5 @@
 """The Lark (llguidance) rules of a reasoning model's thinking block before a reply's grammar:
-``<think>`` free text ``</think>``, then a newline or two. ``brisklm.reasoning.thinking_grammar``
+``<think>`` free text ``</think>``, then up to two newlines. ``brisklm.reasoning.thinking_grammar``
 puts them before the tools' grammars, ``AfterThinking`` before any constraint."""
 
 from __future__ import annotations
