@@ -266,7 +266,7 @@ def test_missing_field_and_bad_json(tmp_path):
     assert ModelConfig.from_pretrained(tmp_path).architecture == "LlamaForCausalLM"
 
 
-def test_rope_scaling_replaces_rope_parameters_as_transformers_reads_them():
+def test_rope_scaling_replaces_rope_parameters_as_transformers_reads_them(caplog):
     # A transformers 5 config (rope_parameters) with the rope_scaling block a model card says to
     # add for long context: the default rope_type of rope_parameters won, and yarn was off.
     config = make(
@@ -275,6 +275,13 @@ def test_rope_scaling_replaces_rope_parameters_as_transformers_reads_them():
     )
     assert config.rope.rope_type == "yarn" and config.rope.factor == 4.0
     assert config.rope.theta == 1000000.0  # still rope_parameters' (the block has none)
+    # transformers 5.25 reads 10000 there (an audit's finding): said, once per load
+    differs = [r for r in caplog.records if "transformers 5 reads 10000.0 there" in r.getMessage()]
+    assert len(differs) == 1 and "(1000000.0)" in differs[0].getMessage()
+    caplog.clear()
+    make(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rope_theta=1e6)
+    make(rope_scaling={"type": "linear", "factor": 2.0, "rope_theta": 5e5})
+    assert not [r for r in caplog.records if "transformers 5 reads" in r.getMessage()]
     assert make(rope_scaling={}, rope_parameters={"rope_type": "linear", "factor": 2.0}).rope == (
         make(rope_parameters={"rope_type": "linear", "factor": 2.0}).rope
     )

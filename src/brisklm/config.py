@@ -93,16 +93,15 @@ class RopeConfig:
         # for long context to a config that has rope_parameters), as transformers 5 reads them,
         # but for rope_theta: taken from rope_parameters if the block has none (transformers 5.25
         # falls back to 10000 there; the model was trained with its own theta).
+        from_scaling = isinstance(scaling, dict) and bool(scaling)
         params: dict[str, Any] = {
             k: v
-            for k, v in (
-                scaling if isinstance(scaling, dict) and scaling else rope_parameters
-            ).items()
+            for k, v in (scaling if from_scaling else rope_parameters).items()
             if v is not None  # a null setting is an unset one
         }
         rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            block = "rope_scaling" if isinstance(scaling, dict) and scaling else "rope_parameters"
+            block = "rope_scaling" if from_scaling else "rope_parameters"
             key = "rope_type" if "rope_type" in params else "type"
             raise ValueError(
                 f"unsupported rope type {rope_type!r} (config.json's {block}.{key}); supported: "
@@ -112,6 +111,17 @@ class RopeConfig:
         theta = _first_set(
             params.get("rope_theta"), rope_parameters.get("rope_theta"), raw.get("rope_theta")
         )
+        if (
+            from_scaling
+            and _first_set(params.get("rope_theta"), raw.get("rope_theta")) is None
+            and theta not in (None, _DEFAULT_ROPE_THETA)
+        ):
+            logger.warning(
+                "config.json's rope_scaling has no rope_theta: brisklm takes rope_parameters' "
+                "(%s), with which the model was trained; transformers 5 reads %s there",
+                theta,
+                _DEFAULT_ROPE_THETA,
+            )
         original = params.get("original_max_position_embeddings")
         if rope_type in ("llama3", "yarn"):
             # As transformers: a top-level original_max_position_embeddings (Phi-3 style) wins

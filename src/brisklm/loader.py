@@ -472,7 +472,12 @@ def load_model(
     if missing:
         names = sorted(_describe(entry) for entry in missing)
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}")
+        # (an untied head is a tensor of its own; transformers fills a missing one with random
+        # weights)
+        hint = ""
+        if ("lm_head", "weight", None) in missing and not config.tie_word_embeddings:
+            hint = " (config.json's tie_word_embeddings is false, so the head is not the embedding)"
+        raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}{hint}")
     if dtype_ in native.HALF_TYPES and device_.type == "cpu":
         # Half-precision weights, float32 arithmetic through the native kernels, where they run it.
         in_float32 = native_forward.compute_in_float32(model)

@@ -656,6 +656,14 @@ def test_missing_and_unexpected_tensors(tiny_dir, tmp_path):
         CheckpointError, match=r"model\.safetensors: unexpected tensor 'model\.extra\.weight'"
     ):
         LLM.from_pretrained(broken, show_progress=False)
+    # An untied head missing says why it is wanted (transformers fills it with random weights).
+    tensors.pop("model.extra.weight")
+    tensors.pop("lm_head.weight", None)
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    tied = json.loads((broken / "config.json").read_text()).get("tie_word_embeddings", False)
+    assert not tied
+    with pytest.raises(CheckpointError, match=r"lm_head\.weight \(config\.json's tie_word_emb"):
+        LLM.from_pretrained(broken, show_progress=False)
 
 
 def test_bad_device_and_dtype(tiny_dir):
