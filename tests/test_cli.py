@@ -946,26 +946,51 @@ def test_serve_passes_its_engine_flags_to_the_llm(capsys, monkeypatch) -> None:
     assert given["prefix_cache_slots"] == 2
 
 
-def test_chat_template_vars_reach_the_template(tmp_path, capsys, monkeypatch):
-    # Qwen3's enable_thinking=false: the prompt of each reply closes an empty thinking block.
+@pytest.fixture
+def qwen3_chat(tmp_path, capsys, monkeypatch):
+    """A tiny Qwen3 checkpoint's directory, and the (llm, request) of each reply that
+    ``brisklm chat`` makes, as it makes them."""
     from brisklm import cli
     from tests.engine.test_qwen3 import make_qwen3_checkpoint
 
     directory, _ = make_qwen3_checkpoint(tmp_path / "qwen3")
     capsys.readouterr()  # (the checkpoint's writing)
-    prompts = []
+    made = []
     reply_request = cli._reply_request
 
     def recording(llm, messages, params, template_vars):
         request = reply_request(llm, messages, params, template_vars)
-        prompts.append(llm.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False))
+        made.append((llm, request))
         return request
 
     monkeypatch.setattr(cli, "_reply_request", recording)
+    return directory, made
+
+
+def test_chat_decodes_a_constraint_after_the_thinking_as_llm_chat_does(qwen3_chat, monkeypatch):
+    # brisklm chat made its requests without LLM.chat_decoding: a --regex applied from the first
+    # token of a reasoning model's reply, which could then not think.
+    from brisklm import AfterThinking, Regex
+
+    directory, made = qwen3_chat
+    argv = ["chat", "--model", str(directory), "--regex", "[a-z]+", "--max-tokens", "3"]
+    for variables in ([], ["--template-var", "enable_thinking=false"]):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+        assert main([*argv, *variables]) == 0
+    constraints = [request.params.constraint for _, request in made]
+    assert constraints == [AfterThinking(Regex("[a-z]+")), Regex("[a-z]+")]
+
+
+def test_chat_template_vars_reach_the_template(qwen3_chat, capsys, monkeypatch):
+    # Qwen3's enable_thinking=false: the prompt of each reply closes an empty thinking block.
+    directory, made = qwen3_chat
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nAgain\n"))
     argv = ["chat", "--model", str(directory), "--temperature", "0", "--max-tokens", "3"]
     assert main([*argv, "--template-var", "enable_thinking=false"]) == 0
-    assert len(prompts) == 2 and all(p.endswith("<think>\n\n</think>\n\n") for p in prompts)
+    decode = [
+        llm.tokenizer.decode(r.prompt_token_ids, skip_special_tokens=False) for llm, r in made
+    ]
+    assert len(decode) == 2 and all(p.endswith("<think>\n\n</think>\n\n") for p in decode)
     for bad, message in [
         ("enable_thinking", "is not NAME=VALUE"),
         ("temperature=0", "not a chat template variable: use --temperature"),

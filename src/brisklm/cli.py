@@ -714,8 +714,10 @@ def _reply_request(
     llm: Any, messages: list[dict[str, str]], params: Any, template_vars: dict[str, Any]
 ) -> Any:
     """The request for the assistant's reply to ``messages`` (streamed with its finish reason,
-    which ``stream_chat`` does not give)."""
-    return llm.make_request(llm.chat_prompt_ids(messages, **template_vars), params)
+    which ``stream_chat`` does not give), decoded as ``chat`` decodes it: a constraint flag's
+    (--json, --regex, ...) after a reasoning model's thinking (``LLM.chat_decoding``)."""
+    ids = llm.chat_prompt_ids(messages, **template_vars)
+    return llm.make_request(ids, llm.chat_decoding(ids, params, None)[0])
 
 
 # chat_prompt_ids' own arguments, which a template variable of the same name would collide with.
