@@ -10,7 +10,7 @@ import numbers
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias, overload
+from typing import Any, Literal, TypeAlias, overload
 
 import torch
 from numpy import ndarray
@@ -1145,7 +1145,9 @@ class LLM:
             return None
         return prompt_thinking(self._thinking_tail(prompt_ids))
 
-    def _block_under(self, constraint: Constraint, opened: bool) -> str:
+    def _block_under(
+        self, constraint: Constraint, opened: bool
+    ) -> Literal["own", "before", "none"]:
         """How a chat reply's thinking block goes with a ``constraint`` of the caller's (see
         ``chat_decoding``): "own", the constraint writes the block itself (its text names the
         closing tag, ``may_close_thinking``, or it may begin with the block's tag: the closing one
@@ -1223,7 +1225,6 @@ class LLM:
         chosen = self._params_or_default(params)
         reply = options.constraint(format, tools or (), chosen.constraint is not None)
         if reply is not None:
-            chosen = chosen.with_changes(**reply.changes())  # (checked with the other options)
             format = reply.calls_format
         chosen, start = self.chat_decoding(
             prompt_ids, chosen, format, template, tools is not None, reply
