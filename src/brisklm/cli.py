@@ -136,6 +136,14 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None)
     group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     group.add_argument("--ignore-eos", action="store_true")
+    group.add_argument(
+        "--thinking-token-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a reasoning model's thinking block holds at most N tokens, then its closing tag "
+        "is forced (default: unbounded)",
+    )
     constraint = parser.add_argument_group("constrained output (at most one)")
     constraint.add_argument(
         "--json-schema", help="JSON Schema: a file path or the JSON text itself"
@@ -406,6 +414,7 @@ def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | 
         seed=args.seed,
         stop=tuple(args.stop),
         ignore_eos=args.ignore_eos,
+        thinking_token_budget=args.thinking_token_budget,
         **_constraint_options(args),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import numbers
@@ -28,6 +29,7 @@ from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
+from brisklm.engine.thinking_budget import ThinkingBudget
 from brisklm.heap import return_free_memory
 from brisklm.kernels.omp import BusyCpus, at_most_threads, available_cpus, threads_beside
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
@@ -45,6 +47,7 @@ from brisklm.reasoning import (
     prompt_thinking,
     split_reasoning,
     template_reasons,
+    thinks_first,
 )
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.sampling.generation_config import sampling_defaults
@@ -700,6 +703,9 @@ class LLM:
             )
         params.validate_for_vocab(self.engine.num_real_tokens, self.tokenizer.eos_token_ids)
         matcher = self.engine.structured.matcher_for(params)
+        thinking = None
+        if params.thinking_token_budget is not None:
+            thinking = self._thinking_budget(ids, params)
         return Request(
             request_id=self._next_id(),
             prompt=text,
@@ -722,7 +728,49 @@ class LLM:
             # token), so that out.speculative.acceptance_rate reads without a None check.
             speculative=SpeculativeStats() if self.engine.speculator else None,
             matcher=matcher,
+            thinking=thinking,
         )
+
+    def _thinking_budget(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> ThinkingBudget | None:
+        """The count of ``params.thinking_token_budget`` for a reply to ``prompt_ids``, which may
+        open a thinking block or begins inside one the prompt opened (``prompt_thinking``); None
+        where the prompt closed one in the reply's turn. Raises ValueError for a constraint that
+        takes the reply from its first token: the budget could not close the block under it."""
+        tail = self._thinking_tail(prompt_ids)
+        start = prompt_thinking(tail)
+        if start is None:
+            return None
+        if params.constraint is not None and not thinks_first(params.constraint):
+            raise ValueError(
+                f"SamplingParams.thinking_token_budget={params.thinking_token_budget} needs the "
+                "reply's thinking block before its constraint, and this "
+                f"{type(params.constraint).__name__} takes the reply from its first token (it "
+                "may write the block itself; generate applies a constraint so): give "
+                "constraint=brisklm.AfterThinking(constraint, opened=...), or no budget"
+            )
+        opened = tail[tail.rfind(OPEN_TAG) + len(OPEN_TAG) :] if start else None
+        return ThinkingBudget(
+            params.thinking_token_budget,  # type: ignore[arg-type]
+            opened,
+            self.tokenizer.token_bytes(),
+            self._thinking_closing,
+        )
+
+    @functools.cached_property
+    def _thinking_closing(self) -> tuple[list[int], list[int]]:
+        """The tokens a thinking budget forces to close a block, after thinking text that ends
+        with a newline and after text that does not: ``"</think>\\n\\n"`` and
+        ``"\\n</think>\\n\\n"``, as chat templates lay the block out, tokenized as text in
+        the middle of a sequence (no sentencepiece dummy prefix), the tag as its own token where
+        it is a special one (text cannot spell it)."""
+        tokenize = self.engine.structured.compiler.llg_tokenizer.tokenize_str
+        close_id = self.tokenizer.token_to_id(CLOSE_TAG)
+        if close_id is None or close_id not in self.tokenizer.special_token_ids:
+            return tokenize(CLOSE_TAG + "\n\n"), tokenize("\n" + CLOSE_TAG + "\n\n")
+        after = tokenize("\n\n")
+        return [close_id, *after], [*tokenize("\n"), close_id, *after]
 
     def make_requests(
         self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True
@@ -1249,17 +1297,23 @@ class LLM:
         as vLLM applies guided decoding after the reasoning, where it neither writes the block
         itself nor would take the reply otherwise behind it (``_block_under``; such a constraint
         decides the reply from its first token, and a block the prompt opened that it cannot
-        close leaves the reply none). ``chat``, the server and ChatBrisk decode so."""
+        close leaves the reply none). A ``thinking_token_budget`` is dropped where the reply holds
+        no block (the template knows none, or the constraint leaves none), and refused
+        (``make_request``) where the constraint writes the block itself. ``chat``, the server and
+        ChatBrisk decode so."""
         start = self.reasoning_start(prompt_ids, chat_template, has_tools)
         if constraint is not None:
             params = params.with_changes(**constraint.changes(start))
         own = params.constraint
+        block = None
         if own is not None and start is not None:
             block = self._block_under(own, start)
             if block == "before":
                 params = params.with_changes(constraint=AfterThinking(own, start))
             elif block == "none" and start:
                 start = None  # (the reply is all content)
+        if params.thinking_token_budget is not None and (start is None or block == "none"):
+            params = params.with_changes(thinking_token_budget=None)  # (the reply holds no block)
         if tool_format is None:
             return (params.with_changes(reply_calls=None) if params.reply_calls else params), start
         return params.with_changes(**tool_format.decoding_options(start)), start

@@ -23,7 +23,8 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from brisklm.constrained.thinking import CLOSE, OPEN, thinking_rules
+from brisklm.constrained.spec import AfterThinking, Grammar
+from brisklm.constrained.thinking import CLOSE, OPEN, holds_thinking_rules, thinking_rules
 from brisklm.tool_calls import partial_tag_length, start_rule
 
 
@@ -61,6 +62,15 @@ def may_close_thinking(constraint: Any) -> bool:
     texts = [getattr(constraint, "pattern", None), getattr(constraint, "text", None)]
     texts += list(getattr(constraint, "options", None) or ())
     return any(isinstance(text, str) and CLOSE in text.replace("\\", "") for text in texts)
+
+
+def thinks_first(constraint: Any) -> bool:
+    """Whether output under ``constraint`` (a SamplingParams' resolved constraint) begins with a
+    thinking block's rules, its own output after them: an ``AfterThinking``, or a grammar that
+    ``thinking_grammar`` built (the tools' for a reasoning model's reply)."""
+    if isinstance(constraint, AfterThinking):
+        return True
+    return isinstance(constraint, Grammar) and holds_thinking_rules(constraint.text)
 
 
 def block_opening(text: str) -> int | None:

@@ -37,6 +37,7 @@ SAMPLING_FIELDS = (
     "logprobs",
     "top_logprobs",
     "n",
+    "thinking_token_budget",
 )
 # Accepted for compatibility with hosted chat models' standard parameters; a local engine has no
 # network connection, so none of them does anything here.
@@ -117,6 +118,10 @@ class BriskSettings(BaseModel):
     n: int = 1
     """Completions of each prompt (ChatOpenAI's ``n``), each a generation of the result; with a
     ``seed``, completion i samples with seed + i. A stream is one completion: 1 when streaming."""
+    thinking_token_budget: int | None = None
+    """A reasoning model's thinking block (Qwen3's ``<think>``) holds at most so many tokens,
+    then its closing tag is forced and the reply goes on to its answer or tool calls (vLLM's
+    field). None: unbounded; ignored for a model whose chat template knows no thinking."""
 
     @model_validator(mode="before")
     @classmethod

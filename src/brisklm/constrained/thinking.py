@@ -26,3 +26,9 @@ def thinking_rules(opened: bool) -> list[str]:
     the caller defines): the block opened by the prompt (``opened``: the reply begins inside
     it and must close it) or by the reply (which may also go straight to ``reply``)."""
     return [_START[opened], _BLOCK[opened], "THOUGHT_END: /\\n{1,2}/"]
+
+
+def holds_thinking_rules(grammar: str) -> bool:
+    """Whether a Lark grammar's text holds a thinking block's rules (``thinking_rules``): its
+    reply comes after the block."""
+    return any(rule in grammar for rule in _BLOCK.values())

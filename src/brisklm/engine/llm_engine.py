@@ -539,9 +539,10 @@ class LLMEngine:
         (see ``EngineConfig.max_decode_steps``): more than 1 only where every one takes its token as
         the native steps choose it (``_takes_native_steps``), the last such step's time is known,
         and no request waits for a slot; at most what the longest of them may still generate, what
-        every row's cache slot has room for, and ``max_steps``. With a speculator only as many as it
-        says (``max_steps``: the steps its schedules pause every row for, the draft catching up on
-        their tokens when it next proposes; ``max_decode_steps`` for rows decoding without it)."""
+        every row's cache slot has room for, what every thinking budget leaves, and ``max_steps``.
+        With a speculator only as many as it says (``max_steps``: the steps its schedules pause
+        every row for, the draft catching up on their tokens when it next proposes;
+        ``max_decode_steps`` for rows decoding without it)."""
         limit = self.config.max_decode_steps
         if max_steps is not None:
             limit = min(limit, max_steps)
@@ -561,6 +562,10 @@ class LLMEngine:
                 int(DECODE_STEPS_SECONDS / max(seconds, 1e-9)),
                 max(r.max_new_tokens for r in requests),
                 min(self.max_seq_len - r.num_cached for r in requests),
+                # (a thinking budget's count: the tokens before it forces a closing tag)
+                min(
+                    (r.thinking.free_tokens or limit for r in requests if r.thinking), default=limit
+                ),
                 MAX_TOKENS // len(requests),  # the kernels' tokens a call
             ),
         )
@@ -569,10 +574,13 @@ class LLMEngine:
     def _takes_native_steps(request: Request) -> bool:
         """The request's next token comes from its logits as the native pass's steps choose it:
         greedy, or sampled with temperature, top-k, top-p and min-p, after a logit bias and
-        repetition, presence and frequency penalties (no pending ``min_tokens``, no grammar); its
-        logprobs, if it asks for them, from each step's logits."""
+        repetition, presence and frequency penalties (no pending ``min_tokens``, no grammar, no
+        thinking budget's closing tag to force); its logprobs, if it asks for them, from each
+        step's logits. (A thinking budget bounds the steps a call runs: ``decode_steps``.)"""
         return (
-            len(request.output_token_ids) >= request.params.min_tokens and request.matcher is None
+            len(request.output_token_ids) >= request.params.min_tokens
+            and request.matcher is None
+            and (request.thinking is None or request.thinking.forced_token is None)
         )
 
     def _step_sampling(
@@ -810,6 +818,8 @@ class LLMEngine:
         rotary = self.model.rotary
         while forced and rotary.rotates_by_length(request.num_tokens + len(forced)):
             forced.pop()
+        if forced and request.thinking is not None and request.thinking.free_tokens is not None:
+            del forced[request.thinking.free_tokens :]  # (its budget looks at each token)
         if forced and request.params.logprobs is not None:
             self.defer_forced(request, forced)
         else:

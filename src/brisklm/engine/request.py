@@ -20,6 +20,7 @@ from brisklm.outputs import (
 from brisklm.sampling import SamplingParams, StopStringMatcher
 
 if TYPE_CHECKING:
+    from brisklm.engine.thinking_budget import ThinkingBudget
     from brisklm.speculative.draft_length import DraftLength
     from brisklm.tokenizer import IncrementalDetokenizer
 
@@ -46,6 +47,8 @@ class Request:
     draft_generator: torch.Generator | None = None
     # Per-request grammar matcher (brisklm.constrained.GrammarMatcher) when the output is constrained.
     matcher: Any = None
+    # Where params.thinking_token_budget bounds a thinking block the reply may hold: its count.
+    thinking: ThinkingBudget | None = None
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
     # Tokens (prompt + output) whose keys/values are in the KV cache.
@@ -146,6 +149,8 @@ class Request:
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
         self.output_token_ids.append(token_id)
+        if self.thinking is not None:
+            self.thinking.take(token_id)
         if self.logprobs is None:  # (a batch computes them for every row once one asks)
             logprob = None
         if logprob is not None:

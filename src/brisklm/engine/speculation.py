@@ -184,6 +184,9 @@ class Speculator:
             return 0
         pending = len(request.pending_forced)
         size = max(0, min(self._proposal_size(request), request.max_new_tokens - pending - 1))
+        free = None if request.thinking is None else request.thinking.free_tokens
+        if free is not None:  # a thinking budget: the token after the proposals is one of them
+            size = max(0, min(size, free - pending - 1))
         rotary = engine.model.rotary
         while size and rotary.rotates_by_length(request.num_tokens + pending + size):
             size -= 1

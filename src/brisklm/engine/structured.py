@@ -176,7 +176,10 @@ class StructuredOutputs:
         request's tokens do not depend on its first token being forced (sampling it under the
         mask drew, and could pick a shorter token than the forced one), nor on whether it
         reports logprobs where a dynamic NTK rotary cuts a forced run short (its rest is taken
-        here, one a step, with or without logprobs)."""
+        here, one a step, with or without logprobs). A thinking budget's closing tag
+        (``Request.thinking``) comes first, taken so one a step."""
+        if request.thinking is not None and request.thinking.forced_token is not None:
+            return request.thinking.forced_token
         if request.matcher is None:
             return None
         forced = request.matcher.compute_ff_tokens()

@@ -85,6 +85,14 @@ class SamplingParams:
       samples with seed + i, so each is reproducible alone. With prefix caching the native CPU
       pass computes the prompt's keys once for them all (a prompt of 16 tokens or more);
       elsewhere prefixes are reused in whole prefill chunks only.
+    - ``thinking_token_budget`` (vLLM's name): a reasoning model's thinking block (``<think>``,
+      opened by the prompt or by the reply) holds at most so many tokens; then the engine forces
+      its closing tag (``"\\n</think>\\n\\n"``, as chat templates lay the block out) and the
+      reply goes on to its answer or tool calls. A block the model closes itself is left alone,
+      and a reply that opens none is not touched. Tokens of the block and the forced tag count
+      against ``max_tokens``. A constraint must come after the thinking (``AfterThinking``, or
+      the tools' and ``response_format``'s grammars, which ``LLM.chat`` builds so); a chat reply
+      whose template knows no thinking ignores the budget.
     """
 
     max_tokens: int = 256
@@ -120,6 +128,8 @@ class SamplingParams:
     # How a chat reply with tools offered holds its calls (LLM.chat and the server set it): stop
     # strings apply only to the text before the reply's first tool call.
     reply_calls: Any = None  # brisklm.tool_formats.ReplyCalls
+    # A reasoning model's thinking block: at most so many tokens, then its closing tag is forced.
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -239,6 +249,13 @@ class SamplingParams:
         if not 1 <= n <= MAX_N:
             raise _fail("n", n, f"an int in [1, {MAX_N}]")
         put("n", n)
+
+        if self.thinking_token_budget is not None:
+            allowed = "None or an int >= 0 (tokens of a thinking block)"
+            budget = _as_int("thinking_token_budget", self.thinking_token_budget, allowed)
+            if budget < 0:
+                raise _fail("thinking_token_budget", budget, allowed)
+            put("thinking_token_budget", budget)
 
         if self.reply_calls is not None:
             from brisklm.tool_formats import ReplyCalls  # (imports llguidance)

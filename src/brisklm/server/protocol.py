@@ -81,6 +81,7 @@ _SAMPLING = {
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    "thinking_token_budget",
 }
 COMPLETION_FIELDS = frozenset(
     _SAMPLING | {"prompt", "logprobs", "echo", "suffix", "best_of", "prompt_logprobs"}
@@ -232,6 +233,7 @@ def sampling_changes(
         "repetition_penalty",
         "min_tokens",
         "ignore_eos",
+        "thinking_token_budget",
     ):
         if body.get(name) is not None:
             changes[name] = body[name]
