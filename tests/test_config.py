@@ -206,6 +206,8 @@ def test_bias_keys_are_read_for_llama_and_mistral():
                 "rope_parameters": {
                     "rope_type": "llama3",
                     "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
                     "original_max_position_embeddings": -8,
                 }
             },
@@ -215,6 +217,16 @@ def test_bias_keys_are_read_for_llama_and_mistral():
         ({"rope_scaling": {"type": "linear"}}, "linear rope needs a factor; the config's"),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": None}}, "dynamic rope needs a factor"),
         ({"rope_parameters": {"rope_type": "llama3"}}, "llama3 rope needs a factor"),
+        # These loaded with guesses (1.0 and 4.0; a yarn factor of max_position_embeddings over
+        # the original context), where transformers refuses them.
+        (
+            {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}},
+            "llama3 rope needs high_freq_factor; the config's rope block has none",
+        ),
+        (
+            {"rope_scaling": {"type": "yarn", "original_max_position_embeddings": 64}},
+            "yarn rope needs a factor; the config's rope block has none",
+        ),
         (
             {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 0}},
             "yarn rope needs beta_fast and beta_slow > 0, got 0.0 and 1.0",
@@ -291,7 +303,8 @@ def test_null_settings_are_unset():
     # float(None) failed for these.
     assert make(rms_norm_eps=None).rms_norm_eps == 1e-6
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": None}
-    assert make(rope_parameters=llama3).rope.low_freq_factor == 1.0
+    with pytest.raises(ValueError, match="llama3 rope needs low_freq_factor and high_freq_factor"):
+        make(rope_parameters=llama3)
     assert make(max_position_embeddings=None).max_position_embeddings == 2048
 
 

@@ -132,17 +132,21 @@ class RopeConfig:
         elif original is None:
             original = raw.get("original_max_position_embeddings")
         factor = params.get("factor")
-        if factor is None and rope_type == "yarn" and original:
-            factor = max_position_embeddings / original
-        if factor is None and rope_type in ("linear", "dynamic", "llama3"):
+        if factor is None and rope_type in ("linear", "dynamic", "llama3", "yarn"):
             # (transformers refuses such a config too: 1.0 would be no scaling at all)
             raise ValueError(f"{rope_type} rope needs a factor; the config's rope block has none")
+        missing = [k for k in ("low_freq_factor", "high_freq_factor") if k not in params]
+        if rope_type == "llama3" and missing:
+            # (transformers refuses it too; a guess would change the frequencies it was trained on)
+            raise ValueError(
+                f"llama3 rope needs {' and '.join(missing)}; the config's rope block has none"
+            )
         return cls(
             rope_type=rope_type,
             theta=float(theta if theta is not None else _DEFAULT_ROPE_THETA),
             factor=float(factor) if factor is not None else 1.0,
             original_max_position_embeddings=int(original) if original is not None else None,
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),  # (llama3 only)
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             beta_fast=float(_first_set(params.get("beta_fast"), 32.0)),
             beta_slow=float(_first_set(params.get("beta_slow"), 1.0)),
