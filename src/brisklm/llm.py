@@ -18,6 +18,7 @@ from numpy import ndarray
 
 from brisklm.config import checkpoint_directory
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
+from brisklm.constrained.matcher import GrammarMatcher
 from brisklm.constrained.spec import AfterThinking, Constraint, Grammar
 from brisklm.engine.llm_engine import (
     EngineConfig,
@@ -705,7 +706,7 @@ class LLM:
         matcher = self.engine.structured.matcher_for(params)
         thinking = None
         if params.thinking_token_budget is not None:
-            thinking = self._thinking_budget(ids, params)
+            thinking = self._thinking_budget(ids, params, matcher)
         return Request(
             request_id=self._next_id(),
             prompt=text,
@@ -732,17 +733,23 @@ class LLM:
         )
 
     def _thinking_budget(
-        self, prompt_ids: Sequence[int], params: SamplingParams
+        self, prompt_ids: Sequence[int], params: SamplingParams, matcher: GrammarMatcher | None
     ) -> ThinkingBudget | None:
         """The count of ``params.thinking_token_budget`` for a reply to ``prompt_ids``, which may
         open a thinking block or begins inside one the prompt opened (``prompt_thinking``); None
-        where the prompt closed one in the reply's turn. Raises ValueError for a constraint that
-        takes the reply from its first token: the budget could not close the block under it."""
+        where the reply holds none: the prompt closed one in the reply's turn, or the reply's
+        constraint (``matcher``'s) takes it from its first token and cannot begin with the
+        opening tag. Raises ValueError for a constraint that takes the reply from its first token
+        and may hold a block (the prompt opened one, or it may begin with the tag): the budget
+        could not close the block under it."""
         tail = self._thinking_tail(prompt_ids)
         start = prompt_thinking(tail)
         if start is None:
             return None
         if params.constraint is not None and not thinks_first(params.constraint):
+            assert matcher is not None
+            if not start and not self._may_begin(matcher, OPEN_TAG):
+                return None
             raise ValueError(
                 f"SamplingParams.thinking_token_budget={params.thinking_token_budget} needs the "
                 "reply's thinking block before its constraint, and this "
@@ -1212,22 +1219,21 @@ class LLM:
         tags = (CLOSE_TAG,) if opened else (OPEN_TAG, CLOSE_TAG)
         if any(self.tokenizer.token_to_id(t) in self.tokenizer.special_token_ids for t in tags):
             return "none"
-        compiler = self.engine.structured.compiler
         try:
-            matcher = compiler.compile(constraint).matcher()
+            matcher = self.engine.structured.compiler.compile(constraint).matcher()
         except ValueError:  # (a constraint that does not compile fails its request, named)
             return "own"
-
-        def may_begin(text: str) -> bool:
-            ids = compiler.llg_tokenizer.tokenize_str(text)
-            return matcher.validate_tokens(ids) == len(ids)
-
-        if may_begin(CLOSE_TAG if opened else OPEN_TAG):
+        if self._may_begin(matcher, CLOSE_TAG if opened else OPEN_TAG):
             return "own"
         skip = isinstance(constraint, Grammar) and constraint.llguidance_options.get(
             "allow_initial_skip"
         )
-        return "none" if skip or may_begin("\n") else "before"
+        return "none" if skip or self._may_begin(matcher, "\n") else "before"
+
+    def _may_begin(self, matcher: GrammarMatcher, text: str) -> bool:
+        """Whether output under ``matcher`` (at its start) may begin with ``text``."""
+        ids = self.engine.structured.compiler.llg_tokenizer.tokenize_str(text)
+        return matcher.validate_tokens(ids) == len(ids)
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag where that tag is one token, else all of

@@ -5,13 +5,14 @@ steps a call, speculation), with constraints after the thinking, and through the
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
 
 from brisklm import LLM, AfterThinking, SamplingParams
 from brisklm.constrained.spec import Regex
-from brisklm.engine.thinking_budget import ThinkingBudget
+from brisklm.engine.thinking_budget import ThinkingBudget, ends_inside_character
 from tests.engine.test_qwen3 import FORECAST, make_qwen3_checkpoint, with_think_tokens
 
 ASK = [{"role": "user", "content": "Hi"}]
@@ -153,6 +154,27 @@ def test_speculation_stops_its_proposals_at_the_budget(think_tokens, llm, draft)
             out = spec.chat(ASK, params.with_changes(thinking_token_budget=n)).output
             check_bounded(llm, free, out.token_ids, n)
             assert out.speculative.num_accepted > 0
+        # sampled and seeded: the tokens before the tag are those without a budget (proposals
+        # were cut to the budget's count, and took other draws)
+        from tests.engine.test_reasoning_chat import OPENING_TEMPLATE
+
+        kwargs = {"chat_template": OPENING_TEMPLATE}
+        table = llm.tokenizer.token_bytes()
+        checked = 0
+        for seed in range(4):
+            sampled = SamplingParams(temperature=0.9, max_tokens=16, seed=seed)
+            free = spec.chat(ASK, sampled, **kwargs).output.token_ids
+            for n in (3, 6):
+                out = spec.chat(ASK, sampled.with_changes(thinking_token_budget=n), **kwargs)
+                cut = n
+                while ends_inside_character(b"\n" + b"".join(table[t] for t in free[:cut])):
+                    cut += 1
+                ids = out.output.token_ids
+                assert ids[:cut] == free[:cut], (draft, seed, n)
+                if cut < len(free):  # (else the reply ended first)
+                    assert llm.tokenizer.token_to_id("</think>") in ids[cut : cut + 2]
+                    checked += 1
+        assert checked >= 4
 
 
 def test_a_budget_streams_and_reports_logprobs_of_the_forced_tag(llm):
@@ -214,12 +236,22 @@ def test_a_constraint_after_the_thinking_takes_the_reply_after_the_forced_tag(ll
 
 
 def test_a_constraint_that_takes_the_reply_from_its_start_is_refused(llm):
+    """A constraint that decides the reply from its first token (generate's, or chat's where it
+    writes the block itself) is refused beside a budget where the reply may hold a block under
+    it: a block the prompt opened, or a constraint that may begin with the tag. One that cannot
+    leaves the reply no block, and the budget nothing to bound (it was refused on any model)."""
     params = SamplingParams(temperature=0, max_tokens=8, regex="[a-z]+", thinking_token_budget=2)
+    opened = llm.chat_prompt_ids(ASK, chat_template=OPENING)
     with pytest.raises(ValueError, match="thinking_token_budget=2 needs .*AfterThinking"):
-        llm.generate(llm.chat_prompt_ids(ASK), params)
+        llm.generate(opened, params)
+    may_open = llm.chat_prompt_ids(ASK)
+    without = params.with_changes(thinking_token_budget=None)
+    assert llm.generate(may_open, params).token_ids == llm.generate(may_open, without).token_ids
     writes_the_block = params.with_changes(regex=r"<think>[a-z]*</think>[a-z]+")
     with pytest.raises(ValueError, match="Regex takes the reply from its first token"):
         llm.chat(ASK, writes_the_block)
+    with pytest.raises(ValueError, match="Regex takes the reply from its first token"):
+        llm.generate(may_open, writes_the_block)
     # and the engine goes on serving
     assert llm.chat(ASK, SamplingParams(temperature=0, max_tokens=3)).output.token_ids
 
@@ -271,15 +303,33 @@ def test_a_block_the_prompt_opened_ends_at_the_budget(llm):
     params = SamplingParams(temperature=0, max_tokens=16)
     free = llm.chat(ASK, params, **kwargs).output.token_ids
     assert llm.tokenizer.token_to_id("</think>") not in free
-    for n in (0, 4):
+    table = llm.tokenizer.token_bytes()
+    # (the greedy reply's 4th token ends inside a character: b"\xec\x8a")
+    assert ends_inside_character(b"".join(table[t] for t in free[:4]))
+    for n in (0, 3, 4):
         reply = llm.chat(ASK, params.with_changes(thinking_token_budget=n), **kwargs)
         ids = reply.output.token_ids
-        assert ids[:n] == free[:n]
+        # the tag comes where a character is whole (past the budget for n=4)
+        cut = n
+        while ends_inside_character(b"".join(table[t] for t in free[:cut])):
+            cut += 1
+        assert cut > n or n != 4
+        assert ids[:cut] == free[:cut]
+        thought = b"\n" + b"".join(table[t] for t in free[:cut])
         # (the prompt's "<think>\n" ends with a newline: no other before the tag)
-        thought = "\n" + llm.tokenizer.decode(free[:n], skip_special_tokens=False)
-        closing = llm._thinking_closing[0 if thought.endswith("\n") else 1]
-        assert ids[n : n + len(closing)] == closing
-        assert reply.reasoning == thought.strip("\n") and reply.content
+        closing = llm._thinking_closing[0 if thought.endswith(b"\n") else 1]
+        assert ids[cut : cut + len(closing)] == closing
+        assert reply.reasoning == thought.decode(errors="replace").strip("\n") and reply.content
+        # a grammar after the thinking reads whole characters: a tag forced inside one failed it
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        turn = llm.chat(
+            ASK,
+            params.with_changes(thinking_token_budget=n, max_tokens=40),
+            response_format=answer,
+            **kwargs,
+        )
+        assert "\ufffd" not in turn.reasoning and isinstance(json.loads(turn.content)["a"], int)
 
 
 def test_the_cli_and_chatbrisk_take_a_budget(think_tokens, llm, capsys):

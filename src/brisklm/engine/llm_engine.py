@@ -553,6 +553,10 @@ class LLMEngine:
             return 1
         if self.runner.native is None or not all(self._takes_native_steps(r) for r in requests):
             return 1
+        for request in requests:  # (no step past a thinking budget's count)
+            free = request.thinking_free_tokens
+            if free is not None:
+                limit = min(limit, free)
         if any(r.params.logprobs is not None for r in requests):
             limit = min(limit, STEP_LOGITS_BYTES // (4 * self._vocab_size * len(requests)))
         return max(
@@ -562,10 +566,6 @@ class LLMEngine:
                 int(DECODE_STEPS_SECONDS / max(seconds, 1e-9)),
                 max(r.max_new_tokens for r in requests),
                 min(self.max_seq_len - r.num_cached for r in requests),
-                # (a thinking budget's count: the tokens before it forces a closing tag)
-                min(
-                    (r.thinking.free_tokens or limit for r in requests if r.thinking), default=limit
-                ),
                 MAX_TOKENS // len(requests),  # the kernels' tokens a call
             ),
         )
@@ -580,7 +580,7 @@ class LLMEngine:
         return (
             len(request.output_token_ids) >= request.params.min_tokens
             and request.matcher is None
-            and (request.thinking is None or request.thinking.forced_token is None)
+            and request.thinking_forced_token is None
         )
 
     def _step_sampling(
@@ -818,8 +818,9 @@ class LLMEngine:
         rotary = self.model.rotary
         while forced and rotary.rotates_by_length(request.num_tokens + len(forced)):
             forced.pop()
-        if forced and request.thinking is not None and request.thinking.free_tokens is not None:
-            del forced[request.thinking.free_tokens :]  # (its budget looks at each token)
+        free = request.thinking_free_tokens
+        if forced and free is not None:
+            del forced[free:]  # (a thinking budget reads each token as it comes)
         if forced and request.params.logprobs is not None:
             self.defer_forced(request, forced)
         else:

@@ -108,6 +108,17 @@ class Request:
         return self.output_token_ids[self.num_cached - num_prompt :] + self.pending_forced
 
     @property
+    def thinking_forced_token(self) -> int | None:
+        """The token the request's thinking budget forces next (None: none, or no budget)."""
+        return None if self.thinking is None else self.thinking.forced_token
+
+    @property
+    def thinking_free_tokens(self) -> int | None:
+        """How many tokens the request may take before its thinking budget must read them (None:
+        no bound; 0 while it forces the closing tag): ``ThinkingBudget.free_tokens``."""
+        return None if self.thinking is None else self.thinking.free_tokens
+
+    @property
     def is_prefilling(self) -> bool:
         """Part of the prompt is not in the cache yet."""
         return self.num_cached < len(self.prompt_token_ids)

@@ -173,10 +173,13 @@ class Speculator:
     def _max_draft_tokens(self, request: Request, engine: LLMEngine) -> int:
         """How many tokens ``request`` may have verified this step.
 
-        Each step emits up to n + 1 tokens: never past max_tokens or the context. And never past
-        a dynamic NTK model's trained context: there a pass rotates each row by its longest
-        position, so a row of n proposals would rotate them (and the keys it caches) otherwise
-        than the one-token steps of decoding without a draft, and change the output.
+        Each step emits up to n + 1 tokens: never past max_tokens or the context (nor past a
+        thinking budget's count, which ``_emit`` cuts the run at, so that the tokens before it
+        are those the request would take without a budget; none while the budget forces its
+        closing tag). And never past a dynamic NTK model's trained context: there a pass rotates
+        each row by its longest position, so a row of n proposals would rotate them (and the keys
+        it caches) otherwise than the one-token steps of decoding without a draft, and change the
+        output.
         """
         if request.matcher is not None and request.matcher.took_eos_as_content:
             # llguidance (1.9) can fail on the states that verifying proposals rolls back to once
@@ -184,9 +187,9 @@ class Speculator:
             return 0
         pending = len(request.pending_forced)
         size = max(0, min(self._proposal_size(request), request.max_new_tokens - pending - 1))
-        free = None if request.thinking is None else request.thinking.free_tokens
-        if free is not None:  # a thinking budget: the token after the proposals is one of them
-            size = max(0, min(size, free - pending - 1))
+        free = request.thinking_free_tokens
+        if free is not None and free <= pending:
+            return 0  # a thinking budget's closing tag comes next: forced, not proposed
         rotary = engine.model.rotary
         while size and rotary.rotates_by_length(request.num_tokens + pending + size):
             size -= 1
@@ -536,9 +539,6 @@ class Speculator:
             proposal, n = proposals[b], accepted[b]
             whole = tested[b] if tested is not None else proposal
             kept_eos = len(whole) > n == len(proposal) and out_rows[b][n] == whole.token_ids[-1]
-            # The cache now holds valid keys for the fed tokens and the n accepted proposals.
-            request.num_cached += len(feeds[b]) + n
-            self.proposer.rollback(request.slot, len(proposal) - n)  # type: ignore[arg-type]
             before = len(request.output_token_ids)
             result = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
@@ -546,6 +546,12 @@ class Speculator:
             # Accepted proposals a stop (string, token, max_tokens) dropped are not counted.
             emitted = len(request.output_token_ids) - before
             self._record(request, len(whole), min(n + kept_eos, emitted))
+            kept = n
+            if emitted <= n and not request.is_finished and not isinstance(result, BaseException):
+                kept = emitted - 1  # a thinking budget cut the run: its last token is fed next
+            # The cache now holds valid keys for the fed tokens and the kept accepted proposals.
+            request.num_cached += len(feeds[b]) + kept
+            self.proposer.rollback(request.slot, len(proposal) - kept)  # type: ignore[arg-type]
             results.append((request, result))
         return results
 
@@ -553,7 +559,8 @@ class Speculator:
     def _emit(
         engine: LLMEngine, request: Request, tokens: list[int], logprobs: list[TokenLogprob] | None
     ) -> StreamChunk | BaseException:
-        """Append the accepted run and the bonus token, stopping where the request finishes."""
+        """Append the accepted run and the bonus token, stopping where the request finishes or a
+        thinking budget begins to force its closing tag (the rest of the run is dropped)."""
         chunk: StreamChunk | None = None
         for j, token in enumerate(tokens):
             logprob = logprobs[j] if logprobs else None
@@ -565,7 +572,7 @@ class Speculator:
                 chunk = result
             else:
                 chunk.extend(result)
-            if request.is_finished:
+            if request.is_finished or request.thinking_forced_token is not None:
                 break
         assert chunk is not None
         return chunk

@@ -178,8 +178,9 @@ class StructuredOutputs:
         reports logprobs where a dynamic NTK rotary cuts a forced run short (its rest is taken
         here, one a step, with or without logprobs). A thinking budget's closing tag
         (``Request.thinking``) comes first, taken so one a step."""
-        if request.thinking is not None and request.thinking.forced_token is not None:
-            return request.thinking.forced_token
+        forced = request.thinking_forced_token
+        if forced is not None:
+            return forced
         if request.matcher is None:
             return None
         forced = request.matcher.compute_ff_tokens()

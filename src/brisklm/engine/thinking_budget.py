@@ -13,13 +13,35 @@ sampling, as it takes a grammar's forced token.
 from __future__ import annotations
 
 import codecs
+import logging
 from collections.abc import Sequence
 from typing import Literal
 
 from brisklm.constrained.thinking import CLOSE
 from brisklm.reasoning import block_opening
 
+logger = logging.getLogger(__name__)
+
 _CLOSE = CLOSE.encode()
+
+
+def ends_inside_character(data: bytes) -> bool:
+    """Whether ``data`` ends with the first bytes of a UTF-8 character: a lead byte followed by
+    fewer continuation bytes than it announces (a byte-level BPE token may end there)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte
+            size = (
+                2
+                if byte & 0xE0 == 0xC0
+                else 3
+                if byte & 0xF0 == 0xE0
+                else 4
+                if byte & 0xF8 == 0xF0
+                else 1
+            )
+            return size > back
+    return False
 
 
 class ThinkingBudget:
@@ -34,7 +56,12 @@ class ThinkingBudget:
 
     States: "waiting" for the reply to open a block (one token at a time, until its start is
     known), "counting" its tokens, "forcing" the closing tag, "done" (the block closed, by the
-    model or by force, or the reply opened none)."""
+    model or by force, or the reply opened none). The budget counts the reply's tokens only (a
+    reasoning prefill's text in the prompt is not counted). Where the budget's last token ends
+    inside a character (a byte-level BPE token may hold part of one), the block takes a token at
+    a time until the character is whole, a token or three past the budget: a tag forced there
+    would leave the character broken, and a grammar after the thinking (which reads UTF-8 text)
+    would refuse it."""
 
     def __init__(
         self,
@@ -61,7 +88,7 @@ class ThinkingBudget:
         """How many tokens the request may take before the budget must look at it again: None
         without limit (done), 0 while it forces the closing tag."""
         if self.state == "counting":
-            return self.budget - self.count
+            return max(self.budget - self.count, 1)
         if self.state == "waiting":
             return 1
         return 0 if self.state == "forcing" else None
@@ -78,7 +105,12 @@ class ThinkingBudget:
         if self.state == "forcing":
             if token_id == self._forced[0]:
                 del self._forced[0]
-            else:  # (not the forced token: nothing forces it further)
+            else:  # (every path takes forced_token here: a bug if not)
+                logger.warning(
+                    "thinking budget: token %d taken where %d was forced; forcing no more",
+                    token_id,
+                    self._forced[0],
+                )
                 self._forced.clear()
             if not self._forced:
                 self.state = "done"
@@ -112,7 +144,7 @@ class ThinkingBudget:
         self._tail = window[-(len(_CLOSE) - 1) :]
         if data:
             self._ends_line = data.endswith(b"\n")
-        if self.count >= self.budget:
+        if self.count >= self.budget and not ends_inside_character(self._tail):
             self.state = "forcing"
             self._forced = list(self._closing[0] if self._ends_line else self._closing[1])
             if not self._forced:
