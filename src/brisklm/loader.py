@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -203,16 +205,27 @@ def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelCo
     return dataclasses.replace(config, **absent)
 
 
+def _open(path: Path) -> Any:
+    """safetensors' ``safe_open`` of a checkpoint file (its header read), or a CheckpointError
+    naming the file and why it cannot be read: safetensors reports a file the process may not
+    read, and a directory, as missing ("No such file or directory", "No such device")."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: cannot read safetensors file (not a regular file)")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{path}: cannot read safetensors file (permission denied)")
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+
+
 def _tensor_files(files: list[Path]) -> dict[str, Path]:
     """Each tensor name the checkpoint stores -> the first file storing it (headers only)."""
     where: dict[str, Path] = {}
     for path in files:
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in handle.keys():
-                    where.setdefault(name, path)
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+        with _open(path) as handle:
+            for name in handle.keys():
+                where.setdefault(name, path)
     return where
 
 
@@ -265,16 +278,13 @@ def _stored_half_dtype(
     in it, else None (read from the files' headers)."""
     found: set[str] = set()
     for path in files:
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in handle.keys():
-                    if _IGNORED_TENSORS.search(name) or not counts(name):
-                        continue
-                    stored = handle.get_slice(name).get_dtype()
-                    if stored in _FLOAT_STORAGE:
-                        found.add(stored)
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+        with _open(path) as handle:
+            for name in handle.keys():
+                if _IGNORED_TENSORS.search(name) or not counts(name):
+                    continue
+                stored = handle.get_slice(name).get_dtype()
+                if stored in _FLOAT_STORAGE:
+                    found.add(stored)
     if len(found) != 1:
         return None
     return _HALF_STORAGE.get(found.pop())
@@ -286,13 +296,7 @@ def _iter_tensors(
     # No tqdm object at all unless it shows: even a disabled bar can start tqdm's monitor thread.
     shown = show_progress and len(files) >= 2
     for path in tqdm(files, desc="Loading shards", unit="shard") if shown else files:
-        try:
-            handle = safe_open(str(path), framework="pt", device="cpu")
-        except (
-            Exception
-        ) as exc:  # safetensors raises its own error types for truncated/corrupt files
-            raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
-        with handle:
+        with _open(path) as handle:
             for name in handle.keys():
                 raise_if_cancelled()
                 try:
@@ -436,7 +440,7 @@ def load_model(
     expected, optional = _expected_entries(model)
     if config.tie_word_embeddings:
         expected.discard(("lm_head", "weight", None))
-    loaded: set[tuple[str, str, int | None]] = set()
+    loaded: dict[tuple[str, str, int | None], Path] = {}  # -> the file it came from
     for file, name, tensor in _iter_tensors(files, show_progress):
         if _IGNORED_TENSORS.search(name):
             continue
@@ -463,12 +467,20 @@ def load_model(
                 f"{file}: unexpected tensor {name!r} (not part of a {config.architecture}{hint})"
             )
         if entry in loaded:
+            where = "" if loaded[entry] == file else f" and in {loaded[entry]}"
+            unindexed = ""
+            if not (directory / "model.safetensors.index.json").is_file() and len(files) > 1:
+                unindexed = (
+                    " (with no model.safetensors.index.json every *.safetensors file of the "
+                    "directory is read: a stray copy of the weights there is read too)"
+                )
             raise CheckpointError(
                 f"{file}: tensor {name!r} appears more than once in the checkpoint"
+                f"{where}{unindexed}"
             )
         _copy_into(model, entry, tensor, f"{file}: tensor {name!r}")
-        loaded.add(entry)
-    missing = expected - loaded
+        loaded[entry] = file
+    missing = expected - loaded.keys()
     if missing:
         names = sorted(_describe(entry) for entry in missing)
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
@@ -477,6 +489,11 @@ def load_model(
         hint = ""
         if ("lm_head", "weight", None) in missing and not config.tie_word_embeddings:
             hint = " (config.json's tie_word_embeddings is false, so the head is not the embedding)"
+            if not _config_sets(directory, "tie_word_embeddings"):
+                hint = (
+                    " (config.json leaves tie_word_embeddings out, false by default, so the head "
+                    "is not the embedding)"
+                )
         raise CheckpointError(f"checkpoint in {str(directory)!r} is missing tensors: {shown}{hint}")
     if dtype_ in native.HALF_TYPES and device_.type == "cpu":
         # Half-precision weights, float32 arithmetic through the native kernels, where they run it.
@@ -495,6 +512,16 @@ def load_model(
             finalize()
     model.eval()
     return model
+
+
+def _config_sets(directory: Path, key: str) -> bool:
+    """Whether ``directory``'s config.json sets ``key`` (for an error's hint: False where it
+    cannot be read)."""
+    try:
+        raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and key in raw
 
 
 def _describe(entry: tuple[str, str, int | None]) -> str:

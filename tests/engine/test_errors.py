@@ -664,6 +664,50 @@ def test_missing_and_unexpected_tensors(tiny_dir, tmp_path):
     assert not tied
     with pytest.raises(CheckpointError, match=r"lm_head\.weight \(config\.json's tie_word_emb"):
         LLM.from_pretrained(broken, show_progress=False)
+    # (a config without the key: it was said to be false in config.json)
+    config = json.loads((broken / "config.json").read_text())
+    config.pop("tie_word_embeddings", None)
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="config.json leaves tie_word_embeddings out, false"):
+        LLM.from_pretrained(broken, show_progress=False)
+
+
+def test_a_tensor_stored_twice_names_both_files(tiny_dir, tmp_path):
+    """Shards without an index are read whole: a stray copy of the weights beside them (a
+    consolidated file) stores every tensor twice. The error named one file, and not why both
+    were read."""
+    from safetensors.torch import load_file, save_file
+
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    tensors = load_file(broken / "model.safetensors")
+    (broken / "model.safetensors").unlink()
+    names = sorted(tensors)
+    half = len(names) // 2
+    for i, part in enumerate((names[:half], names[half:])):
+        shard = {n: tensors[n] for n in part}
+        save_file(shard, broken / f"model-0000{i + 1}-of-00002.safetensors")
+    save_file(tensors, broken / "consolidated.safetensors")
+    with pytest.raises(CheckpointError) as error:
+        LLM.from_pretrained(broken, show_progress=False)
+    message = str(error.value)
+    assert "appears more than once" in message and "consolidated.safetensors" in message
+    assert "model-0000" in message and "no model.safetensors.index.json" in message
+
+
+def test_a_weights_file_that_cannot_be_read_says_why(tiny_dir, tmp_path, monkeypatch):
+    """safetensors says "No such file or directory" of a file the process may not read, and "No
+    such device" of a directory."""
+    from brisklm import loader
+
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    monkeypatch.setattr(loader.os, "access", lambda path, mode: False)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: .*\(permission denied\)"):
+        LLM.from_pretrained(broken, show_progress=False)
+    monkeypatch.undo()
+    (broken / "model.safetensors").rename(broken / "weights.safetensors")
+    (broken / "extra.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match=r"extra\.safetensors: .*\(not a regular file\)"):
+        LLM.from_pretrained(broken, show_progress=False)
 
 
 def test_bad_device_and_dtype(tiny_dir):

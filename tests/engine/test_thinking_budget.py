@@ -38,8 +38,9 @@ def feed(count: ThinkingBudget, tokens: list[int]) -> list[int | None]:
 
 def test_the_count_opens_counts_and_forces_the_closing_tag():
     count = budget(3)
-    assert count.state == "waiting" and count.free_tokens == 1
-    assert feed(count, [8, 0, 2, 3]) == [1, 3, 2, 1]  # blank, tag, two tokens of text
+    # waiting, a call may take the budget and one more: the tag first, then the budget's count
+    assert count.state == "waiting" and count.free_tokens == 4
+    assert feed(count, [8, 0, 2, 3]) == [4, 3, 2, 1]  # blank, tag, two tokens of text
     count.take(2)
     assert count.state == "forcing" and count.free_tokens == 0 and count.forced_token == 1
     assert feed(count, [1, 6, 1]) == [0, 0, 0]

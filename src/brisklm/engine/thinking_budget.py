@@ -54,8 +54,8 @@ class ThinkingBudget:
     thinking text that ends with a newline and after text that does not (``"</think>\\n\\n"``
     and ``"\\n</think>\\n\\n"``, as chat templates lay the block out).
 
-    States: "waiting" for the reply to open a block (one token at a time, until its start is
-    known), "counting" its tokens, "forcing" the closing tag, "done" (the block closed, by the
+    States: "waiting" for the reply to open a block (until its start is known), "counting" its
+    tokens, "forcing" the closing tag, "done" (the block closed, by the
     model or by force, or the reply opened none). The budget counts the reply's tokens only (a
     reasoning prefill's text in the prompt is not counted). Where the budget's last token ends
     inside a character (a byte-level BPE token may hold part of one), the block takes a token at
@@ -76,7 +76,7 @@ class ThinkingBudget:
         self._table = token_bytes
         self._closing = closing
         self._forced: list[int] = []
-        self._reply = ""  # while waiting: the reply's text
+        self._reply = ""  # while waiting: the reply's text, less its leading blanks
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._tail = b""  # the block's last bytes, where a closing tag may be arriving
         self._ends_line = False  # the block's text so far ends with a newline
@@ -90,7 +90,8 @@ class ThinkingBudget:
         if self.state == "counting":
             return max(self.budget - self.count, 1)
         if self.state == "waiting":
-            return 1
+            # (a block opened by the first of them leaves the rest to count: at most the budget)
+            return self.budget + 1
         return 0 if self.state == "forcing" else None
 
     @property
@@ -117,7 +118,7 @@ class ThinkingBudget:
             return
         data = self._table[token_id] if 0 <= token_id < len(self._table) else b""
         if self.state == "waiting":
-            self._reply += self._decoder.decode(data)
+            self._reply = (self._reply + self._decoder.decode(data)).lstrip()
             start = block_opening(self._reply)
             if start is None:
                 return
