@@ -539,8 +539,7 @@ def _run_serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
             try:
-                with _sigterm_as_exception():
-                    server.run(sockets=sockets)
+                _serve_until_terminated(server, sockets)
             except SystemExit as exc:  # uvicorn's startup failed; it logged why
                 if exc.code:
                     raise CliError("the server could not start (see the line above)") from None
@@ -552,22 +551,29 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _sigterm_as_exception() -> Any:
-    """While the server runs, SIGTERM raises ``Terminated`` once uvicorn hands it on (it stops the
-    server, then raises each signal it caught again, under the handler it found)."""
+def _serve_until_terminated(server: Any, sockets: list[socket.socket]) -> None:
+    """Run uvicorn's ``server`` on ``sockets``; after a SIGTERM, raise ``Terminated`` once it has
+    stopped. uvicorn stops the server on one and then raises each signal it caught again, under
+    the handler it found: this one, which asks the server to exit (a no-op by then) and remembers
+    it. A SIGTERM that lands as the server starts, before uvicorn's own handlers are in, asks it
+    to exit the same way: raised there, inside ``asyncio.run`` before the server's coroutine had
+    begun, it left that coroutine never awaited (a RuntimeWarning on stderr)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        server.run(sockets=sockets)
         return
+    received: list[int] = []
 
-    def terminated(signum: int, frame: Any) -> NoReturn:
-        raise Terminated
+    def terminated(signum: int, frame: Any) -> None:
+        received.append(signum)
+        server.should_exit = True
 
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        yield
+        server.run(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if received:
+        raise Terminated
 
 
 def _stopping_server(uvicorn: Any) -> type:

@@ -748,7 +748,7 @@ class LLM:
             return None
         if params.constraint is not None and not thinks_first(params.constraint):
             assert matcher is not None
-            if not start and not self._may_begin(matcher, OPEN_TAG):
+            if not start and not self._may_begin_with_tag(matcher, OPEN_TAG):
                 return None
             raise ValueError(
                 f"SamplingParams.thinking_token_budget={params.thinking_token_budget} needs the "
@@ -1223,7 +1223,7 @@ class LLM:
             matcher = self.engine.structured.compiler.compile(constraint).matcher()
         except ValueError:  # (a constraint that does not compile fails its request, named)
             return "own"
-        if self._may_begin(matcher, CLOSE_TAG if opened else OPEN_TAG):
+        if self._may_begin_with_tag(matcher, CLOSE_TAG if opened else OPEN_TAG):
             return "own"
         skip = isinstance(constraint, Grammar) and constraint.llguidance_options.get(
             "allow_initial_skip"
@@ -1234,6 +1234,11 @@ class LLM:
         """Whether output under ``matcher`` (at its start) may begin with ``text``."""
         ids = self.engine.structured.compiler.llg_tokenizer.tokenize_str(text)
         return matcher.validate_tokens(ids) == len(ids)
+
+    def _may_begin_with_tag(self, matcher: GrammarMatcher, tag: str) -> bool:
+        """Whether output under ``matcher`` may begin with ``tag``, or with it after the blanks
+        a reply's block may open after (``brisklm.reasoning.block_opening``: the usual ones)."""
+        return any(self._may_begin(matcher, blank + tag) for blank in ("", "\n", " ", "\n\n"))
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag where that tag is one token, else all of

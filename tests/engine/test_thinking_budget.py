@@ -253,6 +253,15 @@ def test_a_constraint_that_takes_the_reply_from_its_start_is_refused(llm):
         llm.chat(ASK, writes_the_block)
     with pytest.raises(ValueError, match="Regex takes the reply from its first token"):
         llm.generate(may_open, writes_the_block)
+    # after blanks too, where a reply's block may open (the budget was dropped, and the block ran
+    # past it: a reviewer's)
+    after_a_newline = params.with_changes(regex=r"\n<think>[a-z]*</think>[a-z]+")
+    for call in (
+        lambda: llm.generate(may_open, after_a_newline),
+        lambda: llm.chat(ASK, after_a_newline),
+    ):
+        with pytest.raises(ValueError, match="Regex takes the reply from its first token"):
+            call()
     # and the engine goes on serving
     assert llm.chat(ASK, SamplingParams(temperature=0, max_tokens=3)).output.token_ids
 
@@ -403,3 +412,19 @@ def test_special_token_tags_are_forced_as_their_tokens(think_tokens, tmp_path):
         answer = params.with_changes(regex="[a-z]+", logit_bias=None, thinking_token_budget=2)
         turn = llm.chat(ASK, answer)
         assert turn.reasoning is None and re.fullmatch("[a-z]+", turn.content)
+
+
+def test_a_character_split_at_the_budget_is_waited_for_but_not_forever():
+    """The tag waits for a character the budget's last token split, but not for ever: bytes
+    that never make one (a lead byte after a lead byte) kept the tag from coming (a
+    reviewer's); a bound on the tokens past the budget ends the wait."""
+    table = [b"ab", b"\xe4", b"\xb8", b"\xad", b""]
+    count = ThinkingBudget(2, "", table, CLOSING)
+    feed(count, [0, 1])  # "ab", then the first byte of 中 at the budget
+    assert count.state == "counting" and count.free_tokens == 1
+    feed(count, [2, 3])  # its other two: whole
+    assert count.state == "forcing" and count.count == 4
+    for never in (1, 4):  # lead bytes; tokens of no bytes (ids without a token)
+        count = ThinkingBudget(2, "", table, CLOSING)
+        assert feed(count, [0, 1] + [never] * 8)[-2:] == [1, 0]
+        assert count.state == "forcing" and count.count == 2 + 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -138,3 +139,27 @@ def test_every_address_of_the_host_is_listened_on_at_one_port() -> None:
             s.close()
     with pytest.raises(CliError, match=r"--port must be in \[0, 65535\], got 70000"):
         _listen("127.0.0.1", 70000)  # (getaddrinfo took it as port 4464)
+
+
+def test_a_sigterm_as_the_server_starts_stops_it_before_it_raises() -> None:
+    """A SIGTERM landing before uvicorn's own handlers were in (as the server started) raised
+    inside ``asyncio.run`` before the server's coroutine began: a "coroutine 'Server.serve' was
+    never awaited" RuntimeWarning (1 run in 15 of an audit). Now it asks the server to exit, and
+    ``Terminated`` is raised once it has."""
+    from brisklm.cli import _serve_until_terminated
+    from brisklm.command import Terminated
+
+    class Starting:
+        should_exit = False
+        ran_to_its_end = False
+
+        def run(self, sockets):
+            os.kill(os.getpid(), signal.SIGTERM)  # before any handler of its own
+            assert self.should_exit  # (the handler ran, and raised nothing here)
+            self.ran_to_its_end = True
+
+    server = Starting()
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        _serve_until_terminated(server, [])
+    assert server.ran_to_its_end and signal.getsignal(signal.SIGTERM) is before

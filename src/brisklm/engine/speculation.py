@@ -540,15 +540,15 @@ class Speculator:
             whole = tested[b] if tested is not None else proposal
             kept_eos = len(whole) > n == len(proposal) and out_rows[b][n] == whole.token_ids[-1]
             before = len(request.output_token_ids)
-            result = self._emit(
+            result, cut = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )
             # Accepted proposals a stop (string, token, max_tokens) dropped are not counted.
             emitted = len(request.output_token_ids) - before
             self._record(request, len(whole), min(n + kept_eos, emitted))
             kept = n
-            if emitted <= n and not request.is_finished and not isinstance(result, BaseException):
-                kept = emitted - 1  # a thinking budget cut the run: its last token is fed next
+            if cut is not None:  # a thinking budget cut the run: its last token is fed next
+                kept = cut - 1
             # The cache now holds valid keys for the fed tokens and the kept accepted proposals.
             request.num_cached += len(feeds[b]) + kept
             self.proposer.rollback(request.slot, len(proposal) - kept)  # type: ignore[arg-type]
@@ -558,24 +558,28 @@ class Speculator:
     @staticmethod
     def _emit(
         engine: LLMEngine, request: Request, tokens: list[int], logprobs: list[TokenLogprob] | None
-    ) -> StreamChunk | BaseException:
+    ) -> tuple[StreamChunk | BaseException, int | None]:
         """Append the accepted run and the bonus token, stopping where the request finishes or a
-        thinking budget begins to force its closing tag (the rest of the run is dropped)."""
+        thinking budget begins to force its closing tag before the run's end: the result, and
+        where the budget cut the run (the tokens it kept; None: not cut), the rest dropped."""
         chunk: StreamChunk | None = None
         for j, token in enumerate(tokens):
             logprob = logprobs[j] if logprobs else None
             last = j == len(tokens) - 1
             result = engine.update_request(request, token, logprob, allow_forced=last)
             if isinstance(result, BaseException):
-                return result
+                return result, None
             if chunk is None:
                 chunk = result
             else:
                 chunk.extend(result)
-            if request.is_finished or request.thinking_forced_token is not None:
+            if request.is_finished:
                 break
+            if request.thinking_forced_token is not None and not last:
+                assert chunk is not None
+                return chunk, j + 1
         assert chunk is not None
-        return chunk
+        return chunk, None
 
     @staticmethod
     def _logprobs(

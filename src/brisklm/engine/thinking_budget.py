@@ -25,23 +25,23 @@ logger = logging.getLogger(__name__)
 _CLOSE = CLOSE.encode()
 
 
+# Tokens past the budget that the block's text may take to end on a whole character, where each
+# token still ends inside one (text whose token boundaries keep splitting characters: byte pieces
+# of CJK text; or bytes that never make one, a lead byte after a lead byte, which no grammar lets
+# through); past them the tag is forced anyway.
+_PAST_BUDGET = 8
+
+
+def _utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")("replace")
+
+
 def ends_inside_character(data: bytes) -> bool:
-    """Whether ``data`` ends with the first bytes of a UTF-8 character: a lead byte followed by
-    fewer continuation bytes than it announces (a byte-level BPE token may end there)."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:  # not a continuation byte
-            size = (
-                2
-                if byte & 0xE0 == 0xC0
-                else 3
-                if byte & 0xF0 == 0xE0
-                else 4
-                if byte & 0xF8 == 0xF0
-                else 1
-            )
-            return size > back
-    return False
+    """Whether ``data`` ends with the first bytes of a UTF-8 character, valid so far (what an
+    incremental decoder holds back; a byte-level BPE token may end there)."""
+    decoder = _utf8_decoder()
+    decoder.decode(data)
+    return bool(decoder.getstate()[0])
 
 
 class ThinkingBudget:
@@ -59,9 +59,9 @@ class ThinkingBudget:
     model or by force, or the reply opened none). The budget counts the reply's tokens only (a
     reasoning prefill's text in the prompt is not counted). Where the budget's last token ends
     inside a character (a byte-level BPE token may hold part of one), the block takes a token at
-    a time until the character is whole, a token or three past the budget: a tag forced there
-    would leave the character broken, and a grammar after the thinking (which reads UTF-8 text)
-    would refuse it."""
+    a time until its text ends on a whole character (at most ``_PAST_BUDGET`` past the budget): a
+    tag forced there would leave the character broken, and a grammar after the thinking (which
+    reads UTF-8 text) would refuse it."""
 
     def __init__(
         self,
@@ -77,7 +77,8 @@ class ThinkingBudget:
         self._closing = closing
         self._forced: list[int] = []
         self._reply = ""  # while waiting: the reply's text, less its leading blanks
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._decoder = _utf8_decoder()  # the reply's text, while waiting
+        self._block_text = _utf8_decoder()  # the block's: whether it ends inside a character
         self._tail = b""  # the block's last bytes, where a closing tag may be arriving
         self._ends_line = False  # the block's text so far ends with a newline
         if opened is not None:
@@ -124,8 +125,8 @@ class ThinkingBudget:
                 return
             if start < 0:
                 self.state = "done"
-            else:
-                self._enter_block(self._reply[start:].encode())
+            else:  # (with the bytes of a character the decoder holds back)
+                self._enter_block(self._reply[start:].encode() + self._decoder.getstate()[0])
             return
         self.count += 1
         self._read(data)
@@ -145,7 +146,9 @@ class ThinkingBudget:
         self._tail = window[-(len(_CLOSE) - 1) :]
         if data:
             self._ends_line = data.endswith(b"\n")
-        if self.count >= self.budget and not ends_inside_character(self._tail):
+        self._block_text.decode(data)
+        split = bool(self._block_text.getstate()[0])
+        if self.count >= self.budget and (not split or self.count >= self.budget + _PAST_BUDGET):
             self.state = "forcing"
             self._forced = list(self._closing[0] if self._ends_line else self._closing[1])
             if not self._forced:

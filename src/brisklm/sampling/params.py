@@ -90,12 +90,12 @@ class SamplingParams:
       its closing tag (``"\\n</think>\\n\\n"``, as chat templates lay the block out) and the
       reply goes on to its answer or tool calls. A block the model closes itself is left alone,
       and a reply that opens none is not touched. Where the budget's last token ends inside a
-      UTF-8 character, the block runs to the token that completes it. Tokens of the block and the
-      forced tag count against ``max_tokens``. A constraint must come after the thinking
-      (``AfterThinking``, or the tools' and ``response_format``'s grammars, which ``LLM.chat``
-      builds so) where the reply may hold a block (one that takes the reply from its first token
-      and may begin with the tag, or follows a block the prompt opened, is refused); a chat reply
-      whose template knows no thinking ignores the budget.
+      UTF-8 character, the block runs to the token that completes it (at most 8 more). Tokens of
+      the block and the forced tag count against ``max_tokens``. A constraint must come after
+      the thinking (``AfterThinking``, or the tools' and ``response_format``'s grammars, which
+      ``LLM.chat`` builds so) where the reply may hold a block (one that takes the reply from its
+      first token and may begin with the tag, or follows a block the prompt opened, is
+      refused); a chat reply whose template knows no thinking ignores the budget.
     """
 
     max_tokens: int = 256
