@@ -557,23 +557,33 @@ def _serve_until_terminated(server: Any, sockets: list[socket.socket]) -> None:
     the handler it found: this one, which asks the server to exit (a no-op by then) and remembers
     it. A SIGTERM that lands as the server starts, before uvicorn's own handlers are in, asks it
     to exit the same way: raised there, inside ``asyncio.run`` before the server's coroutine had
-    begun, it left that coroutine never awaited (a RuntimeWarning on stderr)."""
+    begun, it left that coroutine never awaited (a RuntimeWarning on stderr).
+
+    SIGINT the same where the process ignores it (a background job of a non-interactive shell),
+    then ``KeyboardInterrupt``: uvicorn stops on it all the same, and raised again under "ignore"
+    the process exited 0. (Otherwise Python's own handler raises ``KeyboardInterrupt``.)"""
     if threading.current_thread() is not threading.main_thread():
         server.run(sockets=sockets)
         return
     received: list[int] = []
 
-    def terminated(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: Any) -> None:
         received.append(signum)
         server.should_exit = True
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    handled = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        handled.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, stop) for signum in handled}
     try:
         server.run(sockets=sockets)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    if received:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if signal.SIGTERM in received:
         raise Terminated
+    if received:
+        raise KeyboardInterrupt
 
 
 def _stopping_server(uvicorn: Any) -> type:

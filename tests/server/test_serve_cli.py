@@ -163,3 +163,24 @@ def test_a_sigterm_as_the_server_starts_stops_it_before_it_raises() -> None:
     with pytest.raises(Terminated):
         _serve_until_terminated(server, [])
     assert server.ran_to_its_end and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigint_the_process_ignored_still_says_it_stopped_the_server() -> None:
+    """In the background of a non-interactive shell SIGINT is ignored; uvicorn stops on it all
+    the same, and raised again under "ignore" it left the command exiting 0."""
+    from brisklm.cli import _serve_until_terminated
+
+    class Serving:
+        should_exit = False
+
+        def run(self, sockets):
+            os.kill(os.getpid(), signal.SIGINT)
+            assert self.should_exit
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _serve_until_terminated(Serving(), [])
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

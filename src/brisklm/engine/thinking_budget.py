@@ -49,19 +49,19 @@ class ThinkingBudget:
 
     ``opened``: where the prompt has opened the block (the reply begins inside it), the block's
     text the prompt holds; None where the reply may open one (``brisklm.reasoning.block_opening``
-    reads its start). ``token_bytes``: each id's
-    bytes (``Tokenizer.token_bytes``). ``closing``: the tokens that close the block, after
-    thinking text that ends with a newline and after text that does not (``"</think>\\n\\n"``
-    and ``"\\n</think>\\n\\n"``, as chat templates lay the block out).
+    reads its start). ``token_bytes``: each id's bytes (``Tokenizer.token_bytes``).
+    ``closing``: the tokens that close the block, after thinking text that ends with a newline
+    and after text that does not (``"</think>\\n\\n"`` and ``"\\n</think>\\n\\n"``, as
+    chat templates lay the block out).
 
     States: "waiting" for the reply to open a block (until its start is known), "counting" its
-    tokens, "forcing" the closing tag, "done" (the block closed, by the
-    model or by force, or the reply opened none). The budget counts the reply's tokens only (a
-    reasoning prefill's text in the prompt is not counted). Where the budget's last token ends
-    inside a character (a byte-level BPE token may hold part of one), the block takes a token at
-    a time until its text ends on a whole character (at most ``_PAST_BUDGET`` past the budget): a
-    tag forced there would leave the character broken, and a grammar after the thinking (which
-    reads UTF-8 text) would refuse it."""
+    tokens, "forcing" the closing tag, "done" (the block closed, by the model or by force, or the
+    reply opened none). The budget counts the reply's tokens only (a reasoning prefill's text in
+    the prompt is not counted). Where the budget's last token ends inside a character (a
+    byte-level BPE token may hold part of one), the block takes a token at a time until its text
+    ends on a whole character (at most ``_PAST_BUDGET`` past the budget): a tag forced there would
+    leave the character broken, and a grammar after the thinking (which reads UTF-8 text) would
+    refuse it."""
 
     def __init__(
         self,
