@@ -9,6 +9,7 @@ import time
 import pytest
 
 from brisklm import SamplingParams
+from brisklm.engine.loop import AsyncCollector
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
@@ -98,6 +99,45 @@ def test_leaving_asyncio_run_mid_stream_logs_no_errors(llm, caplog):
     assert not llm.engine.has_unfinished
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
     assert len(llm.generate("Hello", GREEDY).token_ids) == 32
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stream_left_open_by_a_closed_loop_is_stopped(tiny_dir):
+    """A loop closed without shutting its async generators down (new_event_loop,
+    run_until_complete, close: a sync app's pattern) never runs a stream's cleanup, which aborts
+    its request: the request ran to max_tokens, holding its slot (an audit's)."""
+    import gc
+
+    from brisklm import LLM
+
+    long = SamplingParams(temperature=0.0, max_tokens=16000, ignore_eos=True)
+    with LLM.from_pretrained(
+        tiny_dir, max_seq_len=16384, max_batch_size=1, show_progress=False
+    ) as llm:
+        for final_only in (False, True):
+            loop = asyncio.new_event_loop()
+            if final_only:  # (agenerate's collector, which takes a request's last chunk only)
+                request = llm.make_request("Once upon a time", long)
+
+                async def collector() -> AsyncCollector:
+                    return AsyncCollector(final_only=True)
+
+                llm._loop.submit([request], loop.run_until_complete(collector()))
+                loop.run_until_complete(asyncio.sleep(0.2))
+            else:
+                stream = llm.astream("Once upon a time", long)
+                loop.run_until_complete(stream.__anext__())
+                del stream
+                (request,) = list(llm.engine.scheduler.running)
+            loop.close()
+            gc.collect()  # (the closed loop's leftovers complain, as the mark allows)
+            for _ in range(1000):
+                if request.is_finished:
+                    break
+                time.sleep(0.01)
+            assert request.finish_reason == "abort", final_only
+            assert len(request.output_token_ids) < 8000
+            assert len(llm.generate("Hello", GREEDY).token_ids) == 32
 
 
 async def test_arun_requests_each_yields_each_request_as_it_finishes(llm):

@@ -218,8 +218,17 @@ class EngineLoop:
             return
         try:
             sink(request, result)
-        except Exception:  # a consumer's failure (e.g. a closed event loop) is not the engine's
+        except ConsumerGone:  # (no one reads it: stopped, as an abort stops it)
+            if not finished:
+                self._sinks.pop(request.request_id, None)
+                self._inbox.put(("abort", request.request_id, None))
+        except Exception:  # a consumer's failure is not the engine's
             logger.exception("delivering output of request %s failed", request.request_id)
+
+
+class ConsumerGone(Exception):
+    """Raised by a sink whose consumer can take nothing more (its event loop is closed): the
+    engine stops its request (``EngineLoop._deliver``)."""
 
 
 def _skipped(final_only: bool, result: StreamChunk | BaseException) -> bool:
@@ -281,17 +290,19 @@ class AsyncCollector:
         self.queue: asyncio.Queue[tuple[Request, StreamChunk | BaseException]] = asyncio.Queue()
 
     def __call__(self, request: Request, result: StreamChunk | BaseException) -> None:
-        if _skipped(self.final_only, result):
-            return
         if self.loop.is_closed():
-            # The consumer is gone (asyncio.run returned after a cancel or timeout); its request
-            # was aborted, and what is still in flight has no one to go to.
+            # The consumer is gone: asyncio.run returned after a cancel or timeout (its request
+            # aborted, what is still in flight has no one to go to), or the loop was closed with
+            # a stream unfinished, whose generator then never ran its cleanup to abort it.
+            raise ConsumerGone
+        if _skipped(self.final_only, result):
             return
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, result))
         except RuntimeError:
-            if not self.loop.is_closed():  # closed between the check and the call: same as above
+            if not self.loop.is_closed():
                 raise
+            raise ConsumerGone from None  # closed between the check and the call
 
 
 # Every loop not yet closed. At interpreter exit its thread, a daemon, could still be inside a
