@@ -482,6 +482,37 @@ def test_model_error_fails_only_that_step(llm, monkeypatch):
     assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
 
 
+@pytest.mark.parametrize("draft", [None, "ngram"])
+def test_an_error_taking_one_rows_token_fails_that_request_alone(tiny_dir, draft):
+    """An unexpected error appending one request's token (a bug in its detokenizer or stop rule,
+    injected here) failed every request of the step, though theirs were chosen (an audit's)."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = ["Hello there", "Once upon a time", "The quick brown fox"]
+    with LLM.from_pretrained(tiny_dir, draft=draft, show_progress=False) as llm:
+        alone = [llm.generate(p, params).token_ids for p in prompts]
+        requests = [llm.make_request(p, params) for p in prompts]
+        detokenizer = requests[1].detokenizer
+        add = detokenizer.add
+
+        def broken(token_id: int) -> str:
+            if len(requests[1].output_token_ids) > 5:
+                raise KeyError("simulated detokenizer bug")
+            return add(token_id)
+
+        detokenizer.add = broken
+
+        async def each() -> dict:
+            return {i: result async for i, result in llm.arun_requests_each(requests)}
+
+        results = asyncio.run(each())
+        assert isinstance(results[1], KeyError) and "simulated" in str(results[1])
+        assert [results[0].token_ids, results[2].token_ids] == [alone[0], alone[2]]
+        assert requests[1].finish_reason == "error"
+        assert not llm.engine.has_unfinished
+        assert llm.engine.scheduler.slots.num_free == llm.engine.config.max_batch_size
+        assert llm.generate(prompts[1], params).token_ids == alone[1]
+
+
 def nan_at_token(directory, token: int):
     """The checkpoint in ``directory`` with token ``token``'s embedding all NaN: logits of any
     context holding it are NaN (the output layer is not tied to the embedding)."""

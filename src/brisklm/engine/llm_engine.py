@@ -800,7 +800,29 @@ class LLMEngine:
         logprob: TokenLogprob | None,
         allow_forced: bool = True,
     ) -> StreamChunk | BaseException:
-        """Append a chosen token, advance the request's grammar, and append tokens it forces."""
+        """Append a chosen token, advance the request's grammar, and append tokens it forces. An
+        unexpected error in doing so (a bug in a stop rule or the detokenizer, say) fails this
+        request alone: the tokens of the rows beside it are chosen, and theirs to append (it
+        failed every request of the step)."""
+        try:
+            return self._update_request(request, token_id, logprob, allow_forced)
+        except Exception as exc:
+            logger.error(
+                "request %s failed taking token %d; stopping it",
+                request.request_id,
+                token_id,
+                exc_info=exc,
+            )
+            request.fail()
+            return own_exception(exc)
+
+    def _update_request(
+        self,
+        request: Request,
+        token_id: int,
+        logprob: TokenLogprob | None,
+        allow_forced: bool,
+    ) -> StreamChunk | BaseException:
         if token_id == NO_TOKEN:
             return self._nothing_to_sample(request)
         matcher = request.matcher

@@ -245,6 +245,11 @@ class Request:
         self._finish(reason, None)
         return StreamChunk(self.request_id, text, [], finish_reason=reason, usage=self.usage)
 
+    def fail(self) -> None:
+        """End the request with finish reason "error", its withheld text dropped (an unexpected
+        error may have left its state broken; its caller gets the error, not the text)."""
+        self._finish("error", None)
+
     def _finish(self, reason: FinishReason, stop_reason: str | int | None) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
