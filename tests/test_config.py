@@ -214,18 +214,22 @@ def test_bias_keys_are_read_for_llama_and_mistral():
             "llama3 rope needs original_max_position_embeddings >= 1, got -8",
         ),
         # A factor missing was 1.0 (no scaling at all), and beta_fast 0 became 32 unseen.
-        ({"rope_scaling": {"type": "linear"}}, "linear rope needs a factor; the config's"),
-        ({"rope_scaling": {"rope_type": "dynamic", "factor": None}}, "dynamic rope needs a factor"),
-        ({"rope_parameters": {"rope_type": "llama3"}}, "llama3 rope needs a factor"),
+        ({"rope_scaling": {"type": "linear"}}, "linear rope needs factor; config.json's rope_sc"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": None}}, "dynamic rope needs factor"),
+        (
+            {"rope_parameters": {"rope_type": "llama3"}},
+            "llama3 rope needs factor and low_freq_factor and high_freq_factor; config.json's "
+            "rope_parameters has none",
+        ),
         # These loaded with guesses (1.0 and 4.0; a yarn factor of max_position_embeddings over
         # the original context), where transformers refuses them.
         (
             {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}},
-            "llama3 rope needs high_freq_factor; the config's rope block has none",
+            "llama3 rope needs high_freq_factor; config.json's rope_parameters has none",
         ),
         (
             {"rope_scaling": {"type": "yarn", "original_max_position_embeddings": 64}},
-            "yarn rope needs a factor; the config's rope block has none",
+            "yarn rope needs factor; config.json's rope_scaling has none",
         ),
         (
             {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 0}},
@@ -300,11 +304,13 @@ def test_rope_scaling_replaces_rope_parameters_as_transformers_reads_them(caplog
 
 
 def test_null_settings_are_unset():
-    # float(None) failed for these.
+    # float(None) failed for these; a null required rope key is a missing one.
     assert make(rms_norm_eps=None).rms_norm_eps == 1e-6
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": None}
     with pytest.raises(ValueError, match="llama3 rope needs low_freq_factor and high_freq_factor"):
         make(rope_parameters=llama3)
+    linear = {"rope_type": "linear", "factor": 2.0, "rope_theta": None}
+    assert make(rope_parameters=linear).rope.theta == 10000.0
     assert make(max_position_embeddings=None).max_position_embeddings == 2048
 
 

@@ -20,6 +20,13 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "llama3", "yarn")
+# The keys each rope type's block must set, as transformers requires them.
+_REQUIRED_ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+}
 SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("silu",)
 
 _DEFAULT_ROPE_THETA = 10000.0
@@ -131,22 +138,21 @@ class RopeConfig:
             )
         elif original is None:
             original = raw.get("original_max_position_embeddings")
-        factor = params.get("factor")
-        if factor is None and rope_type in ("linear", "dynamic", "llama3", "yarn"):
-            # (transformers refuses such a config too: 1.0 would be no scaling at all)
-            raise ValueError(f"{rope_type} rope needs a factor; the config's rope block has none")
-        missing = [k for k in ("low_freq_factor", "high_freq_factor") if k not in params]
-        if rope_type == "llama3" and missing:
-            # (transformers refuses it too; a guess would change the frequencies it was trained on)
+        # (transformers refuses such configs too: a guess would change the frequencies the model
+        # was trained with; a factor of 1.0 would be no scaling at all)
+        missing = [k for k in _REQUIRED_ROPE_KEYS.get(rope_type, ()) if k not in params]
+        if missing:
+            block = "rope_scaling" if from_scaling else "rope_parameters"
             raise ValueError(
-                f"llama3 rope needs {' and '.join(missing)}; the config's rope block has none"
+                f"{rope_type} rope needs {' and '.join(missing)}; config.json's {block} has none"
             )
+        factor = params.get("factor")
         return cls(
             rope_type=rope_type,
             theta=float(theta if theta is not None else _DEFAULT_ROPE_THETA),
             factor=float(factor) if factor is not None else 1.0,
             original_max_position_embeddings=int(original) if original is not None else None,
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),  # (llama3 only)
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),  # (llama3's are required)
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             beta_fast=float(_first_set(params.get("beta_fast"), 32.0)),
             beta_slow=float(_first_set(params.get("beta_slow"), 1.0)),

@@ -80,6 +80,10 @@ ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
 
+# Blanks a reply may write before a think tag (_may_begin_with_tag).
+_BLANK_RUNS = ("", *(c * n for c in " \n\t" for n in (1, 2, 3)), "\r\n")
+
+
 def _is_token_id(value: Any) -> bool:
     """An int, an integer scalar of numpy (numbers.Integral) or a 0-d integer tensor or array;
     not a bool."""
@@ -737,18 +741,26 @@ class LLM:
     ) -> ThinkingBudget | None:
         """The count of ``params.thinking_token_budget`` for a reply to ``prompt_ids``, which may
         open a thinking block or begins inside one the prompt opened (``prompt_thinking``); None
-        where the reply holds none: the prompt closed one in the reply's turn, or the reply's
-        constraint (``matcher``'s) takes it from its first token and cannot begin with the
-        opening tag. Raises ValueError for a constraint that takes the reply from its first token
-        and may hold a block (the prompt opened one, or it may begin with the tag): the budget
-        could not close the block under it."""
+        where it bounds nothing: the prompt closed one in the reply's turn, or the reply's
+        constraint (``matcher``'s) takes it from its first token (as ``generate`` applies one, and
+        ``chat`` one that writes the block itself), where a block would be the constraint's own
+        text (logged where the constraint may begin with the tag). Raises ValueError for such a
+        constraint after a block the prompt opened: the budget could not close it."""
         tail = self._thinking_tail(prompt_ids)
         start = prompt_thinking(tail)
         if start is None:
             return None
         if params.constraint is not None and not thinks_first(params.constraint):
             assert matcher is not None
-            if not start and not self._may_begin_with_tag(matcher, OPEN_TAG):
+            if not start:
+                if self._may_begin_with_tag(matcher, OPEN_TAG):
+                    logger.warning(
+                        "thinking_token_budget=%d is not applied: the %s constraint takes the "
+                        "reply from its first token and may write a thinking block itself, which "
+                        "no budget can close (give it as brisklm.AfterThinking to bound one)",
+                        params.thinking_token_budget,
+                        type(params.constraint).__name__,
+                    )
                 return None
             raise ValueError(
                 f"SamplingParams.thinking_token_budget={params.thinking_token_budget} needs the "
@@ -1236,9 +1248,17 @@ class LLM:
         return matcher.validate_tokens(ids) == len(ids)
 
     def _may_begin_with_tag(self, matcher: GrammarMatcher, tag: str) -> bool:
-        """Whether output under ``matcher`` may begin with ``tag``, or with it after the blanks
-        a reply's block may open after (``brisklm.reasoning.block_opening``: the usual ones)."""
-        return any(self._may_begin(matcher, blank + tag) for blank in ("", "\n", " ", "\n\n"))
+        """Whether output under ``matcher`` may begin with ``tag``, alone or after the blanks a
+        model writes before it (``brisklm.reasoning.block_opening`` takes any: these are the
+        runs of spaces, newlines and tabs up to three, and a CRLF)."""
+        return any(matcher.validate_tokens(ids) == len(ids) for ids in self._tag_openings[tag])
+
+    @functools.cached_property
+    def _tag_openings(self) -> dict[str, list[list[int]]]:
+        """For each think tag, the tokens of it alone and after each of ``_BLANK_RUNS``
+        (``_may_begin_with_tag``; tokenized once per model)."""
+        tokenize = self.engine.structured.compiler.llg_tokenizer.tokenize_str
+        return {tag: [tokenize(run + tag) for run in _BLANK_RUNS] for tag in (OPEN_TAG, CLOSE_TAG)}
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag where that tag is one token, else all of
@@ -1309,9 +1329,9 @@ class LLM:
         itself nor would take the reply otherwise behind it (``_block_under``; such a constraint
         decides the reply from its first token, and a block the prompt opened that it cannot
         close leaves the reply none). A ``thinking_token_budget`` is dropped where the reply holds
-        no block (the template knows none, or the constraint leaves none), and refused
-        (``make_request``) where the constraint writes the block itself. ``chat``, the server and
-        ChatBrisk decode so."""
+        no block (the template knows none, or the constraint leaves none); beside a constraint
+        that writes the block itself, ``make_request`` decides (``_thinking_budget``). ``chat``,
+        the server and ChatBrisk decode so."""
         start = self.reasoning_start(prompt_ids, chat_template, has_tools)
         if constraint is not None:
             params = params.with_changes(**constraint.changes(start))

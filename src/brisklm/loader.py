@@ -207,16 +207,22 @@ def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelCo
 
 def _open(path: Path) -> Any:
     """safetensors' ``safe_open`` of a checkpoint file (its header read), or a CheckpointError
-    naming the file and why it cannot be read: safetensors reports a file the process may not
-    read, and a directory, as missing ("No such file or directory", "No such device")."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: cannot read safetensors file (not a regular file)")
-    if not os.access(path, os.R_OK):
-        raise CheckpointError(f"{path}: cannot read safetensors file (permission denied)")
+    naming the file and why it cannot be read. safetensors reports a file the process may not
+    read, and a directory, as missing ("No such file or directory", "No such device"): the
+    system's own reason is given where opening the file fails too, with a link's target (a
+    Hugging Face cache snapshot whose blob is missing)."""
     try:
         return safe_open(str(path), framework="pt", device="cpu")
     except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+        reason = str(exc)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as error:
+            reason = error.strerror or str(error)
+            if path.is_symlink():
+                reason += f"; it is a link to {os.readlink(path)}"
+        raise CheckpointError(f"{path}: cannot read safetensors file ({reason})") from None
 
 
 def _tensor_files(files: list[Path]) -> dict[str, Path]:
@@ -469,7 +475,7 @@ def load_model(
         if entry in loaded:
             where = "" if loaded[entry] == file else f" and in {loaded[entry]}"
             unindexed = ""
-            if not (directory / "model.safetensors.index.json").is_file() and len(files) > 1:
+            if where and not (directory / "model.safetensors.index.json").is_file():
                 unindexed = (
                     " (with no model.safetensors.index.json every *.safetensors file of the "
                     "directory is read: a stray copy of the weights there is read too)"

@@ -727,17 +727,33 @@ def test_a_tensor_stored_twice_names_both_files(tiny_dir, tmp_path):
 
 def test_a_weights_file_that_cannot_be_read_says_why(tiny_dir, tmp_path, monkeypatch):
     """safetensors says "No such file or directory" of a file the process may not read, and "No
-    such device" of a directory."""
+    such device" of a directory; a link whose target is gone (a cache snapshot's missing blob)
+    is named with its target."""
     from brisklm import loader
 
     broken = shutil.copytree(tiny_dir, tmp_path / "m")
-    monkeypatch.setattr(loader.os, "access", lambda path, mode: False)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: .*\(permission denied\)"):
+    weights = broken / "model.safetensors"
+
+    def refused(path, *args, **kwargs):  # (as root, chmod 000 refuses nothing)
+        if str(path) == str(weights):
+            raise PermissionError(13, "Permission denied")
+        return open(path, *args, **kwargs)
+
+    def unreadable(*args, **kwargs):
+        raise Exception("No such file or directory: model.safetensors")  # (safetensors' words)
+
+    monkeypatch.setattr(loader, "safe_open", unreadable)
+    monkeypatch.setattr(loader, "open", refused, raising=False)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: .*\(Permission denied\)"):
         LLM.from_pretrained(broken, show_progress=False)
     monkeypatch.undo()
-    (broken / "model.safetensors").rename(broken / "weights.safetensors")
+    weights.rename(broken / "weights.safetensors")
     (broken / "extra.safetensors").mkdir()
-    with pytest.raises(CheckpointError, match=r"extra\.safetensors: .*\(not a regular file\)"):
+    with pytest.raises(CheckpointError, match=r"extra\.safetensors: .*\(Is a directory\)"):
+        LLM.from_pretrained(broken, show_progress=False)
+    (broken / "extra.safetensors").rmdir()
+    (broken / "extra.safetensors").symlink_to(broken / "blobs" / "gone")
+    with pytest.raises(CheckpointError, match=r"No such file or directory; it is a link to .*gone"):
         LLM.from_pretrained(broken, show_progress=False)
 
 

@@ -184,3 +184,45 @@ def test_a_sigint_the_process_ignored_still_says_it_stopped_the_server() -> None
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_uvicorn_hands_its_signal_back_to_be_raised(signum) -> None:
+    """Through a real uvicorn server: it stops on the signal and raises it again under the
+    handler it found, which raises ``Terminated`` (SIGTERM), or ``KeyboardInterrupt`` (a SIGINT
+    the process ignored); the handlers before it are back."""
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from brisklm.cli import _listen, _serve_until_terminated
+    from brisklm.command import Terminated
+
+    async def app(scope, receive, send):  # (an app that answers nothing: none is asked)
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                pass
+            return
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    sockets = _listen("127.0.0.1", 0)
+
+    def signal_once_started() -> None:
+        for _ in range(500):
+            if server.started:
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signum)
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if signum == signal.SIGINT else None
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    threading.Thread(target=signal_once_started, daemon=True).start()
+    try:
+        with pytest.raises(Terminated if signum == signal.SIGTERM else KeyboardInterrupt):
+            _serve_until_terminated(server, sockets)
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    finally:
+        for listening in sockets:
+            listening.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

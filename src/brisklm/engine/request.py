@@ -238,17 +238,14 @@ class Request:
             return text
         return text + self.stop_matcher.flush()
 
-    def abort(self, reason: FinishReason = "abort") -> StreamChunk:
+    def abort(self, reason: FinishReason = "abort", release_text: bool = True) -> StreamChunk:
         """End the request with the text so far: what was withheld (a possible start of a stop
-        string, incomplete bytes) goes out in this last chunk, as the output's text has it."""
-        text = "" if self.is_finished else self._release_withheld()
+        string, incomplete bytes) goes out in this last chunk, as the output's text has it
+        (``release_text`` False: dropped, where an unexpected error may have left the request's
+        state broken; its caller gets the error, not the text)."""
+        text = "" if self.is_finished or not release_text else self._release_withheld()
         self._finish(reason, None)
         return StreamChunk(self.request_id, text, [], finish_reason=reason, usage=self.usage)
-
-    def fail(self) -> None:
-        """End the request with finish reason "error", its withheld text dropped (an unexpected
-        error may have left its state broken; its caller gets the error, not the text)."""
-        self._finish("error", None)
 
     def _finish(self, reason: FinishReason, stop_reason: str | int | None) -> None:
         self.status = RequestStatus.FINISHED

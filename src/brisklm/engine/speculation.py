@@ -186,10 +186,10 @@ class Speculator:
             # its grammar has taken an EOS as content: such a request decodes without a draft.
             return 0
         pending = len(request.pending_forced)
-        size = max(0, min(self._proposal_size(request), request.max_new_tokens - pending - 1))
         free = request.thinking_free_tokens
         if free is not None and free <= pending:
             return 0  # a thinking budget's closing tag comes next: forced, not proposed
+        size = max(0, min(self._proposal_size(request), request.max_new_tokens - pending - 1))
         rotary = engine.model.rotary
         while size and rotary.rotates_by_length(request.num_tokens + pending + size):
             size -= 1
@@ -543,9 +543,11 @@ class Speculator:
             result, cut = self._emit(
                 engine, request, out_rows[b][: n + 1], logprobs[b] if logprobs else None
             )
-            # Accepted proposals a stop (string, token, max_tokens) dropped are not counted.
+            # Accepted proposals a stop (string, token, max_tokens) dropped are not counted, nor
+            # those a thinking budget cut off (proposed or accepted: they were not judged).
             emitted = len(request.output_token_ids) - before
-            self._record(request, len(whole), min(n + kept_eos, emitted))
+            proposed = len(whole) if cut is None else cut
+            self._record(request, proposed, min(n + kept_eos, emitted))
             kept = n
             if cut is not None:  # a thinking budget cut the run: its last token is fed next
                 kept = cut - 1

@@ -25,10 +25,10 @@ logger = logging.getLogger(__name__)
 _CLOSE = CLOSE.encode()
 
 
-# Tokens past the budget that the block's text may take to end on a whole character, where each
-# token still ends inside one (text whose token boundaries keep splitting characters: byte pieces
-# of CJK text; or bytes that never make one, a lead byte after a lead byte, which no grammar lets
-# through); past them the tag is forced anyway.
+# Tokens past the budget that the block's text may take to end on a whole character (or to finish
+# a closing tag the model began), where each token still ends inside one (text whose token
+# boundaries keep splitting characters: byte pieces of CJK text; or bytes that never make one, a
+# lead byte after a lead byte, which no grammar lets through); past them the tag is forced anyway.
 _PAST_BUDGET = 8
 
 
@@ -58,10 +58,10 @@ class ThinkingBudget:
     tokens, "forcing" the closing tag, "done" (the block closed, by the model or by force, or the
     reply opened none). The budget counts the reply's tokens only (a reasoning prefill's text in
     the prompt is not counted). Where the budget's last token ends inside a character (a
-    byte-level BPE token may hold part of one), the block takes a token at a time until its text
-    ends on a whole character (at most ``_PAST_BUDGET`` past the budget): a tag forced there would
-    leave the character broken, and a grammar after the thinking (which reads UTF-8 text) would
-    refuse it."""
+    byte-level BPE token may hold part of one), or with the first part of a closing tag, the block
+    takes a token at a time until its text ends on a whole character, or the tag is whole (at most
+    ``_PAST_BUDGET`` tokens past the budget): a tag forced inside a character would leave it
+    broken, and a grammar after the thinking (which reads UTF-8 text) would refuse it."""
 
     def __init__(
         self,
@@ -136,6 +136,13 @@ class ThinkingBudget:
         self.state = "counting"
         self._read(text)
 
+    def _unfinished(self) -> bool:
+        """The block's text ends inside a character, or with the first part of a closing tag
+        (the model's own, which a forced one would leave cut)."""
+        if self._block_text.getstate()[0]:
+            return True
+        return any(self._tail.endswith(_CLOSE[:k]) for k in range(1, len(_CLOSE)))
+
     def _read(self, data: bytes) -> None:
         """Follow the block's text with ``data``: done at a closing tag, forcing one at the
         budget."""
@@ -147,8 +154,9 @@ class ThinkingBudget:
         if data:
             self._ends_line = data.endswith(b"\n")
         self._block_text.decode(data)
-        split = bool(self._block_text.getstate()[0])
-        if self.count >= self.budget and (not split or self.count >= self.budget + _PAST_BUDGET):
+        if self.count >= self.budget and (
+            not self._unfinished() or self.count >= self.budget + _PAST_BUDGET
+        ):
             self.state = "forcing"
             self._forced = list(self._closing[0] if self._ends_line else self._closing[1])
             if not self._forced:

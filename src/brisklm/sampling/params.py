@@ -93,9 +93,10 @@ class SamplingParams:
       UTF-8 character, the block runs to the token that completes it (at most 8 more). Tokens of
       the block and the forced tag count against ``max_tokens``. A constraint must come after
       the thinking (``AfterThinking``, or the tools' and ``response_format``'s grammars, which
-      ``LLM.chat`` builds so) where the reply may hold a block (one that takes the reply from its
-      first token and may begin with the tag, or follows a block the prompt opened, is
-      refused); a chat reply whose template knows no thinking ignores the budget.
+      ``LLM.chat`` builds so): one that takes the reply from its first token is refused after a
+      block the prompt opened, and elsewhere leaves the budget unapplied (a block would be its
+      own text; logged where it may write one). A chat reply whose template knows no thinking
+      ignores the budget.
     """
 
     max_tokens: int = 256
