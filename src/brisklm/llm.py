@@ -80,7 +80,7 @@ ParamsArg = SamplingParams | Sequence[SamplingParams] | None
 Message = Mapping[str, Any]
 
 
-# Blanks a reply may write before a think tag (_may_begin_with_tag).
+# Blanks a reply may write before a think tag (LLM._may_begin).
 _BLANK_RUNS = ("", *(c * n for c in " \n\t" for n in (1, 2, 3)), "\r\n")
 
 
@@ -753,7 +753,7 @@ class LLM:
         if params.constraint is not None and not thinks_first(params.constraint):
             assert matcher is not None
             if not start:
-                if self._may_begin_with_tag(matcher, OPEN_TAG):
+                if self._may_begin(matcher, OPEN_TAG):
                     logger.warning(
                         "thinking_token_budget=%d is not applied: the %s constraint takes the "
                         "reply from its first token and may write a thinking block itself, which "
@@ -1235,30 +1235,27 @@ class LLM:
             matcher = self.engine.structured.compiler.compile(constraint).matcher()
         except ValueError:  # (a constraint that does not compile fails its request, named)
             return "own"
-        if self._may_begin_with_tag(matcher, CLOSE_TAG if opened else OPEN_TAG):
+        if self._may_begin(matcher, CLOSE_TAG if opened else OPEN_TAG):
             return "own"
         skip = isinstance(constraint, Grammar) and constraint.llguidance_options.get(
             "allow_initial_skip"
         )
         return "none" if skip or self._may_begin(matcher, "\n") else "before"
 
-    def _may_begin(self, matcher: GrammarMatcher, text: str) -> bool:
-        """Whether output under ``matcher`` (at its start) may begin with ``text``."""
-        ids = self.engine.structured.compiler.llg_tokenizer.tokenize_str(text)
-        return matcher.validate_tokens(ids) == len(ids)
-
-    def _may_begin_with_tag(self, matcher: GrammarMatcher, tag: str) -> bool:
-        """Whether output under ``matcher`` may begin with ``tag``, alone or after the blanks a
-        model writes before it (``brisklm.reasoning.block_opening`` takes any: these are the
-        runs of spaces, newlines and tabs up to three, and a CRLF)."""
-        return any(matcher.validate_tokens(ids) == len(ids) for ids in self._tag_openings[tag])
+    def _may_begin(self, matcher: GrammarMatcher, start: str) -> bool:
+        """Whether output under ``matcher`` (at its start) may begin with ``start``: a newline,
+        or a think tag, alone or after the blanks a model writes before it
+        (``brisklm.reasoning.block_opening`` takes any: these are the runs of spaces, newlines
+        and tabs up to three, and a CRLF)."""
+        return any(matcher.validate_tokens(ids) == len(ids) for ids in self._openings[start])
 
     @functools.cached_property
-    def _tag_openings(self) -> dict[str, list[list[int]]]:
-        """For each think tag, the tokens of it alone and after each of ``_BLANK_RUNS``
-        (``_may_begin_with_tag``; tokenized once per model)."""
+    def _openings(self) -> dict[str, list[list[int]]]:
+        """The token sequences ``_may_begin`` tries for each start it is asked about (tokenized
+        once per model, as text in the middle of a sequence)."""
         tokenize = self.engine.structured.compiler.llg_tokenizer.tokenize_str
-        return {tag: [tokenize(run + tag) for run in _BLANK_RUNS] for tag in (OPEN_TAG, CLOSE_TAG)}
+        tags = {tag: [tokenize(run + tag) for run in _BLANK_RUNS] for tag in (OPEN_TAG, CLOSE_TAG)}
+        return {"\n": [tokenize("\n")], **tags}
 
     def _thinking_tail(self, prompt_ids: Sequence[int]) -> str:
         """The prompt's text from its last opening tag where that tag is one token, else all of

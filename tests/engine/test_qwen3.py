@@ -365,13 +365,12 @@ def test_a_callers_own_constraint_comes_after_the_thinking(request, opened):
         assert isinstance(decoded.constraint, AfterThinking)
 
 
-@pytest.fixture(scope="module")
-def special_tags(opens_thinking, tmp_path_factory):
-    """``opens_thinking`` with <think> and </think> special tokens."""
+def with_special_think_tags(source, directory):
+    """A copy of the checkpoint at ``source`` (one of ``with_think_tokens``) in ``directory``,
+    its <think> and </think> special tokens."""
     import shutil
 
-    directory = tmp_path_factory.mktemp("qwen3-special") / "model"
-    shutil.copytree(opens_thinking, directory)
+    shutil.copytree(source, directory)
     for name, tokens in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", None)):
         config = json.loads((directory / name).read_text())
         for token in config[tokens] if tokens else config["added_tokens_decoder"].values():
@@ -379,6 +378,14 @@ def special_tags(opens_thinking, tmp_path_factory):
                 token["special"] = True
         (directory / name).write_text(json.dumps(config))
     return directory
+
+
+@pytest.fixture(scope="module")
+def special_tags(opens_thinking, tmp_path_factory):
+    """``opens_thinking`` with <think> and </think> special tokens."""
+    return with_special_think_tags(
+        opens_thinking, tmp_path_factory.mktemp("qwen3-special") / "model"
+    )
 
 
 def test_a_constraint_the_blocks_rules_would_change_takes_the_reply_from_its_start(

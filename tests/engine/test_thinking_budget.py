@@ -5,6 +5,7 @@ steps a call, speculation), with constraints after the thinking, and through the
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import re
 
@@ -12,10 +13,24 @@ import pytest
 
 from brisklm import LLM, AfterThinking, SamplingParams
 from brisklm.constrained.spec import Regex
-from brisklm.engine.thinking_budget import ThinkingBudget, ends_inside_character
-from tests.engine.test_qwen3 import FORECAST, make_qwen3_checkpoint, with_think_tokens
+from brisklm.engine.thinking_budget import ThinkingBudget
+from tests.engine.test_qwen3 import (
+    FORECAST,
+    make_qwen3_checkpoint,
+    with_special_think_tags,
+    with_think_tokens,
+)
 
 ASK = [{"role": "user", "content": "Hi"}]
+
+
+def ends_inside_character(data: bytes) -> bool:
+    """Whether ``data`` ends with the first bytes of a UTF-8 character, valid so far (what an
+    incremental decoder holds back): where the forced tag may not come."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(data)
+    return bool(decoder.getstate()[0])
+
 
 # ---- the count on its own, over a made-up vocabulary ------------------------------------------
 
@@ -388,17 +403,7 @@ OPENING = (
 def test_special_token_tags_are_forced_as_their_tokens(think_tokens, tmp_path):
     """Think tags that are special tokens (text cannot spell them): the closing tag is forced as
     its token, and a reply's block opened by the special token is counted."""
-    import json
-    import shutil
-
-    directory = tmp_path / "special"
-    shutil.copytree(think_tokens, directory)
-    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", None)):
-        config = json.loads((directory / name).read_text())
-        for token in config[key] if key else config["added_tokens_decoder"].values():
-            if token["content"] in ("<think>", "</think>"):
-                token["special"] = True
-        (directory / name).write_text(json.dumps(config))
+    directory = with_special_think_tags(think_tokens, tmp_path / "special")
     with LLM.from_pretrained(directory, show_progress=False, max_seq_len=512) as llm:
         close = llm.tokenizer.token_to_id("</think>")
         assert close in llm.tokenizer.special_token_ids

@@ -554,8 +554,9 @@ class LLMEngine:
         if self.runner.native is None or not all(self._takes_native_steps(r) for r in requests):
             return 1
         for request in requests:  # (no step past a thinking budget's count)
-            if request.thinking is not None:  # (free_tokens 0 rows took no native steps above)
-                limit = min(limit, request.thinking.free_tokens or limit)
+            free = request.thinking_free_tokens  # (0: forcing, which took no native steps above)
+            if free:
+                limit = min(limit, free)
         if any(r.params.logprobs is not None for r in requests):
             limit = min(limit, STEP_LOGITS_BYTES // (4 * self._vocab_size * len(requests)))
         return max(
@@ -839,8 +840,8 @@ class LLMEngine:
         rotary = self.model.rotary
         while forced and rotary.rotates_by_length(request.num_tokens + len(forced)):
             forced.pop()
-        if forced and request.thinking is not None and request.thinking.free_tokens is not None:
-            del forced[request.thinking.free_tokens :]  # (a thinking budget reads each token)
+        if forced and (free := request.thinking_free_tokens) is not None:
+            del forced[free:]  # (a thinking budget reads each token)
         if forced and request.params.logprobs is not None:
             self.defer_forced(request, forced)
         else:

@@ -33,15 +33,9 @@ _PAST_BUDGET = 8
 
 
 def _utf8_decoder() -> codecs.IncrementalDecoder:
+    """A decoder whose held-back bytes (``getstate()[0]``) are the first bytes of a character,
+    valid so far, that the text ends with (a byte-level BPE token may end there)."""
     return codecs.getincrementaldecoder("utf-8")("replace")
-
-
-def ends_inside_character(data: bytes) -> bool:
-    """Whether ``data`` ends with the first bytes of a UTF-8 character, valid so far (what an
-    incremental decoder holds back; a byte-level BPE token may end there)."""
-    decoder = _utf8_decoder()
-    decoder.decode(data)
-    return bool(decoder.getstate()[0])
 
 
 class ThinkingBudget:
