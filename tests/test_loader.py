@@ -13,7 +13,7 @@ import torch
 
 from brisklm import heap
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner
-from brisklm.loader import checkpoint_files, load_model
+from brisklm.loader import CheckpointError, checkpoint_files, load_model
 from brisklm.models import packed_weights
 from tests.hf_models import build_hf_model, save_hf_model
 from tests.tiny import make_tiny_checkpoint
@@ -428,3 +428,82 @@ def test_a_second_load_holds_no_more_memory_than_the_first(tmp_path):
     weights = (directory / "model.safetensors").stat().st_size
     first, second = map(int, run_script(tmp_path, RELOAD_SCRIPT, str(directory)).stdout.split())
     assert second - first < 0.2 * weights, (first, second, weights)
+
+
+def _renamed_copy(source: Path, directory: Path, rename) -> Path:
+    """``source``'s checkpoint with its tensors renamed (``rename(name)``; None drops one)."""
+    from safetensors.torch import load_file, save_file
+
+    directory.mkdir()
+    (directory / "config.json").write_text((source / "config.json").read_text())
+    tensors = load_file(source / "model.safetensors")
+    renamed = {rename(name): t for name, t in tensors.items() if rename(name) is not None}
+    save_file(renamed, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+@pytest.mark.parametrize("saved_from", ["base model", "a wrapper"])
+def test_names_without_the_model_prefix_or_with_it_twice_load_as_transformers_maps_them(
+    tmp_path, saved_from
+):
+    """A checkpoint saved from the base model alone (LlamaModel: "layers.0...", its head tied)
+    or from a model wrapped once more ("model.model.layers.0...", "model.lm_head.weight") loads
+    as transformers loads it; brisklm refused it, naming the first tensor."""
+    from transformers import AutoModelForCausalLM
+
+    tied = saved_from == "base model"
+    hf = build_hf_model("llama", tie_word_embeddings=tied)
+    original = save_hf_model(hf, tmp_path / "original")
+    if tied:
+        directory = _renamed_copy(
+            original,
+            tmp_path / "renamed",
+            lambda n: None if n == "lm_head.weight" else n.removeprefix("model."),
+        )
+        assert not any(n.startswith("model.") for n in _stored_names(directory))
+    else:
+        directory = _renamed_copy(original, tmp_path / "renamed", lambda n: "model." + n)
+        assert "model.lm_head.weight" in _stored_names(directory)
+    expected = logits_of(load_model(original, device="cpu", show_progress=False))
+    got = logits_of(load_model(directory, device="cpu", show_progress=False))
+    assert torch.equal(got, expected)
+    theirs = AutoModelForCausalLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        reference = theirs(torch.tensor([PROMPT])).logits[0]
+    assert (got - reference).abs().max().item() <= 1e-4
+
+
+def _stored_names(directory: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
+        return set(handle.keys())
+
+
+def test_a_tensor_stored_under_both_names_is_refused_naming_both(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = save_hf_model(build_hf_model("llama"), tmp_path / "m")
+    tensors = load_file(directory / "model.safetensors")
+    tensors["norm.weight"] = tensors["model.norm.weight"].clone()
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="appears more than once") as error:
+        load_model(directory, device="cpu", show_progress=False)
+    assert "'model.norm.weight'" in str(error.value) and "'norm.weight'" in str(error.value)
+
+
+def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tmp_path):
+    """As transformers reads it; brisklm refused the checkpoint (a stale copy in another shard)."""
+    from safetensors.torch import load_file, save_file
+
+    hf = build_hf_model("llama")
+    single = save_hf_model(hf, tmp_path / "single")
+    sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.norm.weight"
+    other = sorted(set(index.values()) - {index[name]})[0]
+    tensors = load_file(sharded / other)
+    tensors[name] = torch.zeros_like(hf.state_dict()[name])  # not what the index names
+    save_file(tensors, sharded / other, metadata={"format": "pt"})
+    expected = logits_of(load_model(single, device="cpu", show_progress=False))
+    assert torch.equal(logits_of(load_model(sharded, device="cpu", show_progress=False)), expected)

@@ -9,7 +9,14 @@ import itertools
 import logging
 import numbers
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, overload
 
@@ -50,6 +57,7 @@ from brisklm.reasoning import (
     template_reasons,
     thinks_first,
 )
+from brisklm.request_stream import AsyncRequestStream, RequestStream
 from brisklm.sampling import SamplingParams, make_generator
 from brisklm.sampling.generation_config import sampling_defaults
 from brisklm.speculative import (
@@ -253,16 +261,18 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
         )
 
 
-def _texts(chunks: Iterator[StreamChunk]) -> Iterator[str]:
-    for chunk in chunks:
-        if chunk.text:
-            yield chunk.text
+def _texts(chunks: Generator[StreamChunk, None, None]) -> Generator[str, None, None]:
+    with contextlib.closing(chunks):  # closing the texts stops the request now, not at collection
+        for chunk in chunks:
+            if chunk.text:
+                yield chunk.text
 
 
-async def _atexts(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[str]:
-    async for chunk in chunks:
-        if chunk.text:
-            yield chunk.text
+async def _atexts(chunks: AsyncGenerator[StreamChunk, None]) -> AsyncGenerator[str, None]:
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            if chunk.text:
+                yield chunk.text
 
 
 def _flat(groups: list[list[Request]]) -> list[Request]:
@@ -931,21 +941,26 @@ class LLM:
             for request_id in pending:
                 self._loop.abort(request_id)
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream[str]:
         """Yield the completion's text as it is generated (never text that a stop string later claims).
 
         Bad input and a closed LLM raise here, at the call; generation starts at the first ``next``.
+        The stream names its request (``request_id``): ``stream.abort()`` stops it from any thread.
         """
-        return _texts(self.stream_chunks(prompt, params))
+        request = self._streamed_request(prompt, params, "stream")
+        return RequestStream(_texts(self.stream_request(request)), request, self._loop.abort)
 
     def stream_chunks(
         self, prompt: Prompt, params: SamplingParams | None = None
-    ) -> Iterator[StreamChunk]:
+    ) -> RequestStream[StreamChunk]:
         """Like ``stream`` but yields StreamChunks with token ids, logprobs, finish reason and usage."""
-        prompt = _one_prompt(prompt, "stream")
-        request = self.make_request(prompt, self._params_or_default(params))
+        request = self._streamed_request(prompt, params, "stream")
+        return RequestStream(self.stream_request(request), request, self._loop.abort)
+
+    def _streamed_request(self, prompt: Prompt, params: SamplingParams | None, api: str) -> Request:
+        request = self.make_request(_one_prompt(prompt, api), self._params_or_default(params))
         self._check_open()
-        return self.stream_request(request)
+        return request
 
     def _check_open(self) -> None:
         if self._loop.closed:
@@ -1062,18 +1077,19 @@ class LLM:
         reason ``abort`` and its text so far, as ``abort`` ends one. Requests made later run."""
         self._loop.abort(None)
 
-    def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[str]:
+    def astream(
+        self, prompt: Prompt, params: SamplingParams | None = None
+    ) -> AsyncRequestStream[str]:
         """Async ``stream`` (use with ``async for``); bad input raises at the call."""
-        return _atexts(self.astream_chunks(prompt, params))
+        request = self._streamed_request(prompt, params, "astream")
+        return AsyncRequestStream(_atexts(self.astream_request(request)), request, self._loop.abort)
 
     def astream_chunks(
         self, prompt: Prompt, params: SamplingParams | None = None
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncRequestStream[StreamChunk]:
         """Async ``stream_chunks`` (use with ``async for``); bad input raises at the call."""
-        prompt = _one_prompt(prompt, "astream")
-        request = self.make_request(prompt, self._params_or_default(params))
-        self._check_open()
-        return self.astream_request(request)
+        request = self._streamed_request(prompt, params, "astream")
+        return AsyncRequestStream(self.astream_request(request), request, self._loop.abort)
 
     async def astream_request(self, request: Request) -> AsyncIterator[StreamChunk]:
         """Async ``stream_request``."""
@@ -1186,7 +1202,7 @@ class LLM:
         parallel_tool_calls: bool | None = None,
         response_format: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
-    ) -> Iterator[str]:
+    ) -> RequestStream[str]:
         """Stream the assistant's reply text (with tools, decoded as ``chat`` decodes it: a
         special-token tag that starts the model's calls is kept, so the text parses with
         ``tool_call_format().parse`` or its ``stream_parser``; a reasoning model's thinking
@@ -1384,12 +1400,14 @@ class LLM:
         )
 
     # ---------------------------------------------------------------- lifecycle
-    def close(self) -> None:
-        """Stop the engine thread; requests still queued or running fail with an error (their
-        callers get a RuntimeError), and later calls are refused. The weights and KV cache are
-        freed with the LLM object, once nothing refers to it (``del llm``)."""
-        self._loop.close()
-        self.engine.structured.close()
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread, waiting up to ``timeout`` seconds for the step it is in (one
+        that runs longer ends it as it ends); requests still queued or running fail with an error
+        (their callers get a RuntimeError), and later calls are refused. The weights and KV cache
+        are freed with the LLM object, once nothing refers to it (``del llm``)."""
+        # The grammar worker stops once the engine thread has (a step that outlasts the wait
+        # still masks through it).
+        self._loop.close(timeout, then=self.engine.structured.close)
 
     async def aclose(self) -> None:
         """``close`` for a coroutine: it waits for the engine's current step (up to 30 s) in a

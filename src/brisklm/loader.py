@@ -104,9 +104,15 @@ def checkpoint_files(directory: Path) -> list[Path]:
     """The safetensors files of a checkpoint: model.safetensors where there is one (as in
     transformers: saving a model unsharded over a sharded one leaves the old index behind), else
     the shard index's files, else every safetensors file."""
+    return _checkpoint_layout(directory)[0]
+
+
+def _checkpoint_layout(directory: Path) -> tuple[list[Path], dict[str, Path]]:
+    """``checkpoint_files``, and the file the shard index names for each tensor (empty without
+    an index): a tensor stored in two shards is read from that one, as transformers reads it."""
     single = directory / "model.safetensors"
     if single.is_file():
-        return [single]
+        return [single], {}
     index_file = directory / "model.safetensors.index.json"
     if index_file.is_file():
         expected = (
@@ -137,10 +143,10 @@ def checkpoint_files(directory: Path) -> list[Path]:
             raise CheckpointError(
                 f"{index_file} lists shards that do not exist: {', '.join(missing)}"
             )
-        return files
+        return files, {name: directory / shard for name, shard in weight_map.items()}
     others = sorted(directory.glob("*.safetensors"))
     if others:
-        return others
+        return others, {}
     pickled = sorted(p.name for p in directory.glob("*.bin"))
     hint = (
         f"; {', '.join(pickled)}: PyTorch's pickle format, which brisklm does not read: "
@@ -171,6 +177,22 @@ def _json_type(value: object) -> str:
 
 _HEAD = "lm_head.weight"
 _EMBEDDING = "model.embed_tokens.weight"
+# The modules of LlamaForCausalLM's base model ("model."), as a checkpoint saved from the base
+# model alone (transformers' LlamaModel) names its tensors.
+_BASE_MODEL_TENSOR = re.compile(r"(?:embed_tokens|layers|norm)\.")
+
+
+def _model_name(name: str) -> str:
+    """A checkpoint tensor's name in the model: one saved from the base model alone
+    (``layers.0...``) gains the ``model.`` prefix, and one saved from a model wrapped once more
+    (``model.model.layers.0...``) loses one, as transformers maps them."""
+    if name.startswith(("model.model.", "model.lm_head.")):
+        return name.removeprefix("model.")
+    if _BASE_MODEL_TENSOR.match(name):
+        return "model." + name
+    return name
+
+
 _COMPARE_ROWS = 4096  # rows of the head and the embedding read at a time when comparing them
 
 
@@ -182,7 +204,9 @@ _MISTRAL_BIASES = {
 }
 
 
-def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelConfig:
+def _mistral_biases_as_stored(
+    config: ModelConfig, files: list[Path], owners: dict[str, Path]
+) -> ModelConfig:
     """A Mistral config whose attention_bias/mlp_bias the checkpoint does not bear out:
     transformers' Mistral layers have no biases whatever config.json says (it loads such a
     checkpoint and ignores biases it stores); vLLM's apply them. So biases are applied where the
@@ -190,7 +214,7 @@ def _mistral_biases_as_stored(config: ModelConfig, files: list[Path]) -> ModelCo
     flags = [flag for flag in _MISTRAL_BIASES if getattr(config, flag)]
     if not flags:
         return config
-    stored = _tensor_files(files)
+    stored = _tensor_files(files, owners)
     absent = {
         flag: False
         for flag in flags
@@ -225,23 +249,28 @@ def _open(path: Path) -> Any:
         raise CheckpointError(f"{path}: cannot read safetensors file ({reason})") from None
 
 
-def _tensor_files(files: list[Path]) -> dict[str, Path]:
-    """Each tensor name the checkpoint stores -> the first file storing it (headers only)."""
-    where: dict[str, Path] = {}
+def _tensor_files(files: list[Path], owners: dict[str, Path]) -> dict[str, tuple[Path, str]]:
+    """Each tensor the checkpoint stores, by its name in the model -> the file storing it (the
+    one the shard index names, ``owners``, else the first) and its name there (headers only)."""
+    where: dict[str, tuple[Path, str]] = {}
     for path in files:
         with _open(path) as handle:
             for name in handle.keys():
-                where.setdefault(name, path)
+                if owners.get(name, path) == path:
+                    where.setdefault(_model_name(name), (path, name))
     return where
 
 
-def _head_and_embedding_files(files: list[Path]) -> dict[str, Path]:
-    """The file storing each of lm_head.weight and the embedding matrix, of those stored."""
-    stored = _tensor_files(files)
+def _head_and_embedding_files(
+    files: list[Path], owners: dict[str, Path]
+) -> dict[str, tuple[Path, str]]:
+    """The file storing each of lm_head.weight and the embedding matrix (by their names in the
+    model), of those stored, and the tensor's name there."""
+    stored = _tensor_files(files, owners)
     return {name: stored[name] for name in (_HEAD, _EMBEDDING) if name in stored}
 
 
-def _stored_head_that_differs(where: dict[str, Path]) -> Path | None:
+def _stored_head_that_differs(where: dict[str, tuple[Path, str]]) -> Path | None:
     """The file storing an lm_head.weight that differs from the embedding matrix, if any
     (``where``: ``_head_and_embedding_files``).
 
@@ -251,23 +280,24 @@ def _stored_head_that_differs(where: dict[str, Path]) -> Path | None:
     slice of rows at a time, so neither matrix is read whole here."""
     if _HEAD not in where or _EMBEDDING not in where:
         return None  # the head alone is the shared matrix (see load_model)
+    (head_path, head_name), (embedding_path, embedding_name) = where[_HEAD], where[_EMBEDDING]
     try:
         with (
-            safe_open(str(where[_HEAD]), framework="pt", device="cpu") as head_file,
-            safe_open(str(where[_EMBEDDING]), framework="pt", device="cpu") as embedding_file,
+            safe_open(str(head_path), framework="pt", device="cpu") as head_file,
+            safe_open(str(embedding_path), framework="pt", device="cpu") as embedding_file,
         ):
-            head = head_file.get_slice(_HEAD)
-            embedding = embedding_file.get_slice(_EMBEDDING)
+            head = head_file.get_slice(head_name)
+            embedding = embedding_file.get_slice(embedding_name)
             if head.get_shape() != embedding.get_shape():
-                return where[_HEAD]
+                return head_path
             rows = head.get_shape()[0] if head.get_shape() else 0
             for start in range(0, rows, _COMPARE_ROWS):
                 end = min(start + _COMPARE_ROWS, rows)
                 if not torch.equal(head[start:end].float(), embedding[start:end].float()):
-                    return where[_HEAD]
+                    return head_path
     except Exception as exc:
         raise CheckpointError(
-            f"{where[_HEAD]}: cannot compare lm_head.weight with the embedding ({exc})"
+            f"{head_path}: cannot compare lm_head.weight with the embedding ({exc})"
         ) from None
     return None
 
@@ -286,7 +316,7 @@ def _stored_half_dtype(
     for path in files:
         with _open(path) as handle:
             for name in handle.keys():
-                if _IGNORED_TENSORS.search(name) or not counts(name):
+                if _IGNORED_TENSORS.search(name) or not counts(_model_name(name)):
                     continue
                 stored = handle.get_slice(name).get_dtype()
                 if stored in _FLOAT_STORAGE:
@@ -297,13 +327,17 @@ def _stored_half_dtype(
 
 
 def _iter_tensors(
-    files: list[Path], show_progress: bool
+    files: list[Path], owners: dict[str, Path], show_progress: bool
 ) -> Iterator[tuple[Path, str, torch.Tensor]]:
+    """Each tensor of the checkpoint's files with the file it comes from: where the shard index
+    names another file for it (``owners``), not from this one."""
     # No tqdm object at all unless it shows: even a disabled bar can start tqdm's monitor thread.
     shown = show_progress and len(files) >= 2
     for path in tqdm(files, desc="Loading shards", unit="shard") if shown else files:
         with _open(path) as handle:
             for name in handle.keys():
+                if owners.get(name, path) != path:
+                    continue
                 raise_if_cancelled()
                 try:
                     tensor = handle.get_tensor(name)
@@ -399,9 +433,9 @@ def load_model(
         from brisklm.quant.loading import linear_factory_for
 
         make_linear = linear_factory_for(directory, device=device_, activation_dtype=dtype_)
-    files = checkpoint_files(directory)
+    files, owners = _checkpoint_layout(directory)
     if config.architecture == "MistralForCausalLM":
-        config = _mistral_biases_as_stored(config, files)
+        config = _mistral_biases_as_stored(config, files, owners)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
     # A tied checkpoint may store the shared matrix as the head alone: safetensors' save_model
@@ -410,7 +444,7 @@ def load_model(
     if config.tie_word_embeddings and isinstance(
         getattr(model.lm_head, "weight", None), nn.Parameter
     ):
-        where = _head_and_embedding_files(files)
+        where = _head_and_embedding_files(files, owners)
         head_is_the_embedding = _EMBEDDING not in where and _HEAD in where
         head_file = _stored_head_that_differs(where)
         if head_file is not None:
@@ -431,7 +465,7 @@ def load_model(
         # An int4 layer's own float tensors (scales, biases: float16 in GPTQ checkpoints, whatever
         # the model's dtype) keep their dtype; the rest decides.
         def model_dtype_tensor(name: str) -> bool:
-            try:
+            try:  # (a name in the model: _stored_half_dtype maps it)
                 module = model.get_submodule(_checkpoint_name_to_entry(name)[0])
             except AttributeError:  # not a module of the model: the loop below names it
                 return True
@@ -446,11 +480,12 @@ def load_model(
     expected, optional = _expected_entries(model)
     if config.tie_word_embeddings:
         expected.discard(("lm_head", "weight", None))
-    loaded: dict[tuple[str, str, int | None], Path] = {}  # -> the file it came from
-    for file, name, tensor in _iter_tensors(files, show_progress):
+    # -> the file it came from and its name there
+    loaded: dict[tuple[str, str, int | None], tuple[Path, str]] = {}
+    for file, name, tensor in _iter_tensors(files, owners, show_progress):
         if _IGNORED_TENSORS.search(name):
             continue
-        entry = _checkpoint_name_to_entry(name)
+        entry = _checkpoint_name_to_entry(_model_name(name))
         if config.tie_word_embeddings and entry == ("lm_head", "weight", None):
             if not head_is_the_embedding:
                 continue  # tied: the embedding matrix is the head
@@ -473,9 +508,12 @@ def load_model(
                 f"{file}: unexpected tensor {name!r} (not part of a {config.architecture}{hint})"
             )
         if entry in loaded:
-            where = "" if loaded[entry] == file else f" and in {loaded[entry]}"
+            first_file, first_name = loaded[entry]
+            where = "" if first_file == file else f" and in {first_file}"
+            if first_name != name:
+                where += f" (as {first_name!r})"
             unindexed = ""
-            if where and not (directory / "model.safetensors.index.json").is_file():
+            if first_file != file and not owners:
                 unindexed = (
                     " (with no model.safetensors.index.json every *.safetensors file of the "
                     "directory is read: a stray copy of the weights there is read too)"
@@ -485,7 +523,7 @@ def load_model(
                 f"{where}{unindexed}"
             )
         _copy_into(model, entry, tensor, f"{file}: tensor {name!r}")
-        loaded[entry] = file
+        loaded[entry] = file, name
     missing = expected - loaded.keys()
     if missing:
         names = sorted(_describe(entry) for entry in missing)

@@ -38,9 +38,14 @@ def test_a_request_takes_the_slot_sharing_its_longest_prefix() -> None:
     # Slot 0 holds more than the shared prefix: the prefix is copied to the empty slot 2.
     assert cache.choose([*shared, 7], [0, 1, 2]) == (2, len(shared), 0)
     assert cache.cached_tokens(0) == [*shared, 1, 2]
-    # With no empty slot, the request takes slot 0 itself.
+    # With no empty slot, the request takes slot 0 itself, retained longest ago.
     assert cache.choose([*shared, 7], [0, 1]) == (0, len(shared), None)
     assert cache.cached_tokens(0) == []  # taken: what it held is the new request's to overwrite
+    # Where another slot was retained before it, the prefix is copied there and slot 0 stays.
+    cache.retain(0, [*shared, 1, 2])
+    assert cache.choose([*shared, 7], [0, 1]) == (1, len(shared), 0)
+    assert cache.cached_tokens(0) == [*shared, 1, 2] and cache.cached_tokens(1) == []
+    cache.retain(1, [*shared[:-2], 9])
     # A prompt the slot holds whole still computes its last token (its logits start the output),
     # and a slot holding just the shared prefix is taken, not copied.
     cache.retain(0, shared)
@@ -618,3 +623,28 @@ def test_prefix_cache_slots_need_prefix_caching() -> None:
         EngineConfig(prefix_cache_slots=-1)
     with pytest.raises(ValueError, match="prefix_cache_slots=2 needs prefix_caching=True"):
         EngineConfig(prefix_caching=False, prefix_cache_slots=2)
+
+
+def test_a_new_conversation_sharing_a_prefix_leaves_the_longer_one_its_slot(float_dir) -> None:
+    """With no empty slot, a request sharing part of a retained conversation copies the part to
+    the slot retained longest ago: it took that conversation's slot, and its next turn
+    recomputed its history."""
+
+    def run(llm: LLM) -> list:
+        first = llm.generate("Completely unrelated words about nothing in particular.", GREEDY)
+        asked = llm.generate(SYSTEM + "Tell me about the dog.", GREEDY)  # retained after first
+        other = llm.generate(SYSTEM + "Tell me about the fox.", GREEDY)  # shares SYSTEM with it
+        turn = asked.prompt_token_ids + asked.token_ids + [5, 6, 7]
+        return [first, asked, other, llm.generate(turn, GREEDY)]
+
+    options = dict(max_batch_size=1, max_seq_len=256, show_progress=False)
+    with LLM.from_pretrained(float_dir, prefix_caching=False, **options) as llm:
+        plain = run(llm)
+    with LLM.from_pretrained(float_dir, prefix_cache_slots=1, **options) as llm:
+        with_cache = run(llm)
+    _same(with_cache, plain)
+    asked = with_cache[1]
+    assert with_cache[2].usage.cached_prompt_tokens > 20  # the system prompt, copied
+    # The next turn of the longer conversation reuses all of it (but its last token, never fed).
+    whole = len(asked.prompt_token_ids) + len(asked.token_ids) - 1
+    assert with_cache[3].usage.cached_prompt_tokens == whole

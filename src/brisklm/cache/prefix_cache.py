@@ -32,9 +32,11 @@ class PrefixCache:
 
     A request takes the free slot sharing the longest prefix with its prompt, and computes from
     there on (at least its last prompt token: its logits give the first output). Where that slot
-    holds more than the shared prefix (another continuation: a chat's next turn would reuse it)
-    and an empty slot is free, the prefix is copied there instead and both stay. Without a reuse
-    of ``MIN_REUSE`` tokens a request takes an empty slot, else the slot retained longest ago.
+    holds more than the shared prefix (another continuation: a chat's next turn would reuse it),
+    the prefix is copied to an empty slot instead and both stay; with none empty, to the slot
+    retained longest ago, unless that is the one holding it (which the request then takes).
+    Without a reuse of ``MIN_REUSE`` tokens a request takes an empty slot, else the slot retained
+    longest ago.
 
     Slots of running requests are sources too (``choose``'s ``running``): their prompts' keys,
     computed so far, are copied into the new request's slot, so requests sharing a prefix that
@@ -92,8 +94,12 @@ class PrefixCache:
         if copied > best and copied >= MIN_REUSE:
             destination = min(empty) if empty else self._oldest(free_slots)
             return self._claim(destination, copied, source)
-        if best >= MIN_REUSE and empty and len(self._tokens[best_slot]) > best_common:
-            return self._claim(min(empty), best, best_slot)
+        if best >= MIN_REUSE and len(self._tokens[best_slot]) > best_common:
+            # The slot holds more than the prefix: copied to an empty slot, else to the one
+            # retained longest ago where that is another (the longer sequence stays).
+            oldest = self._oldest(free_slots)
+            if empty or oldest != best_slot:
+                return self._claim(min(empty) if empty else oldest, best, best_slot)
         if best >= MIN_REUSE:
             return self._claim(best_slot, best, None)
         if empty:

@@ -52,6 +52,7 @@ class EngineLoop:
         self._start_lock = threading.Lock()
         self._fail_lock = threading.Lock()
         self._closed = False
+        self._then: Callable[[], None] | None = None  # close()'s, once the thread has stopped
         # The process whose thread serves this loop: a forked child has a copy of the loop but
         # not of its thread (nor of the requests' consumers), so it may not use it.
         self._pid = os.getpid()
@@ -109,15 +110,17 @@ class EngineLoop:
         self._inbox.put(("abort", request_id, None))
         self._wakeup.set()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0, then: Callable[[], None] | None = None) -> None:
         """Stop the engine thread (waiting up to ``timeout`` seconds for the step it is in); every
-        request still queued or running fails with an error."""
+        request still queued or running fails with an error. ``then`` runs once the thread has
+        stopped: here, or as the thread ends where its step outlasts the timeout."""
         if self._forked:  # no thread to stop here, and the requests' callers are the parent's
             self._closed = True
             _open_loops.discard(self)
             return
         with self._start_lock:
             self._closed = True
+            self._then = then
             thread, done = self._thread, self._thread_done
         _open_loops.discard(self)
         self._wakeup.set()
@@ -125,6 +128,18 @@ class EngineLoop:
             done.wait(timeout=timeout)
         if thread is None or done.is_set():
             self._fail_pending()  # what the thread did not get to (or there was no thread)
+            self._after_close()
+        elif timeout > 0:  # (at exit, where none is waited for here, no one to tell)
+            logger.warning(
+                "the engine's step is still running after %g s: it stops when the step ends",
+                timeout,
+            )
+
+    def _after_close(self) -> None:
+        with self._start_lock:
+            then, self._then = self._then, None
+        if then is not None:
+            then()
 
     def _ensure_thread_locked(self) -> None:
         if self._thread is None or self._thread_done.is_set():
@@ -142,6 +157,8 @@ class EngineLoop:
                 self._serve()
         finally:
             done.set()
+            if self._closed:  # (close() runs it too where it saw the thread end)
+                self._after_close()
 
     def _serve(self) -> None:
         while not self._closed:
@@ -188,13 +205,18 @@ class EngineLoop:
                 for request in payload:  # type: ignore[attr-defined]
                     self._sinks[request.request_id] = sink
                     self.engine.add_request(request)
+                    if request.abort_requested:  # stopped before it got here: ends now
+                        self._abort_one(request.request_id)
             elif kind == "abort":
                 scheduler = self.engine.scheduler
                 every = [r.request_id for r in [*scheduler.running, *scheduler.waiting]]
                 for request_id in every if payload is None else [payload]:
-                    result = self.engine.abort_request(request_id)  # type: ignore[arg-type]
-                    if result is not None:
-                        self._deliver(*result)
+                    self._abort_one(request_id)  # type: ignore[arg-type]
+
+    def _abort_one(self, request_id: str) -> None:
+        result = self.engine.abort_request(request_id)
+        if result is not None:
+            self._deliver(*result)
 
     def _fail_everything(
         self, exc: BaseException

@@ -76,6 +76,9 @@ class Request:
     first_token_time: float | None = None
     # Set when the request is handed to an engine (EngineLoop.submit): a request runs once.
     submitted: bool = field(default=False, repr=False)
+    # Set from any thread by a stream's abort() (brisklm.request_stream), also before the request
+    # reaches the engine, which then ends it as it takes it (EngineLoop._drain_inbox).
+    abort_requested: bool = field(default=False, repr=False)
     stop_matcher: StopStringMatcher = field(init=False)
 
     def __post_init__(self) -> None:

@@ -248,7 +248,9 @@ def test_text_response_format_is_no_constraint(chat: ChatBrisk) -> None:
     """OpenAI's default response_format, which code forwarding options sends: plain text."""
     plain = chat.invoke(PROMPT, max_tokens=8, temperature=0)
     text = chat.invoke(PROMPT, max_tokens=8, temperature=0, response_format={"type": "text"})
-    assert text.content == plain.content and text.usage_metadata == plain.usage_metadata
+    assert text.content == plain.content
+    tokens = ("input_tokens", "output_tokens")  # (how many prompt tokens a cache held may differ)
+    assert [text.usage_metadata[k] for k in tokens] == [plain.usage_metadata[k] for k in tokens]
 
 
 def test_function_calling_needs_an_object_schema(chat: ChatBrisk) -> None:
