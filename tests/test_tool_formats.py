@@ -887,3 +887,21 @@ def test_an_empty_tool_list_renders_as_transformers_renders_it(tmp_path) -> None
             )
             assert llm.tokenizer.decode(ids, False) == expected, tools
         assert llm.tokenizer.decode(llm.chat_prompt_ids(messages, tools=[]), False) == "0|hi"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_chat_reply_cut_inside_its_first_call_under_the_grammar_holds_no_markup(
+    family_llms, family: str
+) -> None:
+    """Under the tools' grammar a call's start is a call: a reply max_tokens cut inside its
+    first call has no content and no calls (as the server streams it); decoded freely, the
+    text stays content (it may only look like a call's start)."""
+    llm = family_llms[family]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    short = SamplingParams(temperature=0, max_tokens=4)
+    for chat in (llm.chat, lambda *a, **k: asyncio.run(llm.achat(*a, **k))):
+        cut = chat(ask, short, tools=[WEATHER], tool_choice="required")
+        assert cut.output.finish_reason == "length" and cut.output.text, cut.output.text
+        assert (cut.content, cut.tool_calls, cut.finish_reason) == ("", [], "length")
+    free = llm.chat_output(cut.output, llm.tool_call_format())
+    assert free.content == cut.output.text.strip() and not free.tool_calls

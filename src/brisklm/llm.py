@@ -18,7 +18,7 @@ from collections.abc import (
     Sequence,
 )
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, overload
+from typing import Any, Literal, NamedTuple, TypeAlias, overload
 
 import torch
 from numpy import ndarray
@@ -206,6 +206,15 @@ NOT_TEMPLATE_VARIABLES = frozenset(
     {f.name for f in dataclasses.fields(SamplingParams)}
     | {"sampling_params", "tool_choice", "response_format", "parallel_tool_calls"}
 )
+
+
+class _ChatFormat(NamedTuple):
+    """How a ``chat`` call decodes and reads its reply (``LLM._chat_format``)."""
+
+    format: ToolCallFormat | None  # (None: no calls are read)
+    params: SamplingParams
+    reasoning_start: bool | None
+    under_grammar: bool  # the tools' grammar decodes it (``LLM.chat_output``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -779,6 +788,16 @@ class LLM:
                 "may write the block itself; generate applies a constraint so): give "
                 "constraint=brisklm.AfterThinking(constraint, opened=...), or no budget"
             )
+        constraint = params.constraint
+        if isinstance(constraint, AfterThinking) and constraint.opened != start:
+            # The count would start where the grammar does not: it waits for a block the
+            # grammar has the reply inside, or forces a tag the grammar refuses.
+            raise ValueError(
+                f"SamplingParams.thinking_token_budget={params.thinking_token_budget} with "
+                f"AfterThinking(opened={constraint.opened}), but the prompt "
+                + ("has opened a thinking block" if start else "opens no thinking block")
+                + f": give AfterThinking(constraint, opened={start})"
+            )
         opened = tail[tail.rfind(OPEN_TAG) + len(OPEN_TAG) :] if start else None
         return ThinkingBudget(
             params.thinking_token_budget,  # type: ignore[arg-type]
@@ -1168,8 +1187,9 @@ class LLM:
         reply: then give none of these."""
         options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        format, params, start = self._chat_format(ids, tools, params, options, template_kwargs)
-        return self.chat_output(self.generate(ids, params), format, start)
+        chosen = self._chat_format(ids, tools, params, options, template_kwargs)
+        output = self.generate(ids, chosen.params)
+        return self.chat_output(output, chosen.format, chosen.reasoning_start, chosen.under_grammar)
 
     async def achat(
         self,
@@ -1185,12 +1205,13 @@ class LLM:
         """Async ``chat``."""
         options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
 
-        def prepare() -> tuple[list[int], ToolCallFormat | None, SamplingParams, bool | None]:
+        def prepare() -> tuple[list[int], _ChatFormat]:
             ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-            return ids, *self._chat_format(ids, tools, params, options, template_kwargs)
+            return ids, self._chat_format(ids, tools, params, options, template_kwargs)
 
-        ids, format, chosen, start = await run_off_loop(prepare)  # the template, off the loop
-        return self.chat_output(await self.agenerate(ids, chosen), format, start)
+        ids, chosen = await run_off_loop(prepare)  # the template, off the loop
+        output = await self.agenerate(ids, chosen.params)
+        return self.chat_output(output, chosen.format, chosen.reasoning_start, chosen.under_grammar)
 
     def stream_chat(
         self,
@@ -1209,7 +1230,9 @@ class LLM:
         block included: ``brisklm.reasoning.ReasoningSplitter`` tells it apart)."""
         options = _ChatOptions(tool_choice, parallel_tool_calls, response_format)
         ids = self.chat_prompt_ids(messages, tools, **template_kwargs)
-        return self.stream(ids, self._chat_format(ids, tools, params, options, template_kwargs)[1])
+        return self.stream(
+            ids, self._chat_format(ids, tools, params, options, template_kwargs).params
+        )
 
     def reasoning_start(
         self, prompt_ids: Sequence[int], chat_template: str | None = None, has_tools: bool = False
@@ -1306,12 +1329,13 @@ class LLM:
         params: SamplingParams | None,
         options: _ChatOptions,
         template_kwargs: Mapping[str, Any],
-    ) -> tuple[ToolCallFormat | None, SamplingParams, bool | None]:
+    ) -> _ChatFormat:
         """Of a ``chat`` call: the tool-call format to parse its reply with (None without tools,
         or with tool_choice "none"), the params to decode it with (the tools' and response
         format's grammar; stop strings only before the calls, special tokens kept when the
-        format's calls start with one), and its ``reasoning_start`` (for the template it
-        rendered with: tools given, even an empty list, pick the tool_use one)."""
+        format's calls start with one), its ``reasoning_start`` (for the template it rendered
+        with: tools given, even an empty list, pick the tool_use one) and whether the tools'
+        grammar decodes it."""
         template = template_kwargs.get("chat_template")
         format = self.tool_call_format(template) if tools else None
         chosen = self._params_or_default(params)
@@ -1321,7 +1345,7 @@ class LLM:
         chosen, start = self.chat_decoding(
             prompt_ids, chosen, format, template, tools is not None, reply
         )
-        return format, chosen, start
+        return _ChatFormat(format, chosen, start, reply is not None and format is not None)
 
     def chat_decoding(
         self,
@@ -1367,20 +1391,23 @@ class LLM:
         output: GenerationOutput,
         format: ToolCallFormat | None,
         reasoning_start: bool | None = None,
+        under_grammar: bool = False,
     ) -> ChatOutput:
         """The turn's reasoning, content and calls. ``reasoning_start`` (``reasoning_start``'s):
         not None, a thinking block that opens the reply is its ``reasoning``, and the rest is
         read as the reply. A Llama 3 / Mistral reply that max_tokens, a stop string or a stop
         token cut inside its calls (``cut_calls``) keeps the calls complete before the cut and
         the content before the calls; a Hermes reply that ended inside a call block, the content
-        and calls before that block (the server's reply alike); the cut call's text is in
-        ``output.text``. A reply that ended at eos, or shows no complete call, is read by
-        ``parse`` (text that does not parse is content)."""
+        and calls before that block (the server's reply alike, streamed or not); the cut call's
+        text is in ``output.text``. A reply that ended at eos is read by ``parse`` (text that
+        does not parse is content), and so is a reply decoded freely that shows no complete
+        call before its cut (text that only looks like a call's start); ``under_grammar``: the
+        reply was decoded under the tools' grammar, where a call's start is a call."""
         reasoning, text = split_reasoning(output.text, reasoning_start)
         cut_calls = format.cut_calls(text) if format else None
         was_cut = output.finish_reason == "length" or output.stop_reason is not None
         cut = format is not None and format.ended_inside_call(text)
-        if cut_calls is not None and cut_calls[1] and was_cut:
+        if cut_calls is not None and was_cut and (cut_calls[1] or under_grammar):
             content, calls, _ = cut_calls
         elif cut and format is not None and format.name == "hermes":
             # (the cut block's markup was content, beside the calls before it)
@@ -1389,7 +1416,9 @@ class LLM:
         else:
             content, calls = format.parse(text) if format else (text, [])
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
-        others = [LLM.chat_output(c, format, reasoning_start) for c in output.other_choices]
+        others = [
+            LLM.chat_output(c, format, reasoning_start, under_grammar) for c in output.other_choices
+        ]
         return ChatOutput(
             content=content,
             tool_calls=calls,

@@ -245,6 +245,22 @@ def test_a_constraint_after_the_thinking_takes_the_reply_after_the_forced_tag(ll
     # generate takes an AfterThinking as it is
     own = params.with_changes(constraint=AfterThinking(Regex(answer), opened=False))
     assert llm.generate(llm.chat_prompt_ids(ASK), own).text == reply.output.text
+    # one whose opened contradicts the prompt is refused (a cross-feature audit found the
+    # request failing inside the grammar, or the budget left unapplied without a word)
+    opened_prompt = llm.chat_prompt_ids(ASK, chat_template=OPENING)
+    wrong = [
+        (opened_prompt, own, "opened=False.*has opened a thinking block.*opened=True"),
+        (
+            llm.chat_prompt_ids(ASK),
+            params.with_changes(constraint=AfterThinking(Regex(answer), opened=True)),
+            "opened=True.*opens no thinking block.*opened=False",
+        ),
+    ]
+    for prompt, contradicting, says in wrong:
+        with pytest.raises(ValueError, match=says):
+            llm.generate(prompt, contradicting)
+    right = own.with_changes(constraint=AfterThinking(Regex(answer), opened=True))
+    assert llm.generate(opened_prompt, right).finish_reason == "stop"
     # the tools' grammar, a call forced after the thinking
     tools = llm.chat(ASK, params.with_changes(regex=None), tools=[FORECAST], tool_choice="required")
     assert tools.reasoning == "<think>" * 5 and tools.finish_reason == "tool_calls"

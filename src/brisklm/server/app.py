@@ -199,9 +199,9 @@ def _chat_choice(
     reasoning_start: bool | None = None,
 ) -> dict[str, Any]:
     """A whole reply as a chat choice: its reasoning, content and calls as ``LLM.chat`` reads
-    them (less a call it was cut inside), its logprobs those of its tokens (not the one ending
-    the turn)."""
-    turn = LLM.chat_output(output, format, reasoning_start)
+    them (less a call it was cut inside: a ``format`` here is the tools' grammar's), its
+    logprobs those of its tokens (not the one ending the turn)."""
+    turn = LLM.chat_output(output, format, reasoning_start, under_grammar=True)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.reasoning is not None:  # (vLLM's and DeepSeek's field)
         message["reasoning_content"] = turn.reasoning
