@@ -32,16 +32,10 @@ def call_chunk(
     return {"name": name, "args": args, "id": id, "index": index, "type": "tool_call_chunk"}
 
 
-# The start of a call as the grammar writes it, up to its arguments object.
-# It matches once the arguments have begun, so the whitespace before them is never an argument piece.
-_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
-
-
-def _settled_arguments(text: str) -> str:
-    # The arguments end one "}" before the call's closing "}"; hold back a trailing "}" and the
-    # whitespace after it until the next piece shows whether it was the last.
-    text = text.rstrip()
-    return text[:-1] if text.endswith("}") else text
+# The start of a call as the grammar writes it, up to its arguments object. It matches once
+# the object has begun, so the whitespace before it is never an argument piece; arguments given
+# otherwise (a JSON string holding the object) are sent whole when the call is.
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
 
 
 @dataclass
@@ -50,12 +44,45 @@ class _CallState:
     id: str = field(default_factory=new_tool_call_id)
     head_end: int | None = None  # in ``raw.lstrip()``, where the arguments begin
     emitted: int = 0
+    # How far the arguments object has been read (``settled``): characters, brackets open, in a
+    # string, after a backslash there, and where the object ends once it has.
+    scanned: int = 0
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    end: int | None = None
 
     @property
     def arguments(self) -> str:
         """The arguments written so far (once the head is whole)."""
         assert self.head_end is not None
         return self.raw.lstrip()[self.head_end :]
+
+    def settled(self) -> str:
+        """The arguments written so far, up to the end of their object once it has come (text
+        after it, as another key of the call, is not theirs)."""
+        arguments = self.arguments
+        at = self.scanned
+        while self.end is None and at < len(arguments):
+            char = arguments[at]
+            at += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = at
+        self.scanned = at
+        return arguments if self.end is None else arguments[: self.end]
 
 
 class ToolCallChunker:
@@ -140,7 +167,7 @@ class ToolCallChunker:
             state.head_end = match.end()
             name = json.loads(match.group(1))
             out.append(call_chunk(name=name, args="", id=state.id, index=index))
-        settled = _settled_arguments(state.arguments)
+        settled = state.settled()
         if len(settled) > state.emitted:
             out.append(call_chunk(args=settled[state.emitted :], index=index))
             state.emitted = len(settled)
@@ -153,9 +180,7 @@ class ToolCallChunker:
         ):  # not streamed (another format, or another layout): send it whole
             args = json.dumps(call.arguments, ensure_ascii=False)
             return [call_chunk(name=call.name, args=args, id=call.id, index=index)]
-        body = state.raw.strip()
-        arguments = body[state.head_end : -1].rstrip() if body.endswith("}") else ""
-        rest = arguments[state.emitted :]
+        rest = state.settled()[state.emitted :]
         return [call_chunk(args=rest, index=index)] if rest else []
 
 

@@ -48,6 +48,33 @@ def run(text: str, pieces: list[int], tool_format: ToolCallFormat | None = None)
     return full
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # arguments given as a JSON string holding the object (parse_tool_call_body reads it):
+        # they streamed as that string, which reads as a str, not the object
+        '{"name": "f", "arguments": "{\\"a\\": 1}"}',
+        # a key after the arguments streamed into them ('{"x": 1}, "id": "z"', not JSON)
+        '{"name": "f", "arguments": {"x": {"y": "}"}}, "id": "z"}',
+    ],
+)
+def test_calls_written_otherwise_than_the_grammar_writes_them_stream_their_arguments(
+    body: str,
+) -> None:
+    """The tools' grammar never writes these; a reply decoded freely may (found by an audit)."""
+    from brisklm.tool_calls import parse_tool_call_body
+
+    (expected,) = [parse_tool_call_body(body)]
+    text = f"<tool_call>\n{body}\n</tool_call>"
+    for size in (1, 3, len(text)):
+        full = run(text, [size] * len(text))
+        assert [(c["name"], c["args"]) for c in full.tool_calls] == [
+            (expected.name, expected.arguments)
+        ]
+        (chunk,) = full.tool_call_chunks
+        assert json.loads(chunk["args"]) == expected.arguments
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_chunks_rebuild_the_calls_for_any_split(seed: int) -> None:
     rng = random.Random(seed)
