@@ -507,3 +507,37 @@ def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tmp_path):
     save_file(tensors, sharded / other, metadata={"format": "pt"})
     expected = logits_of(load_model(single, device="cpu", show_progress=False))
     assert torch.equal(logits_of(load_model(sharded, device="cpu", show_progress=False)), expected)
+
+
+def test_a_tensor_the_index_places_in_a_shard_lacking_it_is_read_where_it_is(tmp_path):
+    """As transformers reads it (a review found the index's shard taken on trust: the tensor was
+    "missing")."""
+    hf = build_hf_model("llama")
+    single = save_hf_model(hf, tmp_path / "single")
+    sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")
+    index_file = sharded / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    name = "model.norm.weight"
+    index["weight_map"][name] = sorted(
+        set(index["weight_map"].values()) - {index["weight_map"][name]}
+    )[0]
+    index_file.write_text(json.dumps(index))
+    expected = logits_of(load_model(single, device="cpu", show_progress=False))
+    assert torch.equal(logits_of(load_model(sharded, device="cpu", show_progress=False)), expected)
+
+
+def test_a_stale_float32_copy_in_another_shard_leaves_bfloat16_weights_bfloat16(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf = build_hf_model("llama").to(torch.bfloat16)
+    sharded = save_hf_model(hf, tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.norm.weight"
+    other = sorted(set(index.values()) - {index[name]})[0]
+    tensors = load_file(sharded / other)
+    tensors[name] = torch.zeros(hf.state_dict()[name].shape)  # float32, not the index's copy
+    save_file(tensors, sharded / other, metadata={"format": "pt"})
+    model = load_model(sharded, device="cpu", show_progress=False)
+    # (the stale copy made the checkpoint's weights look mixed: widened to float32)
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert torch.equal(model.model.norm.weight.float(), hf.state_dict()[name].float())

@@ -109,7 +109,7 @@ def checkpoint_files(directory: Path) -> list[Path]:
 
 def _checkpoint_layout(directory: Path) -> tuple[list[Path], dict[str, Path]]:
     """``checkpoint_files``, and the file the shard index names for each tensor (empty without
-    an index): a tensor stored in two shards is read from that one, as transformers reads it."""
+    an index; ``_read_headers`` reads a tensor stored in two shards from that one)."""
     single = directory / "model.safetensors"
     if single.is_file():
         return [single], {}
@@ -204,9 +204,7 @@ _MISTRAL_BIASES = {
 }
 
 
-def _mistral_biases_as_stored(
-    config: ModelConfig, files: list[Path], owners: dict[str, Path]
-) -> ModelConfig:
+def _mistral_biases_as_stored(config: ModelConfig, headers: _Headers) -> ModelConfig:
     """A Mistral config whose attention_bias/mlp_bias the checkpoint does not bear out:
     transformers' Mistral layers have no biases whatever config.json says (it loads such a
     checkpoint and ignores biases it stores); vLLM's apply them. So biases are applied where the
@@ -214,7 +212,7 @@ def _mistral_biases_as_stored(
     flags = [flag for flag in _MISTRAL_BIASES if getattr(config, flag)]
     if not flags:
         return config
-    stored = _tensor_files(files, owners)
+    stored = _tensor_files(headers)
     absent = {
         flag: False
         for flag in flags
@@ -249,24 +247,41 @@ def _open(path: Path) -> Any:
         raise CheckpointError(f"{path}: cannot read safetensors file ({reason})") from None
 
 
-def _tensor_files(files: list[Path], owners: dict[str, Path]) -> dict[str, tuple[Path, str]]:
-    """Each tensor the checkpoint stores, by its name in the model -> the file storing it (the
-    one the shard index names, ``owners``, else the first) and its name there (headers only)."""
-    where: dict[str, tuple[Path, str]] = {}
+# A checkpoint's tensors as its files' headers list them: each file's tensors to read from it,
+# in its order, with each one's safetensors dtype ("BF16").
+_Headers = dict[Path, dict[str, str]]
+
+
+def _read_headers(files: list[Path], index: dict[str, Path]) -> _Headers:
+    """Each file's tensors to read from it (headers only): all it stores but those the shard
+    ``index`` places in another file that stores them too (a tensor in two shards is read from
+    the index's, as transformers reads it; one the index places in a shard lacking it is read
+    where it is)."""
+    headers: _Headers = {}
     for path in files:
         with _open(path) as handle:
-            for name in handle.keys():
-                if owners.get(name, path) == path:
-                    where.setdefault(_model_name(name), (path, name))
+            headers[path] = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
+    for path, tensors in headers.items():
+        for name in [n for n in tensors if index.get(n, path) != path]:
+            if name in headers.get(index[name], {}):
+                del tensors[name]
+    return headers
+
+
+def _tensor_files(headers: _Headers) -> dict[str, tuple[Path, str]]:
+    """Each tensor the checkpoint stores, by its name in the model -> the file it is read from
+    and its name there."""
+    where: dict[str, tuple[Path, str]] = {}
+    for path, tensors in headers.items():
+        for name in tensors:
+            where.setdefault(_model_name(name), (path, name))
     return where
 
 
-def _head_and_embedding_files(
-    files: list[Path], owners: dict[str, Path]
-) -> dict[str, tuple[Path, str]]:
+def _head_and_embedding_files(headers: _Headers) -> dict[str, tuple[Path, str]]:
     """The file storing each of lm_head.weight and the embedding matrix (by their names in the
     model), of those stored, and the tensor's name there."""
-    stored = _tensor_files(files, owners)
+    stored = _tensor_files(headers)
     return {name: stored[name] for name in (_HEAD, _EMBEDDING) if name in stored}
 
 
@@ -308,36 +323,31 @@ _FLOAT_STORAGE = {"BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
 
 
 def _stored_half_dtype(
-    files: list[Path], counts: Callable[[str], bool] = lambda name: True
+    headers: _Headers, counts: Callable[[str], bool] = lambda name: True
 ) -> torch.dtype | None:
-    """bfloat16 or float16 when every floating tensor of the checkpoint that ``counts`` is stored
-    in it, else None (read from the files' headers)."""
+    """bfloat16 or float16 when every floating tensor of the checkpoint that ``counts`` (by its
+    name in the model) is stored in it, else None."""
     found: set[str] = set()
-    for path in files:
-        with _open(path) as handle:
-            for name in handle.keys():
-                if _IGNORED_TENSORS.search(name) or not counts(_model_name(name)):
-                    continue
-                stored = handle.get_slice(name).get_dtype()
-                if stored in _FLOAT_STORAGE:
-                    found.add(stored)
+    for tensors in headers.values():
+        for name, stored in tensors.items():
+            if _IGNORED_TENSORS.search(name) or not counts(_model_name(name)):
+                continue
+            if stored in _FLOAT_STORAGE:
+                found.add(stored)
     if len(found) != 1:
         return None
     return _HALF_STORAGE.get(found.pop())
 
 
 def _iter_tensors(
-    files: list[Path], owners: dict[str, Path], show_progress: bool
+    headers: _Headers, show_progress: bool
 ) -> Iterator[tuple[Path, str, torch.Tensor]]:
-    """Each tensor of the checkpoint's files with the file it comes from: where the shard index
-    names another file for it (``owners``), not from this one."""
+    """Each tensor to read (``_read_headers``) with the file it comes from."""
     # No tqdm object at all unless it shows: even a disabled bar can start tqdm's monitor thread.
-    shown = show_progress and len(files) >= 2
-    for path in tqdm(files, desc="Loading shards", unit="shard") if shown else files:
+    shown = show_progress and len(headers) >= 2
+    for path in tqdm(headers, desc="Loading shards", unit="shard") if shown else headers:
         with _open(path) as handle:
-            for name in handle.keys():
-                if owners.get(name, path) != path:
-                    continue
+            for name in headers[path]:
                 raise_if_cancelled()
                 try:
                     tensor = handle.get_tensor(name)
@@ -433,9 +443,10 @@ def load_model(
         from brisklm.quant.loading import linear_factory_for
 
         make_linear = linear_factory_for(directory, device=device_, activation_dtype=dtype_)
-    files, owners = _checkpoint_layout(directory)
+    files, index = _checkpoint_layout(directory)
+    headers = _read_headers(files, index)
     if config.architecture == "MistralForCausalLM":
-        config = _mistral_biases_as_stored(config, files, owners)
+        config = _mistral_biases_as_stored(config, headers)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
     # A tied checkpoint may store the shared matrix as the head alone: safetensors' save_model
@@ -444,7 +455,7 @@ def load_model(
     if config.tie_word_embeddings and isinstance(
         getattr(model.lm_head, "weight", None), nn.Parameter
     ):
-        where = _head_and_embedding_files(files, owners)
+        where = _head_and_embedding_files(headers)
         head_is_the_embedding = _EMBEDDING not in where and _HEAD in where
         head_file = _stored_head_that_differs(where)
         if head_file is not None:
@@ -471,7 +482,7 @@ def load_model(
                 return True
             return not native_forward.is_int4(module)
 
-        exact_half = _stored_half_dtype(files, model_dtype_tensor)
+        exact_half = _stored_half_dtype(headers, model_dtype_tensor)
         if exact_half is not None:
             dtype_ = exact_half
     model.to(dtype_)
@@ -482,7 +493,7 @@ def load_model(
         expected.discard(("lm_head", "weight", None))
     # -> the file it came from and its name there
     loaded: dict[tuple[str, str, int | None], tuple[Path, str]] = {}
-    for file, name, tensor in _iter_tensors(files, owners, show_progress):
+    for file, name, tensor in _iter_tensors(headers, show_progress):
         if _IGNORED_TENSORS.search(name):
             continue
         entry = _checkpoint_name_to_entry(_model_name(name))
@@ -513,7 +524,7 @@ def load_model(
             if first_name != name:
                 where += f" (as {first_name!r})"
             unindexed = ""
-            if first_file != file and not owners:
+            if first_file != file and not index:
                 unindexed = (
                     " (with no model.safetensors.index.json every *.safetensors file of the "
                     "directory is read: a stray copy of the weights there is read too)"

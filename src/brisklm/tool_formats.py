@@ -154,7 +154,7 @@ class ToolCallFormat:
         body = text.strip()
         if body.startswith(LLAMA_TAG):
             body = body[len(LLAMA_TAG) :]
-        elif not body.startswith("{") or _is_whole_json_answer(body):
+        elif not _may_begin_a_call(body) or _is_whole_json_answer(body):
             return None
         return "", *_leading_json_calls(body, self.new_id, array=False)
 
@@ -465,6 +465,17 @@ def _json_call(value: Any) -> ToolCall | None:
     if not isinstance(value, dict) or not ({"arguments", "parameters"} & value.keys()):
         return None
     return tool_call_from_json(value)
+
+
+_CALL_OPENING = '{"name":'
+
+
+def _may_begin_a_call(body: str) -> bool:
+    """Whether a Llama 3 reply's JSON (with no tag before it), cut short, may be a call: its
+    first key is "name", as calls are written, or it ends before its first key shows. One that
+    begins otherwise is an answer (a ``response_format``'s beside tools) or text."""
+    opening = "".join(body[:64].split())[: len(_CALL_OPENING)]
+    return bool(opening) and _CALL_OPENING.startswith(opening)
 
 
 def _is_whole_json_answer(text: str) -> bool:

@@ -120,16 +120,18 @@ class EngineLoop:
             return
         with self._start_lock:
             self._closed = True
-            self._then = then
+            if then is not None:  # (a later close without one keeps an earlier's)
+                self._then = then
             thread, done = self._thread, self._thread_done
         _open_loops.discard(self)
         self._wakeup.set()
-        if thread is not None and thread is not threading.current_thread():
+        waits = thread is not None and thread is not threading.current_thread()
+        if waits:
             done.wait(timeout=timeout)
         if thread is None or done.is_set():
             self._fail_pending()  # what the thread did not get to (or there was no thread)
             self._after_close()
-        elif timeout > 0:  # (at exit, where none is waited for here, no one to tell)
+        elif waits and timeout > 0:  # (at exit, where none is waited for here, no one to tell)
             logger.warning(
                 "the engine's step is still running after %g s: it stops when the step ends",
                 timeout,
