@@ -905,3 +905,15 @@ def test_a_chat_reply_cut_inside_its_first_call_under_the_grammar_holds_no_marku
         assert (cut.content, cut.tool_calls, cut.finish_reason) == ("", [], "length")
     free = llm.chat_output(cut.output, llm.tool_call_format())
     assert free.content == cut.output.text.strip() and not free.tool_calls
+
+
+def test_a_mistral_json_call_keeps_the_id_the_model_wrote() -> None:
+    """As a v11 reply's [CALL_ID] is kept, so that the next prompt shows the model's own id (an
+    audit found it replaced by a random one); an id a Mistral template would refuse is not."""
+    for body, kept in [('"id": "abcDEF123"', True), ('"id": "call_1234"', False), ("", False)]:
+        text = f'[TOOL_CALLS] [{{"name": "f", "arguments": {{}}{", " if body else ""}{body}}}]'
+        (call,) = MISTRAL.parse(text)[1]
+        assert (call.id == "abcDEF123") is kept and len(call.id) == 9 and call.id.isalnum()
+        if kept:  # and in a reply cut in the call after it
+            cut = MISTRAL.cut_calls(text[:-1] + ', {"name": "g')
+            assert cut is not None and cut[1][0].id == "abcDEF123"

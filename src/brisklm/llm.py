@@ -11,7 +11,6 @@ import numbers
 import uuid
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Generator,
     Iterator,
     Mapping,
@@ -941,7 +940,7 @@ class LLM:
 
     def _results(
         self, requests: list[Request], final_only: bool
-    ) -> Iterator[tuple[int, Request, StreamChunk | BaseException]]:
+    ) -> Generator[tuple[int, Request, StreamChunk | BaseException], None, None]:
         """Submit ``requests`` together (one engine batch) and yield ``(index, request, chunk or
         error)`` as the engine delivers them (``final_only``: each request's last alone, no
         hand-off a token) until every one has finished or failed; closing the generator early
@@ -985,13 +984,15 @@ class LLM:
         if self._loop.closed:
             raise RuntimeError("the engine is closed")
 
-    def stream_request(self, request: Request) -> Iterator[StreamChunk]:
+    def stream_request(self, request: Request) -> Generator[StreamChunk, None, None]:
         """Stream one prepared request (``stream_requests`` of one)."""
         with contextlib.closing(self.stream_requests([request])) as chunks:
             for _, chunk in chunks:
                 yield chunk
 
-    def stream_requests(self, requests: list[Request]) -> Iterator[tuple[int, StreamChunk]]:
+    def stream_requests(
+        self, requests: list[Request]
+    ) -> Generator[tuple[int, StreamChunk], None, None]:
         """Submit prepared requests together (one engine batch) and yield each one's chunks,
         ``(index, chunk)``, as they come. The first request to fail raises; closing the
         generator early aborts the requests not yet finished."""
@@ -1048,7 +1049,7 @@ class LLM:
 
     async def arun_requests_each(
         self, requests: list[Request]
-    ) -> AsyncIterator[tuple[int, GenerationOutput | BaseException]]:
+    ) -> AsyncGenerator[tuple[int, GenerationOutput | BaseException], None]:
         """Submit prepared requests together (one engine batch) and yield ``(index, output)`` as
         each finishes, or ``(index, error)`` for one that fails while the others go on. Closing
         the generator (``aclose``, or ``contextlib.aclosing`` around the loop, so that leaving it
@@ -1063,7 +1064,7 @@ class LLM:
 
     async def _aresults(
         self, requests: list[Request], final_only: bool
-    ) -> AsyncIterator[tuple[int, Request, StreamChunk | BaseException]]:
+    ) -> AsyncGenerator[tuple[int, Request, StreamChunk | BaseException], None]:
         """Async ``_results``: cancelling the task in it aborts the requests not yet finished
         too."""
         collector = AsyncCollector(final_only=final_only)
@@ -1110,7 +1111,7 @@ class LLM:
         request = self._streamed_request(prompt, params, "astream")
         return AsyncRequestStream(self.astream_request(request), request, self._loop.abort)
 
-    async def astream_request(self, request: Request) -> AsyncIterator[StreamChunk]:
+    async def astream_request(self, request: Request) -> AsyncGenerator[StreamChunk, None]:
         """Async ``stream_request``."""
         async with contextlib.aclosing(self.astream_requests([request])) as chunks:
             async for _, chunk in chunks:
@@ -1118,7 +1119,7 @@ class LLM:
 
     async def astream_requests(
         self, requests: list[Request]
-    ) -> AsyncIterator[tuple[int, StreamChunk]]:
+    ) -> AsyncGenerator[tuple[int, StreamChunk], None]:
         """Async ``stream_requests``: closing the generator (``aclose``, or
         ``contextlib.aclosing`` around the loop) or cancelling the task in it aborts the requests
         not yet finished."""

@@ -520,9 +520,9 @@ def load_model(
             )
         if entry in loaded:
             first_file, first_name = loaded[entry]
-            where = "" if first_file == file else f" and in {first_file}"
+            also = "" if first_file == file else f" and in {first_file}"
             if first_name != name:
-                where += f" (as {first_name!r})"
+                also += f" (as {first_name!r})"
             unindexed = ""
             if first_file != file and not index:
                 unindexed = (
@@ -530,8 +530,7 @@ def load_model(
                     "directory is read: a stray copy of the weights there is read too)"
                 )
             raise CheckpointError(
-                f"{file}: tensor {name!r} appears more than once in the checkpoint"
-                f"{where}{unindexed}"
+                f"{file}: tensor {name!r} appears more than once in the checkpoint{also}{unindexed}"
             )
         _copy_into(model, entry, tensor, f"{file}: tensor {name!r}")
         loaded[entry] = file, name

@@ -421,7 +421,7 @@ def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list
         call = _json_call(value)
         if call is None:
             return []
-        calls.append(ToolCall(call.name, call.arguments, id=new_id()))
+        calls.append(_with_id(call, value, new_id))
     return calls
 
 
@@ -467,6 +467,19 @@ def _json_call(value: Any) -> ToolCall | None:
     return tool_call_from_json(value)
 
 
+_OWN_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _with_id(call: ToolCall, value: dict[str, Any], new_id: Callable[[], str]) -> ToolCall:
+    """``call`` (read from the JSON object ``value``) with its id: the one the model wrote where
+    it is one a Mistral template takes (9 letters and digits), as a v11 reply's ``[CALL_ID]`` is
+    kept, so that the next prompt shows the id the model wrote; else a new one."""
+    own = value.get("id")
+    if isinstance(own, str) and _OWN_ID.fullmatch(own):
+        return ToolCall(call.name, call.arguments, id=own)
+    return ToolCall(call.name, call.arguments, id=new_id())
+
+
 _CALL_OPENING = '{"name":'
 
 
@@ -506,7 +519,7 @@ def _leading_json_calls(
         call = _json_call(value)
         if call is None:
             return calls, text[position:]
-        calls.append(ToolCall(call.name, call.arguments, id=new_id()))
+        calls.append(_with_id(call, value, new_id))
         rest = text[end:].lstrip()
         if not rest.startswith(separator):
             return calls, (rest if rest.strip("]") else None)
