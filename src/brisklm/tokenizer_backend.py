@@ -294,9 +294,22 @@ def _read_added_tokens(
 ) -> dict[int, AddedToken]:
     """tokenizer_config.json's added_tokens_decoder, else (legacy layout) tokenizer.json's added tokens."""
     if "added_tokens_decoder" in config:
-        return {
-            int(i): to_added_token(token) for i, token in config["added_tokens_decoder"].items()
-        }
+        decoder = config["added_tokens_decoder"]
+        if not isinstance(decoder, dict):
+            raise ValueError(
+                f"{TOKENIZER_CONFIG}: added_tokens_decoder must be an object, got {decoder!r}"
+            )
+        tokens: dict[int, AddedToken] = {}
+        for i, token in decoder.items():
+            added = None if isinstance(token, str) else to_added_token(token)
+            if not isinstance(added, AddedToken) or not str(i).isdigit():
+                # (transformers raises a ValueError too; a str here crashed a step later)
+                raise ValueError(
+                    f"{TOKENIZER_CONFIG}: added_tokens_decoder maps token ids (as strings of "
+                    f'digits) to AddedToken objects (with a "content"), got {i!r}: {token!r}'
+                )
+            tokens[int(i)] = added
+        return tokens
     added: dict[int, AddedToken] = {}
     for entry in (tokenizer_json or {}).get("added_tokens", []):
         added[int(entry["id"])] = AddedToken(**{k: v for k, v in entry.items() if k != "id"})

@@ -869,3 +869,18 @@ def test_nan_logits_fail_a_greedy_request_as_a_sampled_one(tiny_dir, tmp_path, w
             assert not llm.engine.has_unfinished
         finally:
             llm.close()
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [{"3": "<|im_start|>"}, {"3": None}, {"x": {"content": "<a>"}}, ["<|im_start|>"]],
+)
+def test_a_malformed_added_tokens_decoder_is_named(tiny_dir, tmp_path, decoder):
+    # A str entry crashed with AttributeError ('str' object has no attribute 'content'), which
+    # the CLI printed as a traceback (found by a type-checker triage).
+    broken = shutil.copytree(tiny_dir, tmp_path / "m")
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = decoder
+    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="tokenizer_config.json: added_tokens_decoder"):
+        LLM.from_pretrained(broken, show_progress=False)
