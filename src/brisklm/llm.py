@@ -1439,10 +1439,10 @@ class LLM:
         # still masks through it).
         self._loop.close(timeout, then=self.engine.structured.close)
 
-    async def aclose(self) -> None:
-        """``close`` for a coroutine: it waits for the engine's current step (up to 30 s) in a
-        worker thread, not on the event loop."""
-        await run_off_loop(self.close)
+    async def aclose(self, timeout: float = 30.0) -> None:
+        """``close`` for a coroutine: it waits for the engine's current step (up to ``timeout``
+        seconds) in a worker thread, not on the event loop."""
+        await run_off_loop(self.close, timeout)
 
     def __enter__(self) -> LLM:
         return self

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -204,15 +204,16 @@ _MISTRAL_BIASES = {
 }
 
 
-def _mistral_biases_as_stored(config: ModelConfig, headers: _Headers) -> ModelConfig:
+def _mistral_biases_as_stored(
+    config: ModelConfig, stored: dict[str, tuple[Path, str]]
+) -> ModelConfig:
     """A Mistral config whose attention_bias/mlp_bias the checkpoint does not bear out:
     transformers' Mistral layers have no biases whatever config.json says (it loads such a
     checkpoint and ignores biases it stores); vLLM's apply them. So biases are applied where the
-    checkpoint stores them and not required where it does not."""
+    checkpoint stores them and not required where it does not (``stored``: ``_tensor_files``)."""
     flags = [flag for flag in _MISTRAL_BIASES if getattr(config, flag)]
     if not flags:
         return config
-    stored = _tensor_files(headers)
     absent = {
         flag: False
         for flag in flags
@@ -247,9 +248,16 @@ def _open(path: Path) -> Any:
         raise CheckpointError(f"{path}: cannot read safetensors file ({reason})") from None
 
 
+class _Stored(NamedTuple):
+    """A tensor as a checkpoint file's header lists it."""
+
+    model_name: str  # its name in the model (``_model_name``)
+    dtype: str  # safetensors' name of its dtype ("BF16")
+
+
 # A checkpoint's tensors as its files' headers list them: each file's tensors to read from it,
-# in its order, with each one's safetensors dtype ("BF16").
-_Headers = dict[Path, dict[str, str]]
+# by their names there, in its order.
+_Headers = dict[Path, dict[str, _Stored]]
 
 
 def _read_headers(files: list[Path], index: dict[str, Path]) -> _Headers:
@@ -260,7 +268,10 @@ def _read_headers(files: list[Path], index: dict[str, Path]) -> _Headers:
     headers: _Headers = {}
     for path in files:
         with _open(path) as handle:
-            headers[path] = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
+            headers[path] = {
+                name: _Stored(_model_name(name), handle.get_slice(name).get_dtype())
+                for name in handle.keys()
+            }
     for path, tensors in headers.items():
         for name in [n for n in tensors if index.get(n, path) != path]:
             if name in headers.get(index[name], {}):
@@ -273,21 +284,14 @@ def _tensor_files(headers: _Headers) -> dict[str, tuple[Path, str]]:
     and its name there."""
     where: dict[str, tuple[Path, str]] = {}
     for path, tensors in headers.items():
-        for name in tensors:
-            where.setdefault(_model_name(name), (path, name))
+        for name, tensor in tensors.items():
+            where.setdefault(tensor.model_name, (path, name))
     return where
-
-
-def _head_and_embedding_files(headers: _Headers) -> dict[str, tuple[Path, str]]:
-    """The file storing each of lm_head.weight and the embedding matrix (by their names in the
-    model), of those stored, and the tensor's name there."""
-    stored = _tensor_files(headers)
-    return {name: stored[name] for name in (_HEAD, _EMBEDDING) if name in stored}
 
 
 def _stored_head_that_differs(where: dict[str, tuple[Path, str]]) -> Path | None:
     """The file storing an lm_head.weight that differs from the embedding matrix, if any
-    (``where``: ``_head_and_embedding_files``).
+    (``where``: ``_tensor_files``).
 
     A tied checkpoint normally stores only the embedding; some store both, equal (torch .bin
     exports, some converters), and those stay tied. One whose head differs was trained untied
@@ -329,11 +333,11 @@ def _stored_half_dtype(
     name in the model) is stored in it, else None."""
     found: set[str] = set()
     for tensors in headers.values():
-        for name, stored in tensors.items():
-            if _IGNORED_TENSORS.search(name) or not counts(_model_name(name)):
+        for name, tensor in tensors.items():
+            if _IGNORED_TENSORS.search(name) or not counts(tensor.model_name):
                 continue
-            if stored in _FLOAT_STORAGE:
-                found.add(stored)
+            if tensor.dtype in _FLOAT_STORAGE:
+                found.add(tensor.dtype)
     if len(found) != 1:
         return None
     return _HALF_STORAGE.get(found.pop())
@@ -341,19 +345,20 @@ def _stored_half_dtype(
 
 def _iter_tensors(
     headers: _Headers, show_progress: bool
-) -> Iterator[tuple[Path, str, torch.Tensor]]:
-    """Each tensor to read (``_read_headers``) with the file it comes from."""
+) -> Iterator[tuple[Path, str, str, torch.Tensor]]:
+    """Each tensor to read (``_read_headers``) with the file it comes from, its name there and
+    its name in the model."""
     # No tqdm object at all unless it shows: even a disabled bar can start tqdm's monitor thread.
     shown = show_progress and len(headers) >= 2
     for path in tqdm(headers, desc="Loading shards", unit="shard") if shown else headers:
         with _open(path) as handle:
-            for name in headers[path]:
+            for name, stored in headers[path].items():
                 raise_if_cancelled()
                 try:
                     tensor = handle.get_tensor(name)
                 except Exception as exc:
                     raise CheckpointError(f"{path}: cannot read tensor {name!r} ({exc})") from None
-                yield path, name, tensor
+                yield path, name, stored.model_name, tensor
 
 
 def _expected_entries(
@@ -445,8 +450,9 @@ def load_model(
         make_linear = linear_factory_for(directory, device=device_, activation_dtype=dtype_)
     files, index = _checkpoint_layout(directory)
     headers = _read_headers(files, index)
+    stored = _tensor_files(headers)
     if config.architecture == "MistralForCausalLM":
-        config = _mistral_biases_as_stored(config, headers)
+        config = _mistral_biases_as_stored(config, stored)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, make_linear)
     # A tied checkpoint may store the shared matrix as the head alone: safetensors' save_model
@@ -455,7 +461,7 @@ def load_model(
     if config.tie_word_embeddings and isinstance(
         getattr(model.lm_head, "weight", None), nn.Parameter
     ):
-        where = _head_and_embedding_files(headers)
+        where = {name: stored[name] for name in (_HEAD, _EMBEDDING) if name in stored}
         head_is_the_embedding = _EMBEDDING not in where and _HEAD in where
         head_file = _stored_head_that_differs(where)
         if head_file is not None:
@@ -493,10 +499,10 @@ def load_model(
         expected.discard(("lm_head", "weight", None))
     # -> the file it came from and its name there
     loaded: dict[tuple[str, str, int | None], tuple[Path, str]] = {}
-    for file, name, tensor in _iter_tensors(headers, show_progress):
+    for file, name, model_name, tensor in _iter_tensors(headers, show_progress):
         if _IGNORED_TENSORS.search(name):
             continue
-        entry = _checkpoint_name_to_entry(_model_name(name))
+        entry = _checkpoint_name_to_entry(model_name)
         if config.tie_word_embeddings and entry == ("lm_head", "weight", None):
             if not head_is_the_embedding:
                 continue  # tied: the embedding matrix is the head

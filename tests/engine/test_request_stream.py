@@ -116,7 +116,10 @@ async def test_an_async_text_stream_stopped_before_it_starts(llm):
         assert "".join([t async for t in again]) == llm.generate("Hello", SHORT).text
 
 
-def test_close_stops_the_grammar_worker_only_once_a_long_step_ends(tiny_dir, monkeypatch):
+@pytest.mark.parametrize("from_a_coroutine", [False, True])
+def test_close_stops_the_grammar_worker_only_once_a_long_step_ends(
+    tiny_dir, monkeypatch, from_a_coroutine
+):
     """A step that outlasts close's wait still masks through the grammar worker: the worker
     stops as the engine thread ends, not under the step."""
     llm = LLM.from_pretrained(tiny_dir, device="cpu", max_seq_len=64, show_progress=False)
@@ -139,7 +142,10 @@ def test_close_stops_the_grammar_worker_only_once_a_long_step_ends(tiny_dir, mon
     reader.start()
     assert wait_until(lambda: llm.engine.has_unfinished)
     time.sleep(0.1)  # inside a 0.5 s step
-    llm.close(timeout=0.01)
+    if from_a_coroutine:
+        asyncio.run(llm.aclose(timeout=0.01))
+    else:
+        llm.close(timeout=0.01)
     assert closed == []  # the step still runs
     thread_done = llm._loop._thread_done
     assert wait_until(thread_done.is_set) and wait_until(lambda: len(closed) == 1)
