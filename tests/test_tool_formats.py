@@ -917,3 +917,16 @@ def test_a_mistral_json_call_keeps_the_id_the_model_wrote() -> None:
         if kept:  # and in a reply cut in the call after it
             cut = MISTRAL.cut_calls(text[:-1] + ', {"name": "g')
             assert cut is not None and cut[1][0].id == "abcDEF123"
+    # results come back matched by id: one the reply has given already is not kept (a review
+    # found two calls with one id), nor is a Llama 3 call's (its calls get call_ ids)
+    twice = '{"name": "f", "arguments": {}, "id": "abcDEF123"}'
+    ids = [c.id for c in MISTRAL.parse(f"[TOOL_CALLS] [{twice}, {twice}]")[1]]
+    assert ids[0] == "abcDEF123" and ids[1] != ids[0]
+    v11 = ToolCallFormat("mistral", 9, 11)
+    ids = [
+        c.id
+        for c in v11.parse("[TOOL_CALLS]f[CALL_ID]abc[ARGS]{}[TOOL_CALLS]g[CALL_ID]abc[ARGS]{}")[1]
+    ]
+    assert ids[0] == "abc" and ids[1] != "abc"
+    (llama_call,) = LLAMA.parse('{"name": "f", "parameters": {}, "id": "abcDEF123"}')[1]
+    assert llama_call.id.startswith("call_")

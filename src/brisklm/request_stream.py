@@ -4,7 +4,14 @@ that another thread or task can stop that one stream: ``stream.abort()``, or
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterator,
+)
 from typing import Generic, TypeVar
 
 from brisklm.engine.request import Request
@@ -71,8 +78,8 @@ class AsyncRequestStream(_Named, AsyncIterator[T], Generic[T]):
     def __aiter__(self) -> AsyncRequestStream[T]:
         return self
 
-    async def __anext__(self) -> T:
-        return await self._items.__anext__()
+    def __anext__(self) -> Awaitable[T]:  # (the generator's own awaitable: no coroutine a step)
+        return self._items.__anext__()
 
     async def aclose(self) -> None:
         await self._items.aclose()

@@ -301,7 +301,8 @@ def _read_added_tokens(
             )
         tokens: dict[int, AddedToken] = {}
         for i, token in decoder.items():
-            added = None if isinstance(token, str) else to_added_token(token)
+            whole = isinstance(token, Mapping) and "content" in token
+            added = to_added_token(token) if whole else None
             if not isinstance(added, AddedToken) or not str(i).isdigit():
                 # (transformers raises a ValueError too; a str here crashed a step later)
                 raise ValueError(

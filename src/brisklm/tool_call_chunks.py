@@ -127,12 +127,12 @@ class ToolCallChunker:
 
     def cut_arguments(self) -> list[tuple[int, str, int]]:
         """After ``finish``: each call the reply ended inside whose chunks went out (its name and
-        arguments so far, in the Hermes format), as its index, its arguments so far and how many
-        of their characters went out (a trailing "}" is held back)."""
+        arguments so far, in the Hermes format), as its index, its arguments so far (to the end
+        of their object where it came) and how many of their characters went out."""
         if not self.cut:
             return []
         return [
-            (index, state.arguments, state.emitted)
+            (index, state.settled(), state.emitted)
             for index, state in sorted(self._calls.items())
             if state.head_end is not None
         ]

@@ -62,6 +62,10 @@ MISTRAL_ARGS = "[ARGS]"
 LLAMA_TAG = "<|python_tag|>"
 # Mistral v11+: NAME, optionally [CALL_ID]ID, then [ARGS] (or the arguments straight away).
 _LEADING_SPACE = re.compile(r"\s*")
+_OWN_ID = re.compile(r"[A-Za-z0-9]+")  # a call id of the model's that Mistral's formats keep
+# ToolCallFormat.call_id: a parsed call's id, from the one the model wrote (or None) and the
+# calls before it in the reply.
+CallId = Callable[[object, Sequence[ToolCall]], str]
 _V11_HEAD = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?\s*")
 
 
@@ -105,6 +109,20 @@ class ToolCallFormat:
             options["skip_special_tokens"] = False
         return options
 
+    def call_id(self, own: object, calls: Sequence[ToolCall]) -> str:
+        """A parsed call's id, after the reply's ``calls`` before it: for Mistral the one the
+        model wrote (its JSON's "id", a v11 reply's ``[CALL_ID]``), so that the next prompt
+        shows it, where it is letters and digits and no call before it has it (results come
+        back matched by id); else a new one."""
+        if (
+            self.name == "mistral"
+            and isinstance(own, str)
+            and _OWN_ID.fullmatch(own)
+            and all(call.id != own for call in calls)
+        ):
+            return own
+        return self.new_id()
+
     def new_id(self) -> str:
         return mistral_tool_call_id() if self.name == "mistral" else new_tool_call_id()
 
@@ -121,16 +139,16 @@ class ToolCallFormat:
                 return text.strip(), []
             after = text[start + len(MISTRAL_TAG) :]
             if after.lstrip().startswith(("[", "{")):
-                calls = _parse_json_calls(after, self.new_id, array=True)
+                calls = _parse_json_calls(after, self.call_id, array=True)
             else:
-                calls = _parse_v11_calls(after, self.new_id)
+                calls = _parse_v11_calls(after, self.call_id)
             return (text[:start].strip(), calls) if calls else (text.strip(), [])
         body = text.strip()
         if body.startswith(LLAMA_TAG):
             body = body[len(LLAMA_TAG) :]
         if not body.lstrip().startswith("{"):
             return text.strip(), []
-        calls = _parse_json_calls(body, self.new_id, array=False)
+        calls = _parse_json_calls(body, self.call_id, array=False)
         return ("", calls) if calls else (text.strip(), [])
 
     def cut_calls(self, text: str) -> tuple[str, list[ToolCall], str | None] | None:
@@ -147,16 +165,16 @@ class ToolCallFormat:
                 return None
             after = text[start + len(MISTRAL_TAG) :].strip()
             if after.startswith(("[", "{")):
-                calls, rest = _leading_json_calls(after, self.new_id, array=True)
+                calls, rest = _leading_json_calls(after, self.call_id, array=True)
             else:
-                calls, rest = _leading_v11_calls(after, self.new_id)
+                calls, rest = _leading_v11_calls(after, self.call_id)
             return text[:start].strip(), calls, rest
         body = text.strip()
         if body.startswith(LLAMA_TAG):
             body = body[len(LLAMA_TAG) :]
         elif not _may_begin_a_call(body) or _is_whole_json_answer(body):
             return None
-        return "", *_leading_json_calls(body, self.new_id, array=False)
+        return "", *_leading_json_calls(body, self.call_id, array=False)
 
     def calls_start(self, text: str, searched: int = 0, begin: int = 0) -> int:
         """Where the first call of the reply ``text[begin:]`` begins in ``text`` (its opening tag,
@@ -394,7 +412,7 @@ class ReplyCalls:
         return calls_start
 
 
-def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list[ToolCall]:
+def _parse_json_calls(text: str, call_id: CallId, array: bool) -> list[ToolCall]:
     """Calls written as JSON: an array of call objects (or one object) when ``array``, else call
     objects separated by ";". Empty unless all of ``text`` parses into calls."""
     decoder = json.JSONDecoder()
@@ -421,18 +439,18 @@ def _parse_json_calls(text: str, new_id: Callable[[], str], array: bool) -> list
         call = _json_call(value)
         if call is None:
             return []
-        calls.append(_with_id(call, value, new_id))
+        calls.append(ToolCall(call.name, call.arguments, id=call_id(value.get("id"), calls)))
     return calls
 
 
-def _parse_v11_calls(text: str, new_id: Callable[[], str]) -> list[ToolCall]:
+def _parse_v11_calls(text: str, call_id: CallId) -> list[ToolCall]:
     """Mistral v11+ calls after the first [TOOL_CALLS]: NAME ([CALL_ID]ID)? [ARGS]? {...}, each
     further call after another [TOOL_CALLS]. Empty unless all of it parses."""
-    calls, stop = _v11_calls(text, new_id)
+    calls, stop = _v11_calls(text, call_id)
     return calls if stop is None else []
 
 
-def _v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolCall], int | None]:
+def _v11_calls(text: str, call_id: CallId) -> tuple[list[ToolCall], int | None]:
     """The Mistral v11+ calls at the start of ``text`` (after the first [TOOL_CALLS]), read in
     order, and where the first that does not parse begins (None when all of it parses). Read call
     by call, not split at the tags: an argument may hold the text "[TOOL_CALLS]"."""
@@ -452,7 +470,7 @@ def _v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolCall], in
             rest == len(text) or text.startswith(MISTRAL_TAG, rest)
         ):
             return calls, position
-        calls.append(ToolCall(head.group(1), arguments, id=head.group(2) or new_id()))
+        calls.append(ToolCall(head.group(1), arguments, id=call_id(head.group(2), calls)))
         if rest == len(text):
             return calls, None
         position = rest + len(MISTRAL_TAG)
@@ -467,28 +485,22 @@ def _json_call(value: Any) -> ToolCall | None:
     return tool_call_from_json(value)
 
 
-_OWN_ID = re.compile(r"[A-Za-z0-9]{9}")
-
-
-def _with_id(call: ToolCall, value: dict[str, Any], new_id: Callable[[], str]) -> ToolCall:
-    """``call`` (read from the JSON object ``value``) with its id: the one the model wrote where
-    it is one a Mistral template takes (9 letters and digits), as a v11 reply's ``[CALL_ID]`` is
-    kept, so that the next prompt shows the id the model wrote; else a new one."""
-    own = value.get("id")
-    if isinstance(own, str) and _OWN_ID.fullmatch(own):
-        return ToolCall(call.name, call.arguments, id=own)
-    return ToolCall(call.name, call.arguments, id=new_id())
-
-
 _CALL_OPENING = '{"name":'
+# A JSON object's second key (as far as written) after a string "name".
+_SECOND_KEY = re.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"((?:[^"\\]|\\.)*)')
+_ARGUMENTS_KEYS = ("parameters", "arguments")
 
 
 def _may_begin_a_call(body: str) -> bool:
     """Whether a Llama 3 reply's JSON (with no tag before it), cut short, may be a call: its
-    first key is "name", as calls are written, or it ends before its first key shows. One that
-    begins otherwise is an answer (a ``response_format``'s beside tools) or text."""
+    first key is "name" and its second, where one has begun, may be "parameters" or
+    "arguments", as calls are written; or it ends before its keys show. One that begins
+    otherwise is an answer (a ``response_format``'s beside tools) or text."""
     opening = "".join(body[:64].split())[: len(_CALL_OPENING)]
-    return bool(opening) and _CALL_OPENING.startswith(opening)
+    if not opening or not _CALL_OPENING.startswith(opening):
+        return False
+    second = _SECOND_KEY.match(body)
+    return second is None or any(key.startswith(second.group(1)) for key in _ARGUMENTS_KEYS)
 
 
 def _is_whole_json_answer(text: str) -> bool:
@@ -501,7 +513,7 @@ def _is_whole_json_answer(text: str) -> bool:
 
 
 def _leading_json_calls(
-    text: str, new_id: Callable[[], str], array: bool
+    text: str, call_id: CallId, array: bool
 ) -> tuple[list[ToolCall], str | None]:
     """Of JSON calls cut short (an array of call objects when ``array``, else call objects
     separated by ";"): the calls complete before the cut, and the text of the one it is in."""
@@ -519,17 +531,17 @@ def _leading_json_calls(
         call = _json_call(value)
         if call is None:
             return calls, text[position:]
-        calls.append(_with_id(call, value, new_id))
+        calls.append(ToolCall(call.name, call.arguments, id=call_id(value.get("id"), calls)))
         rest = text[end:].lstrip()
         if not rest.startswith(separator):
             return calls, (rest if rest.strip("]") else None)
         position = len(text) - len(rest) + 1
 
 
-def _leading_v11_calls(text: str, new_id: Callable[[], str]) -> tuple[list[ToolCall], str | None]:
+def _leading_v11_calls(text: str, call_id: CallId) -> tuple[list[ToolCall], str | None]:
     """Of Mistral v11+ calls cut short (after their first [TOOL_CALLS]): the calls complete
     before the cut, and the text of the one it is in."""
-    calls, stop = _v11_calls(text, new_id)
+    calls, stop = _v11_calls(text, call_id)
     return calls, (None if stop is None else text[stop:].strip())
 
 

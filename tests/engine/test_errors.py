@@ -873,7 +873,7 @@ def test_nan_logits_fail_a_greedy_request_as_a_sampled_one(tiny_dir, tmp_path, w
 
 @pytest.mark.parametrize(
     "decoder",
-    [{"3": "<|im_start|>"}, {"3": None}, {"x": {"content": "<a>"}}, ["<|im_start|>"]],
+    [{"3": "<|im_start|>"}, {"3": None}, {"3": 7}, {"x": {"content": "<a>"}}, ["<|im_start|>"]],
 )
 def test_a_malformed_added_tokens_decoder_is_named(tiny_dir, tmp_path, decoder):
     # A str entry crashed with AttributeError ('str' object has no attribute 'content'), which

@@ -45,6 +45,12 @@ def test_a_request_takes_the_slot_sharing_its_longest_prefix() -> None:
     cache.retain(0, [*shared, 1, 2])
     assert cache.choose([*shared, 7], [0, 1]) == (1, len(shared), 0)
     assert cache.cached_tokens(0) == [*shared, 1, 2] and cache.cached_tokens(1) == []
+    # But a prompt sharing the whole of slot 0's request's prompt (its conversation's next turn,
+    # parting from the reply as the template renders it) takes the slot: a review found it
+    # copying its history and evicting another conversation.
+    cache.retain(1, [5, 6, 7])
+    cache.retain(0, [*shared, 1, 2], prompt_length=len(shared))
+    assert cache.choose([*shared, 1, 9], [0, 1]) == (0, len(shared) + 1, None)
     cache.retain(1, [*shared[:-2], 9])
     # A prompt the slot holds whole still computes its last token (its logits start the output),
     # and a slot holding just the shared prefix is taken, not copied.

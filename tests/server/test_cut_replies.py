@@ -67,12 +67,13 @@ def test_a_reply_cut_inside_a_call_streams_as_it_is_answered_whole(
 
 @pytest.mark.parametrize(("finish", "stop_reason"), [("length", None), ("stop", 2)])
 def test_a_cut_llama3_json_answer_beside_tools_is_content(finish, stop_reason) -> None:
-    """A response_format's answer beside tools, cut: under the grammar an object whose first key
-    is not "name" is no call, so its text is the content, as OpenAI gives a cut answer (a
-    review found it dropped)."""
-    text = '{"city": "Paris", "temperature": 2'
-    whole = _whole(text, LLAMA, finish, stop_reason)
-    assert whole[:2] == (text, [])
-    assert _streamed(text, LLAMA, finish, stop_reason) == whole
-    for call_start in ('{"na', '{\n  "name": "f", "param'):  # may still be a call: no content
+    """A response_format's answer beside tools, cut: under the grammar an object whose keys are
+    not a call's ("name", then "parameters") is no call, so its text is the content, as OpenAI
+    gives a cut answer (reviews found it dropped)."""
+    for text in ('{"city": "Paris", "temperature": 2', '{"name": "Paris", "population": 21'):
+        whole = _whole(text, LLAMA, finish, stop_reason)
+        assert whole[:2] == (text, [])
+        assert _streamed(text, LLAMA, finish, stop_reason) == whole
+    # may still be a call: no content
+    for call_start in ('{"na', '{\n  "name": "f", "param', '{"name": "f", "', '{"name": "f'):
         assert _whole(call_start, LLAMA, finish, stop_reason)[:2] == (None, [])

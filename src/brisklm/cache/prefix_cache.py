@@ -33,8 +33,11 @@ class PrefixCache:
     A request takes the free slot sharing the longest prefix with its prompt, and computes from
     there on (at least its last prompt token: its logits give the first output). Where that slot
     holds more than the shared prefix (another continuation: a chat's next turn would reuse it),
-    the prefix is copied to an empty slot instead and both stay; with none empty, to the slot
-    retained longest ago, unless that is the one holding it (which the request then takes).
+    the prefix is copied to an empty slot instead and both stay; with none empty, where the
+    prompt parts from the slot's inside that request's prompt (another conversation sharing its
+    start), to the slot retained longest ago, unless that is the one holding it. A prompt that
+    shares the whole of that prompt (its conversation's next turn, which may part from the
+    reply where a template renders it otherwise) takes the slot.
     Without a reuse of ``MIN_REUSE`` tokens a request takes an empty slot, else the slot retained
     longest ago.
 
@@ -54,21 +57,28 @@ class PrefixCache:
         self.granularity = granularity
         self._tokens: dict[int, list[int]] = {}
         self._retained_at: dict[int, int] = {}
+        # How many of a slot's tokens were its request's prompt (the rest, its output).
+        self._prompt_lengths: dict[int, int] = {}
         self._clock = 0
 
-    def retain(self, slot: int, token_ids: Sequence[int]) -> None:
-        """A finished request left ``token_ids`` (its leading tokens' keys and values) in ``slot``."""
+    def retain(self, slot: int, token_ids: Sequence[int], prompt_length: int | None = None) -> None:
+        """A finished request left ``token_ids`` (its leading tokens' keys and values) in ``slot``,
+        the first ``prompt_length`` of them its prompt (None: all)."""
         if not token_ids:
             self.forget(slot)
             return
         self._clock += 1
         self._tokens[slot] = list(token_ids)
         self._retained_at[slot] = self._clock
+        self._prompt_lengths[slot] = min(
+            len(token_ids), len(token_ids) if prompt_length is None else prompt_length
+        )
 
     def forget(self, slot: int) -> None:
         """The slot holds nothing reusable."""
         self._tokens.pop(slot, None)
         self._retained_at.pop(slot, None)
+        self._prompt_lengths.pop(slot, None)
 
     def cached_tokens(self, slot: int) -> list[int]:
         """The tokens retained in ``slot`` (empty if none)."""
@@ -95,10 +105,13 @@ class PrefixCache:
             destination = min(empty) if empty else self._oldest(free_slots)
             return self._claim(destination, copied, source)
         if best >= MIN_REUSE and len(self._tokens[best_slot]) > best_common:
-            # The slot holds more than the prefix: copied to an empty slot, else to the one
-            # retained longest ago where that is another (the longer sequence stays).
+            # The slot holds more than the prefix: copied to an empty slot, else, where the
+            # prompt parts from the slot's inside that request's prompt (another conversation
+            # sharing its start, not this one's next turn), to the slot retained longest ago
+            # where that is another (the longer sequence stays).
             oldest = self._oldest(free_slots)
-            if empty or oldest != best_slot:
+            elsewhere = best_common < self._prompt_lengths[best_slot] and oldest != best_slot
+            if empty or elsewhere:
                 return self._claim(min(empty) if empty else oldest, best, best_slot)
         if best >= MIN_REUSE:
             return self._claim(best_slot, best, None)

@@ -375,7 +375,9 @@ class LLMEngine:
             return
         # The engine thread's own next step is the first to take the slot again.
         if retained:
-            self.prefix_cache.retain(slot, retained)  # type: ignore[union-attr]
+            self.prefix_cache.retain(  # type: ignore[union-attr]
+                slot, retained, request.num_prompt_tokens
+            )
             self.runner.keep_slot_prefix(slot, len(retained))
         else:
             if self.prefix_cache is not None:

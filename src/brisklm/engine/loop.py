@@ -117,6 +117,8 @@ class EngineLoop:
         if self._forked:  # no thread to stop here, and the requests' callers are the parent's
             self._closed = True
             _open_loops.discard(self)
+            if then is not None:
+                then()
             return
         with self._start_lock:
             self._closed = True
