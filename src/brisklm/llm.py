@@ -1405,9 +1405,8 @@ class LLM:
         call before its cut (text that only looks like a call's start); ``under_grammar``: the
         reply was decoded under the tools' grammar, where a call's start is a call."""
         reasoning, text = split_reasoning(output.text, reasoning_start)
-        cut_calls = format.cut_calls(text) if format else None
+        cut_calls, cut = format.read_cut(text) if format else (None, False)
         was_cut = output.finish_reason == "length" or output.stop_reason is not None
-        cut = format is not None and format.ended_inside_call(text)
         if cut_calls is not None and was_cut and (cut_calls[1] or under_grammar):
             content, calls, _ = cut_calls
         elif cut and format is not None and format.name == "hermes":

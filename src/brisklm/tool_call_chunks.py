@@ -42,9 +42,9 @@ _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments
 class _CallState:
     raw: str = ""
     id: str = field(default_factory=new_tool_call_id)
-    head_end: int | None = None  # in ``raw.lstrip()``, where the arguments begin
-    emitted: int = 0
-    # How far the arguments object has been read (``settled``): characters, brackets open, in a
+    head_end: int | None = None  # in ``raw``, where the arguments begin
+    emitted: int = 0  # characters of the arguments sent
+    # How far the arguments object has been read (``settle``): characters, brackets open, in a
     # string, after a backslash there, and where the object ends once it has.
     scanned: int = 0
     depth: int = 0
@@ -52,19 +52,15 @@ class _CallState:
     escaped: bool = False
     end: int | None = None
 
-    @property
-    def arguments(self) -> str:
-        """The arguments written so far (once the head is whole)."""
+    def settle(self) -> int:
+        """How many characters of the arguments written so far are theirs: all, until their
+        object ends (text after it, as another key of the call, is not theirs). Reads only
+        what came since the last call."""
         assert self.head_end is not None
-        return self.raw.lstrip()[self.head_end :]
-
-    def settled(self) -> str:
-        """The arguments written so far, up to the end of their object once it has come (text
-        after it, as another key of the call, is not theirs)."""
-        arguments = self.arguments
-        at = self.scanned
-        while self.end is None and at < len(arguments):
-            char = arguments[at]
+        raw, start = self.raw, self.head_end
+        at = start + self.scanned
+        while self.end is None and at < len(raw):
+            char = raw[at]
             at += 1
             if self.in_string:
                 if self.escaped:
@@ -80,9 +76,22 @@ class _CallState:
             elif char in "}]":
                 self.depth -= 1
                 if self.depth == 0:
-                    self.end = at
-        self.scanned = at
-        return arguments if self.end is None else arguments[: self.end]
+                    self.end = at - start
+        self.scanned = at - start
+        return self.scanned if self.end is None else self.end
+
+    def settled(self) -> str:
+        """The arguments written so far, to the end of their object once it has come."""
+        assert self.head_end is not None
+        return self.raw[self.head_end : self.head_end + self.settle()]
+
+    def unsent(self) -> str:
+        """The arguments' characters settled since the last call, marked sent."""
+        assert self.head_end is not None
+        settled = self.settle()
+        piece = self.raw[self.head_end + self.emitted : self.head_end + settled]
+        self.emitted = settled
+        return piece
 
 
 class ToolCallChunker:
@@ -105,9 +114,8 @@ class ToolCallChunker:
         return self._convert(self._parser.feed(text))
 
     def finish(self) -> tuple[str, list[CallChunk]]:
-        self.cut = self._format.ended_inside_call(self._text)
+        cut_calls, self.cut = self._format.read_cut(self._text)
         events = self._parser.finish()
-        cut_calls = self._format.cut_calls(self._text)
         if cut_calls is not None:
             # Calls (llama3_json, mistral: parsed whole at the end) the reply ended inside: the
             # content went out before them; the calls complete before the cut go out.
@@ -158,19 +166,18 @@ class ToolCallChunker:
         return "".join(content), _coalesce(chunks)
 
     def _progress(self, index: int, state: _CallState) -> list[CallChunk]:
-        text = state.raw.lstrip()
         out: list[CallChunk] = []
         if state.head_end is None:
-            match = _CALL_HEAD.match(text)
+            blank = len(state.raw) - len(state.raw.lstrip())  # (until the short head is whole)
+            match = _CALL_HEAD.match(state.raw, blank)
             if match is None:
                 return out
             state.head_end = match.end()
             name = json.loads(match.group(1))
             out.append(call_chunk(name=name, args="", id=state.id, index=index))
-        settled = state.settled()
-        if len(settled) > state.emitted:
-            out.append(call_chunk(args=settled[state.emitted :], index=index))
-            state.emitted = len(settled)
+        piece = state.unsent()
+        if piece:
+            out.append(call_chunk(args=piece, index=index))
         return out
 
     @staticmethod
@@ -180,7 +187,7 @@ class ToolCallChunker:
         ):  # not streamed (another format, or another layout): send it whole
             args = json.dumps(call.arguments, ensure_ascii=False)
             return [call_chunk(name=call.name, args=args, id=call.id, index=index)]
-        rest = state.settled()[state.emitted :]
+        rest = state.unsent()
         return [call_chunk(args=rest, index=index)] if rest else []
 
 

@@ -194,11 +194,16 @@ class ToolCallFormat:
     def ended_inside_call(self, text: str) -> bool:
         """Whether max_tokens, a stop sequence or a stop token ended the reply inside a call,
         before it was whole (a call whole but for its closing is whole)."""
+        return self.read_cut(text)[1]
+
+    def read_cut(self, text: str) -> tuple[tuple[str, list[ToolCall], str | None] | None, bool]:
+        """``cut_calls(text)`` and ``ended_inside_call(text)``, read once."""
         if self.name == "hermes":
             start = unclosed_block_start(text)
-            return start >= 0 and not unclosed_block_call(text[start + len(TOOL_CALL_START) :])
+            inside = start >= 0 and not unclosed_block_call(text[start + len(TOOL_CALL_START) :])
+            return None, inside
         cut = self.cut_calls(text)
-        return cut is not None and cut[2] is not None
+        return cut, cut is not None and cut[2] is not None
 
     def stream_parser(self) -> ToolCallStreamParser | TailCallStreamParser:
         """An incremental parser whose events add up to ``parse`` of the whole reply."""
