@@ -88,17 +88,26 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _is_added_token_dict(value: Any) -> bool:
+    return isinstance(value, Mapping) and "content" in value
+
+
+def _added_token(value: Mapping[str, Any]) -> AddedToken:
+    """A serialized AddedToken dict (``_is_added_token_dict``) as the AddedToken."""
+    fields = {
+        k: value[k]
+        for k in ("single_word", "lstrip", "rstrip", "normalized", "special")
+        if k in value
+    }
+    return AddedToken(value["content"], **fields)
+
+
 def to_added_token(value: Any) -> AddedToken | str | None:
     """Turn a config value (a string or a serialized AddedToken dict) into what transformers holds."""
     if value is None or isinstance(value, str | AddedToken):
         return value
-    if isinstance(value, Mapping) and "content" in value:
-        fields = {
-            k: value[k]
-            for k in ("single_word", "lstrip", "rstrip", "normalized", "special")
-            if k in value
-        }
-        return AddedToken(value["content"], **fields)
+    if _is_added_token_dict(value):
+        return _added_token(value)
     raise ValueError(f"a special token must be a string or an AddedToken dict, got {value!r}")
 
 
@@ -301,15 +310,13 @@ def _read_added_tokens(
             )
         tokens: dict[int, AddedToken] = {}
         for i, token in decoder.items():
-            whole = isinstance(token, Mapping) and "content" in token
-            added = to_added_token(token) if whole else None
-            if not isinstance(added, AddedToken) or not str(i).isdigit():
+            if not _is_added_token_dict(token) or not str(i).isdigit():
                 # (transformers raises a ValueError too; a str here crashed a step later)
                 raise ValueError(
                     f"{TOKENIZER_CONFIG}: added_tokens_decoder maps token ids (as strings of "
                     f'digits) to AddedToken objects (with a "content"), got {i!r}: {token!r}'
                 )
-            tokens[int(i)] = added
+            tokens[int(i)] = _added_token(token)
         return tokens
     added: dict[int, AddedToken] = {}
     for entry in (tokenizer_json or {}).get("added_tokens", []):

@@ -70,9 +70,8 @@ class PrefixCache:
         self._clock += 1
         self._tokens[slot] = list(token_ids)
         self._retained_at[slot] = self._clock
-        self._prompt_lengths[slot] = min(
-            len(token_ids), len(token_ids) if prompt_length is None else prompt_length
-        )
+        whole = len(token_ids)
+        self._prompt_lengths[slot] = whole if prompt_length is None else min(prompt_length, whole)
 
     def forget(self, slot: int) -> None:
         """The slot holds nothing reusable."""
