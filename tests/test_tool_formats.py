@@ -824,6 +824,7 @@ def test_chat_keeps_the_calls_before_a_cut(tool_format: ToolCallFormat, text: st
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("f", {"a": 1})]
     assert reply.content == ("Sure." if tool_format is MISTRAL else "")
     assert reply.finish_reason == "length"
+    assert reply.cut_call == text[text.rindex('{"name": "g') :]  # neither content nor a call
     # Ended at eos, the same text is no cut: content, as parse reads it.
     at_eos = LLM.chat_output(
         GenerationOutput("r", None, [1], text, [2], "stop", Usage(1, 1)), tool_format
@@ -837,9 +838,14 @@ def test_chat_drops_a_hermes_call_block_it_ended_inside() -> None:
     from brisklm.outputs import GenerationOutput, Usage
 
     whole = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
-    for text, content, calls in [
-        (f'Sure. {whole}\n<tool_call>\n{{"name": "g', "Sure.", [("f", {"a": 1})]),
-        ('Let me see. <tool_call>\n{"name": "f", "argu', "Let me see.", []),
+    for text, content, calls, cut in [
+        (f'Sure. {whole}\n<tool_call>\n{{"name": "g', "Sure.", [("f", {"a": 1})], '\n{"name": "g'),
+        (
+            'Let me see. <tool_call>\n{"name": "f", "argu',
+            "Let me see.",
+            [],
+            '\n{"name": "f", "argu',
+        ),
     ]:
         output = GenerationOutput("r", None, [1], text, [2], "length", Usage(1, 1))
         reply = LLM.chat_output(output, HERMES)
@@ -847,7 +853,7 @@ def test_chat_drops_a_hermes_call_block_it_ended_inside() -> None:
             content,
             calls,
         )
-        assert reply.finish_reason == "length"
+        assert reply.finish_reason == "length" and reply.cut_call == cut
         assert "<tool_call>" not in str(reply.message()["content"])
 
 
@@ -867,7 +873,7 @@ def test_chat_keeps_text_that_only_looks_like_calls(tool_format, text, finish) -
     reason, stop_reason = finish
     output = GenerationOutput("r", None, [1], text, [2], reason, Usage(1, 1), stop_reason)
     reply = LLM.chat_output(output, tool_format)
-    assert (reply.content, reply.tool_calls) == (text, [])
+    assert (reply.content, reply.tool_calls, reply.cut_call) == (text, [], None)
 
 
 def test_an_empty_tool_list_renders_as_transformers_renders_it(tmp_path) -> None:

@@ -72,7 +72,6 @@ from brisklm.tool_calls import (
     openai_tool_choice,
     tool_name,
     turn_finish_reason,
-    unclosed_block_start,
 )
 from brisklm.tool_formats import ReplyConstraint, ToolCallFormat, detect_tool_call_format
 from brisklm.tool_schema import check_tools_list
@@ -1396,25 +1395,16 @@ class LLM:
     ) -> ChatOutput:
         """The turn's reasoning, content and calls. ``reasoning_start`` (``reasoning_start``'s):
         not None, a thinking block that opens the reply is its ``reasoning``, and the rest is
-        read as the reply. A Llama 3 / Mistral reply that max_tokens, a stop string or a stop
-        token cut inside its calls (``cut_calls``) keeps the calls complete before the cut and
-        the content before the calls; a Hermes reply that ended inside a call block, the content
-        and calls before that block (the server's reply alike, streamed or not); the cut call's
-        text is in ``output.text``. A reply that ended at eos is read by ``parse`` (text that
-        does not parse is content), and so is a reply decoded freely that shows no complete
-        call before its cut (text that only looks like a call's start); ``under_grammar``: the
-        reply was decoded under the tools' grammar, where a call's start is a call."""
+        read as the reply, as ``ToolCallFormat.read_reply`` reads it (``under_grammar``: the
+        reply was decoded under the tools' grammar, where a call's start is a call): a call the
+        reply ended inside is neither content nor a call (the server's reply alike, streamed or
+        not), its text is ``cut_call``."""
         reasoning, text = split_reasoning(output.text, reasoning_start)
-        cut_calls, cut = format.read_cut(text) if format else (None, False)
-        was_cut = output.finish_reason == "length" or output.stop_reason is not None
-        if cut_calls is not None and was_cut and (cut_calls[1] or under_grammar):
-            content, calls, _ = cut_calls
-        elif cut and format is not None and format.name == "hermes":
-            # (the cut block's markup was content, beside the calls before it)
-            content, calls = format.parse(text[: unclosed_block_start(text)])
-            content = content.strip()
+        if format is None:
+            content, calls, cut_call, cut = text, [], None, False
         else:
-            content, calls = format.parse(text) if format else (text, [])
+            was_cut = output.finish_reason == "length" or output.stop_reason is not None
+            content, calls, cut_call, cut = format.read_reply(text, was_cut, under_grammar)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
         others = [
             LLM.chat_output(c, format, reasoning_start, under_grammar) for c in output.other_choices
@@ -1426,6 +1416,7 @@ class LLM:
             output=output,
             other_choices=others,
             reasoning=reasoning,
+            cut_call=cut_call,
         )
 
     # ---------------------------------------------------------------- lifecycle

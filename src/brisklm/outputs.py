@@ -179,6 +179,9 @@ class ChatOutput:
     # A reasoning model's thinking (the <think> block that opened the reply, brisklm.reasoning);
     # None where the reply has none.
     reasoning: str | None = None
+    # The text of a tool call the reply ended inside (max_tokens, a stop token), after its
+    # format's opening tag: neither content nor one of tool_calls. None where none was cut.
+    cut_call: str | None = None
 
     @property
     def choices(self) -> list[ChatOutput]:

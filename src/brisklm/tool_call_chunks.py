@@ -107,6 +107,9 @@ class ToolCallChunker:
         self._calls: dict[int, _CallState] = {}
         self._text = ""
         self._num_calls_before_cut = 0
+        # Blocks that failed to parse after their chunks went out: the calls after each take
+        # the next index, so that their chunks do not merge into the failed one's.
+        self._failed_sent = 0
         self.cut = False  # the reply ended inside a call (known at finish)
 
     def feed(self, text: str) -> tuple[str, list[CallChunk]]:
@@ -140,7 +143,7 @@ class ToolCallChunker:
         if not self.cut:
             return []
         return [
-            (index, state.settled(), state.emitted)
+            (index + self._failed_sent, state.settled(), state.emitted)
             for index, state in sorted(self._calls.items())
             if state.head_end is not None
         ]
@@ -155,14 +158,19 @@ class ToolCallChunker:
         chunks: list[CallChunk] = []
         for event in events:
             if isinstance(event, ContentDelta):
+                # Content while a block's deltas are open: the block failed to parse and is
+                # content (the parser writes content only outside blocks).
+                for failed in self._calls.values():
+                    self._failed_sent += failed.head_end is not None
+                self._calls.clear()
                 content.append(event.text)
             elif isinstance(event, ToolCallDelta):
                 state = self._calls.setdefault(event.index, _CallState())
                 state.raw += event.text
-                chunks.extend(self._progress(event.index, state))
+                chunks.extend(self._progress(event.index + self._failed_sent, state))
             elif isinstance(event, ToolCallComplete):
                 state = self._calls.pop(event.index, _CallState())
-                chunks.extend(self._complete(event.index, state, event.call))
+                chunks.extend(self._complete(event.index + self._failed_sent, state, event.call))
         return "".join(content), _coalesce(chunks)
 
     def _progress(self, index: int, state: _CallState) -> list[CallChunk]:

@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from brisklm.reasoning import CLOSE as THINK_CLOSE
 from brisklm.reasoning import block_opening, thinking_grammar
@@ -67,6 +67,17 @@ _OWN_ID = re.compile(r"[A-Za-z0-9]+")  # a call id of the model's that Mistral's
 # calls before it in the reply.
 CallId = Callable[[object, Sequence[ToolCall]], str]
 _V11_HEAD = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?(?:\[ARGS\])?\s*")
+
+
+class ReplyReading(NamedTuple):
+    """A reply read in its format (``ToolCallFormat.read_reply``): its content, its calls, the
+    text of the call it ended inside (after the format's opening tag; None where none was cut:
+    neither content nor a call) and whether it ended inside a call."""
+
+    content: str
+    calls: list[ToolCall]
+    cut_call: str | None
+    ended_inside_call: bool
 
 
 @dataclass(frozen=True)
@@ -204,6 +215,25 @@ class ToolCallFormat:
             return None, inside
         cut = self.cut_calls(text)
         return cut, cut is not None and cut[2] is not None
+
+    def read_reply(self, text: str, was_cut: bool, under_grammar: bool) -> ReplyReading:
+        """A whole reply's content and calls. ``was_cut``: max_tokens, a stop string or a stop
+        token ended it. A Llama 3 / Mistral reply cut inside its calls (``cut_calls``) keeps the
+        calls complete before the cut and the content before the calls; a Hermes reply that
+        ended inside a call block, the content and calls before that block. A reply that ended
+        at eos is read by ``parse`` (text that does not parse is content), and so is a reply
+        decoded freely that shows no complete call before its cut (text that only looks like a
+        call's start); ``under_grammar``: the reply was decoded under the tools' grammar, where
+        a call's start is a call."""
+        cut_calls, cut = self.read_cut(text)
+        if cut_calls is not None and was_cut and (cut_calls[1] or under_grammar):
+            return ReplyReading(*cut_calls, cut)
+        if cut and self.name == "hermes":
+            # (the cut block's markup was content, beside the calls before it)
+            start = unclosed_block_start(text)
+            content, calls = self.parse(text[:start])
+            return ReplyReading(content.strip(), calls, text[start + len(TOOL_CALL_START) :], cut)
+        return ReplyReading(*self.parse(text), None, cut)
 
     def stream_parser(self) -> ToolCallStreamParser | TailCallStreamParser:
         """An incremental parser whose events add up to ``parse`` of the whole reply."""

@@ -17,13 +17,9 @@ from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel
 
 from brisklm.tool_call_chunks import CallChunk, ToolCallChunker, call_chunk
-from brisklm.tool_call_ids import new_tool_call_id
 from brisklm.tool_calls import (
-    TOOL_CALL_START,
     ToolChoiceMode,
     check_tool_schema,
-    unclosed_block_call,
-    unclosed_block_start,
 )
 from brisklm.tool_formats import ToolCallFormat
 
@@ -348,22 +344,6 @@ def cut_call_error(
     return f"the reply ended inside this tool call (finish reason {finish_reason!r})"
 
 
-def split_cut_call(text: str, error: str) -> tuple[str, InvalidToolCall | None]:
-    """Split off a last Hermes tool call that the reply ended inside (max_tokens ran out, or a
-    stop sequence or stop token ended it).
-
-    Returns the text before it and the cut call as an invalid tool call, with its name when the
-    name was written and its arguments so far; or the text unchanged and None.
-    """
-    start = unclosed_block_start(text)  # tags inside the calls' JSON strings are text
-    if start < 0:
-        return text, None
-    body = text[start + len(TOOL_CALL_START) :]
-    if unclosed_block_call(body) is not None:  # complete but for its end tag: a call
-        return text, None
-    return text[:start], cut_call(body, error, new_tool_call_id())
-
-
 # A JSON call's name, once its string is closed, and the start of its arguments (Hermes and
 # Mistral v0.3 write "arguments", Llama 3 "parameters").
 _JSON_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
@@ -424,17 +404,13 @@ def cut_call(text: str, error: str, call_id: str) -> InvalidToolCall:
 
 
 def parse_reply(
-    text: str, tool_format: ToolCallFormat, error: str
+    text: str, tool_format: ToolCallFormat, error: str, was_cut: bool = True
 ) -> tuple[str, list[Any], list[InvalidToolCall]]:
-    """A reply's content, tool calls and cut call (`error` says what cut it), in its format: the
-    calls complete before a cut are calls, and the call it is in is an invalid call."""
-    if tool_format.name == "hermes":
-        text, cut = split_cut_call(text, error)
-        content, calls = tool_format.parse(text)
-        return content, calls, [cut] if cut is not None else []
-    cut_calls = tool_format.cut_calls(text)
-    if cut_calls is None:
-        content, calls = tool_format.parse(text)
-        return content, calls, []
-    content, calls, rest = cut_calls
-    return content, calls, [] if rest is None else [cut_call(rest, error, tool_format.new_id())]
+    """A reply's content, tool calls and cut call in its format, decoded under the tools'
+    grammar, as ``LLM.chat_output`` and the server read it (``ToolCallFormat.read_reply``): the
+    calls complete before a cut are calls, and the call it ended inside an invalid call whose
+    error is ``error`` (what cut it). ``was_cut``: max_tokens, a stop string or a stop token
+    ended the reply (False: eos)."""
+    content, calls, cut, _ = tool_format.read_reply(text, was_cut, under_grammar=True)
+    invalid = [] if cut is None else [cut_call(cut, error, tool_format.new_id())]
+    return content, calls, invalid

@@ -1,4 +1,4 @@
-"""ToolCallChunker, split_cut_call and parse_reply on written text (no model): content, tool-call
+"""ToolCallChunker and parse_reply on written text (no model): content, tool-call
 chunks, cuts."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from langchain_brisklm._tools import (
     cut_call_error,
     normalize_tool_choice,
     parse_reply,
-    split_cut_call,
 )
 
 CALLS = [
@@ -138,12 +137,16 @@ def test_name_arrives_before_the_arguments_end() -> None:
 
 def test_cut_call() -> None:
     text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
-    rest, cut = split_cut_call(text, cut_call_error("length", None))
-    assert rest == "Sure.\n"
-    assert cut is not None
+    content, calls, (cut,) = parse_reply(text, HERMES, cut_call_error("length", None))
+    assert (content, calls) == ("Sure.", [])
     assert cut["name"] == "get_weather" and cut["args"] == '{"city": "Pa'
     assert cut["error"] == "the reply ended inside this tool call (max_tokens reached)"
-    assert split_cut_call(TEXT, "unused") == (TEXT, None)
+    content, calls, invalid = parse_reply(TEXT, HERMES, "unused")
+    assert (content, [(c.name, c.arguments) for c in calls], invalid) == (
+        "Let me check.",
+        CALLS,
+        [],
+    )
     full = run(text, [7] * 20)
     assert full.content == "Sure."  # the cut call is not content as well
 
@@ -345,3 +348,33 @@ def test_a_call_cut_after_its_name_has_no_arguments_yet(
     # Its arguments were the call's markup ('\n{"name": "get_weather", "arguments').
     _, calls, (cut,) = parse_reply(text, tool_format, "cut")
     assert (calls, cut["name"], cut["args"]) == ([], "get_weather", "")
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_a_block_that_fails_to_parse_leaves_the_next_call_its_own_index(size: int) -> None:
+    """Decoded freely, a block whose head was whole (its name and arguments went out) may fail to
+    parse: it is content, and the call after it streams at the next index, not into it."""
+    failed = '<tool_call>\n{"name": "f", "arguments": {"a": 1}, oops}\n</tool_call>'
+    unsent = "<tool_call>\n{oops}\n</tool_call>"  # fails before its head: nothing went out
+    call = '<tool_call>\n{"name": "%s", "arguments": {"b": [2]}}\n</tool_call>'
+    text = f"Hi {failed}\n{call % 'g'}\n{unsent}\n{call % 'h'}"
+    full = run(text, [size] * len(text))
+    assert [(c["index"], c["name"], c["args"]) for c in full.tool_call_chunks] == [
+        (0, "f", '{"a": 1}'),
+        (1, "g", '{"b": [2]}'),
+        (2, "h", '{"b": [2]}'),
+    ]
+    content, calls, invalid = parse_reply(text, HERMES, "stop")
+    assert content == full.content and [c.name for c in calls] == ["g", "h"] and not invalid
+    assert content.startswith(f"Hi {failed}") and content.endswith(unsent)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_a_call_cut_after_a_failed_block_is_at_its_own_index(size: int) -> None:
+    failed = '<tool_call>\n{"name": "f", "arguments": {}, oops}\n</tool_call>'
+    text = f'{failed}\n<tool_call>\n{{"name": "g", "arguments": {{"b": 1'
+    chunker = ToolCallChunker()
+    for start in range(0, len(text), size):
+        chunker.feed(text[start : start + size])
+    chunker.finish()
+    assert chunker.cut and chunker.cut_arguments() == [(1, '{"b": 1', len('{"b": 1'))]
