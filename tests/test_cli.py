@@ -91,6 +91,28 @@ def test_generate_reads_the_prompt_from_stdin(model_dir, capsys, monkeypatch, st
     assert f'"prompt_tokens": {len(expected.prompt_token_ids)}' in captured.err
 
 
+def test_generate_reads_a_piped_prompt_without_dash_and_asks_for_one_at_a_terminal(
+    model_dir, capsys, monkeypatch
+):
+    argv = ["generate", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "4"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The quick brown fox\n"))
+    assert main(argv) == 0
+    piped = capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The quick brown fox\n"))
+    assert main([*argv, "-"]) == 0 and capsys.readouterr().out == piped
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal(""))
+    assert main(argv) == 1  # (it said "the following arguments are required: prompt")
+    assert capsys.readouterr().err == (
+        "brisklm: error: give a prompt: brisklm generate \"Once upon a time\" (or '-' to read it "
+        "from stdin, which a pipe does without it)\n"
+    )
+
+
 def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n/reset\nHi there\n"))
     code = main(
@@ -125,6 +147,11 @@ def test_chat_reads_turns_from_stdin(model_dir, capsys, monkeypatch):
     "argv, message",
     [
         (["generate", "--model", "/nonexistent/model", "hi"], "does not exist"),
+        (  # a hub id: what to do instead (it said only "does not exist")
+            ["generate", "--model", "meta-llama/Llama-3.2-1B", "hi"],
+            "for the hub's meta-llama/Llama-3.2-1B, download it first, e.g. `huggingface-cli "
+            "download meta-llama/Llama-3.2-1B --local-dir DIR`, and pass DIR)",
+        ),
         # Options named by their flags, as typed (it said "SamplingParams.temperature=-1.0").
         (
             ["generate", "--temperature", "-1", "--model", "/nonexistent", "hi"],
@@ -305,7 +332,6 @@ def test_engine_limits_are_named_by_the_flags(model_dir, capsys):
             ["generate", "--draft-length", "sometimes", "x"],
             "argument --draft-length: invalid choice",
         ),
-        (["generate"], "the following arguments are required: prompt"),
         (
             ["generate", "-hello"],  # (-h with the argument "ello")
             "'ello' (a prompt that begins with '-' goes after '--': brisklm generate -- '-hello') "
@@ -724,7 +750,7 @@ def test_a_json_schema_text_longer_than_a_file_name_can_be_is_the_schema(model_d
     argv = ["generate", "--model", str(model_dir), "--json-schema", schema, "--max-tokens", "2"]
     code = main([*argv, "x"])
     # It said "--json-schema file '{...}' cannot be read ([Errno 36] File name too long ...)".
-    assert code == 0 and capsys.readouterr().err == ""
+    assert code == 0 and "--json-schema" not in capsys.readouterr().err
 
 
 def test_a_system_message_that_fills_the_context_is_refused_at_start(
@@ -1011,3 +1037,98 @@ def test_chat_template_vars_reach_the_template(qwen3_chat, capsys, monkeypatch):
         assert main([*argv, "--template-var", bad]) == 1
         err = capsys.readouterr().err
         assert err.startswith("brisklm: error: --template-var") and message in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_ctrl_c_at_a_terminal_stops_the_reply_and_the_chat_goes_on(model_dir, capsys, monkeypatch):
+    """It ended the whole session (exit 130), the history lost; piped, it still ends it."""
+    import contextlib
+
+    original = LLM.stream_request
+    interrupted: list[str] = []
+
+    def stream_request(self, request):
+        with contextlib.closing(original(self, request)) as chunks:
+            for chunk in chunks:
+                yield chunk
+                if chunk.text and not interrupted:
+                    interrupted.append(chunk.text)
+                    raise KeyboardInterrupt
+
+    monkeypatch.setattr(LLM, "stream_request", stream_request)
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "6"]
+    monkeypatch.setattr(sys, "stdin", _Terminal("Hello\nHi\n"))
+    assert main([*argv, "--ignore-eos"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "brisklm: reply stopped (Ctrl-C at the prompt quits)\n"
+    with LLM.from_pretrained(model_dir, show_progress=False) as llm:
+        history = [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": interrupted[0]},  # what was shown of it
+            {"role": "user", "content": "Hi"},
+        ]
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        second = llm.chat(history, params).content
+    assert captured.out.endswith(f"> {interrupted[0]}\n> {second}\n> \n")
+    interrupted.clear()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\nHi\n"))
+    assert main(argv) == 130
+    assert capsys.readouterr().out == interrupted[0]
+
+
+def test_chat_commands_are_listed_and_unknown_ones_refused(model_dir, capsys, monkeypatch):
+    # "/help" went to the model as a message.
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "3"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/help\n/bogus\n/etc/hosts is a file\n"))
+    assert main(argv) == 1  # piped: a line that got no reply
+    captured = capsys.readouterr()
+    assert captured.out.startswith("commands:\n  /reset") and "Ctrl-C stops a reply" in captured.out
+    assert "brisklm: error: no command /bogus\ncommands:" in captured.err
+    with LLM.from_pretrained(model_dir, show_progress=False) as llm:
+        reply = llm.chat(
+            [{"role": "user", "content": "/etc/hosts is a file"}],
+            SamplingParams(temperature=0, max_tokens=3),
+        )
+    assert captured.out.endswith(reply.content + "\n")  # a path is a message
+
+
+def test_a_constrained_output_cut_short_is_named(model_dir, capsys):
+    argv = ["generate", "--model", str(model_dir), "--json", "--temperature", "0"]
+    assert main([*argv, "--max-tokens", "3", "x"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "brisklm: --max-tokens ended the output before its constraint was met: the output does "
+        "not match it\n"
+    )
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(captured.out)
+    assert main([*argv, "--max-tokens", "20", "--max-seq-len", "6", "x"]) == 0
+    err = capsys.readouterr().err
+    assert "brisklm: the context of 6 tokens ended the output after" in err
+    assert "brisklm: the context ended the output before its constraint was met" in err
+    assert main([*argv, "--regex", "[ab]", "--max-tokens", "3", "x"]) == 1  # (two constraints)
+    capsys.readouterr()
+    regex = ["generate", "--model", str(model_dir), "--regex", "ab", "--temperature", "0", "x"]
+    assert main(regex) == 0 and capsys.readouterr() == ("ab\n", "")  # met: nothing said
+
+
+def test_sampling_flags_under_greedy_decoding_are_named(model_dir, capsys, tmp_path):
+    """The bundled models' generation_config.json asks for greedy decoding: --top-p and --seed
+    alone changed nothing, and nothing said so."""
+    greedy = tmp_path / "greedy"
+    shutil.copytree(model_dir, greedy)
+    (greedy / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    argv = ["generate", "--model", str(greedy), "--max-tokens", "2"]
+    assert main([*argv, "--top-p", "0.5", "--seed", "3", "x"]) == 0
+    assert capsys.readouterr().err == (
+        "brisklm: --top-p and --seed change nothing: the model's generation_config.json asks for "
+        "greedy decoding (give --temperature above 0 to sample)\n"
+    )
+    assert main([*argv, "--top-k", "5", "--temperature", "0", "x"]) == 0
+    assert "--top-k change nothing: --temperature 0 asks for greedy" in capsys.readouterr().err
+    assert main([*argv, "--top-p", "0.5", "--temperature", "1", "x"]) == 0
+    assert capsys.readouterr().err == ""

@@ -131,9 +131,21 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--repetition-penalty", type=float, default=None, help=defaults["repetition_penalty"]
     )
-    group.add_argument("--presence-penalty", type=float, default=0.0)
-    group.add_argument("--frequency-penalty", type=float, default=0.0)
-    group.add_argument("--seed", type=int, default=None)
+    group.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="subtracted from the logit of every token already out, in [-2, 2] (0)",
+    )
+    group.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="subtracted per time a token is already out, in [-2, 2] (0)",
+    )
+    group.add_argument(
+        "--seed", type=int, default=None, help="makes sampling reproducible (default: none)"
+    )
     group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     group.add_argument("--ignore-eos", action="store_true")
     group.add_argument(
@@ -181,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="complete a prompt, streaming to stdout")
     generate.add_argument(
         "prompt",
-        help="the prompt text ('-' reads it from stdin, less the one newline that ends a file "
-        "or echo's output)",
+        nargs="?",
+        help="the prompt text ('-', or none with stdin a pipe or file, reads it from stdin, less "
+        "the one newline that ends a file or echo's output)",
     )
     _add_model_args(generate)
     _add_sampling_args(generate)
@@ -285,7 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="gptq (default) or round-to-nearest",
     )
     quantize.add_argument(
-        "--group-size", type=int, default=128, help="columns per scale: -1 or a multiple of 32"
+        "--group-size",
+        type=int,
+        default=128,
+        help="columns per scale: -1 (one group a row) or a multiple of 32 (128)",
     )
     quantize.add_argument(
         "--act-order",
@@ -302,13 +318,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="text file, one sample per paragraph or line (default: built-in text)",
     )
-    quantize.add_argument("--num-samples", type=int, default=128, help="calibration sequences")
     quantize.add_argument(
-        "--seq-len", type=int, default=512, help="tokens per calibration sequence"
+        "--num-samples", type=int, default=128, help="calibration sequences (128)"
     )
-    quantize.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass")
     quantize.add_argument(
-        "--damp", type=float, default=0.01, help="Hessian dampening (fraction of its mean diagonal)"
+        "--seq-len", type=int, default=512, help="tokens per calibration sequence (512)"
+    )
+    quantize.add_argument(
+        "--batch-size", type=int, default=4, help="sequences per forward pass (4)"
+    )
+    quantize.add_argument(
+        "--damp",
+        type=float,
+        default=0.01,
+        help="Hessian dampening, a fraction of its mean diagonal (0.01)",
     )
     quantize.add_argument(
         "--quantize-lm-head",
@@ -407,6 +430,23 @@ def _sampling_params(args: argparse.Namespace, model_defaults: dict[str, Any] | 
     given = {name: getattr(args, name) for name in _MODEL_DEFAULTED}
     chosen = {**_MODEL_DEFAULTED, **(model_defaults or {})}
     chosen.update({name: value for name, value in given.items() if value is not None})
+    sampling_only = [
+        f"--{name.replace('_', '-')}"
+        for name in ("top_k", "top_p", "min_p", "seed")
+        if getattr(args, name) is not None
+    ]
+    if model_defaults is not None and chosen["temperature"] == 0 and sampling_only:
+        # (the model's generation_config.json says greedy, or --temperature 0 was given)
+        said = (
+            "--temperature 0 asks"
+            if args.temperature is not None
+            else "the model's generation_config.json asks"
+        )
+        print(
+            f"brisklm: {' and '.join(sampling_only)} change nothing: {said} for greedy "
+            "decoding (give --temperature above 0 to sample)",
+            file=sys.stderr,
+        )
     return SamplingParams(
         **chosen,
         presence_penalty=args.presence_penalty,
@@ -471,7 +511,12 @@ def _read_stdin_prompt() -> str:
 
 def _run_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt
-    if prompt == "-":
+    if prompt is None and (sys.stdin is None or sys.stdin.isatty()):
+        raise CliError(
+            "give a prompt: brisklm generate \"Once upon a time\" (or '-' to read it from "
+            "stdin, which a pipe does without it)"
+        )
+    if prompt is None or prompt == "-":
         prompt = _read_stdin_prompt()
         if column := _undecodable_column(prompt):
             line = prompt.count("\n", 0, column - 1) + 1
@@ -490,6 +535,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     if not args.usage:  # --usage: JSON, with the finish reason
         _say_if_the_context_ended(llm, request, params)
+        _say_if_cut_short(request, params)
     else:
         usage = request.usage
         report: dict[str, Any] = {
@@ -724,6 +770,27 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def _say_if_cut_short(request: Any, params: Any) -> None:
+    """On stderr: a constrained output (--json, --json-schema, --regex, --choice, --grammar)
+    that --max-tokens, a --stop string or the context ended before the constraint was met, so
+    that it does not match."""
+    if params.constraint is None:
+        return
+    stop = request.stop_reason
+    if request.finish_reason == "length":
+        full = request.usage.completion_tokens < params.max_tokens
+        ended = "the context" if full else "--max-tokens"
+    elif stop is not None:
+        ended = f"the --stop string {stop!r}" if isinstance(stop, str) else f"stop token id {stop}"
+    else:
+        return
+    print(
+        f"brisklm: {ended} ended the output before its constraint was met: the output does not "
+        "match it",
+        file=sys.stderr,
+    )
+
+
 def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
     """On stderr: the output ended because the context was full, before --max-tokens."""
     if request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens:
@@ -823,7 +890,8 @@ def _run_chat(args: argparse.Namespace) -> int:
         print(
             "Chatting with",
             llm.model_path.resolve().name,  # `--model .` has no name of its own
-            "- /reset clears the history, /exit or Ctrl-D quits.",
+            "- /reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply, /help "
+            "lists the commands.",
         )
     while True:
         if interactive:
@@ -845,10 +913,17 @@ def _run_chat(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             continue
-        if user.strip() == "/exit":
+        command = user.strip()
+        if command == "/exit":
             break
-        if user.strip() == "/reset":
+        if command == "/reset":
             messages = messages[:1] if args.system else []
+            continue
+        if _CHAT_COMMAND.fullmatch(command):  # /help, or a command that does not exist
+            if command != "/help":
+                refused += 1
+                print(f"brisklm: error: no command {command}", file=sys.stderr)
+            print(_CHAT_HELP, file=sys.stdout if command == "/help" else sys.stderr)
             continue
         messages.append({"role": "user", "content": user})
         keep = 1 if args.system else 0
@@ -863,13 +938,26 @@ def _run_chat(args: argparse.Namespace) -> int:
             continue
         reply = []
         request = _reply_request(llm, messages, params, template_vars)
-        for chunk in llm.stream_request(request):
-            if chunk.text:
-                reply.append(chunk.text)
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-        sys.stdout.write("\n")
-        _say_if_the_context_ended(llm, request, params)
+        try:
+            for chunk in llm.stream_request(request):  # (an interrupt closes it: aborted)
+                if chunk.text:
+                    reply.append(chunk.text)
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            if not interactive:  # a script's interrupt ends the command (exit status 130)
+                raise
+            # At a terminal Ctrl-C stops the reply, as in other chat programs: the history
+            # keeps what was shown of it (none shown: the turn goes).
+            sys.stdout.write("\n")
+            print("brisklm: reply stopped (Ctrl-C at the prompt quits)", file=sys.stderr)
+            if not reply:
+                messages.pop()
+                continue
+        else:
+            sys.stdout.write("\n")
+            _say_if_the_context_ended(llm, request, params)
+            _say_if_cut_short(request, params)
         messages.append({"role": "assistant", "content": "".join(reply)})
     if refused and not interactive:
         # A script reading the replies must learn that some are missing; typed at a terminal,
@@ -892,7 +980,9 @@ def _check_text_flags(args: argparse.Namespace) -> None:
     ):
         if getattr(args, name, None) == "":
             raise CliError(f"--{name} is empty: give a {what}")
-    if getattr(args, "prompt", "-") != "-" and (column := _undecodable_column(args.prompt)):
+    if getattr(args, "prompt", None) not in (None, "-") and (
+        column := _undecodable_column(args.prompt)
+    ):
         raise CliError(f"the prompt is not UTF-8 text (column {column})")
     for name in ("stop", "choice", "regex", "system"):
         value = getattr(args, name, None)
@@ -909,6 +999,15 @@ def _undecodable_column(line: str) -> int:
     except UnicodeEncodeError as exc:
         return exc.start + 1
     return 0
+
+
+# A line that is a chat command: "/" and a word (a message may begin with a path: "/etc/hosts").
+_CHAT_COMMAND = re.compile(r"/[A-Za-z]+")
+_CHAT_HELP = """commands:
+  /reset  clear the history (the --system message stays)
+  /exit   quit (Ctrl-D too)
+  /help   this list
+Ctrl-C stops a reply; at the prompt it quits."""
 
 
 def _fit_history(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -392,7 +393,24 @@ def checkpoint_directory(path: str | Path, what: str = "model") -> Path:
             f"{what} directory {str(directory)!r} is a file, not a checkpoint directory: pass the "
             "directory that holds config.json and the weights"
         )
-    raise FileNotFoundError(f"{what} directory {str(directory)!r} does not exist")
+    raise FileNotFoundError(
+        f"{what} directory {str(directory)!r} does not exist{hub_id_hint(path)}"
+    )
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def hub_id_hint(path: str | Path) -> str:
+    """For a missing directory named like a Hugging Face hub id ("org/name"): what to do."""
+    name = str(path)
+    if not _HUB_ID.fullmatch(name):
+        return ""
+    return (
+        f" (brisklm loads local checkpoint directories and downloads nothing: for the hub's "
+        f"{name}, download it first, e.g. `huggingface-cli download {name} --local-dir DIR`, "
+        "and pass DIR)"
+    )
 
 
 def _first_set(*values: Any) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from brisklm import LLM, Tokenizer, default_model_path
-from brisklm.config import ModelConfig
+from brisklm.config import ModelConfig, hub_id_hint
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.engine.llm_engine import EngineConfig
 from brisklm.llm import draft_schedule
@@ -82,7 +82,8 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
             )
         raise FileNotFoundError(
             f"no model checkpoint at {path}: pass the directory of a Hugging Face checkpoint "
-            "(config.json, safetensors weights, tokenizer), or leave model unset for the bundled model"
+            "(config.json, safetensors weights, tokenizer), or leave model unset for the bundled "
+            f"model{hub_id_hint(model)}"
         )
     return path
 

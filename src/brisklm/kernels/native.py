@@ -2,8 +2,9 @@
 
 The library is compiled once per source, compiler and machine into a cache folder
 (``$BRISKLM_CACHE_DIR``, else ``$XDG_CACHE_HOME/brisklm``, else ``~/.cache/brisklm``) and loaded
-with ctypes: no torch headers, so a build takes about a second. Everything that uses it has a
-plain-torch path, taken when the library is unavailable: no C compiler, a failed build or probe,
+with ctypes: no torch headers; a build takes ~8 s on two cores (once per machine and compiler: a
+model loaded with ``show_progress`` says so on stderr while it builds). Everything that uses it
+has a plain-torch path, taken when the library is unavailable: no C compiler, a failed build or probe,
 or ``BRISKLM_NATIVE_KERNELS=0`` in the environment. The reason is logged once.
 
 The library is built with ``-fopenmp`` and so links ``libgomp.so.1``; torch's wheel has already
@@ -23,7 +24,9 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +214,10 @@ def _command(compiler: str) -> list[str]:
         return []
 
 
+# Whether a build says so on stderr (``available(show_build=True)``, while it runs).
+_show_build = threading.local()
+
+
 def _build(compiler: str) -> Path:
     version = subprocess.run(
         [*_command(compiler), "--version"], capture_output=True, text=True, timeout=30
@@ -226,6 +233,12 @@ def _build(compiler: str) -> Path:
     _check_private(target.parent)
     if target.exists():
         return target
+    if getattr(_show_build, "on", False):
+        print(
+            "brisklm: building the native CPU kernels (once per machine and compiler, ~10 s)",
+            file=sys.stderr,
+            flush=True,
+        )
     # Build beside the target and rename: another process may be building the same file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
@@ -351,8 +364,14 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def available() -> bool:
-    return library() is not None
+def available(show_build: bool = False) -> bool:
+    """Whether the kernels can be used here; ``show_build``: a build this call makes says so on
+    stderr (the first load on a machine takes ~10 s more)."""
+    _show_build.on = show_build
+    try:
+        return library() is not None
+    finally:
+        _show_build.on = False
 
 
 def function(name: str) -> Any:

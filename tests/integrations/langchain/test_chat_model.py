@@ -182,6 +182,8 @@ def test_missing_model_fails_on_first_call_with_a_clear_error(tmp_path: Path) ->
     chat = ChatBrisk(model=str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match="no model checkpoint"):
         chat.invoke("hi")
+    with pytest.raises(FileNotFoundError, match=r"download it first, e\.g\. `huggingface-cli"):
+        ChatBrisk(model="Qwen/Qwen2.5-0.5B-Instruct").invoke("hi")
 
 
 def test_invoke_usage_and_metadata(chat: ChatBrisk, tiny_chat_dir: Path) -> None:
