@@ -410,6 +410,14 @@ def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:
         ours.apply_chat_template(USER_ONLY, chat_template="{{ messages.__class__.__mro__ }}")
     with pytest.raises(ValueError, match="empty conversation"):
         ours.apply_chat_template([])
+    # A str was read character by character ("got 'h'"), None failed in the template's loop.
+    for messages in ("hi", None, {"role": "user", "content": "hi"}):
+        with pytest.raises(ValueError, match="messages must be a list of message dicts"):
+            ours.apply_chat_template(messages)
+    with pytest.raises(TypeError, match="chat_template must be a str"):
+        ours.apply_chat_template(USER_ONLY, chat_template=5)
+    with pytest.raises(ValueError, match="add_generation_prompt must be True or False, got 'no'"):
+        ours.apply_chat_template(USER_ONLY, add_generation_prompt="no")
     # A message without content (None or left out) that the template reads is named; a message
     # with tool calls and no content is not (templates write its calls).
     concat = "{% for m in messages %}{{ m['content'] + '|' }}{% endfor %}"

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from brisklm.sampling import find_stop_string
@@ -298,6 +299,30 @@ def test_vocabulary_and_special_tokens_match_transformers(loaded, kind: str) -> 
     assert ours.token_to_id("definitely not a token ∅") is None
     with pytest.raises(IndexError):
         ours.id_to_token(ours.vocab_size + 5)
+
+
+def test_misused_methods_name_what_they_take(loaded) -> None:
+    """The backend's messages named no argument (OverflowError "number too small to fit in target
+    type", "'NoneType' object is not iterable"), and id_to_token(3.7) was token 3."""
+    ours, _ = loaded[KINDS[0]]
+    for call, error, message in [
+        (lambda: ours.id_to_token(3.7), TypeError, r"token ids must be ints, got 3.7 \(float\)"),
+        (lambda: ours.id_to_token(True), TypeError, "got True"),
+        (lambda: ours.id_to_token(-1), ValueError, r"token ids must be ints in \[0, 2\*\*32\)"),
+        (lambda: ours.decode([5, -1]), ValueError, "got -1$"),
+        (lambda: ours.decode([2**70]), ValueError, f"got {2**70}$"),
+        (lambda: ours.decode([1.5]), TypeError, "got 1.5"),
+        (lambda: ours.decode([[1, 2]]), TypeError, r"got \[1, 2\] \(list\)"),
+        (lambda: ours.decode("abc"), TypeError, "ids must be a list of token ids .* got str"),
+        (lambda: ours.decode(None), TypeError, "got NoneType"),
+        (lambda: ours.encode(None), TypeError, "text must be a str, got NoneType"),
+        (lambda: ours.encode(b"hi"), TypeError, "text must be a str, got bytes"),
+        (lambda: ours.encode("x", add_special_tokens="no"), TypeError, "add_special_tokens"),
+        (lambda: ours.token_to_id(None), TypeError, "token must be a str, got NoneType"),
+    ]:
+        with pytest.raises(error, match=message):
+            call()
+    assert ours.decode([]) == "" and ours.id_to_token(5) == ours.id_to_token(np.int64(5))
 
 
 def test_named_tokens_and_eos_ids(loaded) -> None:

@@ -219,9 +219,21 @@ def _check_tools(tools: list[dict[str, Any]]) -> None:
         seen[name] = index
 
 
+def check_messages_list(messages: object) -> None:
+    """ValueError unless ``messages`` is a list (a sequence) of messages: a str was read
+    character by character, None failed inside the template's loop."""
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+        raise ValueError(
+            f"messages must be a list of message dicts ({{'role': ..., 'content': ...}}), "
+            f"got {type(messages).__name__}"
+        )
+
+
 def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     normalized = []
-    for index, message in enumerate(_to_dicts(getattr(messages, "messages", messages))):
+    messages = getattr(messages, "messages", messages)
+    check_messages_list(messages)
+    for index, message in enumerate(_to_dicts(messages)):
         if not isinstance(message, dict):
             raise TypeError(
                 f"chat messages must be dicts, dataclasses or pydantic models, got {message!r}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,7 +385,15 @@ class ModelConfig:
 
 def checkpoint_directory(path: str | Path, what: str = "model") -> Path:
     """``path`` as a Path, if it is a directory; a FileNotFoundError or NotADirectoryError (both
-    OSError) naming ``what`` it was to be otherwise."""
+    OSError) naming ``what`` it was to be otherwise; a TypeError or ValueError for a path that
+    is no str or os.PathLike, or is empty (``Path("")`` is the current directory)."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"the {what} path must be a str or os.PathLike (a checkpoint directory), got "
+            f"{type(path).__name__}"
+        )
+    if not os.fspath(path):
+        raise ValueError(f"the {what} path is empty: give a checkpoint directory")
     directory = Path(path)
     if directory.is_dir():
         return directory

@@ -22,6 +22,8 @@ from typing import Any, Literal, NamedTuple, TypeAlias, overload
 import torch
 from numpy import ndarray
 
+from brisklm.chat_template import check_messages_list
+from brisklm.checks import check_bool
 from brisklm.config import checkpoint_directory
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.constrained.matcher import GrammarMatcher
@@ -32,7 +34,7 @@ from brisklm.engine.llm_engine import (
     check_kv_cache_fits,
     num_cache_slots,
 )
-from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector
+from brisklm.engine.loop import AsyncCollector, EngineLoop, SyncCollector, check_request_list
 from brisklm.engine.request import Request
 from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
@@ -94,7 +96,11 @@ def _is_token_id(value: Any) -> bool:
     """An int, an integer scalar of numpy (numbers.Integral) or a 0-d integer tensor or array;
     not a bool."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        return not _holds_non_integers(getattr(value, "dtype", None))
+        # (a numpy str, bytes or datetime scalar is none: read as ids, int() failed on it)
+        dtype = getattr(value, "dtype", None)
+        if isinstance(dtype, torch.dtype):
+            return not _holds_non_integers(dtype)
+        return getattr(dtype, "kind", None) in ("i", "u")
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -108,7 +114,7 @@ def _as_list(value: Any) -> Any:
         and not _is_bytes(value)  # (a memoryview has both: refused as bytes, not read as ids)
     ):
         dtype = getattr(value, "dtype", None)
-        if value.ndim == 0 and not _holds_non_integers(dtype):
+        if value.ndim == 0 and _is_token_id(value):
             raise TypeError(
                 f"a 0-d {type(value).__name__} ({value!r:.40}) is one token id, not a prompt: "
                 "pass a 1-d one or a list of ids"
@@ -559,6 +565,7 @@ class LLM:
                 f"of the {cpus} CPUs this process may run on: at most {MAX_THREADS_PER_CPU * cpus} "
                 "(more threads than CPUs take turns on them; None: one per CPU)"
             )
+        check_bool("show_progress", show_progress)
         directory = checkpoint_directory(path if path is not None else default_model_path())
         check_draft_options(draft, num_speculative_tokens, draft_length)
         config = EngineConfig(
@@ -926,6 +933,7 @@ class LLM:
     ) -> list[GenerationOutput]:
         """Submit prepared requests together and block until all finish (``show_progress``: a
         progress bar, as ``generate``'s)."""
+        check_request_list(requests)
         with (
             contextlib.closing(self._results(requests, final_only=True)) as results,
             BatchProgress(len(requests), show_progress) as progress,
@@ -1038,6 +1046,7 @@ class LLM:
         self, requests: list[Request], *, show_progress: bool = False
     ) -> list[GenerationOutput]:
         """Async ``run_requests``: the first request to fail raises, and the others are aborted."""
+        check_request_list(requests)
         async with contextlib.aclosing(self.arun_requests_each(requests)) as results:
             with BatchProgress(len(requests), show_progress) as progress:
                 async for index, result in results:
@@ -1136,11 +1145,7 @@ class LLM:
         **template_kwargs: Any,
     ) -> list[int]:
         """Render messages (and tools) with the model's chat template and tokenize the result."""
-        if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
-            raise ValueError(
-                f"messages must be a list of message dicts ({{'role': ..., 'content': ...}}), "
-                f"got {type(messages).__name__}"
-            )
+        check_messages_list(messages)
         if not messages:
             raise ValueError("messages is empty: a chat needs at least one message")
         check_template_kwargs(template_kwargs)

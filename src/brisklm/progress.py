@@ -7,12 +7,15 @@ import time
 from types import TracebackType
 from typing import Any
 
+from brisklm.checks import check_bool
+
 
 class BatchProgress:
     """tqdm's bar on stderr for ``total`` requests, or nothing at all unless ``show`` (no tqdm
     object: even a disabled one can start tqdm's monitor thread)."""
 
     def __init__(self, total: int, show: bool) -> None:
+        check_bool("show_progress", show)
         self._bar: Any = None
         if show:
             from tqdm.auto import tqdm

@@ -53,6 +53,11 @@ class RequestStream(_Named, Iterator[T], Generic[T]):
         return self
 
     def __next__(self) -> T:
+        if self._items.gi_running:  # (Python's own "generator already executing" named no one)
+            raise RuntimeError(
+                "another thread is reading this stream: a RequestStream has one reader (other "
+                "threads may stop it: stream.abort())"
+            )
         return next(self._items)
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ def check_speed_options(
     prompt_tokens: int, new_tokens: int, batch_sizes: Sequence[int], repeats: int
 ) -> None:
     """ValueError naming the option that is out of range."""
-    from brisklm.engine.llm_engine import check_int
+    from brisklm.checks import check_int
 
     check_int("prompt_tokens", prompt_tokens, 1)
     check_int("new_tokens", new_tokens, 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from brisklm.chat_template import render_chat_template
+from brisklm.checks import check_bool
 from brisklm.config import token_ids
 from brisklm.detokenizer import IncrementalDetokenizer
 from brisklm.tokenizer_backend import MODEL_CONFIG, load_backend, read_json
@@ -64,6 +66,24 @@ def _ids_from_config(generation_config: Mapping[str, Any], key: str, source: str
             f"{source}: {key} must be a token id or a list of token ids, got {value!r}"
         )
     return list(ids)
+
+
+def _is_id(value: object) -> bool:
+    """A token id as the backend takes it: an int (numpy's too, not a bool) in [0, 2**32)."""
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and 0 <= int(value) < 2**32
+    )
+
+
+def _not_an_id(value: object) -> Exception:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return ValueError(
+            f"token ids must be ints in [0, 2**32) (ids past the vocabulary have no text), "
+            f"got {value}"
+        )
+    return TypeError(f"token ids must be ints, got {value!r} ({type(value).__name__})")
 
 
 class Tokenizer:
@@ -170,8 +190,13 @@ class Tokenizer:
                 return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
             return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         except (TypeError, UnicodeError):
-            if isinstance(text, str):
-                check_encodable(text)
+            if not isinstance(text, str):
+                raise TypeError(f"text must be a str, got {type(text).__name__}") from None
+            if not isinstance(add_special_tokens, bool):
+                raise TypeError(
+                    f"add_special_tokens must be True or False, got {add_special_tokens!r}"
+                ) from None
+            check_encodable(text)
             raise
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -180,11 +205,21 @@ class Tokenizer:
         Ids without a token are ignored, as the backend does.
         """
         # tolist() accepts tensors and arrays as well as lists
+        if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"ids must be a list of token ids (ints), got {type(ids).__name__}")
         token_ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        try:
+            return self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        except (TypeError, OverflowError):  # (the backend's own messages named no id)
+            bad = next((i for i in token_ids if not _is_id(i)), None)
+            if bad is None:
+                raise
+            raise _not_an_id(bad) from None
 
     def id_to_token(self, token_id: int) -> str:
         """The vocabulary string of an id (byte-level or '▁' form, not decoded text)."""
+        if not _is_id(token_id):  # (3.7 was read as 3, True as 1)
+            raise _not_an_id(token_id)
         token = self._backend.id_to_token(int(token_id))
         if token is None:
             raise IndexError(
@@ -194,6 +229,8 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary string, or None if it is not one."""
+        if not isinstance(token, str):
+            raise TypeError(f"token must be a str, got {type(token).__name__}")
         return self._backend.token_to_id(token)
 
     @cached_property
@@ -310,6 +347,7 @@ class Tokenizer:
         prompt is added. Extra keyword arguments become template variables (`documents`
         included). Raises ValueError without a chat template.
         """
+        check_bool("add_generation_prompt", add_generation_prompt)
         if extra.pop("tokenize", False) or any(
             extra.get(name) for name in ("return_tensors", "return_dict")
         ):
@@ -342,6 +380,11 @@ class Tokenizer:
         return self._select_template(requested, has_tools)
 
     def _select_template(self, requested: str | None, has_tools: bool) -> str:
+        if requested is not None and not isinstance(requested, str):
+            raise TypeError(
+                "chat_template must be a str: the name of one of the tokenizer's templates or "
+                f"Jinja template source, got {type(requested).__name__}"
+            )
         if requested is not None:
             if requested in self.chat_templates:
                 return self.chat_templates[requested]

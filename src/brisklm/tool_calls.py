@@ -345,6 +345,13 @@ class ToolCallStreamParser:
 def _tool_function(tool: Any) -> dict[str, Any]:
     schema = tool_json_schema(tool)
     function = schema.get("function", schema)
+    if schema.get("type", "function") != "function":
+        # (rendered, as the template may show it, but no call of it can be decoded or parsed)
+        raise ValueError(
+            f"a tool of type {schema.get('type')!r} cannot be called under a grammar: tool_choice, "
+            "parallel_tool_calls and response_format take function tools ({'type': 'function', "
+            f"'function': {{'name': ...}}}} and typed functions), got {schema!r}"
+        )
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise ValueError(f"a tool needs a string name: {schema!r}")
     return dict(function)

@@ -53,6 +53,11 @@ def test_json_schema_from_pydantic() -> None:
 def test_json_schema_rejects_non_schemas() -> None:
     with pytest.raises(ConstraintError, match="json_schema must be"):
         JsonSchema("not a schema")  # type: ignore[arg-type]
+    for strict in ("no", 0, None):  # "no" was strict, 0 and None open
+        with pytest.raises(ConstraintError, match="strict must be True or False"):
+            JsonSchema({}, strict=strict)  # type: ignore[arg-type]
+    with pytest.raises(ConstraintError, match="json_schema must be a dict, a boolean or a pyd"):
+        JsonSchema.from_pydantic(int)  # (an AttributeError: no model_json_schema)
     with pytest.raises(
         ConstraintError, match=r"got JsonSchema \(pass a JsonSchema as constraint=\)"
     ):

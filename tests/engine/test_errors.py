@@ -370,11 +370,16 @@ def test_text_that_is_not_unicode(llm):
         ),
         ({"num_speculative_tokens": -3}, "num_speculative_tokens must be an int"),
         ({"num_speculative_tokens": "abc"}, "num_speculative_tokens must be an int"),
+        (  # it read "must be an int >= 1, got np.int64(2)"
+            {"max_batch_size": np.int64(2)},
+            r"got np.int64\(2\) \(a int64: pass int\(...\) of it\)",
+        ),
+        ({"show_progress": "no"}, "show_progress must be True or False, got 'no'"),
     ],
 )
 def test_engine_arguments_of_the_wrong_type(tiny_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        LLM.from_pretrained(tiny_dir, show_progress=False, **kwargs)
+        LLM.from_pretrained(tiny_dir, **{"show_progress": False, **kwargs})
 
 
 @pytest.mark.parametrize(
@@ -602,6 +607,55 @@ def test_a_request_that_overflows_its_float16_cache_spoils_no_later_request(tmp_
 def test_nonexistent_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist|no config.json|tokenizer"):
         LLM.from_pretrained(tmp_path / "nope", show_progress=False)
+    # pathlib's own TypeErrors, and "" read as the current directory ("no tokenizer found in .")
+    with pytest.raises(TypeError, match=r"model path must be a str or os.PathLike .* got int"):
+        LLM.from_pretrained(5, show_progress=False)
+    with pytest.raises(TypeError, match="got bytes"):
+        LLM.from_pretrained(str(tmp_path).encode(), show_progress=False)
+    with pytest.raises(ValueError, match="the model path is empty"):
+        LLM.from_pretrained("", show_progress=False)
+
+
+def test_misused_calls_are_named_and_leave_the_engine_serving(llm):
+    """From an audit of the API's misuse: each gave an error from deep inside (or none)."""
+    # numpy str scalars were read as token ids: "invalid literal for int() ... np.str_('Hi')"
+    expected = [o.text for o in llm.generate(["Hi", "Ho"], GREEDY)]
+    assert [o.text for o in llm.generate([np.str_("Hi"), np.str_("Ho")], GREEDY)] == expected
+    with pytest.raises(TypeError, match="a list of prompts holds strs or lists of token ids"):
+        llm.generate([np.datetime64("2020-01-01")], GREEDY)
+    # "object of type 'NoneType' has no len()"
+    for run in (llm.run_requests, lambda r: asyncio.run(llm.arun_requests(r))):
+        with pytest.raises(TypeError, match="requests must be a list of Request objects"):
+            run(None)
+        with pytest.raises(TypeError, match="got Request"):
+            run(llm.make_request("Hi", GREEDY))
+    with pytest.raises(ValueError, match="show_progress must be True or False, got 'yes'"):
+        llm.generate("Hi", GREEDY, show_progress="yes")
+    with pytest.raises(TypeError, match="add_special_tokens must be True or False, got 'no'"):
+        llm.make_request("Hi", GREEDY, add_special_tokens="no")
+    with pytest.raises(TypeError, match="chat_template must be a str: the name of one of"):
+        llm.chat([{"role": "user", "content": "Hi"}], GREEDY, chat_template=5)
+    # "a tool needs a string name: {'type': 'retrieval'}"
+    with pytest.raises(ValueError, match="a tool of type 'retrieval' cannot be called under a"):
+        llm.chat(
+            [{"role": "user", "content": "Hi"}],
+            GREEDY,
+            tools=[{"type": "retrieval"}],
+            tool_choice="auto",
+        )
+    assert_still_works(llm)
+
+
+def test_close_given_a_bad_timeout_closes_nothing(tiny_dir):
+    # close("x") raised from inside threading's wait, the engine already closed.
+    llm = LLM.from_pretrained(tiny_dir, show_progress=False)
+    for timeout in ("x", -1, float("nan"), True):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
+            llm.close(timeout)
+    assert_still_works(llm)
+    llm.close(0.5)
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        llm.generate("Hi", GREEDY)
 
 
 def test_a_file_given_as_the_model_or_draft_directory_is_named_as_such(tiny_dir):

@@ -59,6 +59,32 @@ def test_abort_by_the_streams_request_id(llm, monkeypatch):
     assert len(text) < len(llm.generate("Hello", LONG).text)
 
 
+def test_a_second_reader_of_a_stream_is_told_it_has_one(llm, monkeypatch):
+    # The second thread got Python's "ValueError: generator already executing".
+    slow_steps(llm, monkeypatch)
+    stream = llm.stream("Hello", LONG)
+    next(stream)
+    inside = threading.Event()
+    release = threading.Event()
+    items = stream._items
+
+    def held():  # the first reader, waiting inside the stream's generator
+        inside.set()
+        release.wait(10)
+        yield from items
+
+    stream._items = held()
+    first = threading.Thread(target=lambda: next(stream))
+    first.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match="another thread is reading this stream"):
+        next(stream)
+    release.set()
+    first.join(10)
+    stream.close()
+    assert wait_until(lambda: not llm.engine.has_unfinished)
+
+
 @pytest.mark.parametrize("chunks", [False, True])
 def test_a_stream_stopped_before_it_starts_yields_nothing(llm, chunks):
     stream = (llm.stream_chunks if chunks else llm.stream)("Hello", LONG)

@@ -24,13 +24,21 @@ Outcome = tuple[Prepared, list[GenerationOutput]]
 Waiting = tuple[Callable[[], Prepared], "asyncio.Future[Outcome]"]
 
 
-class BatchSubmission:
-    """Groups the calls of one batch (see the module docstring)."""
+class BatchStopped(RuntimeError):
+    """A call of a batch stopped because another input of it failed
+    (``BatchSubmission.stop_all``)."""
 
-    def __init__(self) -> None:
+
+class BatchSubmission:
+    """Groups the calls of one batch (see the module docstring). ``stop_on_error``: one call's
+    error stops the others (a batch that raises, rather than returning each input's error)."""
+
+    def __init__(self, stop_on_error: bool = False) -> None:
         self._waiting: list[Waiting] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._cancelled = False
+        self.stop_on_error = stop_on_error
+        self.error: Exception | None = None  # the call's error that stopped the batch
 
     def cancel_all(self) -> None:
         """Cancel every call of the batch not finished yet (their requests are aborted), and any
@@ -41,6 +49,25 @@ class BatchSubmission:
             if not future.done():
                 future.cancel()
 
+    def stop_all(self, error: Exception) -> None:
+        """A call failed with ``error`` (the first to): every call not finished yet, and any that
+        starts later, fails with a ``BatchStopped`` naming it, its requests aborted. Failed, not
+        cancelled: each call's run reports its error to the callbacks (a cancelled one's run
+        never ended, where ``batch`` ran the inputs on an event loop of its own)."""
+        if self.error is not None:
+            return
+        self.error = error
+        for future in self._futures:
+            if not future.done():
+                future.set_exception(self._stopped())
+
+    def _stopped(self) -> BatchStopped:
+        error = self.error
+        return BatchStopped(
+            f"another input of the batch failed ({type(error).__name__}: {error}); this one was "
+            "stopped"
+        )
+
     async def run(self, prepare: Callable[[], Prepared]) -> Outcome:
         """``prepare()`` run beside the other calls of this turn, then its requests' outputs.
 
@@ -49,6 +76,8 @@ class BatchSubmission:
         not yet submitted, never made)."""
         if self._cancelled:
             raise asyncio.CancelledError
+        if self.error is not None:
+            raise self._stopped()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         self._futures.append(future)
@@ -118,7 +147,9 @@ async def _submit(items: list[tuple[Prepared, asyncio.Future[Any]]]) -> None:
 
     owner = []  # the item of each request
     for item, (call, future) in enumerate(items):
-        future.add_done_callback(lambda f, call=call: abort(call) if f.cancelled() else None)
+        future.add_done_callback(
+            lambda f, call=call: abort(call) if f.cancelled() or f.exception() else None
+        )
         owner += [item] * len(call.requests)
     done: list[dict[int, GenerationOutput]] = [{} for _ in items]
     results = llm.arun_requests_each([request for call, _ in items for request in call.requests])

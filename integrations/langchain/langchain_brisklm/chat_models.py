@@ -385,18 +385,38 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         """LangChain's `abatch` (callbacks, configs, `return_exceptions`), with the inputs'
         requests submitted to the engine together (`langchain_brisklm._batched`): prefilled in
         one pass and decoded as one batch."""
-        submission = BatchSubmission()
+        # One input's error ends the batch, as in `batch`: the other inputs stop too, each
+        # failing (its run reports it), and the batch raises that first error once all have.
+        submission = BatchSubmission(stop_on_error=not return_exceptions)
         token = _BATCH.set(submission)
         try:
-            return await super().abatch(
-                inputs, config, return_exceptions=return_exceptions, **kwargs
-            )
-        except BaseException:
-            # One input's error ends the batch, as in `batch`: the other inputs stop too.
+            results = await super().abatch(inputs, config, return_exceptions=True, **kwargs)
+        except BaseException:  # (an interrupt, a cancellation: nothing to wait for)
             submission.cancel_all()
             raise
         finally:
             _BATCH.reset(token)
+        if not return_exceptions:
+            error = submission.error or next((r for r in results if isinstance(r, Exception)), None)
+            if error is not None:
+                raise error
+        return results  # type: ignore[return-value]
+
+    async def ainvoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        try:
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
+        except Exception as error:
+            batch = _BATCH.get()
+            if batch is not None and batch.stop_on_error:  # (an input of `abatch`)
+                batch.stop_all(error)
+            raise
 
     def batch(
         self,

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from llguidance import LLMatcher
 
@@ -87,7 +87,15 @@ class JsonSchema:
     strict: bool = True
     _text: str = field(init=False, repr=False)
 
+    if TYPE_CHECKING:  # what it takes, for type checkers: ``schema`` holds the dict made of it
+
+        def __init__(
+            self, schema: dict[str, Any] | bool | type[Any], strict: bool = True
+        ) -> None: ...
+
     def __post_init__(self) -> None:
+        if not isinstance(self.strict, bool):  # ("no" was strict, 0 open)
+            raise ConstraintError(f"JsonSchema's strict must be True or False, got {self.strict!r}")
         schema = _schema_dict(self.schema)
         try:
             # Not sort_keys: llguidance emits properties in schema order and resolves applicators
@@ -110,9 +118,9 @@ class JsonSchema:
         return json.loads(self._text)
 
     @classmethod
-    def from_pydantic(cls, model: type, strict: bool = True) -> JsonSchema:
+    def from_pydantic(cls, model: type[Any], strict: bool = True) -> JsonSchema:
         """The schema of a pydantic model class (`model.model_json_schema()`)."""
-        return cls(model.model_json_schema(), strict)
+        return cls(model, strict)
 
     @property
     def key(self) -> tuple[str, ...]:

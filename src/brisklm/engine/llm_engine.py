@@ -13,6 +13,7 @@ import torch
 from brisklm.attention import ATTENTION_BACKENDS
 from brisklm.cache.contiguous import KVCache, available_memory, cache_size_text, format_bytes
 from brisklm.cache.prefix_cache import PrefixCache
+from brisklm.checks import check_bool, check_int
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE, vocabulary_note
 from brisklm.constrained.errors import ConstraintError
 from brisklm.engine.model_runner import ForwardBatch, ModelRunner, decode_rows_stepwise
@@ -47,12 +48,6 @@ def own_exception(exc: BaseException) -> BaseException:
         copy = RuntimeError(str(exc))
     copy.__cause__ = exc
     return copy
-
-
-def check_int(name: str, value: object, minimum: int, also: str = "") -> None:
-    """An int (not a bool) of at least ``minimum``, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}{also}, got {value!r}")
 
 
 # Prompt tokens a request feeds per pass when EngineConfig.prefill_chunk_size is None. On CPU,
@@ -129,10 +124,8 @@ class EngineConfig:
                 f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                 f"{self.attention_backend!r}"
             )
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
-        if not isinstance(self.prefix_caching, bool):
-            raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
+        check_bool("cuda_graphs", self.cuda_graphs)
+        check_bool("prefix_caching", self.prefix_caching)
         check_int("grammar_cache_size", self.grammar_cache_size, 1)
         check_int("max_decode_steps", self.max_decode_steps, 1)
         check_int("prefix_cache_slots", self.prefix_cache_slots, 0)

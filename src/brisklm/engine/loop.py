@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import math
+import numbers
 import os
 import queue
 import threading
@@ -28,6 +30,16 @@ Sink = Callable[[Request, "StreamChunk | BaseException"], None]
 
 # Seconds interpreter exit waits for an engine thread to finish the step it is in.
 EXIT_JOIN_S = 10.0
+
+
+def check_request_list(requests: object) -> None:
+    """TypeError unless ``requests`` is a list (or tuple); its items are checked as Requests as
+    they are submitted."""
+    if not isinstance(requests, list | tuple):
+        raise TypeError(
+            "requests must be a list of Request objects (LLM.make_request), got "
+            f"{type(requests).__name__}"
+        )
 
 
 class EngineLoop:
@@ -63,6 +75,7 @@ class EngineLoop:
 
     def submit(self, requests: list[Request], sink: Sink) -> None:
         """Queue requests (admitted together, so they can share a prefill); ``sink`` gets their chunks."""
+        check_request_list(requests)
         self._check_process()  # before the lock, which the fork may have copied held
         with self._start_lock:  # no request slips in after close() has failed the pending ones
             if self._closed:
@@ -114,6 +127,13 @@ class EngineLoop:
         """Stop the engine thread (waiting up to ``timeout`` seconds for the step it is in); every
         request still queued or running fails with an error. ``then`` runs once the thread has
         stopped: here, or as the thread ends where its step outlasts the timeout."""
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, numbers.Real)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):  # (before anything closes: a str failed inside the wait, the engine closed)
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         if self._forked:  # no thread to stop here, and the requests' callers are the parent's
             self._closed = True
             _open_loops.discard(self)

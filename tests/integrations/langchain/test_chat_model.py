@@ -733,6 +733,50 @@ def test_a_bad_input_in_abatch_stops_the_others(
     assert not llm.engine.has_unfinished
 
 
+@pytest.mark.parametrize("api", ["batch", "abatch"])
+def test_every_run_of_a_batch_that_fails_ends_in_the_callbacks(chat: ChatBrisk, api: str) -> None:
+    """The inputs a failing batch stops fail too, each run reporting its error (the runs of the
+    others, cancelled on batch's own event loop, never ended: a tracer showed them running)."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    from langchain_brisklm._batched import BatchStopped
+
+    class Runs(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.started: list[Any] = []
+            self.ended: dict[Any, BaseException | None] = {}
+
+        def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: Any, **_: Any):
+            self.started.append(run_id)
+
+        def on_llm_end(self, response: Any, *, run_id: Any, **_: Any) -> None:
+            self.ended[run_id] = None
+
+        def on_llm_error(self, error: BaseException, *, run_id: Any, **_: Any) -> None:
+            self.ended[run_id] = error
+
+    runs = Runs()
+    inputs = ["Count to one thousand.", "word " * 4000, "Hello"]
+    with pytest.raises(ValueError, match="context") as raised:
+        if api == "batch":
+            chat.batch(inputs, {"callbacks": [runs]}, max_tokens=1400)
+        else:
+            asyncio.run(chat.abatch(inputs, {"callbacks": [runs]}, max_tokens=1400))
+    assert not isinstance(raised.value, BatchStopped)  # the input's own error
+    assert len(runs.started) == 3 and set(runs.ended) == set(runs.started)
+    errors = [runs.ended[run] for run in runs.started]
+    assert sum(isinstance(e, BatchStopped) for e in errors) == 2
+    assert all(
+        e is not None and "another input of the batch failed" in str(e) or e is raised.value
+        for e in errors
+    )
+    for _ in range(300):  # the aborts reach the engine at its next step
+        if not chat._engine().engine.has_unfinished:
+            break
+        time.sleep(0.01)
+    assert not chat._engine().engine.has_unfinished
+
+
 def test_a_request_failing_in_the_engine_fails_alone_in_a_batch(
     chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
