@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,9 @@ def test_generate_reads_a_piped_prompt_without_dash_and_asks_for_one_at_a_termin
         def isatty(self) -> bool:
             return True
 
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # /dev/null: cron, nohup, a subprocess
+    assert main(argv) == 1  # (it generated from an empty prompt)
+    assert "stdin, read for want of one, was empty" in capsys.readouterr().err
     monkeypatch.setattr(sys, "stdin", Terminal(""))
     assert main(argv) == 1  # (it said "the following arguments are required: prompt")
     assert capsys.readouterr().err == (
@@ -1083,17 +1087,22 @@ def test_ctrl_c_at_a_terminal_stops_the_reply_and_the_chat_goes_on(model_dir, ca
 def test_chat_commands_are_listed_and_unknown_ones_refused(model_dir, capsys, monkeypatch):
     # "/help" went to the model as a message.
     argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "3"]
-    monkeypatch.setattr(sys, "stdin", io.StringIO("/help\n/bogus\n/etc/hosts is a file\n"))
+    monkeypatch.setattr(
+        sys, "stdin", io.StringIO("/help\n/bogus\n/etc/hosts is a file\n/QUIT\nHi\n")
+    )
     assert main(argv) == 1  # piped: a line that got no reply
     captured = capsys.readouterr()
-    assert captured.out.startswith("commands:\n  /reset") and "Ctrl-C stops a reply" in captured.out
-    assert "brisklm: error: no command /bogus\ncommands:" in captured.err
     with LLM.from_pretrained(model_dir, show_progress=False) as llm:
         reply = llm.chat(
             [{"role": "user", "content": "/etc/hosts is a file"}],
             SamplingParams(temperature=0, max_tokens=3),
         )
-    assert captured.out.endswith(reply.content + "\n")  # a path is a message
+    assert captured.out == reply.content + "\n"  # a path is a message; "Hi" came after /QUIT
+    # piped, the list goes to stderr: stdout holds the replies alone
+    assert captured.err.startswith("commands:\n  /reset") and "Ctrl-C stops a reply" in captured.err
+    assert "brisklm: error: no command /bogus\ncommands:" in captured.err
+    monkeypatch.setattr(sys, "stdin", _Terminal("/help\n"))
+    assert main(argv) == 0 and "commands:\n  /reset" in capsys.readouterr().out
 
 
 def test_a_constrained_output_cut_short_is_named(model_dir, capsys):
@@ -1114,6 +1123,12 @@ def test_a_constrained_output_cut_short_is_named(model_dir, capsys):
     capsys.readouterr()
     regex = ["generate", "--model", str(model_dir), "--regex", "ab", "--temperature", "0", "x"]
     assert main(regex) == 0 and capsys.readouterr() == ("ab\n", "")  # met: nothing said
+    # An open-ended constraint that --max-tokens ends where it is complete matches: it said
+    # that it did not (found by a review).
+    regex = ["generate", "--model", str(model_dir), "--regex", "[a-z]+", "--temperature", "0"]
+    assert main([*regex, "--max-tokens", "4", "x"]) == 0
+    out, err = capsys.readouterr()
+    assert re.fullmatch("[a-z]+\n", out) and err == ""
 
 
 def test_sampling_flags_under_greedy_decoding_are_named(model_dir, capsys, tmp_path):

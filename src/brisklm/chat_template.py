@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -219,10 +219,12 @@ def _check_tools(tools: list[dict[str, Any]]) -> None:
         seen[name] = index
 
 
-def check_messages_list(messages: object) -> None:
-    """ValueError unless ``messages`` is a list (a sequence) of messages: a str was read
-    character by character, None failed inside the template's loop."""
-    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+def check_messages_list(messages: object, sequence: bool = False) -> None:
+    """ValueError unless ``messages`` holds messages: an iterable (``sequence``: a sequence, a
+    list or tuple) but no str, bytes or dict (a str was read character by character, None
+    failed inside the template's loop)."""
+    wanted = Sequence if sequence else Iterable
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, wanted):
         raise ValueError(
             f"messages must be a list of message dicts ({{'role': ..., 'content': ...}}), "
             f"got {type(messages).__name__}"

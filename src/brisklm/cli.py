@@ -511,13 +511,16 @@ def _read_stdin_prompt() -> str:
 
 def _run_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt
-    if prompt is None and (sys.stdin is None or sys.stdin.isatty()):
-        raise CliError(
-            "give a prompt: brisklm generate \"Once upon a time\" (or '-' to read it from "
-            "stdin, which a pipe does without it)"
-        )
+    ask = 'give a prompt: brisklm generate "Once upon a time"'
+    if prompt is None and sys.stdin is None:
+        raise CliError(ask)
+    if prompt is None and sys.stdin.isatty():
+        raise CliError(f"{ask} (or '-' to read it from stdin, which a pipe does without it)")
     if prompt is None or prompt == "-":
+        implicit = prompt is None
         prompt = _read_stdin_prompt()
+        if implicit and not prompt:  # (stdin at /dev/null: cron, nohup, a subprocess)
+            raise CliError(f"{ask} (stdin, read for want of one, was empty)")
         if column := _undecodable_column(prompt):
             line = prompt.count("\n", 0, column - 1) + 1
             column -= prompt.rfind("\n", 0, column - 1) + 1
@@ -534,8 +537,7 @@ def _run_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     sys.stdout.write("\n")
     if not args.usage:  # --usage: JSON, with the finish reason
-        _say_if_the_context_ended(llm, request, params)
-        _say_if_cut_short(request, params)
+        _say_how_it_ended(llm, request, params)
     else:
         usage = request.usage
         report: dict[str, Any] = {
@@ -770,36 +772,36 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def _say_if_cut_short(request: Any, params: Any) -> None:
-    """On stderr: a constrained output (--json, --json-schema, --regex, --choice, --grammar)
-    that --max-tokens, a --stop string or the context ended before the constraint was met, so
-    that it does not match."""
-    if params.constraint is None:
-        return
-    stop = request.stop_reason
-    if request.finish_reason == "length":
-        full = request.usage.completion_tokens < params.max_tokens
-        ended = "the context" if full else "--max-tokens"
-    elif stop is not None:
-        ended = f"the --stop string {stop!r}" if isinstance(stop, str) else f"stop token id {stop}"
-    else:
-        return
-    print(
-        f"brisklm: {ended} ended the output before its constraint was met: the output does not "
-        "match it",
-        file=sys.stderr,
+def _say_how_it_ended(llm: Any, request: Any, params: Any) -> None:
+    """On stderr: an output the context ended before --max-tokens, and a constrained one (--json,
+    --json-schema, --regex, --choice, --grammar) cut short of its constraint: --max-tokens or the
+    context ended it where its grammar was not complete (an open-ended one, --regex '[a-z]+',
+    may be complete there: then nothing is said), or a --stop string or stop token did."""
+    ended_by_context = (
+        request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens
     )
-
-
-def _say_if_the_context_ended(llm: Any, request: Any, params: Any) -> None:
-    """On stderr: the output ended because the context was full, before --max-tokens."""
-    if request.finish_reason == "length" and request.usage.completion_tokens < params.max_tokens:
+    if ended_by_context:
         print(
             f"brisklm: the context of {llm.max_seq_len} tokens ended the output after "
             f"{request.usage.completion_tokens} of --max-tokens {params.max_tokens} "
             "(raise --max-seq-len for more)",
             file=sys.stderr,
         )
+    matcher, stop = request.matcher, request.stop_reason
+    if params.constraint is None or matcher is None:
+        return
+    if request.finish_reason == "length" and not matcher.is_accepting():
+        ended = "the context" if ended_by_context else "--max-tokens"
+        told = "does not match it"
+    elif stop is not None:  # (the text leaves the stop string out)
+        ended = f"the --stop string {stop!r}" if isinstance(stop, str) else f"stop token id {stop}"
+        told = "may not match it"
+    else:
+        return
+    print(
+        f"brisklm: {ended} ended the output before its constraint was met: the output {told}",
+        file=sys.stderr,
+    )
 
 
 def _reply_request(
@@ -913,8 +915,8 @@ def _run_chat(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             continue
-        command = user.strip()
-        if command == "/exit":
+        command = user.strip().lower()
+        if command in ("/exit", "/quit"):
             break
         if command == "/reset":
             messages = messages[:1] if args.system else []
@@ -922,23 +924,25 @@ def _run_chat(args: argparse.Namespace) -> int:
         if _CHAT_COMMAND.fullmatch(command):  # /help, or a command that does not exist
             if command != "/help":
                 refused += 1
-                print(f"brisklm: error: no command {command}", file=sys.stderr)
-            print(_CHAT_HELP, file=sys.stdout if command == "/help" else sys.stderr)
+                print(f"brisklm: error: no command {user.strip()}", file=sys.stderr)
+            # (piped, on stderr: stdout holds the replies alone)
+            help_shown = command == "/help" and interactive
+            print(_CHAT_HELP, file=sys.stdout if help_shown else sys.stderr)
             continue
         messages.append({"role": "user", "content": user})
         keep = 1 if args.system else 0
-        if not _fit_history(llm, messages, keep, params.max_tokens, template_vars):
-            messages.pop()
-            refused += 1
-            print(
-                f"brisklm: error: this message alone does not fit the context of "
-                f"{llm.max_seq_len} tokens",
-                file=sys.stderr,
-            )
-            continue
         reply = []
-        request = _reply_request(llm, messages, params, template_vars)
         try:
+            if not _fit_history(llm, messages, keep, params.max_tokens, template_vars):
+                messages.pop()
+                refused += 1
+                print(
+                    f"brisklm: error: this message alone does not fit the context of "
+                    f"{llm.max_seq_len} tokens",
+                    file=sys.stderr,
+                )
+                continue
+            request = _reply_request(llm, messages, params, template_vars)
             for chunk in llm.stream_request(request):  # (an interrupt closes it: aborted)
                 if chunk.text:
                     reply.append(chunk.text)
@@ -956,8 +960,7 @@ def _run_chat(args: argparse.Namespace) -> int:
                 continue
         else:
             sys.stdout.write("\n")
-            _say_if_the_context_ended(llm, request, params)
-            _say_if_cut_short(request, params)
+            _say_how_it_ended(llm, request, params)
         messages.append({"role": "assistant", "content": "".join(reply)})
     if refused and not interactive:
         # A script reading the replies must learn that some are missing; typed at a terminal,
@@ -1005,7 +1008,7 @@ def _undecodable_column(line: str) -> int:
 _CHAT_COMMAND = re.compile(r"/[A-Za-z]+")
 _CHAT_HELP = """commands:
   /reset  clear the history (the --system message stays)
-  /exit   quit (Ctrl-D too)
+  /exit   quit (/quit and Ctrl-D too)
   /help   this list
 Ctrl-C stops a reply; at the prompt it quits."""
 

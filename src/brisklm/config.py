@@ -413,7 +413,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 def hub_id_hint(path: str | Path) -> str:
     """For a missing directory named like a Hugging Face hub id ("org/name"): what to do."""
     name = str(path)
-    if not _HUB_ID.fullmatch(name):
+    if not _HUB_ID.fullmatch(name) or Path(name).parent.exists():  # (a folder here: a local path)
         return ""
     return (
         f" (brisklm loads local checkpoint directories and downloads nothing: for the hub's "

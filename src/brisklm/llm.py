@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import numbers
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -23,7 +22,7 @@ import torch
 from numpy import ndarray
 
 from brisklm.chat_template import check_messages_list
-from brisklm.checks import check_bool
+from brisklm.checks import check_bool, is_token_id
 from brisklm.config import checkpoint_directory
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.constrained.matcher import GrammarMatcher
@@ -40,6 +39,7 @@ from brisklm.engine.scratch_thread import call_in_scratch_thread
 from brisklm.engine.speculation import Speculator
 from brisklm.engine.thinking_budget import ThinkingBudget
 from brisklm.heap import return_free_memory
+from brisklm.kernels import native
 from brisklm.kernels.omp import BusyCpus, at_most_threads, available_cpus, threads_beside
 from brisklm.loader import load_model, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.models.layers import LinearFactory
@@ -92,18 +92,6 @@ Message = Mapping[str, Any]
 _BLANK_RUNS = ("", *(c * n for c in " \n\t" for n in (1, 2, 3)), "\r\n")
 
 
-def _is_token_id(value: Any) -> bool:
-    """An int, an integer scalar of numpy (numbers.Integral) or a 0-d integer tensor or array;
-    not a bool."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        # (a numpy str, bytes or datetime scalar is none: read as ids, int() failed on it)
-        dtype = getattr(value, "dtype", None)
-        if isinstance(dtype, torch.dtype):
-            return not _holds_non_integers(dtype)
-        return getattr(dtype, "kind", None) in ("i", "u")
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _as_list(value: Any) -> Any:
     """A numpy array or torch tensor of token ids as (nested) lists of ints; others unchanged.
     An array of floats or bools is refused here: as lists, they read as lists of prompts."""
@@ -114,7 +102,7 @@ def _as_list(value: Any) -> Any:
         and not _is_bytes(value)  # (a memoryview has both: refused as bytes, not read as ids)
     ):
         dtype = getattr(value, "dtype", None)
-        if value.ndim == 0 and _is_token_id(value):
+        if value.ndim == 0 and is_token_id(value):
             raise TypeError(
                 f"a 0-d {type(value).__name__} ({value!r:.40}) is one token id, not a prompt: "
                 "pass a 1-d one or a list of ids"
@@ -162,7 +150,7 @@ def _one_prompt(prompt: Any, call: str) -> Any:
 def _shape_error(prompt: Any) -> TypeError:
     """Why `prompt` (neither a str nor a list of token ids) is not a prompt."""
     if isinstance(prompt, list | tuple):
-        index = next(i for i, t in enumerate(prompt) if not _is_token_id(t))
+        index = next(i for i, t in enumerate(prompt) if not is_token_id(t))
         item = prompt[index]
         hint = (
             "; a list of prompts is a list of strs or lists of ids: [[1, 2], 'Hi']"
@@ -646,10 +634,14 @@ class LLM:
                 )
             return LLMEngine(model, tokenizer, config, speculator)
 
+        def build_saying_so() -> LLMEngine:  # (a first build of the kernels takes ~8 s)
+            with native.announcing_build(show_progress):
+                return build()
+
         # Loading runs kernels on OpenMP: in a scratch thread, its pool does not outlive it and
         # slow the engine thread down (see brisklm.engine.scratch_thread).
         try:
-            engine = call_in_scratch_thread(build)
+            engine = call_in_scratch_thread(build_saying_so)
         except BaseException:
             if num_threads is not None:  # a load that failed leaves the process as it was
                 torch.set_num_threads(threads_before)
@@ -701,7 +693,7 @@ class LLM:
         elif isinstance(prompt, list | tuple) and all(type(t) is int for t in prompt):
             text = None  # plain ints (what chat and LangChain pass): no per-id conversion
             ids = list(prompt)
-        elif isinstance(prompt, list | tuple) and all(_is_token_id(t) for t in prompt):
+        elif isinstance(prompt, list | tuple) and all(is_token_id(t) for t in prompt):
             text = None
             ids = [int(t) for t in prompt]
         else:
@@ -885,7 +877,7 @@ class LLM:
         if isinstance(prompts, str):
             return [prompts], True
         if isinstance(prompts, list | tuple):
-            single = len(prompts) > 0 and _is_token_id(prompts[0])
+            single = len(prompts) > 0 and is_token_id(prompts[0])
             return ([prompts] if single else list(prompts)), single
         raise TypeError(
             "prompts must be a str, a list of token ids, or a list of those, got "
@@ -1145,7 +1137,7 @@ class LLM:
         **template_kwargs: Any,
     ) -> list[int]:
         """Render messages (and tools) with the model's chat template and tokenize the result."""
-        check_messages_list(messages)
+        check_messages_list(messages, sequence=True)
         if not messages:
             raise ValueError("messages is empty: a chat needs at least one message")
         check_template_kwargs(template_kwargs)

@@ -478,11 +478,7 @@ def load_model(
                 model = LlamaForCausalLM(config, make_linear)
     exact_half = None
     # Structure first: a model the kernels cannot run shall not be told to install gcc.
-    if (
-        float32_by_default
-        and native_forward.supports_structure(model)
-        and native.available(show_build=show_progress)
-    ):
+    if float32_by_default and native_forward.supports_structure(model) and native.available():
         # An int4 layer's own float tensors (scales, biases: float16 in GPTQ checkpoints, whatever
         # the model's dtype) keep their dtype; the rest decides.
         def model_dtype_tensor(name: str) -> bool:

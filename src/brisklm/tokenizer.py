@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from brisklm.chat_template import render_chat_template
-from brisklm.checks import check_bool
+from brisklm.checks import check_bool, is_token_id
 from brisklm.config import token_ids
 from brisklm.detokenizer import IncrementalDetokenizer
 from brisklm.tokenizer_backend import MODEL_CONFIG, load_backend, read_json
@@ -69,16 +68,12 @@ def _ids_from_config(generation_config: Mapping[str, Any], key: str, source: str
 
 
 def _is_id(value: object) -> bool:
-    """A token id as the backend takes it: an int (numpy's too, not a bool) in [0, 2**32)."""
-    return (
-        isinstance(value, numbers.Integral)
-        and not isinstance(value, bool)
-        and 0 <= int(value) < 2**32
-    )
+    """A token id as the backend takes it (``is_token_id``) in [0, 2**32)."""
+    return is_token_id(value) and 0 <= int(value) < 2**32  # type: ignore[call-overload]
 
 
 def _not_an_id(value: object) -> Exception:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if is_token_id(value):
         return ValueError(
             f"token ids must be ints in [0, 2**32) (ids past the vocabulary have no text), "
             f"got {value}"
@@ -205,7 +200,11 @@ class Tokenizer:
         Ids without a token are ignored, as the backend does.
         """
         # tolist() accepts tensors and arrays as well as lists
-        if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        if (
+            isinstance(ids, str | bytes)
+            or not hasattr(ids, "__iter__")
+            or getattr(ids, "ndim", 1) == 0
+        ):
             raise TypeError(f"ids must be a list of token ids (ints), got {type(ids).__name__}")
         token_ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         try:

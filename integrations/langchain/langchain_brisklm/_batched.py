@@ -59,9 +59,17 @@ class BatchSubmission:
         self.error = error
         for future in self._futures:
             if not future.done():
-                future.set_exception(self._stopped())
+                future.set_exception(self.stopped())
 
-    def _stopped(self) -> BatchStopped:
+    def check_going(self) -> None:
+        """BatchStopped once a call has stopped the batch: for a call that has not started (one
+        ``max_concurrency`` held back) and a streamed one, which checks at each chunk (its
+        request is aborted as the raise closes its stream)."""
+        if self.error is not None:
+            raise self.stopped()
+
+    def stopped(self) -> BatchStopped:
+        """The error of a call the batch's ``error`` stopped."""
         error = self.error
         return BatchStopped(
             f"another input of the batch failed ({type(error).__name__}: {error}); this one was "
@@ -76,8 +84,7 @@ class BatchSubmission:
         not yet submitted, never made)."""
         if self._cancelled:
             raise asyncio.CancelledError
-        if self.error is not None:
-            raise self._stopped()
+        self.check_going()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         self._futures.append(future)

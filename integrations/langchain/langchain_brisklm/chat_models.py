@@ -410,12 +410,14 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AIMessage:
+        batch = _BATCH.get()
+        if batch is None or not batch.stop_on_error:
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
+        batch.check_going()  # (an input of `abatch` held back by max_concurrency: no run opened)
         try:
             return await super().ainvoke(input, config, stop=stop, **kwargs)
         except Exception as error:
-            batch = _BATCH.get()
-            if batch is not None and batch.stop_on_error:  # (an input of `abatch`)
-                batch.stop_all(error)
+            batch.stop_all(error)
             raise
 
     def batch(
@@ -476,9 +478,13 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        batch = _BATCH.get()
+        stopping = batch if batch is not None and batch.stop_on_error else None
         call = await run_off_loop(self._prepare, messages, stop, kwargs, True)
         converter = _ChunkConverter(call)
         async for stream_chunk in call.llm.astream_request(call.request):
+            if stopping is not None:  # (an input of `abatch` another input's error stops)
+                stopping.check_going()
             for chunk in converter.convert(stream_chunk):
                 if run_manager is not None:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

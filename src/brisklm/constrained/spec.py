@@ -120,7 +120,8 @@ class JsonSchema:
     @classmethod
     def from_pydantic(cls, model: type[Any], strict: bool = True) -> JsonSchema:
         """The schema of a pydantic model class (`model.model_json_schema()`)."""
-        return cls(model, strict)
+        schema = getattr(model, "model_json_schema", None)  # (an instance's too)
+        return cls(schema() if callable(schema) else model, strict)
 
     @property
     def key(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ sleeping threads: see ``brisklm.engine.scratch_thread``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +216,20 @@ def _command(compiler: str) -> list[str]:
         return []
 
 
-# Whether a build says so on stderr (``available(show_build=True)``, while it runs).
+# Whether a build says so on stderr (``announcing_build``, in its thread).
 _show_build = threading.local()
+
+
+@contextlib.contextmanager
+def announcing_build(on: bool = True) -> Iterator[None]:
+    """While in it, a build of the kernels in this thread says so on stderr (``on``): the first
+    load on a machine takes ~8 s more (``LLM.from_pretrained`` with ``show_progress``)."""
+    before = getattr(_show_build, "on", False)
+    _show_build.on = on
+    try:
+        yield
+    finally:
+        _show_build.on = before
 
 
 def _build(compiler: str) -> Path:
@@ -235,7 +249,7 @@ def _build(compiler: str) -> Path:
         return target
     if getattr(_show_build, "on", False):
         print(
-            "brisklm: building the native CPU kernels (once per machine and compiler, ~10 s)",
+            "brisklm: building the native CPU kernels (once per machine and compiler, ~8 s)",
             file=sys.stderr,
             flush=True,
         )
@@ -364,14 +378,8 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def available(show_build: bool = False) -> bool:
-    """Whether the kernels can be used here; ``show_build``: a build this call makes says so on
-    stderr (the first load on a machine takes ~10 s more)."""
-    _show_build.on = show_build
-    try:
-        return library() is not None
-    finally:
-        _show_build.on = False
+def available() -> bool:
+    return library() is not None
 
 
 def function(name: str) -> Any:

@@ -733,10 +733,15 @@ def test_a_bad_input_in_abatch_stops_the_others(
     assert not llm.engine.has_unfinished
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["invoked", "streamed"])
 @pytest.mark.parametrize("api", ["batch", "abatch"])
-def test_every_run_of_a_batch_that_fails_ends_in_the_callbacks(chat: ChatBrisk, api: str) -> None:
+def test_every_run_of_a_batch_that_fails_ends_in_the_callbacks(
+    chat: ChatBrisk, api: str, streamed: bool
+) -> None:
     """The inputs a failing batch stops fail too, each run reporting its error (the runs of the
-    others, cancelled on batch's own event loop, never ended: a tracer showed them running)."""
+    others, cancelled on batch's own event loop, never ended: a tracer showed them running).
+    Streamed inputs (stream=True, a streaming callback, astream_events) stop at their next
+    chunk: a review found them decoding to their end while the batch waited."""
     from langchain_core.callbacks import BaseCallbackHandler
 
     from langchain_brisklm._batched import BatchStopped
@@ -757,11 +762,12 @@ def test_every_run_of_a_batch_that_fails_ends_in_the_callbacks(chat: ChatBrisk, 
 
     runs = Runs()
     inputs = ["Count to one thousand.", "word " * 4000, "Hello"]
+    options: dict[str, Any] = {"max_tokens": 1400, **({"stream": True} if streamed else {})}
     with pytest.raises(ValueError, match="context") as raised:
         if api == "batch":
-            chat.batch(inputs, {"callbacks": [runs]}, max_tokens=1400)
+            chat.batch(inputs, {"callbacks": [runs]}, **options)
         else:
-            asyncio.run(chat.abatch(inputs, {"callbacks": [runs]}, max_tokens=1400))
+            asyncio.run(chat.abatch(inputs, {"callbacks": [runs]}, **options))
     assert not isinstance(raised.value, BatchStopped)  # the input's own error
     assert len(runs.started) == 3 and set(runs.ended) == set(runs.started)
     errors = [runs.ended[run] for run in runs.started]
