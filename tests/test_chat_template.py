@@ -396,6 +396,13 @@ def test_message_objects_and_none_fields_render_like_transformers(chatml_pair) -
         )
         == expected
     )
+    # Any iterable of them (a generator's were refused as "must be dicts, dataclasses ...")
+    assert (
+        ours.apply_chat_template(
+            (m for m in messages), add_generation_prompt=False, chat_template=QWEN25_TEMPLATE
+        )
+        == expected
+    )
 
 
 def test_template_errors_are_clear(chatml_pair, tmp_path: Path) -> None:

@@ -1147,3 +1147,32 @@ def test_sampling_flags_under_greedy_decoding_are_named(model_dir, capsys, tmp_p
     assert "--top-k change nothing: --temperature 0 asks for greedy" in capsys.readouterr().err
     assert main([*argv, "--top-p", "0.5", "--temperature", "1", "x"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_as_a_line_is_refused_leaves_the_history_as_it_was(model_dir, capsys, monkeypatch):
+    """A review found the refusal's pop and the interrupt's pop both taking a message: the
+    history lost the reply before (two user turns in a row) or, empty, raised IndexError."""
+    seen: list[list[str]] = []
+    original = LLM.chat_prompt_ids
+
+    def chat_prompt_ids(self, messages, *args, **kwargs):
+        seen.append([m["role"] for m in messages])
+        return original(self, messages, *args, **kwargs)
+
+    class InterruptedErr(io.StringIO):
+        def write(self, text: str) -> int:
+            if "does not fit" in text:
+                raise KeyboardInterrupt
+            return super().write(text)
+
+    monkeypatch.setattr(LLM, "chat_prompt_ids", chat_prompt_ids)
+    argv = ["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "4"]
+    for lines, roles in [
+        (["Hello", "word " * 80, "Again"], ["user", "assistant", "user"]),
+        (["word " * 80, "Again"], ["user"]),
+    ]:
+        seen.clear()
+        monkeypatch.setattr(sys, "stdin", _Terminal("\n".join(lines) + "\n"))
+        monkeypatch.setattr(sys, "stderr", InterruptedErr())
+        assert main([*argv, "--max-seq-len", "64"]) == 0
+        assert seen[-1] == roles

@@ -235,7 +235,7 @@ def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     normalized = []
     messages = getattr(messages, "messages", messages)
     check_messages_list(messages)
-    for index, message in enumerate(_to_dicts(messages)):
+    for index, message in enumerate(_to_dicts(list(messages))):
         if not isinstance(message, dict):
             raise TypeError(
                 f"chat messages must be dicts, dataclasses or pydantic models, got {message!r}"

@@ -929,12 +929,13 @@ def _run_chat(args: argparse.Namespace) -> int:
             help_shown = command == "/help" and interactive
             print(_CHAT_HELP, file=sys.stdout if help_shown else sys.stderr)
             continue
+        before = list(messages)  # (a turn refused or stopped before any text leaves it as it was)
         messages.append({"role": "user", "content": user})
         keep = 1 if args.system else 0
         reply = []
         try:
             if not _fit_history(llm, messages, keep, params.max_tokens, template_vars):
-                messages.pop()
+                messages[:] = before
                 refused += 1
                 print(
                     f"brisklm: error: this message alone does not fit the context of "
@@ -956,7 +957,7 @@ def _run_chat(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             print("brisklm: reply stopped (Ctrl-C at the prompt quits)", file=sys.stderr)
             if not reply:
-                messages.pop()
+                messages[:] = before
                 continue
         else:
             sys.stdout.write("\n")

@@ -4,6 +4,7 @@ and structured output."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -83,6 +84,8 @@ _CALL_OPTIONS = frozenset(
 _BATCH: contextvars.ContextVar[BatchSubmission | None] = contextvars.ContextVar(
     "brisklm_batch", default=None
 )
+# Set while a ChatBrisk.ainvoke runs: a call made inside it (a callback's) is nested.
+_IN_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("brisklm_in_call", default=False)
 
 
 @dataclass
@@ -389,12 +392,14 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # failing (its run reports it), and the batch raises that first error once all have.
         submission = BatchSubmission(stop_on_error=not return_exceptions)
         token = _BATCH.set(submission)
+        outer = _IN_CALL.set(False)  # (its inputs are its own calls, inside a call or not)
         try:
             results = await super().abatch(inputs, config, return_exceptions=True, **kwargs)
         except BaseException:  # (an interrupt, a cancellation: nothing to wait for)
             submission.cancel_all()
             raise
         finally:
+            _IN_CALL.reset(outer)
             _BATCH.reset(token)
         if not return_exceptions:
             error = submission.error or next((r for r in results if isinstance(r, Exception)), None)
@@ -410,15 +415,22 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AIMessage:
-        batch = _BATCH.get()
-        if batch is None or not batch.stop_on_error:
-            return await super().ainvoke(input, config, stop=stop, **kwargs)
-        batch.check_going()  # (an input of `abatch` held back by max_concurrency: no run opened)
+        # A call made inside another ChatBrisk call (a callback's, a tool's) is none of the
+        # batch the outer call may be an input of: it neither joins nor stops it.
+        batch = None if _IN_CALL.get() else _BATCH.get()
+        tokens = (_IN_CALL.set(True), _BATCH.set(batch))
         try:
-            return await super().ainvoke(input, config, stop=stop, **kwargs)
-        except Exception as error:
-            batch.stop_all(error)
-            raise
+            if batch is None or not batch.stop_on_error:
+                return await super().ainvoke(input, config, stop=stop, **kwargs)
+            batch.check_going()  # (an input of `abatch` max_concurrency held back: no run opened)
+            try:
+                return await super().ainvoke(input, config, stop=stop, **kwargs)
+            except Exception as error:
+                batch.stop_all(error)
+                raise
+        finally:
+            _BATCH.reset(tokens[1])
+            _IN_CALL.reset(tokens[0])
 
     def batch(
         self,
@@ -482,13 +494,15 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         stopping = batch if batch is not None and batch.stop_on_error else None
         call = await run_off_loop(self._prepare, messages, stop, kwargs, True)
         converter = _ChunkConverter(call)
-        async for stream_chunk in call.llm.astream_request(call.request):
-            if stopping is not None:  # (an input of `abatch` another input's error stops)
-                stopping.check_going()
-            for chunk in converter.convert(stream_chunk):
-                if run_manager is not None:
-                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                yield chunk
+        # (closed as the loop ends however it ends: an early end aborts the request)
+        async with contextlib.aclosing(call.llm.astream_request(call.request)) as chunks:
+            async for stream_chunk in chunks:
+                if stopping is not None:  # (an input of `abatch` another input's error stops)
+                    stopping.check_going()
+                for chunk in converter.convert(stream_chunk):
+                    if run_manager is not None:
+                        await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    yield chunk
 
     # ---------------------------------------------------------------- tools
     def bind_tools(

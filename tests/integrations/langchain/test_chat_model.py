@@ -783,6 +783,31 @@ def test_every_run_of_a_batch_that_fails_ends_in_the_callbacks(
     assert not chat._engine().engine.has_unfinished
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["invoked", "streamed"])
+def test_a_call_a_callback_makes_inside_a_failing_batch_is_none_of_it(
+    chat: ChatBrisk, streamed: bool
+) -> None:
+    """A review found a ChatBrisk call made in a batch input's callback sharing the batch's
+    context: the stopped inputs' handlers got BatchStopped for their own, unrelated calls."""
+    from langchain_core.callbacks import AsyncCallbackHandler
+
+    nested: list[Any] = []
+
+    class Handler(AsyncCallbackHandler):
+        async def on_llm_error(self, error: BaseException, **_: Any) -> None:
+            try:
+                nested.append(await chat.ainvoke("Hi", max_tokens=3))
+            except Exception as failure:
+                nested.append(failure)
+
+    inputs = ["Count to one thousand.", "word " * 4000, "Hello"]
+    options: dict[str, Any] = {"max_tokens": 1400, **({"stream": True} if streamed else {})}
+    with pytest.raises(ValueError, match="context"):
+        asyncio.run(chat.abatch(inputs, {"callbacks": [Handler()]}, **options))
+    assert len(nested) == 3 and all(isinstance(reply, AIMessage) for reply in nested), nested
+    assert {reply.content for reply in nested} == {chat.invoke("Hi", max_tokens=3).content}
+
+
 def test_a_request_failing_in_the_engine_fails_alone_in_a_batch(
     chat: ChatBrisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
