@@ -1400,8 +1400,7 @@ class LLM:
         if format is None:
             content, calls, cut_call, cut = text, [], None, False
         else:
-            was_cut = output.finish_reason == "length" or output.stop_reason is not None
-            content, calls, cut_call, cut = format.read_reply(text, was_cut, under_grammar)
+            content, calls, cut_call, cut = format.read_reply(text, output.cut_short, under_grammar)
         finish = turn_finish_reason(output.finish_reason, bool(calls), cut)
         others = [
             LLM.chat_output(c, format, reasoning_start, under_grammar) for c in output.other_choices

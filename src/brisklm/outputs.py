@@ -162,6 +162,12 @@ class GenerationOutput:
         them). Each has its own text, tokens, finish reason, logprobs and usage."""
         return [self, *self.other_choices]
 
+    @property
+    def cut_short(self) -> bool:
+        """Whether max_tokens (or the context), a stop string or a stop token id ended it, not
+        eos or its grammar's end."""
+        return self.finish_reason == "length" or self.stop_reason is not None
+
 
 @dataclass
 class ChatOutput:

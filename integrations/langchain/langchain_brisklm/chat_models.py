@@ -320,8 +320,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
             error = cut_call_error(
                 output.finish_reason, output.stop_reason, call.llm.max_seq_len if full else None
             )
-            was_cut = output.finish_reason == "length" or output.stop_reason is not None
-            content, calls, invalid = parse_reply(text, call.tool_format, error, was_cut)
+            content, calls, invalid = parse_reply(text, call.tool_format, error, output.cut_short)
         else:
             content, calls = text, []
         tool_calls = [

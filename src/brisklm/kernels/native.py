@@ -4,8 +4,8 @@ The library is compiled once per source, compiler and machine into a cache folde
 (``$BRISKLM_CACHE_DIR``, else ``$XDG_CACHE_HOME/brisklm``, else ``~/.cache/brisklm``) and loaded
 with ctypes: no torch headers; a build takes ~8 s on two cores (once per machine and compiler: a
 model loaded with ``show_progress`` says so on stderr while it builds). Everything that uses it
-has a plain-torch path, taken when the library is unavailable: no C compiler, a failed build or probe,
-or ``BRISKLM_NATIVE_KERNELS=0`` in the environment. The reason is logged once.
+has a plain-torch path, taken when the library is unavailable: no C compiler, a failed build or
+probe, or ``BRISKLM_NATIVE_KERNELS=0`` in the environment. The reason is logged once.
 
 The library is built with ``-fopenmp`` and so links ``libgomp.so.1``; torch's wheel has already
 loaded its own copy under that name, which the dynamic linker reuses, so torch's ops and these
