@@ -467,9 +467,7 @@ def _load(
 ) -> Any:
     from brisklm.llm import LLM
 
-    if args.num_speculative_tokens is None:
-        args.num_speculative_tokens = DEFAULT_NUM_SPECULATIVE_TOKENS
-    elif args.draft is None:
+    if args.num_speculative_tokens is not None and args.draft is None:
         raise CliError(
             "--num-speculative-tokens needs speculative decoding: pass --draft (a draft model "
             "directory, 'default' or 'ngram')"

@@ -305,17 +305,26 @@ def default_model_path(draft: bool = False) -> Path:
     return path
 
 
-def draft_schedule(draft: str | Path, num_speculative_tokens: int, draft_length: str | None) -> str:
+def draft_schedule(
+    draft: str | Path, num_speculative_tokens: int | None, draft_length: str | None
+) -> str:
     """The draft length schedule for ``draft``, checked: ``draft_length``, or the proposer's
     default, adaptive for a draft model and fixed for n-gram lookup (whose proposals cost no
     draft passes, so shortening them only loses accepted tokens)."""
     schedule = draft_length or ("fixed" if str(draft) == "ngram" else "adaptive")
-    DraftLengthSchedule(num_speculative_tokens, schedule)  # raises for a bad value
+    DraftLengthSchedule(speculative_tokens(num_speculative_tokens), schedule)  # checks them
     return schedule
 
 
+def speculative_tokens(num_speculative_tokens: int | None) -> int:
+    """The most tokens a step proposes: ``num_speculative_tokens``, None the default (5)."""
+    if num_speculative_tokens is None:
+        return DEFAULT_NUM_SPECULATIVE_TOKENS
+    return num_speculative_tokens
+
+
 def check_draft_options(
-    draft: str | Path | None, num_speculative_tokens: int, draft_length: str | None
+    draft: str | Path | None, num_speculative_tokens: int | None, draft_length: str | None
 ) -> str | None:
     """ValueError (FileNotFoundError for a missing directory) for speculative options
     ``from_pretrained`` would refuse, checked before anything loads; the draft length schedule
@@ -325,12 +334,16 @@ def check_draft_options(
         if str(draft) not in ("ngram", "default"):
             checkpoint_directory(draft, "draft model")
         return schedule
-    if draft_length is not None:
-        raise ValueError(
-            f"draft_length={draft_length!r} needs speculative decoding: pass draft= (a draft "
-            "model directory, 'default' or 'ngram')"
-        )
-    draft_schedule("ngram", num_speculative_tokens, None)  # unused, but a bad value is a mistake
+    for name, value in (
+        ("draft_length", draft_length),
+        ("num_speculative_tokens", num_speculative_tokens),
+    ):
+        if value is not None:  # (the CLI refuses its flags alike)
+            draft_schedule("ngram", num_speculative_tokens, None)  # a bad value named as such
+            raise ValueError(
+                f"{name}={value!r} needs speculative decoding: pass draft= (a draft model "
+                "directory, 'default' or 'ngram')"
+            )
     return None
 
 
@@ -457,7 +470,7 @@ class LLM:
         max_seq_len: int | None = None,
         attention_backend: str = "auto",
         draft: str | Path | None = None,
-        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+        num_speculative_tokens: int | None = None,
         draft_length: str | None = None,
         show_progress: bool = True,
         int4_compute_dtype: str | torch.dtype | None = None,
@@ -485,7 +498,8 @@ class LLM:
         memory of a float32 one; attention widens them back to its own dtype.
         ``draft`` turns on speculative decoding: a draft model directory sharing the target's
         tokenizer, "default" for the bundled draft model, or "ngram" for prompt lookup; each step
-        proposes up to ``num_speculative_tokens`` tokens. ``draft_length="adaptive"`` (the default
+        proposes up to ``num_speculative_tokens`` tokens (5 by default; without ``draft`` it is
+        refused, as the CLI refuses its flag). ``draft_length="adaptive"`` (the default
         with a draft model) follows each request's acceptance: one token more after a step whose
         proposals were all accepted, one fewer after a step that kept under half of them, between 1
         and ``num_speculative_tokens``, and pauses a request (plain steps) while its proposals do
@@ -556,6 +570,7 @@ class LLM:
         check_bool("show_progress", show_progress)
         directory = checkpoint_directory(path if path is not None else default_model_path())
         check_draft_options(draft, num_speculative_tokens, draft_length)
+        num_speculative_tokens = speculative_tokens(num_speculative_tokens)
         config = EngineConfig(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,

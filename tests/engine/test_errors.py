@@ -370,6 +370,10 @@ def test_text_that_is_not_unicode(llm):
         ),
         ({"num_speculative_tokens": -3}, "num_speculative_tokens must be an int"),
         ({"num_speculative_tokens": "abc"}, "num_speculative_tokens must be an int"),
+        (  # taken silently, where the CLI refused its flag (found by an audit)
+            {"num_speculative_tokens": 3},
+            "num_speculative_tokens=3 needs speculative decoding: pass draft=",
+        ),
         (  # it read "must be an int >= 1, got np.int64(2)"
             {"max_batch_size": np.int64(2)},
             r"got np.int64\(2\) \(a int64: pass int\(...\) of it\)",

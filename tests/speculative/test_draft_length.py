@@ -194,10 +194,13 @@ def test_every_entry_point_shares_the_default_maximum():
 
     from brisklm import LLM
     from brisklm.cli import build_parser
+    from brisklm.llm import speculative_tokens
     from brisklm.speculative import DEFAULT_NUM_SPECULATIVE_TOKENS, NgramProposer
 
+    # None unless given (it needs a draft), meaning the default, as the CLI's flag below.
     signature = inspect.signature(LLM.from_pretrained)
-    assert signature.parameters["num_speculative_tokens"].default == DEFAULT_NUM_SPECULATIVE_TOKENS
+    assert signature.parameters["num_speculative_tokens"].default is None
+    assert speculative_tokens(None) == DEFAULT_NUM_SPECULATIVE_TOKENS
     # The CLI's flag stays None unless given (it needs --draft) and means the same default.
     assert build_parser().parse_args(["generate", "hi"]).num_speculative_tokens is None
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]

@@ -13,7 +13,7 @@ from brisklm import LLM, Tokenizer, default_model_path
 from brisklm.config import ModelConfig, hub_id_hint
 from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.engine.llm_engine import EngineConfig
-from brisklm.llm import draft_schedule
+from brisklm.llm import draft_schedule, speculative_tokens
 from brisklm.loader import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 
@@ -135,7 +135,7 @@ def get_engine(
     max_batch_size: int = 8,
     max_seq_len: int | None = None,
     draft: str | None = None,
-    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    num_speculative_tokens: int | None = None,
     draft_length: str | None = None,
     kv_cache_dtype: str | None = None,
     prefill_chunk_size: int | None = None,
@@ -170,7 +170,7 @@ def get_engine(
         max_batch_size=max_batch_size,
         max_seq_len=context,
         draft=_draft_key(draft),
-        num_speculative_tokens=num_speculative_tokens if draft is not None else 0,
+        num_speculative_tokens=speculative_tokens(num_speculative_tokens) if draft else 0,
         draft_length=schedule,
         kv_cache_dtype=str(cache_dtype),
         prefill_chunk_size=chunk_size,

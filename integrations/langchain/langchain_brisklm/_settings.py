@@ -14,7 +14,6 @@ from brisklm.constrained.compiler import DEFAULT_GRAMMAR_CACHE_SIZE
 from brisklm.llm import check_draft_options
 from brisklm.loader import check_device_name, resolve_dtype, resolve_kv_cache_dtype
 from brisklm.sampling.params import MAX_LOGPROBS
-from brisklm.speculative.draft_length import DEFAULT_NUM_SPECULATIVE_TOKENS
 from langchain_brisklm._engines import (
     default_model,
     get_engine,
@@ -60,8 +59,8 @@ class BriskSettings(BaseModel):
     draft: str | None = None
     """Speculative decoding: a draft model directory, "default" (the bundled draft) or "ngram".
     The output is the same as without it; only the speed changes."""
-    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
-    """Most tokens the draft proposes per step (with ``draft``)."""
+    num_speculative_tokens: int | None = None
+    """Most tokens the draft proposes per step (with ``draft``, which it needs; default 5)."""
     draft_length: str | None = None
     """"adaptive" (default with a draft model: shorter proposals after rejections) or "fixed"
     (default with "ngram": always ``num_speculative_tokens``)."""

@@ -77,6 +77,7 @@ def test_equivalent_settings_share_an_engine(tiny_chat_dir: Path) -> None:
         ({"num_speculative_tokens": -3}, "num_speculative_tokens"),
         ({"draft": "ngram", "draft_length": "bogus"}, "bogus"),
         ({"draft_length": "fixed"}, "draft_length='fixed' needs speculative decoding"),
+        ({"num_speculative_tokens": 3}, "num_speculative_tokens=3 needs speculative decoding"),
         ({"draft": "/nonexistent/draft"}, "draft model"),
         ({"top_logprobs": 2}, "top_logprobs=2 needs logprobs=True"),
         ({"logprobs": True, "top_logprobs": 21}, r"top_logprobs must be an int in \[0, 20\]"),
