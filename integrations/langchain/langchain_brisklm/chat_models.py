@@ -84,6 +84,14 @@ _CALL_OPTIONS = frozenset(
 _BATCH: contextvars.ContextVar[BatchSubmission | None] = contextvars.ContextVar(
     "brisklm_batch", default=None
 )
+
+
+def _stopping_batch() -> BatchSubmission | None:
+    """The ``abatch`` this call is an input of, where one input's error stops the others."""
+    batch = _BATCH.get()
+    return batch if batch is not None and batch.stop_on_error else None
+
+
 # Set while a ChatBrisk.ainvoke runs: a call made inside it (a callback's) is nested.
 _IN_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("brisklm_in_call", default=False)
 
@@ -418,15 +426,15 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         # batch the outer call may be an input of: it neither joins nor stops it.
         batch = None if _IN_CALL.get() else _BATCH.get()
         tokens = (_IN_CALL.set(True), _BATCH.set(batch))
+        stopping = _stopping_batch()
         try:
-            if batch is None or not batch.stop_on_error:
-                return await super().ainvoke(input, config, stop=stop, **kwargs)
-            batch.check_going()  # (an input of `abatch` max_concurrency held back: no run opened)
-            try:
-                return await super().ainvoke(input, config, stop=stop, **kwargs)
-            except Exception as error:
-                batch.stop_all(error)
-                raise
+            if stopping is not None:  # (an input of `abatch` max_concurrency held back: no run)
+                stopping.check_going()
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
+        except Exception as error:
+            if stopping is not None:
+                stopping.stop_all(error)
+            raise
         finally:
             _BATCH.reset(tokens[1])
             _IN_CALL.reset(tokens[0])
@@ -489,8 +497,7 @@ class ChatBrisk(BriskSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        batch = _BATCH.get()
-        stopping = batch if batch is not None and batch.stop_on_error else None
+        stopping = _stopping_batch()
         call = await run_off_loop(self._prepare, messages, stop, kwargs, True)
         converter = _ChunkConverter(call)
         # (closed as the loop ends however it ends: an early end aborts the request)
